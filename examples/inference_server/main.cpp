@@ -1,0 +1,521 @@
+// inference_server: replays the Azure LLM inference trace (conversation service,
+// 2023) through inferq.
+//
+// A client publishes each request of the trace on `infer.<model>.request` at its
+// recorded arrival time (compressed by --speed). A consumer group of --replicas
+// simulated model replicas pulls requests with NextBatch and runs continuous batching:
+// a prefill step for newly admitted requests, then decode steps that produce one
+// token per running sequence. Every token is an event on `infer.reply.<request>` with
+// seq_id/seq_no; the client consumes the tokens, checks their order and measures
+// TTFT, TBT and E2E latency in trace time.
+//
+// Cost model (all in trace time, all configurable; defaults chosen to resemble a
+// 70B-parameter model served on one 8-GPU node, not measured on hardware):
+//   prefill step = prefill_base_ms + prefill_us_per_token * (prompt tokens admitted)
+//   decode step  = decode_base_ms + decode_us_per_seq * (sequences in the batch)
+// Replicas keep a virtual clock in trace time; with --speed X > 0 they also wait in
+// wall time so that X seconds of trace pass per second, with --speed 0 they run as
+// fast as they can and the trace-time figures are the same as at any speed.
+//
+// Data: Azure LLM inference trace 2023 (Patel et al., "Splitwise", ISCA 2024),
+// CC-BY-4.0; see examples/data/README.md.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "inferq/inferq.hpp"
+#include "trace.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using inferq::example::TraceRequest;
+
+struct Options {
+  std::string trace = INFERQ_DEFAULT_TRACE;
+  std::string json;
+  std::string model = "llama2-70b";
+  std::uint32_t replicas = 4;
+  std::uint32_t max_batch = 32;
+  double speed = 60.0;
+  std::size_t limit = 0;  // 0 = all
+  double prefill_base_ms = 10.0;
+  double prefill_us_per_token = 100.0;
+  double decode_base_ms = 25.0;
+  double decode_us_per_seq = 500.0;
+};
+
+void Usage(std::FILE* f) {
+  std::fprintf(f,
+               "usage: inference_server [options]\n"
+               "  --trace PATH              trace CSV, plain or .zst (default: bundled trace)\n"
+               "  --replicas N              simulated model replicas, 1..256 (default 4)\n"
+               "  --speed X                 trace seconds per wall second; 0 = as fast as "
+               "possible (default 60)\n"
+               "  --limit N                 replay only the first N requests (default all)\n"
+               "  --json FILE               write a JSON summary\n"
+               "  --model NAME              model token of the request subject (default "
+               "llama2-70b)\n"
+               "  --max-batch N             sequences per replica batch, 1..4096 (default 32)\n"
+               "  --prefill-base-ms X       fixed cost of a prefill step (default 10)\n"
+               "  --prefill-us-per-token X  prefill cost per prompt token (default 100)\n"
+               "  --decode-base-ms X        fixed cost of a decode step (default 25)\n"
+               "  --decode-us-per-seq X     decode cost per sequence in the batch (default "
+               "0.5 ms = 500)\n");
+}
+
+[[noreturn]] void Fail(const std::string& msg, int code = 2) {
+  std::fprintf(stderr, "inference_server: %s\n", msg.c_str());
+  std::exit(code);
+}
+
+double ParseDouble(const std::string& flag, const std::string& v, double lo, double hi) {
+  double d = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || !std::isfinite(d) ||
+      d < lo || d > hi) {
+    Fail(flag + " '" + v + "' is not a number in " + std::to_string(lo) + ".." +
+         std::to_string(hi));
+  }
+  return d;
+}
+
+std::uint64_t ParseUint(const std::string& flag, const std::string& v, std::uint64_t lo,
+                        std::uint64_t hi) {
+  std::uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
+    Fail(flag + " '" + v + "' is not an integer in " + std::to_string(lo) + ".." +
+         std::to_string(hi));
+  }
+  return n;
+}
+
+Options ParseArgs(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      Usage(stdout);
+      std::exit(0);
+    }
+    if (i + 1 >= argc) {
+      Usage(stderr);
+      Fail("unknown option or missing value: '" + a + "'");
+    }
+    const std::string v = argv[++i];
+    if (a == "--trace") o.trace = v;
+    else if (a == "--json") o.json = v;
+    else if (a == "--model") {
+      if (!inferq::IsValidSubject(v) || v.find('.') != std::string::npos) {
+        Fail("--model '" + v + "' must be one subject token (no '.', no white space, not * or >)");
+      }
+      o.model = v;
+    }
+    else if (a == "--replicas") o.replicas = static_cast<std::uint32_t>(ParseUint(a, v, 1, 256));
+    else if (a == "--max-batch") o.max_batch = static_cast<std::uint32_t>(ParseUint(a, v, 1, 4096));
+    else if (a == "--speed") o.speed = ParseDouble(a, v, 0, 1e9);
+    else if (a == "--limit") o.limit = ParseUint(a, v, 1, 1'000'000'000);
+    else if (a == "--prefill-base-ms") o.prefill_base_ms = ParseDouble(a, v, 0, 1e6);
+    else if (a == "--prefill-us-per-token") o.prefill_us_per_token = ParseDouble(a, v, 0, 1e6);
+    else if (a == "--decode-base-ms") o.decode_base_ms = ParseDouble(a, v, 0, 1e6);
+    else if (a == "--decode-us-per-seq") o.decode_us_per_seq = ParseDouble(a, v, 0, 1e6);
+    else {
+      Usage(stderr);
+      Fail("unknown option '" + a + "'");
+    }
+  }
+  return o;
+}
+
+std::uint64_t HeaderU64(const inferq::Event& e, std::string_view name) {
+  const auto v = e.headers.Get(name);
+  std::uint64_t n = 0;
+  if (!v || std::from_chars(v->data(), v->data() + v->size(), n).ec != std::errc()) {
+    Fail("request event " + e.msg_id + " lacks a numeric header '" + std::string(name) + "'", 1);
+  }
+  return n;
+}
+
+// Token payload: when the token was produced (trace time, µs) and its id.
+struct TokenPayload {
+  std::int64_t trace_us;
+  std::int32_t token_id;
+  std::int32_t reserved;
+};
+
+struct Shared {
+  const Options* opt;
+  const std::vector<TraceRequest>* trace;
+  inferq::Engine* engine;
+  Clock::time_point wall_start;
+  std::atomic<bool> all_published{false};
+  std::atomic<std::size_t> published{0};
+  std::atomic<std::uint32_t> replicas_done{0};
+  std::atomic<std::size_t> completed{0};
+  std::atomic<std::uint64_t> tokens_received{0};
+  std::atomic<int> fatal{0};
+
+  // Waits until `trace_us` of trace time have passed in wall time (speed > 0).
+  void PaceTo(double trace_us) const {
+    if (opt->speed <= 0) return;
+    const auto wall = std::chrono::duration<double, std::micro>(trace_us / opt->speed);
+    std::this_thread::sleep_until(wall_start +
+                                  std::chrono::duration_cast<Clock::duration>(wall));
+  }
+};
+
+// One simulated model replica: member `index` of consumer group "replicas".
+void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
+  const Options& o = *sh.opt;
+  struct Seq {
+    inferq::Message msg;
+    std::uint64_t request = 0;
+    double arrival_us = 0;
+    std::uint32_t context = 0;
+    std::uint32_t generated = 0;
+    std::uint32_t produced = 0;
+  };
+  std::deque<Seq> waiting;  // pulled from the lane, not yet admitted
+  std::vector<Seq> active;
+  std::vector<Seq> admitted;
+  bool input_done = false;
+  double vt = 0;  // this replica's clock, trace µs
+
+  auto pull = [&](bool block) {
+    for (;;) {
+      const bool published_all = sh.all_published.load(std::memory_order_acquire);
+      auto batch = in.NextBatch(o.max_batch, absl::ZeroDuration(),
+                                block ? absl::Milliseconds(50) : absl::ZeroDuration());
+      if (batch.ok()) {
+        for (inferq::Message& m : *batch) {
+          const inferq::Event& e = m.event();
+          Seq s;
+          s.request = HeaderU64(e, "request");
+          s.arrival_us = static_cast<double>(HeaderU64(e, "arrival_us"));
+          s.context = static_cast<std::uint32_t>(HeaderU64(e, "context_tokens"));
+          s.generated = static_cast<std::uint32_t>(HeaderU64(e, "generated_tokens"));
+          s.msg = std::move(m);
+          waiting.push_back(std::move(s));
+        }
+        return;
+      }
+      if (batch.status().code() == absl::StatusCode::kCancelled || published_all) {
+        // Everything was published before we looked and the lane is empty.
+        input_done = true;
+        return;
+      }
+      if (!block) return;
+    }
+  };
+
+  auto emit = [&](Seq& s) {
+    inferq::Event e;
+    e.subject = "infer.reply." + std::to_string(s.request);
+    e.seq_id = std::to_string(s.request);
+    e.seq_no = s.produced;
+    e.model = o.model;
+    const TokenPayload p{static_cast<std::int64_t>(vt),
+                         static_cast<std::int32_t>((s.request * 7919 + s.produced) % 32000), 0};
+    e.payload = inferq::Buffer::Copy(std::as_bytes(std::span<const TokenPayload>(&p, 1)));
+    auto r = sh.engine->Publish(std::move(e));
+    if (!r.ok()) {
+      std::fprintf(stderr, "replica %u: token publish failed: %s\n", index,
+                   std::string(r.status().message()).c_str());
+      sh.fatal.store(1);
+    }
+    ++s.produced;
+  };
+
+  auto finish = [&](Seq& s) {
+    if (absl::Status st = s.msg.Ack(); !st.ok()) {
+      std::fprintf(stderr, "replica %u: ack failed: %s\n", index,
+                   std::string(st.message()).c_str());
+      sh.fatal.store(1);
+    }
+  };
+
+  for (;;) {
+    // Admit every request that has arrived by now, up to the batch size. With
+    // --speed 0 a replica waits for its next request to know whether it arrives
+    // before the next step (the publisher runs ahead, so this wait is short).
+    admitted.clear();
+    while (active.size() + admitted.size() < o.max_batch) {
+      if (waiting.empty() && !input_done) {
+        pull(/*block=*/o.speed == 0 || (active.empty() && admitted.empty()));
+      }
+      if (waiting.empty()) break;
+      Seq& front = waiting.front();
+      if (active.empty() && admitted.empty() && front.arrival_us > vt) vt = front.arrival_us;
+      if (front.arrival_us > vt) break;
+      admitted.push_back(std::move(front));
+      waiting.pop_front();
+    }
+    if (!admitted.empty()) {
+      double prompt = 0;
+      for (const Seq& s : admitted) prompt += s.context;
+      vt += o.prefill_base_ms * 1000 + o.prefill_us_per_token * prompt;
+      sh.PaceTo(vt);
+      for (Seq& s : admitted) {
+        emit(s);  // prefill yields the first token
+        if (s.produced == s.generated) finish(s);
+        else active.push_back(std::move(s));
+      }
+      continue;
+    }
+    if (active.empty()) {
+      if (input_done && waiting.empty()) break;
+      continue;
+    }
+    vt += o.decode_base_ms * 1000 + o.decode_us_per_seq * static_cast<double>(active.size());
+    sh.PaceTo(vt);
+    for (Seq& s : active) {
+      emit(s);
+      if (s.produced == s.generated) finish(s);
+    }
+    std::erase_if(active, [](const Seq& s) { return s.produced == s.generated; });
+  }
+  sh.replicas_done.fetch_add(1, std::memory_order_release);
+}
+
+struct ClientResult {
+  std::uint64_t tokens_delivered = 0;
+  std::uint64_t duplicates = 0;
+  std::uint64_t out_of_order = 0;
+  std::size_t completed = 0;
+  inferq::HistogramSnapshot ttft_us, tbt_us, e2e_us;
+};
+
+// Receives every token, checks the order per generation, measures latencies.
+ClientResult RunClient(Shared& sh, inferq::Member tokens) {
+  const auto& trace = *sh.trace;
+  struct PerRequest {
+    std::vector<bool> seen;
+    std::uint32_t got = 0;
+    std::uint64_t next = 0;
+    std::int64_t last_us = 0;
+  };
+  std::vector<PerRequest> req(trace.size());
+  ClientResult r;
+  for (;;) {
+    const bool replicas_finished =
+        sh.replicas_done.load(std::memory_order_acquire) == sh.opt->replicas;
+    auto m = tokens.Next(absl::Milliseconds(50));
+    if (!m.ok()) {
+      if (m.status().code() == absl::StatusCode::kCancelled || replicas_finished) break;
+      continue;
+    }
+    const inferq::Event& e = m->event();
+    std::uint64_t id = 0;
+    if (std::from_chars(e.seq_id.data(), e.seq_id.data() + e.seq_id.size(), id).ec !=
+            std::errc() ||
+        id >= trace.size() || e.payload.size() != sizeof(TokenPayload)) {
+      Fail("malformed token event on '" + e.subject + "'", 1);
+    }
+    TokenPayload p;
+    std::memcpy(&p, e.payload.data(), sizeof p);
+    PerRequest& pr = req[id];
+    const TraceRequest& t = trace[id];
+    if (pr.seen.empty()) pr.seen.assign(t.generated_tokens, false);
+    if (e.seq_no >= t.generated_tokens) Fail("token seq_no beyond the generation", 1);
+    if (pr.seen[e.seq_no]) {
+      ++r.duplicates;
+    } else {
+      pr.seen[e.seq_no] = true;
+      ++pr.got;
+      ++r.tokens_delivered;
+      sh.tokens_received.fetch_add(1, std::memory_order_relaxed);
+      if (e.seq_no != pr.next) ++r.out_of_order;
+      pr.next = e.seq_no + 1;
+      if (e.seq_no == 0) {
+        r.ttft_us.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, p.trace_us - t.arrival_us)));
+      } else {
+        r.tbt_us.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, p.trace_us - pr.last_us)));
+      }
+      pr.last_us = p.trace_us;
+      if (pr.got == t.generated_tokens) {
+        ++r.completed;
+        sh.completed.fetch_add(1, std::memory_order_relaxed);
+        r.e2e_us.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, p.trace_us - t.arrival_us)));
+      }
+    }
+    if (absl::Status st = m->Ack(); !st.ok()) Fail("token ack failed: " + std::string(st.message()), 1);
+  }
+  return r;
+}
+
+std::string FormatDuration(double seconds) {
+  const int s = static_cast<int>(seconds);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%d:%02d", s / 60, s % 60);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options opt = ParseArgs(argc, argv);
+  auto loaded = inferq::example::LoadTrace(opt.trace);
+  if (!loaded.ok()) Fail(std::string(loaded.status().message()), 1);
+  std::vector<TraceRequest> trace = *std::move(loaded);
+  if (opt.limit > 0 && opt.limit < trace.size()) trace.resize(opt.limit);
+  std::uint64_t tokens_total = 0;
+  for (const auto& t : trace) tokens_total += t.generated_tokens;
+
+  inferq::Engine engine;
+  auto check = [](const absl::Status& s) {
+    if (!s.ok()) Fail(std::string(s.message()), 1);
+  };
+  check(engine.AddStream({.name = "REQUESTS",
+                          .subjects = {"infer.*.request"},
+                          .retention = inferq::RetentionPolicy::kInterest}));
+  check(engine.AddStream({.name = "REPLIES",
+                          .subjects = {"infer.reply.>"},
+                          .retention = inferq::RetentionPolicy::kInterest}));
+  auto replicas = engine.AddConsumer({.stream = "REQUESTS",
+                                      .name = "replicas",
+                                      .filter_subject = "infer." + opt.model + ".request",
+                                      .members = opt.replicas,
+                                      .lane_capacity = 4096});
+  check(replicas.status());
+  auto client = engine.AddConsumer(
+      {.stream = "REPLIES", .name = "client", .members = 1, .lane_capacity = 65536});
+  check(client.status());
+
+  Shared sh;
+  sh.opt = &opt;
+  sh.trace = &trace;
+  sh.engine = &engine;
+  sh.wall_start = Clock::now();
+
+  std::vector<std::thread> threads;
+  for (std::uint32_t i = 0; i < opt.replicas; ++i) {
+    threads.emplace_back(RunReplica, std::ref(sh), *replicas->member(i), i);
+  }
+  ClientResult result;
+  std::thread client_thread([&] { result = RunClient(sh, *client->member(0)); });
+
+  // Progress on stderr, once a second.
+  std::atomic<bool> stop_progress{false};
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  const double trace_seconds = static_cast<double>(trace.back().arrival_us) / 1e6;
+  std::thread progress([&] {
+    while (!stop_progress.load()) {
+      for (int i = 0; i < 10 && !stop_progress.load(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      const double wall = std::chrono::duration<double>(Clock::now() - sh.wall_start).count();
+      std::fprintf(stderr, "%s[%6.1f s] trace %s/%s  published %zu/%zu  completed %zu  tokens %llu/%llu%s",
+                   tty ? "\r" : "", wall,
+                   FormatDuration(opt.speed > 0 ? std::min(wall * opt.speed, trace_seconds) : 0).c_str(),
+                   FormatDuration(trace_seconds).c_str(), sh.published.load(), trace.size(),
+                   sh.completed.load(),
+                   static_cast<unsigned long long>(sh.tokens_received.load()),
+                   static_cast<unsigned long long>(tokens_total), tty ? "" : "\n");
+      std::fflush(stderr);
+    }
+  });
+
+  // The client's publishing side: each request at its arrival time.
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    const TraceRequest& t = trace[i];
+    sh.PaceTo(static_cast<double>(t.arrival_us));
+    inferq::Event e;
+    e.subject = "infer." + opt.model + ".request";
+    e.task_id = {0, i};
+    e.msg_id = "req-" + std::to_string(i);
+    e.tenant = "azure-conv";
+    e.model = opt.model;
+    e.created = absl::Now();
+    e.headers.Set("request", std::to_string(i));
+    e.headers.Set("arrival_us", std::to_string(t.arrival_us));
+    e.headers.Set("context_tokens", std::to_string(t.context_tokens));
+    e.headers.Set("generated_tokens", std::to_string(t.generated_tokens));
+    auto ack = engine.Publish(std::move(e));
+    if (!ack.ok()) Fail("publishing request " + std::to_string(i) + ": " + std::string(ack.status().message()), 1);
+    sh.published.fetch_add(1, std::memory_order_relaxed);
+  }
+  sh.all_published.store(true, std::memory_order_release);
+
+  for (auto& t : threads) t.join();
+  client_thread.join();
+  stop_progress = true;
+  progress.join();
+  if (tty) std::fprintf(stderr, "\n");
+  const double wall = std::chrono::duration<double>(Clock::now() - sh.wall_start).count();
+
+  const inferq::EngineStats stats = engine.Stats();
+  inferq::HistogramSnapshot engine_ns;
+  for (const auto& c : stats.consumers) engine_ns.Merge(c.deliver_latency_ns);
+  const std::uint64_t lost = tokens_total - result.tokens_delivered;
+
+  auto ms = [](std::uint64_t us) { return static_cast<double>(us) / 1000.0; };
+  auto us = [](std::uint64_t ns) { return static_cast<double>(ns) / 1000.0; };
+  std::printf("\ninferq inference_server: Azure LLM inference trace 2023 (conversation)\n");
+  std::printf("  %zu requests over %s of trace, %u replicas, speed %s, max batch %u\n\n",
+              trace.size(), FormatDuration(trace_seconds).c_str(), opt.replicas,
+              opt.speed > 0 ? (std::to_string(static_cast<int>(opt.speed)) + "x").c_str()
+                            : "as fast as possible",
+              opt.max_batch);
+  std::printf("  %-28s %12s %12s %12s\n", "", "p50", "p95", "p99");
+  auto row = [](const char* name, double a, double b, double c) {
+    std::printf("  %-28s %12.1f %12.1f %12.1f\n", name, a, b, c);
+  };
+  row("TTFT (ms, trace time)", ms(result.ttft_us.Percentile(0.5)), ms(result.ttft_us.Percentile(0.95)), ms(result.ttft_us.Percentile(0.99)));
+  row("TBT (ms, trace time)", ms(result.tbt_us.Percentile(0.5)), ms(result.tbt_us.Percentile(0.95)), ms(result.tbt_us.Percentile(0.99)));
+  row("E2E (ms, trace time)", ms(result.e2e_us.Percentile(0.5)), ms(result.e2e_us.Percentile(0.95)), ms(result.e2e_us.Percentile(0.99)));
+  row("engine publish->deliver (us)", us(engine_ns.Percentile(0.5)), us(engine_ns.Percentile(0.95)), us(engine_ns.Percentile(0.99)));
+  std::printf("\n  requests   %zu total, %zu completed\n", trace.size(), result.completed);
+  std::printf("  tokens     %llu total, %llu delivered, %llu lost, %llu duplicated, %llu out of order\n",
+              static_cast<unsigned long long>(tokens_total),
+              static_cast<unsigned long long>(result.tokens_delivered),
+              static_cast<unsigned long long>(lost),
+              static_cast<unsigned long long>(result.duplicates),
+              static_cast<unsigned long long>(result.out_of_order));
+  std::printf("  wall       %.2f s, %.0f tokens/s, %.0f engine events/s\n", wall,
+              static_cast<double>(result.tokens_delivered) / wall,
+              static_cast<double>(engine_ns.count()) / wall);
+
+  if (!opt.json.empty()) {
+    std::ofstream j(opt.json);
+    if (!j) Fail("cannot write --json file '" + opt.json + "'", 1);
+    auto pct = [](const inferq::HistogramSnapshot& h, double scale) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "{\"p50\": %.3f, \"p95\": %.3f, \"p99\": %.3f}",
+                    static_cast<double>(h.Percentile(0.5)) / scale,
+                    static_cast<double>(h.Percentile(0.95)) / scale,
+                    static_cast<double>(h.Percentile(0.99)) / scale);
+      return std::string(buf);
+    };
+    j << "{\n"
+      << "  \"requests_total\": " << trace.size() << ",\n"
+      << "  \"requests_completed\": " << result.completed << ",\n"
+      << "  \"tokens_total\": " << tokens_total << ",\n"
+      << "  \"tokens_delivered\": " << result.tokens_delivered << ",\n"
+      << "  \"tokens_out_of_order\": " << result.out_of_order << ",\n"
+      << "  \"tokens_lost\": " << lost << ",\n"
+      << "  \"duplicates\": " << result.duplicates << ",\n"
+      << "  \"ttft_ms\": " << pct(result.ttft_us, 1000) << ",\n"
+      << "  \"tbt_ms\": " << pct(result.tbt_us, 1000) << ",\n"
+      << "  \"e2e_ms\": " << pct(result.e2e_us, 1000) << ",\n"
+      << "  \"engine_latency_us\": " << pct(engine_ns, 1000) << ",\n"
+      << "  \"wall_seconds\": " << wall << "\n"
+      << "}\n";
+    if (!j) Fail("writing --json file '" + opt.json + "' failed", 1);
+  }
+  const bool ok = sh.fatal.load() == 0 && result.completed == trace.size() && lost == 0 &&
+                  result.duplicates == 0 && result.out_of_order == 0;
+  return ok ? 0 : 1;
+}

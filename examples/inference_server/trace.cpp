@@ -1,0 +1,127 @@
+#include "trace.hpp"
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "inferq/event/codec.hpp"
+
+namespace inferq::example {
+namespace {
+
+constexpr std::string_view kHeader = "TIMESTAMP,ContextTokens,GeneratedTokens";
+
+std::string At(std::string_view source, std::size_t line) {
+  return std::string(source) + " line " + std::to_string(line) + ": ";
+}
+
+absl::Status FieldError(std::string_view source, std::size_t line, std::string_view field,
+                        std::string_view value, std::string_view why) {
+  return absl::InvalidArgumentError(At(source, line) + "field " + std::string(field) + " '" +
+                                    std::string(value) + "' " + std::string(why));
+}
+
+absl::StatusOr<std::uint32_t> ParseCount(std::string_view source, std::size_t line,
+                                         std::string_view field, std::string_view v) {
+  std::uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size()) {
+    if (ec == std::errc::result_out_of_range) {
+      return FieldError(source, line, field, v, "is out of range 1..1000000");
+    }
+    return FieldError(source, line, field, v, "is not an integer");
+  }
+  if (n < 1 || n > 1'000'000) return FieldError(source, line, field, v, "is out of range 1..1000000");
+  return static_cast<std::uint32_t>(n);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<TraceRequest>> ParseTrace(std::string_view csv, std::string_view source) {
+  std::vector<TraceRequest> out;
+  std::size_t line_no = 0;
+  std::size_t pos = 0;
+  absl::Time first = absl::InfinitePast();
+  absl::Time prev = absl::InfinitePast();
+  while (pos < csv.size()) {
+    std::size_t eol = csv.find('\n', pos);
+    if (eol == std::string_view::npos) eol = csv.size();
+    std::string_view line = csv.substr(pos, eol - pos);
+    pos = eol + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line_no == 1) {
+      if (line != kHeader) {
+        return absl::InvalidArgumentError(At(source, 1) + "header '" + std::string(line) +
+                                          "' is not '" + std::string(kHeader) + "'");
+      }
+      continue;
+    }
+    if (line.empty()) return absl::InvalidArgumentError(At(source, line_no) + "line is empty");
+    std::string_view fields[3];
+    std::size_t n = 0;
+    std::size_t start = 0;
+    for (std::size_t i = 0; i <= line.size(); ++i) {
+      if (i == line.size() || line[i] == ',') {
+        if (n == 3) {
+          return absl::InvalidArgumentError(At(source, line_no) +
+                                            "has more than 3 fields: '" + std::string(line) + "'");
+        }
+        fields[n++] = line.substr(start, i - start);
+        start = i + 1;
+      }
+    }
+    if (n < 3) {
+      static constexpr const char* kNames[] = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"};
+      return absl::InvalidArgumentError(At(source, line_no) + "field " + kNames[n] +
+                                        " is missing: '" + std::string(line) + "'");
+    }
+    absl::Time t;
+    std::string err;
+    if (!absl::ParseTime("%Y-%m-%d %H:%M:%E*S", std::string(fields[0]), absl::UTCTimeZone(),
+                         &t, &err)) {
+      return FieldError(source, line_no, "TIMESTAMP", fields[0],
+                        "is not a time 'YYYY-MM-DD HH:MM:SS.f' (" + err + ")");
+    }
+    if (t < prev) {
+      return FieldError(source, line_no, "TIMESTAMP", fields[0],
+                        "is earlier than the line before: the trace must be sorted by time");
+    }
+    if (out.empty()) first = t;
+    prev = t;
+    auto context = ParseCount(source, line_no, "ContextTokens", fields[1]);
+    if (!context.ok()) return context.status();
+    auto generated = ParseCount(source, line_no, "GeneratedTokens", fields[2]);
+    if (!generated.ok()) return generated.status();
+    out.push_back({absl::ToInt64Microseconds(t - first), *context, *generated});
+  }
+  if (line_no == 0) return absl::InvalidArgumentError(std::string(source) + " is empty");
+  if (out.empty()) return absl::InvalidArgumentError(std::string(source) + " has no requests");
+  return out;
+}
+
+absl::StatusOr<std::vector<TraceRequest>> LoadTrace(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError("cannot open trace '" + path + "': " + std::strerror(errno));
+  }
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  std::string bytes = std::move(buf).str();
+  static constexpr unsigned char kZstdMagic[] = {0x28, 0xB5, 0x2F, 0xFD};
+  if (bytes.size() >= 4 && std::memcmp(bytes.data(), kZstdMagic, 4) == 0) {
+    auto text = inferq::ZstdDecompress(bytes, std::size_t{1} << 30);
+    if (!text.ok()) {
+      return absl::Status(text.status().code(),
+                          "trace '" + path + "': " + std::string(text.status().message()));
+    }
+    bytes = *std::move(text);
+  }
+  return ParseTrace(bytes, path);
+}
+
+}  // namespace inferq::example

@@ -1,0 +1,36 @@
+// File: examples/inference_server/trace.hpp
+//
+// Reads the Azure LLM inference trace (CSV: TIMESTAMP,ContextTokens,GeneratedTokens),
+// plain or zstd-compressed. Every malformed row is an error that names the line and
+// the field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace inferq::example {
+
+struct TraceRequest {
+  std::int64_t arrival_us = 0;      // since the first request of the trace
+  std::uint32_t context_tokens = 0;
+  std::uint32_t generated_tokens = 0;
+};
+
+// Parses CSV text. `source` names the input in error messages. The header must be
+// "TIMESTAMP,ContextTokens,GeneratedTokens"; TIMESTAMP is "YYYY-MM-DD HH:MM:SS[.f]"
+// (UTC, up to 9 fractional digits) and never earlier than the row before; both token
+// counts are integers in 1..1,000,000. CRLF line ends and a missing final newline
+// are accepted; blank lines are not. InvalidArgument on any violation, e.g.
+// "trace.csv line 7: field GeneratedTokens 'x1' is not an integer".
+absl::StatusOr<std::vector<TraceRequest>> ParseTrace(std::string_view csv, std::string_view source);
+
+// Reads `path` (zstd-compressed when it starts with the zstd magic number) and parses
+// it. NotFound when the file cannot be opened; the errors of ZstdDecompress and
+// ParseTrace otherwise.
+absl::StatusOr<std::vector<TraceRequest>> LoadTrace(const std::string& path);
+
+}  // namespace inferq::example

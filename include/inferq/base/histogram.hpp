@@ -1,0 +1,166 @@
+// File: inferq/base/histogram.hpp
+//
+// Log-linear histograms of non-negative integers (latencies in ns or µs, sizes in
+// bytes). Values below 64 are kept exactly; above, each power of two is split into
+// 32 linear sub-buckets, so a reported percentile is at most 1/32 (3.1 %) above the
+// true value — the bucketing of HdrHistogram (Gil Tene) with 5 significant bits.
+// 1,920 buckets cover the whole uint64 range.
+//
+// Usage:
+//   inferq::Histogram h;                       // concurrent recorder
+//   h.Record(1'250);                           // e.g. ns
+//   inferq::HistogramSnapshot s = h.Snapshot();
+//   std::uint64_t p99 = s.Percentile(0.99);
+//
+// Thread safety: Histogram::Record and Histogram::Snapshot may run on any threads at
+// once (relaxed atomic counters; a snapshot taken during recording may miss the
+// records in flight, never tears a counter). HistogramSnapshot is a plain value.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace inferq {
+
+namespace histogram_internal {
+inline constexpr std::size_t kExactBelow = 64;  // values 0..63 get a bucket each
+inline constexpr unsigned kSubBits = 5;         // 32 sub-buckets per power of two
+inline constexpr std::size_t kBuckets = kExactBelow + (64 - 6) * (1u << kSubBits);
+
+constexpr std::size_t BucketOf(std::uint64_t v) {
+  if (v < kExactBelow) return static_cast<std::size_t>(v);
+  const unsigned msb = static_cast<unsigned>(std::bit_width(v)) - 1;  // >= 6
+  const unsigned shift = msb - kSubBits;
+  return kExactBelow + (msb - 6) * (1u << kSubBits) +
+         static_cast<std::size_t>((v >> shift) & ((1u << kSubBits) - 1));
+}
+
+// Largest value that falls into bucket `b`.
+constexpr std::uint64_t BucketUpper(std::size_t b) {
+  if (b < kExactBelow) return b;
+  const std::size_t k = b - kExactBelow;
+  const unsigned msb = 6 + static_cast<unsigned>(k >> kSubBits);
+  const std::uint64_t sub = k & ((1u << kSubBits) - 1);
+  const unsigned shift = msb - kSubBits;
+  const std::uint64_t lower = ((std::uint64_t{1} << kSubBits) + sub) << shift;
+  return lower + ((std::uint64_t{1} << shift) - 1);
+}
+
+static_assert(BucketOf(63) == 63 && BucketOf(64) == 64 && BucketUpper(64) == 65);
+static_assert(BucketOf(std::numeric_limits<std::uint64_t>::max()) == kBuckets - 1);
+static_assert(BucketUpper(kBuckets - 1) == std::numeric_limits<std::uint64_t>::max());
+}  // namespace histogram_internal
+
+// A point-in-time copy of a Histogram; also usable on its own as a single-threaded
+// histogram.
+class HistogramSnapshot {
+ public:
+  HistogramSnapshot() : counts_(histogram_internal::kBuckets, 0) {}
+
+  void Record(std::uint64_t v, std::uint64_t times = 1) {
+    if (times == 0) return;
+    counts_[histogram_internal::BucketOf(v)] += times;
+    count_ += times;
+    sum_ += v * times;
+    min_ = std::min(min_, v);
+    max_ = std::max(max_, v);
+  }
+
+  // Adds every record of `other` to this snapshot.
+  void Merge(const HistogramSnapshot& other) {
+    for (std::size_t i = 0; i < counts_.size(); ++i) counts_[i] += other.counts_[i];
+    count_ += other.count_;
+    sum_ += other.sum_;
+    min_ = std::min(min_, other.min_);
+    max_ = std::max(max_, other.max_);
+  }
+
+  // Nearest-rank percentile for q in [0, 1]: the smallest recorded bucket whose
+  // cumulative count reaches ceil(q * count), reported as the bucket's upper bound
+  // clamped to the exact maximum (so Percentile(1.0) == max()). 0 when empty.
+  std::uint64_t Percentile(double q) const {
+    if (count_ == 0) return 0;
+    q = std::clamp(q, 0.0, 1.0);
+    auto rank = static_cast<std::uint64_t>(q * static_cast<double>(count_));
+    if (static_cast<double>(rank) < q * static_cast<double>(count_)) ++rank;  // ceil
+    rank = std::max<std::uint64_t>(rank, 1);
+    std::uint64_t seen = 0;
+    for (std::size_t b = 0; b < counts_.size(); ++b) {
+      seen += counts_[b];
+      if (seen >= rank) {
+        return std::clamp(histogram_internal::BucketUpper(b), min_, max_);
+      }
+    }
+    return max_;
+  }
+
+  std::uint64_t count() const { return count_; }
+  std::uint64_t sum() const { return sum_; }
+  std::uint64_t min() const { return count_ == 0 ? 0 : min_; }
+  std::uint64_t max() const { return max_; }
+  double mean() const {
+    return count_ == 0 ? 0.0 : static_cast<double>(sum_) / static_cast<double>(count_);
+  }
+
+ private:
+  friend class Histogram;
+  std::vector<std::uint64_t> counts_;
+  std::uint64_t count_ = 0;
+  std::uint64_t sum_ = 0;
+  std::uint64_t min_ = std::numeric_limits<std::uint64_t>::max();
+  std::uint64_t max_ = 0;
+};
+
+// Concurrent recorder. 15 KiB of counters; give each writer thread its own when
+// writers are many, and merge snapshots.
+class Histogram {
+ public:
+  Histogram() = default;
+  Histogram(const Histogram&) = delete;
+  Histogram& operator=(const Histogram&) = delete;
+
+  void Record(std::uint64_t v) {
+    // relaxed: counters are statistics; no other memory is published through them.
+    counts_[histogram_internal::BucketOf(v)].fetch_add(1, std::memory_order_relaxed);
+    count_.fetch_add(1, std::memory_order_relaxed);
+    sum_.fetch_add(v, std::memory_order_relaxed);
+    std::uint64_t cur = min_.load(std::memory_order_relaxed);
+    while (v < cur && !min_.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+    }
+    cur = max_.load(std::memory_order_relaxed);
+    while (v > cur && !max_.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+    }
+  }
+
+  HistogramSnapshot Snapshot() const {
+    HistogramSnapshot s;
+    std::uint64_t n = 0;
+    for (std::size_t i = 0; i < counts_.size(); ++i) {
+      s.counts_[i] = counts_[i].load(std::memory_order_relaxed);
+      n += s.counts_[i];
+    }
+    // The bucket counts are the truth; count_ may be a few records ahead of them.
+    s.count_ = n;
+    s.sum_ = sum_.load(std::memory_order_relaxed);
+    s.min_ = min_.load(std::memory_order_relaxed);
+    s.max_ = max_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  std::uint64_t count() const { return count_.load(std::memory_order_relaxed); }
+
+ private:
+  std::array<std::atomic<std::uint64_t>, histogram_internal::kBuckets> counts_{};
+  std::atomic<std::uint64_t> count_{0};
+  std::atomic<std::uint64_t> sum_{0};
+  std::atomic<std::uint64_t> min_{std::numeric_limits<std::uint64_t>::max()};
+  std::atomic<std::uint64_t> max_{0};
+};
+
+}  // namespace inferq

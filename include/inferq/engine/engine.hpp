@@ -1,0 +1,280 @@
+// File: inferq/engine/engine.hpp
+//
+// Engine: streams, consumers and delivery inside one process (DESIGN.md §3.8).
+//
+// A *stream* captures every published event whose subject matches one of its subject
+// patterns, numbers it (sequence from 1) and keeps it under its limits. A *consumer*
+// of a stream is a group of *members*; each member has a lane (an MpmcRing of event
+// handles) and pulls from it with Next / NextBatch. Every captured event that matches
+// a consumer's filter goes to exactly one member of that consumer (round robin for
+// now), so N consumers of a stream each see the stream once, split over their members.
+// The payload is never copied: all deliveries share one Event.
+//
+// Usage:
+//   inferq::Engine engine;
+//   engine.AddStream({.name = "REQUESTS", .subjects = {"infer.*.request"}});
+//   auto replicas = engine.AddConsumer(
+//       {.stream = "REQUESTS", .name = "replicas", .members = 4});
+//   inferq::Event e;  e.subject = "infer.llama.request";
+//   absl::StatusOr<inferq::PublishAck> ack = engine.Publish(std::move(e));
+//   // on replica thread i:
+//   auto batch = replicas->member(i)->NextBatch(8, absl::Milliseconds(2));
+//   for (inferq::Message& m : *batch) { ...; m.Ack(); }
+//
+// Semantics in this version (later issues deepen them, see DESIGN.md):
+//  - Retention kLimits keeps messages until a limit removes the oldest; kInterest
+//    also removes a message once every explicit-ack consumer that received it has
+//    acked it (a message no consumer matches is not kept at all).
+//  - Limits: max_msgs, max_bytes (Event::StoredSize), max_age, max_msg_size. With
+//    discard kOld the oldest messages make room (and are skipped if still queued in a
+//    lane: a consumer never receives a message its stream has discarded); with kNew
+//    the publish is rejected for that stream.
+//  - max_age is applied when the stream is written and when a member pulls an
+//    event; on an idle stream an aged-out event leaves at the next write (a timer
+//    wheel that expires events on time comes with the scheduling issue).
+//  - A consumer receives the events published after it was added (JetStream's
+//    DeliverPolicy "new"); per stream, every member sees events in sequence order.
+//  - A full lane makes Publish wait (backpressure) until the member pulls. Overflow
+//    policies (reject, drop-oldest) and redelivery after ack_wait come with the
+//    scheduling issue: an unacked message stays pending.
+//
+// Errors (absl::Status): InvalidArgument for bad names, subjects, patterns and
+// configuration values (the message names the value); AlreadyExists for a duplicate
+// stream or consumer; NotFound for an unknown stream or a subject no stream captures;
+// ResourceExhausted when every capturing stream rejected a publish by its limits;
+// DeadlineExceeded when Next found nothing in time; Cancelled after Close().
+//
+// Thread safety: every method may be called from any thread at once. Publish takes
+// the mutex of each capturing stream (never a global lock) and reads the route table
+// with one acquire load. Consumer, Member and Message refer into the Engine, which
+// must outlive them. A Member should be drained by one thread at a time for per-
+// member order, but any number of threads may call Next on it safely.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "inferq/base/clock.hpp"
+#include "inferq/base/histogram.hpp"
+#include "inferq/event/event.hpp"
+
+namespace inferq {
+
+namespace engine_internal {
+struct StoredMessage;
+struct ConsumerState;
+struct Lane;
+struct StreamState;
+}  // namespace engine_internal
+
+enum class DiscardPolicy { kOld, kNew };
+enum class RetentionPolicy { kLimits, kInterest };
+enum class AckPolicy { kExplicit, kNone };
+
+struct StreamConfig {
+  std::string name{};                 // 1..64 of [A-Za-z0-9_-], unique in the engine
+  std::vector<std::string> subjects{};  // subject patterns; at least one
+  std::int64_t max_msgs = -1;         // messages kept; -1 = no limit, else > 0
+  std::int64_t max_bytes = -1;        // bytes kept (Event::StoredSize); -1 or > 0
+  absl::Duration max_age = absl::ZeroDuration();  // zero = no limit; never negative
+  std::int64_t max_msg_size = -1;     // bytes per message; -1 or > 0
+  DiscardPolicy discard = DiscardPolicy::kOld;
+  RetentionPolicy retention = RetentionPolicy::kLimits;
+};
+
+struct ConsumerConfig {
+  std::string stream{};               // an existing stream
+  std::string name{};                 // 1..64 of [A-Za-z0-9_-], unique in its stream
+  std::string filter_subject{};       // pattern; empty = every event of the stream
+  std::uint32_t members = 1;          // lanes in the group, 1..4096
+  std::size_t lane_capacity = 1024;   // items per lane, 1..2^24 (rounded up to 2^k)
+  AckPolicy ack = AckPolicy::kExplicit;
+};
+
+struct PublishAck {
+  std::uint64_t seq = 0;              // sequence in the first stream that stored it
+  std::uint32_t streams_stored = 0;   // streams that stored the event
+  std::uint32_t streams_rejected = 0; // capturing streams whose limits rejected it
+  std::uint32_t deliveries = 0;       // lanes the event was queued on
+};
+
+// One delivery of one stored event to one consumer member. Move-only.
+class Message {
+ public:
+  Message() noexcept;
+  Message(Message&&) noexcept;
+  Message& operator=(Message&&) noexcept;
+  Message(const Message&) = delete;
+  Message& operator=(const Message&) = delete;
+  ~Message();
+
+  // The event; shared (not copied) with every other delivery of it. Precondition:
+  // !empty().
+  const Event& event() const;
+  std::uint64_t stream_seq() const;
+  // Engine clock (ns) when the event was stored.
+  std::int64_t publish_time_ns() const;
+  bool empty() const { return msg_ == nullptr; }
+  bool acked() const { return acked_; }
+
+  // Acknowledges the delivery. FailedPrecondition for an empty Message, a consumer
+  // with AckPolicy::kNone, or a second Ack of the same delivery.
+  absl::Status Ack();
+
+ private:
+  friend class Member;
+  std::shared_ptr<engine_internal::StoredMessage> msg_;
+  engine_internal::ConsumerState* consumer_ = nullptr;
+  std::int64_t deliver_ns_ = 0;
+  bool acked_ = false;
+};
+
+// A member of a consumer group: the puller of one lane.
+class Member {
+ public:
+  // Waits up to `timeout` (absl::InfiniteDuration() = forever; zero = just try) for
+  // the next message. DeadlineExceeded on timeout; Cancelled once the engine is
+  // closed and the lane is drained.
+  absl::StatusOr<Message> Next(absl::Duration timeout);
+
+  // Waits up to `timeout` for a first message, then gathers more until the batch
+  // holds `max_batch` (returns at once) or `max_queue_delay` has passed since the
+  // first message of the batch was published (Triton's max_queue_delay: the oldest
+  // request waits at most that long for company), whichever is first.
+  // InvalidArgument for max_batch == 0 or a negative max_queue_delay; otherwise the
+  // errors of Next for the first message. Never returns an empty batch.
+  absl::StatusOr<std::vector<Message>> NextBatch(std::size_t max_batch,
+                                                 absl::Duration max_queue_delay,
+                                                 absl::Duration timeout = absl::InfiniteDuration());
+
+  std::uint32_t index() const { return index_; }
+  // Events queued on this member's lane (approximate while others operate on it).
+  std::size_t queued() const;
+
+ private:
+  friend class Consumer;
+  Member(engine_internal::ConsumerState* c, std::uint32_t i) : consumer_(c), index_(i) {}
+  // Pops until a deliverable message or the deadline (steady ns). Returns OK, or
+  // DeadlineExceeded / Cancelled.
+  absl::Status PopOne(std::int64_t deadline_ns, Message& out);
+  engine_internal::ConsumerState* consumer_;
+  std::uint32_t index_;
+};
+
+// Handle to a consumer owned by the Engine.
+class Consumer {
+ public:
+  // Member i of the group. OutOfRange (naming i and the group size) when
+  // i >= members().
+  absl::StatusOr<Member> member(std::uint32_t i) const;
+  std::uint32_t members() const;
+  const std::string& name() const;
+  const std::string& stream() const;
+
+ private:
+  friend class Engine;
+  explicit Consumer(engine_internal::ConsumerState* c) : state_(c) {}
+  engine_internal::ConsumerState* state_;
+};
+
+// Latency percentiles (nearest rank) of a histogram, in the histogram's unit.
+struct LatencySummary {
+  std::uint64_t count = 0;
+  std::uint64_t p50 = 0;
+  std::uint64_t p95 = 0;
+  std::uint64_t p99 = 0;
+  std::uint64_t max = 0;
+  static LatencySummary Of(const HistogramSnapshot& h) {
+    return {h.count(), h.Percentile(0.50), h.Percentile(0.95), h.Percentile(0.99), h.max()};
+  }
+};
+
+struct StreamStats {
+  std::string name;
+  std::uint64_t messages = 0;    // kept now
+  std::uint64_t bytes = 0;       // kept now
+  std::uint64_t last_seq = 0;    // last sequence assigned (0: none yet)
+  std::uint64_t stored = 0;      // events accepted since creation
+  std::uint64_t discarded = 0;   // removed by max_msgs / max_bytes / max_age
+  std::uint64_t rejected = 0;    // publishes refused (discard new, max_msg_size)
+  std::uint64_t acked_out = 0;   // removed because every interested consumer acked
+};
+
+struct MemberStats {
+  std::uint32_t index = 0;
+  std::uint64_t delivered = 0;
+  std::size_t queued = 0;
+};
+
+struct ConsumerStats {
+  std::string stream;
+  std::string name;
+  std::uint64_t delivered = 0;    // handed to members by Next / NextBatch
+  std::uint64_t acked = 0;
+  std::uint64_t ack_pending = 0;  // delivered, not yet acked (explicit ack only)
+  std::uint64_t skipped = 0;      // queued but discarded by the stream before delivery
+  std::vector<MemberStats> members;
+  HistogramSnapshot deliver_latency_ns;  // publish -> handed to a member
+  HistogramSnapshot ack_latency_ns;      // handed to a member -> acked
+  LatencySummary deliver_latency() const { return LatencySummary::Of(deliver_latency_ns); }
+};
+
+struct EngineStats {
+  std::uint64_t published = 0;   // publishes stored by at least one stream
+  std::uint64_t unrouted = 0;    // publishes no stream captured (NotFound)
+  std::uint64_t rejected = 0;    // publishes every capturing stream refused
+  std::uint64_t invalid = 0;     // publishes with an invalid subject
+  std::vector<StreamStats> streams;
+  std::vector<ConsumerStats> consumers;
+  // nullptr when absent.
+  const StreamStats* stream(std::string_view name) const;
+  const ConsumerStats* consumer(std::string_view stream, std::string_view name) const;
+};
+
+struct EngineOptions {
+  // Clock for publish timestamps, max_age and latency statistics; nullptr = the
+  // steady clock. Waiting (Next timeouts) always uses real time.
+  const Clock* clock = nullptr;
+};
+
+class Engine {
+ public:
+  explicit Engine(EngineOptions options = {});
+  ~Engine();  // Close()s, then frees everything
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // InvalidArgument for a bad name, no subjects, a bad pattern, or a bad limit;
+  // AlreadyExists for a taken name; Cancelled after Close().
+  absl::Status AddStream(const StreamConfig& config);
+
+  // InvalidArgument for a bad name, filter, member count or lane capacity; NotFound
+  // for an unknown stream; AlreadyExists for a taken name; Cancelled after Close().
+  absl::StatusOr<Consumer> AddConsumer(const ConsumerConfig& config);
+
+  // Stores `event` in every stream that captures its subject and queues it for each
+  // of their matching consumers. InvalidArgument for an invalid subject; NotFound
+  // when no stream captures it; ResourceExhausted (or InvalidArgument for
+  // max_msg_size) when every capturing stream refused it, with the first refusal's
+  // reason; Cancelled after Close(). Partial refusals are counted in the ack.
+  absl::StatusOr<PublishAck> Publish(Event event);
+
+  // Closes every lane: blocked publishers and pullers wake; pulls drain what is
+  // queued and then return Cancelled; later publishes return Cancelled. Idempotent.
+  void Close();
+
+  EngineStats Stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace inferq

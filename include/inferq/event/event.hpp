@@ -1,0 +1,130 @@
+// File: inferq/event/event.hpp
+//
+// Event: the in-process message. First-class attributes (DESIGN.md §3.3) are fields,
+// not entries buried in the payload, so that routing, scheduling and ordering read
+// them without parsing; anything else goes in `headers`. The payload is a Buffer:
+// refcounted and shared, never copied, between the consumers that receive the event.
+//
+// Usage:
+//   inferq::Event e;
+//   e.subject = "infer.llama.request";
+//   e.tenant = "acme";
+//   e.qos = inferq::Qos::kGold;
+//   e.headers.Set("context_tokens", "374");
+//   e.payload = inferq::Buffer::FromString(R"({"prompt":"..."})");
+//
+// Thread safety: a plain value type. The engine hands consumers a const Event that
+// many threads may read at once; nothing mutates it after Publish.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "inferq/memory/buffer.hpp"
+
+namespace inferq {
+
+// Quality-of-service tier (DESIGN.md §3.6). Lower value = served first.
+enum class Qos : std::uint8_t { kGold = 0, kSilver = 1, kBronze = 2 };
+
+// Element type of a tensor payload.
+enum class DType : std::uint8_t {
+  kUnknown = 0, kBool, kInt8, kUint8, kInt16, kInt32, kInt64, kFloat16, kBFloat16,
+  kFloat32, kFloat64, kBytes
+};
+
+// A 128-bit identifier (a UUID's 16 bytes, big-endian halves).
+struct Uuid {
+  std::uint64_t hi = 0;
+  std::uint64_t lo = 0;
+  friend bool operator==(const Uuid&, const Uuid&) = default;
+};
+
+// W3C Trace Context identifiers (https://www.w3.org/TR/trace-context/).
+struct TraceContext {
+  std::array<std::uint8_t, 16> trace_id{};
+  std::array<std::uint8_t, 8> span_id{};
+  friend bool operator==(const TraceContext&, const TraceContext&) = default;
+};
+
+// A small ordered map of header names to values. Names are exact (case-sensitive)
+// keys; Set replaces an existing value. Linear search: headers are few.
+class Headers {
+ public:
+  void Set(std::string name, std::string value) {
+    for (auto& [k, v] : entries_) {
+      if (k == name) {
+        v = std::move(value);
+        return;
+      }
+    }
+    entries_.emplace_back(std::move(name), std::move(value));
+  }
+  std::optional<std::string_view> Get(std::string_view name) const {
+    for (const auto& [k, v] : entries_) {
+      if (k == name) return std::string_view(v);
+    }
+    return std::nullopt;
+  }
+  bool Has(std::string_view name) const { return Get(name).has_value(); }
+  bool Erase(std::string_view name) {
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->first == name) {
+        entries_.erase(it);
+        return true;
+      }
+    }
+    return false;
+  }
+  std::size_t size() const { return entries_.size(); }
+  bool empty() const { return entries_.empty(); }
+  auto begin() const { return entries_.begin(); }
+  auto end() const { return entries_.end(); }
+  // Bytes of all names and values (counted against a stream's max_bytes).
+  std::size_t ByteSize() const {
+    std::size_t n = 0;
+    for (const auto& [k, v] : entries_) n += k.size() + v.size();
+    return n;
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> entries_;
+};
+
+struct Event {
+  std::string subject;          // literal subject (see routing/subject.hpp)
+  Uuid task_id;                 // the unit of work this event belongs to
+  std::string semantic_tag;     // e.g. "summarize", "tool.search"
+  std::string tenant;           // who pays / whose quota
+  Qos qos = Qos::kSilver;
+  std::int32_t priority = 0;    // higher = more urgent within a tier
+  TraceContext trace;
+  std::string model;
+  std::string model_version;
+  std::uint32_t schema_id = 0;
+  std::uint32_t schema_version = 0;
+  std::string msg_id;           // idempotency key for the duplicate window
+  std::string seq_id;           // identifies one ordered sequence (e.g. one generation)
+  std::uint64_t seq_no = 0;     // position in that sequence, from 0
+  absl::Time created = absl::InfinitePast();   // wall time set by the producer
+  absl::Time deadline = absl::InfiniteFuture();
+  std::uint32_t attempt = 0;    // delivery attempt, set by the engine on redelivery
+  std::vector<std::int64_t> shape;  // tensor dims of the payload, if it is a tensor
+  DType dtype = DType::kUnknown;
+  Headers headers;
+  Buffer payload;
+
+  // Bytes counted against a stream's max_bytes and max_msg_size: subject, header
+  // names and values, and payload.
+  std::size_t StoredSize() const {
+    return subject.size() + headers.ByteSize() + payload.size();
+  }
+};
+
+}  // namespace inferq

@@ -1,0 +1,18 @@
+// File: inferq/inferq.hpp
+//
+// Umbrella header: everything a host program needs to embed inferq.
+//
+//   #include "inferq/inferq.hpp"
+//   inferq::Engine engine;
+#pragma once
+
+#include "inferq/base/cache_line.hpp"
+#include "inferq/base/clock.hpp"
+#include "inferq/base/histogram.hpp"
+#include "inferq/engine/engine.hpp"
+#include "inferq/event/codec.hpp"
+#include "inferq/event/event.hpp"
+#include "inferq/memory/buffer.hpp"
+#include "inferq/ring/mpmc_ring.hpp"
+#include "inferq/routing/subject.hpp"
+#include "inferq/version.hpp"

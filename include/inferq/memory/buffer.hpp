@@ -1,0 +1,88 @@
+// File: inferq/memory/buffer.hpp
+//
+// Buffer: immutable, reference-counted bytes. Copying a Buffer shares the bytes (one
+// atomic increment); the bytes are freed with the last copy. This is how one payload
+// reaches every consumer of an event without being copied.
+//
+// Usage:
+//   inferq::Buffer b = inferq::Buffer::FromString("hello");
+//   inferq::Buffer c = b;                 // shares: c.data() == b.data()
+//   std::string_view v = c.view();        // "hello"
+//
+// Thread safety: a Buffer object is a value (like std::shared_ptr): different Buffer
+// objects sharing the same bytes may be copied and destroyed on different threads at
+// once; the bytes never change after creation, so reading them needs no lock.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <span>
+#include <string_view>
+#include <utility>
+
+namespace inferq {
+
+class Buffer {
+ public:
+  Buffer() noexcept = default;
+
+  // A new buffer holding a copy of `bytes`. An empty input gives an empty Buffer that
+  // allocates nothing. Throws std::bad_alloc when memory runs out.
+  static Buffer Copy(std::span<const std::byte> bytes) {
+    Buffer b;
+    if (bytes.empty()) return b;
+    void* mem = ::operator new(sizeof(Block) + bytes.size());
+    b.block_ = ::new (mem) Block{{1}, bytes.size()};
+    std::memcpy(b.block_->bytes(), bytes.data(), bytes.size());
+    return b;
+  }
+  static Buffer FromString(std::string_view s) {
+    return Copy(std::as_bytes(std::span<const char>(s.data(), s.size())));
+  }
+
+  Buffer(const Buffer& o) noexcept : block_(o.block_) {
+    // relaxed: taking another reference needs no ordering (as in std::shared_ptr).
+    if (block_) block_->refs.fetch_add(1, std::memory_order_relaxed);
+  }
+  Buffer(Buffer&& o) noexcept : block_(std::exchange(o.block_, nullptr)) {}
+  Buffer& operator=(Buffer o) noexcept {
+    std::swap(block_, o.block_);
+    return *this;
+  }
+  ~Buffer() { Release(); }
+
+  const std::byte* data() const noexcept { return block_ ? block_->bytes() : nullptr; }
+  std::size_t size() const noexcept { return block_ ? block_->size : 0; }
+  bool empty() const noexcept { return size() == 0; }
+  std::span<const std::byte> span() const noexcept { return {data(), size()}; }
+  std::string_view view() const noexcept {
+    return {reinterpret_cast<const char*>(data()), size()};
+  }
+  // Number of Buffer objects sharing these bytes (0 for an empty Buffer). A snapshot:
+  // other threads may change it at any time.
+  std::uint32_t use_count() const noexcept {
+    return block_ ? block_->refs.load(std::memory_order_relaxed) : 0;
+  }
+
+ private:
+  struct Block {
+    std::atomic<std::uint32_t> refs;
+    std::size_t size;
+    std::byte* bytes() { return reinterpret_cast<std::byte*>(this + 1); }
+  };
+  void Release() noexcept {
+    // acq_rel: the thread that frees the block must see every other owner's reads
+    // of it completed (release on each decrement, acquire on the last).
+    if (block_ && block_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      block_->~Block();
+      ::operator delete(block_);
+    }
+    block_ = nullptr;
+  }
+  Block* block_ = nullptr;
+};
+
+}  // namespace inferq

@@ -1,0 +1,622 @@
+#include "inferq/engine/engine.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/container/inlined_vector.h"
+#include "inferq/ring/mpmc_ring.hpp"
+#include "inferq/routing/subject.hpp"
+
+namespace inferq {
+namespace engine_internal {
+
+// Lifecycle of a stored message in its stream.
+enum MsgState : std::uint8_t {
+  kLive = 0,       // kept by the stream
+  kDiscarded = 1,  // removed by a limit or max_age: queued deliveries are skipped
+  kDone = 2,       // interest retention: every interested consumer acked it
+};
+
+struct StoredMessage {
+  std::shared_ptr<const Event> event;
+  StreamState* stream = nullptr;
+  std::uint64_t seq = 0;
+  std::int64_t publish_ns = 0;
+  std::uint64_t bytes = 0;
+  // Interest retention: explicit-ack deliveries not yet acked.
+  std::atomic<std::uint32_t> pending_acks{0};
+  std::atomic<std::uint8_t> state{kLive};
+};
+
+using Handle = std::shared_ptr<StoredMessage>;
+
+struct Lane {
+  explicit Lane(std::size_t capacity) : ring(capacity) {}
+  MpmcRing<Handle> ring;
+  alignas(kCacheLineSize) std::atomic<std::uint64_t> delivered{0};
+  Histogram deliver_latency_ns;  // written by this lane's puller(s) only
+};
+
+struct ConsumerState {
+  ConsumerConfig config;
+  std::optional<SubjectPattern> filter;  // nullopt: every event of the stream
+  StreamState* stream = nullptr;
+  const Clock* clock = nullptr;
+  std::vector<std::unique_ptr<Lane>> lanes;
+  std::uint64_t next_member = 0;  // round robin; guarded by the stream's mutex
+  alignas(kCacheLineSize) std::atomic<std::uint64_t> acked{0};
+  std::atomic<std::uint64_t> skipped{0};
+  Histogram ack_latency_ns;
+};
+
+struct StreamState {
+  StreamConfig config;
+  std::vector<SubjectPattern> patterns;
+  const Clock* clock = nullptr;
+
+  std::mutex mu;
+  std::deque<Handle> messages;              // guarded by mu; ascending seq
+  std::uint64_t next_seq = 1;               // guarded by mu
+  std::vector<ConsumerState*> consumers;    // guarded by mu
+
+  // Read by Stats() without mu; written under mu or by acks.
+  std::atomic<std::int64_t> live_msgs{0};
+  std::atomic<std::int64_t> live_bytes{0};
+  std::atomic<std::uint64_t> last_seq{0};
+  std::atomic<std::uint64_t> stored{0};
+  std::atomic<std::uint64_t> discarded{0};
+  std::atomic<std::uint64_t> rejected{0};
+  std::atomic<std::uint64_t> acked_out{0};
+
+  bool Captures(std::string_view subject) const {
+    for (const SubjectPattern& p : patterns) {
+      if (p.Matches(subject)) return true;
+    }
+    return false;
+  }
+
+  // Moves a live message to `to` (kDiscarded or kDone) exactly once; the winner
+  // takes it out of the live counts.
+  bool Retire(StoredMessage& m, MsgState to) {
+    std::uint8_t expected = kLive;
+    if (!m.state.compare_exchange_strong(expected, to, std::memory_order_acq_rel)) return false;
+    live_msgs.fetch_sub(1, std::memory_order_relaxed);
+    live_bytes.fetch_sub(static_cast<std::int64_t>(m.bytes), std::memory_order_relaxed);
+    (to == kDiscarded ? discarded : acked_out).fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  bool Expired(const StoredMessage& m, std::int64_t now_ns) const {
+    return config.max_age > absl::ZeroDuration() &&
+           now_ns - m.publish_ns > absl::ToInt64Nanoseconds(config.max_age);
+  }
+
+  // Drops retired messages and enforces max_age at the front. Requires mu.
+  void TrimFront(std::int64_t now_ns) {
+    while (!messages.empty()) {
+      StoredMessage& m = *messages.front();
+      if (m.state.load(std::memory_order_acquire) == kLive) {
+        if (!Expired(m, now_ns)) break;
+        Retire(m, kDiscarded);
+      }
+      messages.pop_front();
+    }
+  }
+
+  // Discard-old: removes the oldest live messages until `bytes_needed` more bytes and
+  // one more message fit. Requires mu.
+  void MakeRoom(std::uint64_t bytes_needed) {
+    auto over = [&] {
+      const std::int64_t n = live_msgs.load(std::memory_order_relaxed);
+      const std::int64_t b = live_bytes.load(std::memory_order_relaxed);
+      return (config.max_msgs > 0 && n + 1 > config.max_msgs) ||
+             (config.max_bytes > 0 &&
+              b + static_cast<std::int64_t>(bytes_needed) > config.max_bytes);
+    };
+    while (over() && !messages.empty()) {
+      Retire(*messages.front(), kDiscarded);
+      messages.pop_front();
+    }
+  }
+};
+
+}  // namespace engine_internal
+
+using engine_internal::ConsumerState;
+using engine_internal::Handle;
+using engine_internal::Lane;
+using engine_internal::StoredMessage;
+using engine_internal::StreamState;
+
+namespace {
+
+std::string Quote(std::string_view s) {
+  std::string out = "'";
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f || c == '\'') {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+absl::Status ValidateName(std::string_view what, std::string_view name) {
+  if (name.empty() || name.size() > 64) {
+    return absl::InvalidArgumentError(std::string(what) + " name " + Quote(name) +
+                                      " must have 1 to 64 characters");
+  }
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '_' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(std::string(what) + " name " + Quote(name) +
+                                        " has the character " + Quote(name.substr(i, 1)) +
+                                        " at byte " + std::to_string(i) +
+                                        "; only A-Z a-z 0-9 _ - are allowed");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLimit(const std::string& stream, const char* field, std::int64_t v) {
+  if (v == -1 || v > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError("stream '" + stream + "': " + field + " " +
+                                    std::to_string(v) +
+                                    " is invalid (use -1 for no limit or a positive value)");
+}
+
+// Steady-clock deadline `d` from now; kNoDeadline for an infinite d.
+std::int64_t DeadlineAfter(absl::Duration d) {
+  const std::int64_t now = ring_internal::MonotonicNowNs();
+  if (d == absl::InfiniteDuration()) return ring_internal::kNoDeadline;
+  if (d <= absl::ZeroDuration()) return now;
+  const std::int64_t ns = absl::ToInt64Nanoseconds(d);
+  return ns > ring_internal::kNoDeadline - now ? ring_internal::kNoDeadline : now + ns;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------
+// Message
+
+Message::Message() noexcept = default;
+Message::Message(Message&&) noexcept = default;
+Message& Message::operator=(Message&&) noexcept = default;
+Message::~Message() = default;
+
+const Event& Message::event() const { return *msg_->event; }
+std::uint64_t Message::stream_seq() const { return msg_ ? msg_->seq : 0; }
+std::int64_t Message::publish_time_ns() const { return msg_ ? msg_->publish_ns : 0; }
+
+absl::Status Message::Ack() {
+  if (msg_ == nullptr) return absl::FailedPreconditionError("cannot ack an empty Message");
+  const ConsumerConfig& cfg = consumer_->config;
+  if (cfg.ack == AckPolicy::kNone) {
+    return absl::FailedPreconditionError("consumer '" + cfg.name + "' of stream '" +
+                                         cfg.stream + "' has ack policy none");
+  }
+  if (acked_) {
+    return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) +
+                                         " of stream '" + cfg.stream +
+                                         "' was already acked by consumer '" + cfg.name + "'");
+  }
+  acked_ = true;
+  consumer_->acked.fetch_add(1, std::memory_order_relaxed);
+  const std::int64_t now = consumer_->clock->NowNanos();
+  consumer_->ack_latency_ns.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, now - deliver_ns_)));
+  StreamState* stream = msg_->stream;
+  if (stream->config.retention == RetentionPolicy::kInterest &&
+      msg_->pending_acks.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    stream->Retire(*msg_, engine_internal::kDone);
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------
+// Member and Consumer
+
+absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
+  Lane& lane = *consumer_->lanes[index_];
+  Handle h;
+  for (;;) {
+    if (!lane.ring.pop_until(h, deadline_ns)) {
+      if (lane.ring.closed() && lane.ring.size_approx() == 0) {
+        return absl::CancelledError("engine closed: consumer '" + consumer_->config.name +
+                                    "' member " + std::to_string(index_) + " is drained");
+      }
+      return absl::DeadlineExceededError("no message for consumer '" +
+                                         consumer_->config.name + "' member " +
+                                         std::to_string(index_) + " before the timeout");
+    }
+    StreamState& stream = *h->stream;
+    const std::int64_t now = consumer_->clock->NowNanos();
+    // A consumer never receives what its stream has discarded (limits, max_age);
+    // an event that aged out while queued is discarded here.
+    if (h->state.load(std::memory_order_acquire) == engine_internal::kLive &&
+        stream.Expired(*h, now)) {
+      stream.Retire(*h, engine_internal::kDiscarded);
+    }
+    if (h->state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
+      consumer_->skipped.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    lane.delivered.fetch_add(1, std::memory_order_relaxed);
+    lane.deliver_latency_ns.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, now - h->publish_ns)));
+    out.msg_ = std::move(h);
+    out.consumer_ = consumer_;
+    out.deliver_ns_ = now;
+    out.acked_ = false;
+    return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<Message> Member::Next(absl::Duration timeout) {
+  Message m;
+  if (absl::Status s = PopOne(DeadlineAfter(timeout), m); !s.ok()) return s;
+  return m;
+}
+
+absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
+                                                       absl::Duration max_queue_delay,
+                                                       absl::Duration timeout) {
+  if (max_batch == 0) {
+    return absl::InvalidArgumentError("NextBatch max_batch 0 is invalid; it must be > 0");
+  }
+  if (max_queue_delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("NextBatch max_queue_delay " +
+                                      absl::FormatDuration(max_queue_delay) +
+                                      " is negative");
+  }
+  std::vector<Message> batch;
+  batch.reserve(std::min<std::size_t>(max_batch, 256));
+  Message first;
+  if (absl::Status s = PopOne(DeadlineAfter(timeout), first); !s.ok()) return s;
+  // The batch closes max_queue_delay after its oldest event was published. Convert
+  // that point from the engine clock to a steady-clock deadline for waiting.
+  const std::int64_t remaining_ns =
+      first.publish_time_ns() + absl::ToInt64Nanoseconds(max_queue_delay) -
+      consumer_->clock->NowNanos();
+  const std::int64_t deadline =
+      ring_internal::MonotonicNowNs() + std::max<std::int64_t>(0, remaining_ns);
+  batch.push_back(std::move(first));
+  while (batch.size() < max_batch) {
+    Message m;
+    if (!PopOne(deadline, m).ok()) break;
+    batch.push_back(std::move(m));
+  }
+  return batch;
+}
+
+std::size_t Member::queued() const { return consumer_->lanes[index_]->ring.size_approx(); }
+
+absl::StatusOr<Member> Consumer::member(std::uint32_t i) const {
+  if (i >= state_->lanes.size()) {
+    return absl::OutOfRangeError("consumer '" + state_->config.name + "' has " +
+                                 std::to_string(state_->lanes.size()) + " members; index " +
+                                 std::to_string(i) + " is out of range");
+  }
+  return Member(state_, i);
+}
+std::uint32_t Consumer::members() const {
+  return static_cast<std::uint32_t>(state_->lanes.size());
+}
+const std::string& Consumer::name() const { return state_->config.name; }
+const std::string& Consumer::stream() const { return state_->config.stream; }
+
+// ---------------------------------------------------------------------------------
+// Engine
+
+struct Engine::Impl {
+  // The streams in creation order. Publish reads the current table with one acquire
+  // load; AddStream publishes a new, larger copy. Streams are never removed, so old
+  // tables stay valid and are kept (a few pointers each) until the engine dies.
+  struct RouteTable {
+    std::vector<StreamState*> streams;
+  };
+
+  const Clock* clock;
+  std::atomic<const RouteTable*> routes{nullptr};
+  std::atomic<bool> closed{false};
+
+  std::mutex config_mu;  // serializes AddStream / AddConsumer / Close
+  std::vector<std::unique_ptr<StreamState>> streams;         // guarded by config_mu
+  std::vector<std::unique_ptr<ConsumerState>> consumers;     // guarded by config_mu
+  std::vector<std::unique_ptr<RouteTable>> tables;           // guarded by config_mu
+
+  std::atomic<std::uint64_t> published{0}, unrouted{0}, rejected{0}, invalid{0};
+
+  StreamState* FindStream(std::string_view name) {
+    for (auto& s : streams) {
+      if (s->config.name == name) return s.get();
+    }
+    return nullptr;
+  }
+};
+
+Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->clock = options.clock ? options.clock : SteadyClock::Default();
+  impl_->tables.push_back(std::make_unique<Impl::RouteTable>());
+  impl_->routes.store(impl_->tables.back().get(), std::memory_order_release);
+}
+
+Engine::~Engine() { Close(); }
+
+absl::Status Engine::AddStream(const StreamConfig& config) {
+  if (absl::Status s = ValidateName("stream", config.name); !s.ok()) return s;
+  if (config.subjects.empty()) {
+    return absl::InvalidArgumentError("stream '" + config.name + "' has no subjects");
+  }
+  auto state = std::make_unique<StreamState>();
+  for (const std::string& subject : config.subjects) {
+    absl::StatusOr<SubjectPattern> p = SubjectPattern::Parse(subject);
+    if (!p.ok()) {
+      return absl::InvalidArgumentError("stream '" + config.name + "': " +
+                                        std::string(p.status().message()));
+    }
+    state->patterns.push_back(*std::move(p));
+  }
+  for (auto [field, v] : {std::pair{"max_msgs", config.max_msgs},
+                          std::pair{"max_bytes", config.max_bytes},
+                          std::pair{"max_msg_size", config.max_msg_size}}) {
+    if (absl::Status s = ValidateLimit(config.name, field, v); !s.ok()) return s;
+  }
+  if (config.max_age < absl::ZeroDuration() || config.max_age == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError("stream '" + config.name + "': max_age " +
+                                      absl::FormatDuration(config.max_age) +
+                                      " is invalid (use zero for no limit or a positive, "
+                                      "finite duration)");
+  }
+  state->config = config;
+  state->clock = impl_->clock;
+
+  std::lock_guard lock(impl_->config_mu);
+  if (impl_->closed.load()) return absl::CancelledError("engine is closed");
+  if (impl_->FindStream(config.name) != nullptr) {
+    return absl::AlreadyExistsError("stream '" + config.name + "' already exists");
+  }
+  auto table = std::make_unique<Impl::RouteTable>(*impl_->routes.load(std::memory_order_relaxed));
+  table->streams.push_back(state.get());
+  impl_->streams.push_back(std::move(state));
+  // release: a publisher that loads the new table sees the fully built stream.
+  impl_->routes.store(table.get(), std::memory_order_release);
+  impl_->tables.push_back(std::move(table));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
+  if (absl::Status s = ValidateName("consumer", config.name); !s.ok()) return s;
+  if (config.members == 0 || config.members > 4096) {
+    return absl::InvalidArgumentError("consumer '" + config.name + "': members " +
+                                      std::to_string(config.members) +
+                                      " is outside 1..4096");
+  }
+  if (config.lane_capacity == 0 || config.lane_capacity > (std::size_t{1} << 24)) {
+    return absl::InvalidArgumentError("consumer '" + config.name + "': lane_capacity " +
+                                      std::to_string(config.lane_capacity) +
+                                      " is outside 1..16777216");
+  }
+  auto state = std::make_unique<ConsumerState>();
+  if (!config.filter_subject.empty()) {
+    absl::StatusOr<SubjectPattern> p = SubjectPattern::Parse(config.filter_subject);
+    if (!p.ok()) {
+      return absl::InvalidArgumentError("consumer '" + config.name + "': filter " +
+                                        std::string(p.status().message()));
+    }
+    state->filter = *std::move(p);
+  }
+  state->config = config;
+  state->clock = impl_->clock;
+  for (std::uint32_t i = 0; i < config.members; ++i) {
+    state->lanes.push_back(std::make_unique<Lane>(config.lane_capacity));
+  }
+
+  std::lock_guard lock(impl_->config_mu);
+  if (impl_->closed.load()) return absl::CancelledError("engine is closed");
+  StreamState* stream = impl_->FindStream(config.stream);
+  if (stream == nullptr) {
+    return absl::NotFoundError("consumer '" + config.name + "': stream " +
+                               Quote(config.stream) + " does not exist");
+  }
+  std::lock_guard stream_lock(stream->mu);
+  for (ConsumerState* c : stream->consumers) {
+    if (c->config.name == config.name) {
+      return absl::AlreadyExistsError("consumer '" + config.name + "' of stream '" +
+                                      config.stream + "' already exists");
+    }
+  }
+  state->stream = stream;
+  ConsumerState* raw = state.get();
+  stream->consumers.push_back(raw);
+  impl_->consumers.push_back(std::move(state));
+  return Consumer(raw);
+}
+
+absl::StatusOr<PublishAck> Engine::Publish(Event event) {
+  if (impl_->closed.load(std::memory_order_acquire)) {
+    return absl::CancelledError("engine is closed");
+  }
+  if (absl::Status s = ValidateSubject(event.subject); !s.ok()) {
+    impl_->invalid.fetch_add(1, std::memory_order_relaxed);
+    return s;
+  }
+  // acquire: pairs with the release store in AddStream.
+  const Impl::RouteTable* routes = impl_->routes.load(std::memory_order_acquire);
+  absl::InlinedVector<StreamState*, 4> capturing;
+  for (StreamState* stream : routes->streams) {
+    if (stream->Captures(event.subject)) capturing.push_back(stream);
+  }
+  if (capturing.empty()) {
+    impl_->unrouted.fetch_add(1, std::memory_order_relaxed);
+    return absl::NotFoundError("no stream captures subject " + Quote(event.subject));
+  }
+  PublishAck ack;
+  absl::Status first_refusal;
+  const std::uint64_t bytes = event.StoredSize();
+  // One Event shared by every stream and every delivery.
+  const auto shared = std::make_shared<const Event>(std::move(event));
+
+  for (StreamState* stream : capturing) {
+    const StreamConfig& cfg = stream->config;
+
+    std::unique_lock lock(stream->mu);
+    const std::int64_t now = impl_->clock->NowNanos();
+    stream->TrimFront(now);
+
+    absl::Status refusal;
+    if (cfg.max_msg_size > 0 && bytes > static_cast<std::uint64_t>(cfg.max_msg_size)) {
+      refusal = absl::InvalidArgumentError(
+          "stream '" + cfg.name + "': message of " + std::to_string(bytes) +
+          " bytes exceeds max_msg_size " + std::to_string(cfg.max_msg_size));
+    } else if (cfg.discard == DiscardPolicy::kNew) {
+      const std::int64_t n = stream->live_msgs.load(std::memory_order_relaxed);
+      const std::int64_t b = stream->live_bytes.load(std::memory_order_relaxed);
+      if (cfg.max_msgs > 0 && n + 1 > cfg.max_msgs) {
+        refusal = absl::ResourceExhaustedError("stream '" + cfg.name + "' is full: max_msgs " +
+                                               std::to_string(cfg.max_msgs) +
+                                               " reached (discard new)");
+      } else if (cfg.max_bytes > 0 && b + static_cast<std::int64_t>(bytes) > cfg.max_bytes) {
+        refusal = absl::ResourceExhaustedError(
+            "stream '" + cfg.name + "' is full: " + std::to_string(b) + " + " +
+            std::to_string(bytes) + " bytes would exceed max_bytes " +
+            std::to_string(cfg.max_bytes) + " (discard new)");
+      }
+    } else if (cfg.max_bytes > 0 && static_cast<std::int64_t>(bytes) > cfg.max_bytes) {
+      refusal = absl::ResourceExhaustedError(
+          "stream '" + cfg.name + "': message of " + std::to_string(bytes) +
+          " bytes is larger than max_bytes " + std::to_string(cfg.max_bytes));
+    }
+    if (!refusal.ok()) {
+      lock.unlock();
+      stream->rejected.fetch_add(1, std::memory_order_relaxed);
+      ++ack.streams_rejected;
+      if (first_refusal.ok()) first_refusal = std::move(refusal);
+      continue;
+    }
+    if (cfg.discard == DiscardPolicy::kOld) stream->MakeRoom(bytes);
+
+    auto stored = std::make_shared<StoredMessage>();
+    stored->event = shared;
+    stored->stream = stream;
+    stored->seq = stream->next_seq++;
+    stored->publish_ns = now;
+    stored->bytes = bytes;
+
+    // The consumers that take this event, and which member of each.
+    absl::InlinedVector<std::pair<ConsumerState*, Lane*>, 8> targets;
+    std::uint32_t explicit_acks = 0;
+    for (ConsumerState* c : stream->consumers) {
+      if (c->filter && !c->filter->Matches(shared->subject)) continue;
+      Lane* lane = c->lanes[c->next_member++ % c->lanes.size()].get();
+      targets.emplace_back(c, lane);
+      if (c->config.ack == AckPolicy::kExplicit) ++explicit_acks;
+    }
+    stored->pending_acks.store(explicit_acks, std::memory_order_relaxed);
+
+    stream->live_msgs.fetch_add(1, std::memory_order_relaxed);
+    stream->live_bytes.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+    stream->stored.fetch_add(1, std::memory_order_relaxed);
+    stream->last_seq.store(stored->seq, std::memory_order_relaxed);
+    if (cfg.retention == RetentionPolicy::kInterest && explicit_acks == 0) {
+      // Nobody will ack it: under interest retention it is done once queued.
+      stream->Retire(*stored, engine_internal::kDone);
+    } else {
+      stream->messages.push_back(stored);
+    }
+    // Queue while holding the stream's mutex, so every member sees the stream's
+    // order. A full lane blocks here: that is the backpressure on publishers.
+    for (auto& [consumer, lane] : targets) {
+      if (lane->ring.push(stored)) ++ack.deliveries;
+    }
+    lock.unlock();
+
+    if (ack.streams_stored == 0) ack.seq = stored->seq;
+    ++ack.streams_stored;
+  }
+
+  if (ack.streams_stored == 0) {
+    impl_->rejected.fetch_add(1, std::memory_order_relaxed);
+    return first_refusal;
+  }
+  impl_->published.fetch_add(1, std::memory_order_relaxed);
+  return ack;
+}
+
+void Engine::Close() {
+  std::lock_guard lock(impl_->config_mu);
+  impl_->closed.store(true, std::memory_order_release);
+  for (auto& c : impl_->consumers) {
+    for (auto& lane : c->lanes) lane->ring.close();
+  }
+}
+
+EngineStats Engine::Stats() const {
+  EngineStats out;
+  out.published = impl_->published.load(std::memory_order_relaxed);
+  out.unrouted = impl_->unrouted.load(std::memory_order_relaxed);
+  out.rejected = impl_->rejected.load(std::memory_order_relaxed);
+  out.invalid = impl_->invalid.load(std::memory_order_relaxed);
+  std::lock_guard lock(impl_->config_mu);
+  for (const auto& s : impl_->streams) {
+    StreamStats st;
+    st.name = s->config.name;
+    st.messages = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->live_msgs.load()));
+    st.bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->live_bytes.load()));
+    st.last_seq = s->last_seq.load();
+    st.stored = s->stored.load();
+    st.discarded = s->discarded.load();
+    st.rejected = s->rejected.load();
+    st.acked_out = s->acked_out.load();
+    out.streams.push_back(std::move(st));
+  }
+  for (const auto& c : impl_->consumers) {
+    ConsumerStats cs;
+    cs.stream = c->config.stream;
+    cs.name = c->config.name;
+    for (std::uint32_t i = 0; i < c->lanes.size(); ++i) {
+      const Lane& lane = *c->lanes[i];
+      MemberStats ms;
+      ms.index = i;
+      ms.delivered = lane.delivered.load(std::memory_order_relaxed);
+      ms.queued = lane.ring.size_approx();
+      cs.delivered += ms.delivered;
+      cs.deliver_latency_ns.Merge(lane.deliver_latency_ns.Snapshot());
+      cs.members.push_back(ms);
+    }
+    cs.acked = c->acked.load(std::memory_order_relaxed);
+    cs.ack_pending = c->config.ack == AckPolicy::kExplicit && cs.delivered > cs.acked
+                         ? cs.delivered - cs.acked
+                         : 0;
+    cs.skipped = c->skipped.load(std::memory_order_relaxed);
+    cs.ack_latency_ns = c->ack_latency_ns.Snapshot();
+    out.consumers.push_back(std::move(cs));
+  }
+  return out;
+}
+
+const StreamStats* EngineStats::stream(std::string_view name) const {
+  for (const auto& s : streams) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+const ConsumerStats* EngineStats::consumer(std::string_view stream,
+                                           std::string_view name) const {
+  for (const auto& c : consumers) {
+    if (c.stream == stream && c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+}  // namespace inferq

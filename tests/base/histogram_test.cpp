@@ -1,0 +1,77 @@
+#include "inferq/base/histogram.hpp"
+
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+using inferq::Histogram;
+using inferq::HistogramSnapshot;
+namespace hi = inferq::histogram_internal;
+
+TEST_CASE("values below 64 are kept exactly") {
+  HistogramSnapshot s;
+  for (std::uint64_t v = 1; v <= 50; ++v) s.Record(v);
+  CHECK(s.count() == 50);
+  CHECK(s.Percentile(0.5) == 25);
+  CHECK(s.Percentile(0.99) == 50);  // ceil(0.99 * 50) = 50th value
+  CHECK(s.Percentile(0.0) == 1);
+  CHECK(s.Percentile(1.0) == 50);
+  CHECK(s.min() == 1);
+  CHECK(s.max() == 50);
+  CHECK(s.sum() == 1275);
+  CHECK(s.mean() == Approx(25.5));
+}
+
+TEST_CASE("large values are reported within 1/32 above the truth") {
+  for (std::uint64_t v : {64ull, 100ull, 1000ull, 123456ull, 987654321ull, 1ull << 40}) {
+    HistogramSnapshot s;
+    s.Record(v);
+    s.Record(v * 4);
+    const std::uint64_t p50 = s.Percentile(0.5);
+    CHECK(p50 >= v);
+    CHECK(p50 <= v + v / 32);
+  }
+}
+
+TEST_CASE("bucket boundaries are consistent") {
+  for (std::size_t b = 0; b + 1 < hi::kBuckets; ++b) {
+    REQUIRE(hi::BucketOf(hi::BucketUpper(b)) == b);
+    REQUIRE(hi::BucketOf(hi::BucketUpper(b) + 1) == b + 1);
+  }
+}
+
+TEST_CASE("an empty histogram reports zeros") {
+  HistogramSnapshot s;
+  CHECK(s.count() == 0);
+  CHECK(s.Percentile(0.5) == 0);
+  CHECK(s.min() == 0);
+  CHECK(s.max() == 0);
+}
+
+TEST_CASE("merge adds the records of both") {
+  HistogramSnapshot a, b;
+  a.Record(10, 3);
+  b.Record(20, 1);
+  a.Merge(b);
+  CHECK(a.count() == 4);
+  CHECK(a.Percentile(0.75) == 10);
+  CHECK(a.Percentile(1.0) == 20);
+  CHECK(a.min() == 10);
+}
+
+TEST_CASE("concurrent records are all counted") {
+  Histogram h;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&h, t] {
+      for (int i = 0; i < 10000; ++i) h.Record(static_cast<std::uint64_t>(t * 10 + 1));
+    });
+  }
+  for (auto& t : threads) t.join();
+  const HistogramSnapshot s = h.Snapshot();
+  CHECK(s.count() == 40000);
+  CHECK(s.min() == 1);
+  CHECK(s.max() == 31);
+  CHECK(s.sum() == 10000ull * (1 + 11 + 21 + 31));
+}

@@ -1,0 +1,550 @@
+#include "inferq/engine/engine.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+using namespace inferq;
+using namespace std::chrono_literals;
+
+namespace {
+
+Event Ev(std::string subject, std::string payload = "") {
+  Event e;
+  e.subject = std::move(subject);
+  e.payload = Buffer::FromString(payload);
+  return e;
+}
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+Member M(const absl::StatusOr<Consumer>& c, std::uint32_t i = 0) {
+  REQUIRE(c.ok());
+  auto m = c->member(i);
+  REQUIRE(m.ok());
+  return *m;
+}
+
+// Pops everything queued on `m` right now (zero timeout).
+std::vector<std::uint64_t> Drain(Member m) {
+  std::vector<std::uint64_t> seqs;
+  for (;;) {
+    auto r = m.Next(absl::ZeroDuration());
+    if (!r.ok()) break;
+    seqs.push_back(r->stream_seq());
+    (void)r->Ack();
+  }
+  return seqs;
+}
+
+}  // namespace
+
+TEST_CASE("fan-out: one publish reaches two streams and shares the event") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "ALL", .subjects = {"orders.>"}}).ok());
+  REQUIRE(engine.AddStream({.name = "EU", .subjects = {"orders.eu.*"}}).ok());
+  auto all = engine.AddConsumer({.stream = "ALL", .name = "audit"});
+  auto eu = engine.AddConsumer({.stream = "EU", .name = "billing"});
+
+  auto ack = engine.Publish(Ev("orders.eu.1", "payload-bytes"));
+  REQUIRE(ack.ok());
+  CHECK(ack->streams_stored == 2);
+  CHECK(ack->streams_rejected == 0);
+  CHECK(ack->deliveries == 2);
+  CHECK(ack->seq == 1);
+
+  auto ack2 = engine.Publish(Ev("orders.us.1"));
+  REQUIRE(ack2.ok());
+  CHECK(ack2->streams_stored == 1);
+  CHECK(ack2->seq == 2);
+
+  auto a = M(all).Next(absl::Seconds(5));
+  auto b = M(eu).Next(absl::Seconds(5));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(a->event().subject == "orders.eu.1");
+  CHECK(&a->event() == &b->event());  // one Event, not a copy
+  CHECK(a->event().payload.data() == b->event().payload.data());
+  CHECK(a->stream_seq() == 1);
+  CHECK(b->stream_seq() == 1);
+  CHECK(Drain(M(all)) == std::vector<std::uint64_t>{2});
+  CHECK(Drain(M(eu)).empty());
+}
+
+TEST_CASE("a publish no stream captures is reported, not dropped in silence") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a.*"}}).ok());
+  auto r = engine.Publish(Ev("b.c"));
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kNotFound);
+  CHECK(Msg(r.status()) == "no stream captures subject 'b.c'");
+  CHECK(engine.Stats().unrouted == 1);
+}
+
+TEST_CASE("an invalid subject is rejected and names the subject") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {">"}}).ok());
+  auto r = engine.Publish(Ev("a..b"));
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(r.status()) == "subject 'a..b' has an empty token at position 2");
+  const EngineStats st = engine.Stats();
+  CHECK(st.invalid == 1);
+  CHECK(st.stream("S")->stored == 0);
+}
+
+TEST_CASE("a consumer group splits the stream round robin over its members") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"jobs.>"}}).ok());
+  auto group = engine.AddConsumer({.stream = "S", .name = "workers", .members = 3});
+  REQUIRE(group.ok());
+  CHECK(group->members() == 3);
+  for (int i = 0; i < 9; ++i) REQUIRE(engine.Publish(Ev("jobs.x")).ok());
+  CHECK(Drain(M(group, 0)) == std::vector<std::uint64_t>{1, 4, 7});
+  CHECK(Drain(M(group, 1)) == std::vector<std::uint64_t>{2, 5, 8});
+  CHECK(Drain(M(group, 2)) == std::vector<std::uint64_t>{3, 6, 9});
+  auto out = group->member(3);
+  REQUIRE_FALSE(out.ok());
+  CHECK(out.status().code() == absl::StatusCode::kOutOfRange);
+  CHECK(Msg(out.status()) == "consumer 'workers' has 3 members; index 3 is out of range");
+  const ConsumerStats* cs = engine.Stats().consumer("S", "workers");
+  REQUIRE(cs != nullptr);
+  CHECK(cs->delivered == 9);
+  CHECK(cs->acked == 9);
+  CHECK(cs->ack_pending == 0);
+  REQUIRE(cs->members.size() == 3);
+  CHECK(cs->members[1].delivered == 3);
+  CHECK(cs->deliver_latency_ns.count() == 9);
+}
+
+TEST_CASE("a consumer filter selects part of the stream") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"infer.>"}}).ok());
+  auto llama = engine.AddConsumer({.stream = "S", .name = "llama", .filter_subject = "infer.llama.*"});
+  auto all = engine.AddConsumer({.stream = "S", .name = "all"});
+  REQUIRE(engine.Publish(Ev("infer.llama.request")).ok());
+  REQUIRE(engine.Publish(Ev("infer.mistral.request")).ok());
+  REQUIRE(engine.Publish(Ev("infer.llama.cancel")).ok());
+  CHECK(Drain(M(llama)) == std::vector<std::uint64_t>{1, 3});
+  CHECK(Drain(M(all)) == std::vector<std::uint64_t>{1, 2, 3});
+}
+
+TEST_CASE("limits with discard old: the oldest make room and are never delivered") {
+  Engine engine;
+  SECTION("max_msgs") {
+    REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_msgs = 3}).ok());
+    auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+    for (int i = 0; i < 5; ++i) REQUIRE(engine.Publish(Ev("x")).ok());
+    const StreamStats* s = engine.Stats().stream("S");
+    CHECK(s->messages == 3);
+    CHECK(s->discarded == 2);
+    CHECK(s->last_seq == 5);
+    CHECK(Drain(M(c)) == std::vector<std::uint64_t>{3, 4, 5});
+    CHECK(engine.Stats().consumer("S", "c")->skipped == 2);
+  }
+  SECTION("max_bytes") {
+    // Each event is 1 (subject) + 9 (payload) = 10 bytes; 25 bytes keep two.
+    REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_bytes = 25}).ok());
+    auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+    for (int i = 0; i < 4; ++i) REQUIRE(engine.Publish(Ev("x", "123456789")).ok());
+    const StreamStats* s = engine.Stats().stream("S");
+    CHECK(s->messages == 2);
+    CHECK(s->bytes == 20);
+    CHECK(s->discarded == 2);
+    CHECK(Drain(M(c)) == std::vector<std::uint64_t>{3, 4});
+  }
+}
+
+TEST_CASE("limits with discard new: the publish is refused and nothing is lost") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_msgs = 2,
+                            .discard = DiscardPolicy::kNew}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  REQUIRE(engine.Publish(Ev("x")).ok());
+  REQUIRE(engine.Publish(Ev("x")).ok());
+  auto r = engine.Publish(Ev("x"));
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(Msg(r.status()) == "stream 'S' is full: max_msgs 2 reached (discard new)");
+  const EngineStats st = engine.Stats();
+  CHECK(st.stream("S")->messages == 2);
+  CHECK(st.stream("S")->rejected == 1);
+  CHECK(st.rejected == 1);
+  CHECK(Drain(M(c)) == std::vector<std::uint64_t>{1, 2});
+}
+
+TEST_CASE("discard new on max_bytes names the sizes") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_bytes = 15,
+                            .discard = DiscardPolicy::kNew}).ok());
+  REQUIRE(engine.Publish(Ev("x", "123456789")).ok());
+  auto r = engine.Publish(Ev("x", "123456789"));
+  REQUIRE_FALSE(r.ok());
+  CHECK(Msg(r.status()) ==
+        "stream 'S' is full: 10 + 10 bytes would exceed max_bytes 15 (discard new)");
+}
+
+TEST_CASE("max_msg_size refuses a large event") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_msg_size = 4}).ok());
+  auto r = engine.Publish(Ev("x", "12345"));
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(r.status()) == "stream 'S': message of 6 bytes exceeds max_msg_size 4");
+}
+
+TEST_CASE("a refusal by one of two streams is counted in the ack") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "A", .subjects = {"x"}}).ok());
+  REQUIRE(engine.AddStream({.name = "B", .subjects = {"x"}, .max_msg_size = 2}).ok());
+  auto r = engine.Publish(Ev("x", "12345"));
+  REQUIRE(r.ok());
+  CHECK(r->streams_stored == 1);
+  CHECK(r->streams_rejected == 1);
+}
+
+TEST_CASE("max_age removes old messages, also while they wait in a lane") {
+  ManualClock clock;
+  Engine engine({.clock = &clock});
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_age = absl::Seconds(10)}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  REQUIRE(engine.Publish(Ev("x")).ok());
+  REQUIRE(engine.Publish(Ev("x")).ok());
+  clock.Advance(absl::Seconds(11));
+  REQUIRE(engine.Publish(Ev("x")).ok());
+  const StreamStats* s = engine.Stats().stream("S");
+  CHECK(s->messages == 1);
+  CHECK(s->discarded == 2);
+  CHECK(Drain(M(c)) == std::vector<std::uint64_t>{3});
+
+  REQUIRE(engine.Publish(Ev("x")).ok());  // seq 4, queued
+  clock.Advance(absl::Seconds(11));       // ages out in the lane, no publish since
+  CHECK(Drain(M(c)).empty());             // seq 4 is discarded when pulled
+  CHECK(engine.Stats().consumer("S", "c")->skipped == 3);
+  // Seq 3 (delivered) has aged out too; on an idle stream it goes at the next write.
+  CHECK(engine.Stats().stream("S")->messages == 1);
+  REQUIRE(engine.Publish(Ev("x")).ok());  // seq 5
+  const StreamStats* after = engine.Stats().stream("S");
+  CHECK(after->messages == 1);
+  CHECK(after->discarded == 4);
+}
+
+TEST_CASE("interest retention removes a message once every consumer acked it") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"},
+                            .retention = RetentionPolicy::kInterest}).ok());
+  auto a = engine.AddConsumer({.stream = "S", .name = "a"});
+  auto b = engine.AddConsumer({.stream = "S", .name = "b"});
+  for (int i = 0; i < 3; ++i) REQUIRE(engine.Publish(Ev("x")).ok());
+  auto m1 = M(a).Next(absl::Seconds(1));
+  REQUIRE(m1.ok());
+  REQUIRE(m1->Ack().ok());
+  CHECK(engine.Stats().stream("S")->messages == 3);  // b has not acked seq 1
+  auto m2 = M(b).Next(absl::Seconds(1));
+  REQUIRE(m2.ok());
+  REQUIRE(m2->Ack().ok());
+  CHECK(engine.Stats().stream("S")->messages == 2);
+  CHECK(engine.Stats().stream("S")->acked_out == 1);
+}
+
+TEST_CASE("interest retention keeps nothing no consumer takes") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"},
+                            .retention = RetentionPolicy::kInterest}).ok());
+  REQUIRE(engine.Publish(Ev("x")).ok());
+  const StreamStats* s = engine.Stats().stream("S");
+  CHECK(s->stored == 1);
+  CHECK(s->messages == 0);
+  CHECK(s->acked_out == 1);
+}
+
+TEST_CASE("ack errors") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  auto none = engine.AddConsumer({.stream = "S", .name = "fire", .ack = AckPolicy::kNone});
+  REQUIRE(engine.Publish(Ev("x")).ok());
+  auto m = M(c).Next(absl::Seconds(1));
+  REQUIRE(m.ok());
+  CHECK(m->Ack().ok());
+  CHECK(m->acked());
+  const absl::Status again = m->Ack();
+  CHECK(again.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Msg(again) == "message 1 of stream 'S' was already acked by consumer 'c'");
+  auto n = M(none).Next(absl::Seconds(1));
+  REQUIRE(n.ok());
+  CHECK(Msg(n->Ack()) == "consumer 'fire' of stream 'S' has ack policy none");
+  Message empty;
+  CHECK(Msg(empty.Ack()) == "cannot ack an empty Message");
+  const ConsumerStats* fs = engine.Stats().consumer("S", "fire");
+  CHECK(fs->delivered == 1);
+  CHECK(fs->ack_pending == 0);
+}
+
+TEST_CASE("unacked deliveries are counted as pending") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  for (int i = 0; i < 3; ++i) REQUIRE(engine.Publish(Ev("x")).ok());
+  auto a = M(c).Next(absl::Seconds(1));
+  auto b = M(c).Next(absl::Seconds(1));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(a->Ack().ok());
+  const ConsumerStats* cs = engine.Stats().consumer("S", "c");
+  CHECK(cs->delivered == 2);
+  CHECK(cs->acked == 1);
+  CHECK(cs->ack_pending == 1);
+  CHECK(cs->members[0].queued == 1);
+  CHECK(cs->ack_latency_ns.count() == 1);
+}
+
+TEST_CASE("NextBatch returns at once when the batch is full") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  for (int i = 0; i < 6; ++i) REQUIRE(engine.Publish(Ev("x")).ok());
+  // With a one-hour max_queue_delay this only finishes if a full batch returns early.
+  auto batch = M(c).NextBatch(4, absl::Hours(1));
+  REQUIRE(batch.ok());
+  REQUIRE(batch->size() == 4);
+  CHECK((*batch)[0].stream_seq() == 1);
+  CHECK((*batch)[3].stream_seq() == 4);
+  // Zero max_queue_delay: takes what is queued now, without waiting for more.
+  auto rest = M(c).NextBatch(4, absl::ZeroDuration());
+  REQUIRE(rest.ok());
+  REQUIRE(rest->size() == 2);
+  CHECK((*rest)[0].stream_seq() == 5);
+  CHECK((*rest)[1].stream_seq() == 6);
+}
+
+TEST_CASE("NextBatch returns a partial batch after max_queue_delay") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(engine.Publish(Ev("x")).ok());
+  REQUIRE(engine.Publish(Ev("x")).ok());
+  auto batch = M(c).NextBatch(8, absl::Milliseconds(30));
+  const auto waited = std::chrono::steady_clock::now() - start;
+  REQUIRE(batch.ok());
+  CHECK(batch->size() == 2);
+  // A lower bound only: the batch may not close before the delay has passed.
+  CHECK(waited >= 30ms);
+}
+
+TEST_CASE("NextBatch gathers events that arrive while it waits") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  REQUIRE(engine.Publish(Ev("x")).ok());
+  std::atomic<int> failed{0};
+  std::thread late([&] {
+    std::this_thread::sleep_for(5ms);
+    for (int i = 0; i < 3; ++i) {
+      if (!engine.Publish(Ev("x")).ok()) failed.fetch_add(1);
+    }
+  });
+  // Full at 4 within an hour-long delay: returns as soon as the 4th arrives.
+  auto batch = M(c).NextBatch(4, absl::Hours(1));
+  late.join();
+  CHECK(failed == 0);
+  REQUIRE(batch.ok());
+  CHECK(batch->size() == 4);
+}
+
+TEST_CASE("NextBatch and Next argument and timeout errors") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  auto zero = M(c).NextBatch(0, absl::Milliseconds(1));
+  CHECK(Msg(zero.status()) == "NextBatch max_batch 0 is invalid; it must be > 0");
+  auto neg = M(c).NextBatch(4, absl::Milliseconds(-1));
+  CHECK(Msg(neg.status()) == "NextBatch max_queue_delay -1ms is negative");
+  auto empty = M(c).NextBatch(4, absl::Milliseconds(1), absl::ZeroDuration());
+  CHECK(empty.status().code() == absl::StatusCode::kDeadlineExceeded);
+  auto next = M(c).Next(absl::Milliseconds(2));
+  CHECK(next.status().code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("configuration errors name the bad value and change nothing") {
+  Engine engine;
+  auto check = [&](const StreamConfig& cfg, absl::StatusCode code, const std::string& msg) {
+    const absl::Status s = engine.AddStream(cfg);
+    CHECK(s.code() == code);
+    CHECK(Msg(s) == msg);
+  };
+  check({.name = "", .subjects = {"x"}}, absl::StatusCode::kInvalidArgument,
+        "stream name '' must have 1 to 64 characters");
+  check({.name = "a.b", .subjects = {"x"}}, absl::StatusCode::kInvalidArgument,
+        "stream name 'a.b' has the character '.' at byte 1; only A-Z a-z 0-9 _ - are allowed");
+  check({.name = "S"}, absl::StatusCode::kInvalidArgument, "stream 'S' has no subjects");
+  check({.name = "S", .subjects = {"a", "b..c"}}, absl::StatusCode::kInvalidArgument,
+        "stream 'S': subject pattern 'b..c' has an empty token at position 2");
+  check({.name = "S", .subjects = {"x"}, .max_msgs = 0}, absl::StatusCode::kInvalidArgument,
+        "stream 'S': max_msgs 0 is invalid (use -1 for no limit or a positive value)");
+  check({.name = "S", .subjects = {"x"}, .max_bytes = -7}, absl::StatusCode::kInvalidArgument,
+        "stream 'S': max_bytes -7 is invalid (use -1 for no limit or a positive value)");
+  check({.name = "S", .subjects = {"x"}, .max_age = absl::Seconds(-1)},
+        absl::StatusCode::kInvalidArgument,
+        "stream 'S': max_age -1s is invalid (use zero for no limit or a positive, finite "
+        "duration)");
+  CHECK(engine.Stats().streams.empty());
+
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
+  check({.name = "S", .subjects = {"y"}}, absl::StatusCode::kAlreadyExists,
+        "stream 'S' already exists");
+
+  auto bad = [&](const ConsumerConfig& cfg, absl::StatusCode code, const std::string& msg) {
+    auto r = engine.AddConsumer(cfg);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == code);
+    CHECK(Msg(r.status()) == msg);
+  };
+  bad({.stream = "NOPE", .name = "c"}, absl::StatusCode::kNotFound,
+      "consumer 'c': stream 'NOPE' does not exist");
+  bad({.stream = "S", .name = "c", .members = 0}, absl::StatusCode::kInvalidArgument,
+      "consumer 'c': members 0 is outside 1..4096");
+  bad({.stream = "S", .name = "c", .lane_capacity = 0}, absl::StatusCode::kInvalidArgument,
+      "consumer 'c': lane_capacity 0 is outside 1..16777216");
+  bad({.stream = "S", .name = "c", .filter_subject = "a.>.b"},
+      absl::StatusCode::kInvalidArgument,
+      "consumer 'c': filter subject pattern 'a.>.b' has '>' at position 2; '>' is valid "
+      "only as the last token");
+  REQUIRE(engine.AddConsumer({.stream = "S", .name = "c"}).ok());
+  bad({.stream = "S", .name = "c"}, absl::StatusCode::kAlreadyExists,
+      "consumer 'c' of stream 'S' already exists");
+  CHECK(engine.Stats().consumers.size() == 1);
+}
+
+TEST_CASE("close wakes pullers and refuses later publishes") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c", .members = 2});
+  REQUIRE(engine.Publish(Ev("x")).ok());  // queued on member 0
+  std::atomic<int> cancelled{0};
+  Member second = M(c, 1);
+  std::thread waiter([&] {
+    auto r = second.Next(absl::InfiniteDuration());
+    if (r.status().code() == absl::StatusCode::kCancelled) ++cancelled;
+  });
+  std::this_thread::sleep_for(20ms);
+  engine.Close();
+  waiter.join();
+  CHECK(cancelled == 1);
+  auto drained = M(c, 0).Next(absl::InfiniteDuration());
+  REQUIRE(drained.ok());  // what was queued is still delivered
+  CHECK(drained->stream_seq() == 1);
+  CHECK(M(c, 0).Next(absl::InfiniteDuration()).status().code() ==
+        absl::StatusCode::kCancelled);
+  CHECK(engine.Publish(Ev("x")).status().code() == absl::StatusCode::kCancelled);
+}
+
+TEST_CASE("a full lane holds the publisher back until the member pulls") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2});
+  REQUIRE(engine.Publish(Ev("x")).ok());
+  REQUIRE(engine.Publish(Ev("x")).ok());
+  std::atomic<bool> third_done{false};
+  std::atomic<bool> third_ok{false};
+  std::thread publisher([&] {
+    third_ok = engine.Publish(Ev("x")).ok();
+    third_done = true;
+  });
+  std::this_thread::sleep_for(30ms);
+  CHECK_FALSE(third_done.load());  // the lane is full: backpressure
+  CHECK(Drain(M(c)).size() >= 2);
+  publisher.join();
+  CHECK(third_done.load());
+  CHECK(third_ok.load());
+  (void)Drain(M(c));
+  CHECK(engine.Stats().consumer("S", "c")->delivered == 3);
+}
+
+TEST_CASE("concurrent publishers and pullers: every event once, per-publisher order") {
+#if defined(__SANITIZE_THREAD__)
+  constexpr int kPerPublisher = 2'000;
+#else
+  constexpr int kPerPublisher = 20'000;
+#endif
+  constexpr int kPublishers = 4;
+  constexpr std::uint32_t kMembers = 3;
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"p.*"},
+                            .retention = RetentionPolicy::kInterest}).ok());
+  auto group = engine.AddConsumer({.stream = "S", .name = "g", .members = kMembers,
+                                   .lane_capacity = 64});
+  REQUIRE(group.ok());
+  std::vector<std::vector<std::pair<int, int>>> got(kMembers);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> pullers;
+  for (std::uint32_t m = 0; m < kMembers; ++m) {
+    pullers.emplace_back([&, m] {
+      absl::StatusOr<Member> member_or = group->member(m);
+      if (!member_or.ok()) {
+        failures.fetch_add(1);
+        return;
+      }
+      Member member = *member_or;
+      for (;;) {
+        auto batch = member.NextBatch(16, absl::ZeroDuration());
+        if (!batch.ok()) {  // Cancelled once closed and drained
+          if (batch.status().code() != absl::StatusCode::kCancelled) failures.fetch_add(1);
+          break;
+        }
+        for (Message& msg : *batch) {
+          const Event& e = msg.event();
+          got[m].emplace_back(e.subject[2] - '0', static_cast<int>(e.seq_no));
+          if (!msg.Ack().ok()) failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  std::vector<std::thread> publishers;
+  for (int p = 0; p < kPublishers; ++p) {
+    publishers.emplace_back([&, p] {
+      for (int i = 0; i < kPerPublisher; ++i) {
+        Event e;
+        e.subject = "p." + std::to_string(p);
+        e.seq_no = static_cast<std::uint64_t>(i);
+        if (!engine.Publish(std::move(e)).ok()) failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : publishers) t.join();
+  // Wait until everything is acked, then close to release the pullers.
+  for (int spins = 0; spins < 100000; ++spins) {
+    if (engine.Stats().consumer("S", "g")->acked == kPublishers * kPerPublisher) break;
+    std::this_thread::sleep_for(1ms);
+  }
+  engine.Close();
+  for (auto& t : pullers) t.join();
+
+  CHECK(failures == 0);
+  std::set<std::pair<int, int>> seen;
+  std::size_t order_violations = 0;
+  for (const auto& list : got) {
+    std::map<int, int> last;
+    for (const auto& [p, i] : list) {
+      seen.insert({p, i});
+      auto it = last.find(p);
+      if (it != last.end() && i <= it->second) ++order_violations;
+      last[p] = i;
+    }
+  }
+  std::size_t total = 0;
+  for (const auto& list : got) total += list.size();
+  CHECK(total == kPublishers * kPerPublisher);
+  CHECK(seen.size() == kPublishers * kPerPublisher);
+  CHECK(order_violations == 0);
+  const EngineStats st = engine.Stats();
+  CHECK(st.stream("S")->messages == 0);  // interest retention: all acked out
+  CHECK(st.stream("S")->acked_out == kPublishers * kPerPublisher);
+}

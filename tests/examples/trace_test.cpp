@@ -1,0 +1,72 @@
+#include "trace.hpp"
+
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "inferq/event/codec.hpp"
+
+using inferq::example::ParseTrace;
+
+namespace {
+constexpr const char* kHeader = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
+std::string Err(std::string_view csv) {
+  auto r = ParseTrace(csv, "t.csv");
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(r.status().message());
+}
+}  // namespace
+
+TEST_CASE("a well-formed trace parses with arrival times relative to the first row") {
+  const std::string csv = std::string(kHeader) +
+                          "2023-11-16 18:15:46.6805900,374,44\r\n"
+                          "2023-11-16 18:15:50.9951690,396,109\n"
+                          "2023-11-16 18:15:50.9951690,1,1";  // no final newline
+  auto r = ParseTrace(csv, "t.csv");
+  REQUIRE(r.ok());
+  REQUIRE(r->size() == 3);
+  CHECK((*r)[0].arrival_us == 0);
+  CHECK((*r)[0].context_tokens == 374);
+  CHECK((*r)[0].generated_tokens == 44);
+  CHECK((*r)[1].arrival_us == 4'314'579);  // 50.9951690 - 46.6805900 s, truncated to µs
+  CHECK((*r)[2].arrival_us == 4'314'579);
+  CHECK((*r)[2].generated_tokens == 1);
+}
+
+TEST_CASE("malformed rows name the line and the field") {
+  const std::string ok_row = "2023-11-16 18:15:46.6805900,374,44\n";
+  CHECK(Err("TIMESTAMP,Context,Generated\n") ==
+        "t.csv line 1: header 'TIMESTAMP,Context,Generated' is not "
+        "'TIMESTAMP,ContextTokens,GeneratedTokens'");
+  CHECK(Err(std::string(kHeader) + ok_row + "2023-11-16 18:15:47,12x,5\n") ==
+        "t.csv line 3: field ContextTokens '12x' is not an integer");
+  CHECK(Err(std::string(kHeader) + ok_row + "2023-11-16 18:15:47,12,\n") ==
+        "t.csv line 3: field GeneratedTokens '' is not an integer");
+  CHECK(Err(std::string(kHeader) + "2023-11-16 18:15:47,12,0\n") ==
+        "t.csv line 2: field GeneratedTokens '0' is out of range 1..1000000");
+  CHECK(Err(std::string(kHeader) + "2023-11-16 18:15:47,-3,5\n") ==
+        "t.csv line 2: field ContextTokens '-3' is not an integer");
+  CHECK(Err(std::string(kHeader) + "2023-11-16 18:15:47,99999999999999999999999,5\n") ==
+        "t.csv line 2: field ContextTokens '99999999999999999999999' is out of range "
+        "1..1000000");
+  CHECK(Err(std::string(kHeader) + "2023-11-16 18:15:47,12\n") ==
+        "t.csv line 2: field GeneratedTokens is missing: '2023-11-16 18:15:47,12'");
+  CHECK(Err(std::string(kHeader) + "2023-11-16 18:15:47,12,5,7\n") ==
+        "t.csv line 2: has more than 3 fields: '2023-11-16 18:15:47,12,5,7'");
+  CHECK(Err(std::string(kHeader) + ok_row + "\n" + ok_row) == "t.csv line 3: line is empty");
+  CHECK(Err(std::string(kHeader) + ok_row + "2023-11-16 18:15:45.0,1,1\n") ==
+        "t.csv line 3: field TIMESTAMP '2023-11-16 18:15:45.0' is earlier than the line "
+        "before: the trace must be sorted by time");
+  CHECK(Err(std::string(kHeader)) == "t.csv has no requests");
+  CHECK(Err("") == "t.csv is empty");
+  const std::string bad_time = Err(std::string(kHeader) + "2023-13-16 18:15:47,12,5\n");
+  CHECK(bad_time.rfind("t.csv line 2: field TIMESTAMP '2023-13-16 18:15:47' is not a time", 0) == 0);
+}
+
+TEST_CASE("LoadTrace reads zstd and plain files and reports a missing one") {
+  auto missing = inferq::example::LoadTrace("/nonexistent/trace.csv");
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.status().code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(missing.status().message()).rfind("cannot open trace '/nonexistent/trace.csv'", 0) == 0);
+}

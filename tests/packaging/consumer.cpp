@@ -1,0 +1,22 @@
+// A tiny program that uses inferq the way an outside project does: through the
+// umbrella header and the exported target. Exits 0 only when one event makes the
+// whole trip publish -> consumer member -> ack.
+#include <cstdio>
+
+#include "inferq/inferq.hpp"
+
+int main() {
+  inferq::Engine engine;
+  if (!engine.AddStream({.name = "S", .subjects = {"hello.>"}}).ok()) return 1;
+  auto consumer = engine.AddConsumer({.stream = "S", .name = "c"});
+  if (!consumer.ok()) return 2;
+  inferq::Event e;
+  e.subject = "hello.world";
+  e.payload = inferq::Buffer::FromString("payload");
+  if (!engine.Publish(std::move(e)).ok()) return 3;
+  auto m = consumer->member(0)->Next(absl::Seconds(5));
+  if (!m.ok() || m->event().payload.view() != "payload") return 4;
+  if (!m->Ack().ok()) return 5;
+  std::printf("inferq %s consumer ok\n", INFERQ_VERSION_STRING);
+  return 0;
+}

@@ -1,0 +1,141 @@
+#include "inferq/routing/subject.hpp"
+
+#include <string>
+#include <string_view>
+
+#include <catch2/catch.hpp>
+
+using inferq::IsValidSubject;
+using inferq::SubjectPattern;
+using inferq::ValidateSubject;
+
+namespace {
+struct Case {
+  std::string_view text;
+  bool valid;
+};
+struct MatchCase {
+  std::string_view pattern;
+  std::string_view subject;
+  bool matches;
+};
+}  // namespace
+
+TEST_CASE("literal subjects: valid and invalid") {
+  const Case cases[] = {
+      {"a", true},
+      {"infer.llama.request", true},
+      {"a.b.c.d.e.f.g.h", true},
+      {"A-b_c.9", true},
+      {"a*", true},        // '*' inside a longer token is literal
+      {"a.b>", true},      // '>' inside a longer token is literal
+      {"*x.>y", true},
+      {"ünïcödé.ok", true},
+      {"", false},
+      {".", false},
+      {"a.", false},
+      {".a", false},
+      {"a..b", false},
+      {"a b", false},
+      {"a\tb", false},
+      {"a.\nb", false},
+      {"a\r", false},
+      {" a", false},
+      {"*", false},        // wildcards are not publishable
+      {">", false},
+      {"a.*", false},
+      {"a.>", false},
+      {"a.*.b", false},
+  };
+  for (const auto& c : cases) {
+    INFO("subject '" << c.text << "'");
+    CHECK(IsValidSubject(c.text) == c.valid);
+  }
+}
+
+TEST_CASE("patterns: valid and invalid") {
+  const Case cases[] = {
+      {"a", true},        {"*", true},         {">", true},          {"a.*", true},
+      {"a.>", true},      {"*.*.*", true},     {"a.*.>", true},      {"*.>", true},
+      {"a*.b>", true},    {"", false},         {"a..b", false},      {"a.>.b", false},
+      {">.a", false},     {"> ", false},       {"a. *", false},      {".>", false},
+      {"a.", false},      {">.>", false},
+  };
+  for (const auto& c : cases) {
+    INFO("pattern '" << c.text << "'");
+    CHECK(SubjectPattern::Parse(c.text).ok() == c.valid);
+  }
+}
+
+TEST_CASE("matching follows the NATS grammar") {
+  const MatchCase cases[] = {
+      {"a.b", "a.b", true},
+      {"a.b", "a.c", false},
+      {"a.b", "a.b.c", false},
+      {"a.b.c", "a.b", false},
+      {"a.*", "a.b", true},
+      {"a.*", "a", false},
+      {"a.*", "a.b.c", false},
+      {"*.b", "a.b", true},
+      {"*", "a", true},
+      {"*", "a.b", false},
+      {"*.*", "a.b", true},
+      {"a.>", "a.b", true},
+      {"a.>", "a.b.c.d", true},
+      {"a.>", "a", false},          // '>' needs at least one token
+      {">", "a", true},
+      {">", "a.b.c", true},
+      {"a.*.>", "a.b.c", true},
+      {"a.*.>", "a.b", false},
+      {"infer.*.request", "infer.llama.request", true},
+      {"infer.*.request", "infer.llama.reply", false},
+      {"a*", "a*", true},           // literal '*' character
+      {"a*", "ab", false},
+      {"a.b>", "a.b>", true},
+      {"a.b>", "a.bc", false},
+      {"a.>", "a..b", false},       // invalid subject matches nothing
+      {">", "a..b", false},
+      {"*", "", false},
+      {">", "a.b.", false},
+      {"a.*", "a.*", false},        // a wildcard is not a literal subject
+      {"a.>", "a.>", false},
+      {"a.>", "a.b c", false},      // white space in the tail
+      {"abc", "ab", false},
+      {"ab", "abc", false},
+  };
+  for (const auto& c : cases) {
+    INFO("pattern '" << c.pattern << "' subject '" << c.subject << "'");
+    auto p = SubjectPattern::Parse(c.pattern);
+    REQUIRE(p.ok());
+    CHECK(p->Matches(c.subject) == c.matches);
+  }
+}
+
+TEST_CASE("errors name the value and the token position") {
+  CHECK(std::string(ValidateSubject("a..b").message()) ==
+        "subject 'a..b' has an empty token at position 2");
+  CHECK(std::string(ValidateSubject("").message()) == "subject '' is empty");
+  CHECK(std::string(ValidateSubject("a.b c").message()) ==
+        "subject 'a.b c' contains white space at position 2 (byte 3)");
+  CHECK(std::string(ValidateSubject("a.*").message()) ==
+        "subject 'a.*' has the wildcard '*' at position 2; a published subject must be "
+        "literal");
+  CHECK(std::string(ValidateSubject("a\nb").message()) ==
+        "subject 'a\\x0ab' contains white space at position 1 (byte 1)");
+  auto p = SubjectPattern::Parse("a.>.b");
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(p.status().message()) ==
+        "subject pattern 'a.>.b' has '>' at position 2; '>' is valid only as the last token");
+}
+
+TEST_CASE("pattern accessors") {
+  auto p = SubjectPattern::Parse("a.*.>");
+  REQUIRE(p.ok());
+  CHECK(p->text() == "a.*.>");
+  CHECK(p->token_count() == 3);
+  CHECK_FALSE(p->is_literal());
+  auto q = SubjectPattern::Parse("a.b");
+  REQUIRE(q.ok());
+  CHECK(q->is_literal());
+}

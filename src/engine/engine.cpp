@@ -604,7 +604,7 @@ EngineStats Engine::Stats() const {
   return out;
 }
 
-const StreamStats* EngineStats::stream(std::string_view name) const {
+const StreamStats* EngineStats::stream(std::string_view name) const& {
   for (const auto& s : streams) {
     if (s.name == name) return &s;
   }
@@ -612,7 +612,7 @@ const StreamStats* EngineStats::stream(std::string_view name) const {
 }
 
 const ConsumerStats* EngineStats::consumer(std::string_view stream,
-                                           std::string_view name) const {
+                                           std::string_view name) const& {
   for (const auto& c : consumers) {
     if (c.stream == stream && c.name == name) return &c;
   }

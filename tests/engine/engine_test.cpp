@@ -31,6 +31,20 @@ Member M(const absl::StatusOr<Consumer>& c, std::uint32_t i = 0) {
   return *m;
 }
 
+// Copies of one stream's / consumer's statistics (REQUIRE that they exist).
+StreamStats SS(const Engine& engine, std::string_view name) {
+  const EngineStats st = engine.Stats();
+  const StreamStats* s = st.stream(name);
+  REQUIRE(s != nullptr);
+  return *s;
+}
+ConsumerStats CS(const Engine& engine, std::string_view stream, std::string_view name) {
+  const EngineStats st = engine.Stats();
+  const ConsumerStats* c = st.consumer(stream, name);
+  REQUIRE(c != nullptr);
+  return *c;
+}
+
 // Pops everything queued on `m` right now (zero timeout).
 std::vector<std::uint64_t> Drain(Member m) {
   std::vector<std::uint64_t> seqs;
@@ -113,14 +127,13 @@ TEST_CASE("a consumer group splits the stream round robin over its members") {
   REQUIRE_FALSE(out.ok());
   CHECK(out.status().code() == absl::StatusCode::kOutOfRange);
   CHECK(Msg(out.status()) == "consumer 'workers' has 3 members; index 3 is out of range");
-  const ConsumerStats* cs = engine.Stats().consumer("S", "workers");
-  REQUIRE(cs != nullptr);
-  CHECK(cs->delivered == 9);
-  CHECK(cs->acked == 9);
-  CHECK(cs->ack_pending == 0);
-  REQUIRE(cs->members.size() == 3);
-  CHECK(cs->members[1].delivered == 3);
-  CHECK(cs->deliver_latency_ns.count() == 9);
+  const ConsumerStats cs = CS(engine, "S", "workers");
+    CHECK(cs.delivered == 9);
+  CHECK(cs.acked == 9);
+  CHECK(cs.ack_pending == 0);
+  REQUIRE(cs.members.size() == 3);
+  CHECK(cs.members[1].delivered == 3);
+  CHECK(cs.deliver_latency_ns.count() == 9);
 }
 
 TEST_CASE("a consumer filter selects part of the stream") {
@@ -141,22 +154,22 @@ TEST_CASE("limits with discard old: the oldest make room and are never delivered
     REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_msgs = 3}).ok());
     auto c = engine.AddConsumer({.stream = "S", .name = "c"});
     for (int i = 0; i < 5; ++i) REQUIRE(engine.Publish(Ev("x")).ok());
-    const StreamStats* s = engine.Stats().stream("S");
-    CHECK(s->messages == 3);
-    CHECK(s->discarded == 2);
-    CHECK(s->last_seq == 5);
+    const StreamStats s = SS(engine, "S");
+    CHECK(s.messages == 3);
+    CHECK(s.discarded == 2);
+    CHECK(s.last_seq == 5);
     CHECK(Drain(M(c)) == std::vector<std::uint64_t>{3, 4, 5});
-    CHECK(engine.Stats().consumer("S", "c")->skipped == 2);
+    CHECK(CS(engine, "S", "c").skipped == 2);
   }
   SECTION("max_bytes") {
     // Each event is 1 (subject) + 9 (payload) = 10 bytes; 25 bytes keep two.
     REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_bytes = 25}).ok());
     auto c = engine.AddConsumer({.stream = "S", .name = "c"});
     for (int i = 0; i < 4; ++i) REQUIRE(engine.Publish(Ev("x", "123456789")).ok());
-    const StreamStats* s = engine.Stats().stream("S");
-    CHECK(s->messages == 2);
-    CHECK(s->bytes == 20);
-    CHECK(s->discarded == 2);
+    const StreamStats s = SS(engine, "S");
+    CHECK(s.messages == 2);
+    CHECK(s.bytes == 20);
+    CHECK(s.discarded == 2);
     CHECK(Drain(M(c)) == std::vector<std::uint64_t>{3, 4});
   }
 }
@@ -218,21 +231,21 @@ TEST_CASE("max_age removes old messages, also while they wait in a lane") {
   REQUIRE(engine.Publish(Ev("x")).ok());
   clock.Advance(absl::Seconds(11));
   REQUIRE(engine.Publish(Ev("x")).ok());
-  const StreamStats* s = engine.Stats().stream("S");
-  CHECK(s->messages == 1);
-  CHECK(s->discarded == 2);
+  const StreamStats s = SS(engine, "S");
+  CHECK(s.messages == 1);
+  CHECK(s.discarded == 2);
   CHECK(Drain(M(c)) == std::vector<std::uint64_t>{3});
 
   REQUIRE(engine.Publish(Ev("x")).ok());  // seq 4, queued
   clock.Advance(absl::Seconds(11));       // ages out in the lane, no publish since
   CHECK(Drain(M(c)).empty());             // seq 4 is discarded when pulled
-  CHECK(engine.Stats().consumer("S", "c")->skipped == 3);
+  CHECK(CS(engine, "S", "c").skipped == 3);
   // Seq 3 (delivered) has aged out too; on an idle stream it goes at the next write.
-  CHECK(engine.Stats().stream("S")->messages == 1);
+  CHECK(SS(engine, "S").messages == 1);
   REQUIRE(engine.Publish(Ev("x")).ok());  // seq 5
-  const StreamStats* after = engine.Stats().stream("S");
-  CHECK(after->messages == 1);
-  CHECK(after->discarded == 4);
+  const StreamStats after = SS(engine, "S");
+  CHECK(after.messages == 1);
+  CHECK(after.discarded == 4);
 }
 
 TEST_CASE("interest retention removes a message once every consumer acked it") {
@@ -245,12 +258,12 @@ TEST_CASE("interest retention removes a message once every consumer acked it") {
   auto m1 = M(a).Next(absl::Seconds(1));
   REQUIRE(m1.ok());
   REQUIRE(m1->Ack().ok());
-  CHECK(engine.Stats().stream("S")->messages == 3);  // b has not acked seq 1
+  CHECK(SS(engine, "S").messages == 3);  // b has not acked seq 1
   auto m2 = M(b).Next(absl::Seconds(1));
   REQUIRE(m2.ok());
   REQUIRE(m2->Ack().ok());
-  CHECK(engine.Stats().stream("S")->messages == 2);
-  CHECK(engine.Stats().stream("S")->acked_out == 1);
+  CHECK(SS(engine, "S").messages == 2);
+  CHECK(SS(engine, "S").acked_out == 1);
 }
 
 TEST_CASE("interest retention keeps nothing no consumer takes") {
@@ -258,10 +271,10 @@ TEST_CASE("interest retention keeps nothing no consumer takes") {
   REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"},
                             .retention = RetentionPolicy::kInterest}).ok());
   REQUIRE(engine.Publish(Ev("x")).ok());
-  const StreamStats* s = engine.Stats().stream("S");
-  CHECK(s->stored == 1);
-  CHECK(s->messages == 0);
-  CHECK(s->acked_out == 1);
+  const StreamStats s = SS(engine, "S");
+  CHECK(s.stored == 1);
+  CHECK(s.messages == 0);
+  CHECK(s.acked_out == 1);
 }
 
 TEST_CASE("ack errors") {
@@ -282,9 +295,9 @@ TEST_CASE("ack errors") {
   CHECK(Msg(n->Ack()) == "consumer 'fire' of stream 'S' has ack policy none");
   Message empty;
   CHECK(Msg(empty.Ack()) == "cannot ack an empty Message");
-  const ConsumerStats* fs = engine.Stats().consumer("S", "fire");
-  CHECK(fs->delivered == 1);
-  CHECK(fs->ack_pending == 0);
+  const ConsumerStats fs = CS(engine, "S", "fire");
+  CHECK(fs.delivered == 1);
+  CHECK(fs.ack_pending == 0);
 }
 
 TEST_CASE("unacked deliveries are counted as pending") {
@@ -297,12 +310,12 @@ TEST_CASE("unacked deliveries are counted as pending") {
   REQUIRE(a.ok());
   REQUIRE(b.ok());
   REQUIRE(a->Ack().ok());
-  const ConsumerStats* cs = engine.Stats().consumer("S", "c");
-  CHECK(cs->delivered == 2);
-  CHECK(cs->acked == 1);
-  CHECK(cs->ack_pending == 1);
-  CHECK(cs->members[0].queued == 1);
-  CHECK(cs->ack_latency_ns.count() == 1);
+  const ConsumerStats cs = CS(engine, "S", "c");
+  CHECK(cs.delivered == 2);
+  CHECK(cs.acked == 1);
+  CHECK(cs.ack_pending == 1);
+  CHECK(cs.members[0].queued == 1);
+  CHECK(cs.ack_latency_ns.count() == 1);
 }
 
 TEST_CASE("NextBatch returns at once when the batch is full") {
@@ -465,7 +478,7 @@ TEST_CASE("a full lane holds the publisher back until the member pulls") {
   CHECK(third_done.load());
   CHECK(third_ok.load());
   (void)Drain(M(c));
-  CHECK(engine.Stats().consumer("S", "c")->delivered == 3);
+  CHECK(CS(engine, "S", "c").delivered == 3);
 }
 
 TEST_CASE("concurrent publishers and pullers: every event once, per-publisher order") {
@@ -521,7 +534,7 @@ TEST_CASE("concurrent publishers and pullers: every event once, per-publisher or
   for (auto& t : publishers) t.join();
   // Wait until everything is acked, then close to release the pullers.
   for (int spins = 0; spins < 100000; ++spins) {
-    if (engine.Stats().consumer("S", "g")->acked == kPublishers * kPerPublisher) break;
+    if (CS(engine, "S", "g").acked == kPublishers * kPerPublisher) break;
     std::this_thread::sleep_for(1ms);
   }
   engine.Close();

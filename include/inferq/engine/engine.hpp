@@ -233,9 +233,13 @@ struct EngineStats {
   std::uint64_t invalid = 0;     // publishes with an invalid subject
   std::vector<StreamStats> streams;
   std::vector<ConsumerStats> consumers;
-  // nullptr when absent.
-  const StreamStats* stream(std::string_view name) const;
-  const ConsumerStats* consumer(std::string_view stream, std::string_view name) const;
+  // nullptr when absent. The pointer lives as long as this EngineStats; calling these
+  // on a temporary (engine.Stats().stream(...)) does not compile, so that no pointer
+  // into a destroyed snapshot can be kept.
+  const StreamStats* stream(std::string_view name) const&;
+  const ConsumerStats* consumer(std::string_view stream, std::string_view name) const&;
+  const StreamStats* stream(std::string_view name) const&& = delete;
+  const ConsumerStats* consumer(std::string_view stream, std::string_view name) const&& = delete;
 };
 
 struct EngineOptions {

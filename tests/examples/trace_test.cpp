@@ -1,5 +1,9 @@
 #include "trace.hpp"
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -65,6 +69,34 @@ TEST_CASE("malformed rows name the line and the field") {
 }
 
 TEST_CASE("LoadTrace reads zstd and plain files and reports a missing one") {
+  const std::string csv = std::string(kHeader) +
+                          "2023-11-16 18:15:46.0,10,2\n2023-11-16 18:15:47.5,20,3\n";
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("inferq_trace_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(dir / name, std::ios::binary) << bytes;
+    return (dir / name).string();
+  };
+  auto z = inferq::ZstdCompress(csv);
+  REQUIRE(z.ok());
+  const std::string plain_path = write("t.csv", csv);
+  const std::string zstd_path = write("t.csv.zst", *z);
+  const std::string bad_path = write("bad.csv.zst", z->substr(0, 4) + "garbage after the magic");
+  auto plain = inferq::example::LoadTrace(plain_path);
+  auto packed = inferq::example::LoadTrace(zstd_path);
+  auto bad = inferq::example::LoadTrace(bad_path);
+  std::filesystem::remove_all(dir);
+  REQUIRE(plain.ok());
+  REQUIRE(packed.ok());
+  REQUIRE(plain->size() == 2);
+  REQUIRE(packed->size() == 2);
+  CHECK((*packed)[1].arrival_us == 1'500'000);
+  CHECK((*packed)[1].context_tokens == 20);
+  CHECK((*plain)[1].generated_tokens == (*packed)[1].generated_tokens);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()).rfind("trace '" + bad_path + "': zstd data is corrupt", 0) == 0);
+
   auto missing = inferq::example::LoadTrace("/nonexistent/trace.csv");
   REQUIRE_FALSE(missing.ok());
   CHECK(missing.status().code() == absl::StatusCode::kNotFound);

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libabsl-dev libzstd-dev zstd
+  libabsl-dev libzstd-dev zstd libmimalloc-dev
   catch2 libbenchmark-dev
 )
 

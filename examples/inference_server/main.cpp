@@ -26,6 +26,7 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -162,11 +163,27 @@ struct Shared {
   inferq::Engine* engine;
   Clock::time_point wall_start;
   std::atomic<bool> all_published{false};
+  // Arrival (trace µs) of the next request the publisher has not published yet;
+  // INT64_MAX once all are. A replica at trace time vt waits until this is > vt, so
+  // it has seen every request that arrived by vt: admissions, and with them every
+  // trace-time figure, are the same at any --speed and on any machine.
+  std::atomic<std::int64_t> next_unpublished_us{0};
   std::atomic<std::size_t> published{0};
   std::atomic<std::uint32_t> replicas_done{0};
   std::atomic<std::size_t> completed{0};
   std::atomic<std::uint64_t> tokens_received{0};
   std::atomic<int> fatal{0};
+
+  // Waits until every request that arrives by trace time `vt_us` is published.
+  void AwaitPublishedThrough(double vt_us) const {
+    while (static_cast<double>(next_unpublished_us.load(std::memory_order_acquire)) <= vt_us) {
+      if (opt->speed > 0) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  }
 
   // Waits until `trace_us` of trace time have passed in wall time (speed > 0).
   void PaceTo(double trace_us) const {
@@ -248,13 +265,15 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
   };
 
   for (;;) {
-    // Admit every request that has arrived by now, up to the batch size. With
-    // --speed 0 a replica waits for its next request to know whether it arrives
-    // before the next step (the publisher runs ahead, so this wait is short).
+    // Admit every request that has arrived by now (vt), up to the batch size. An idle
+    // replica blocks for its next request; a busy one first makes sure that every
+    // request that arrived by vt is published, then takes what its lane holds.
     admitted.clear();
     while (active.size() + admitted.size() < o.max_batch) {
       if (waiting.empty() && !input_done) {
-        pull(/*block=*/o.speed == 0 || (active.empty() && admitted.empty()));
+        const bool idle = active.empty() && admitted.empty();
+        if (!idle) sh.AwaitPublishedThrough(vt);
+        pull(/*block=*/idle);
       }
       if (waiting.empty()) break;
       Seq& front = waiting.front();
@@ -419,7 +438,7 @@ int main(int argc, char** argv) {
       const double wall = std::chrono::duration<double>(Clock::now() - sh.wall_start).count();
       std::fprintf(stderr, "%s[%6.1f s] trace %s/%s  published %zu/%zu  completed %zu  tokens %llu/%llu%s",
                    tty ? "\r" : "", wall,
-                   FormatDuration(opt.speed > 0 ? std::min(wall * opt.speed, trace_seconds) : 0).c_str(),
+                   FormatDuration(static_cast<double>(trace[std::max<std::size_t>(sh.published.load(), 1) - 1].arrival_us) / 1e6).c_str(),
                    FormatDuration(trace_seconds).c_str(), sh.published.load(), trace.size(),
                    sh.completed.load(),
                    static_cast<unsigned long long>(sh.tokens_received.load()),
@@ -446,6 +465,8 @@ int main(int argc, char** argv) {
     auto ack = engine.Publish(std::move(e));
     if (!ack.ok()) Fail("publishing request " + std::to_string(i) + ": " + std::string(ack.status().message()), 1);
     sh.published.fetch_add(1, std::memory_order_relaxed);
+    sh.next_unpublished_us.store(i + 1 < trace.size() ? trace[i + 1].arrival_us : INT64_MAX,
+                                 std::memory_order_release);
   }
   sh.all_published.store(true, std::memory_order_release);
 

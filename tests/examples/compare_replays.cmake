@@ -1,0 +1,19 @@
+# Runs inference_server twice on the same requests, once as fast as possible and once
+# paced in wall time, and requires identical trace-time results (TTFT, TBT, E2E,
+# counts). Usage: cmake -DEXE=... -DOUT=... -P compare_replays.cmake
+foreach(speed 0 200)
+  execute_process(
+    COMMAND "${EXE}" --limit 400 --speed ${speed} --json "${OUT}-${speed}.json"
+    RESULT_VARIABLE rc OUTPUT_QUIET)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "inference_server --speed ${speed} exited with ${rc}")
+  endif()
+  file(STRINGS "${OUT}-${speed}.json" lines)
+  # Everything except the real-time figures.
+  list(FILTER lines EXCLUDE REGEX "engine_latency_us|wall_seconds")
+  set(result_${speed} "${lines}")
+endforeach()
+if(NOT result_0 STREQUAL result_200)
+  message(FATAL_ERROR "trace-time results differ between speeds:\n${result_0}\n---\n${result_200}")
+endif()
+message(STATUS "identical trace-time results at --speed 0 and --speed 200:\n${result_0}")

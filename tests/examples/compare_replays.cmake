@@ -1,6 +1,8 @@
 # Runs inference_server twice on the same requests, once as fast as possible and once
-# paced in wall time, and requires identical trace-time results (TTFT, TBT, E2E,
-# counts). Usage: cmake -DEXE=... -DOUT=... -P compare_replays.cmake
+# paced in wall time at --speed 200 (where publisher and replicas keep pace with each
+# other, so a replica that did not wait for the publisher would miss requests that
+# arrived just before its step), and requires identical trace-time results (TTFT,
+# TBT, E2E, counts). Usage: cmake -DEXE=... -DOUT=... -P compare_replays.cmake
 foreach(speed 0 200)
   execute_process(
     COMMAND "${EXE}" --limit 400 --speed ${speed} --json "${OUT}-${speed}.json"

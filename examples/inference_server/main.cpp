@@ -63,8 +63,8 @@ void Usage(std::FILE* f) {
                "usage: inference_server [options]\n"
                "  --trace PATH              trace CSV, plain or .zst (default: bundled trace)\n"
                "  --replicas N              simulated model replicas, 1..256 (default 4)\n"
-               "  --speed X                 trace seconds per wall second; 0 = as fast as "
-               "possible (default 60)\n"
+               "  --speed X                 trace seconds per wall second, 0.001..1e6; 0 = as "
+               "fast as possible (default 60)\n"
                "  --limit N                 replay only the first N requests (default all)\n"
                "  --json FILE               write a JSON summary\n"
                "  --model NAME              model token of the request subject (default "
@@ -127,7 +127,10 @@ Options ParseArgs(int argc, char** argv) {
     }
     else if (a == "--replicas") o.replicas = static_cast<std::uint32_t>(ParseUint(a, v, 1, 256));
     else if (a == "--max-batch") o.max_batch = static_cast<std::uint32_t>(ParseUint(a, v, 1, 4096));
-    else if (a == "--speed") o.speed = ParseDouble(a, v, 0, 1e9);
+    else if (a == "--speed") {
+      o.speed = ParseDouble(a, v, 0, 1e6);
+      if (o.speed > 0 && o.speed < 0.001) Fail("--speed '" + v + "' must be 0 or at least 0.001");
+    }
     else if (a == "--limit") o.limit = ParseUint(a, v, 1, 1'000'000'000);
     else if (a == "--prefill-base-ms") o.prefill_base_ms = ParseDouble(a, v, 0, 1e6);
     else if (a == "--prefill-us-per-token") o.prefill_us_per_token = ParseDouble(a, v, 0, 1e6);
@@ -386,12 +389,21 @@ std::string FormatDuration(double seconds) {
 
 int main(int argc, char** argv) {
   const Options opt = ParseArgs(argc, argv);
+  if (!opt.json.empty() && !std::ofstream(opt.json)) {
+    Fail("cannot write --json file '" + opt.json + "'");
+  }
   auto loaded = inferq::example::LoadTrace(opt.trace);
   if (!loaded.ok()) Fail(std::string(loaded.status().message()), 1);
   std::vector<TraceRequest> trace = *std::move(loaded);
   if (opt.limit > 0 && opt.limit < trace.size()) trace.resize(opt.limit);
   std::uint64_t tokens_total = 0;
   for (const auto& t : trace) tokens_total += t.generated_tokens;
+  const double replay_seconds =
+      opt.speed > 0 ? static_cast<double>(trace.back().arrival_us) / 1e6 / opt.speed : 0;
+  if (replay_seconds > 366.0 * 24 * 3600) {
+    Fail("trace '" + opt.trace + "' spans " + std::to_string(trace.back().arrival_us / 1000000) +
+         " s; at --speed " + std::to_string(opt.speed) + " the replay would take over a year", 1);
+  }
 
   inferq::Engine engine;
   auto check = [](const absl::Status& s) {

@@ -25,6 +25,26 @@ absl::Status FieldError(std::string_view source, std::size_t line, std::string_v
                                     std::string(value) + "' " + std::string(why));
 }
 
+// Exactly "YYYY-MM-DD HH:MM:SS" with an optional "." and 1..9 digits. absl::ParseTime
+// alone is lenient (it takes "infinite-future", signs, padding, 60 seconds and any
+// number of digits), so the shape is checked first.
+bool HasTimestampShape(std::string_view v) {
+  constexpr std::string_view kShape = "dddd-dd-dd dd:dd:dd";
+  if (v.size() < kShape.size()) return false;
+  for (std::size_t i = 0; i < kShape.size(); ++i) {
+    const bool digit = v[i] >= '0' && v[i] <= '9';
+    if (kShape[i] == 'd' ? !digit : v[i] != kShape[i]) return false;
+  }
+  if (v[17] > '5') return false;  // seconds 00..59: no leap second
+  const std::string_view frac = v.substr(kShape.size());
+  if (frac.empty()) return true;
+  if (frac[0] != '.' || frac.size() < 2 || frac.size() > 10) return false;
+  for (char c : frac.substr(1)) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
 absl::StatusOr<std::uint32_t> ParseCount(std::string_view source, std::size_t line,
                                          std::string_view field, std::string_view v) {
   std::uint64_t n = 0;
@@ -82,6 +102,10 @@ absl::StatusOr<std::vector<TraceRequest>> ParseTrace(std::string_view csv, std::
     }
     absl::Time t;
     std::string err;
+    if (!HasTimestampShape(fields[0])) {
+      return FieldError(source, line_no, "TIMESTAMP", fields[0],
+                        "is not a time 'YYYY-MM-DD HH:MM:SS' with up to 9 fractional digits");
+    }
     if (!absl::ParseTime("%Y-%m-%d %H:%M:%E*S", std::string(fields[0]), absl::UTCTimeZone(),
                          &t, &err)) {
       return FieldError(source, line_no, "TIMESTAMP", fields[0],

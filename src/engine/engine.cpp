@@ -1,6 +1,8 @@
 #include "inferq/engine/engine.hpp"
 
 #include <algorithm>
+#include <bit>
+#include <new>
 #include <atomic>
 #include <deque>
 #include <mutex>
@@ -107,6 +109,20 @@ struct StreamState {
     }
   }
 
+  // Interest retention retires messages out of order (acks), and TrimFront only
+  // drops them from the front: one old unacked message would pin every later,
+  // already acked one. When retired entries outnumber live ones, drop them all:
+  // amortized O(1) per publish, and memory stays within twice the live messages.
+  // Requires mu.
+  void CompactIfSparse() {
+    const auto live = static_cast<std::size_t>(
+        std::max<std::int64_t>(0, live_msgs.load(std::memory_order_relaxed)));
+    if (messages.size() < 64 || messages.size() <= 2 * live) return;
+    std::erase_if(messages, [](const Handle& h) {
+      return h->state.load(std::memory_order_acquire) != kLive;
+    });
+  }
+
   // Discard-old: removes the oldest live messages until `bytes_needed` more bytes and
   // one more message fit. Requires mu.
   void MakeRoom(std::uint64_t bytes_needed) {
@@ -150,6 +166,17 @@ std::string Quote(std::string_view s) {
   return out + "'";
 }
 
+// Lane slots one consumer may hold in all (64 bytes each: 1 GiB).
+constexpr std::size_t kMaxConsumerSlots = std::size_t{1} << 24;
+
+// One byte for a message: itself when printable ASCII, else \xNN.
+std::string QuoteByte(char c) {
+  const auto u = static_cast<unsigned char>(c);
+  if (u >= 0x20 && u < 0x7f && c != '\'') return std::string("'") + c + "'";
+  static constexpr char kHex[] = "0123456789abcdef";
+  return std::string("'\\x") + kHex[u >> 4] + kHex[u & 15] + "'";
+}
+
 absl::Status ValidateName(std::string_view what, std::string_view name) {
   if (name.empty() || name.size() > 64) {
     return absl::InvalidArgumentError(std::string(what) + " name " + Quote(name) +
@@ -161,7 +188,7 @@ absl::Status ValidateName(std::string_view what, std::string_view name) {
                     (c >= '0' && c <= '9') || c == '_' || c == '-';
     if (!ok) {
       return absl::InvalidArgumentError(std::string(what) + " name " + Quote(name) +
-                                        " has the character " + Quote(name.substr(i, 1)) +
+                                        " has the character " + QuoteByte(c) +
                                         " at byte " + std::to_string(i) +
                                         "; only A-Z a-z 0-9 _ - are allowed");
     }
@@ -284,11 +311,16 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
   if (absl::Status s = PopOne(DeadlineAfter(timeout), first); !s.ok()) return s;
   // The batch closes max_queue_delay after its oldest event was published. Convert
   // that point from the engine clock to a steady-clock deadline for waiting.
-  const std::int64_t remaining_ns =
-      first.publish_time_ns() + absl::ToInt64Nanoseconds(max_queue_delay) -
-      consumer_->clock->NowNanos();
-  const std::int64_t deadline =
-      ring_internal::MonotonicNowNs() + std::max<std::int64_t>(0, remaining_ns);
+  // ToInt64Nanoseconds saturates (an infinite delay gives INT64_MAX), so this
+  // subtracts first and saturates the sum.
+  const std::int64_t age_ns = std::max<std::int64_t>(
+      0, consumer_->clock->NowNanos() - first.publish_time_ns());
+  const std::int64_t delay_ns = absl::ToInt64Nanoseconds(max_queue_delay);
+  const std::int64_t remaining_ns = delay_ns > age_ns ? delay_ns - age_ns : 0;
+  const std::int64_t now = ring_internal::MonotonicNowNs();
+  const std::int64_t deadline = remaining_ns >= ring_internal::kNoDeadline - now
+                                    ? ring_internal::kNoDeadline
+                                    : now + remaining_ns;
   batch.push_back(std::move(first));
   while (batch.size() < max_batch) {
     Message m;
@@ -377,6 +409,17 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
                                       " is invalid (use zero for no limit or a positive, "
                                       "finite duration)");
   }
+  if (config.discard != DiscardPolicy::kOld && config.discard != DiscardPolicy::kNew) {
+    return absl::InvalidArgumentError("stream '" + config.name + "': discard policy " +
+                                      std::to_string(static_cast<int>(config.discard)) +
+                                      " is not a valid DiscardPolicy");
+  }
+  if (config.retention != RetentionPolicy::kLimits &&
+      config.retention != RetentionPolicy::kInterest) {
+    return absl::InvalidArgumentError("stream '" + config.name + "': retention policy " +
+                                      std::to_string(static_cast<int>(config.retention)) +
+                                      " is not a valid RetentionPolicy");
+  }
   state->config = config;
   state->clock = impl_->clock;
 
@@ -401,10 +444,24 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
                                       std::to_string(config.members) +
                                       " is outside 1..4096");
   }
-  if (config.lane_capacity == 0 || config.lane_capacity > (std::size_t{1} << 24)) {
+  if (config.lane_capacity == 0 || config.lane_capacity > kMaxConsumerSlots) {
     return absl::InvalidArgumentError("consumer '" + config.name + "': lane_capacity " +
                                       std::to_string(config.lane_capacity) +
-                                      " is outside 1..16777216");
+                                      " is outside 1.." + std::to_string(kMaxConsumerSlots));
+  }
+  // Lanes hold capacity rounded up to a power of two; bound the whole group.
+  const std::size_t slots = std::bit_ceil(config.lane_capacity) * config.members;
+  if (slots > kMaxConsumerSlots) {
+    return absl::InvalidArgumentError(
+        "consumer '" + config.name + "': members " + std::to_string(config.members) +
+        " x lane_capacity " + std::to_string(config.lane_capacity) + " = " +
+        std::to_string(slots) + " lane slots (after rounding up to powers of two) exceed " +
+        std::to_string(kMaxConsumerSlots));
+  }
+  if (config.ack != AckPolicy::kExplicit && config.ack != AckPolicy::kNone) {
+    return absl::InvalidArgumentError("consumer '" + config.name + "': ack policy " +
+                                      std::to_string(static_cast<int>(config.ack)) +
+                                      " is not a valid AckPolicy");
   }
   auto state = std::make_unique<ConsumerState>();
   if (!config.filter_subject.empty()) {
@@ -417,28 +474,43 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   }
   state->config = config;
   state->clock = impl_->clock;
-  for (std::uint32_t i = 0; i < config.members; ++i) {
-    state->lanes.push_back(std::make_unique<Lane>(config.lane_capacity));
-  }
 
-  std::lock_guard lock(impl_->config_mu);
-  if (impl_->closed.load()) return absl::CancelledError("engine is closed");
-  StreamState* stream = impl_->FindStream(config.stream);
-  if (stream == nullptr) {
-    return absl::NotFoundError("consumer '" + config.name + "': stream " +
-                               Quote(config.stream) + " does not exist");
-  }
-  std::lock_guard stream_lock(stream->mu);
-  for (ConsumerState* c : stream->consumers) {
-    if (c->config.name == config.name) {
-      return absl::AlreadyExistsError("consumer '" + config.name + "' of stream '" +
-                                      config.stream + "' already exists");
+  StreamState* stream = nullptr;
+  ConsumerState* raw = nullptr;
+  {
+    // Check and reserve the name under config_mu only: never wait for a stream's
+    // mutex while holding it (a publisher blocked on a full lane holds that mutex,
+    // and Close() needs config_mu to release it).
+    std::lock_guard lock(impl_->config_mu);
+    if (impl_->closed.load()) return absl::CancelledError("engine is closed");
+    stream = impl_->FindStream(config.stream);
+    if (stream == nullptr) {
+      return absl::NotFoundError("consumer '" + config.name + "': stream " +
+                                 Quote(config.stream) + " does not exist");
     }
+    for (const auto& c : impl_->consumers) {
+      if (c->stream == stream && c->config.name == config.name) {
+        return absl::AlreadyExistsError("consumer '" + config.name + "' of stream '" +
+                                        config.stream + "' already exists");
+      }
+    }
+    try {
+      for (std::uint32_t i = 0; i < config.members; ++i) {
+        state->lanes.push_back(std::make_unique<Lane>(config.lane_capacity));
+      }
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError("consumer '" + config.name +
+                                          "': out of memory allocating " +
+                                          std::to_string(slots) + " lane slots");
+    }
+    state->stream = stream;
+    raw = state.get();
+    impl_->consumers.push_back(std::move(state));
   }
-  state->stream = stream;
-  ConsumerState* raw = state.get();
+  // Now the publishers of the stream start queueing for it. This waits for a
+  // publisher blocked on a full lane of another consumer; Close() releases it.
+  std::lock_guard stream_lock(stream->mu);
   stream->consumers.push_back(raw);
-  impl_->consumers.push_back(std::move(state));
   return Consumer(raw);
 }
 
@@ -462,6 +534,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
   }
   PublishAck ack;
   absl::Status first_refusal;
+  std::uint32_t undelivered = 0;  // queueing failed because the engine closed
   const std::uint64_t bytes = event.StoredSize();
   // One Event shared by every stream and every delivery.
   const auto shared = std::make_shared<const Event>(std::move(event));
@@ -472,6 +545,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
     std::unique_lock lock(stream->mu);
     const std::int64_t now = impl_->clock->NowNanos();
     stream->TrimFront(now);
+    stream->CompactIfSparse();
 
     absl::Status refusal;
     if (cfg.max_msg_size > 0 && bytes > static_cast<std::uint64_t>(cfg.max_msg_size)) {
@@ -535,8 +609,19 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
     }
     // Queue while holding the stream's mutex, so every member sees the stream's
     // order. A full lane blocks here: that is the backpressure on publishers.
+    std::uint32_t undelivered_acks = 0;
     for (auto& [consumer, lane] : targets) {
-      if (lane->ring.push(stored)) ++ack.deliveries;
+      if (lane->ring.push(stored)) {
+        ++ack.deliveries;
+      } else {  // closed while waiting: that consumer will never ack it
+        ++undelivered;
+        if (consumer->config.ack == AckPolicy::kExplicit) ++undelivered_acks;
+      }
+    }
+    if (undelivered_acks > 0 && cfg.retention == RetentionPolicy::kInterest &&
+        stored->pending_acks.fetch_sub(undelivered_acks, std::memory_order_acq_rel) ==
+            undelivered_acks) {
+      stream->Retire(*stored, engine_internal::kDone);
     }
     lock.unlock();
 
@@ -547,6 +632,11 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
   if (ack.streams_stored == 0) {
     impl_->rejected.fetch_add(1, std::memory_order_relaxed);
     return first_refusal;
+  }
+  if (undelivered > 0) {
+    return absl::CancelledError("engine closed during publish: stored as sequence " +
+                                std::to_string(ack.seq) + " but not queued for " +
+                                std::to_string(undelivered) + " consumer(s)");
   }
   impl_->published.fetch_add(1, std::memory_order_relaxed);
   return ack;

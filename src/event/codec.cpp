@@ -1,5 +1,6 @@
 #include "inferq/event/codec.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -39,9 +40,11 @@ absl::StatusOr<std::string> ZstdDecompress(std::string_view input, std::size_t m
     const std::size_t before = in.pos;
     last = ZSTD_decompressStream(ctx.get(), &ob, &in);
     if (ZSTD_isError(last)) {
-      return absl::InvalidArgumentError(std::string("zstd data is corrupt near byte ") +
-                                        std::to_string(before) + ": " +
-                                        ZSTD_getErrorName(last));
+      // libzstd does not say which byte was bad, only which call failed: name the
+      // input range that call was reading.
+      return absl::InvalidArgumentError(
+          std::string("zstd data is corrupt in input bytes ") + std::to_string(before) + ".." +
+          std::to_string(std::max(in.pos, before + 1) - 1) + ": " + ZSTD_getErrorName(last));
     }
     if (out.size() + ob.pos > max_output) {
       return absl::ResourceExhaustedError("zstd output exceeds the limit of " +

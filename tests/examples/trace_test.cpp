@@ -64,6 +64,21 @@ TEST_CASE("malformed rows name the line and the field") {
         "before: the trace must be sorted by time");
   CHECK(Err(std::string(kHeader)) == "t.csv has no requests");
   CHECK(Err("") == "t.csv is empty");
+  // Shapes absl::ParseTime alone would accept (found by an adversarial run).
+  for (const char* bad : {"infinite-future", "infinite-past", " 2023-11-16 18:15:47",
+                          "2023-11-16 18:15:47 ", "2023-11-16\t18:15:47", "2023-1-16 18:15:47",
+                          "2023-11-16 18:15:47.123456789012", "-005-11-16 18:15:47",
+                          "2023-11-16 23:59:60", "99999999-11-16 18:15:47",
+                          "2023-11-16 18:15:47.", "2023-11-16 18:15:47.5x"}) {
+    INFO(bad);
+    CHECK(Err(std::string(kHeader) + bad + ",12,5\n") ==
+          "t.csv line 2: field TIMESTAMP '" + std::string(bad) +
+              "' is not a time 'YYYY-MM-DD HH:MM:SS' with up to 9 fractional digits");
+  }
+  std::string with_nul = std::string(kHeader) + "2023-11-16 18:15:47";
+  with_nul += '\0';
+  with_nul += "junk,12,5\n";
+  CHECK(Err(with_nul).rfind("t.csv line 2: field TIMESTAMP", 0) == 0);
   const std::string bad_time = Err(std::string(kHeader) + "2023-13-16 18:15:47,12,5\n");
   CHECK(bad_time.rfind("t.csv line 2: field TIMESTAMP '2023-13-16 18:15:47' is not a time", 0) == 0);
 }

@@ -307,3 +307,45 @@ TEST_CASE("close during a stress run loses nothing pushed successfully") {
   CHECK(pushed.load() == popped.load());
   CHECK(ring.size_approx() == 0);
 }
+
+// ---- regressions from an adversarial run ----
+
+TEST_CASE("timeouts too long for int64 nanoseconds mean no deadline") {
+  MpmcRing<int> ring(1);
+  std::thread producer([&] {
+    std::this_thread::sleep_for(10ms);
+    ring.push(5);
+  });
+  int v = 0;
+  CHECK(ring.pop_for(v, std::chrono::hours::max()));  // was: false at once
+  CHECK(v == 5);
+  producer.join();
+  REQUIRE(ring.try_push(6));
+  std::thread consumer([&] {
+    std::this_thread::sleep_for(10ms);
+    int out;
+    ring.pop(out);
+  });
+  CHECK(ring.push_for(7, std::chrono::seconds::max()));
+  consumer.join();
+}
+
+namespace {
+struct CopyCounted {
+  static inline std::atomic<int> copies{0};
+  CopyCounted() = default;
+  CopyCounted(const CopyCounted&) { ++copies; }  // may throw: not noexcept
+  CopyCounted(CopyCounted&&) noexcept = default;
+  CopyCounted& operator=(CopyCounted&&) noexcept = default;
+  ~CopyCounted() = default;
+};
+}  // namespace
+
+TEST_CASE("a blocking push of a throwing-copy item copies it once, not per retry") {
+  MpmcRing<CopyCounted> ring(1);
+  const CopyCounted item;
+  REQUIRE(ring.try_emplace());
+  CopyCounted::copies = 0;
+  CHECK_FALSE(ring.push_for(item, 20ms));
+  CHECK(CopyCounted::copies == 1);  // was: one copy per retry (139 in 50 ms)
+}

@@ -145,11 +145,23 @@ class Histogram {
       s.counts_[i] = counts_[i].load(std::memory_order_relaxed);
       n += s.counts_[i];
     }
-    // The bucket counts are the truth; count_ may be a few records ahead of them.
+    // The bucket counts are the truth; the other fields are updated after them, so a
+    // snapshot racing a Record may see a bucket count whose min/max update has not
+    // landed yet. Widen min/max to the bounds of the outermost non-empty buckets so
+    // that min <= every counted value <= max always holds.
     s.count_ = n;
     s.sum_ = sum_.load(std::memory_order_relaxed);
     s.min_ = min_.load(std::memory_order_relaxed);
     s.max_ = max_.load(std::memory_order_relaxed);
+    if (n > 0) {
+      std::size_t lo = 0;
+      while (s.counts_[lo] == 0) ++lo;
+      std::size_t hi = s.counts_.size() - 1;
+      while (s.counts_[hi] == 0) --hi;
+      const std::uint64_t lo_bound = lo == 0 ? 0 : histogram_internal::BucketUpper(lo - 1) + 1;
+      s.min_ = std::min(s.min_, lo_bound);
+      s.max_ = std::max(s.max_, histogram_internal::BucketUpper(hi));
+    }
     return s;
   }
 

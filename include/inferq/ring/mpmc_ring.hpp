@@ -156,6 +156,10 @@ class MpmcRing {
   bool push_for(T&& v, std::chrono::duration<Rep, Period> timeout) {
     return push_until(std::move(v), DeadlineAfter(timeout));
   }
+  template <class Rep, class Period>
+  bool push_for(const T& v, std::chrono::duration<Rep, Period> timeout) {
+    return push_until(v, DeadlineAfter(timeout));
+  }
 
   // Blocking pop: waits while the ring is empty. False once the ring is closed and
   // every item pushed before close() has been popped.
@@ -209,12 +213,18 @@ class MpmcRing {
     T* ptr() { return std::launder(reinterpret_cast<T*>(storage)); }
   };
 
+  // Saturating: a timeout too long for int64 nanoseconds (hours::max(), ...) means
+  // no deadline. Converted through double so that no duration_cast can overflow;
+  // below 2^53 ns (104 days) the conversion is exact.
   template <class Rep, class Period>
   static std::int64_t DeadlineAfter(std::chrono::duration<Rep, Period> timeout) {
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
-    if (ns <= 0) return ring_internal::MonotonicNowNs();
     const std::int64_t now = ring_internal::MonotonicNowNs();
-    return ns > ring_internal::kNoDeadline - now ? ring_internal::kNoDeadline : now + ns;
+    const double ns = std::chrono::duration<double, std::nano>(timeout).count();
+    if (!(ns > 0)) return now;  // also NaN
+    if (ns >= static_cast<double>(ring_internal::kNoDeadline - now)) {
+      return ring_internal::kNoDeadline;
+    }
+    return now + static_cast<std::int64_t>(ns);
   }
 
   template <class... A>
@@ -243,6 +253,11 @@ class MpmcRing {
 
   template <class U>
   bool push_until(U&& v, std::int64_t deadline_ns) {
+    if constexpr (!std::is_nothrow_constructible_v<T, U&&>) {
+      // A copy that may throw is made once, here, not on every retry.
+      if (closed()) return false;
+      return push_until(T(std::forward<U>(v)), deadline_ns);
+    }
     if (try_emplace(std::forward<U>(v))) return true;
     // try_emplace constructs from `v` only after claiming a ticket, so a failed
     // attempt leaves `v` intact and it can be retried.

@@ -5,8 +5,9 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libabsl-dev libzstd-dev zstd libmimalloc-dev
+  libabsl-dev libzstd-dev zstd libmimalloc-dev libhwloc-dev
   catch2 libbenchmark-dev
+  libatomic-queue-dev libconcurrentqueue-dev libxenium-dev libboost-dev libtbb-dev
 )
 
 missing=()

@@ -10,11 +10,57 @@
 #include <utility>
 
 #include "absl/container/inlined_vector.h"
+#include "handle_queue.hpp"
+#include "inferq/memory/fixed_pool.hpp"
+#include "inferq/memory/numa_arena.hpp"
+#include "inferq/memory/topology.hpp"
 #include "inferq/ring/mpmc_ring.hpp"
 #include "inferq/routing/subject.hpp"
 
 namespace inferq {
 namespace engine_internal {
+
+// The pools of one NUMA node for the engine's shared blocks (the Event every
+// delivery shares, and one record per stream), by size class.
+struct NodePools {
+  explicit NodePools(NumaArena* arena)
+      : small(128, {.blocks_per_chunk = 1024, .arena = arena}),
+        medium(512, {.blocks_per_chunk = 512, .arena = arena}),
+        large(2048, {.blocks_per_chunk = 128, .arena = arena}) {}
+  FixedPool* For(std::size_t bytes) {
+    if (bytes <= small.block_size()) return &small;
+    if (bytes <= medium.block_size()) return &medium;
+    if (bytes <= large.block_size()) return &large;
+    return nullptr;
+  }
+  FixedPool small, medium, large;
+};
+
+// Allocator for std::allocate_shared: the control block and object come from the
+// node's pools (operator new above 2 KiB). A copy lives in the control block, so a
+// block returns to the pool of the node it came from, whichever thread frees it.
+template <class T>
+struct PoolAllocator {
+  using value_type = T;
+  NodePools* pools;
+  explicit PoolAllocator(NodePools* p) : pools(p) {}
+  template <class U>
+  PoolAllocator(const PoolAllocator<U>& o) : pools(o.pools) {}  // NOLINT: rebinding
+  T* allocate(std::size_t n) {
+    FixedPool* pool = pools->For(n * sizeof(T));
+    return static_cast<T*>(pool != nullptr ? pool->Allocate() : ::operator new(n * sizeof(T)));
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    FixedPool* pool = pools->For(n * sizeof(T));
+    if (pool != nullptr) {
+      pool->Deallocate(p);
+    } else {
+      ::operator delete(p);
+    }
+  }
+  template <class U>
+  bool operator==(const PoolAllocator<U>& o) const { return pools == o.pools; }
+};
 
 // Lifecycle of a stored message in its stream.
 enum MsgState : std::uint8_t {
@@ -37,8 +83,9 @@ struct StoredMessage {
 using Handle = std::shared_ptr<StoredMessage>;
 
 struct Lane {
-  explicit Lane(std::size_t capacity) : ring(capacity) {}
+  Lane(std::size_t capacity, int node_index) : ring(capacity), node(node_index) {}
   MpmcRing<Handle> ring;
+  int node;  // index into the engine's topology nodes; -1 = the publisher's node
   alignas(kCacheLineSize) std::atomic<std::uint64_t> delivered{0};
   Histogram deliver_latency_ns;  // written by this lane's puller(s) only
 };
@@ -61,7 +108,7 @@ struct StreamState {
   const Clock* clock = nullptr;
 
   std::mutex mu;
-  std::deque<Handle> messages;              // guarded by mu; ascending seq
+  HandleQueue<Handle> messages;             // guarded by mu; ascending seq
   std::uint64_t next_seq = 1;               // guarded by mu
   std::vector<ConsumerState*> consumers;    // guarded by mu
 
@@ -118,7 +165,7 @@ struct StreamState {
     const auto live = static_cast<std::size_t>(
         std::max<std::int64_t>(0, live_msgs.load(std::memory_order_relaxed)));
     if (messages.size() < 64 || messages.size() <= 2 * live) return;
-    std::erase_if(messages, [](const Handle& h) {
+    messages.erase_if([](const Handle& h) {
       return h->state.load(std::memory_order_acquire) != kLive;
     });
   }
@@ -361,6 +408,19 @@ struct Engine::Impl {
   std::atomic<const RouteTable*> routes{nullptr};
   std::atomic<bool> closed{false};
 
+  // Memory by NUMA node. Declared before the streams and consumers so that it is
+  // destroyed after them (their records and lanes hold blocks of these pools).
+  Topology topology;
+  std::vector<std::string> node_binding;                    // per node, for Stats
+  std::vector<std::unique_ptr<engine_internal::NodePools>> node_pools;
+
+  engine_internal::NodePools& PoolsFor(int node) {
+    if (node < 0 || static_cast<std::size_t>(node) >= node_pools.size()) {
+      node = node_pools.size() == 1 ? 0 : topology.CurrentNode();
+    }
+    return *node_pools[static_cast<std::size_t>(node)];
+  }
+
   std::mutex config_mu;  // serializes AddStream / AddConsumer / Close
   std::vector<std::unique_ptr<StreamState>> streams;         // guarded by config_mu
   std::vector<std::unique_ptr<ConsumerState>> consumers;     // guarded by config_mu
@@ -376,8 +436,53 @@ struct Engine::Impl {
   }
 };
 
+namespace {
+
+// One arena per real NUMA node for the whole process: mimalloc 2.0.9 cannot take an
+// arena back and holds at most 64, so engines share them. nullptr when none can be
+// made (built without mimalloc); `why` then says so.
+NumaArena* ProcessArena(const Topology& topology, int node_index, std::string* why) {
+  static std::mutex mu;
+  static std::vector<std::pair<int, std::unique_ptr<NumaArena>>> arenas;
+  const int os_index = topology.nodes()[static_cast<std::size_t>(node_index)].index;
+  std::lock_guard lock(mu);
+  for (auto& [idx, arena] : arenas) {
+    if (idx == os_index) {
+      *why = arena->Stats().binding;
+      return arena.get();
+    }
+  }
+  // Address space only (MAP_NORESERVE); pages are used as the pools grow.
+  absl::StatusOr<std::unique_ptr<NumaArena>> arena =
+      NumaArena::Create(topology, node_index, std::size_t{256} << 20);
+  if (!arena.ok()) {
+    *why = "no arena (" + std::string(arena.status().message()) + "): operator new";
+    return nullptr;
+  }
+  *why = (*arena)->Stats().binding;
+  arenas.emplace_back(os_index, *std::move(arena));
+  return arenas.back().second.get();
+}
+
+}  // namespace
+
 Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->clock = options.clock ? options.clock : SteadyClock::Default();
+  if (options.topology != nullptr) {
+    impl_->topology = *options.topology;
+  } else if (absl::StatusOr<Topology> t = Topology::Detect(); t.ok()) {
+    impl_->topology = *std::move(t);
+  } else {
+    impl_->topology = *Topology::Synthetic("numa:1 pu:1");  // hwloc failed: one node
+  }
+  for (std::size_t i = 0; i < impl_->topology.node_count(); ++i) {
+    std::string why = "synthetic topology: operator new";
+    NumaArena* arena = impl_->topology.synthetic()
+                           ? nullptr
+                           : ProcessArena(impl_->topology, static_cast<int>(i), &why);
+    impl_->node_binding.push_back(why);
+    impl_->node_pools.push_back(std::make_unique<engine_internal::NodePools>(arena));
+  }
   impl_->tables.push_back(std::make_unique<Impl::RouteTable>());
   impl_->routes.store(impl_->tables.back().get(), std::memory_order_release);
 }
@@ -458,6 +563,23 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
         std::to_string(slots) + " lane slots (after rounding up to powers of two) exceed " +
         std::to_string(kMaxConsumerSlots));
   }
+  if (!config.member_nodes.empty()) {
+    if (config.member_nodes.size() != config.members) {
+      return absl::InvalidArgumentError(
+          "consumer '" + config.name + "': member_nodes has " +
+          std::to_string(config.member_nodes.size()) + " entries for " +
+          std::to_string(config.members) + " members");
+    }
+    for (std::size_t i = 0; i < config.member_nodes.size(); ++i) {
+      const int n = config.member_nodes[i];
+      if (n < 0 || static_cast<std::size_t>(n) >= impl_->topology.node_count()) {
+        return absl::InvalidArgumentError(
+            "consumer '" + config.name + "': member_nodes[" + std::to_string(i) + "] = " +
+            std::to_string(n) + " is not a node of this machine (0.." +
+            std::to_string(impl_->topology.node_count() - 1) + ")");
+      }
+    }
+  }
   if (config.ack != AckPolicy::kExplicit && config.ack != AckPolicy::kNone) {
     return absl::InvalidArgumentError("consumer '" + config.name + "': ack policy " +
                                       std::to_string(static_cast<int>(config.ack)) +
@@ -496,7 +618,8 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
     }
     try {
       for (std::uint32_t i = 0; i < config.members; ++i) {
-        state->lanes.push_back(std::make_unique<Lane>(config.lane_capacity));
+        state->lanes.push_back(std::make_unique<Lane>(
+            config.lane_capacity, config.member_nodes.empty() ? -1 : config.member_nodes[i]));
       }
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError("consumer '" + config.name +
@@ -536,8 +659,9 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
   absl::Status first_refusal;
   std::uint32_t undelivered = 0;  // queueing failed because the engine closed
   const std::uint64_t bytes = event.StoredSize();
-  // One Event shared by every stream and every delivery.
-  const auto shared = std::make_shared<const Event>(std::move(event));
+  // One Event shared by every stream and every delivery, made when the first stream
+  // stores it, from the pools of the node of the first lane that will drain it.
+  std::shared_ptr<const Event> shared;
 
   for (StreamState* stream : capturing) {
     const StreamConfig& cfg = stream->config;
@@ -579,22 +703,29 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
     }
     if (cfg.discard == DiscardPolicy::kOld) stream->MakeRoom(bytes);
 
-    auto stored = std::make_shared<StoredMessage>();
+    // The consumers that take this event, and which member of each.
+    absl::InlinedVector<std::pair<ConsumerState*, Lane*>, 8> targets;
+    std::uint32_t explicit_acks = 0;
+    const std::string& subject = shared ? shared->subject : event.subject;
+    for (ConsumerState* c : stream->consumers) {
+      if (c->filter && !c->filter->Matches(subject)) continue;
+      Lane* lane = c->lanes[c->next_member++ % c->lanes.size()].get();
+      targets.emplace_back(c, lane);
+      if (c->config.ack == AckPolicy::kExplicit) ++explicit_acks;
+    }
+    engine_internal::NodePools& pools =
+        impl_->PoolsFor(targets.empty() ? -1 : targets.front().second->node);
+    if (!shared) {
+      shared = std::allocate_shared<const Event>(
+          engine_internal::PoolAllocator<const Event>(&pools), std::move(event));
+    }
+    auto stored = std::allocate_shared<StoredMessage>(
+        engine_internal::PoolAllocator<StoredMessage>(&pools));
     stored->event = shared;
     stored->stream = stream;
     stored->seq = stream->next_seq++;
     stored->publish_ns = now;
     stored->bytes = bytes;
-
-    // The consumers that take this event, and which member of each.
-    absl::InlinedVector<std::pair<ConsumerState*, Lane*>, 8> targets;
-    std::uint32_t explicit_acks = 0;
-    for (ConsumerState* c : stream->consumers) {
-      if (c->filter && !c->filter->Matches(shared->subject)) continue;
-      Lane* lane = c->lanes[c->next_member++ % c->lanes.size()].get();
-      targets.emplace_back(c, lane);
-      if (c->config.ack == AckPolicy::kExplicit) ++explicit_acks;
-    }
     stored->pending_acks.store(explicit_acks, std::memory_order_relaxed);
 
     stream->live_msgs.fetch_add(1, std::memory_order_relaxed);
@@ -690,6 +821,14 @@ EngineStats Engine::Stats() const {
     cs.skipped = c->skipped.load(std::memory_order_relaxed);
     cs.ack_latency_ns = c->ack_latency_ns.Snapshot();
     out.consumers.push_back(std::move(cs));
+  }
+  for (std::size_t i = 0; i < impl_->node_pools.size(); ++i) {
+    NodeMemoryStats m;
+    m.node = impl_->topology.nodes()[i].index;
+    m.arena = impl_->node_binding[i];
+    const engine_internal::NodePools& p = *impl_->node_pools[i];
+    m.pools = {p.small.Stats(), p.medium.Stats(), p.large.Stats()};
+    out.memory.push_back(std::move(m));
   }
   return out;
 }

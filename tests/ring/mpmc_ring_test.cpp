@@ -1,9 +1,11 @@
 #include "inferq/ring/mpmc_ring.hpp"
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -20,8 +22,9 @@ constexpr int kItemsPerProducer = 20'000;
 constexpr int kItemsPerProducer = 200'000;
 #endif
 
-TEST_CASE("capacity is rounded up to a power of two") {
-  CHECK(MpmcRing<int>(1).capacity() == 1);
+TEST_CASE("capacity is rounded up to a power of two, at least 2") {
+  CHECK(MpmcRing<int>(1).capacity() == 2);
+  CHECK(MpmcRing<int>(2).capacity() == 2);
   CHECK(MpmcRing<int>(5).capacity() == 8);
   CHECK(MpmcRing<int>(1024).capacity() == 1024);
   CHECK(MpmcRing<int>(1025).capacity() == 2048);
@@ -76,7 +79,8 @@ TEST_CASE("move-only items") {
 }
 
 TEST_CASE("a failed push leaves the item with the caller") {
-  MpmcRing<std::unique_ptr<int>> ring(1);
+  MpmcRing<std::unique_ptr<int>> ring(2);
+  REQUIRE(ring.try_push(std::make_unique<int>(0)));
   REQUIRE(ring.try_push(std::make_unique<int>(1)));
   auto second = std::make_unique<int>(2);
   CHECK_FALSE(ring.try_push(std::move(second)));
@@ -130,10 +134,11 @@ TEST_CASE("items left inside are destroyed with the ring") {
 }
 
 TEST_CASE("timed operations time out") {
-  MpmcRing<int> ring(1);
+  MpmcRing<int> ring(2);
   int v = 0;
   CHECK_FALSE(ring.pop_for(v, 2ms));
   REQUIRE(ring.try_push(1));
+  REQUIRE(ring.try_push(3));
   CHECK_FALSE(ring.push_for(2, 2ms));
   CHECK(ring.pop_for(v, 0ms));
   CHECK(v == 1);
@@ -207,8 +212,11 @@ TEST_CASE("a blocked consumer wakes for a push") {
 
 namespace {
 // Producer p pushes (p << 32 | i) for i = 0..n-1; consumers record what they get.
-void RunContract(int producers, int consumers, std::size_t capacity, bool use_try) {
-  MpmcRing<std::uint64_t> ring(capacity);
+template <class Ring = MpmcRing<std::uint64_t>>
+void RunContract(int producers, int consumers, std::size_t capacity, bool use_try,
+                 int items_per_producer = kItemsPerProducer) {
+  const int kItemsPerProducer = items_per_producer;
+  Ring ring(capacity);
   std::vector<std::vector<std::uint64_t>> got(static_cast<std::size_t>(consumers));
   std::vector<std::thread> threads;
   for (int c = 0; c < consumers; ++c) {
@@ -234,7 +242,7 @@ void RunContract(int producers, int consumers, std::size_t capacity, bool use_tr
   std::vector<std::thread> prods;
   for (int p = 0; p < producers; ++p) {
     prods.emplace_back([&, p] {
-      for (std::uint64_t i = 0; i < kItemsPerProducer; ++i) {
+      for (std::uint64_t i = 0; i < static_cast<std::uint64_t>(kItemsPerProducer); ++i) {
         const std::uint64_t v = (static_cast<std::uint64_t>(p) << 32) | i;
         if (use_try) {
           while (!ring.try_push(v)) std::this_thread::yield();
@@ -248,8 +256,9 @@ void RunContract(int producers, int consumers, std::size_t capacity, bool use_tr
   ring.close();
   for (auto& t : threads) t.join();
 
-  std::vector<std::vector<bool>> seen(static_cast<std::size_t>(producers),
-                                      std::vector<bool>(kItemsPerProducer, false));
+  std::vector<std::vector<bool>> seen(
+      static_cast<std::size_t>(producers),
+      std::vector<bool>(static_cast<std::size_t>(kItemsPerProducer), false));
   std::size_t total = 0;
   std::size_t duplicates = 0;
   std::size_t order_violations = 0;
@@ -281,7 +290,7 @@ void RunContract(int producers, int consumers, std::size_t capacity, bool use_tr
 TEST_CASE("4 producers x 4 consumers: no loss, no duplication, per-producer FIFO") {
   SECTION("blocking push/pop, small ring") { RunContract(4, 4, 64, false); }
   SECTION("try_push/try_pop, small ring") { RunContract(4, 4, 64, true); }
-  SECTION("blocking, ring of one slot") { RunContract(4, 4, 1, false); }
+  SECTION("blocking, smallest ring") { RunContract(4, 4, 2, false); }
   SECTION("1 producer x 1 consumer") { RunContract(1, 1, 1024, false); }
 }
 
@@ -311,7 +320,7 @@ TEST_CASE("close during a stress run loses nothing pushed successfully") {
 // ---- regressions from an adversarial run ----
 
 TEST_CASE("timeouts too long for int64 nanoseconds mean no deadline") {
-  MpmcRing<int> ring(1);
+  MpmcRing<int> ring(2);
   std::thread producer([&] {
     std::this_thread::sleep_for(10ms);
     ring.push(5);
@@ -321,6 +330,7 @@ TEST_CASE("timeouts too long for int64 nanoseconds mean no deadline") {
   CHECK(v == 5);
   producer.join();
   REQUIRE(ring.try_push(6));
+  REQUIRE(ring.try_push(8));
   std::thread consumer([&] {
     std::this_thread::sleep_for(10ms);
     int out;
@@ -342,10 +352,209 @@ struct CopyCounted {
 }  // namespace
 
 TEST_CASE("a blocking push of a throwing-copy item copies it once, not per retry") {
-  MpmcRing<CopyCounted> ring(1);
+  MpmcRing<CopyCounted> ring(2);
   const CopyCounted item;
+  REQUIRE(ring.try_emplace());
   REQUIRE(ring.try_emplace());
   CopyCounted::copies = 0;
   CHECK_FALSE(ring.push_for(item, 20ms));
   CHECK(CopyCounted::copies == 1);  // was: one copy per retry (139 in 50 ms)
+}
+
+// ---- rings issue: failure modes users of other queues have reported ----
+
+namespace inferq {
+// Starts a fresh ring's tickets at `ticket` (test-only access, see the header).
+struct MpmcRingTestAccess {
+  template <class Ring>
+  static void StartAt(Ring& r, std::uint64_t ticket) {
+    r.head_.store(ticket);
+    r.tail_.store(ticket);
+    for (std::uint64_t i = 0; i < r.capacity_; ++i) {
+      const std::uint64_t t = (ticket + i) & Ring::kTicketMask;
+      r.slots_[t & r.mask_].seq.store(t);
+    }
+  }
+  template <class Ring>
+  static std::uint64_t Head(const Ring& r) {
+    return r.head_.load() & Ring::kTicketMask;
+  }
+  static constexpr std::uint64_t kTicketMask = (std::uint64_t{1} << 63) - 1;
+};
+}  // namespace inferq
+
+TEST_CASE("8 producers x 8 consumers, millions of items: no loss, no duplicate, FIFO") {
+#if defined(__SANITIZE_THREAD__)
+  RunContract(8, 8, 256, false, 25'000);
+#else
+  RunContract(8, 8, 256, false, 250'000);  // 2,000,000 items
+#endif
+}
+
+TEST_CASE("tickets run through the 63-bit wrap point") {
+  using inferq::MpmcRingTestAccess;
+  SECTION("single thread") {
+    MpmcRing<std::uint64_t> ring(8);
+    MpmcRingTestAccess::StartAt(ring, MpmcRingTestAccess::kTicketMask - 20);
+    std::uint64_t v = 0;
+    for (std::uint64_t i = 0; i < 100; ++i) {
+      REQUIRE(ring.try_push(i));
+      REQUIRE(ring.try_push(i + 1000));
+      CHECK(ring.size_approx() == 2);
+      REQUIRE(ring.try_pop(v));
+      CHECK(v == i);
+      REQUIRE(ring.try_pop(v));
+      CHECK(v == i + 1000);
+    }
+    CHECK(MpmcRingTestAccess::Head(ring) == 179);  // wrapped: 2^63 - 21 + 200
+    for (int i = 0; i < 8; ++i) REQUIRE(ring.try_push(static_cast<std::uint64_t>(i)));
+    CHECK_FALSE(ring.try_push(99));  // full is still detected across the wrap
+  }
+  SECTION("bulk across the wrap") {
+    MpmcRing<std::uint64_t> ring(8);
+    MpmcRingTestAccess::StartAt(ring, MpmcRingTestAccess::kTicketMask - 2);
+    std::vector<std::uint64_t> in{1, 2, 3, 4, 5, 6};
+    CHECK(ring.try_push_bulk(std::span(in)) == 6);
+    std::array<std::uint64_t, 8> out{};
+    CHECK(ring.try_pop_bulk(std::span(out)) == 6);
+    CHECK(out[0] == 1);
+    CHECK(out[5] == 6);
+  }
+  SECTION("threads across the wrap") {
+    MpmcRing<std::uint64_t> ring(4);
+    MpmcRingTestAccess::StartAt(ring, MpmcRingTestAccess::kTicketMask - 5000);
+    std::atomic<std::uint64_t> sum{0};
+    std::thread consumer([&] {
+      std::uint64_t v, local = 0;
+      while (ring.pop(v)) local += v;
+      sum = local;
+    });
+    std::thread producer([&] {
+      for (std::uint64_t i = 1; i <= 20'000; ++i) ring.push(i);
+      ring.close();
+    });
+    producer.join();
+    consumer.join();
+    CHECK(sum.load() == 20'000ull * 20'001 / 2);
+  }
+}
+
+TEST_CASE("try_push on a ring that cannot be full never fails") {
+  // Full ring of 64; 4 threads each pop one item and push it back. A thread pushes
+  // only after its own pop, so the ring is never full at that moment: every push
+  // must succeed (a ring that fails while the next slot is still being emptied by
+  // another consumer fails this test).
+  MpmcRing<std::uint64_t> ring(64);
+  for (std::uint64_t i = 0; i < 64; ++i) REQUIRE(ring.try_push(i));
+#if defined(__SANITIZE_THREAD__)
+  constexpr int kRounds = 20'000;
+#else
+  constexpr int kRounds = 500'000;
+#endif
+  std::atomic<int> push_failures{0}, pop_failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      std::uint64_t v;
+      for (int i = 0; i < kRounds; ++i) {
+        if (!ring.try_pop(v)) {
+          ++pop_failures;  // impossible too: at most 4 of 64 items are out
+          continue;
+        }
+        if (!ring.try_push(v)) ++push_failures;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(push_failures == 0);
+  CHECK(pop_failures == 0);
+  CHECK(ring.size_approx() == 64);
+}
+
+TEST_CASE("a producer blocked on a full ring wakes when a consumer pops") {
+  MpmcRing<int> ring(2);
+  REQUIRE(ring.try_push(0));
+  REQUIRE(ring.try_push(1));
+  std::atomic<bool> pushed{false};
+  std::thread producer([&] { pushed = ring.push(2); });
+  std::this_thread::sleep_for(30ms);  // long enough to reach the sleeping phase
+  int v = 0;
+  REQUIRE(ring.try_pop(v));
+  producer.join();  // a lost wake-up hangs here
+  CHECK(pushed.load());
+  REQUIRE(ring.try_pop(v));
+  CHECK(v == 1);
+  REQUIRE(ring.try_pop(v));
+  CHECK(v == 2);
+}
+
+TEST_CASE("oversubscription: 16 threads on the cores finish a fixed workload") {
+  RunContract(8, 8, 16, false, 20'000);
+  RunContract(8, 8, 16, true, 20'000);
+}
+
+TEST_CASE("bulk operations move what fits, in order") {
+  MpmcRing<std::unique_ptr<int>> ring(4);
+  std::vector<std::unique_ptr<int>> in;
+  for (int i = 0; i < 6; ++i) in.push_back(std::make_unique<int>(i));
+  CHECK(ring.try_push_bulk(in.begin(), in.end()) == 4);
+  CHECK(in[3] == nullptr);  // moved
+  REQUIRE(in[4] != nullptr);  // did not fit: untouched
+  CHECK(ring.try_push_bulk(in.begin() + 4, in.end()) == 0);
+  std::array<std::unique_ptr<int>, 3> out;
+  CHECK(ring.try_pop_bulk(std::span(out)) == 3);
+  CHECK(*out[0] == 0);
+  CHECK(*out[2] == 2);
+  CHECK(ring.try_push_bulk(in.begin() + 4, in.end()) == 2);
+  std::array<std::unique_ptr<int>, 8> rest;
+  CHECK(ring.try_pop_bulk(std::span(rest)) == 3);
+  CHECK(*rest[0] == 3);
+  CHECK(*rest[1] == 4);
+  CHECK(*rest[2] == 5);
+  CHECK(ring.try_pop_bulk(std::span(rest)) == 0);
+  ring.close();
+  CHECK(ring.try_push_bulk(in.begin(), in.end()) == 0);
+}
+
+TEST_CASE("bulk operations under contention lose and duplicate nothing") {
+  MpmcRing<std::uint64_t> ring(64);
+  constexpr std::uint64_t kPerProducer = 100'000;
+  std::atomic<std::uint64_t> sum{0}, count{0};
+  std::vector<std::thread> threads;
+  for (int p = 0; p < 2; ++p) {
+    threads.emplace_back([&] {
+      std::array<std::uint64_t, 8> batch;
+      std::uint64_t next = 1;
+      while (next <= kPerProducer) {
+        std::size_t n = 0;
+        for (; n < batch.size() && next + n <= kPerProducer; ++n) batch[n] = next + n;
+        const std::size_t moved = ring.try_push_bulk(batch.begin(), batch.begin() + n);
+        next += moved;
+        if (moved == 0) std::this_thread::yield();
+      }
+    });
+  }
+  for (int c = 0; c < 2; ++c) {
+    threads.emplace_back([&] {
+      std::array<std::uint64_t, 8> batch;
+      while (count.load() < 2 * kPerProducer) {
+        const std::size_t n = ring.try_pop_bulk(std::span(batch));
+        std::uint64_t local = 0;
+        for (std::size_t i = 0; i < n; ++i) local += batch[i];
+        sum += local;
+        count += n;
+        if (n == 0) std::this_thread::yield();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(count.load() == 2 * kPerProducer);
+  CHECK(sum.load() == 2 * (kPerProducer * (kPerProducer + 1) / 2));
+}
+
+TEST_CASE("every wait strategy keeps the contract") {
+  // SpinWait only with as many threads as cores: spinners never give way.
+  SECTION("SpinWait") { RunContract<MpmcRing<std::uint64_t, inferq::SpinWait>>(1, 1, 64, false, 20'000); }
+  SECTION("YieldWait") { RunContract<MpmcRing<std::uint64_t, inferq::YieldWait>>(4, 4, 64, false, 20'000); }
+  SECTION("HybridWait") { RunContract<MpmcRing<std::uint64_t, inferq::HybridWait>>(4, 4, 64, false, 20'000); }
 }

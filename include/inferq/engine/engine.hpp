@@ -34,6 +34,13 @@
 //    wheel that expires events on time comes with the scheduling issue).
 //  - A consumer receives the events published after it was added (JetStream's
 //    DeliverPolicy "new"); per stream, every member sees events in sequence order.
+//  - Memory: the Event shared by all deliveries and each stream's record of it come
+//    from FixedPools of the NUMA node of the first lane that will drain the event
+//    (ConsumerConfig::member_nodes; else the publisher's node), with chunks from a
+//    NumaArena bound to that node. Payload Buffers come from process-wide pools. In
+//    steady state publish -> deliver -> ack allocates nothing from the general heap
+//    (a test counts operator new), given subjects and strings short enough for the
+//    small-string buffer and no header map growth.
 //  - A full lane makes Publish wait (backpressure) until the member pulls. Overflow
 //    policies (reject, drop-oldest) and redelivery after ack_wait come with the
 //    scheduling issue: an unacked message stays pending.
@@ -64,6 +71,8 @@
 #include "inferq/base/clock.hpp"
 #include "inferq/base/histogram.hpp"
 #include "inferq/event/event.hpp"
+#include "inferq/memory/fixed_pool.hpp"
+#include "inferq/memory/topology.hpp"
 
 namespace inferq {
 
@@ -94,8 +103,12 @@ struct ConsumerConfig {
   std::string name{};                 // 1..64 of [A-Za-z0-9_-], unique in its stream
   std::string filter_subject{};       // pattern; empty = every event of the stream
   std::uint32_t members = 1;          // lanes in the group, 1..4096
-  std::size_t lane_capacity = 1024;   // items per lane, 1..2^24 (rounded up to 2^k)
+  std::size_t lane_capacity = 1024;   // items per lane, 1..2^24 (rounded up to 2^k, min 2)
   AckPolicy ack = AckPolicy::kExplicit;
+  // NUMA node (index into Topology::nodes()) of the thread that drains each member's
+  // lane: events queued for it are allocated from that node's pools. Empty = unknown
+  // (the publishing thread's node); else exactly `members` entries.
+  std::vector<int> member_nodes{};
 };
 
 struct PublishAck {
@@ -226,6 +239,14 @@ struct ConsumerStats {
   LatencySummary deliver_latency() const { return LatencySummary::Of(deliver_latency_ns); }
 };
 
+// Memory of one NUMA node: where its pools get chunks, and the pools (128, 512 and
+// 2048-byte blocks: stream records, events, large events).
+struct NodeMemoryStats {
+  int node = 0;               // OS index
+  std::string arena;          // e.g. "one node: not bound", "bound to node 1"
+  std::vector<FixedPoolStats> pools;
+};
+
 struct EngineStats {
   std::uint64_t published = 0;   // publishes stored by at least one stream
   std::uint64_t unrouted = 0;    // publishes no stream captured (NotFound)
@@ -233,6 +254,7 @@ struct EngineStats {
   std::uint64_t invalid = 0;     // publishes with an invalid subject
   std::vector<StreamStats> streams;
   std::vector<ConsumerStats> consumers;
+  std::vector<NodeMemoryStats> memory;  // one per NUMA node
   // nullptr when absent. The pointer lives as long as this EngineStats; calling these
   // on a temporary (engine.Stats().stream(...)) does not compile, so that no pointer
   // into a destroyed snapshot can be kept.
@@ -246,6 +268,9 @@ struct EngineOptions {
   // Clock for publish timestamps, max_age and latency statistics; nullptr = the
   // steady clock. Waiting (Next timeouts) always uses real time.
   const Clock* clock = nullptr;
+  // The machine's NUMA layout; nullptr = Topology::Detect(). A synthetic topology
+  // (tests) gets one set of pools per pretend node, from operator new.
+  const Topology* topology = nullptr;
 };
 
 class Engine {

@@ -25,6 +25,15 @@
 
 namespace inferq {
 
+class FixedPool;
+namespace memory_internal {
+// Process-wide pool for a buffer block of `bytes` (header included), or nullptr when
+// it is larger than the largest class (4 KiB): then operator new is used.
+FixedPool* BufferPoolFor(std::size_t bytes);
+void* PoolAllocate(FixedPool* pool);
+void PoolDeallocate(FixedPool* pool, void* p) noexcept;
+}  // namespace memory_internal
+
 class Buffer {
  public:
   Buffer() noexcept = default;
@@ -34,8 +43,12 @@ class Buffer {
   static Buffer Copy(std::span<const std::byte> bytes) {
     Buffer b;
     if (bytes.empty()) return b;
-    void* mem = ::operator new(sizeof(Block) + bytes.size());
-    b.block_ = ::new (mem) Block{{1}, bytes.size()};
+    // Small buffers come from process-wide FixedPools (64 B to 4 KiB blocks, per-
+    // thread caches): no general-heap allocation in steady state.
+    const std::size_t total = sizeof(Block) + bytes.size();
+    FixedPool* pool = memory_internal::BufferPoolFor(total);
+    void* mem = pool != nullptr ? memory_internal::PoolAllocate(pool) : ::operator new(total);
+    b.block_ = ::new (mem) Block{{1}, bytes.size(), pool};
     std::memcpy(b.block_->bytes(), bytes.data(), bytes.size());
     return b;
   }
@@ -71,14 +84,20 @@ class Buffer {
   struct Block {
     std::atomic<std::uint32_t> refs;
     std::size_t size;
+    FixedPool* pool;  // where the block goes back to; nullptr = operator delete
     std::byte* bytes() { return reinterpret_cast<std::byte*>(this + 1); }
   };
   void Release() noexcept {
     // acq_rel: the thread that frees the block must see every other owner's reads
     // of it completed (release on each decrement, acquire on the last).
     if (block_ && block_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      FixedPool* pool = block_->pool;
       block_->~Block();
-      ::operator delete(block_);
+      if (pool != nullptr) {
+        memory_internal::PoolDeallocate(pool, block_);
+      } else {
+        ::operator delete(block_);
+      }
     }
     block_ = nullptr;
   }

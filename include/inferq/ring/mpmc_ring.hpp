@@ -1,62 +1,68 @@
 // File: inferq/ring/mpmc_ring.hpp
 //
-// MpmcRing<T>: a bounded, lock-free, multi-producer multi-consumer FIFO ring.
-// Lanes of the engine are MpmcRings; so can be any hand-off between threads.
+// MpmcRing<T, Wait>: a bounded multi-producer multi-consumer FIFO ring. Lanes of the
+// engine are MpmcRings; so can be any hand-off between threads.
 //
 // Usage:
-//   inferq::MpmcRing<Job> ring(1024);        // capacity rounded up to a power of two
-//   ring.try_push(Job{...});                 // false when full or closed
+//   inferq::MpmcRing<Job> ring(1024);        // capacity: a power of two, at least 2
+//   ring.try_push(Job{...});                 // false only when full or closed
 //   Job j;
 //   if (ring.pop(j)) { ... }                 // waits; false once closed and drained
+//   std::array<Job, 16> out;
+//   std::size_t n = ring.try_pop_bulk(std::span(out));   // up to 16 at once
 //   ring.close();                            // wakes every waiter
 //
 // Thread safety: every member function may be called from any number of threads at
 // once, except the constructor and destructor.
 //
-// Algorithm: the turn-sequenced ring of Dmitry Vyukov's bounded MPMC queue in the
-// form of Erik Rigtorp's MPMCQueue: producers draw tickets from `head_`, consumers
-// from `tail_`; ticket t uses slot t % capacity in "turn" t / capacity.
-// Invariants:
-//  1. A slot's `turn` is 2*r when it is free for the producer of turn r, 2*r + 1 when
-//     it holds the item of turn r, and 2*(r + 1) once that item was taken.
+// Algorithm: Dmitry Vyukov's bounded MPMC queue (slot sequence numbers), with
+// tickets and sequences counted modulo 2^63 and the closed flag in bit 63 of the
+// producers' ticket. Producers draw tickets from `head_`, consumers from `tail_`;
+// ticket t uses slot t % capacity.
+// Invariants (all arithmetic modulo 2^63):
+//  1. A slot's `seq` is t when it is free for the producer of ticket t, t + 1 when it
+//     holds that producer's item, and t + capacity once the item was taken (= free for
+//     the producer of ticket t + capacity).
 //  2. A ticket is claimed by a successful CAS on head_/tail_; only its owner touches
-//     the slot's storage until it publishes the next turn with a release store, and
+//     the slot's storage until it publishes the next `seq` with a release store, and
 //     the next owner acquires that store before touching the storage. The CAS itself
-//     can be relaxed: it publishes no data, the slot's turn does.
-//  3. Tickets are 63-bit and never wrap in practice (2^63 operations); bit 63 of
-//     head_ is the closed flag, set by close() with one atomic OR, so every push
-//     either claimed its ticket before close() or fails — there is no push that
-//     succeeds after close() and is never popped.
-//  4. Items live only in slots whose turn is odd; the destructor destroys exactly
-//     those.
+//     is relaxed: it publishes no data, the slot's seq does.
+//  3. A bulk call claims n consecutive tickets with one CAS, after seeing all n slots
+//     ready; a ready slot stays ready until its ticket is claimed, so the claim holds.
+//  4. Bit 63 of head_ is the closed flag, set by close() with one atomic OR: a push
+//     either claimed its ticket before close() or fails, so no push succeeds after
+//     close() and then goes unseen by the consumers draining the ring.
+//  5. Because capacity divides 2^63, slot index and sequence stay consistent when the
+//     63-bit tickets wrap (after 2^63 operations; a test starts near the wrap).
+//  6. With no operation running, items live exactly in the slots of tickets
+//     [tail_, head_); the destructor destroys those.
 //
-// When a try_ operation fails although the ring is neither full nor empty
-// (the only cases):
-//  - try_push fails while size_approx() < capacity() when the slot of the next
-//    ticket is still being emptied by a consumer that claimed it but has not yet
-//    moved the item out;
-//  - try_pop fails while size_approx() > 0 when the slot of the next ticket was
-//    claimed by a producer that has not finished constructing the item (items of
-//    later tickets wait behind it: the ring stays FIFO).
-// Both windows last a few instructions unless the claiming thread is preempted.
+// try_ operations fail only when the ring is full (try_push), empty (try_pop) or
+// closed (try_push) at the moment they read the opposite ticket. When the next slot
+// is still being emptied by a consumer that claimed it (try_push), or filled by a
+// producer that claimed it (try_pop), the call waits for that thread to finish
+// rather than fail: a few instructions unless that thread was preempted. Bulk calls
+// return how many items moved, 0 exactly when a single try_ would have failed.
 //
-// Waiting (push, pop, push_for, pop_for): spin ~128 pauses, yield 8 times, then sleep
-// on an event count (a futex on Linux, the primitive of std::atomic::wait; see
-// internal/event_count.hpp). An idle waiter burns no CPU; close() wakes them all.
+// Waiting (push, pop, push_for, pop_for) follows `Wait` (inferq/ring/wait_strategy.hpp):
+// by default spin ~2 µs, yield, then sleep on a futex; close() wakes every waiter.
 //
-// Requirements on T: nothrow move construction, move assignment and destruction
-// (a throwing move after a ticket is claimed would leave a hole no one can fill).
-// T may be move-only. Copying or constructing from other arguments may throw: such
-// a T is built before a ticket is claimed.
+// Requirements on T: nothrow move construction, move assignment and destruction (a
+// throwing move after a ticket is claimed would leave a hole no one can fill). T may
+// be move-only. A copy or other construction that may throw is done before a ticket
+// is claimed.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <new>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -64,10 +70,13 @@
 
 #include "inferq/base/cache_line.hpp"
 #include "inferq/ring/internal/event_count.hpp"
+#include "inferq/ring/wait_strategy.hpp"
 
 namespace inferq {
 
-template <class T>
+struct MpmcRingTestAccess;
+
+template <class T, class Wait = HybridWait>
 class MpmcRing {
   static_assert(std::is_nothrow_move_constructible_v<T>,
                 "MpmcRing<T> needs a nothrow move constructor");
@@ -77,32 +86,38 @@ class MpmcRing {
 
  public:
   using value_type = T;
+  using wait_strategy = Wait;
 
-  // Capacity in items, rounded up to a power of two. Throws std::invalid_argument for
-  // 0 or for more than 2^40 items.
+  // Capacity in items, rounded up to a power of two, at least 2 (with one slot the
+  // sequence "holds the item of ticket t" would equal "free for ticket t + 1").
+  // Throws std::invalid_argument for 0 or for more than 2^40 items.
   explicit MpmcRing(std::size_t capacity) {
     if (capacity == 0) throw std::invalid_argument("MpmcRing capacity must be > 0, got 0");
     if (capacity > (std::size_t{1} << 40)) {
       throw std::invalid_argument("MpmcRing capacity " + std::to_string(capacity) +
                                   " is larger than 2^40");
     }
-    capacity_ = std::bit_ceil(capacity);
-    shift_ = static_cast<unsigned>(std::countr_zero(capacity_));
+    capacity_ = std::bit_ceil(std::max<std::size_t>(capacity, 2));
+    mask_ = capacity_ - 1;
     slots_ = std::make_unique<Slot[]>(capacity_);
+    for (std::size_t i = 0; i < capacity_; ++i) {
+      slots_[i].seq.store(i, std::memory_order_relaxed);
+    }
   }
 
   MpmcRing(const MpmcRing&) = delete;
   MpmcRing& operator=(const MpmcRing&) = delete;
 
-  // Destroys the items still inside (invariant 4). No other thread may use the ring.
+  // Destroys the items still inside (invariant 6). No other thread may use the ring.
   ~MpmcRing() {
-    for (std::size_t i = 0; i < capacity_; ++i) {
-      if (slots_[i].turn.load(std::memory_order_relaxed) & 1) slots_[i].ptr()->~T();
+    const std::uint64_t head = head_.load(std::memory_order_relaxed) & kTicketMask;
+    for (std::uint64_t t = tail_.load(std::memory_order_relaxed); t != head;
+         t = (t + 1) & kTicketMask) {
+      slots_[t & mask_].ptr()->~T();
     }
   }
 
-  // Non-blocking. False when the ring is full or closed (see the header comment for
-  // the one case where it fails although not full). On false `v` is untouched.
+  // Non-blocking. False when the ring is full or closed; on false `v` is untouched.
   bool try_push(T&& v) { return try_emplace(std::move(v)); }
   bool try_push(const T& v) { return try_emplace(v); }
 
@@ -119,31 +134,89 @@ class MpmcRing {
     }
   }
 
-  // Non-blocking. False when the ring is empty (see the header comment for the one
-  // case where it fails although not empty). On true the item is moved into `out`.
+  // Non-blocking. False when the ring is empty; on true the item is moved to `out`.
   bool try_pop(T& out) {
     std::uint64_t t = tail_.load(std::memory_order_relaxed);
     for (;;) {
-      Slot& s = slots_[t & (capacity_ - 1)];
-      const std::uint64_t full = 2 * (t >> shift_) + 1;
-      // acquire: pairs with the producer's release store of `full` (invariant 2).
-      if (s.turn.load(std::memory_order_acquire) == full) {
-        if (tail_.compare_exchange_strong(t, t + 1, std::memory_order_relaxed)) {
-          T* p = s.ptr();
-          out = std::move(*p);
-          p->~T();
-          // release: the next producer of this slot sees it empty (invariant 2).
-          s.turn.store(full + 1, std::memory_order_release);
-          not_full_.NotifyAll();
+      Slot& s = slots_[t & mask_];
+      // acquire: pairs with the producer's release store of t + 1 (invariant 2).
+      const std::int64_t diff =
+          Distance(s.seq.load(std::memory_order_acquire), (t + 1) & kTicketMask);
+      if (diff == 0) {
+        if (tail_.compare_exchange_weak(t, (t + 1) & kTicketMask, std::memory_order_relaxed)) {
+          TakeFrom(s, t, out);
+          NotifyNotFull();
           return true;
         }
-        // CAS failure reloaded t; try the new ticket.
-      } else {
-        const std::uint64_t prev = t;
+      } else if (diff < 0) {
+        // The slot still waits for the producer of ticket t. Empty, or that producer
+        // is in flight? head_ says which.
+        if ((head_.load(std::memory_order_acquire) & kTicketMask) == t) return false;
+        ring_internal::CpuRelax();
         t = tail_.load(std::memory_order_relaxed);
-        if (t == prev) return false;
+      } else {
+        t = tail_.load(std::memory_order_relaxed);  // another consumer took t
       }
     }
+  }
+
+  // Moves up to `out.size()` items into `out` in FIFO order; returns how many.
+  std::size_t try_pop_bulk(std::span<T> out) {
+    if (out.empty()) return 0;
+    std::uint64_t t = tail_.load(std::memory_order_relaxed);
+    for (;;) {
+      std::size_t n = 0;
+      while (n < out.size() &&
+             slots_[(t + n) & mask_].seq.load(std::memory_order_acquire) ==
+                 ((t + n + 1) & kTicketMask)) {
+        ++n;
+      }
+      if (n == 0) return try_pop(out[0]) ? 1 : 0;
+      if (tail_.compare_exchange_weak(t, (t + n) & kTicketMask, std::memory_order_relaxed)) {
+        for (std::size_t i = 0; i < n; ++i) {
+          const std::uint64_t ti = (t + i) & kTicketMask;
+          TakeFrom(slots_[ti & mask_], ti, out[i]);
+        }
+        NotifyNotFull();
+        return n;
+      }
+    }
+  }
+
+  // Moves items from [first, last) into the ring in order until it is full; returns
+  // how many moved (the first ones). Requires a nothrow move from *first.
+  template <class It>
+  std::size_t try_push_bulk(It first, It last) {
+    static_assert(std::is_nothrow_constructible_v<T, decltype(std::move(*first))>,
+                  "try_push_bulk moves items in after claiming tickets");
+    const auto want = static_cast<std::size_t>(std::distance(first, last));
+    if (want == 0) return 0;
+    std::uint64_t h = head_.load(std::memory_order_relaxed);
+    for (;;) {
+      if (h & kClosedBit) return 0;
+      std::size_t n = 0;
+      while (n < want &&
+             slots_[(h + n) & mask_].seq.load(std::memory_order_acquire) ==
+                 ((h + n) & kTicketMask)) {
+        ++n;
+      }
+      if (n == 0) return try_push(std::move(*first)) ? 1 : 0;
+      if (head_.compare_exchange_weak(h, (h + n) & kTicketMask, std::memory_order_relaxed)) {
+        It it = first;
+        for (std::size_t i = 0; i < n; ++i, ++it) {
+          const std::uint64_t hi = (h + i) & kTicketMask;
+          Slot& s = slots_[hi & mask_];
+          ::new (static_cast<void*>(s.storage)) T(std::move(*it));
+          s.seq.store((hi + 1) & kTicketMask, std::memory_order_release);
+        }
+        NotifyNotEmpty();
+        return n;
+      }
+    }
+  }
+  template <class U>
+  std::size_t try_push_bulk(std::span<U> items) {
+    return try_push_bulk(items.begin(), items.end());
   }
 
   // Blocking push: waits while the ring is full. False once the ring is closed
@@ -171,14 +244,14 @@ class MpmcRing {
     return pop_until(out, DeadlineAfter(timeout));
   }
 
-  // Pop with an absolute deadline in ns of std::chrono::steady_clock.
+  // Pop with an absolute deadline in ns of std::chrono::steady_clock (CLOCK_MONOTONIC).
   bool pop_until(T& out, std::int64_t deadline_ns) {
     if (try_pop(out)) return true;
     if (deadline_ns != ring_internal::kNoDeadline &&
         ring_internal::MonotonicNowNs() >= deadline_ns) {
       return false;
     }
-    return ring_internal::WaitUntil(
+    return ring_internal::WaitUntil<Wait>(
         not_empty_, deadline_ns, [&] { return try_pop(out); }, [&] { return drained(); });
   }
 
@@ -196,22 +269,45 @@ class MpmcRing {
   // operation is running.
   std::size_t size_approx() const {
     const std::uint64_t t = tail_.load(std::memory_order_acquire);
-    const std::uint64_t h = head_.load(std::memory_order_acquire) & ~kClosedBit;
-    if (h <= t) return 0;
-    const std::uint64_t n = h - t;
+    const std::uint64_t h = head_.load(std::memory_order_acquire) & kTicketMask;
+    const std::uint64_t n = (h - t) & kTicketMask;
+    if (n > kTicketMask / 2) return 0;  // a consumer's claim seen before its producer's
     return n > capacity_ ? capacity_ : static_cast<std::size_t>(n);
   }
 
   std::size_t capacity() const { return capacity_; }
 
  private:
+  friend struct MpmcRingTestAccess;
   static constexpr std::uint64_t kClosedBit = std::uint64_t{1} << 63;
+  static constexpr std::uint64_t kTicketMask = kClosedBit - 1;
 
   struct alignas(kCacheLineSize) Slot {
-    std::atomic<std::uint64_t> turn{0};
+    std::atomic<std::uint64_t> seq{0};
     alignas(T) unsigned char storage[sizeof(T)];
     T* ptr() { return std::launder(reinterpret_cast<T*>(storage)); }
   };
+  static_assert(alignof(Slot) >= kCacheLineSize, "slots must not share cache lines");
+
+  // a - b as a signed 63-bit number (tickets and sequences are mod 2^63).
+  static std::int64_t Distance(std::uint64_t a, std::uint64_t b) {
+    return static_cast<std::int64_t>(((a - b) & kTicketMask) << 1) >> 1;
+  }
+
+  void TakeFrom(Slot& s, std::uint64_t ticket, T& out) {
+    T* p = s.ptr();
+    out = std::move(*p);
+    p->~T();
+    // release: the producer of ticket + capacity sees the slot empty (invariant 2).
+    s.seq.store((ticket + capacity_) & kTicketMask, std::memory_order_release);
+  }
+
+  void NotifyNotEmpty() {
+    if constexpr (Wait::kSleeps) not_empty_.NotifyAll();
+  }
+  void NotifyNotFull() {
+    if constexpr (Wait::kSleeps) not_full_.NotifyAll();
+  }
 
   // Saturating: a timeout too long for int64 nanoseconds (hours::max(), ...) means
   // no deadline. Converted through double so that no duration_cast can overflow;
@@ -232,21 +328,27 @@ class MpmcRing {
     std::uint64_t h = head_.load(std::memory_order_relaxed);
     for (;;) {
       if (h & kClosedBit) return false;
-      Slot& s = slots_[h & (capacity_ - 1)];
-      const std::uint64_t empty = 2 * (h >> shift_);
-      // acquire: pairs with the consumer's release store of `empty` (invariant 2).
-      if (s.turn.load(std::memory_order_acquire) == empty) {
-        if (head_.compare_exchange_strong(h, h + 1, std::memory_order_relaxed)) {
+      Slot& s = slots_[h & mask_];
+      // acquire: pairs with the consumer's release store of h (invariant 2).
+      const std::int64_t diff = Distance(s.seq.load(std::memory_order_acquire), h);
+      if (diff == 0) {
+        if (head_.compare_exchange_weak(h, (h + 1) & kTicketMask, std::memory_order_relaxed)) {
           ::new (static_cast<void*>(s.storage)) T(std::forward<A>(a)...);
-          // release: the consumer of this turn sees the constructed item.
-          s.turn.store(empty + 1, std::memory_order_release);
-          not_empty_.NotifyAll();
+          // release: the consumer of ticket h sees the constructed item.
+          s.seq.store((h + 1) & kTicketMask, std::memory_order_release);
+          NotifyNotEmpty();
           return true;
         }
-      } else {
-        const std::uint64_t prev = h;
+      } else if (diff < 0) {
+        // The slot still holds the item of ticket h - capacity. Full, or is its
+        // consumer in flight? tail_ says which.
+        // (A negative distance means h went stale meanwhile: reload.)
+        const std::int64_t used = Distance(h, tail_.load(std::memory_order_acquire));
+        if (used >= static_cast<std::int64_t>(capacity_)) return false;
+        ring_internal::CpuRelax();
         h = head_.load(std::memory_order_relaxed);
-        if (h == prev) return false;
+      } else {
+        h = head_.load(std::memory_order_relaxed);  // another producer took h
       }
     }
   }
@@ -257,20 +359,21 @@ class MpmcRing {
       // A copy that may throw is made once, here, not on every retry.
       if (closed()) return false;
       return push_until(T(std::forward<U>(v)), deadline_ns);
+    } else {
+      if (try_emplace_nothrow(std::forward<U>(v))) return true;
+      // try_emplace constructs from `v` only after claiming a ticket, so a failed
+      // attempt leaves `v` intact and it can be retried.
+      return ring_internal::WaitUntil<Wait>(
+          not_full_, deadline_ns, [&] { return try_emplace_nothrow(std::forward<U>(v)); },
+          [&] { return closed(); });
     }
-    if (try_emplace(std::forward<U>(v))) return true;
-    // try_emplace constructs from `v` only after claiming a ticket, so a failed
-    // attempt leaves `v` intact and it can be retried.
-    return ring_internal::WaitUntil(
-        not_full_, deadline_ns, [&] { return try_emplace(std::forward<U>(v)); },
-        [&] { return closed(); });
   }
 
   // Closed, and every ticket claimed before close() has been popped.
   bool drained() const {
     const std::uint64_t h = head_.load(std::memory_order_acquire);
     if (!(h & kClosedBit)) return false;
-    return tail_.load(std::memory_order_acquire) >= (h & ~kClosedBit);
+    return tail_.load(std::memory_order_acquire) == (h & kTicketMask);
   }
 
   // Producers' and consumers' tickets on separate lines (no false sharing between
@@ -280,7 +383,7 @@ class MpmcRing {
   alignas(kCacheLineSize) ring_internal::EventCount not_empty_;
   alignas(kCacheLineSize) ring_internal::EventCount not_full_;
   alignas(kCacheLineSize) std::size_t capacity_ = 0;
-  unsigned shift_ = 0;
+  std::uint64_t mask_ = 0;
   std::unique_ptr<Slot[]> slots_;
 };
 

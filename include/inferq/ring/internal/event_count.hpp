@@ -140,40 +140,47 @@ class EventCount {
   std::atomic<std::uint32_t> sleepers_{0};
 };
 
-// Spin, then yield, then sleep on `ec`. `ready()` tries the operation and returns
+// Waits as `Strategy` says (see inferq/ring/wait_strategy.hpp): spin, then yield,
+// then sleep on `ec` (or keep yielding). `ready()` tries the operation and returns
 // true when it succeeded; `give_up()` returns true when waiting is pointless (the
 // ring was closed). Returns true when ready() succeeded, false on give_up or when
 // the monotonic deadline passed.
-template <class Ready, class GiveUp>
+template <class Strategy, class Ready, class GiveUp>
 bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&& give_up) {
-  constexpr int kSpins = 128;  // ~ a few µs of pause instructions
-  constexpr int kYields = 8;
-  for (int i = 0; i < kSpins; ++i) {
+  auto expired = [&] {
+    return deadline_ns != kNoDeadline && MonotonicNowNs() >= deadline_ns;
+  };
+  for (int i = 0; i < Strategy::kSpins; ++i) {
     if (ready()) return true;
     if (give_up()) return false;
+    if ((i & 63) == 63 && expired()) return false;
     CpuRelax();
   }
-  for (int i = 0; i < kYields; ++i) {
+  for (int i = 0; i < Strategy::kYields; ++i) {
     if (ready()) return true;
     if (give_up()) return false;
-    if (deadline_ns != kNoDeadline && MonotonicNowNs() >= deadline_ns) return false;
+    if (expired()) return false;
     std::this_thread::yield();
   }
-  for (;;) {
-    const std::uint32_t key = ec.PrepareWait();
-    if (ready()) {
-      ec.CancelWait();
-      return true;
+  if constexpr (!Strategy::kSleeps) {
+    for (;;) {
+      if (ready()) return true;
+      if (give_up() || expired()) return false;
+      std::this_thread::yield();
     }
-    if (give_up()) {
-      ec.CancelWait();
-      return false;
+  } else {
+    for (;;) {
+      const std::uint32_t key = ec.PrepareWait();
+      if (ready()) {
+        ec.CancelWait();
+        return true;
+      }
+      if (give_up() || expired()) {
+        ec.CancelWait();
+        return false;
+      }
+      ec.Wait(key, deadline_ns);
     }
-    if (deadline_ns != kNoDeadline && MonotonicNowNs() >= deadline_ns) {
-      ec.CancelWait();
-      return false;
-    }
-    ec.Wait(key, deadline_ns);
   }
 }
 

@@ -1,0 +1,306 @@
+#include "inferq/memory/fixed_pool.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "inferq/memory/numa_arena.hpp"
+
+namespace inferq {
+namespace memory_internal {
+
+struct FreeNode {
+  FreeNode* next;
+};
+
+struct ThreadCache;
+
+struct PoolCore {
+  std::size_t block_size = 0;
+  std::size_t per_chunk = 0;
+  std::size_t batch = 0;
+  NumaArena* arena = nullptr;
+  std::atomic<bool> dead{false};  // the FixedPool was destroyed
+
+  std::mutex mu;
+  FreeNode* global = nullptr;             // guarded by mu
+  std::vector<void*> chunks;              // guarded by mu
+  std::vector<ThreadCache*> caches;       // live thread caches; guarded by mu
+  std::uint64_t retired_allocs = 0, retired_frees = 0, retired_hits = 0,
+                retired_misses = 0;       // of caches that were flushed; guarded by mu
+
+  ~PoolCore() {
+    for (void* c : chunks) {
+      if (arena != nullptr) {
+        NumaArena::Free(c);
+      } else {
+        ::operator delete(c, std::align_val_t{kChunkAlign});
+      }
+    }
+  }
+
+  static constexpr std::size_t kChunkAlign = 64;
+
+  // Carves a chunk into the global list. Requires mu. Throws std::bad_alloc.
+  void Grow() {
+    const std::size_t bytes = block_size * per_chunk;
+    void* mem = arena != nullptr ? arena->Allocate(bytes, kChunkAlign)
+                                 : ::operator new(bytes, std::align_val_t{kChunkAlign});
+    if (mem == nullptr) throw std::bad_alloc();
+    chunks.push_back(mem);
+    auto* base = static_cast<unsigned char*>(mem);
+    for (std::size_t i = per_chunk; i-- > 0;) {
+      auto* n = reinterpret_cast<FreeNode*>(base + i * block_size);
+      n->next = global;
+      global = n;
+    }
+  }
+};
+
+// Per thread and pool. Counters are written by the owning thread only (plain
+// load + store, no read-modify-write) and read by Stats() under the pool's mutex.
+struct ThreadCache {
+  std::shared_ptr<PoolCore> core;
+  FreeNode* head = nullptr;
+  std::size_t count = 0;
+  std::atomic<std::uint64_t> allocs{0}, frees{0}, hits{0}, misses{0};
+
+  static void Bump(std::atomic<std::uint64_t>& c) {
+    c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+
+  // Moves `n` blocks (or all) to the pool. Requires core->mu.
+  void GiveBack(std::size_t n) {
+    while (head != nullptr && n-- > 0) {
+      FreeNode* next = head->next;
+      head->next = core->global;
+      core->global = head;
+      head = next;
+      --count;
+    }
+  }
+
+  // Flushes everything and unregisters. Takes core->mu.
+  void Retire() {
+    std::lock_guard lock(core->mu);
+    GiveBack(count);
+    core->retired_allocs += allocs.load(std::memory_order_relaxed);
+    core->retired_frees += frees.load(std::memory_order_relaxed);
+    core->retired_hits += hits.load(std::memory_order_relaxed);
+    core->retired_misses += misses.load(std::memory_order_relaxed);
+    std::erase(core->caches, this);
+  }
+};
+
+// All caches of one thread. Destroyed at thread exit: flushes them (the "per-thread
+// cache flush at thread exit").
+struct ThreadCaches {
+  std::vector<std::unique_ptr<ThreadCache>> caches;
+  PoolCore* last_core = nullptr;
+  ThreadCache* last = nullptr;
+
+  ~ThreadCaches();
+
+  ThreadCache* Find(PoolCore* core) {
+    if (core == last_core) return last;
+    for (auto& c : caches) {
+      if (c->core.get() == core) {
+        last_core = core;
+        last = c.get();
+        return last;
+      }
+    }
+    return nullptr;
+  }
+
+  ThreadCache* Create(const std::shared_ptr<PoolCore>& core) {
+    // Drop the caches of pools destroyed since: their memory goes with them.
+    for (auto it = caches.begin(); it != caches.end();) {
+      if ((*it)->core->dead.load(std::memory_order_acquire)) {
+        (*it)->Retire();
+        if (last == it->get()) last_core = nullptr, last = nullptr;
+        it = caches.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto cache = std::make_unique<ThreadCache>();
+    cache->core = core;
+    {
+      std::lock_guard lock(core->mu);
+      core->caches.push_back(cache.get());
+    }
+    caches.push_back(std::move(cache));
+    last_core = core.get();
+    last = caches.back().get();
+    return last;
+  }
+};
+
+// Trivially destructible, so still readable while (and after) other thread_local
+// objects are destroyed: a free during that time goes straight to the pool.
+thread_local bool tls_caches_gone = false;
+thread_local ThreadCaches tls_caches;
+
+ThreadCaches::~ThreadCaches() {
+  tls_caches_gone = true;
+  for (auto& c : caches) c->Retire();
+  caches.clear();
+}
+
+}  // namespace memory_internal
+
+using memory_internal::FreeNode;
+using memory_internal::PoolCore;
+using memory_internal::ThreadCache;
+
+FixedPool::FixedPool(std::size_t block_size) : FixedPool(block_size, Options{}) {}
+
+FixedPool::FixedPool(std::size_t block_size, Options options) {
+  if (block_size == 0 || block_size > (std::size_t{1} << 20)) {
+    throw std::invalid_argument("FixedPool block_size " + std::to_string(block_size) +
+                                " is outside 1..1048576");
+  }
+  if (options.blocks_per_chunk == 0 || options.thread_cache_blocks == 0) {
+    throw std::invalid_argument("FixedPool blocks_per_chunk " +
+                                std::to_string(options.blocks_per_chunk) +
+                                " and thread_cache_blocks " +
+                                std::to_string(options.thread_cache_blocks) +
+                                " must both be > 0");
+  }
+  core_ = std::make_shared<PoolCore>();
+  core_->block_size = (block_size + 15) & ~std::size_t{15};
+  core_->per_chunk = options.blocks_per_chunk;
+  core_->batch = options.thread_cache_blocks;
+  core_->arena = options.arena;
+}
+
+FixedPool::~FixedPool() {
+  core_->dead.store(true, std::memory_order_release);
+  // Flush this thread's cache now; other threads flush at exit or when they next
+  // create a cache.
+  if (!memory_internal::tls_caches_gone) {
+    auto& tls = memory_internal::tls_caches;
+    if (ThreadCache* c = tls.Find(core_.get())) {
+      c->Retire();
+      std::erase_if(tls.caches, [&](const auto& p) { return p.get() == c; });
+      tls.last_core = nullptr;
+      tls.last = nullptr;
+    }
+  }
+}
+
+void* FixedPool::Allocate() {
+  PoolCore* core = core_.get();
+  if (memory_internal::tls_caches_gone) {  // thread is exiting: no cache
+    std::lock_guard lock(core->mu);
+    if (core->global == nullptr) core->Grow();
+    FreeNode* n = core->global;
+    core->global = n->next;
+    ++core->retired_allocs;
+    ++core->retired_misses;
+    return n;
+  }
+  auto& tls = memory_internal::tls_caches;
+  ThreadCache* c = tls.Find(core);
+  if (c == nullptr) c = tls.Create(core_);
+  ThreadCache::Bump(c->allocs);
+  if (c->head == nullptr) {
+    ThreadCache::Bump(c->misses);
+    std::lock_guard lock(core->mu);
+    for (std::size_t i = 0; i < core->batch; ++i) {
+      if (core->global == nullptr) core->Grow();
+      FreeNode* n = core->global;
+      core->global = n->next;
+      n->next = c->head;
+      c->head = n;
+      ++c->count;
+    }
+  } else {
+    ThreadCache::Bump(c->hits);
+  }
+  FreeNode* n = c->head;
+  c->head = n->next;
+  --c->count;
+  return n;
+}
+
+void FixedPool::Deallocate(void* block) noexcept {
+  if (block == nullptr) return;
+  PoolCore* core = core_.get();
+  auto* n = static_cast<FreeNode*>(block);
+  if (memory_internal::tls_caches_gone) {
+    std::lock_guard lock(core->mu);
+    n->next = core->global;
+    core->global = n;
+    ++core->retired_frees;
+    return;
+  }
+  auto& tls = memory_internal::tls_caches;
+  ThreadCache* c = tls.Find(core);
+  if (c == nullptr) {
+    try {
+      c = tls.Create(core_);
+    } catch (...) {  // no memory for a cache: free straight to the pool
+      std::lock_guard lock(core->mu);
+      n->next = core->global;
+      core->global = n;
+      ++core->retired_frees;
+      return;
+    }
+  }
+  ThreadCache::Bump(c->frees);
+  n->next = c->head;
+  c->head = n;
+  if (++c->count > 2 * core->batch) {
+    std::lock_guard lock(core->mu);
+    c->GiveBack(core->batch);
+  }
+}
+
+std::size_t FixedPool::block_size() const { return core_->block_size; }
+
+namespace memory_internal {
+
+FixedPool* BufferPoolFor(std::size_t bytes) {
+  // Never destroyed: Buffers may outlive every other static object.
+  static FixedPool* const pools[] = {new FixedPool(64), new FixedPool(256),
+                                     new FixedPool(1024, {.blocks_per_chunk = 256}),
+                                     new FixedPool(4096, {.blocks_per_chunk = 64})};
+  for (FixedPool* p : pools) {
+    if (bytes <= p->block_size()) return p;
+  }
+  return nullptr;
+}
+void* PoolAllocate(FixedPool* pool) { return pool->Allocate(); }
+void PoolDeallocate(FixedPool* pool, void* p) noexcept { pool->Deallocate(p); }
+
+}  // namespace memory_internal
+
+FixedPoolStats FixedPool::Stats() const {
+  FixedPoolStats s;
+  std::lock_guard lock(core_->mu);
+  s.block_size = core_->block_size;
+  s.chunks = core_->chunks.size();
+  s.blocks_total = s.chunks * core_->per_chunk;
+  s.bytes_reserved = s.blocks_total * core_->block_size;
+  s.allocations = core_->retired_allocs;
+  s.frees = core_->retired_frees;
+  s.cache_hits = core_->retired_hits;
+  s.cache_misses = core_->retired_misses;
+  for (const ThreadCache* c : core_->caches) {
+    s.allocations += c->allocs.load(std::memory_order_relaxed);
+    s.frees += c->frees.load(std::memory_order_relaxed);
+    s.cache_hits += c->hits.load(std::memory_order_relaxed);
+    s.cache_misses += c->misses.load(std::memory_order_relaxed);
+  }
+  s.blocks_in_use = s.allocations >= s.frees ? s.allocations - s.frees : 0;
+  s.numa_node = core_->arena != nullptr ? core_->arena->node() : -1;
+  return s;
+}
+
+}  // namespace inferq

@@ -67,6 +67,7 @@ void Retry(F&& attempt) {
 
 // ---- adapters: push(v) and pop() that wait -------------------------------------
 
+template <class Wait = inferq::HybridWait>
 struct RingAdapter {
   explicit RingAdapter(std::size_t c) : q(c) {}
   void push(std::uint64_t v) { q.push(v); }
@@ -75,7 +76,7 @@ struct RingAdapter {
     q.pop(v);
     return v;
   }
-  inferq::MpmcRing<std::uint64_t> q;
+  inferq::MpmcRing<std::uint64_t, Wait> q;
 };
 
 struct AtomicQueueAdapter {
@@ -355,7 +356,8 @@ void ThreadArgs(benchmark::internal::Benchmark* b) {
       ->Iterations(1)                                                                       \
       ->Unit(benchmark::kMillisecond)
 
-INFERQ_RING_BENCHMARKS(RingAdapter, "MpmcRing");
+INFERQ_RING_BENCHMARKS(RingAdapter<>, "MpmcRing");
+INFERQ_RING_BENCHMARKS(RingAdapter<inferq::YieldWait>, "MpmcRing_yield");
 INFERQ_RING_BENCHMARKS(AtomicQueueAdapter, "AtomicQueueB2");
 INFERQ_RING_BENCHMARKS(XeniumAdapter, "xenium_vyukov");
 INFERQ_RING_BENCHMARKS(MoodycamelAdapter, "moodycamel");

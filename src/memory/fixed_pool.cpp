@@ -18,6 +18,13 @@ struct FreeNode {
 };
 
 struct ThreadCache;
+struct PoolCore;
+
+// The fast path: the cache of the pool this thread used last. Trivial thread_locals
+// are plain %fs-relative loads; touching tls_caches (it has a destructor) goes
+// through the TLS init wrapper, a call on every access.
+thread_local PoolCore* tls_last_core = nullptr;
+thread_local ThreadCache* tls_last_cache = nullptr;
 
 struct PoolCore {
   std::size_t block_size = 0;
@@ -105,17 +112,7 @@ struct ThreadCaches {
 
   ~ThreadCaches();
 
-  ThreadCache* Find(PoolCore* core) {
-    if (core == last_core) return last;
-    for (auto& c : caches) {
-      if (c->core.get() == core) {
-        last_core = core;
-        last = c.get();
-        return last;
-      }
-    }
-    return nullptr;
-  }
+  ThreadCache* Find(PoolCore* core);
 
   ThreadCache* Create(const std::shared_ptr<PoolCore>& core) {
     // Drop the caches of pools destroyed since: their memory goes with them.
@@ -123,6 +120,7 @@ struct ThreadCaches {
       if ((*it)->core->dead.load(std::memory_order_acquire)) {
         (*it)->Retire();
         if (last == it->get()) last_core = nullptr, last = nullptr;
+        if (tls_last_cache == it->get()) tls_last_core = nullptr, tls_last_cache = nullptr;
         it = caches.erase(it);
       } else {
         ++it;
@@ -137,8 +135,10 @@ struct ThreadCaches {
     caches.push_back(std::move(cache));
     last_core = core.get();
     last = caches.back().get();
+    Remember(last_core, last);
     return last;
   }
+  static void Remember(PoolCore* core, ThreadCache* cache);
 };
 
 // Trivially destructible, so still readable while (and after) other thread_local
@@ -146,8 +146,39 @@ struct ThreadCaches {
 thread_local bool tls_caches_gone = false;
 thread_local ThreadCaches tls_caches;
 
+void ThreadCaches::Remember(PoolCore* core, ThreadCache* cache) {
+  tls_last_core = core;
+  tls_last_cache = cache;
+}
+
+ThreadCache* ThreadCaches::Find(PoolCore* core) {
+  if (core == last_core) {
+    Remember(core, last);
+    return last;
+  }
+  for (auto& c : caches) {
+    if (c->core.get() == core) {
+      last_core = core;
+      last = c.get();
+      Remember(core, last);
+      return last;
+    }
+  }
+  return nullptr;
+}
+
+// The calling thread's cache for `core`, creating it; nullptr while the thread exits.
+ThreadCache* CacheFor(const std::shared_ptr<PoolCore>& core) {
+  if (tls_last_core == core.get()) return tls_last_cache;
+  if (tls_caches_gone) return nullptr;
+  ThreadCache* c = tls_caches.Find(core.get());
+  return c != nullptr ? c : tls_caches.Create(core);
+}
+
 ThreadCaches::~ThreadCaches() {
   tls_caches_gone = true;
+  tls_last_core = nullptr;
+  tls_last_cache = nullptr;
   for (auto& c : caches) c->Retire();
   caches.clear();
 }
@@ -190,13 +221,16 @@ FixedPool::~FixedPool() {
       std::erase_if(tls.caches, [&](const auto& p) { return p.get() == c; });
       tls.last_core = nullptr;
       tls.last = nullptr;
+      memory_internal::tls_last_core = nullptr;
+      memory_internal::tls_last_cache = nullptr;
     }
   }
 }
 
 void* FixedPool::Allocate() {
   PoolCore* core = core_.get();
-  if (memory_internal::tls_caches_gone) {  // thread is exiting: no cache
+  ThreadCache* c = memory_internal::CacheFor(core_);
+  if (c == nullptr) {  // thread is exiting: no cache
     std::lock_guard lock(core->mu);
     if (core->global == nullptr) core->Grow();
     FreeNode* n = core->global;
@@ -205,9 +239,6 @@ void* FixedPool::Allocate() {
     ++core->retired_misses;
     return n;
   }
-  auto& tls = memory_internal::tls_caches;
-  ThreadCache* c = tls.Find(core);
-  if (c == nullptr) c = tls.Create(core_);
   ThreadCache::Bump(c->allocs);
   if (c->head == nullptr) {
     ThreadCache::Bump(c->misses);
@@ -233,25 +264,17 @@ void FixedPool::Deallocate(void* block) noexcept {
   if (block == nullptr) return;
   PoolCore* core = core_.get();
   auto* n = static_cast<FreeNode*>(block);
-  if (memory_internal::tls_caches_gone) {
+  ThreadCache* c = nullptr;
+  try {
+    c = memory_internal::CacheFor(core_);
+  } catch (...) {  // no memory for a cache: c stays nullptr
+  }
+  if (c == nullptr) {  // thread exiting, or no cache: straight to the pool
     std::lock_guard lock(core->mu);
     n->next = core->global;
     core->global = n;
     ++core->retired_frees;
     return;
-  }
-  auto& tls = memory_internal::tls_caches;
-  ThreadCache* c = tls.Find(core);
-  if (c == nullptr) {
-    try {
-      c = tls.Create(core_);
-    } catch (...) {  // no memory for a cache: free straight to the pool
-      std::lock_guard lock(core->mu);
-      n->next = core->global;
-      core->global = n;
-      ++core->retired_frees;
-      return;
-    }
   }
   ThreadCache::Bump(c->frees);
   n->next = c->head;

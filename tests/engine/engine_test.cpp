@@ -695,3 +695,45 @@ TEST_CASE("a non-ASCII byte in a name is escaped in the error") {
         "stream name 'caf\xc3\xa9' has the character '\\xc3' at byte 3; only A-Z a-z 0-9 _ - "
         "are allowed");
 }
+
+TEST_CASE("events are allocated on the NUMA node of the lane that drains them") {
+  auto topo = Topology::Synthetic("numa:2 core:2 pu:1");
+  REQUIRE(topo.ok());
+  Engine engine({.topology = &*topo});
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x.*"}}).ok());
+  auto on1 = engine.AddConsumer({.stream = "S", .name = "gpu1", .filter_subject = "x.one",
+                                 .members = 2, .member_nodes = {1, 1}});
+  auto on0 = engine.AddConsumer({.stream = "S", .name = "gpu0", .filter_subject = "x.zero",
+                                 .member_nodes = {0}});
+  REQUIRE(on1.ok());
+  REQUIRE(on0.ok());
+  for (int i = 0; i < 3; ++i) REQUIRE(engine.Publish(Ev("x.one")).ok());
+  REQUIRE(engine.Publish(Ev("x.zero")).ok());
+  const EngineStats st = engine.Stats();
+  REQUIRE(st.memory.size() == 2);
+  CHECK(st.memory[1].pools[1].allocations == 3);  // events for node-1 lanes
+  CHECK(st.memory[1].pools[0].allocations == 3);  // their stream records
+  CHECK(st.memory[0].pools[1].allocations == 1);
+  CHECK(st.memory[0].arena == "synthetic topology: operator new");
+
+  auto bad = engine.AddConsumer({.stream = "S", .name = "bad", .members = 2,
+                                 .member_nodes = {0, 2}});
+  CHECK(Msg(bad.status()) ==
+        "consumer 'bad': member_nodes[1] = 2 is not a node of this machine (0..1)");
+  auto count = engine.AddConsumer({.stream = "S", .name = "bad", .members = 2,
+                                   .member_nodes = {0}});
+  CHECK(Msg(count.status()) == "consumer 'bad': member_nodes has 1 entries for 2 members");
+}
+
+TEST_CASE("memory stats: one node on this machine says how its arena is placed") {
+  Engine engine;
+  const EngineStats st = engine.Stats();
+  REQUIRE_FALSE(st.memory.empty());
+  for (const auto& m : st.memory) {
+    CHECK_FALSE(m.arena.empty());
+    REQUIRE(m.pools.size() == 3);
+    CHECK(m.pools[0].block_size == 128);
+    CHECK(m.pools[1].block_size == 512);
+    CHECK(m.pools[2].block_size == 2048);
+  }
+}

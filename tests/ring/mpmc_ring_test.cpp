@@ -558,3 +558,48 @@ TEST_CASE("every wait strategy keeps the contract") {
   SECTION("YieldWait") { RunContract<MpmcRing<std::uint64_t, inferq::YieldWait>>(4, 4, 64, false, 20'000); }
   SECTION("HybridWait") { RunContract<MpmcRing<std::uint64_t, inferq::HybridWait>>(4, 4, 64, false, 20'000); }
 }
+
+TEST_CASE("timed waits end on time with every wait strategy") {
+  // SpinWait once ignored the deadline while spinning.
+  int v = 0;
+  MpmcRing<int, inferq::SpinWait> spin(2);
+  CHECK_FALSE(spin.pop_for(v, 2ms));
+  MpmcRing<int, inferq::YieldWait> yield(2);
+  CHECK_FALSE(yield.pop_for(v, 2ms));
+  REQUIRE(yield.try_push(1));
+  REQUIRE(yield.try_push(2));
+  CHECK_FALSE(yield.push_for(3, 2ms));
+  MpmcRing<int> hybrid(2);
+  CHECK_FALSE(hybrid.pop_for(v, 2ms));
+}
+
+TEST_CASE("a timed-out sleeper passes its wake-up on, so no item is stranded") {
+  // Many consumers with short timeouts and one that waits forever: every item must
+  // reach someone although woken sleepers may time out instead of taking it.
+  MpmcRing<int> ring(64);
+  std::atomic<int> taken{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  for (int c = 0; c < 4; ++c) {
+    threads.emplace_back([&] {
+      int v;
+      while (!stop.load()) {
+        if (ring.pop_for(v, std::chrono::microseconds(50))) ++taken;
+      }
+    });
+  }
+  std::thread patient([&] {
+    int v;
+    while (ring.pop(v)) ++taken;
+  });
+  for (int i = 0; i < 20'000; ++i) {
+    ring.push(i);
+    if (i % 1000 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  while (taken.load() < 20'000) std::this_thread::sleep_for(1ms);  // hangs if stranded
+  stop = true;
+  ring.close();
+  for (auto& t : threads) t.join();
+  patient.join();
+  CHECK(taken.load() == 20'000);
+}

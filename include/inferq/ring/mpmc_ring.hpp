@@ -139,9 +139,8 @@ class MpmcRing {
     std::uint64_t t = tail_.load(std::memory_order_relaxed);
     for (;;) {
       Slot& s = slots_[t & mask_];
-      // acquire: pairs with the producer's release store of t + 1 (invariant 2).
-      const std::int64_t diff =
-          Distance(s.seq.load(std::memory_order_acquire), (t + 1) & kTicketMask);
+      // acquire (at least): pairs with the producer's store of t + 1 (invariant 2).
+      const std::int64_t diff = Distance(s.seq.load(kObserve), (t + 1) & kTicketMask);
       if (diff == 0) {
         if (tail_.compare_exchange_weak(t, (t + 1) & kTicketMask, std::memory_order_relaxed)) {
           TakeFrom(s, t, out);
@@ -167,8 +166,7 @@ class MpmcRing {
     for (;;) {
       std::size_t n = 0;
       while (n < out.size() &&
-             slots_[(t + n) & mask_].seq.load(std::memory_order_acquire) ==
-                 ((t + n + 1) & kTicketMask)) {
+             slots_[(t + n) & mask_].seq.load(kObserve) == ((t + n + 1) & kTicketMask)) {
         ++n;
       }
       if (n == 0) return try_pop(out[0]) ? 1 : 0;
@@ -196,8 +194,7 @@ class MpmcRing {
       if (h & kClosedBit) return 0;
       std::size_t n = 0;
       while (n < want &&
-             slots_[(h + n) & mask_].seq.load(std::memory_order_acquire) ==
-                 ((h + n) & kTicketMask)) {
+             slots_[(h + n) & mask_].seq.load(kObserve) == ((h + n) & kTicketMask)) {
         ++n;
       }
       if (n == 0) return try_push(std::move(*first)) ? 1 : 0;
@@ -207,7 +204,7 @@ class MpmcRing {
           const std::uint64_t hi = (h + i) & kTicketMask;
           Slot& s = slots_[hi & mask_];
           ::new (static_cast<void*>(s.storage)) T(std::move(*it));
-          s.seq.store((hi + 1) & kTicketMask, std::memory_order_release);
+          s.seq.store((hi + 1) & kTicketMask, kPublish);
         }
         NotifyNotEmpty();
         return n;
@@ -258,12 +255,12 @@ class MpmcRing {
   // Closes the ring: later pushes fail, pops drain what is left and then fail; every
   // blocked producer and consumer wakes. Idempotent.
   void close() {
-    head_.fetch_or(kClosedBit, std::memory_order_acq_rel);
+    head_.fetch_or(kClosedBit, std::memory_order_seq_cst);  // a seq_cst change: inv. 3
     not_empty_.NotifyAll();
     not_full_.NotifyAll();
   }
 
-  bool closed() const { return (head_.load(std::memory_order_acquire) & kClosedBit) != 0; }
+  bool closed() const { return (head_.load(std::memory_order_seq_cst) & kClosedBit) != 0; }
 
   // Items pushed and not yet popped, including ones in flight; exact when no
   // operation is running.
@@ -281,6 +278,10 @@ class MpmcRing {
   friend struct MpmcRingTestAccess;
   static constexpr std::uint64_t kClosedBit = std::uint64_t{1} << 63;
   static constexpr std::uint64_t kTicketMask = kClosedBit - 1;
+  // Slot publication and observation (invariant 2); the wake-up protocol adds its
+  // own barriers (internal/event_count.hpp).
+  static constexpr std::memory_order kPublish = std::memory_order_release;
+  static constexpr std::memory_order kObserve = std::memory_order_acquire;
 
   struct alignas(kCacheLineSize) Slot {
     std::atomic<std::uint64_t> seq{0};
@@ -298,15 +299,15 @@ class MpmcRing {
     T* p = s.ptr();
     out = std::move(*p);
     p->~T();
-    // release: the producer of ticket + capacity sees the slot empty (invariant 2).
-    s.seq.store((ticket + capacity_) & kTicketMask, std::memory_order_release);
+    // release (at least): the producer of ticket + capacity sees the slot empty.
+    s.seq.store((ticket + capacity_) & kTicketMask, kPublish);
   }
 
   void NotifyNotEmpty() {
-    if constexpr (Wait::kSleeps) not_empty_.NotifyAll();
+    if constexpr (Wait::kSleeps) not_empty_.NotifyOne();
   }
   void NotifyNotFull() {
-    if constexpr (Wait::kSleeps) not_full_.NotifyAll();
+    if constexpr (Wait::kSleeps) not_full_.NotifyOne();
   }
 
   // Saturating: a timeout too long for int64 nanoseconds (hours::max(), ...) means
@@ -329,13 +330,13 @@ class MpmcRing {
     for (;;) {
       if (h & kClosedBit) return false;
       Slot& s = slots_[h & mask_];
-      // acquire: pairs with the consumer's release store of h (invariant 2).
-      const std::int64_t diff = Distance(s.seq.load(std::memory_order_acquire), h);
+      // acquire (at least): pairs with the consumer's store of h (invariant 2).
+      const std::int64_t diff = Distance(s.seq.load(kObserve), h);
       if (diff == 0) {
         if (head_.compare_exchange_weak(h, (h + 1) & kTicketMask, std::memory_order_relaxed)) {
           ::new (static_cast<void*>(s.storage)) T(std::forward<A>(a)...);
-          // release: the consumer of ticket h sees the constructed item.
-          s.seq.store((h + 1) & kTicketMask, std::memory_order_release);
+          // release (at least): the consumer of ticket h sees the constructed item.
+          s.seq.store((h + 1) & kTicketMask, kPublish);
           NotifyNotEmpty();
           return true;
         }
@@ -371,7 +372,7 @@ class MpmcRing {
 
   // Closed, and every ticket claimed before close() has been popped.
   bool drained() const {
-    const std::uint64_t h = head_.load(std::memory_order_acquire);
+    const std::uint64_t h = head_.load(std::memory_order_seq_cst);
     if (!(h & kClosedBit)) return false;
     return tail_.load(std::memory_order_acquire) == (h & kTicketMask);
   }

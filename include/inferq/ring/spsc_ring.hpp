@@ -98,14 +98,14 @@ class SpscRing {
     const std::uint64_t t = tail_.load(std::memory_order_relaxed);  // ours
     if (t == head_cache_) {
       // acquire: sees the item (invariant 2); the closed bit is not a count.
-      head_cache_ = head_.load(std::memory_order_acquire) & ~kClosedBit;
+      head_cache_ = head_.load(kObserve) & ~kClosedBit;
       if (t == head_cache_) return false;
     }
     T* p = slots_[t & mask_].ptr();
     out = std::move(*p);
     p->~T();
-    tail_.store(t + 1, std::memory_order_release);
-    if constexpr (Wait::kSleeps) not_full_.NotifyAll();
+    tail_.store(t + 1, kPublish);
+    if constexpr (Wait::kSleeps) not_full_.NotifyOne();
     return true;
   }
 
@@ -122,11 +122,11 @@ class SpscRing {
   }
 
   void close() {
-    head_.fetch_or(kClosedBit, std::memory_order_acq_rel);
+    head_.fetch_or(kClosedBit, std::memory_order_seq_cst);
     not_empty_.NotifyAll();
     not_full_.NotifyAll();
   }
-  bool closed() const { return (head_.load(std::memory_order_acquire) & kClosedBit) != 0; }
+  bool closed() const { return (head_.load(std::memory_order_seq_cst) & kClosedBit) != 0; }
 
   std::size_t size_approx() const {
     const std::uint64_t t = tail_.load(std::memory_order_acquire);
@@ -137,6 +137,10 @@ class SpscRing {
 
  private:
   static constexpr std::uint64_t kClosedBit = std::uint64_t{1} << 63;
+  // Publication and observation (invariant 2); the wake-up protocol adds its own
+  // barriers (internal/event_count.hpp).
+  static constexpr std::memory_order kPublish = std::memory_order_release;
+  static constexpr std::memory_order kObserve = std::memory_order_acquire;
 
   // Constructs the item in the next slot, then publishes it with a CAS on head_ that
   // fails only if close() set the closed bit meanwhile (invariant 4); then the item
@@ -147,19 +151,19 @@ class SpscRing {
     if (h & kClosedBit) return false;
     if (h - tail_cache_ == capacity_) {
       // acquire: the consumer's reads of the slot finished before it moved tail_.
-      tail_cache_ = tail_.load(std::memory_order_acquire);
+      tail_cache_ = tail_.load(kObserve);
       if (h - tail_cache_ == capacity_) return false;
     }
     T* p = ::new (static_cast<void*>(slots_[h & mask_].storage)) T(std::forward<A>(a)...);
     std::uint64_t expected = h;
     // release: publishes the item (invariant 2).
-    if (!head_.compare_exchange_strong(expected, h + 1, std::memory_order_release,
+    if (!head_.compare_exchange_strong(expected, h + 1, kPublish,
                                        std::memory_order_relaxed)) {
       restore(*p);
       p->~T();
       return false;
     }
-    if constexpr (Wait::kSleeps) not_empty_.NotifyAll();
+    if constexpr (Wait::kSleeps) not_empty_.NotifyOne();
     return true;
   }
 
@@ -198,7 +202,7 @@ class SpscRing {
         not_empty_, deadline_ns, [&] { return try_pop(out); }, [&] {
           // Closed and caught up: every push that succeeded published before the
           // closed bit was set (invariant 4).
-          const std::uint64_t h = head_.load(std::memory_order_acquire);
+          const std::uint64_t h = head_.load(std::memory_order_seq_cst);
           return (h & kClosedBit) && tail_.load(std::memory_order_relaxed) == (h & ~kClosedBit);
         });
   }

@@ -12,19 +12,31 @@
 // std::atomic::wait and timed ones poll with short sleeps.
 //
 // Protocol (the invariants the ring relies on):
-//  1. Waiter: PrepareWait() (sleepers_ += 1, seq_cst fence, read epoch key), then
-//     re-check the condition; if still false Wait(key, deadline), else CancelWait().
-//  2. Notifier: make the change visible (a release store), then NotifyAll(), which
-//     starts with a seq_cst fence and reads sleepers_.
-//  3. The two seq_cst fences are totally ordered: if the waiter's comes first, the
-//     notifier sees sleepers_ > 0 and bumps epoch_, so the futex wait returns at once
-//     (value changed) or is woken; if the notifier's comes first, the waiter's
+//  1. Waiter: PrepareWait() (sleepers_ += 1, then a heavy barrier, then reads the
+//     epoch key), then re-checks its condition; if still false Wait(key, deadline),
+//     else CancelWait().
+//  2. Notifier: makes the change visible (a release store), then NotifyOne/All(),
+//     which starts with a light barrier and reads sleepers_.
+//  3. The barriers order the store-load pairs on both sides: if the waiter's barrier
+//     comes first, the notifier sees sleepers_ > 0 and bumps epoch_, so the futex
+//     wait returns at once (value changed) or is woken; otherwise the waiter's
 //     re-check sees the change. Either way no wake-up is lost.
+// The barriers are asymmetric (the technique of folly's asymmetricLightBarrier and of
+// Linux RCU): on Linux with membarrier(2) the notifier's light barrier is only a
+// compiler barrier, and the waiter, which is about to sleep anyway, pays for
+// MEMBARRIER_CMD_PRIVATE_EXPEDITED, which runs a full fence on every CPU running
+// this process. So a push or pop with nobody asleep costs one plain load more.
+// Without membarrier, or with the environment variable INFERQ_NO_MEMBARRIER set
+// (read once; for kernels where the IPIs of membarrier are costly, or loads where
+// waiters sleep after nearly every item), both are seq_cst fences. Under ThreadSanitizer, which models
+// neither, both sides use seq_cst read-modify-writes of sleepers_ instead (ordered in
+// its modification order: the later one synchronizes with the earlier).
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstdint>
 #include <thread>
 
@@ -58,16 +70,67 @@ inline void CpuRelax() {
 #endif
 }
 
+// membarrier(2) registered for this process? Decided once, at first use.
+inline bool HaveMembarrier() {
+#if defined(__linux__) && defined(SYS_membarrier)
+  static const bool ok = getenv("INFERQ_NO_MEMBARRIER") == nullptr && [] {
+    constexpr int kRegisterPrivateExpedited = 1 << 4;  // MEMBARRIER_CMD_REGISTER_...
+    return syscall(SYS_membarrier, kRegisterPrivateExpedited, 0, 0) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+inline void LightBarrier() {
+  if (HaveMembarrier()) {
+    std::atomic_signal_fence(std::memory_order_seq_cst);  // compiler barrier only
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+}
+
+inline void HeavyBarrier() {
+#if defined(__linux__) && defined(SYS_membarrier)
+  if (HaveMembarrier()) {
+    constexpr int kPrivateExpedited = 1 << 3;  // MEMBARRIER_CMD_PRIVATE_EXPEDITED
+    if (syscall(SYS_membarrier, kPrivateExpedited, 0, 0) == 0) return;
+  }
+#endif
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
 class EventCount {
  public:
   // Step 1 of the protocol. Returns the key to pass to Wait.
   std::uint32_t PrepareWait() {
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
-    // seq_cst fence: orders our announcement before the caller's re-check (the
-    // store-load pair of invariant 3).
-    StoreLoadFence();
+#if !defined(__SANITIZE_THREAD__)
+    HeavyBarrier();  // invariant 3
+#endif
     return epoch_.load(std::memory_order_acquire);
   }
+
+  // Invariant 3, notifier side.
+  bool HasSleepers() {
+#if defined(__SANITIZE_THREAD__)
+    return sleepers_.fetch_add(0, std::memory_order_seq_cst) != 0;
+#else
+    LightBarrier();
+    return sleepers_.load(std::memory_order_relaxed) != 0;
+#endif
+  }
+
+  // Active (spinning/yielding) waiters: at most `max` at a time.
+  bool TryBecomeActive(int max) {
+    int n = active_.load(std::memory_order_relaxed);
+    while (n < max) {
+      if (active_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed)) return true;
+    }
+    return false;
+  }
+  void LeaveActive() { active_.fetch_sub(1, std::memory_order_relaxed); }
 
   // The re-check found the condition true: withdraw the announcement.
   void CancelWait() { sleepers_.fetch_sub(1, std::memory_order_relaxed); }
@@ -100,21 +163,22 @@ class EventCount {
   }
 
   // Step 2 of the protocol: call after the state change is visible.
-  void NotifyAll() {
-#if defined(__SANITIZE_THREAD__)
-    // ThreadSanitizer does not model fences. Under it the notifier reads sleepers_
-    // with a seq_cst read-modify-write instead: the waiter's increment and this RMW
-    // are then ordered in sleepers_'s modification order, and if the RMW comes first
-    // the waiter's increment synchronizes with it and its re-check sees the change.
-    // Same guarantee, but every notifier writes the shared line, so it is kept for
-    // the sanitizer build only.
-    if (sleepers_.fetch_add(0, std::memory_order_seq_cst) == 0) return;
+  // Wakes one sleeper: for one new item or one free slot, one waiter is enough, and
+  // waking all of them (a thundering herd) burns CPU on every push. A waiter that was
+  // woken but leaves without taking anything (deadline) passes the wake on.
+  void NotifyOne() {
+    if (!HasSleepers()) return;
+    epoch_.fetch_add(1, std::memory_order_seq_cst);
+#if defined(__linux__)
+    syscall(SYS_futex, Word(), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
 #else
-    // seq_cst fence: orders the caller's state change before our read of sleepers_
-    // (the other half of invariant 3).
-    StoreLoadFence();
-    if (sleepers_.load(std::memory_order_relaxed) == 0) return;
+    epoch_.notify_one();
 #endif
+  }
+
+  // Wakes every sleeper (close()).
+  void NotifyAll() {
+    if (!HasSleepers()) return;
     epoch_.fetch_add(1, std::memory_order_seq_cst);
 #if defined(__linux__)
     syscall(SYS_futex, Word(), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
@@ -124,11 +188,6 @@ class EventCount {
   }
 
  private:
-  static void StoreLoadFence() {
-#if !defined(__SANITIZE_THREAD__)
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-#endif
-  }
 #if defined(__linux__)
   // std::atomic<std::uint32_t> is a standard-layout wrapper of one uint32_t (asserted
   // below); the futex syscall needs the address of that word.
@@ -138,6 +197,7 @@ class EventCount {
 #endif
   std::atomic<std::uint32_t> epoch_{0};
   std::atomic<std::uint32_t> sleepers_{0};
+  std::atomic<int> active_{0};
 };
 
 // Waits as `Strategy` says (see inferq/ring/wait_strategy.hpp): spin, then yield,
@@ -147,39 +207,63 @@ class EventCount {
 // the monotonic deadline passed.
 template <class Strategy, class Ready, class GiveUp>
 bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&& give_up) {
-  auto expired = [&] {
-    return deadline_ns != kNoDeadline && MonotonicNowNs() >= deadline_ns;
+  auto expired = [&](std::int64_t now) {
+    return deadline_ns != kNoDeadline && now >= deadline_ns;
   };
-  for (int i = 0; i < Strategy::kSpins; ++i) {
-    if (ready()) return true;
-    if (give_up()) return false;
-    if ((i & 63) == 63 && expired()) return false;
-    CpuRelax();
-  }
-  for (int i = 0; i < Strategy::kYields; ++i) {
-    if (ready()) return true;
-    if (give_up()) return false;
-    if (expired()) return false;
-    std::this_thread::yield();
+  // Active phase: spin with pause, then yield, for at most Strategy::kActiveNs, and
+  // only while fewer than Strategy::kMaxActive threads wait actively on this event
+  // count: one busy waiter is enough to catch the next item at once; the others sleep
+  // and are woken one per item.
+  if (ec.TryBecomeActive(Strategy::kMaxActive)) {
+    const std::int64_t start = MonotonicNowNs();
+    bool done = false, result = false;
+    int spins = 0;
+    while (!done) {
+      if (ready()) {
+        done = result = true;
+      } else if (give_up()) {
+        done = true;
+      } else if (spins < Strategy::kSpins) {
+        ++spins;
+        CpuRelax();
+        if ((spins & 63) == 0 && expired(MonotonicNowNs())) done = true;
+      } else {
+        const std::int64_t now = MonotonicNowNs();
+        if (expired(now)) {
+          done = true;
+        } else if (Strategy::kSleeps && now - start >= Strategy::kActiveNs) {
+          break;
+        } else {
+          std::this_thread::yield();
+        }
+      }
+    }
+    ec.LeaveActive();
+    if (done) return result;
   }
   if constexpr (!Strategy::kSleeps) {
     for (;;) {
       if (ready()) return true;
-      if (give_up() || expired()) return false;
+      if (give_up() || expired(MonotonicNowNs())) return false;
       std::this_thread::yield();
     }
   } else {
+    bool slept = false;
     for (;;) {
       const std::uint32_t key = ec.PrepareWait();
       if (ready()) {
         ec.CancelWait();
         return true;
       }
-      if (give_up() || expired()) {
+      if (give_up() || expired(MonotonicNowNs())) {
         ec.CancelWait();
+        // We may have been the one woken for an item we now leave behind: pass the
+        // wake on (a spurious wake-up costs less than a sleeper that misses one).
+        if (slept) ec.NotifyOne();
         return false;
       }
       ec.Wait(key, deadline_ns);
+      slept = true;
     }
   }
 }

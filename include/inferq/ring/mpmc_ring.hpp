@@ -91,13 +91,8 @@ class MpmcRing {
   // Capacity in items, rounded up to a power of two, at least 2 (with one slot the
   // sequence "holds the item of ticket t" would equal "free for ticket t + 1").
   // Throws std::invalid_argument for 0 or for more than 2^40 items.
-  explicit MpmcRing(std::size_t capacity) {
-    if (capacity == 0) throw std::invalid_argument("MpmcRing capacity must be > 0, got 0");
-    if (capacity > (std::size_t{1} << 40)) {
-      throw std::invalid_argument("MpmcRing capacity " + std::to_string(capacity) +
-                                  " is larger than 2^40");
-    }
-    capacity_ = std::bit_ceil(std::max<std::size_t>(capacity, 2));
+  explicit MpmcRing(std::size_t capacity)
+      : capacity_(ring_internal::RingCapacity("MpmcRing", capacity, 2)) {
     mask_ = capacity_ - 1;
     slots_ = std::make_unique<Slot[]>(capacity_);
     for (std::size_t i = 0; i < capacity_; ++i) {
@@ -224,11 +219,11 @@ class MpmcRing {
   // Push that waits at most `timeout`. False on timeout or when closed.
   template <class Rep, class Period>
   bool push_for(T&& v, std::chrono::duration<Rep, Period> timeout) {
-    return push_until(std::move(v), DeadlineAfter(timeout));
+    return push_until(std::move(v), ring_internal::DeadlineAfter(timeout));
   }
   template <class Rep, class Period>
   bool push_for(const T& v, std::chrono::duration<Rep, Period> timeout) {
-    return push_until(v, DeadlineAfter(timeout));
+    return push_until(v, ring_internal::DeadlineAfter(timeout));
   }
 
   // Blocking pop: waits while the ring is empty. False once the ring is closed and
@@ -238,7 +233,7 @@ class MpmcRing {
   // Pop that waits at most `timeout`. False on timeout, or when closed and drained.
   template <class Rep, class Period>
   bool pop_for(T& out, std::chrono::duration<Rep, Period> timeout) {
-    return pop_until(out, DeadlineAfter(timeout));
+    return pop_until(out, ring_internal::DeadlineAfter(timeout));
   }
 
   // Pop with an absolute deadline in ns of std::chrono::steady_clock (CLOCK_MONOTONIC).
@@ -310,19 +305,6 @@ class MpmcRing {
     if constexpr (Wait::kSleeps) not_full_.NotifyOne();
   }
 
-  // Saturating: a timeout too long for int64 nanoseconds (hours::max(), ...) means
-  // no deadline. Converted through double so that no duration_cast can overflow;
-  // below 2^53 ns (104 days) the conversion is exact.
-  template <class Rep, class Period>
-  static std::int64_t DeadlineAfter(std::chrono::duration<Rep, Period> timeout) {
-    const std::int64_t now = ring_internal::MonotonicNowNs();
-    const double ns = std::chrono::duration<double, std::nano>(timeout).count();
-    if (!(ns > 0)) return now;  // also NaN
-    if (ns >= static_cast<double>(ring_internal::kNoDeadline - now)) {
-      return ring_internal::kNoDeadline;
-    }
-    return now + static_cast<std::int64_t>(ns);
-  }
 
   template <class... A>
   bool try_emplace_nothrow(A&&... a) {

@@ -62,13 +62,8 @@ class SpscRing {
 
   // Capacity in items, rounded up to a power of two. Throws std::invalid_argument for
   // 0 or for more than 2^40 items.
-  explicit SpscRing(std::size_t capacity) {
-    if (capacity == 0) throw std::invalid_argument("SpscRing capacity must be > 0, got 0");
-    if (capacity > (std::size_t{1} << 40)) {
-      throw std::invalid_argument("SpscRing capacity " + std::to_string(capacity) +
-                                  " is larger than 2^40");
-    }
-    capacity_ = std::bit_ceil(capacity);
+  explicit SpscRing(std::size_t capacity)
+      : capacity_(ring_internal::RingCapacity("SpscRing", capacity, 1)) {
     mask_ = capacity_ - 1;
     slots_ = std::make_unique<Slot[]>(capacity_);
   }
@@ -113,12 +108,12 @@ class SpscRing {
   bool push(const T& v) { return push_until(v, ring_internal::kNoDeadline); }
   template <class Rep, class Period>
   bool push_for(T&& v, std::chrono::duration<Rep, Period> timeout) {
-    return push_until(std::move(v), DeadlineAfter(timeout));
+    return push_until(std::move(v), ring_internal::DeadlineAfter(timeout));
   }
   bool pop(T& out) { return pop_until(out, ring_internal::kNoDeadline); }
   template <class Rep, class Period>
   bool pop_for(T& out, std::chrono::duration<Rep, Period> timeout) {
-    return pop_until(out, DeadlineAfter(timeout));
+    return pop_until(out, ring_internal::DeadlineAfter(timeout));
   }
 
   void close() {
@@ -172,16 +167,6 @@ class SpscRing {
     T* ptr() { return std::launder(reinterpret_cast<T*>(storage)); }
   };
 
-  template <class Rep, class Period>
-  static std::int64_t DeadlineAfter(std::chrono::duration<Rep, Period> timeout) {
-    const std::int64_t now = ring_internal::MonotonicNowNs();
-    const double ns = std::chrono::duration<double, std::nano>(timeout).count();
-    if (!(ns > 0)) return now;
-    if (ns >= static_cast<double>(ring_internal::kNoDeadline - now)) {
-      return ring_internal::kNoDeadline;
-    }
-    return now + static_cast<std::int64_t>(ns);
-  }
 
   template <class U>
   bool push_until(U&& v, std::int64_t deadline_ns) {

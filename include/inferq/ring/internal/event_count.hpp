@@ -34,6 +34,9 @@
 #pragma once
 
 #include <atomic>
+#include <bit>
+#include <stdexcept>
+#include <string>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -60,6 +63,32 @@ inline std::int64_t MonotonicNowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// Absolute monotonic deadline `timeout` from now. Saturating: a timeout too long for
+// int64 nanoseconds (hours::max(), ...) means no deadline; zero or negative means
+// "now" (just try). Converted through double so that no duration_cast can overflow;
+// below 2^53 ns (104 days) the conversion is exact.
+template <class Rep, class Period>
+std::int64_t DeadlineAfter(std::chrono::duration<Rep, Period> timeout) {
+  const std::int64_t now = MonotonicNowNs();
+  const double ns = std::chrono::duration<double, std::nano>(timeout).count();
+  if (!(ns > 0)) return now;  // also NaN
+  if (ns >= static_cast<double>(kNoDeadline - now)) return kNoDeadline;
+  return now + static_cast<std::int64_t>(ns);
+}
+
+// Ring capacity: `requested` rounded up to a power of two, at least `min`. Throws
+// std::invalid_argument naming `ring` for 0 or more than 2^40.
+inline std::size_t RingCapacity(const char* ring, std::size_t requested, std::size_t min) {
+  if (requested == 0) {
+    throw std::invalid_argument(std::string(ring) + " capacity must be > 0, got 0");
+  }
+  if (requested > (std::size_t{1} << 40)) {
+    throw std::invalid_argument(std::string(ring) + " capacity " + std::to_string(requested) +
+                                " is larger than 2^40");
+  }
+  return std::bit_ceil(requested < min ? min : requested);
 }
 
 inline void CpuRelax() {

@@ -452,9 +452,10 @@ NumaArena* ProcessArena(const Topology& topology, int node_index, std::string* w
       return arena.get();
     }
   }
-  // Address space only (MAP_NORESERVE); pages are used as the pools grow.
+  // Address space only (MAP_NORESERVE): pages are used as the pools grow. When it is
+  // used up, the pools take chunks from operator new (FixedPoolStats says so).
   absl::StatusOr<std::unique_ptr<NumaArena>> arena =
-      NumaArena::Create(topology, node_index, std::size_t{256} << 20);
+      NumaArena::Create(topology, node_index, std::size_t{16} << 30);
   if (!arena.ok()) {
     *why = "no arena (" + std::string(arena.status().message()) + "): operator new";
     return nullptr;
@@ -701,26 +702,43 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
       if (first_refusal.ok()) first_refusal = std::move(refusal);
       continue;
     }
-    if (cfg.discard == DiscardPolicy::kOld) stream->MakeRoom(bytes);
-
-    // The consumers that take this event, and which member of each.
+    // The consumers that take this event, and which member of each. The round-robin
+    // positions move only once the event is stored.
     absl::InlinedVector<std::pair<ConsumerState*, Lane*>, 8> targets;
     std::uint32_t explicit_acks = 0;
     const std::string& subject = shared ? shared->subject : event.subject;
     for (ConsumerState* c : stream->consumers) {
       if (c->filter && !c->filter->Matches(subject)) continue;
-      Lane* lane = c->lanes[c->next_member++ % c->lanes.size()].get();
+      Lane* lane = c->lanes[c->next_member % c->lanes.size()].get();
       targets.emplace_back(c, lane);
       if (c->config.ack == AckPolicy::kExplicit) ++explicit_acks;
     }
     engine_internal::NodePools& pools =
         impl_->PoolsFor(targets.empty() ? -1 : targets.front().second->node);
-    if (!shared) {
-      shared = std::allocate_shared<const Event>(
-          engine_internal::PoolAllocator<const Event>(&pools), std::move(event));
+    // Everything that can fail for want of memory happens before the stream changes
+    // (before discard-old makes room), so a failure changes nothing.
+    std::shared_ptr<StoredMessage> stored;
+    try {
+      if (!shared) {
+        shared = std::allocate_shared<const Event>(
+            engine_internal::PoolAllocator<const Event>(&pools), std::move(event));
+      }
+      stored = std::allocate_shared<StoredMessage>(
+          engine_internal::PoolAllocator<StoredMessage>(&pools));
+      stream->messages.ReserveOne();
+    } catch (const std::bad_alloc&) {
+      lock.unlock();
+      stream->rejected.fetch_add(1, std::memory_order_relaxed);
+      ++ack.streams_rejected;
+      if (first_refusal.ok()) {
+        first_refusal = absl::ResourceExhaustedError("stream '" + cfg.name +
+                                                     "': out of memory storing a message of " +
+                                                     std::to_string(bytes) + " bytes");
+      }
+      continue;
     }
-    auto stored = std::allocate_shared<StoredMessage>(
-        engine_internal::PoolAllocator<StoredMessage>(&pools));
+    if (cfg.discard == DiscardPolicy::kOld) stream->MakeRoom(bytes);
+    for (auto& [consumer, lane] : targets) ++consumer->next_member;
     stored->event = shared;
     stored->stream = stream;
     stored->seq = stream->next_seq++;

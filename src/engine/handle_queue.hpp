@@ -19,6 +19,11 @@ class HandleQueue {
   std::size_t size() const { return size_; }
   T& front() { return buf_[head_]; }
 
+  // Makes room for one more push_back, which then cannot fail. Throws
+  // std::bad_alloc.
+  void ReserveOne() {
+    if (size_ == buf_.size()) Grow();
+  }
   void push_back(T v) {
     if (size_ == buf_.size()) Grow();
     buf_[(head_ + size_) & (buf_.size() - 1)] = std::move(v);

@@ -35,14 +35,15 @@ struct PoolCore {
 
   std::mutex mu;
   FreeNode* global = nullptr;             // guarded by mu
-  std::vector<void*> chunks;              // guarded by mu
+  std::vector<std::pair<void*, bool>> chunks;  // (chunk, from the arena); guarded by mu
+  std::uint64_t chunks_outside_arena = 0;        // guarded by mu
   std::vector<ThreadCache*> caches;       // live thread caches; guarded by mu
   std::uint64_t retired_allocs = 0, retired_frees = 0, retired_hits = 0,
                 retired_misses = 0;       // of caches that were flushed; guarded by mu
 
   ~PoolCore() {
-    for (void* c : chunks) {
-      if (arena != nullptr) {
+    for (auto [c, from_arena] : chunks) {
+      if (from_arena) {
         NumaArena::Free(c);
       } else {
         ::operator delete(c, std::align_val_t{kChunkAlign});
@@ -55,10 +56,16 @@ struct PoolCore {
   // Carves a chunk into the global list. Requires mu. Throws std::bad_alloc.
   void Grow() {
     const std::size_t bytes = block_size * per_chunk;
-    void* mem = arena != nullptr ? arena->Allocate(bytes, kChunkAlign)
-                                 : ::operator new(bytes, std::align_val_t{kChunkAlign});
-    if (mem == nullptr) throw std::bad_alloc();
-    chunks.push_back(mem);
+    chunks.reserve(chunks.size() + 1);  // may throw before anything changes
+    void* mem = arena != nullptr ? arena->Allocate(bytes, kChunkAlign) : nullptr;
+    const bool from_arena = mem != nullptr;
+    if (!from_arena) {
+      // No arena, or its region is used up: the general heap (not bound to the
+      // node), counted in chunks_outside_arena. Throws std::bad_alloc.
+      mem = ::operator new(bytes, std::align_val_t{kChunkAlign});
+      if (arena != nullptr) ++chunks_outside_arena;
+    }
+    chunks.emplace_back(mem, from_arena);
     auto* base = static_cast<unsigned char*>(mem);
     for (std::size_t i = per_chunk; i-- > 0;) {
       auto* n = reinterpret_cast<FreeNode*>(base + i * block_size);
@@ -232,28 +239,35 @@ void* FixedPool::Allocate() {
   ThreadCache* c = memory_internal::CacheFor(core_);
   if (c == nullptr) {  // thread is exiting: no cache
     std::lock_guard lock(core->mu);
-    if (core->global == nullptr) core->Grow();
+    if (core->global == nullptr) core->Grow();  // throws before anything is counted
     FreeNode* n = core->global;
     core->global = n->next;
     ++core->retired_allocs;
     ++core->retired_misses;
     return n;
   }
-  ThreadCache::Bump(c->allocs);
   if (c->head == nullptr) {
-    ThreadCache::Bump(c->misses);
     std::lock_guard lock(core->mu);
     for (std::size_t i = 0; i < core->batch; ++i) {
-      if (core->global == nullptr) core->Grow();
+      if (core->global == nullptr) {
+        try {
+          core->Grow();
+        } catch (const std::bad_alloc&) {
+          if (c->head == nullptr) throw;  // nothing at all: counted as no allocation
+          break;                          // a partial batch will do
+        }
+      }
       FreeNode* n = core->global;
       core->global = n->next;
       n->next = c->head;
       c->head = n;
       ++c->count;
     }
+    ThreadCache::Bump(c->misses);
   } else {
     ThreadCache::Bump(c->hits);
   }
+  ThreadCache::Bump(c->allocs);
   FreeNode* n = c->head;
   c->head = n->next;
   --c->count;
@@ -323,6 +337,7 @@ FixedPoolStats FixedPool::Stats() const {
   }
   s.blocks_in_use = s.allocations >= s.frees ? s.allocations - s.frees : 0;
   s.numa_node = core_->arena != nullptr ? core_->arena->node() : -1;
+  s.chunks_outside_arena = core_->chunks_outside_arena;
   return s;
 }
 

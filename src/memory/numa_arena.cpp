@@ -23,9 +23,13 @@ constexpr std::size_t kArenaAlign = std::size_t{32} << 20;  // mimalloc 2.0.9 ar
 
 // One mimalloc heap per (thread, arena), deleted at thread exit; blocks still in use
 // then migrate to the thread's default heap and can be freed as usual.
+// Trivially destructible: still readable after ~ThreadHeaps ran at thread exit.
+thread_local bool tls_heaps_gone = false;
+
 struct ThreadHeaps {
   std::vector<std::pair<int, mi_heap_t*>> heaps;
   ~ThreadHeaps() {
+    tls_heaps_gone = true;
     for (auto& [id, heap] : heaps) mi_heap_delete(heap);
   }
   mi_heap_t* For(int arena_id) {
@@ -99,6 +103,12 @@ absl::StatusOr<std::unique_ptr<NumaArena>> NumaArena::Create(const Topology& top
 NumaArena::~NumaArena() = default;
 
 void* NumaArena::Allocate(std::size_t bytes, std::size_t alignment) {
+  if (tls_heaps_gone) {
+    // The thread is exiting and its heaps are gone (an allocation from another
+    // thread_local's destructor): serve it from mimalloc's default heap, not bound
+    // to the node, rather than touch a deleted heap.
+    return mi_malloc_aligned(bytes, alignment < 16 ? 16 : alignment);
+  }
   mi_heap_t* heap = tls_heaps.For(arena_id_);
   if (heap == nullptr) return nullptr;
   return alignment <= 16 ? mi_heap_malloc(heap, bytes)

@@ -158,3 +158,51 @@ TEST_CASE("pool: chunks from a NUMA arena") {
   CHECK(s.chunks == 3);
   CHECK(s.numa_node == topo->nodes()[0].index);
 }
+
+// ---- regressions from a second adversarial run ----
+
+namespace {
+// Allocates from `pool` in its destructor, which runs at thread exit after the pool
+// and arena machinery's own thread_locals (constructed later) are gone.
+struct AllocAtExit {
+  FixedPool* pool = nullptr;
+  ~AllocAtExit() {
+    if (pool != nullptr) pool->Deallocate(pool->Allocate());
+  }
+};
+thread_local AllocAtExit alloc_at_exit;
+}  // namespace
+
+TEST_CASE("pool: allocating from a thread_local destructor at thread exit is safe") {
+  auto topo = inferq::Topology::Detect();
+  REQUIRE(topo.ok());
+  auto arena = inferq::NumaArena::Create(*topo, 0, 32 << 20);
+  if (arena.status().code() == absl::StatusCode::kUnimplemented) return;  // no mimalloc
+  REQUIRE(arena.ok());
+  // Tiny chunks, so that the allocation at exit must grow the pool from the arena.
+  FixedPool pool(64, {.blocks_per_chunk = 1, .thread_cache_blocks = 1, .arena = arena->get()});
+  std::thread t([&] {
+    alloc_at_exit.pool = &pool;          // constructed first, destroyed last
+    pool.Deallocate(pool.Allocate());    // creates the cache and the arena heap
+  });
+  t.join();  // was: heap-use-after-free of the thread's arena heaps (ASan)
+  CHECK(pool.Stats().allocations == 2);
+  CHECK(pool.Stats().blocks_in_use == 0);
+}
+
+TEST_CASE("pool: a full arena spills chunks to operator new, counted") {
+  auto topo = inferq::Topology::Detect();
+  REQUIRE(topo.ok());
+  auto arena = inferq::NumaArena::Create(*topo, 0, 32 << 20);
+  if (arena.status().code() == absl::StatusCode::kUnimplemented) return;
+  REQUIRE(arena.ok());
+  // 8 MiB chunks from a 32 MiB arena: the fifth cannot fit.
+  FixedPool pool(1 << 20, {.blocks_per_chunk = 8, .thread_cache_blocks = 8, .arena = arena->get()});
+  std::vector<void*> blocks;
+  for (int i = 0; i < 48; ++i) blocks.push_back(pool.Allocate());
+  const auto s = pool.Stats();
+  CHECK(s.chunks == 6);
+  CHECK(s.chunks_outside_arena >= 2);
+  CHECK(s.allocations == 48);  // every one succeeded and was counted once
+  for (void* p : blocks) pool.Deallocate(p);
+}

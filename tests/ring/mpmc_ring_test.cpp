@@ -603,3 +603,57 @@ TEST_CASE("a timed-out sleeper passes its wake-up on, so no item is stranded") {
   patient.join();
   CHECK(taken.load() == 20'000);
 }
+
+// ---- regressions from a second adversarial run ----
+
+TEST_CASE("a bulk pop wakes as many sleeping producers as it frees slots") {
+  MpmcRing<int> ring(4);
+  for (int i = 0; i < 4; ++i) REQUIRE(ring.try_push(i));
+  std::atomic<int> returned{0};
+  std::vector<std::thread> producers;
+  for (int p = 0; p < 4; ++p) {
+    producers.emplace_back([&, p] {
+      if (ring.push(10 + p)) ++returned;
+    });
+  }
+  std::this_thread::sleep_for(50ms);  // past the active window: all asleep
+  std::array<int, 4> out{};
+  REQUIRE(ring.try_pop_bulk(std::span(out)) == 4);
+  for (auto& t : producers) t.join();  // was: 3 of 4 slept on with room in the ring
+  CHECK(returned == 4);
+  CHECK(ring.size_approx() == 4);
+}
+
+TEST_CASE("a bulk push wakes as many sleeping consumers as it adds items") {
+  MpmcRing<int> ring(16);
+  std::atomic<int> returned{0};
+  std::vector<std::thread> consumers;
+  for (int c = 0; c < 8; ++c) {
+    consumers.emplace_back([&] {
+      int v;
+      if (ring.pop(v)) ++returned;
+    });
+  }
+  std::this_thread::sleep_for(50ms);
+  std::array<int, 8> in{1, 2, 3, 4, 5, 6, 7, 8};
+  REQUIRE(ring.try_push_bulk(std::span(in)) == 8);  // fixed-extent span accepted too
+  for (auto& t : consumers) t.join();  // was: 7 of 8 slept on with items in the ring
+  CHECK(returned == 8);
+}
+
+namespace {
+struct Base {
+  virtual ~Base() = default;
+};
+struct Derived : Base {};
+}  // namespace
+
+TEST_CASE("a bulk push into a full ring leaves a converting item with the caller") {
+  MpmcRing<std::unique_ptr<Base>> ring(2);
+  REQUIRE(ring.try_push(std::make_unique<Base>()));
+  REQUIRE(ring.try_push(std::make_unique<Base>()));
+  std::vector<std::unique_ptr<Derived>> in;
+  in.push_back(std::make_unique<Derived>());
+  CHECK(ring.try_push_bulk(in.begin(), in.end()) == 0);
+  CHECK(in[0] != nullptr);  // was: converted, then destroyed
+}

@@ -6,7 +6,8 @@
 // block may be freed by any thread, into that thread's cache, which returns a batch
 // to the pool when it holds too many (the scheme of tcmalloc's thread caches).
 // Chunks of blocks come from a NumaArena when one is given (memory of one NUMA
-// node), else from operator new.
+// node; when its region is used up, from operator new, counted in
+// chunks_outside_arena), else from operator new.
 //
 // Usage:
 //   inferq::FixedPool pool(256);                  // 256-byte blocks
@@ -40,6 +41,7 @@ struct FixedPoolStats {
   std::uint64_t cache_hits = 0;     // Allocate served by the thread's cache
   std::uint64_t cache_misses = 0;   // Allocate that refilled the cache from the pool
   int numa_node = -1;               // node of the arena, -1 without one
+  std::uint64_t chunks_outside_arena = 0;  // chunks from operator new: arena was full
 };
 
 namespace memory_internal {

@@ -155,7 +155,8 @@ class MpmcRing {
   }
 
   // Moves up to `out.size()` items into `out` in FIFO order; returns how many.
-  std::size_t try_pop_bulk(std::span<T> out) {
+  template <std::size_t Extent>
+  std::size_t try_pop_bulk(std::span<T, Extent> out) {
     if (out.empty()) return 0;
     std::uint64_t t = tail_.load(std::memory_order_relaxed);
     for (;;) {
@@ -170,7 +171,7 @@ class MpmcRing {
           const std::uint64_t ti = (t + i) & kTicketMask;
           TakeFrom(slots_[ti & mask_], ti, out[i]);
         }
-        NotifyNotFull();
+        if constexpr (Wait::kSleeps) not_full_.NotifyMany(n);  // n slots: n producers
         return n;
       }
     }
@@ -192,7 +193,9 @@ class MpmcRing {
              slots_[(h + n) & mask_].seq.load(kObserve) == ((h + n) & kTicketMask)) {
         ++n;
       }
-      if (n == 0) return try_push(std::move(*first)) ? 1 : 0;
+      // Constructs from *first only after claiming a ticket, so a full ring leaves
+      // the caller's item untouched even when it converts to T.
+      if (n == 0) return try_emplace_nothrow(std::move(*first)) ? 1 : 0;
       if (head_.compare_exchange_weak(h, (h + n) & kTicketMask, std::memory_order_relaxed)) {
         It it = first;
         for (std::size_t i = 0; i < n; ++i, ++it) {
@@ -201,13 +204,13 @@ class MpmcRing {
           ::new (static_cast<void*>(s.storage)) T(std::move(*it));
           s.seq.store((hi + 1) & kTicketMask, kPublish);
         }
-        NotifyNotEmpty();
+        if constexpr (Wait::kSleeps) not_empty_.NotifyMany(n);  // n items: n consumers
         return n;
       }
     }
   }
-  template <class U>
-  std::size_t try_push_bulk(std::span<U> items) {
+  template <class U, std::size_t Extent>
+  std::size_t try_push_bulk(std::span<U, Extent> items) {
     return try_push_bulk(items.begin(), items.end());
   }
 

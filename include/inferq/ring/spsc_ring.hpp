@@ -172,12 +172,21 @@ class SpscRing {
   bool push_until(U&& v, std::int64_t deadline_ns) {
     if constexpr (!std::is_nothrow_constructible_v<T, U&&>) {
       if (closed()) return false;
-      return push_until(T(std::forward<U>(v)), deadline_ns);
+      T copy(std::forward<U>(v));
+      return push_until(std::move(copy), deadline_ns);
     } else {
-      if (try_emplace(std::forward<U>(v))) return true;
-      return ring_internal::WaitUntil<Wait>(
-          not_full_, deadline_ns, [&] { return try_emplace(std::forward<U>(v)); },
-          [&] { return closed(); });
+      // If close() lands between constructing the item and publishing it, an rvalue
+      // `v` gets its item back (as try_push(T&&) does): on false it is untouched.
+      auto attempt = [&] {
+        if constexpr (std::is_same_v<U, T> && !std::is_lvalue_reference_v<U>) {
+          return Push([&](T& unpublished) { v = std::move(unpublished); }, std::move(v));
+        } else {
+          return Push([](T&) {}, std::forward<U>(v));
+        }
+      };
+      if (attempt()) return true;
+      return ring_internal::WaitUntil<Wait>(not_full_, deadline_ns, attempt,
+                                            [&] { return closed(); });
     }
   }
 

@@ -205,6 +205,22 @@ class EventCount {
 #endif
   }
 
+  // Wakes up to `n` sleepers: a bulk operation made n items or n slots available.
+  void NotifyMany(std::size_t n) {
+    if (n <= 1) {
+      if (n == 1) NotifyOne();
+      return;
+    }
+    if (!HasSleepers()) return;
+    epoch_.fetch_add(1, std::memory_order_seq_cst);
+#if defined(__linux__)
+    const int count = n > static_cast<std::size_t>(INT_MAX) ? INT_MAX : static_cast<int>(n);
+    syscall(SYS_futex, Word(), FUTEX_WAKE_PRIVATE, count, nullptr, nullptr, 0);
+#else
+    epoch_.notify_all();
+#endif
+  }
+
   // Wakes every sleeper (close()).
   void NotifyAll() {
     if (!HasSleepers()) return;

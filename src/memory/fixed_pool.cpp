@@ -13,18 +13,12 @@
 namespace inferq {
 namespace memory_internal {
 
-struct FreeNode {
-  FreeNode* next;
-};
-
 struct ThreadCache;
 struct PoolCore;
 
-// The fast path: the cache of the pool this thread used last. Trivial thread_locals
-// are plain %fs-relative loads; touching tls_caches (it has a destructor) goes
-// through the TLS init wrapper, a call on every access.
-thread_local PoolCore* tls_last_core = nullptr;
-thread_local ThreadCache* tls_last_cache = nullptr;
+// The fast path (pool_fast_path.hpp): the cache of the pool this thread used last.
+thread_local constinit PoolCore* tls_last_core = nullptr;
+thread_local constinit CacheHead* tls_last_cache = nullptr;
 
 struct PoolCore {
   std::size_t block_size = 0;
@@ -77,15 +71,8 @@ struct PoolCore {
 
 // Per thread and pool. Counters are written by the owning thread only (plain
 // load + store, no read-modify-write) and read by Stats() under the pool's mutex.
-struct ThreadCache {
+struct ThreadCache : CacheHead {
   std::shared_ptr<PoolCore> core;
-  FreeNode* head = nullptr;
-  std::size_t count = 0;
-  std::atomic<std::uint64_t> allocs{0}, frees{0}, hits{0}, misses{0};
-
-  static void Bump(std::atomic<std::uint64_t>& c) {
-    c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  }
 
   // Moves `n` blocks (or all) to the pool. Requires core->mu.
   void GiveBack(std::size_t n) {
@@ -102,7 +89,8 @@ struct ThreadCache {
   void Retire() {
     std::lock_guard lock(core->mu);
     GiveBack(count);
-    core->retired_allocs += allocs.load(std::memory_order_relaxed);
+    core->retired_allocs += hits.load(std::memory_order_relaxed) +
+                            misses.load(std::memory_order_relaxed);
     core->retired_frees += frees.load(std::memory_order_relaxed);
     core->retired_hits += hits.load(std::memory_order_relaxed);
     core->retired_misses += misses.load(std::memory_order_relaxed);
@@ -135,6 +123,7 @@ struct ThreadCaches {
     }
     auto cache = std::make_unique<ThreadCache>();
     cache->core = core;
+    cache->limit = 2 * core->batch;
     {
       std::lock_guard lock(core->mu);
       core->caches.push_back(cache.get());
@@ -176,7 +165,7 @@ ThreadCache* ThreadCaches::Find(PoolCore* core) {
 
 // The calling thread's cache for `core`, creating it; nullptr while the thread exits.
 ThreadCache* CacheFor(const std::shared_ptr<PoolCore>& core) {
-  if (tls_last_core == core.get()) return tls_last_cache;
+  if (tls_last_core == core.get()) return static_cast<ThreadCache*>(tls_last_cache);
   if (tls_caches_gone) return nullptr;
   ThreadCache* c = tls_caches.Find(core.get());
   return c != nullptr ? c : tls_caches.Create(core);
@@ -215,6 +204,7 @@ FixedPool::FixedPool(std::size_t block_size, Options options) {
   core_->per_chunk = options.blocks_per_chunk;
   core_->batch = options.thread_cache_blocks;
   core_->arena = options.arena;
+  core_raw_ = core_.get();
 }
 
 FixedPool::~FixedPool() {
@@ -234,7 +224,7 @@ FixedPool::~FixedPool() {
   }
 }
 
-void* FixedPool::Allocate() {
+void* FixedPool::AllocateSlow() {
   PoolCore* core = core_.get();
   ThreadCache* c = memory_internal::CacheFor(core_);
   if (c == nullptr) {  // thread is exiting: no cache
@@ -263,18 +253,17 @@ void* FixedPool::Allocate() {
       c->head = n;
       ++c->count;
     }
-    ThreadCache::Bump(c->misses);
+    memory_internal::CacheHead::Bump(c->misses);
   } else {
-    ThreadCache::Bump(c->hits);
+    memory_internal::CacheHead::Bump(c->hits);
   }
-  ThreadCache::Bump(c->allocs);
   FreeNode* n = c->head;
   c->head = n->next;
   --c->count;
   return n;
 }
 
-void FixedPool::Deallocate(void* block) noexcept {
+void FixedPool::DeallocateSlow(void* block) noexcept {
   if (block == nullptr) return;
   PoolCore* core = core_.get();
   auto* n = static_cast<FreeNode*>(block);
@@ -290,7 +279,7 @@ void FixedPool::Deallocate(void* block) noexcept {
     ++core->retired_frees;
     return;
   }
-  ThreadCache::Bump(c->frees);
+  memory_internal::CacheHead::Bump(c->frees);
   n->next = c->head;
   c->head = n;
   if (++c->count > 2 * core->batch) {
@@ -330,7 +319,8 @@ FixedPoolStats FixedPool::Stats() const {
   s.cache_hits = core_->retired_hits;
   s.cache_misses = core_->retired_misses;
   for (const ThreadCache* c : core_->caches) {
-    s.allocations += c->allocs.load(std::memory_order_relaxed);
+    s.allocations += c->hits.load(std::memory_order_relaxed) +
+                     c->misses.load(std::memory_order_relaxed);
     s.frees += c->frees.load(std::memory_order_relaxed);
     s.cache_hits += c->hits.load(std::memory_order_relaxed);
     s.cache_misses += c->misses.load(std::memory_order_relaxed);

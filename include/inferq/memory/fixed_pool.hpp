@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "inferq/memory/internal/pool_fast_path.hpp"
+
 namespace inferq {
 
 class NumaArena;
@@ -44,9 +46,7 @@ struct FixedPoolStats {
   std::uint64_t chunks_outside_arena = 0;  // chunks from operator new: arena was full
 };
 
-namespace memory_internal {
-struct PoolCore;
-}
+
 
 class FixedPool {
  public:
@@ -65,15 +65,46 @@ class FixedPool {
   FixedPool& operator=(const FixedPool&) = delete;
 
   // A block of block_size() bytes. Throws std::bad_alloc when no chunk can be had.
-  void* Allocate();
+  // Inline fast path: the calling thread's cache of this pool, if it has a block.
+  void* Allocate() {
+    using namespace memory_internal;
+    if (tls_last_core == core_raw_) {
+      CacheHead* c = tls_last_cache;
+      if (FreeNode* n = c->head) {
+        c->head = n->next;
+        --c->count;
+        CacheHead::Bump(c->hits);
+        return n;
+      }
+    }
+    return AllocateSlow();
+  }
+
   // Returns a block obtained from this pool's Allocate, from any thread.
-  void Deallocate(void* block) noexcept;
+  void Deallocate(void* block) noexcept {
+    using namespace memory_internal;
+    if (block != nullptr && tls_last_core == core_raw_) {
+      CacheHead* c = tls_last_cache;
+      if (c->count < c->limit) {
+        auto* n = static_cast<FreeNode*>(block);
+        n->next = c->head;
+        c->head = n;
+        ++c->count;
+        CacheHead::Bump(c->frees);
+        return;
+      }
+    }
+    DeallocateSlow(block);
+  }
 
   std::size_t block_size() const;
   FixedPoolStats Stats() const;
 
  private:
+  void* AllocateSlow();
+  void DeallocateSlow(void* block) noexcept;
   std::shared_ptr<memory_internal::PoolCore> core_;
+  memory_internal::PoolCore* core_raw_ = nullptr;  // core_.get(), for the fast paths
 };
 
 }  // namespace inferq

@@ -1,0 +1,38 @@
+// File: inferq/memory/internal/pool_fast_path.hpp  (not API: used by fixed_pool.hpp)
+//
+// The part of a FixedPool thread cache that the inline fast paths of Allocate and
+// Deallocate touch, and the thread-local pointer to the cache of the pool the thread
+// used last. `constinit` tells the compiler the thread_locals need no dynamic
+// initialization, so reading them is one %fs-relative load, without the call to a
+// TLS wrapper that a thread_local with a constructor or destructor costs.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace inferq::memory_internal {
+
+struct PoolCore;
+
+struct FreeNode {
+  FreeNode* next;
+};
+
+struct CacheHead {
+  FreeNode* head = nullptr;  // free blocks of this thread for one pool
+  std::size_t count = 0;
+  std::size_t limit = 0;     // above it a free goes to the slow path (returns a batch)
+  // Written by the owning thread only (load + store, no read-modify-write), read by
+  // Stats() under the pool's mutex.
+  std::atomic<std::uint64_t> frees{0}, hits{0}, misses{0};
+
+  static void Bump(std::atomic<std::uint64_t>& c) {
+    c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+};
+
+extern thread_local constinit PoolCore* tls_last_core;
+extern thread_local constinit CacheHead* tls_last_cache;
+
+}  // namespace inferq::memory_internal

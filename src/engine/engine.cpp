@@ -11,6 +11,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "handle_queue.hpp"
+#include "inferq/base/error.hpp"
 #include "inferq/memory/fixed_pool.hpp"
 #include "inferq/memory/numa_arena.hpp"
 #include "inferq/memory/topology.hpp"
@@ -197,36 +198,12 @@ using engine_internal::StreamState;
 
 namespace {
 
-std::string Quote(std::string_view s) {
-  std::string out = "'";
-  for (char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f || c == '\'') {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 15];
-    } else {
-      out += c;
-    }
-  }
-  return out + "'";
-}
-
 // Lane slots one consumer may hold in all (64 bytes each: 1 GiB).
 constexpr std::size_t kMaxConsumerSlots = std::size_t{1} << 24;
 
-// One byte for a message: itself when printable ASCII, else \xNN.
-std::string QuoteByte(char c) {
-  const auto u = static_cast<unsigned char>(c);
-  if (u >= 0x20 && u < 0x7f && c != '\'') return std::string("'") + c + "'";
-  static constexpr char kHex[] = "0123456789abcdef";
-  return std::string("'\\x") + kHex[u >> 4] + kHex[u & 15] + "'";
-}
-
 absl::Status ValidateName(std::string_view what, std::string_view name) {
   if (name.empty() || name.size() > 64) {
-    return absl::InvalidArgumentError(std::string(what) + " name " + Quote(name) +
+    return absl::InvalidArgumentError(std::string(what) + " name " + QuoteValue(name) +
                                       " must have 1 to 64 characters");
   }
   for (std::size_t i = 0; i < name.size(); ++i) {
@@ -234,7 +211,7 @@ absl::Status ValidateName(std::string_view what, std::string_view name) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
                     (c >= '0' && c <= '9') || c == '_' || c == '-';
     if (!ok) {
-      return absl::InvalidArgumentError(std::string(what) + " name " + Quote(name) +
+      return absl::InvalidArgumentError(std::string(what) + " name " + QuoteValue(name) +
                                         " has the character " + QuoteByte(c) +
                                         " at byte " + std::to_string(i) +
                                         "; only A-Z a-z 0-9 _ - are allowed");
@@ -250,14 +227,6 @@ absl::Status ValidateLimit(const std::string& stream, const char* field, std::in
                                     " is invalid (use -1 for no limit or a positive value)");
 }
 
-// Steady-clock deadline `d` from now; kNoDeadline for an infinite d.
-std::int64_t DeadlineAfter(absl::Duration d) {
-  const std::int64_t now = ring_internal::MonotonicNowNs();
-  if (d == absl::InfiniteDuration()) return ring_internal::kNoDeadline;
-  if (d <= absl::ZeroDuration()) return now;
-  const std::int64_t ns = absl::ToInt64Nanoseconds(d);
-  return ns > ring_internal::kNoDeadline - now ? ring_internal::kNoDeadline : now + ns;
-}
 
 }  // namespace
 
@@ -364,9 +333,9 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
       0, consumer_->clock->NowNanos() - first.publish_time_ns());
   const std::int64_t delay_ns = absl::ToInt64Nanoseconds(max_queue_delay);
   const std::int64_t remaining_ns = delay_ns > age_ns ? delay_ns - age_ns : 0;
-  const std::int64_t now = ring_internal::MonotonicNowNs();
-  const std::int64_t deadline = remaining_ns >= ring_internal::kNoDeadline - now
-                                    ? ring_internal::kNoDeadline
+  const std::int64_t now = SteadyClock::Now();
+  const std::int64_t deadline = remaining_ns >= kNoDeadline - now
+                                    ? kNoDeadline
                                     : now + remaining_ns;
   batch.push_back(std::move(first));
   while (batch.size() < max_batch) {
@@ -609,7 +578,7 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
     stream = impl_->FindStream(config.stream);
     if (stream == nullptr) {
       return absl::NotFoundError("consumer '" + config.name + "': stream " +
-                                 Quote(config.stream) + " does not exist");
+                                 QuoteValue(config.stream) + " does not exist");
     }
     for (const auto& c : impl_->consumers) {
       if (c->stream == stream && c->config.name == config.name) {
@@ -654,7 +623,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
   }
   if (capturing.empty()) {
     impl_->unrouted.fetch_add(1, std::memory_order_relaxed);
-    return absl::NotFoundError("no stream captures subject " + Quote(event.subject));
+    return absl::NotFoundError("no stream captures subject " + QuoteValue(event.subject));
   }
   PublishAck ack;
   absl::Status first_refusal;

@@ -2,32 +2,13 @@
 
 #include <string>
 
+#include "inferq/base/error.hpp"
+
 namespace inferq {
 namespace {
 
 bool IsSpace(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
-}
-
-// Quotes a user-supplied string for an error message, escaping control characters so
-// that a message never carries raw newlines or NULs.
-std::string Quote(std::string_view s) {
-  std::string out = "'";
-  for (char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '\'') {
-      out += "\\'";
-    } else if (u < 0x20 || u == 0x7f) {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 15];
-    } else {
-      out += c;
-    }
-  }
-  out += "'";
-  return out;
 }
 
 // Shared validation. `what` is "subject" or "subject pattern".
@@ -37,7 +18,7 @@ absl::Status Validate(std::string_view s, bool allow_wildcards, const char* what
   std::size_t token_start = 0;
   for (std::size_t i = 0; i <= s.size(); ++i) {
     if (i < s.size() && IsSpace(s[i])) {
-      return absl::InvalidArgumentError(std::string(what) + " " + Quote(s) +
+      return absl::InvalidArgumentError(std::string(what) + " " + QuoteValue(s) +
                                         " contains white space at position " +
                                         std::to_string(token) + " (byte " +
                                         std::to_string(i) + ")");
@@ -45,20 +26,20 @@ absl::Status Validate(std::string_view s, bool allow_wildcards, const char* what
     if (i == s.size() || s[i] == '.') {
       const std::string_view tok = s.substr(token_start, i - token_start);
       if (tok.empty()) {
-        return absl::InvalidArgumentError(std::string(what) + " " + Quote(s) +
+        return absl::InvalidArgumentError(std::string(what) + " " + QuoteValue(s) +
                                           " has an empty token at position " +
                                           std::to_string(token));
       }
       if (tok == "*" || tok == ">") {
         if (!allow_wildcards) {
-          return absl::InvalidArgumentError(std::string(what) + " " + Quote(s) +
+          return absl::InvalidArgumentError(std::string(what) + " " + QuoteValue(s) +
                                             " has the wildcard '" + std::string(tok) +
                                             "' at position " + std::to_string(token) +
                                             "; a published subject must be literal");
         }
         if (tok == ">" && i != s.size()) {
           return absl::InvalidArgumentError(
-              std::string(what) + " " + Quote(s) + " has '>' at position " +
+              std::string(what) + " " + QuoteValue(s) + " has '>' at position " +
               std::to_string(token) + "; '>' is valid only as the last token");
         }
       }

@@ -120,6 +120,8 @@ TEST_CASE("errors name the value and the token position") {
   CHECK(std::string(ValidateSubject("a.*").message()) ==
         "subject 'a.*' has the wildcard '*' at position 2; a published subject must be "
         "literal");
+  CHECK(std::string(ValidateSubject("it's bad").message()) ==
+        "subject 'it\\x27s bad' contains white space at position 1 (byte 4)");
   CHECK(std::string(ValidateSubject("a\nb").message()) ==
         "subject 'a\\x0ab' contains white space at position 1 (byte 1)");
   auto p = SubjectPattern::Parse("a.>.b");

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 
 #include "absl/time/time.h"
@@ -45,6 +46,16 @@ class SteadyClock final : public Clock {
   }
 };
 
+// Deadlines for waiting, in ns of SteadyClock (CLOCK_MONOTONIC on Linux).
+inline constexpr std::int64_t kNoDeadline = INT64_MAX;  // wait forever
+
+// The deadline `timeout` from now. Saturating: a timeout too long for int64
+// nanoseconds (hours::max(), ...) gives kNoDeadline; zero or negative gives now
+// ("just try"). Converted through double so that no duration_cast can overflow;
+// below 2^53 ns (104 days) the conversion is exact.
+template <class Rep, class Period>
+std::int64_t DeadlineAfter(std::chrono::duration<Rep, Period> timeout);
+
 // A clock that moves only when told to. For tests.
 class ManualClock final : public Clock {
  public:
@@ -61,5 +72,20 @@ class ManualClock final : public Clock {
  private:
   std::atomic<std::int64_t> now_ns_;
 };
+
+template <class Rep, class Period>
+std::int64_t DeadlineAfter(std::chrono::duration<Rep, Period> timeout) {
+  const std::int64_t now = SteadyClock::Now();
+  const double ns = std::chrono::duration<double, std::nano>(timeout).count();
+  if (!(ns > 0)) return now;  // also NaN
+  if (ns >= static_cast<double>(kNoDeadline - now)) return kNoDeadline;
+  return now + static_cast<std::int64_t>(ns);
+}
+
+// The same for an absl::Duration (absl::InfiniteDuration() gives kNoDeadline).
+inline std::int64_t DeadlineAfter(absl::Duration timeout) {
+  if (timeout == absl::InfiniteDuration()) return kNoDeadline;
+  return DeadlineAfter(absl::ToChronoNanoseconds(timeout));
+}
 
 }  // namespace inferq

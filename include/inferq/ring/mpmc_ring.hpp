@@ -216,33 +216,33 @@ class MpmcRing {
 
   // Blocking push: waits while the ring is full. False once the ring is closed
   // (`v` then untouched).
-  bool push(T&& v) { return push_until(std::move(v), ring_internal::kNoDeadline); }
-  bool push(const T& v) { return push_until(v, ring_internal::kNoDeadline); }
+  bool push(T&& v) { return push_until(std::move(v), kNoDeadline); }
+  bool push(const T& v) { return push_until(v, kNoDeadline); }
 
   // Push that waits at most `timeout`. False on timeout or when closed.
   template <class Rep, class Period>
   bool push_for(T&& v, std::chrono::duration<Rep, Period> timeout) {
-    return push_until(std::move(v), ring_internal::DeadlineAfter(timeout));
+    return push_until(std::move(v), DeadlineAfter(timeout));
   }
   template <class Rep, class Period>
   bool push_for(const T& v, std::chrono::duration<Rep, Period> timeout) {
-    return push_until(v, ring_internal::DeadlineAfter(timeout));
+    return push_until(v, DeadlineAfter(timeout));
   }
 
   // Blocking pop: waits while the ring is empty. False once the ring is closed and
   // every item pushed before close() has been popped.
-  bool pop(T& out) { return pop_until(out, ring_internal::kNoDeadline); }
+  bool pop(T& out) { return pop_until(out, kNoDeadline); }
 
   // Pop that waits at most `timeout`. False on timeout, or when closed and drained.
   template <class Rep, class Period>
   bool pop_for(T& out, std::chrono::duration<Rep, Period> timeout) {
-    return pop_until(out, ring_internal::DeadlineAfter(timeout));
+    return pop_until(out, DeadlineAfter(timeout));
   }
 
-  // Pop with an absolute deadline in ns of std::chrono::steady_clock (CLOCK_MONOTONIC).
+  // Pop with an absolute deadline in ns of inferq::SteadyClock (kNoDeadline: forever).
   bool pop_until(T& out, std::int64_t deadline_ns) {
     if (try_pop(out)) return true;
-    if (deadline_ns != ring_internal::kNoDeadline &&
+    if (deadline_ns != kNoDeadline &&
         ring_internal::MonotonicNowNs() >= deadline_ns) {
       return false;
     }

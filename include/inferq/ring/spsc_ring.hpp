@@ -104,16 +104,16 @@ class SpscRing {
     return true;
   }
 
-  bool push(T&& v) { return push_until(std::move(v), ring_internal::kNoDeadline); }
-  bool push(const T& v) { return push_until(v, ring_internal::kNoDeadline); }
+  bool push(T&& v) { return push_until(std::move(v), kNoDeadline); }
+  bool push(const T& v) { return push_until(v, kNoDeadline); }
   template <class Rep, class Period>
   bool push_for(T&& v, std::chrono::duration<Rep, Period> timeout) {
-    return push_until(std::move(v), ring_internal::DeadlineAfter(timeout));
+    return push_until(std::move(v), DeadlineAfter(timeout));
   }
-  bool pop(T& out) { return pop_until(out, ring_internal::kNoDeadline); }
+  bool pop(T& out) { return pop_until(out, kNoDeadline); }
   template <class Rep, class Period>
   bool pop_for(T& out, std::chrono::duration<Rep, Period> timeout) {
-    return pop_until(out, ring_internal::DeadlineAfter(timeout));
+    return pop_until(out, DeadlineAfter(timeout));
   }
 
   void close() {

@@ -51,32 +51,12 @@
 #endif
 
 #include "inferq/base/cache_line.hpp"
+#include "inferq/base/clock.hpp"
 
 namespace inferq::ring_internal {
 
-// Deadline meaning "wait forever".
-inline constexpr std::int64_t kNoDeadline = INT64_MAX;
-
-// Nanoseconds on the clock deadlines are expressed in (CLOCK_MONOTONIC, which is
-// what std::chrono::steady_clock reads on Linux).
-inline std::int64_t MonotonicNowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// Absolute monotonic deadline `timeout` from now. Saturating: a timeout too long for
-// int64 nanoseconds (hours::max(), ...) means no deadline; zero or negative means
-// "now" (just try). Converted through double so that no duration_cast can overflow;
-// below 2^53 ns (104 days) the conversion is exact.
-template <class Rep, class Period>
-std::int64_t DeadlineAfter(std::chrono::duration<Rep, Period> timeout) {
-  const std::int64_t now = MonotonicNowNs();
-  const double ns = std::chrono::duration<double, std::nano>(timeout).count();
-  if (!(ns > 0)) return now;  // also NaN
-  if (ns >= static_cast<double>(kNoDeadline - now)) return kNoDeadline;
-  return now + static_cast<std::int64_t>(ns);
-}
+// Deadlines are in ns of inferq::SteadyClock; inferq::kNoDeadline waits forever.
+inline std::int64_t MonotonicNowNs() { return SteadyClock::Now(); }
 
 // Ring capacity: `requested` rounded up to a power of two, at least `min`. Throws
 // std::invalid_argument naming `ring` for 0 or more than 2^40.
@@ -168,7 +148,7 @@ class EventCount {
   // passes, then withdraws the announcement. The caller re-checks its condition.
   void Wait(std::uint32_t key, std::int64_t deadline_ns) {
 #if defined(__linux__)
-    if (deadline_ns == kNoDeadline) {
+    if (deadline_ns == inferq::kNoDeadline) {
       syscall(SYS_futex, Word(), FUTEX_WAIT_BITSET_PRIVATE, key, nullptr, nullptr,
               FUTEX_BITSET_MATCH_ANY);
     } else {
@@ -181,7 +161,7 @@ class EventCount {
               FUTEX_BITSET_MATCH_ANY);
     }
 #else
-    if (deadline_ns == kNoDeadline) {
+    if (deadline_ns == inferq::kNoDeadline) {
       epoch_.wait(key, std::memory_order_acquire);
     } else if (epoch_.load(std::memory_order_acquire) == key &&
                MonotonicNowNs() < deadline_ns) {
@@ -253,7 +233,7 @@ class EventCount {
 template <class Strategy, class Ready, class GiveUp>
 bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&& give_up) {
   auto expired = [&](std::int64_t now) {
-    return deadline_ns != kNoDeadline && now >= deadline_ns;
+    return deadline_ns != inferq::kNoDeadline && now >= deadline_ns;
   };
   // Active phase: spin with pause, then yield, for at most Strategy::kActiveNs, and
   // only while fewer than Strategy::kMaxActive threads wait actively on this event

@@ -372,7 +372,7 @@ struct MpmcRingTestAccess {
     r.tail_.store(ticket);
     for (std::uint64_t i = 0; i < r.capacity_; ++i) {
       const std::uint64_t t = (ticket + i) & Ring::kTicketMask;
-      r.slots_[t & r.mask_].seq.store(t);
+      r.SlotAt(t).seq.store(t);
     }
   }
   template <class Ring>
@@ -656,4 +656,50 @@ TEST_CASE("a bulk push into a full ring leaves a converting item with the caller
   in.push_back(std::make_unique<Derived>());
   CHECK(ring.try_push_bulk(in.begin(), in.end()) == 0);
   CHECK(in[0] != nullptr);  // was: converted, then destroyed
+}
+
+// Invariant 4 of internal/event_count.hpp: a push skips the futex wake while a
+// consumer waits actively, and that consumer passes the wake on. Consumers that take
+// one item each and leave make a skipped wake-up that nobody passes on hang the test.
+TEST_CASE("single pushes while some consumers spin and others sleep reach every consumer") {
+  for (const int delay_us : {0, 2, 10, 20, 40, 200}) {
+    for (int round = 0; round < 20; ++round) {
+      MpmcRing<int> ring(64);
+      std::atomic<int> returned{0};
+      std::vector<std::thread> consumers;
+      for (int c = 0; c < 8; ++c) {
+        consumers.emplace_back([&] {
+          int v;
+          if (ring.pop(v)) ++returned;
+        });
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+      for (int i = 0; i < 8; ++i) REQUIRE(ring.try_push(i));
+      for (auto& t : consumers) t.join();
+      REQUIRE(returned.load() == 8);
+      REQUIRE(ring.size_approx() == 0);
+    }
+  }
+}
+
+TEST_CASE("single pops while some producers spin and others sleep reach every producer") {
+  for (const int delay_us : {0, 2, 10, 20, 40, 200}) {
+    for (int round = 0; round < 20; ++round) {
+      MpmcRing<int> ring(8);
+      for (int i = 0; i < 8; ++i) REQUIRE(ring.try_push(i));
+      std::atomic<int> returned{0};
+      std::vector<std::thread> producers;
+      for (int p = 0; p < 8; ++p) {
+        producers.emplace_back([&, p] {
+          if (ring.push(100 + p)) ++returned;
+        });
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+      int v;
+      for (int i = 0; i < 8; ++i) REQUIRE(ring.try_pop(v));
+      for (auto& t : producers) t.join();
+      REQUIRE(returned.load() == 8);
+      REQUIRE(ring.size_approx() == 8);
+    }
+  }
 }

@@ -36,6 +36,12 @@
 //     63-bit tickets wrap (after 2^63 operations; a test starts near the wrap).
 //  6. With no operation running, items live exactly in the slots of tickets
 //     [tail_, head_); the destructor destroys those.
+//  7. Layout: slots of at most half a cache line are packed k to a line and ticket t
+//     is remapped to line t % L, position (t / L) % k (L = capacity / k lines), so
+//     the slots of consecutive tickets — the one a producer fills while a consumer
+//     empties the one before — never share a line (AtomicQueue's index remapping),
+//     and a ring of 8-byte items takes 16 bytes a slot instead of a line. Measured
+//     against one slot per line in BENCHMARKS.md.
 //
 // try_ operations fail only when the ring is full (try_push), empty (try_pop) or
 // closed (try_push) at the moment they read the opposite ticket. When the next slot
@@ -45,7 +51,8 @@
 // return how many items moved, 0 exactly when a single try_ would have failed.
 //
 // Waiting (push, pop, push_for, pop_for) follows `Wait` (inferq/ring/wait_strategy.hpp):
-// by default spin ~2 µs, yield, then sleep on a futex; close() wakes every waiter.
+// by default spin, yield for up to 15 µs, then sleep on a futex; close() wakes every
+// waiter.
 //
 // Requirements on T: nothrow move construction, move assignment and destruction (a
 // throwing move after a ticket is claimed would leave a hole no one can fill). T may
@@ -94,9 +101,18 @@ class MpmcRing {
   explicit MpmcRing(std::size_t capacity)
       : capacity_(ring_internal::RingCapacity("MpmcRing", capacity, 2)) {
     mask_ = capacity_ - 1;
-    slots_ = std::make_unique<Slot[]>(capacity_);
+    // Index remapping (invariant 7): with k slots per cache line and L = capacity / k
+    // lines, ticket t lives in line t % L at position (t / L) % k.
+    if (capacity_ >= kSlotsPerLine) {
+      lines_mask_ = capacity_ / kSlotsPerLine - 1;
+      line_shift_ = static_cast<unsigned>(std::countr_zero(capacity_ / kSlotsPerLine));
+    } else {
+      lines_mask_ = 0;  // fewer slots than one line holds: one line, no remapping
+      line_shift_ = 0;
+    }
+    lines_ = std::make_unique<Line[]>(lines_mask_ + 1);
     for (std::size_t i = 0; i < capacity_; ++i) {
-      slots_[i].seq.store(i, std::memory_order_relaxed);
+      SlotAt(i).seq.store(i, std::memory_order_relaxed);
     }
   }
 
@@ -108,7 +124,7 @@ class MpmcRing {
     const std::uint64_t head = head_.load(std::memory_order_relaxed) & kTicketMask;
     for (std::uint64_t t = tail_.load(std::memory_order_relaxed); t != head;
          t = (t + 1) & kTicketMask) {
-      slots_[t & mask_].ptr()->~T();
+      SlotAt(t).ptr()->~T();
     }
   }
 
@@ -133,7 +149,7 @@ class MpmcRing {
   bool try_pop(T& out) {
     std::uint64_t t = tail_.load(std::memory_order_relaxed);
     for (;;) {
-      Slot& s = slots_[t & mask_];
+      Slot& s = SlotAt(t);
       // acquire (at least): pairs with the producer's store of t + 1 (invariant 2).
       const std::int64_t diff = Distance(s.seq.load(kObserve), (t + 1) & kTicketMask);
       if (diff == 0) {
@@ -162,14 +178,14 @@ class MpmcRing {
     for (;;) {
       std::size_t n = 0;
       while (n < out.size() &&
-             slots_[(t + n) & mask_].seq.load(kObserve) == ((t + n + 1) & kTicketMask)) {
+             SlotAt(t + n).seq.load(kObserve) == ((t + n + 1) & kTicketMask)) {
         ++n;
       }
       if (n == 0) return try_pop(out[0]) ? 1 : 0;
       if (tail_.compare_exchange_weak(t, (t + n) & kTicketMask, std::memory_order_relaxed)) {
         for (std::size_t i = 0; i < n; ++i) {
           const std::uint64_t ti = (t + i) & kTicketMask;
-          TakeFrom(slots_[ti & mask_], ti, out[i]);
+          TakeFrom(SlotAt(ti), ti, out[i]);
         }
         if constexpr (Wait::kSleeps) not_full_.NotifyMany(n);  // n slots: n producers
         return n;
@@ -190,7 +206,7 @@ class MpmcRing {
       if (h & kClosedBit) return 0;
       std::size_t n = 0;
       while (n < want &&
-             slots_[(h + n) & mask_].seq.load(kObserve) == ((h + n) & kTicketMask)) {
+             SlotAt(h + n).seq.load(kObserve) == ((h + n) & kTicketMask)) {
         ++n;
       }
       // Constructs from *first only after claiming a ticket, so a full ring leaves
@@ -200,7 +216,7 @@ class MpmcRing {
         It it = first;
         for (std::size_t i = 0; i < n; ++i, ++it) {
           const std::uint64_t hi = (h + i) & kTicketMask;
-          Slot& s = slots_[hi & mask_];
+          Slot& s = SlotAt(hi);
           ::new (static_cast<void*>(s.storage)) T(std::move(*it));
           s.seq.store((hi + 1) & kTicketMask, kPublish);
         }
@@ -247,7 +263,8 @@ class MpmcRing {
       return false;
     }
     return ring_internal::WaitUntil<Wait>(
-        not_empty_, deadline_ns, [&] { return try_pop(out); }, [&] { return drained(); });
+        not_empty_, deadline_ns, [&] { return try_pop(out); }, [&] { return drained(); },
+        [&] { return size_approx() != 0; });
   }
 
   // Closes the ring: later pushes fail, pops drain what is left and then fail; every
@@ -281,12 +298,39 @@ class MpmcRing {
   static constexpr std::memory_order kPublish = std::memory_order_release;
   static constexpr std::memory_order kObserve = std::memory_order_acquire;
 
-  struct alignas(kCacheLineSize) Slot {
+  // A slot is the sequence and the item's storage. Small slots are packed several to
+  // a cache line and the tickets remapped (invariant 7); a slot of more than half a
+  // line gets a line of its own.
+  struct SlotFields {
+    std::atomic<std::uint64_t> seq{0};
+    alignas(T) unsigned char storage[sizeof(T)];
+  };
+  static constexpr std::size_t kSlotAlign =
+      sizeof(SlotFields) > kCacheLineSize / 2 ? kCacheLineSize
+                                              : std::bit_ceil(sizeof(SlotFields));
+  struct alignas(kSlotAlign) Slot {
     std::atomic<std::uint64_t> seq{0};
     alignas(T) unsigned char storage[sizeof(T)];
     T* ptr() { return std::launder(reinterpret_cast<T*>(storage)); }
   };
-  static_assert(alignof(Slot) >= kCacheLineSize, "slots must not share cache lines");
+  static constexpr std::size_t kSlotsPerLine =
+      sizeof(Slot) >= kCacheLineSize ? 1 : kCacheLineSize / sizeof(Slot);
+  static_assert(sizeof(Slot) % kCacheLineSize == 0 || kCacheLineSize % sizeof(Slot) == 0,
+                "slots tile cache lines exactly");
+  // Slots are allocated a line at a time (aligned operator new[]), so no slot
+  // straddles two lines.
+  struct alignas(kCacheLineSize) Line {
+    Slot slot[kSlotsPerLine];
+  };
+  static_assert(sizeof(Line) == kSlotsPerLine * sizeof(Slot));
+
+  // Invariant 7: consecutive tickets map to different cache lines.
+  Slot& SlotAt(std::uint64_t ticket) const {
+    const std::uint64_t i = ticket & mask_;
+    const std::uint64_t line = i & lines_mask_;
+    const std::uint64_t pos = i >> line_shift_;
+    return lines_[line].slot[pos];
+  }
 
   // a - b as a signed 63-bit number (tickets and sequences are mod 2^63).
   static std::int64_t Distance(std::uint64_t a, std::uint64_t b) {
@@ -314,7 +358,7 @@ class MpmcRing {
     std::uint64_t h = head_.load(std::memory_order_relaxed);
     for (;;) {
       if (h & kClosedBit) return false;
-      Slot& s = slots_[h & mask_];
+      Slot& s = SlotAt(h);
       // acquire (at least): pairs with the consumer's store of h (invariant 2).
       const std::int64_t diff = Distance(s.seq.load(kObserve), h);
       if (diff == 0) {
@@ -351,7 +395,7 @@ class MpmcRing {
       // attempt leaves `v` intact and it can be retried.
       return ring_internal::WaitUntil<Wait>(
           not_full_, deadline_ns, [&] { return try_emplace_nothrow(std::forward<U>(v)); },
-          [&] { return closed(); });
+          [&] { return closed(); }, [&] { return size_approx() < capacity_; });
     }
   }
 
@@ -370,7 +414,9 @@ class MpmcRing {
   alignas(kCacheLineSize) ring_internal::EventCount not_full_;
   alignas(kCacheLineSize) std::size_t capacity_ = 0;
   std::uint64_t mask_ = 0;
-  std::unique_ptr<Slot[]> slots_;
+  std::uint64_t lines_mask_ = 0;
+  unsigned line_shift_ = 0;
+  std::unique_ptr<Line[]> lines_;
 };
 
 }  // namespace inferq

@@ -185,8 +185,9 @@ class SpscRing {
         }
       };
       if (attempt()) return true;
+      // One producer: no other waiter to pass a wake-up on to.
       return ring_internal::WaitUntil<Wait>(not_full_, deadline_ns, attempt,
-                                            [&] { return closed(); });
+                                            [&] { return closed(); }, [] { return false; });
     }
   }
 
@@ -198,7 +199,8 @@ class SpscRing {
           // closed bit was set (invariant 4).
           const std::uint64_t h = head_.load(std::memory_order_seq_cst);
           return (h & kClosedBit) && tail_.load(std::memory_order_relaxed) == (h & ~kClosedBit);
-        });
+        },
+        [] { return false; });  // one consumer: no other waiter to pass a wake-up on to
   }
 
   // Producer line: its index and its cache of the consumer's.

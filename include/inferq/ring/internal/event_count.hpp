@@ -21,16 +21,29 @@
 //     comes first, the notifier sees sleepers_ > 0 and bumps epoch_, so the futex
 //     wait returns at once (value changed) or is woken; otherwise the waiter's
 //     re-check sees the change. Either way no wake-up is lost.
-// The barriers are asymmetric (the technique of folly's asymmetricLightBarrier and of
-// Linux RCU): on Linux with membarrier(2) the notifier's light barrier is only a
+//  4. A notifier of one change (NotifyOne) skips the wake-up while a waiter is
+//     active (spinning or yielding, not asleep): that waiter takes the change, or
+//     passes it on. Every waiter, when it leaves the active phase and when it
+//     returns from WaitUntil, leaves active_ first (a seq_cst read-modify-write and
+//     fence) and then checks whether more is available; if so it calls NotifyOne.
+//     The same store-load pairing as in 3 makes that safe: either the notifier sees
+//     the waiter gone from active_ (and wakes a sleeper itself), or the leaving
+//     waiter sees the change (and wakes one). So while anything is available, some
+//     waiter is awake or about to be, and a push with an active consumer costs no
+//     futex call (the rule Go's scheduler applies to its spinning threads).
+// By default both barriers are seq_cst fences: a push or pop with nobody asleep
+// pays one fence (the cost of a locked instruction) and two loads of one line.
+// With the environment variable INFERQ_MEMBARRIER set (read once) and Linux
+// membarrier(2) available, the barriers are asymmetric (the technique of folly's
+// asymmetricLightBarrier and of Linux RCU): the notifier's light barrier is only a
 // compiler barrier, and the waiter, which is about to sleep anyway, pays for
 // MEMBARRIER_CMD_PRIVATE_EXPEDITED, which runs a full fence on every CPU running
-// this process. So a push or pop with nobody asleep costs one plain load more.
-// Without membarrier, or with the environment variable INFERQ_NO_MEMBARRIER set
-// (read once; for kernels where the IPIs of membarrier are costly, or loads where
-// waiters sleep after nearly every item), both are seq_cst fences. Under ThreadSanitizer, which models
-// neither, both sides use seq_cst read-modify-writes of sleepers_ instead (ordered in
-// its modification order: the later one synchronizes with the earlier).
+// this process. That is opt-in because those fences are inter-processor
+// interrupts: on the 2-vCPU VMs measured (BENCHMARKS.md, BM_Paced) they doubled the
+// run time of a paced load and raised its median hand-off from 0.5 to 38 µs.
+// Under ThreadSanitizer, which models no fences, both sides use seq_cst
+// read-modify-writes of sleepers_ instead (ordered in its modification order: the
+// later one synchronizes with the earlier).
 #pragma once
 
 #include <atomic>
@@ -82,7 +95,7 @@ inline void CpuRelax() {
 // membarrier(2) registered for this process? Decided once, at first use.
 inline bool HaveMembarrier() {
 #if defined(__linux__) && defined(SYS_membarrier)
-  static const bool ok = getenv("INFERQ_NO_MEMBARRIER") == nullptr && [] {
+  static const bool ok = getenv("INFERQ_MEMBARRIER") != nullptr && [] {
     constexpr int kRegisterPrivateExpedited = 1 << 4;  // MEMBARRIER_CMD_REGISTER_...
     return syscall(SYS_membarrier, kRegisterPrivateExpedited, 0, 0) == 0;
   }();
@@ -131,6 +144,18 @@ class EventCount {
 #endif
   }
 
+  // Invariants 3 and 4, notifier side: a sleeper exists and no waiter is active.
+  bool NeedsWake() {
+#if defined(__SANITIZE_THREAD__)
+    if (sleepers_.fetch_add(0, std::memory_order_seq_cst) == 0) return false;
+    return active_.fetch_add(0, std::memory_order_seq_cst) == 0;
+#else
+    LightBarrier();
+    return sleepers_.load(std::memory_order_relaxed) != 0 &&
+           active_.load(std::memory_order_relaxed) == 0;
+#endif
+  }
+
   // Active (spinning/yielding) waiters: at most `max` at a time.
   bool TryBecomeActive(int max) {
     int n = active_.load(std::memory_order_relaxed);
@@ -139,7 +164,13 @@ class EventCount {
     }
     return false;
   }
-  void LeaveActive() { active_.fetch_sub(1, std::memory_order_relaxed); }
+  // Invariant 4: the caller checks for more afterwards (and calls NotifyOne).
+  void LeaveActive() {
+    active_.fetch_sub(1, std::memory_order_seq_cst);
+#if !defined(__SANITIZE_THREAD__)
+    HeavyBarrier();
+#endif
+  }
 
   // The re-check found the condition true: withdraw the announcement.
   void CancelWait() { sleepers_.fetch_sub(1, std::memory_order_relaxed); }
@@ -176,7 +207,7 @@ class EventCount {
   // waking all of them (a thundering herd) burns CPU on every push. A waiter that was
   // woken but leaves without taking anything (deadline) passes the wake on.
   void NotifyOne() {
-    if (!HasSleepers()) return;
+    if (!NeedsWake()) return;
     epoch_.fetch_add(1, std::memory_order_seq_cst);
 #if defined(__linux__)
     syscall(SYS_futex, Word(), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
@@ -228,12 +259,21 @@ class EventCount {
 // Waits as `Strategy` says (see inferq/ring/wait_strategy.hpp): spin, then yield,
 // then sleep on `ec` (or keep yielding). `ready()` tries the operation and returns
 // true when it succeeded; `give_up()` returns true when waiting is pointless (the
-// ring was closed). Returns true when ready() succeeded, false on give_up or when
-// the monotonic deadline passed.
-template <class Strategy, class Ready, class GiveUp>
-bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&& give_up) {
-  auto expired = [&](std::int64_t now) {
-    return deadline_ns != inferq::kNoDeadline && now >= deadline_ns;
+// ring was closed); `more()` returns true when another waiter could succeed now
+// (an item or a free slot is left: invariant 4). Returns true when ready()
+// succeeded, false on give_up or when the monotonic deadline passed.
+template <class Strategy, class Ready, class GiveUp, class More>
+bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&& give_up,
+               More&& more) {
+  auto expired = [&] {
+    return deadline_ns != inferq::kNoDeadline && MonotonicNowNs() >= deadline_ns;
+  };
+  // Invariant 4: whoever leaves may owe the next waiter a wake-up.
+  auto pass_on = [&](bool result) {
+    if constexpr (Strategy::kSleeps) {
+      if (more()) ec.NotifyOne();
+    }
+    return result;
   };
   // Active phase: spin with pause, then yield, for at most Strategy::kActiveNs, and
   // only while fewer than Strategy::kMaxActive threads wait actively on this event
@@ -251,10 +291,10 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
       } else if (spins < Strategy::kSpins) {
         ++spins;
         CpuRelax();
-        if ((spins & 63) == 0 && expired(MonotonicNowNs())) done = true;
+        if ((spins & 63) == 0 && expired()) done = true;
       } else {
         const std::int64_t now = MonotonicNowNs();
-        if (expired(now)) {
+        if (deadline_ns != inferq::kNoDeadline && now >= deadline_ns) {
           done = true;
         } else if (Strategy::kSleeps && now - start >= Strategy::kActiveNs) {
           break;
@@ -264,31 +304,28 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
       }
     }
     ec.LeaveActive();
-    if (done) return result;
+    if (done) return pass_on(result);
   }
   if constexpr (!Strategy::kSleeps) {
     for (;;) {
       if (ready()) return true;
-      if (give_up() || expired(MonotonicNowNs())) return false;
+      if (give_up() || expired()) return false;
       std::this_thread::yield();
     }
   } else {
-    bool slept = false;
     for (;;) {
       const std::uint32_t key = ec.PrepareWait();
       if (ready()) {
         ec.CancelWait();
-        return true;
+        return pass_on(true);
       }
-      if (give_up() || expired(MonotonicNowNs())) {
+      if (give_up() || expired()) {
         ec.CancelWait();
         // We may have been the one woken for an item we now leave behind: pass the
         // wake on (a spurious wake-up costs less than a sleeper that misses one).
-        if (slept) ec.NotifyOne();
-        return false;
+        return pass_on(false);
       }
       ec.Wait(key, deadline_ns);
-      slept = true;
     }
   }
 }

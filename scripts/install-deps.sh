@@ -5,9 +5,10 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libabsl-dev libzstd-dev zstd libmimalloc-dev libhwloc-dev
+  libabsl-dev libzstd-dev zstd libmimalloc-dev libhwloc-dev libssl-dev libxxhash-dev
   catch2 libbenchmark-dev
   libatomic-queue-dev libconcurrentqueue-dev libxenium-dev libboost-dev libtbb-dev
+  librocksdb-dev libsqlite3-dev clang libclang-rt-14-dev
 )
 
 missing=()

@@ -1,0 +1,70 @@
+// File: inferq/state/file_system.hpp
+//
+// The file operations the Delta-State Log needs, behind an interface so that tests
+// can inject failures (EIO, ENOSPC) at any step and a host can put the log on its
+// own storage layer. `PosixFileSystem()` is the default: write(2), fdatasync(2),
+// rename(2), and fsync(2) of the directory.
+//
+// Usage:
+//   inferq::StateStoreOptions o;
+//   o.dir = "/var/lib/app/state";
+//   o.file_system = std::make_shared<MyFaultyFileSystem>(inferq::PosixFileSystem());
+//
+// Errors: every call returns the errno of the failed system call as an absl::Status
+// (EIO -> kDataLoss, ENOSPC -> kResourceExhausted, ENOENT -> kNotFound, others ->
+// kInternal) whose message names the path and the call.
+//
+// Thread safety: a FileSystem may be called from several threads at once; one
+// WritableFile is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace inferq {
+
+// A file open for appending.
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  // Appends all of `data` (bytes) at the end of the file.
+  virtual absl::Status Append(std::string_view data) = 0;
+  // Makes the data appended so far durable (fdatasync).
+  virtual absl::Status Sync() = 0;
+  // Closes the file; later calls are errors.
+  virtual absl::Status Close() = 0;
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+  // Creates `path` (which must not exist) for appending.
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path) = 0;
+  // Opens the existing `path` for appending after its first `size` bytes (the rest,
+  // if any, is cut off first: the torn tail of a log).
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> Reopen(const std::string& path,
+                                                               std::uint64_t size) = 0;
+  // The whole content of `path`.
+  virtual absl::StatusOr<std::string> Read(const std::string& path) = 0;
+  // Names (not paths) of the entries of directory `dir`.
+  virtual absl::StatusOr<std::vector<std::string>> List(const std::string& dir) = 0;
+  // Creates directory `dir` (and its parents) if absent.
+  virtual absl::Status CreateDir(const std::string& dir) = 0;
+  // rename(2): replaces `to` atomically.
+  virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
+  // Removes the file `path`.
+  virtual absl::Status Remove(const std::string& path) = 0;
+  // fsync(2) of directory `dir`: makes creations, renames and removals in it durable.
+  virtual absl::Status SyncDir(const std::string& dir) = 0;
+};
+
+// The process-wide POSIX file system.
+std::shared_ptr<FileSystem> PosixFileSystem();
+
+}  // namespace inferq

@@ -1,0 +1,229 @@
+// File: inferq/state/state_store.hpp
+//
+// StateStore: durable key-value state over the Delta-State Log (DESIGN.md §3.7).
+// Every committed transaction is one record {tx_id, ops: (key, create/update/delete,
+// value)..., prev_hash} appended to a segmented write-ahead log; prev_hash chains the
+// records with SHA-256, so an edited, dropped or reordered record is detected.
+// Checkpoints (full, or incremental: only the keys changed since the previous one)
+// bound recovery time and let old log segments be retired.
+//
+// Usage:
+//   inferq::StateStoreOptions o;
+//   o.dir = "/var/lib/app/state";
+//   o.sync = inferq::SyncPolicy::kGroupCommit;
+//   auto store = inferq::StateStore::Open(o);          // recovers what is there
+//   if (!store.ok()) return store.status();
+//   auto tx = (*store)->Begin();
+//   tx.Put("session.42.state", bytes).Delete("session.41.state");
+//   absl::StatusOr<std::uint64_t> id = tx.Commit();    // durable when it returns
+//   (*store)->Scan("session.", [](std::string_view k, std::string_view v) { ... });
+//
+// Durability (what a successful Commit guarantees, by SyncPolicy):
+//   kEveryCommit  the record was written and fdatasync'ed before Commit returned; each
+//                 commit pays its own fdatasync. Survives a process crash and a
+//                 power loss (on storage that honours fdatasync).
+//   kGroupCommit  the same guarantee; commits that wait at the same time share one
+//                 write and one fdatasync (after up to `group_commit_window` of
+//                 waiting for more to join).
+//   kInterval     the record was written to the OS (survives a process crash) and is
+//                 fdatasync'ed within `group_commit_window` (a power loss may lose
+//                 that last window).
+//   kNone         written to the OS only: survives a process crash, not a power loss.
+// Checkpoints are always made durable (temp file, fsync, rename, fsync of the
+// directory) before any log segment they replace is removed.
+//
+// Recovery (Open on an existing directory): the newest valid full checkpoint, then
+// the incremental checkpoints after it, then the log after them, checking tx_id
+// continuity and the hash chain. kPointInTime stops at a torn tail (an incomplete
+// last frame, as a crash leaves it) and cuts it off; kStrict fails on it. A gap in
+// tx_ids, a broken chain, or damage anywhere before the tail is kDataLoss naming the
+// file, the byte offset and the tx_id, in both modes. A damaged (e.g. torn)
+// checkpoint file is skipped for the one before it in kPointInTime and is an error
+// in kStrict.
+//
+// Failure: a failed write or fdatasync (EIO, ENOSPC, ...) puts the store into a
+// failed state: that commit and every later one return the error (the later ones as
+// kFailedPrecondition quoting it); nothing is retried. Reopen to recover.
+//
+// Thread safety: every member may be called from many threads at once. A
+// Transaction belongs to one thread until it is committed or dropped.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "inferq/state/file_system.hpp"
+
+namespace inferq {
+
+enum class SyncPolicy { kEveryCommit, kGroupCommit, kInterval, kNone };
+enum class CheckpointMode { kIncremental, kFull };
+enum class RecoveryMode { kPointInTime, kStrict };
+
+struct StateStoreOptions {
+  // Directory of the log and checkpoints; created (with parents) if absent.
+  std::string dir;
+  SyncPolicy sync = SyncPolicy::kEveryCommit;
+  // kGroupCommit: how long a commit that finds no write in progress waits for others
+  // to join its fdatasync (0: none; those that arrive during a write join the next).
+  // kInterval: the fdatasync interval; must be > 0.
+  absl::Duration group_commit_window = absl::ZeroDuration();
+  // kIncremental writes a full checkpoint first and after every
+  // `max_incremental_chain` incremental ones; kFull always writes full ones.
+  CheckpointMode checkpoint_mode = CheckpointMode::kIncremental;
+  // Automatic checkpoints: every `checkpoint_interval` (0: never by time) and when
+  // `checkpoint_log_bytes` of log were written since the last one (0: never by size).
+  absl::Duration checkpoint_interval = absl::Minutes(5);
+  std::uint64_t checkpoint_log_bytes = std::uint64_t{64} << 20;
+  RecoveryMode recovery = RecoveryMode::kPointInTime;
+
+  // A new log segment is started once the current one holds this many bytes.
+  std::uint64_t segment_bytes = std::uint64_t{64} << 20;
+  int max_incremental_chain = 16;
+  // Recover and serve reads without changing any file (no torn-tail truncation, no
+  // commits, no checkpoints): for inspection tools.
+  bool read_only = false;
+  // File layer (null: PosixFileSystem()); tests inject failures through it.
+  std::shared_ptr<FileSystem> file_system;
+};
+
+struct StateStoreStats {
+  std::uint64_t last_tx_id = 0;     // newest durable transaction
+  std::uint64_t keys = 0;           // live keys
+  std::uint64_t commits = 0;        // since Open
+  std::uint64_t log_syncs = 0;      // fdatasync calls on the log since Open
+  std::uint64_t log_bytes = 0;      // bytes appended to the log since Open
+  std::uint64_t segments = 0;       // log segment files now
+  std::uint64_t checkpoints_full = 0;         // written since Open
+  std::uint64_t checkpoints_incremental = 0;  // written since Open
+  std::uint64_t last_checkpoint_tx = 0;       // newest checkpoint on disk
+  std::uint64_t last_checkpoint_bytes = 0;
+  // Recovery at Open.
+  std::uint64_t recovered_checkpoints = 0;    // checkpoint files loaded
+  std::uint64_t recovered_log_records = 0;    // log records replayed after them
+  std::uint64_t torn_tail_bytes = 0;          // cut off (kPointInTime)
+  double recovery_ms = 0;
+  bool failed = false;                        // in the failed state
+};
+
+// What `inferq-state inspect` prints: the files of a state directory, read without
+// changing them.
+struct StateDirReport {
+  struct Segment {
+    std::string name;
+    std::uint64_t bytes = 0;
+    std::uint64_t first_tx = 0;  // 0 when it holds no valid record
+    std::uint64_t last_tx = 0;
+    std::uint64_t records = 0;
+    std::string problem;         // empty when the whole file is valid
+  };
+  struct CheckpointFile {
+    std::string name;
+    std::uint64_t bytes = 0;
+    bool full = false;
+    std::uint64_t tx = 0;
+    std::uint64_t base_tx = 0;
+    std::uint64_t entries = 0;
+    std::string problem;  // empty when valid
+  };
+  std::vector<Segment> segments;
+  std::vector<CheckpointFile> checkpoints;
+  std::uint64_t first_tx = 0;  // oldest record in the log (0: none)
+  std::uint64_t last_tx = 0;   // newest recoverable tx_id
+  absl::Status chain;          // what recovery in kStrict mode would report
+};
+
+class StateStore;
+
+// A set of changes committed atomically: all of them become durable, or none.
+class Transaction {
+ public:
+  Transaction(Transaction&&) noexcept = default;
+  Transaction& operator=(Transaction&&) noexcept = default;
+
+  // Sets `key` to `value` (bytes). Keys are 1 to 65,536 bytes, values at most
+  // 256 MiB; a bad size is reported by Commit (kInvalidArgument naming the key).
+  Transaction& Put(std::string_view key, std::string_view value);
+  // Removes `key` (absent keys are fine).
+  Transaction& Delete(std::string_view key);
+  // Makes the changes durable under the store's sync policy and returns the tx_id.
+  // kInvalidArgument: no changes, or a key/value of a bad size (nothing written);
+  // kFailedPrecondition: read-only store, already committed, or the store failed;
+  // the I/O error itself for the commit whose write or fdatasync failed.
+  absl::StatusOr<std::uint64_t> Commit();
+
+ private:
+  friend class StateStore;
+  struct Change {
+    bool del = false;
+    std::string key;
+    std::string value;
+  };
+  explicit Transaction(StateStore* store) : store_(store) {}
+  StateStore* store_;
+  std::vector<Change> changes_;
+  bool committed_ = false;
+};
+
+class StateStore {
+ public:
+  // Opens (creating the directory if absent) and recovers. Errors: kInvalidArgument
+  // for bad options (naming the field), kDataLoss for damage recovery must not skip
+  // (naming file, offset, tx_id), the I/O error of a failed file operation.
+  static absl::StatusOr<std::unique_ptr<StateStore>> Open(StateStoreOptions options);
+
+  // Reads the files of `dir` without changing them (see StateDirReport).
+  static absl::StatusOr<StateDirReport> Inspect(const std::string& dir,
+                                                std::shared_ptr<FileSystem> fs = nullptr);
+
+  ~StateStore();
+  StateStore(const StateStore&) = delete;
+  StateStore& operator=(const StateStore&) = delete;
+
+  Transaction Begin() { return Transaction(this); }
+
+  // The value of `key` after the newest durable transaction that changed it.
+  std::optional<std::string> Get(std::string_view key) const;
+
+  // Calls fn(key, value) for every key starting with `prefix`, in key order, on one
+  // consistent state (no commit is half applied). `fn` must not call this store.
+  template <class F>
+  void Scan(std::string_view prefix, F&& fn) const {
+    ScanImpl(prefix, absl::FunctionRef<void(std::string_view, std::string_view)>(fn));
+  }
+
+  // Writes a checkpoint now (full or incremental per the options) and retires the
+  // log segments no longer needed. kFailedPrecondition when read-only or failed.
+  absl::Status Checkpoint();
+
+  // Re-reads the log and checkpoints on disk and checks tx_id continuity, every
+  // frame checksum and the hash chain up to last_tx_id(), and that each checkpoint's
+  // chain hash matches the log. kDataLoss naming file, offset and tx_id on a break.
+  // Commits wait while it reads.
+  absl::Status VerifyChain() const;
+
+  // Newest durable tx_id (0 when nothing was ever committed).
+  std::uint64_t last_tx_id() const;
+
+  StateStoreStats Stats() const;
+
+ private:
+  friend class Transaction;
+  class Impl;
+  explicit StateStore(std::unique_ptr<Impl> impl);
+  void ScanImpl(std::string_view prefix,
+                absl::FunctionRef<void(std::string_view, std::string_view)> fn) const;
+  absl::StatusOr<std::uint64_t> CommitChanges(std::vector<Transaction::Change>& changes);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace inferq

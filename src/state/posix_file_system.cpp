@@ -1,0 +1,172 @@
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+
+#include "inferq/base/error.hpp"
+#include "inferq/state/file_system.hpp"
+
+namespace inferq {
+namespace {
+
+absl::Status ErrnoStatus(int err, const std::string& call, const std::string& path) {
+  const std::string msg = call + " " + QuoteValue(path) + ": " + std::strerror(err);
+  switch (err) {
+    case EIO:
+      return absl::DataLossError(msg);
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(msg);
+    case ENOENT:
+      return absl::NotFoundError(msg);
+    case EEXIST:
+      return absl::AlreadyExistsError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+class PosixWritableFile final : public WritableFile {
+ public:
+  PosixWritableFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  absl::Status Append(std::string_view data) override {
+    if (fd_ < 0) return absl::FailedPreconditionError("append to closed file " + QuoteValue(path_));
+    while (!data.empty()) {
+      const ssize_t n = ::write(fd_, data.data(), data.size());
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoStatus(errno, "write", path_);
+      }
+      data.remove_prefix(static_cast<std::size_t>(n));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Sync() override {
+    if (fd_ < 0) return absl::FailedPreconditionError("sync of closed file " + QuoteValue(path_));
+    if (::fdatasync(fd_) != 0) return ErrnoStatus(errno, "fdatasync", path_);
+    return absl::OkStatus();
+  }
+  absl::Status Close() override {
+    if (fd_ < 0) return absl::OkStatus();
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) return ErrnoStatus(errno, "close", path_);
+    return absl::OkStatus();
+  }
+
+ private:
+  int fd_;
+  std::string path_;
+};
+
+class Posix final : public FileSystem {
+ public:
+  absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoStatus(errno, "create", path);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(fd, path));
+  }
+  absl::StatusOr<std::unique_ptr<WritableFile>> Reopen(const std::string& path,
+                                                       std::uint64_t size) override {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus(errno, "open", path);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoStatus(err, "fstat", path);
+    }
+    if (static_cast<std::uint64_t>(st.st_size) != size) {
+      if (::ftruncate(fd, static_cast<off_t>(size)) != 0 || ::fdatasync(fd) != 0) {
+        const int err = errno;
+        ::close(fd);
+        return ErrnoStatus(err, "truncate", path);
+      }
+    }
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(fd, path));
+  }
+  absl::StatusOr<std::string> Read(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus(errno, "open", path);
+    std::string out;
+    struct stat st;
+    if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<std::size_t>(st.st_size));
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        const int err = errno;
+        ::close(fd);
+        return ErrnoStatus(err, "read", path);
+      }
+      if (n == 0) break;
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(fd);
+    return out;
+  }
+  absl::StatusOr<std::vector<std::string>> List(const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return ErrnoStatus(errno, "opendir", dir);
+    std::vector<std::string> names;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    ::closedir(d);
+    return names;
+  }
+  absl::Status CreateDir(const std::string& dir) override {
+    if (dir.empty()) return absl::InvalidArgumentError("directory path is empty");
+    std::string prefix;
+    std::size_t pos = 0;
+    while (pos != std::string::npos) {
+      pos = dir.find('/', pos + 1);
+      prefix = dir.substr(0, pos);
+      if (prefix.empty()) continue;
+      if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
+        return ErrnoStatus(errno, "mkdir", prefix);
+      }
+    }
+    struct stat st;
+    if (::stat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, "stat", dir);
+    if (!S_ISDIR(st.st_mode)) {
+      return absl::FailedPreconditionError(QuoteValue(dir) + " exists and is not a directory");
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoStatus(errno, "rename", from);
+    return absl::OkStatus();
+  }
+  absl::Status Remove(const std::string& path) override {
+    if (::unlink(path.c_str()) != 0) return ErrnoStatus(errno, "unlink", path);
+    return absl::OkStatus();
+  }
+  absl::Status SyncDir(const std::string& dir) override {
+    const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus(errno, "open", dir);
+    const int rc = ::fsync(fd);
+    const int err = errno;
+    ::close(fd);
+    if (rc != 0) return ErrnoStatus(err, "fsync", dir);
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<FileSystem> PosixFileSystem() {
+  static const std::shared_ptr<FileSystem> fs = std::make_shared<Posix>();
+  return fs;
+}
+
+}  // namespace inferq

@@ -1,0 +1,242 @@
+#include "recovery.hpp"
+
+#include <algorithm>
+#include <optional>
+
+#include "inferq/base/error.hpp"
+
+namespace inferq::state_internal {
+namespace {
+
+bool AllZero(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c == '\0'; });
+}
+
+void Apply(StateMap& state, const Record& r) {
+  for (const Op& op : r.ops) {
+    if (op.op == OpCode::kDelete) {
+      state.erase(op.key);
+    } else {
+      state.insert_or_assign(op.key, op.value);
+    }
+  }
+}
+
+std::string At(const std::string& file, std::uint64_t offset) {
+  return "log segment " + QuoteValue(file) + " at offset " + std::to_string(offset);
+}
+
+}  // namespace
+
+std::string JoinPath(const std::string& dir, const std::string& name) {
+  if (!dir.empty() && dir.back() == '/') return dir + name;
+  return dir + "/" + name;
+}
+
+absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
+                                  const RecoverOptions& options) {
+  Recovered out;
+  auto names = fs.List(dir);
+  if (!names.ok()) return names.status();
+  std::sort(names->begin(), names->end());
+  std::vector<std::pair<std::uint64_t, std::string>> segments;
+  bool removed = false;
+  for (const std::string& name : *names) {
+    if (auto first = ParseSegmentName(name)) {
+      segments.emplace_back(*first, name);
+    } else if (auto c = ParseCheckpointName(name)) {
+      out.checkpoints.push_back(CheckpointOnDisk{name, c->kind, c->tx, 0, 0});
+    } else if (name.size() > 4 && name.substr(name.size() - 4) == ".tmp" && options.modify) {
+      // A checkpoint whose rename never happened: never part of the state.
+      if (auto st = fs.Remove(JoinPath(dir, name)); !st.ok()) return st;
+      out.notes.push_back("removed unfinished " + name);
+      removed = true;
+    }
+  }
+  std::sort(segments.begin(), segments.end());
+  std::sort(out.checkpoints.begin(), out.checkpoints.end(),
+            [](const auto& a, const auto& b) {
+              return a.tx != b.tx ? a.tx < b.tx : a.kind < b.kind;
+            });
+
+  // ---- checkpoints: newest valid full one, then the incremental ones after it ----
+  std::map<std::uint64_t, Hash> checkpoint_hash;  // tx -> chain hash, for matching
+  auto load = [&](CheckpointOnDisk& c) -> absl::StatusOr<Checkpoint> {
+    auto bytes = fs.Read(JoinPath(dir, c.name));
+    if (!bytes.ok()) return bytes.status();
+    c.bytes = bytes->size();
+    auto decoded = DecodeCheckpoint(*bytes);
+    if (!decoded.ok()) {
+      return absl::DataLossError("checkpoint " + QuoteValue(c.name) + ": " +
+                                 std::string(decoded.status().message()));
+    }
+    if (decoded->tx != c.tx || decoded->kind != c.kind) {
+      return absl::DataLossError("checkpoint " + QuoteValue(c.name) + " holds tx_id " +
+                                 std::to_string(decoded->tx) + " of another kind or number");
+    }
+    c.base_tx = decoded->base_tx;
+    checkpoint_hash[c.tx] = decoded->chain_hash;
+    return decoded;
+  };
+  if (options.check_all_checkpoints) {
+    for (auto& c : out.checkpoints) {
+      auto d = load(c);
+      if (!d.ok()) return d.status();
+    }
+  }
+  Hash base_hash{};
+  std::optional<std::size_t> full_index;
+  for (std::size_t i = out.checkpoints.size(); i-- > 0;) {
+    CheckpointOnDisk& c = out.checkpoints[i];
+    if (c.kind != CheckpointKind::kFull) continue;
+    auto d = load(c);
+    if (!d.ok()) {
+      if (options.strict) return d.status();
+      out.notes.push_back("skipped " + std::string(d.status().message()));
+      continue;
+    }
+    if (options.build_state) {
+      for (auto& e : d->entries) out.state.insert_or_assign(std::move(e.key), std::move(e.value));
+    }
+    out.base_tx = d->tx;
+    base_hash = d->chain_hash;
+    ++out.checkpoints_loaded;
+    full_index = i;
+    break;
+  }
+  if (full_index) {
+    for (std::size_t i = *full_index + 1; i < out.checkpoints.size(); ++i) {
+      CheckpointOnDisk& c = out.checkpoints[i];
+      if (c.kind != CheckpointKind::kIncremental) continue;
+      auto d = load(c);
+      if (d.ok() && d->base_tx != out.base_tx) {
+        d = absl::DataLossError("checkpoint " + QuoteValue(c.name) + " applies on tx_id " +
+                                std::to_string(d->base_tx) + ", not on the state at tx_id " +
+                                std::to_string(out.base_tx));
+      }
+      if (!d.ok()) {
+        if (options.strict) return d.status();
+        out.notes.push_back("stopped at " + std::string(d.status().message()));
+        break;
+      }
+      if (options.build_state) {
+        for (auto& e : d->entries) {
+          if (e.tombstone) {
+            out.state.erase(e.key);
+          } else {
+            out.state.insert_or_assign(std::move(e.key), std::move(e.value));
+          }
+        }
+      }
+      out.base_tx = d->tx;
+      base_hash = d->chain_hash;
+      ++out.checkpoints_loaded;
+    }
+  }
+
+  // ---- the log ----
+  std::uint64_t seen_tx = 0;  // last record read (0: none yet)
+  Hash seen_hash{};
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const auto& [name_tx, name] = segments[i];
+    const bool last = i + 1 == segments.size();
+    const std::string path = JoinPath(dir, name);
+    auto data = fs.Read(path);
+    if (!data.ok()) return data.status();
+    auto header = DecodeSegmentHeader(*data);
+    if (!header.ok()) {
+      // A crash between creating the last segment and syncing its header leaves it
+      // short or zero-filled: torn, not damage.
+      const bool torn = last && (data->size() < kSegmentHeaderBytes ||
+                                 AllZero(std::string_view(*data).substr(0, kSegmentHeaderBytes)));
+      if (!torn || options.strict) {
+        return absl::DataLossError(At(name, 0) + " (after tx_id " + std::to_string(seen_tx) +
+                                   "): " + std::string(header.status().message()));
+      }
+      out.torn_tail_bytes += data->size();
+      if (options.modify) {
+        if (auto st = fs.Remove(path); !st.ok()) return st;
+        out.notes.push_back("removed " + name + ", whose header was never written");
+        removed = true;
+      }
+      break;
+    }
+    if (header->first_tx != name_tx) {
+      return absl::DataLossError(At(name, 0) + ": header says first tx_id " +
+                                 std::to_string(header->first_tx) + ", the name says " +
+                                 std::to_string(name_tx));
+    }
+    SegmentFile seg{name, name_tx, header->salt, data->size()};
+    std::size_t off = kSegmentHeaderBytes;
+    const std::string_view bytes = *data;
+    while (off < bytes.size()) {
+      DecodedFrame f = DecodeFrame(bytes, off, header->salt);
+      if (f.status != FrameStatus::kOk) {
+        const auto later = FindNextFrame(bytes, off + 1, header->salt);
+        if (last && !later) {
+          if (options.strict) {
+            return absl::DataLossError("torn tail in " + At(name, off) + " after tx_id " +
+                                       std::to_string(seen_tx) + ": " + f.why +
+                                       " (strict recovery)");
+          }
+          out.torn_tail_bytes += bytes.size() - off;
+          seg.bytes = off;
+          break;
+        }
+        std::string msg = "damaged record in " + At(name, off) + " after tx_id " +
+                          std::to_string(seen_tx) + ": " + f.why;
+        if (later) msg += "; valid records follow at offset " + std::to_string(*later);
+        return absl::DataLossError(msg);
+      }
+      const std::uint64_t tx = f.record.tx_id;
+      const Hash zero{};
+      auto broken = [&](const char* what) {
+        return absl::DataLossError(std::string(what) + " at tx_id " + std::to_string(tx) +
+                                   " in " + At(name, off));
+      };
+      if (seen_tx != 0 && tx == seen_tx + 1) {
+        if (f.record.prev_hash != seen_hash) return broken("broken hash chain");
+      } else if (tx == out.base_tx + 1 && seen_tx <= out.base_tx) {
+        // First record after the checkpoints (the log before it may be retired or
+        // may end early: with kNone a power loss can lose log the checkpoint has).
+        if (f.record.prev_hash != base_hash) return broken("hash chain does not continue the checkpoint");
+      } else if (seen_tx == 0 && tx == 1) {
+        if (f.record.prev_hash != zero) return broken("first record has a nonzero previous hash");
+      } else if (seen_tx == 0 && tx <= out.base_tx) {
+        // Starts inside what the checkpoints cover; checked against them at base_tx.
+      } else {
+        const std::uint64_t expected = seen_tx != 0 ? seen_tx + 1 : out.base_tx + 1;
+        return absl::DataLossError("tx_id gap in " + At(name, off) + ": expected tx_id " +
+                                   std::to_string(expected) + ", found " + std::to_string(tx));
+      }
+      if (auto it = checkpoint_hash.find(tx); it != checkpoint_hash.end() && it->second != f.hash) {
+        return absl::DataLossError("checkpoint at tx_id " + std::to_string(tx) +
+                                   " does not match the log's hash chain (" + At(name, off) + ")");
+      }
+      if (tx > out.base_tx) {
+        if (options.build_state) {
+          Apply(out.state, f.record);
+          for (const Op& op : f.record.ops) out.changed_since_base.insert(op.key);
+        }
+        ++out.records_replayed;
+      }
+      seen_tx = tx;
+      seen_hash = f.hash;
+      off += f.size;
+    }
+    out.segments.push_back(std::move(seg));
+  }
+  if (seen_tx > out.base_tx) {
+    out.last_tx = seen_tx;
+    out.last_hash = seen_hash;
+  } else {
+    out.last_tx = out.base_tx;
+    out.last_hash = base_hash;
+  }
+  if (removed) {
+    if (auto st = fs.SyncDir(dir); !st.ok()) return st;
+  }
+  return out;
+}
+
+}  // namespace inferq::state_internal

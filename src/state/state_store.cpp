@@ -1,0 +1,802 @@
+#include "inferq/state/state_store.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <shared_mutex>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "inferq/base/error.hpp"
+#include "log_format.hpp"
+#include "recovery.hpp"
+
+namespace inferq {
+
+using namespace state_internal;  // NOLINT: private implementation file
+
+namespace {
+
+std::uint64_t RandomSalt() {
+  static std::mutex mu;
+  static std::mt19937_64 gen{std::random_device{}() ^
+                             static_cast<std::uint64_t>(
+                                 std::chrono::steady_clock::now().time_since_epoch().count())};
+  std::lock_guard lock(mu);
+  std::uint64_t s = 0;
+  while (s == 0) s = gen();
+  return s;
+}
+
+std::string DurationText(absl::Duration d) { return absl::FormatDuration(d); }
+
+absl::Status ValidateOptions(const StateStoreOptions& o) {
+  if (o.dir.empty()) return absl::InvalidArgumentError("StateStoreOptions.dir is empty");
+  if (o.group_commit_window < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("StateStoreOptions.group_commit_window " +
+                                      DurationText(o.group_commit_window) + " is negative");
+  }
+  if (o.sync == SyncPolicy::kInterval && o.group_commit_window <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "StateStoreOptions.group_commit_window must be > 0 with SyncPolicy::kInterval (it is "
+        "the fdatasync interval), got " + DurationText(o.group_commit_window));
+  }
+  if (o.checkpoint_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("StateStoreOptions.checkpoint_interval " +
+                                      DurationText(o.checkpoint_interval) + " is negative");
+  }
+  if (o.segment_bytes < 4096) {
+    return absl::InvalidArgumentError("StateStoreOptions.segment_bytes " +
+                                      std::to_string(o.segment_bytes) + " is below 4096");
+  }
+  if (o.max_incremental_chain < 1) {
+    return absl::InvalidArgumentError("StateStoreOptions.max_incremental_chain " +
+                                      std::to_string(o.max_incremental_chain) + " is below 1");
+  }
+  return absl::OkStatus();
+}
+
+std::chrono::nanoseconds ToChrono(absl::Duration d) { return absl::ToChronoNanoseconds(d); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------
+// Locks, always taken in this order when nested:
+//   ckpt_mu_ -> mu_,  ckpt_mu_ -> state_mu_,  ckpt_mu_ -> io_mu_,  io_mu_ -> mu_.
+// The commit path takes them one at a time:
+//   mu_       encode the record, queue it, elect a leader
+//   io_mu_    the leader writes (and syncs) a batch
+//   state_mu_ the leader applies the batch to the in-memory state
+//   mu_       publish durable_tx_, wake the committers
+// ---------------------------------------------------------------------------------
+class StateStore::Impl {
+ public:
+  explicit Impl(StateStoreOptions o) : opt_(std::move(o)), fs_(opt_.file_system) {}
+
+  ~Impl() {
+    {
+      std::unique_lock lock(mu_);
+      stopping_ = true;
+      cv_.wait(lock, [&] { return !leader_active_ && !verifying_; });
+      maint_cv_.notify_all();
+    }
+    if (maintenance_.joinable()) maintenance_.join();
+    std::lock_guard io(io_mu_);
+    if (file_) {
+      if (opt_.sync == SyncPolicy::kInterval && unsynced_bytes_ > 0 && failed_.ok()) {
+        (void)file_->Sync();  // a clean close keeps the interval's promise early
+      }
+      (void)file_->Close();
+    }
+  }
+
+  absl::Status Start(Recovered r, double recovery_ms) {
+    state_ = std::move(r.state);
+    applied_tx_ = r.last_tx;
+    durable_tx_.store(r.last_tx);
+    applied_hash_ = durable_hash_ = head_hash_ = r.last_hash;
+    next_tx_ = r.last_tx + 1;
+    for (const auto& c : r.checkpoints) {
+      if (c.tx <= r.base_tx) ckpts_.push_back(c);
+    }
+    if (!ckpts_.empty()) last_ckpt_tx_ = ckpts_.back().tx;
+    for (auto it = ckpts_.rbegin(); it != ckpts_.rend(); ++it) {
+      if (it->kind == CheckpointKind::kFull) break;
+      ++incremental_chain_;
+    }
+    stats_.recovered_checkpoints = r.checkpoints_loaded;
+    stats_.recovered_log_records = r.records_replayed;
+    stats_.torn_tail_bytes = r.torn_tail_bytes;
+    stats_.recovery_ms = recovery_ms;
+    // Keys the log changed after the newest checkpoint go into the next incremental
+    // one (before the log that holds them may be retired).
+    dirty_ = std::move(r.changed_since_base);
+    segments_ = std::move(r.segments);
+    if (opt_.read_only) return absl::OkStatus();
+
+    if (!segments_.empty()) {
+      SegmentFile& tail = segments_.back();
+      // Appends go after the last valid record; a torn tail is cut off first.
+      auto f = fs_->Reopen(JoinPath(opt_.dir, tail.name), tail.bytes);
+      if (!f.ok()) return f.status();
+      file_ = std::move(*f);
+      salt_ = tail.salt;
+      segment_bytes_ = tail.bytes;
+    } else {
+      salt_ = RandomSalt();
+      if (auto st = CreateSegment(next_tx_, salt_); !st.ok()) return st;
+      segment_bytes_ = kSegmentHeaderBytes;
+    }
+    last_ckpt_time_ = std::chrono::steady_clock::now();
+    maintenance_ = std::thread([this] { MaintenanceLoop(); });
+    return absl::OkStatus();
+  }
+
+  // ---- commit ----
+
+  absl::StatusOr<std::uint64_t> Commit(std::vector<Transaction::Change>& changes) {
+    if (changes.empty()) {
+      return absl::InvalidArgumentError("transaction has no changes to commit");
+    }
+    for (const auto& c : changes) {
+      if (c.key.empty() || c.key.size() > kMaxKeyBytes) {
+        return absl::InvalidArgumentError(
+            "key " + QuoteValue(c.key.substr(0, 80)) + " has " + std::to_string(c.key.size()) +
+            " bytes; keys have 1 to " + std::to_string(kMaxKeyBytes));
+      }
+      if (c.value.size() > kMaxValueBytes) {
+        return absl::InvalidArgumentError("value of key " + QuoteValue(c.key.substr(0, 80)) +
+                                          " has " + std::to_string(c.value.size()) +
+                                          " bytes, more than " + std::to_string(kMaxValueBytes));
+      }
+    }
+    std::unique_lock lock(mu_);
+    if (opt_.read_only) {
+      return absl::FailedPreconditionError("state store " + QuoteValue(opt_.dir) +
+                                           " was opened read-only");
+    }
+    if (!failed_.ok()) return FailedError();
+
+    Pending p;
+    p.tx = next_tx_;
+    Record rec;
+    rec.tx_id = p.tx;
+    rec.prev_hash = head_hash_;
+    rec.ops.reserve(changes.size());
+    absl::flat_hash_map<std::string_view, bool> in_tx;  // key -> exists after this op
+    for (auto& c : changes) {
+      bool exists;
+      if (auto it = in_tx.find(c.key); it != in_tx.end()) {
+        exists = it->second;
+      } else if (auto ov = overlay_.find(c.key); ov != overlay_.end()) {
+        exists = ov->second.first;
+      } else {
+        std::shared_lock s(state_mu_);
+        exists = state_.contains(c.key);
+      }
+      const OpCode code = c.del ? OpCode::kDelete : exists ? OpCode::kUpdate : OpCode::kCreate;
+      rec.ops.push_back(Op{code, std::move(c.key), std::move(c.value)});
+      in_tx[rec.ops.back().key] = !c.del;
+    }
+    if (segment_bytes_ >= opt_.segment_bytes) {
+      p.new_segment_salt = RandomSalt();
+      salt_ = p.new_segment_salt;
+      segment_bytes_ = kSegmentHeaderBytes;
+    }
+    head_hash_ = AppendFrame(p.bytes, salt_, rec);
+    p.hash = head_hash_;
+    segment_bytes_ += p.bytes.size();
+    ++next_tx_;
+    for (const Op& op : rec.ops) overlay_[op.key] = {op.op != OpCode::kDelete, p.tx};
+    p.ops = std::move(rec.ops);
+    const std::uint64_t my_tx = p.tx;
+    pending_.push_back(std::move(p));
+
+    while (durable_tx_.load(std::memory_order_relaxed) < my_tx) {
+      if (!failed_.ok()) {
+        if (my_tx >= failed_batch_first_ && my_tx <= failed_batch_last_) return failed_;
+        return FailedError();
+      }
+      if (!leader_active_ && !verifying_) {
+        LeadOneBatch(lock);
+      } else {
+        cv_.wait(lock);
+      }
+    }
+    ++stats_.commits;
+    return my_tx;
+  }
+
+  // ---- reads ----
+
+  std::optional<std::string> Get(std::string_view key) const {
+    std::shared_lock s(state_mu_);
+    auto it = state_.find(absl::string_view(key.data(), key.size()));
+    if (it == state_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  void Scan(std::string_view prefix,
+            absl::FunctionRef<void(std::string_view, std::string_view)> fn) const {
+    std::shared_lock s(state_mu_);
+    for (auto it = state_.lower_bound(absl::string_view(prefix.data(), prefix.size()));
+         it != state_.end(); ++it) {
+      if (std::string_view(it->first).substr(0, prefix.size()) != prefix) break;
+      fn(it->first, it->second);
+    }
+  }
+
+  std::uint64_t last_tx_id() const { return durable_tx_.load(std::memory_order_acquire); }
+
+  StateStoreStats Stats() const {
+    StateStoreStats s;
+    {
+      std::lock_guard lock(mu_);
+      s = stats_;
+      s.failed = !failed_.ok();
+    }
+    s.last_tx_id = last_tx_id();
+    {
+      std::shared_lock st(state_mu_);
+      s.keys = state_.size();
+    }
+    {
+      std::lock_guard io(io_mu_);
+      s.segments = segments_.size();
+    }
+    {
+      std::lock_guard c(ckpt_mu_);
+      s.last_checkpoint_tx = last_ckpt_tx_;
+      s.last_checkpoint_bytes = ckpts_.empty() ? 0 : ckpts_.back().bytes;
+      s.checkpoints_full = ckpt_full_written_;
+      s.checkpoints_incremental = ckpt_incr_written_;
+    }
+    return s;
+  }
+
+  // ---- checkpoints ----
+
+  absl::Status Checkpoint() {
+    std::lock_guard c(ckpt_mu_);
+    return CheckpointLocked();
+  }
+
+  // ---- verification ----
+
+  absl::Status VerifyChain() const {
+    std::lock_guard c(ckpt_mu_);  // no checkpoint retires files meanwhile
+    std::uint64_t tx;
+    Hash hash;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return !leader_active_ && !verifying_; });
+      verifying_ = true;  // no new batch is written until we are done
+      tx = durable_tx_.load();
+      hash = durable_hash_;
+    }
+    RecoverOptions ro;
+    ro.strict = true;
+    ro.build_state = false;
+    ro.check_all_checkpoints = true;
+    auto r = Recover(*fs_, opt_.dir, ro);
+    {
+      std::lock_guard lock(mu_);
+      verifying_ = false;
+    }
+    cv_.notify_all();
+    if (!r.ok()) return r.status();
+    if (r->last_tx != tx || r->last_hash != hash) {
+      return absl::DataLossError("the files of " + QuoteValue(opt_.dir) + " end at tx_id " +
+                                 std::to_string(r->last_tx) + " (hash " +
+                                 HashHex(r->last_hash).substr(0, 16) +
+                                 "...) but the store has committed up to tx_id " +
+                                 std::to_string(tx) + " (hash " + HashHex(hash).substr(0, 16) +
+                                 "...)");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Pending {
+    std::uint64_t tx = 0;
+    std::string bytes;      // the frame
+    Hash hash{};
+    std::vector<Op> ops;
+    std::uint64_t new_segment_salt = 0;  // nonzero: this record starts a new segment
+  };
+
+  absl::Status FailedError() const {
+    return absl::FailedPreconditionError("state store " + QuoteValue(opt_.dir) +
+                                         " is in the failed state after: " +
+                                         std::string(failed_.message()));
+  }
+
+  // Called with io_mu_ held (or before any other thread runs).
+  absl::Status CreateSegment(std::uint64_t first_tx, std::uint64_t salt) {
+    const std::string name = SegmentName(first_tx);
+    auto f = fs_->Create(JoinPath(opt_.dir, name));
+    if (!f.ok()) return f.status();
+    if (auto st = (*f)->Append(EncodeSegmentHeader(salt, first_tx)); !st.ok()) return st;
+    if (auto st = (*f)->Sync(); !st.ok()) return st;
+    if (auto st = fs_->SyncDir(opt_.dir); !st.ok()) return st;
+    file_ = std::move(*f);
+    segments_.push_back(SegmentFile{name, first_tx, salt, kSegmentHeaderBytes});
+    unsynced_bytes_ = 0;
+    return absl::OkStatus();
+  }
+
+  // One leader at a time writes a batch of queued records, syncs per the policy,
+  // applies them and publishes durable_tx_. Called with `lock` (mu_) held; returns
+  // with it held.
+  void LeadOneBatch(std::unique_lock<std::mutex>& lock) {
+    leader_active_ = true;
+    if (opt_.sync == SyncPolicy::kGroupCommit && opt_.group_commit_window > absl::ZeroDuration()) {
+      lock.unlock();
+      std::this_thread::sleep_for(ToChrono(opt_.group_commit_window));
+      lock.lock();
+    }
+    std::deque<Pending> batch;
+    if (opt_.sync == SyncPolicy::kEveryCommit) {
+      batch.push_back(std::move(pending_.front()));
+      pending_.pop_front();
+    } else {
+      batch.swap(pending_);
+    }
+    lock.unlock();
+
+    absl::Status st = WriteBatch(batch);
+    std::uint64_t bytes = 0;
+    for (const auto& p : batch) bytes += p.bytes.size();
+    if (st.ok()) {
+      std::unique_lock s(state_mu_);
+      for (const auto& p : batch) {
+        for (const Op& op : p.ops) {
+          if (op.op == OpCode::kDelete) {
+            state_.erase(op.key);
+          } else {
+            state_.insert_or_assign(op.key, op.value);
+          }
+          dirty_.insert(op.key);
+        }
+      }
+      applied_tx_ = batch.back().tx;
+      applied_hash_ = batch.back().hash;
+      log_bytes_since_ckpt_.fetch_add(bytes);
+    }
+
+    lock.lock();
+    leader_active_ = false;
+    if (!st.ok()) {
+      failed_ = st;
+      failed_batch_first_ = batch.front().tx;
+      failed_batch_last_ = batch.back().tx;
+    } else {
+      durable_tx_.store(batch.back().tx, std::memory_order_release);
+      durable_hash_ = batch.back().hash;
+      for (auto it = overlay_.begin(); it != overlay_.end();) {
+        if (it->second.second <= batch.back().tx) {
+          overlay_.erase(it++);
+        } else {
+          ++it;
+        }
+      }
+      stats_.log_bytes += bytes;
+      if (opt_.checkpoint_log_bytes != 0 && log_bytes_since_ckpt_ >= opt_.checkpoint_log_bytes) {
+        maint_cv_.notify_one();
+      }
+    }
+    cv_.notify_all();
+  }
+
+  absl::Status WriteBatch(const std::deque<Pending>& batch) {
+    std::lock_guard io(io_mu_);
+    std::string run;  // consecutive records of one segment, written with one call
+    auto flush = [&]() -> absl::Status {
+      if (run.empty()) return absl::OkStatus();
+      absl::Status st = file_->Append(run);
+      unsynced_bytes_ += run.size();
+      segments_.back().bytes += run.size();
+      run.clear();
+      return st;
+    };
+    for (const Pending& p : batch) {
+      if (p.new_segment_salt != 0) {
+        if (auto st = flush(); !st.ok()) return st;
+        // The old segment is complete: make it durable before starting the next.
+        if (auto st = file_->Sync(); !st.ok()) return st;
+        ++stats_log_syncs_;
+        if (auto st = file_->Close(); !st.ok()) return st;
+        if (auto st = CreateSegment(p.tx, p.new_segment_salt); !st.ok()) return st;
+      }
+      run += p.bytes;
+    }
+    if (auto st = flush(); !st.ok()) return st;
+    if (opt_.sync == SyncPolicy::kEveryCommit || opt_.sync == SyncPolicy::kGroupCommit) {
+      if (auto st = file_->Sync(); !st.ok()) return st;
+      ++stats_log_syncs_;
+      unsynced_bytes_ = 0;
+    }
+    return absl::OkStatus();
+  }
+
+  void MaintenanceLoop() {
+    using Clock = std::chrono::steady_clock;
+    auto next_sync = Clock::now() + ToChrono(opt_.group_commit_window);
+    std::unique_lock lock(mu_);
+    while (!stopping_) {
+      auto wake = Clock::time_point::max();
+      if (opt_.sync == SyncPolicy::kInterval) wake = std::min(wake, next_sync);
+      if (opt_.checkpoint_interval > absl::ZeroDuration()) {
+        wake = std::min(wake, last_ckpt_time_ + ToChrono(opt_.checkpoint_interval));
+      }
+      const bool by_size = opt_.checkpoint_log_bytes != 0 &&
+                           log_bytes_since_ckpt_ >= opt_.checkpoint_log_bytes;
+      if (!by_size) {
+        if (wake == Clock::time_point::max()) {
+          maint_cv_.wait(lock);
+        } else {
+          maint_cv_.wait_until(lock, wake);
+        }
+      }
+      if (stopping_ || !failed_.ok()) {
+        if (!failed_.ok()) maint_cv_.wait(lock, [&] { return stopping_; });
+        break;
+      }
+      const auto now = Clock::now();
+      if (opt_.sync == SyncPolicy::kInterval && now >= next_sync) {
+        next_sync = now + ToChrono(opt_.group_commit_window);
+        lock.unlock();
+        absl::Status st;
+        {
+          std::lock_guard io(io_mu_);
+          if (unsynced_bytes_ > 0) {
+            st = file_->Sync();
+            if (st.ok()) {
+              unsynced_bytes_ = 0;
+              ++stats_log_syncs_;
+            }
+          }
+        }
+        lock.lock();
+        if (!st.ok() && failed_.ok()) {
+          failed_ = st;
+          cv_.notify_all();
+        }
+      }
+      const bool due_by_time = opt_.checkpoint_interval > absl::ZeroDuration() &&
+                               now >= last_ckpt_time_ + ToChrono(opt_.checkpoint_interval);
+      const bool due_by_size = opt_.checkpoint_log_bytes != 0 &&
+                               log_bytes_since_ckpt_ >= opt_.checkpoint_log_bytes;
+      if (due_by_time || due_by_size) {
+        lock.unlock();
+        {
+          std::lock_guard c(ckpt_mu_);
+          (void)CheckpointLocked();  // a failure sets the failed state
+        }
+        lock.lock();
+      }
+    }
+  }
+
+  absl::Status CheckpointLocked() {
+    {
+      std::lock_guard lock(mu_);
+      if (opt_.read_only) {
+        return absl::FailedPreconditionError("state store " + QuoteValue(opt_.dir) +
+                                             " was opened read-only");
+      }
+      if (!failed_.ok()) return FailedError();
+      last_ckpt_time_ = std::chrono::steady_clock::now();
+    }
+    state_internal::Checkpoint c;
+    std::uint64_t log_bytes_at_snapshot;
+    {
+      std::unique_lock s(state_mu_);
+      if (applied_tx_ == last_ckpt_tx_) return absl::OkStatus();  // nothing new
+      log_bytes_at_snapshot = log_bytes_since_ckpt_.load();
+      const bool full = opt_.checkpoint_mode == CheckpointMode::kFull || ckpts_.empty() ||
+                        incremental_chain_ >= opt_.max_incremental_chain;
+      c.kind = full ? CheckpointKind::kFull : CheckpointKind::kIncremental;
+      c.tx = applied_tx_;
+      c.base_tx = full ? 0 : last_ckpt_tx_;
+      c.chain_hash = applied_hash_;
+      if (full) {
+        c.entries.reserve(state_.size());
+        for (const auto& [k, v] : state_) c.entries.push_back(CheckpointEntry{false, k, v});
+      } else {
+        std::vector<std::string> keys(dirty_.begin(), dirty_.end());
+        std::sort(keys.begin(), keys.end());
+        c.entries.reserve(keys.size());
+        for (auto& k : keys) {
+          auto it = state_.find(k);
+          if (it == state_.end()) {
+            c.entries.push_back(CheckpointEntry{true, std::move(k), {}});
+          } else {
+            c.entries.push_back(CheckpointEntry{false, std::move(k), it->second});
+          }
+        }
+      }
+      dirty_.clear();
+    }
+    absl::Status st = WriteCheckpoint(c);
+    if (!st.ok()) {
+      std::lock_guard lock(mu_);
+      if (failed_.ok()) failed_ = st;
+      cv_.notify_all();
+      return st;
+    }
+    log_bytes_since_ckpt_.fetch_sub(log_bytes_at_snapshot);
+    if (c.kind == CheckpointKind::kFull) {
+      incremental_chain_ = 0;
+      ++ckpt_full_written_;
+    } else {
+      ++incremental_chain_;
+      ++ckpt_incr_written_;
+    }
+    last_ckpt_tx_ = c.tx;
+    return Retire();
+  }
+
+  absl::Status WriteCheckpoint(const state_internal::Checkpoint& c) {
+    auto bytes = EncodeCheckpoint(c);
+    if (!bytes.ok()) return bytes.status();
+    const std::string name = CheckpointName(c.tx, c.kind);
+    const std::string tmp = JoinPath(opt_.dir, name + ".tmp");
+    // A temp file of an earlier process is removed at Open; within one process a
+    // failed checkpoint fails the store, so none is left over here.
+    auto f = fs_->Create(tmp);
+    if (!f.ok()) return f.status();
+    absl::Status st = (*f)->Append(*bytes);
+    if (st.ok()) st = (*f)->Sync();
+    if (absl::Status cl = (*f)->Close(); st.ok()) st = cl;
+    if (st.ok()) st = fs_->Rename(tmp, JoinPath(opt_.dir, name));
+    if (st.ok()) st = fs_->SyncDir(opt_.dir);
+    if (!st.ok()) {
+      (void)fs_->Remove(tmp);
+      return st;
+    }
+    ckpts_.push_back(CheckpointOnDisk{name, c.kind, c.tx, c.base_tx, bytes->size()});
+    return absl::OkStatus();
+  }
+
+  // Keeps what recovery from the newest checkpoint, or from the one before it (if
+  // the newest is found damaged), needs; removes older checkpoints and segments.
+  absl::Status Retire() {
+    if (ckpts_.size() < 2) return absl::OkStatus();
+    const CheckpointOnDisk& prev = ckpts_[ckpts_.size() - 2];
+    // The full checkpoint that `prev` builds on: everything before it can go.
+    std::size_t keep_from = ckpts_.size() - 2;
+    while (keep_from > 0 && ckpts_[keep_from].kind != CheckpointKind::kFull) --keep_from;
+    bool removed = false;
+    for (std::size_t i = 0; i < keep_from; ++i) {
+      if (auto st = fs_->Remove(JoinPath(opt_.dir, ckpts_[i].name)); !st.ok()) return Fail(st);
+      removed = true;
+    }
+    ckpts_.erase(ckpts_.begin(), ckpts_.begin() + static_cast<std::ptrdiff_t>(keep_from));
+    {
+      std::lock_guard io(io_mu_);
+      // Segment i holds [first_i, first_{i+1}); it goes once prev covers all of it.
+      std::size_t n = 0;
+      while (n + 1 < segments_.size() && segments_[n + 1].first_tx - 1 <= prev.tx) ++n;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (auto st = fs_->Remove(JoinPath(opt_.dir, segments_[i].name)); !st.ok()) {
+          return Fail(st);
+        }
+        removed = true;
+      }
+      segments_.erase(segments_.begin(), segments_.begin() + static_cast<std::ptrdiff_t>(n));
+    }
+    if (removed) {
+      if (auto st = fs_->SyncDir(opt_.dir); !st.ok()) return Fail(st);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Fail(absl::Status st) {
+    std::lock_guard lock(mu_);
+    if (failed_.ok()) failed_ = st;
+    cv_.notify_all();
+    return st;
+  }
+
+  StateStoreOptions opt_;
+  std::shared_ptr<FileSystem> fs_;
+
+  // mu_: the queue of records and the writer's view.
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;  // durable_tx_, failed_, leader_active_, verifying_
+  std::condition_variable maint_cv_;
+  std::uint64_t next_tx_ = 1;
+  Hash head_hash_{};  // hash of the newest queued record
+  std::uint64_t salt_ = 0;
+  std::uint64_t segment_bytes_ = 0;  // of the segment new records go to, queued included
+  std::deque<Pending> pending_;
+  absl::flat_hash_map<std::string, std::pair<bool, std::uint64_t>> overlay_;  // queued keys
+  bool leader_active_ = false;
+  mutable bool verifying_ = false;
+  bool stopping_ = false;
+  absl::Status failed_;
+  std::uint64_t failed_batch_first_ = 0, failed_batch_last_ = 0;
+  std::atomic<std::uint64_t> durable_tx_{0};
+  Hash durable_hash_{};
+  std::atomic<std::uint64_t> log_bytes_since_ckpt_{0};  // applied, not yet checkpointed
+  std::chrono::steady_clock::time_point last_ckpt_time_{};
+  StateStoreStats stats_;
+
+  // io_mu_: the open segment and the list of segments.
+  mutable std::mutex io_mu_;
+  std::unique_ptr<WritableFile> file_;
+  std::vector<SegmentFile> segments_;
+  std::uint64_t unsynced_bytes_ = 0;
+  std::uint64_t stats_log_syncs_ = 0;
+
+  // state_mu_: the applied state.
+  mutable std::shared_mutex state_mu_;
+  StateMap state_;
+  absl::flat_hash_set<std::string> dirty_;  // keys changed since the last checkpoint
+  std::uint64_t applied_tx_ = 0;
+  Hash applied_hash_{};
+
+  // ckpt_mu_: checkpoints on disk.
+  mutable std::mutex ckpt_mu_;
+  std::vector<CheckpointOnDisk> ckpts_;
+  std::uint64_t last_ckpt_tx_ = 0;
+  int incremental_chain_ = 0;
+  std::uint64_t ckpt_full_written_ = 0, ckpt_incr_written_ = 0;
+
+  std::thread maintenance_;
+
+ public:
+  std::uint64_t log_syncs() const {
+    std::lock_guard io(io_mu_);
+    return stats_log_syncs_;
+  }
+};
+
+// ---------------------------------------------------------------------------------
+
+Transaction& Transaction::Put(std::string_view key, std::string_view value) {
+  changes_.push_back(Change{false, std::string(key), std::string(value)});
+  return *this;
+}
+
+Transaction& Transaction::Delete(std::string_view key) {
+  changes_.push_back(Change{true, std::string(key), {}});
+  return *this;
+}
+
+absl::StatusOr<std::uint64_t> Transaction::Commit() {
+  if (committed_) return absl::FailedPreconditionError("transaction was already committed");
+  auto r = store_->CommitChanges(changes_);
+  if (r.ok()) {
+    committed_ = true;
+    changes_.clear();
+  }
+  return r;
+}
+
+StateStore::StateStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StateStore::~StateStore() = default;
+
+absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(StateStoreOptions options) {
+  if (auto st = ValidateOptions(options); !st.ok()) return st;
+  if (!options.file_system) options.file_system = PosixFileSystem();
+  FileSystem& fs = *options.file_system;
+  if (!options.read_only) {
+    if (auto st = fs.CreateDir(options.dir); !st.ok()) return st;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  RecoverOptions ro;
+  ro.strict = options.recovery == RecoveryMode::kStrict;
+  ro.modify = !options.read_only;
+  auto r = Recover(fs, options.dir, ro);
+  if (!r.ok()) return r.status();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  auto impl = std::make_unique<Impl>(std::move(options));
+  if (auto st = impl->Start(std::move(*r), ms); !st.ok()) return st;
+  return std::unique_ptr<StateStore>(new StateStore(std::move(impl)));
+}
+
+absl::StatusOr<std::uint64_t> StateStore::CommitChanges(
+    std::vector<Transaction::Change>& changes) {
+  return impl_->Commit(changes);
+}
+
+std::optional<std::string> StateStore::Get(std::string_view key) const { return impl_->Get(key); }
+
+void StateStore::ScanImpl(std::string_view prefix,
+                          absl::FunctionRef<void(std::string_view, std::string_view)> fn) const {
+  impl_->Scan(prefix, fn);
+}
+
+absl::Status StateStore::Checkpoint() { return impl_->Checkpoint(); }
+absl::Status StateStore::VerifyChain() const { return impl_->VerifyChain(); }
+std::uint64_t StateStore::last_tx_id() const { return impl_->last_tx_id(); }
+
+StateStoreStats StateStore::Stats() const {
+  StateStoreStats s = impl_->Stats();
+  s.log_syncs = impl_->log_syncs();
+  return s;
+}
+
+absl::StatusOr<StateDirReport> StateStore::Inspect(const std::string& dir,
+                                                   std::shared_ptr<FileSystem> fs_ptr) {
+  if (!fs_ptr) fs_ptr = PosixFileSystem();
+  FileSystem& fs = *fs_ptr;
+  auto names = fs.List(dir);
+  if (!names.ok()) return names.status();
+  std::sort(names->begin(), names->end());
+  StateDirReport rep;
+  for (const std::string& name : *names) {
+    if (auto c = ParseCheckpointName(name)) {
+      StateDirReport::CheckpointFile f;
+      f.name = name;
+      f.full = c->kind == CheckpointKind::kFull;
+      f.tx = c->tx;
+      auto bytes = fs.Read(JoinPath(dir, name));
+      if (!bytes.ok()) {
+        f.problem = std::string(bytes.status().message());
+      } else {
+        f.bytes = bytes->size();
+        auto d = DecodeCheckpoint(*bytes);
+        if (!d.ok()) {
+          f.problem = std::string(d.status().message());
+        } else {
+          f.base_tx = d->base_tx;
+          f.entries = d->entries.size();
+        }
+      }
+      rep.checkpoints.push_back(std::move(f));
+    } else if (ParseSegmentName(name)) {
+      StateDirReport::Segment s;
+      s.name = name;
+      auto bytes = fs.Read(JoinPath(dir, name));
+      if (!bytes.ok()) {
+        s.problem = std::string(bytes.status().message());
+        rep.segments.push_back(std::move(s));
+        continue;
+      }
+      s.bytes = bytes->size();
+      auto h = DecodeSegmentHeader(*bytes);
+      if (!h.ok()) {
+        s.problem = std::string(h.status().message());
+        rep.segments.push_back(std::move(s));
+        continue;
+      }
+      std::size_t off = kSegmentHeaderBytes;
+      while (off < bytes->size()) {
+        DecodedFrame f = DecodeFrame(*bytes, off, h->salt);
+        if (f.status != FrameStatus::kOk) {
+          s.problem = f.why + " at offset " + std::to_string(off);
+          break;
+        }
+        if (s.records == 0) s.first_tx = f.record.tx_id;
+        s.last_tx = f.record.tx_id;
+        ++s.records;
+        off += f.size;
+      }
+      rep.segments.push_back(std::move(s));
+    }
+  }
+  for (const auto& s : rep.segments) {
+    if (s.records != 0 && (rep.first_tx == 0 || s.first_tx < rep.first_tx)) rep.first_tx = s.first_tx;
+  }
+  RecoverOptions strict;
+  strict.strict = true;
+  strict.build_state = false;
+  strict.check_all_checkpoints = true;
+  auto r = Recover(fs, dir, strict);
+  rep.chain = r.status();
+  RecoverOptions pit;
+  pit.build_state = false;
+  auto p = Recover(fs, dir, pit);
+  rep.last_tx = p.ok() ? p->last_tx : (r.ok() ? r->last_tx : 0);
+  return rep;
+}
+
+}  // namespace inferq

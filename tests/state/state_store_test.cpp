@@ -1,0 +1,679 @@
+#include "inferq/state/state_store.hpp"
+
+#include <errno.h>
+
+#include <map>
+#include <set>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "state/log_format.hpp"
+#include "state_test_util.hpp"
+
+using inferq::CheckpointMode;
+using inferq::RecoveryMode;
+using inferq::StateStore;
+using inferq::StateStoreOptions;
+using inferq::SyncPolicy;
+using namespace state_test;
+namespace si = inferq::state_internal;
+
+namespace {
+
+std::unique_ptr<StateStore> OpenOk(const StateStoreOptions& o) {
+  auto s = StateStore::Open(o);
+  INFO(s.status().ToString());
+  REQUIRE(s.ok());
+  return std::move(*s);
+}
+
+std::uint64_t Put(StateStore& s, const std::string& k, const std::string& v) {
+  auto tx = s.Begin();
+  tx.Put(k, v);
+  auto id = tx.Commit();
+  INFO(id.status().ToString());
+  REQUIRE(id.ok());
+  return *id;
+}
+
+std::map<std::string, std::string> Dump(const StateStore& s, const std::string& prefix = "") {
+  std::map<std::string, std::string> out;
+  s.Scan(prefix, [&](std::string_view k, std::string_view v) { out.emplace(k, v); });
+  return out;
+}
+
+// Offsets of the frames in a segment file: [start, end) of each.
+std::vector<std::pair<std::size_t, std::size_t>> FrameOffsets(const std::string& bytes) {
+  auto h = si::DecodeSegmentHeader(bytes);
+  REQUIRE(h.ok());
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  std::size_t off = si::kSegmentHeaderBytes;
+  while (off < bytes.size()) {
+    auto f = si::DecodeFrame(bytes, off, h->salt);
+    REQUIRE(f.status == si::FrameStatus::kOk);
+    out.emplace_back(off, off + f.size);
+    off += f.size;
+  }
+  return out;
+}
+
+bool Contains(const absl::Status& st, const std::string& s) {
+  return std::string(st.message()).find(s) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("commit, get, scan and delete; tx_ids count from 1") {
+  TempDir d;
+  auto s = OpenOk(Options(d.path()));
+  CHECK(s->last_tx_id() == 0);
+  CHECK(Put(*s, "user.1.name", "ada") == 1);
+  CHECK(Put(*s, "user.1.email", "ada@example.com") == 2);
+  CHECK(Put(*s, "user.2.name", "alan") == 3);
+  CHECK(Put(*s, "userx", "not under user.") == 4);
+  auto tx = s->Begin();
+  tx.Put("user.2.name", "turing").Delete("user.1.email");
+  REQUIRE(tx.Commit().value() == 5);
+  CHECK(s->Get("user.2.name") == "turing");
+  CHECK_FALSE(s->Get("user.1.email").has_value());
+  CHECK(Dump(*s, "user.") ==
+        std::map<std::string, std::string>{{"user.1.name", "ada"}, {"user.2.name", "turing"}});
+  CHECK(Dump(*s, "user.1.").size() == 1);
+  CHECK(s->last_tx_id() == 5);
+  CHECK(s->Stats().keys == 3);
+  CHECK(s->VerifyChain().ok());
+}
+
+TEST_CASE("records carry create, update and delete as the state saw them") {
+  TempDir d;
+  {
+    auto s = OpenOk(Options(d.path()));
+    Put(*s, "a", "1");                                   // create
+    auto tx = s->Begin();
+    tx.Put("a", "2").Put("b", "x").Delete("a").Put("a", "3");  // update, create, delete, create
+    REQUIRE(tx.Commit().ok());
+  }
+  const std::string seg = ReadFile(d / si::SegmentName(1));
+  auto h = si::DecodeSegmentHeader(seg);
+  REQUIRE(h.ok());
+  auto f1 = si::DecodeFrame(seg, si::kSegmentHeaderBytes, h->salt);
+  REQUIRE(f1.status == si::FrameStatus::kOk);
+  auto f2 = si::DecodeFrame(seg, si::kSegmentHeaderBytes + f1.size, h->salt);
+  REQUIRE(f2.status == si::FrameStatus::kOk);
+  CHECK(f1.record.ops[0].op == si::OpCode::kCreate);
+  std::vector<si::OpCode> ops;
+  for (const auto& op : f2.record.ops) ops.push_back(op.op);
+  CHECK(ops == std::vector<si::OpCode>{si::OpCode::kUpdate, si::OpCode::kCreate,
+                                       si::OpCode::kDelete, si::OpCode::kCreate});
+  CHECK(f2.record.prev_hash == f1.hash);  // the chain
+  auto s = OpenOk(Options(d.path()));
+  CHECK(s->Get("a") == "3");
+  CHECK(s->Get("b") == "x");
+}
+
+TEST_CASE("reopen recovers every commit and continues the tx_ids") {
+  TempDir d;
+  for (int round = 0; round < 3; ++round) {
+    auto s = OpenOk(Options(d.path()));
+    CHECK(s->last_tx_id() == static_cast<std::uint64_t>(round * 10));
+    for (int i = 0; i < 10; ++i) Put(*s, "k." + std::to_string(i), "r" + std::to_string(round));
+    CHECK(s->VerifyChain().ok());
+  }
+  auto s = OpenOk(Options(d.path()));
+  CHECK(s->last_tx_id() == 30);
+  CHECK(s->Get("k.7") == "r2");
+  CHECK(s->Stats().recovered_log_records == 30);
+}
+
+TEST_CASE("bad input is refused with an error naming it, and changes nothing") {
+  TempDir d;
+  auto s = OpenOk(Options(d.path()));
+  Put(*s, "keep", "1");
+  SECTION("empty transaction") {
+    auto r = s->Begin().Commit();
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(r.status().message() == "transaction has no changes to commit");
+  }
+  SECTION("empty key, with good changes around it") {
+    auto tx = s->Begin();
+    tx.Put("fine", "x").Put("", "y");
+    auto r = tx.Commit();
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(r.status().message() == "key '' has 0 bytes; keys have 1 to 65536");
+    CHECK_FALSE(s->Get("fine").has_value());
+  }
+  SECTION("key too long") {
+    auto tx = s->Begin();
+    tx.Put(std::string(65537, 'k'), "x");
+    auto r = tx.Commit();
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Contains(r.status(), "has 65537 bytes"));
+  }
+  SECTION("committing twice") {
+    auto tx = s->Begin();
+    tx.Put("x", "1");
+    REQUIRE(tx.Commit().ok());
+    CHECK(tx.Commit().status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(s->last_tx_id() == 2);
+  }
+  CHECK(s->Get("keep") == "1");
+  CHECK(s->VerifyChain().ok());
+}
+
+TEST_CASE("bad options are errors naming the field") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  SECTION("no dir") {
+    o.dir = "";
+    CHECK(StateStore::Open(o).status().message() == "StateStoreOptions.dir is empty");
+  }
+  SECTION("interval sync without an interval") {
+    o.sync = SyncPolicy::kInterval;
+    auto st = StateStore::Open(o).status();
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Contains(st, "group_commit_window must be > 0 with SyncPolicy::kInterval"));
+  }
+  SECTION("negative window") {
+    o.group_commit_window = absl::Milliseconds(-1);
+    CHECK(StateStore::Open(o).status().message() ==
+          "StateStoreOptions.group_commit_window -1ms is negative");
+  }
+  SECTION("tiny segments") {
+    o.segment_bytes = 100;
+    CHECK(StateStore::Open(o).status().message() ==
+          "StateStoreOptions.segment_bytes 100 is below 4096");
+  }
+  SECTION("dir is a file") {
+    WriteFile(d.path(), "x");
+    CHECK(StateStore::Open(o).status().code() == absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+TEST_CASE("every sync policy recovers what it acknowledged after a clean close") {
+  for (SyncPolicy p : {SyncPolicy::kEveryCommit, SyncPolicy::kGroupCommit, SyncPolicy::kInterval,
+                       SyncPolicy::kNone}) {
+    TempDir d;
+    StateStoreOptions o = Options(d.path());
+    o.sync = p;
+    o.group_commit_window = absl::Milliseconds(1);
+    {
+      auto s = OpenOk(o);
+      for (int i = 0; i < 50; ++i) Put(*s, "k" + std::to_string(i % 7), std::to_string(i));
+    }
+    auto s = OpenOk(o);
+    CHECK(s->last_tx_id() == 50);
+    CHECK(s->Get("k0") == "49");
+    CHECK(s->VerifyChain().ok());
+  }
+}
+
+TEST_CASE("many threads commit at once: unique contiguous tx_ids, all recovered") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.sync = SyncPolicy::kGroupCommit;
+  constexpr int kThreads = 8, kPer = 100;
+  std::set<std::uint64_t> ids;
+  std::mutex mu;
+  std::atomic<int> errors{0};
+  {
+    auto s = OpenOk(o);
+    std::vector<std::thread> ts;
+    for (int t = 0; t < kThreads; ++t) {
+      ts.emplace_back([&, t] {
+        for (int i = 0; i < kPer; ++i) {
+          auto tx = s->Begin();
+          tx.Put("t" + std::to_string(t) + ".n", std::to_string(i))
+              .Put("t" + std::to_string(t) + ".copy", std::to_string(i));
+          auto r = tx.Commit();
+          if (!r.ok()) {
+            ++errors;
+            continue;
+          }
+          std::lock_guard lock(mu);
+          ids.insert(*r);
+        }
+      });
+    }
+    for (auto& t : ts) t.join();
+    CHECK(s->Stats().commits == kThreads * kPer);
+    CHECK(s->VerifyChain().ok());
+  }
+  CHECK(errors == 0);
+  REQUIRE(ids.size() == kThreads * kPer);
+  CHECK(*ids.begin() == 1);
+  CHECK(*ids.rbegin() == kThreads * kPer);
+  auto s = OpenOk(o);
+  for (int t = 0; t < kThreads; ++t) {
+    CHECK(s->Get("t" + std::to_string(t) + ".n") == std::to_string(kPer - 1));
+  }
+}
+
+TEST_CASE("group commit: commits that wait together share one fdatasync") {
+  TempDir d;
+  auto faulty = std::make_shared<FaultyFileSystem>();
+  StateStoreOptions o = Options(d.path());
+  o.file_system = faulty;
+  const bool group = GENERATE(true, false);
+  o.sync = group ? SyncPolicy::kGroupCommit : SyncPolicy::kEveryCommit;
+  auto s = OpenOk(o);
+  const int syncs0 = faulty->calls("sync");
+  faulty->HoldSyncs();
+  std::vector<std::thread> ts;
+  std::atomic<int> done{0};
+  ts.emplace_back([&] {
+    auto tx = s->Begin();
+    tx.Put("first", "1");
+    if (tx.Commit().ok()) ++done;
+  });
+  while (faulty->syncs_waiting() == 0) std::this_thread::yield();  // the leader is in sync
+  for (int t = 0; t < 7; ++t) {
+    ts.emplace_back([&, t] {
+      auto tx = s->Begin();
+      tx.Put("t" + std::to_string(t), "x");
+      if (tx.Commit().ok()) ++done;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the 7 queue up
+  faulty->Release();
+  for (auto& t : ts) t.join();
+  CHECK(done == 8);
+  // Group commit: the leader's sync, then one for the 7 that queued behind it.
+  // Every-commit: one each.
+  CHECK(faulty->calls("sync") - syncs0 == (group ? 2 : 8));
+  CHECK(s->last_tx_id() == 8);
+}
+
+TEST_CASE("incremental checkpoints hold only the changed keys, tombstones included") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  {
+    auto s = OpenOk(o);
+    for (int i = 0; i < 100; ++i) Put(*s, "session." + std::to_string(i), std::string(400, 'a'));
+    REQUIRE(s->Checkpoint().ok());  // the first one is full
+    CHECK(s->Stats().checkpoints_full == 1);
+    Put(*s, "session.3", std::string(400, 'b'));
+    auto tx = s->Begin();
+    tx.Delete("session.4");
+    REQUIRE(tx.Commit().ok());
+    REQUIRE(s->Checkpoint().ok());
+    auto st = s->Stats();
+    CHECK(st.checkpoints_incremental == 1);
+    CHECK(st.last_checkpoint_tx == 102);
+  }
+  auto files = Files(d.path(), "ckpt-");
+  REQUIRE(files == std::vector<std::string>{si::CheckpointName(100, si::CheckpointKind::kFull),
+                                            si::CheckpointName(102, si::CheckpointKind::kIncremental)});
+  auto incr = si::DecodeCheckpoint(ReadFile(d / files[1]));
+  REQUIRE(incr.ok());
+  CHECK(incr->base_tx == 100);
+  REQUIRE(incr->entries.size() == 2);
+  CHECK(incr->entries[0].key == "session.3");
+  CHECK(incr->entries[0].value == std::string(400, 'b'));
+  CHECK(incr->entries[1].key == "session.4");
+  CHECK(incr->entries[1].tombstone);
+  auto s = OpenOk(o);
+  CHECK(s->Stats().recovered_checkpoints == 2);
+  CHECK(s->Stats().recovered_log_records == 0);
+  CHECK(s->Get("session.3") == std::string(400, 'b'));
+  CHECK_FALSE(s->Get("session.4").has_value());
+  CHECK(s->Stats().keys == 99);
+  CHECK(s->VerifyChain().ok());
+}
+
+TEST_CASE("keys replayed from the log after a reopen reach the next incremental checkpoint") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.segment_bytes = 4096;
+  {
+    auto s = OpenOk(o);
+    Put(*s, "a", "1");
+    REQUIRE(s->Checkpoint().ok());
+    Put(*s, "b", "2");  // only in the log
+  }
+  {
+    auto s = OpenOk(o);
+    Put(*s, "c", "3");
+    REQUIRE(s->Checkpoint().ok());  // incremental: b and c
+    for (int i = 0; i < 200; ++i) Put(*s, "fill", std::string(100, 'f'));
+    REQUIRE(s->Checkpoint().ok());
+    for (int i = 0; i < 200; ++i) Put(*s, "fill", std::string(100, 'g'));
+    REQUIRE(s->Checkpoint().ok());  // retires the segments up to the one before: b's
+    REQUIRE(Files(d.path(), si::SegmentName(1)).empty());
+  }
+  auto s = OpenOk(o);
+  CHECK(s->Get("b") == "2");
+  CHECK(s->Get("c") == "3");
+  CHECK(s->VerifyChain().ok());
+}
+
+TEST_CASE("checkpoints retire old segments and checkpoints, keeping one to fall back on") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.segment_bytes = 4096;
+  o.max_incremental_chain = 2;
+  auto s = OpenOk(o);
+  for (int round = 0; round < 6; ++round) {
+    for (int i = 0; i < 100; ++i) Put(*s, "k" + std::to_string(i), std::string(50, 'a' + round));
+    REQUIRE(s->Checkpoint().ok());
+  }
+  // full(100) incr(200) incr(300) full(400) incr(500) incr(600): recovery from 600 or,
+  // if it is damaged, from 500 needs full 400 and incr 500 only.
+  CHECK(Files(d.path(), "ckpt-") ==
+        std::vector<std::string>{si::CheckpointName(400, si::CheckpointKind::kFull),
+                                 si::CheckpointName(500, si::CheckpointKind::kIncremental),
+                                 si::CheckpointName(600, si::CheckpointKind::kIncremental)});
+  auto report = StateStore::Inspect(d.path());
+  REQUIRE(report.ok());
+  CHECK(report->chain.ok());
+  CHECK(report->last_tx == 600);
+  REQUIRE_FALSE(report->segments.empty());
+  CHECK(report->first_tx <= 501);  // the log from the fallback checkpoint on
+  CHECK(report->first_tx > 300);   // older segments are gone
+  CHECK(s->VerifyChain().ok());
+}
+
+// ---- damage ----
+
+TEST_CASE("a log cut at any byte of its last three records recovers to the last whole one") {
+  TempDir base;
+  {
+    auto s = OpenOk(Options(base.path()));
+    for (int i = 1; i <= 6; ++i) Put(*s, "k" + std::to_string(i), std::string(i * 10, 'v'));
+  }
+  const std::string seg_name = si::SegmentName(1);
+  const std::string full = ReadFile(base / seg_name);
+  const auto frames = FrameOffsets(full);
+  REQUIRE(frames.size() == 6);
+  for (std::size_t cut = frames[3].first; cut < full.size(); ++cut) {
+    TempDir d;
+    std::filesystem::create_directories(d.path());
+    WriteFile(d / seg_name, full.substr(0, cut));
+    std::uint64_t whole = 0;
+    for (const auto& [a, b] : frames) whole += b <= cut ? 1 : 0;
+    const bool at_boundary = std::any_of(frames.begin(), frames.end(),
+                                         [&](const auto& f) { return f.second == cut || f.first == cut; });
+    StateStoreOptions o = Options(d.path());
+    o.recovery = RecoveryMode::kStrict;
+    auto strict = StateStore::Open(o);
+    if (at_boundary) {
+      REQUIRE(strict.ok());
+      CHECK((*strict)->last_tx_id() == whole);
+      strict->reset();
+    } else {
+      REQUIRE(strict.status().code() == absl::StatusCode::kDataLoss);
+      CHECK(Contains(strict.status(), "torn tail in log segment '" + seg_name + "' at offset " +
+                                          std::to_string(frames[whole].first)));
+    }
+    o.recovery = RecoveryMode::kPointInTime;
+    {
+      auto s = OpenOk(o);
+      REQUIRE(s->last_tx_id() == whole);
+      CHECK(s->Stats().torn_tail_bytes == cut - frames[whole - 1].second);
+      CHECK(s->Get("k" + std::to_string(whole)) == std::string(whole * 10, 'v'));
+      CHECK_FALSE(s->Get("k" + std::to_string(whole + 1)).has_value());
+      CHECK(Put(*s, "after", "cut") == whole + 1);  // appends after the cut
+    }
+    auto s = OpenOk(o);
+    CHECK(s->last_tx_id() == whole + 1);
+    CHECK(s->Get("after") == "cut");
+    CHECK(s->VerifyChain().ok());
+  }
+}
+
+TEST_CASE("a zero-filled tail is a torn tail") {
+  TempDir d;
+  {
+    auto s = OpenOk(Options(d.path()));
+    for (int i = 0; i < 5; ++i) Put(*s, "k", std::to_string(i));
+  }
+  const std::string seg = d / si::SegmentName(1);
+  WriteFile(seg, ReadFile(seg) + std::string(4096, '\0'));
+  StateStoreOptions o = Options(d.path());
+  o.recovery = RecoveryMode::kStrict;
+  CHECK(StateStore::Open(o).status().code() == absl::StatusCode::kDataLoss);
+  o.recovery = RecoveryMode::kPointInTime;
+  auto s = OpenOk(o);
+  CHECK(s->last_tx_id() == 5);
+  CHECK(s->Stats().torn_tail_bytes == 4096);
+  CHECK(s->Get("k") == "4");
+}
+
+TEST_CASE("one flipped byte in an older segment fails recovery, naming file, offset and tx_id") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.segment_bytes = 4096;
+  {
+    auto s = OpenOk(o);
+    for (int i = 0; i < 200; ++i) Put(*s, "k" + std::to_string(i), std::string(40, 'x'));
+  }
+  const auto segs = Files(d.path(), "wal-");
+  REQUIRE(segs.size() >= 3);
+  const std::string path = d / segs[0];
+  std::string bytes = ReadFile(path);
+  const auto frames = FrameOffsets(bytes);
+  const std::size_t victim = frames[frames.size() / 2].first + 40;  // inside a record
+  bytes[victim] ^= 0x01;
+  WriteFile(path, bytes);
+  const std::string expect = "damaged record in log segment '" + segs[0] + "' at offset " +
+                             std::to_string(frames[frames.size() / 2].first) + " after tx_id " +
+                             std::to_string(frames.size() / 2);
+  for (RecoveryMode m : {RecoveryMode::kStrict, RecoveryMode::kPointInTime}) {
+    o.recovery = m;
+    auto r = StateStore::Open(o);
+    REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(Contains(r.status(), expect));
+    CHECK(Contains(r.status(), "frame checksum mismatch"));
+  }
+}
+
+TEST_CASE("an edited record with a recomputed checksum breaks the hash chain") {
+  TempDir d;
+  {
+    auto s = OpenOk(Options(d.path()));
+    for (int i = 0; i < 4; ++i) Put(*s, "balance", std::to_string(100 + i));
+  }
+  const std::string path = d / si::SegmentName(1);
+  std::string bytes = ReadFile(path);
+  auto h = si::DecodeSegmentHeader(bytes);
+  const auto frames = FrameOffsets(bytes);
+  auto f = si::DecodeFrame(bytes, frames[1].first, h->salt);
+  f.record.ops[0].value = "999";  // same length: the file layout stays
+  std::string forged;
+  si::AppendFrame(forged, h->salt, f.record);
+  REQUIRE(forged.size() == frames[1].second - frames[1].first);
+  bytes.replace(frames[1].first, forged.size(), forged);
+  WriteFile(path, bytes);
+  auto r = StateStore::Open(Options(d.path()));
+  REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(r.status(), "broken hash chain at tx_id 3 in log segment '" + si::SegmentName(1) +
+                                 "' at offset " + std::to_string(frames[2].first)));
+}
+
+TEST_CASE("a deleted middle segment is a tx_id gap naming the next one") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.segment_bytes = 4096;
+  {
+    auto s = OpenOk(o);
+    for (int i = 0; i < 200; ++i) Put(*s, "k" + std::to_string(i), std::string(40, 'x'));
+  }
+  const auto segs = Files(d.path(), "wal-");
+  REQUIRE(segs.size() >= 3);
+  std::filesystem::remove(d / segs[1]);
+  const std::uint64_t first_missing = *si::ParseSegmentName(segs[1]);
+  const std::uint64_t found = *si::ParseSegmentName(segs[2]);
+  auto r = StateStore::Open(o);
+  REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(r.status().message() == "tx_id gap in log segment '" + segs[2] + "' at offset 32: expected tx_id " +
+                                    std::to_string(first_missing) + ", found " + std::to_string(found));
+}
+
+TEST_CASE("a torn checkpoint falls back to the one before it") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.segment_bytes = 4096;
+  {
+    auto s = OpenOk(o);
+    for (int i = 0; i < 100; ++i) Put(*s, "k" + std::to_string(i), "old");
+    REQUIRE(s->Checkpoint().ok());
+    for (int i = 0; i < 50; ++i) Put(*s, "k" + std::to_string(i), "new");
+    REQUIRE(s->Checkpoint().ok());
+    Put(*s, "tail", "t");
+  }
+  const std::string newest = d / si::CheckpointName(150, si::CheckpointKind::kIncremental);
+  const std::string bytes = ReadFile(newest);
+  WriteFile(newest, bytes.substr(0, bytes.size() / 2));
+  o.recovery = RecoveryMode::kStrict;
+  auto strict = StateStore::Open(o);
+  REQUIRE(strict.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(strict.status(), "checkpoint '" + si::CheckpointName(150, si::CheckpointKind::kIncremental) +
+                                      "': checkpoint checksum mismatch"));
+  o.recovery = RecoveryMode::kPointInTime;
+  auto s = OpenOk(o);
+  CHECK(s->Stats().recovered_checkpoints == 1);   // the full one at 100
+  CHECK(s->Stats().recovered_log_records == 51);  // 101..151 from the log
+  CHECK(s->Get("k0") == "new");
+  CHECK(s->Get("k99") == "old");
+  CHECK(s->Get("tail") == "t");
+  CHECK(s->last_tx_id() == 151);
+}
+
+TEST_CASE("an unfinished checkpoint temp file is ignored and removed") {
+  TempDir d;
+  {
+    auto s = OpenOk(Options(d.path()));
+    Put(*s, "a", "1");
+  }
+  WriteFile(d / (si::CheckpointName(1, si::CheckpointKind::kFull) + ".tmp"), "garbage");
+  auto s = OpenOk(Options(d.path()));
+  CHECK(s->Get("a") == "1");
+  CHECK(Files(d.path(), "ckpt-").empty());
+}
+
+TEST_CASE("read-only open changes no file, even with a torn tail") {
+  TempDir d;
+  {
+    auto s = OpenOk(Options(d.path()));
+    for (int i = 0; i < 3; ++i) Put(*s, "k", std::to_string(i));
+  }
+  const std::string seg = d / si::SegmentName(1);
+  const std::string torn = ReadFile(seg) + "partial";
+  WriteFile(seg, torn);
+  StateStoreOptions o = Options(d.path());
+  o.read_only = true;
+  {
+    auto s = OpenOk(o);
+    CHECK(s->Get("k") == "2");
+    auto tx = s->Begin();
+    tx.Put("x", "y");
+    CHECK(tx.Commit().status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(s->Checkpoint().code() == absl::StatusCode::kFailedPrecondition);
+  }
+  CHECK(ReadFile(seg) == torn);
+}
+
+// ---- injected I/O failures ----
+
+TEST_CASE("a failed write or fdatasync fails the store; acknowledged commits survive") {
+  const std::string kind = GENERATE(std::string("append"), std::string("sync"));
+  const int err = GENERATE(EIO, ENOSPC);
+  TempDir d;
+  auto faulty = std::make_shared<FaultyFileSystem>();
+  StateStoreOptions o = Options(d.path());
+  o.file_system = faulty;
+  {
+    auto s = OpenOk(o);
+    for (int i = 0; i < 5; ++i) Put(*s, "k" + std::to_string(i), "v");
+    faulty->FailNth(kind, 1, err);
+    auto tx = s->Begin();
+    tx.Put("doomed", "x");
+    auto r = tx.Commit();
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == (err == EIO ? absl::StatusCode::kDataLoss
+                                           : absl::StatusCode::kResourceExhausted));
+    CHECK(Contains(r.status(), "injected"));
+    auto again = s->Begin();
+    again.Put("later", "x");
+    auto r2 = again.Commit();
+    CHECK(r2.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(Contains(r2.status(), "is in the failed state after: " + kind + ": injected"));
+    CHECK(s->Stats().failed);
+    CHECK(s->last_tx_id() == 5);
+    CHECK_FALSE(s->Get("doomed").has_value());
+  }
+  auto s = OpenOk(Options(d.path()));
+  for (int i = 0; i < 5; ++i) CHECK(s->Get("k" + std::to_string(i)) == "v");
+  CHECK_FALSE(s->Get("later").has_value());
+  CHECK(s->VerifyChain().ok());
+  const std::uint64_t before = s->last_tx_id();
+  CHECK(Put(*s, "next", "ok") == before + 1);
+}
+
+TEST_CASE("a failure at any step of a checkpoint swap loses nothing acknowledged") {
+  // Steps of Checkpoint(): create temp, append, sync, close, rename, sync dir, then
+  // retire: remove old files, sync dir.
+  const std::string kind = GENERATE(std::string("create"), std::string("append"),
+                                    std::string("sync"), std::string("close"),
+                                    std::string("rename"), std::string("syncdir"),
+                                    std::string("remove"));
+  const int err = GENERATE(EIO, ENOSPC);
+  TempDir d;
+  auto faulty = std::make_shared<FaultyFileSystem>();
+  StateStoreOptions o = Options(d.path());
+  o.file_system = faulty;
+  o.segment_bytes = 4096;
+  {
+    auto s = OpenOk(o);
+    for (int i = 0; i < 100; ++i) Put(*s, "k" + std::to_string(i), std::string(50, 'a'));
+    REQUIRE(s->Checkpoint().ok());
+    for (int i = 0; i < 100; ++i) Put(*s, "k" + std::to_string(i), std::string(50, 'b'));
+    REQUIRE(s->Checkpoint().ok());
+    for (int i = 0; i < 100; ++i) Put(*s, "k" + std::to_string(i), std::string(50, 'c'));
+    faulty->FailNth(kind, 1, err);
+    const absl::Status st = s->Checkpoint();  // the third: retires files of the first
+    UNSCOPED_INFO("step " << kind << " errno " << err);
+    REQUIRE_FALSE(st.ok());
+    CHECK(Contains(st, kind + ": injected"));
+    CHECK(s->Stats().failed);
+    auto tx = s->Begin();
+    tx.Put("x", "y");
+    CHECK(tx.Commit().status().code() == absl::StatusCode::kFailedPrecondition);
+  }
+  auto s = OpenOk(Options(d.path()));
+  CHECK(s->last_tx_id() == 300);
+  for (int i = 0; i < 100; i += 9) CHECK(s->Get("k" + std::to_string(i)) == std::string(50, 'c'));
+  CHECK(s->VerifyChain().ok());
+  CHECK(Files(d.path(), "ckpt-").size() >= 2);
+  for (const auto& f : Files(d.path(), "ckpt-")) CHECK(f.find(".tmp") == std::string::npos);
+}
+
+TEST_CASE("VerifyChain detects a record edited on disk under an open store") {
+  TempDir d;
+  auto s = OpenOk(Options(d.path()));
+  for (int i = 0; i < 5; ++i) Put(*s, "k", std::to_string(i));
+  REQUIRE(s->VerifyChain().ok());
+  const std::string path = d / si::SegmentName(1);
+  std::string bytes = ReadFile(path);
+  const auto frames = FrameOffsets(bytes);
+  bytes[frames[2].first + 30] ^= 0x40;
+  WriteFile(path, bytes);
+  const absl::Status st = s->VerifyChain();
+  CHECK(st.code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(st, "damaged record in log segment '" + si::SegmentName(1) + "' at offset " +
+                         std::to_string(frames[2].first) + " after tx_id 2"));
+}
+
+TEST_CASE("automatic checkpoints by log size") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.checkpoint_log_bytes = 16 * 1024;
+  auto s = OpenOk(o);
+  for (int i = 0; i < 400; ++i) Put(*s, "k" + std::to_string(i % 20), std::string(100, 'z'));
+  // 400 records of ~150 bytes = ~60 KiB: the maintenance thread checkpoints.
+  for (int i = 0; i < 500 && s->Stats().last_checkpoint_tx == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(s->Stats().last_checkpoint_tx > 0);
+  CHECK(s->VerifyChain().ok());
+}

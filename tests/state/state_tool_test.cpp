@@ -1,0 +1,91 @@
+// inferq-state on a directory made here: exact output of each command.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "inferq/state/state_store.hpp"
+#include "state/log_format.hpp"
+#include "state_test_util.hpp"
+
+namespace si = inferq::state_internal;
+
+namespace {
+
+struct Run {
+  std::string out;
+  int status = -1;
+};
+
+Run Tool(const std::string& args) {
+  Run r;
+  const std::string cmd = std::string(INFERQ_STATE_TOOL) + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("inferq-state inspect, verify and dump") {
+  state_test::TempDir d;
+  {
+    auto o = state_test::Options(d.path());
+    auto s = inferq::StateStore::Open(o);
+    REQUIRE(s.ok());
+    for (int i = 0; i < 3; ++i) {
+      auto tx = (*s)->Begin();
+      tx.Put("user." + std::to_string(i), "v\t" + std::to_string(i));
+      REQUIRE(tx.Commit().ok());
+    }
+    REQUIRE((*s)->Checkpoint().ok());
+    auto tx = (*s)->Begin();
+    tx.Put("zeta", std::string("a\nb\x01\0", 5));
+    REQUIRE(tx.Commit().ok());
+  }
+  const std::string ckpt = si::CheckpointName(3, si::CheckpointKind::kFull);
+  const auto ckpt_bytes = std::filesystem::file_size(d / ckpt);
+  const auto seg_bytes = std::filesystem::file_size(d / si::SegmentName(1));
+
+  Run inspect = Tool("inspect " + d.path());
+  CHECK(inspect.status == 0);
+  CHECK(inspect.out == "directory " + d.path() + "\n" +
+                           "checkpoints: 1\n"
+                           "  " + ckpt + "  full tx_id 3  3 entries  " + std::to_string(ckpt_bytes) +
+                           " bytes  ok\n"
+                           "segments: 1\n"
+                           "  " + si::SegmentName(1) + "  " + std::to_string(seg_bytes) +
+                           " bytes  4 records  tx_id 1..4  ok\n"
+                           "log tx_ids from 1\n"
+                           "last recoverable tx_id 4\n"
+                           "chain ok\n");
+
+  Run verify = Tool("verify " + d.path());
+  CHECK(verify.status == 0);
+  CHECK(verify.out == "ok: 4 keys at tx_id 4; 1 checkpoints and 1 log records verified\n");
+
+  Run dump = Tool("dump " + d.path() + " user.");
+  CHECK(dump.status == 0);
+  CHECK(dump.out == "user.0\tv\\t0\nuser.1\tv\\t1\nuser.2\tv\\t2\n");
+  CHECK(Tool("dump " + d.path() + " zeta").out == "zeta\ta\\nb\\x01\\x00\n");
+
+  // Damage: a flipped byte inside record 2.
+  const std::string path = d / si::SegmentName(1);
+  std::string bytes = state_test::ReadFile(path);
+  bytes[si::kSegmentHeaderBytes + 100] ^= 1;
+  state_test::WriteFile(path, bytes);
+  Run bad = Tool("verify " + d.path());
+  CHECK(bad.status == 1);
+  CHECK(bad.out.rfind("FAILED: DATA_LOSS: damaged record in log segment '" + si::SegmentName(1) +
+                          "' at offset ", 0) == 0);
+  CHECK(Tool("inspect " + d.path()).status == 1);
+  CHECK(Tool("frobnicate " + d.path()).status == 2);
+  CHECK(Tool("").status == 2);
+}

@@ -67,8 +67,6 @@ class Reader {
 constexpr char kSegmentMagic[8] = {'I', 'Q', 'W', 'A', 'L', 'S', 'G', '1'};
 constexpr char kCheckpointMagic[8] = {'I', 'Q', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr std::size_t kCheckpointHeaderBytes = 8 + 8 + 8 + 8 + 32 + 8 + 8;
-// A checkpoint never claims more than this many uncompressed bytes (16 GiB).
-constexpr std::uint64_t kMaxCheckpointRawBytes = std::uint64_t{16} << 30;
 
 absl::Status Bad(const std::string& what) { return absl::DataLossError(what); }
 
@@ -263,7 +261,7 @@ absl::StatusOr<std::string> EncodeCheckpoint(const Checkpoint& c, int level) {
   return out;
 }
 
-absl::StatusOr<Checkpoint> DecodeCheckpoint(std::string_view file) {
+absl::StatusOr<Checkpoint> DecodeCheckpoint(std::string_view file, std::uint64_t max_raw_bytes) {
   if (file.size() < kCheckpointHeaderBytes + 8) {
     return Bad("checkpoint is " + std::to_string(file.size()) + " bytes, shorter than its header");
   }
@@ -298,7 +296,7 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(std::string_view file) {
   const std::string_view z = body.substr(r.pos());
   const unsigned long long content = ZSTD_getFrameContentSize(z.data(), z.size());
   if (content == ZSTD_CONTENTSIZE_ERROR || content == ZSTD_CONTENTSIZE_UNKNOWN ||
-      content != raw_bytes || raw_bytes > kMaxCheckpointRawBytes || count > raw_bytes / 9 + 1) {
+      content != raw_bytes || raw_bytes > max_raw_bytes || count > raw_bytes / 9 + 1) {
     return Bad("checkpoint body sizes inconsistent (" + std::to_string(raw_bytes) + " bytes, " +
                std::to_string(count) + " entries)");
   }

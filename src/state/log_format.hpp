@@ -114,7 +114,11 @@ struct Checkpoint {
 absl::StatusOr<std::string> EncodeCheckpoint(const Checkpoint& c, int level = 3);
 // Parses and verifies a checkpoint file; kDataLoss naming what is wrong. The whole
 // input is checked (checksum first), so a torn or edited file is always rejected.
-absl::StatusOr<Checkpoint> DecodeCheckpoint(std::string_view file);
+// A checkpoint that claims more than `max_raw_bytes` of entries is refused before
+// anything is allocated for them.
+inline constexpr std::uint64_t kMaxCheckpointRawBytes = std::uint64_t{16} << 30;
+absl::StatusOr<Checkpoint> DecodeCheckpoint(std::string_view file,
+                                            std::uint64_t max_raw_bytes = kMaxCheckpointRawBytes);
 
 // File names.
 std::string SegmentName(std::uint64_t first_tx);

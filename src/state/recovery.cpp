@@ -65,7 +65,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     auto bytes = fs.Read(JoinPath(dir, c.name));
     if (!bytes.ok()) return bytes.status();
     c.bytes = bytes->size();
-    auto decoded = DecodeCheckpoint(*bytes);
+    auto decoded = DecodeCheckpoint(*bytes, options.max_checkpoint_raw_bytes);
     if (!decoded.ok()) {
       return absl::DataLossError("checkpoint " + QuoteValue(c.name) + ": " +
                                  std::string(decoded.status().message()));
@@ -138,7 +138,8 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
   std::uint64_t seen_tx = 0;  // last record read (0: none yet)
   Hash seen_hash{};
   for (std::size_t i = 0; i < segments.size(); ++i) {
-    const auto& [name_tx, name] = segments[i];
+    const std::uint64_t name_tx = segments[i].first;
+    const std::string& name = segments[i].second;
     const bool last = i + 1 == segments.size();
     const std::string path = JoinPath(dir, name);
     auto data = fs.Read(path);

@@ -39,6 +39,7 @@ struct RecoverOptions {
   bool modify = false;          // remove temp files and a torn header-less last segment
   bool build_state = true;      // replay into `state`
   bool check_all_checkpoints = false;  // decode every checkpoint and match it to the log
+  std::uint64_t max_checkpoint_raw_bytes = kMaxCheckpointRawBytes;
 };
 
 struct Recovered {

@@ -67,7 +67,7 @@ class NumaArena {
 
  private:
   NumaArena() = default;
-  int arena_id_ = 0;
+  [[maybe_unused]] int arena_id_ = 0;  // unused without mimalloc
   NumaArenaStats stats_;
 };
 

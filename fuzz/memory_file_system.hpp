@@ -16,8 +16,7 @@ class MemoryFileSystem final : public inferq::FileSystem {
   absl::StatusOr<std::unique_ptr<inferq::WritableFile>> Create(const std::string&) override {
     return absl::UnimplementedError("read-only");
   }
-  absl::StatusOr<std::unique_ptr<inferq::WritableFile>> Reopen(const std::string&,
-                                                               std::uint64_t) override {
+  absl::StatusOr<std::unique_ptr<inferq::WritableFile>> OpenForWrite(const std::string&) override {
     return absl::UnimplementedError("read-only");
   }
   absl::StatusOr<std::string> Read(const std::string& path) override {

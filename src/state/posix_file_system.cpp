@@ -36,15 +36,16 @@ class PosixWritableFile final : public WritableFile {
   ~PosixWritableFile() override {
     if (fd_ >= 0) ::close(fd_);
   }
-  absl::Status Append(std::string_view data) override {
-    if (fd_ < 0) return absl::FailedPreconditionError("append to closed file " + QuoteValue(path_));
+  absl::Status WriteAt(std::uint64_t offset, std::string_view data) override {
+    if (fd_ < 0) return absl::FailedPreconditionError("write to closed file " + QuoteValue(path_));
     while (!data.empty()) {
-      const ssize_t n = ::write(fd_, data.data(), data.size());
+      const ssize_t n = ::pwrite(fd_, data.data(), data.size(), static_cast<off_t>(offset));
       if (n < 0) {
         if (errno == EINTR) continue;
         return ErrnoStatus(errno, "write", path_);
       }
       data.remove_prefix(static_cast<std::size_t>(n));
+      offset += static_cast<std::uint64_t>(n);
     }
     return absl::OkStatus();
   }
@@ -69,27 +70,13 @@ class PosixWritableFile final : public WritableFile {
 class Posix final : public FileSystem {
  public:
   absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path) override {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) return ErrnoStatus(errno, "create", path);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(fd, path));
   }
-  absl::StatusOr<std::unique_ptr<WritableFile>> Reopen(const std::string& path,
-                                                       std::uint64_t size) override {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) return ErrnoStatus(errno, "open", path);
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus(err, "fstat", path);
-    }
-    if (static_cast<std::uint64_t>(st.st_size) != size) {
-      if (::ftruncate(fd, static_cast<off_t>(size)) != 0 || ::fdatasync(fd) != 0) {
-        const int err = errno;
-        ::close(fd);
-        return ErrnoStatus(err, "truncate", path);
-      }
-    }
     return std::unique_ptr<WritableFile>(new PosixWritableFile(fd, path));
   }
   absl::StatusOr<std::string> Read(const std::string& path) override {

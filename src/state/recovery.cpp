@@ -8,6 +8,13 @@
 namespace inferq::state_internal {
 namespace {
 
+// One past the last nonzero byte of `s` at or after `from` (`from` if none).
+std::size_t LastNonZero(std::string_view s, std::size_t from) {
+  std::size_t end = s.size();
+  while (end > from && s[end - 1] == '\0') --end;
+  return end;
+}
+
 bool AllZero(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c == '\0'; });
 }
@@ -167,12 +174,20 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
                                  std::to_string(header->first_tx) + ", the name says " +
                                  std::to_string(name_tx));
     }
-    SegmentFile seg{name, name_tx, header->salt, data->size()};
+    SegmentFile seg{name, name_tx, header->salt, kSegmentHeaderBytes, data->size(),
+                    kSegmentHeaderBytes};
     std::size_t off = kSegmentHeaderBytes;
     const std::string_view bytes = *data;
     while (off < bytes.size()) {
       DecodedFrame f = DecodeFrame(bytes, off, header->salt);
       if (f.status != FrameStatus::kOk) {
+        // Zeros from here on: space the writer zero-filled ahead and never used, so
+        // the clean end of the log (in both modes).
+        const std::size_t nonzero_end = LastNonZero(bytes, off);
+        if (nonzero_end == off) {
+          seg.bytes = seg.dirty_end = off;
+          break;
+        }
         const auto later = FindNextFrame(bytes, off + 1, header->salt);
         if (last && !later) {
           if (options.strict) {
@@ -180,8 +195,9 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
                                        std::to_string(seen_tx) + ": " + f.why +
                                        " (strict recovery)");
           }
-          out.torn_tail_bytes += bytes.size() - off;
+          out.torn_tail_bytes += nonzero_end - off;
           seg.bytes = off;
+          seg.dirty_end = nonzero_end;
           break;
         }
         std::string msg = "damaged record in " + At(name, off) + " after tx_id " +
@@ -224,6 +240,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
       seen_tx = tx;
       seen_hash = f.hash;
       off += f.size;
+      seg.bytes = seg.dirty_end = off;
     }
     out.segments.push_back(std::move(seg));
   }

@@ -23,7 +23,9 @@ struct SegmentFile {
   std::string name;
   std::uint64_t first_tx = 0;
   std::uint64_t salt = 0;
-  std::uint64_t bytes = 0;  // valid bytes (after a torn tail is cut off)
+  std::uint64_t bytes = 0;      // end of the last valid record: where appends go
+  std::uint64_t file_bytes = 0; // size of the file (zero-filled space included)
+  std::uint64_t dirty_end = 0;  // end of a torn tail's bytes (> bytes only when torn)
 };
 
 struct CheckpointOnDisk {

@@ -120,12 +120,18 @@ class StateStore::Impl {
 
     if (!segments_.empty()) {
       SegmentFile& tail = segments_.back();
-      // Appends go after the last valid record; a torn tail is cut off first.
-      auto f = fs_->Reopen(JoinPath(opt_.dir, tail.name), tail.bytes);
+      // Appends go after the last valid record; a torn tail is zeroed first, so no
+      // byte of it can be read back after the records written over it.
+      auto f = fs_->OpenForWrite(JoinPath(opt_.dir, tail.name));
       if (!f.ok()) return f.status();
       file_ = std::move(*f);
+      if (tail.dirty_end > tail.bytes) {
+        if (auto st = WriteZeros(tail.bytes, tail.dirty_end - tail.bytes); !st.ok()) return st;
+        if (auto st = file_->Sync(); !st.ok()) return st;
+      }
       salt_ = tail.salt;
       segment_bytes_ = tail.bytes;
+      allocated_ = std::max(tail.file_bytes, tail.dirty_end);
     } else {
       salt_ = RandomSalt();
       if (auto st = CreateSegment(next_tx_, salt_); !st.ok()) return st;
@@ -194,19 +200,23 @@ class StateStore::Impl {
     for (const Op& op : rec.ops) overlay_[op.key] = {op.op != OpCode::kDelete, p.tx};
     p.ops = std::move(rec.ops);
     const std::uint64_t my_tx = p.tx;
+    Waiter w;
+    p.waiter = &w;
     pending_.push_back(std::move(p));
 
-    while (durable_tx_.load(std::memory_order_relaxed) < my_tx) {
-      if (!failed_.ok()) {
-        if (my_tx >= failed_batch_first_ && my_tx <= failed_batch_last_) return failed_;
-        return FailedError();
-      }
-      if (!leader_active_ && !verifying_) {
+    // The first to queue with no leader leads; a finishing leader hands the lead to
+    // the owner of the oldest queued record. Everyone else sleeps on their own
+    // condition variable until their record's batch is done: no thundering herd.
+    if (!leader_active_ && !verifying_ && verify_requested_ == 0) w.lead = true;
+    while (!w.done) {
+      if (w.lead) {
+        w.lead = false;
         LeadOneBatch(lock);
       } else {
-        cv_.wait(lock);
+        w.cv.wait(lock);
       }
     }
+    if (!w.status.ok()) return w.status;
     ++stats_.commits;
     return my_tx;
   }
@@ -273,7 +283,9 @@ class StateStore::Impl {
     Hash hash;
     {
       std::unique_lock lock(mu_);
+      ++verify_requested_;  // a finishing leader hands nothing on
       cv_.wait(lock, [&] { return !leader_active_ && !verifying_; });
+      --verify_requested_;
       verifying_ = true;  // no new batch is written until we are done
       tx = durable_tx_.load();
       hash = durable_hash_;
@@ -286,8 +298,18 @@ class StateStore::Impl {
     {
       std::lock_guard lock(mu_);
       verifying_ = false;
+      if (verify_requested_ == 0) {
+        // Commits queued meanwhile: hand them the lead (writer bookkeeping, not
+        // visible state, hence the const_cast in this const member).
+        auto* self = const_cast<Impl*>(this);
+        if (failed_.ok()) {
+          self->HandOffLead();
+        } else {
+          self->FailPending();
+        }
+      }
+      cv_.notify_all();
     }
-    cv_.notify_all();
     if (!r.ok()) return r.status();
     if (r->last_tx != tx || r->last_hash != hash) {
       return absl::DataLossError("the files of " + QuoteValue(opt_.dir) + " end at tx_id " +
@@ -301,7 +323,21 @@ class StateStore::Impl {
   }
 
  private:
+  // A committer waiting for its record's batch (on its own stack). Fields under mu_.
+  struct Waiter {
+    std::condition_variable cv;
+    bool lead = false;  // this thread is to lead the next batch
+    bool done = false;
+    absl::Status status;
+    void Finish(absl::Status st) {
+      status = std::move(st);
+      done = true;
+      cv.notify_one();
+    }
+  };
+
   struct Pending {
+    Waiter* waiter = nullptr;
     std::uint64_t tx = 0;
     std::string bytes;      // the frame
     Hash hash{};
@@ -320,12 +356,42 @@ class StateStore::Impl {
     const std::string name = SegmentName(first_tx);
     auto f = fs_->Create(JoinPath(opt_.dir, name));
     if (!f.ok()) return f.status();
-    if (auto st = (*f)->Append(EncodeSegmentHeader(salt, first_tx)); !st.ok()) return st;
-    if (auto st = (*f)->Sync(); !st.ok()) return st;
-    if (auto st = fs_->SyncDir(opt_.dir); !st.ok()) return st;
     file_ = std::move(*f);
-    segments_.push_back(SegmentFile{name, first_tx, salt, kSegmentHeaderBytes});
+    allocated_ = kSegmentHeaderBytes;
+    if (auto st = file_->WriteAt(0, EncodeSegmentHeader(salt, first_tx)); !st.ok()) return st;
+    if (auto st = Preallocate(kSegmentHeaderBytes + 1); !st.ok()) return st;
+    if (auto st = file_->Sync(); !st.ok()) return st;
+    if (auto st = fs_->SyncDir(opt_.dir); !st.ok()) return st;
+    segments_.push_back(
+        SegmentFile{name, first_tx, salt, kSegmentHeaderBytes, allocated_, kSegmentHeaderBytes});
     unsynced_bytes_ = 0;
+    return absl::OkStatus();
+  }
+
+  // Zero-fills the segment ahead of the writes, a chunk at a time, so that a commit
+  // overwrites blocks the file already has: its fdatasync then flushes the data
+  // alone, not a new file size (the reason SQLite reuses its WAL file and RocksDB
+  // can recycle log files). Recovery reads zeros after the last record as the
+  // clean end of the log. Called with io_mu_ held.
+  absl::Status Preallocate(std::uint64_t end) {
+    if (end <= allocated_) return absl::OkStatus();
+    const std::uint64_t chunk = PreallocChunk();
+    const std::uint64_t target = (end + chunk - 1) / chunk * chunk;
+    if (auto st = WriteZeros(allocated_, target - allocated_); !st.ok()) return st;
+    allocated_ = target;
+    return absl::OkStatus();
+  }
+  std::uint64_t PreallocChunk() const {
+    return std::min<std::uint64_t>(std::uint64_t{1} << 20, opt_.segment_bytes);
+  }
+  absl::Status WriteZeros(std::uint64_t offset, std::uint64_t n) {
+    static const std::string zeros(std::size_t{1} << 20, '\0');
+    while (n > 0) {
+      const std::uint64_t k = std::min<std::uint64_t>(n, zeros.size());
+      if (auto st = file_->WriteAt(offset, std::string_view(zeros).substr(0, k)); !st.ok()) return st;
+      offset += k;
+      n -= k;
+    }
     return absl::OkStatus();
   }
 
@@ -334,6 +400,12 @@ class StateStore::Impl {
   // with it held.
   void LeadOneBatch(std::unique_lock<std::mutex>& lock) {
     leader_active_ = true;
+    if (!failed_.ok()) {
+      FailPending();
+      leader_active_ = false;
+      cv_.notify_all();
+      return;
+    }
     if (opt_.sync == SyncPolicy::kGroupCommit && opt_.group_commit_window > absl::ZeroDuration()) {
       lock.unlock();
       std::this_thread::sleep_for(ToChrono(opt_.group_commit_window));
@@ -371,10 +443,11 @@ class StateStore::Impl {
     lock.lock();
     leader_active_ = false;
     if (!st.ok()) {
-      failed_ = st;
-      failed_batch_first_ = batch.front().tx;
-      failed_batch_last_ = batch.back().tx;
+      if (failed_.ok()) failed_ = st;
+      for (auto& p : batch) p.waiter->Finish(st);  // their own write failed: the I/O error
+      FailPending();                               // the later ones: the failed state
     } else {
+      for (auto& p : batch) p.waiter->Finish(absl::OkStatus());
       durable_tx_.store(batch.back().tx, std::memory_order_release);
       durable_hash_ = batch.back().hash;
       for (auto it = overlay_.begin(); it != overlay_.end();) {
@@ -388,7 +461,33 @@ class StateStore::Impl {
       if (opt_.checkpoint_log_bytes != 0 && log_bytes_since_ckpt_ >= opt_.checkpoint_log_bytes) {
         maint_cv_.notify_one();
       }
+      HandOffLead();
     }
+    cv_.notify_all();  // VerifyChain and the destructor wait for !leader_active_
+  }
+
+  // With mu_ held: the owner of the oldest queued record leads next, unless a
+  // VerifyChain waits (it hands the lead on when done).
+  void HandOffLead() {
+    if (pending_.empty() || verify_requested_ > 0 || verifying_ || leader_active_) return;
+    leader_active_ = true;  // reserved for the thread woken here
+    Waiter* next = pending_.front().waiter;
+    next->lead = true;
+    next->cv.notify_one();
+  }
+
+  // With mu_ held, in the failed state: every queued commit fails.
+  void FailPending() {
+    const absl::Status st = FailedError();
+    for (auto& p : pending_) p.waiter->Finish(st);
+    pending_.clear();
+  }
+
+  // With mu_ held: enter the failed state (first error wins) and fail what is queued
+  // unless a leader will (it checks at its start and end).
+  void SetFailed(const absl::Status& st) {
+    if (failed_.ok()) failed_ = st;
+    if (!leader_active_) FailPending();
     cv_.notify_all();
   }
 
@@ -397,9 +496,11 @@ class StateStore::Impl {
     std::string run;  // consecutive records of one segment, written with one call
     auto flush = [&]() -> absl::Status {
       if (run.empty()) return absl::OkStatus();
-      absl::Status st = file_->Append(run);
+      SegmentFile& seg = segments_.back();
+      if (auto st = Preallocate(seg.bytes + run.size()); !st.ok()) return st;
+      absl::Status st = file_->WriteAt(seg.bytes, run);
       unsynced_bytes_ += run.size();
-      segments_.back().bytes += run.size();
+      seg.bytes += run.size();
       run.clear();
       return st;
     };
@@ -462,10 +563,7 @@ class StateStore::Impl {
           }
         }
         lock.lock();
-        if (!st.ok() && failed_.ok()) {
-          failed_ = st;
-          cv_.notify_all();
-        }
+        if (!st.ok()) SetFailed(st);
       }
       const bool due_by_time = opt_.checkpoint_interval > absl::ZeroDuration() &&
                                now >= last_ckpt_time_ + ToChrono(opt_.checkpoint_interval);
@@ -525,8 +623,7 @@ class StateStore::Impl {
     absl::Status st = WriteCheckpoint(c);
     if (!st.ok()) {
       std::lock_guard lock(mu_);
-      if (failed_.ok()) failed_ = st;
-      cv_.notify_all();
+      SetFailed(st);
       return st;
     }
     log_bytes_since_ckpt_.fetch_sub(log_bytes_at_snapshot);
@@ -550,7 +647,7 @@ class StateStore::Impl {
     // failed checkpoint fails the store, so none is left over here.
     auto f = fs_->Create(tmp);
     if (!f.ok()) return f.status();
-    absl::Status st = (*f)->Append(*bytes);
+    absl::Status st = (*f)->WriteAt(0, *bytes);
     if (st.ok()) st = (*f)->Sync();
     if (absl::Status cl = (*f)->Close(); st.ok()) st = cl;
     if (st.ok()) st = fs_->Rename(tmp, JoinPath(opt_.dir, name));
@@ -598,8 +695,7 @@ class StateStore::Impl {
 
   absl::Status Fail(absl::Status st) {
     std::lock_guard lock(mu_);
-    if (failed_.ok()) failed_ = st;
-    cv_.notify_all();
+    SetFailed(st);
     return st;
   }
 
@@ -616,11 +712,11 @@ class StateStore::Impl {
   std::uint64_t segment_bytes_ = 0;  // of the segment new records go to, queued included
   std::deque<Pending> pending_;
   absl::flat_hash_map<std::string, std::pair<bool, std::uint64_t>> overlay_;  // queued keys
-  bool leader_active_ = false;
+  bool leader_active_ = false;  // a thread leads a batch (or is woken to)
   mutable bool verifying_ = false;
+  mutable int verify_requested_ = 0;
   bool stopping_ = false;
   absl::Status failed_;
-  std::uint64_t failed_batch_first_ = 0, failed_batch_last_ = 0;
   std::atomic<std::uint64_t> durable_tx_{0};
   Hash durable_hash_{};
   std::atomic<std::uint64_t> log_bytes_since_ckpt_{0};  // applied, not yet checkpointed
@@ -632,6 +728,7 @@ class StateStore::Impl {
   std::unique_ptr<WritableFile> file_;
   std::vector<SegmentFile> segments_;
   std::uint64_t unsynced_bytes_ = 0;
+  std::uint64_t allocated_ = 0;  // bytes of the open segment file, zero-filled ahead
   std::uint64_t stats_log_syncs_ = 0;
 
   // state_mu_: the applied state.
@@ -772,7 +869,9 @@ absl::StatusOr<StateDirReport> StateStore::Inspect(const std::string& dir,
       while (off < bytes->size()) {
         DecodedFrame f = DecodeFrame(*bytes, off, h->salt);
         if (f.status != FrameStatus::kOk) {
-          s.problem = f.why + " at offset " + std::to_string(off);
+          const bool zeros = std::all_of(bytes->begin() + static_cast<std::ptrdiff_t>(off),
+                                         bytes->end(), [](char c) { return c == '\0'; });
+          if (!zeros) s.problem = f.why + " at offset " + std::to_string(off);
           break;
         }
         if (s.records == 0) s.first_tx = f.record.tx_id;
@@ -780,6 +879,7 @@ absl::StatusOr<StateDirReport> StateStore::Inspect(const std::string& dir,
         ++s.records;
         off += f.size;
       }
+      s.used_bytes = off;
       rep.segments.push_back(std::move(s));
     }
   }

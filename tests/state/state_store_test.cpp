@@ -51,6 +51,7 @@ std::vector<std::pair<std::size_t, std::size_t>> FrameOffsets(const std::string&
   std::size_t off = si::kSegmentHeaderBytes;
   while (off < bytes.size()) {
     auto f = si::DecodeFrame(bytes, off, h->salt);
+    if (bytes.find_first_not_of('\0', off) == std::string::npos) break;  // zero-filled ahead
     REQUIRE(f.status == si::FrameStatus::kOk);
     out.emplace_back(off, off + f.size);
     off += f.size;
@@ -375,7 +376,15 @@ TEST_CASE("checkpoints retire old segments and checkpoints, keeping one to fall 
 
 // ---- damage ----
 
+// One past the last nonzero byte of bytes[from, to).
+std::size_t NonZeroEnd(const std::string& bytes, std::size_t from, std::size_t to) {
+  while (to > from && bytes[to - 1] == '\0') --to;
+  return to;
+}
+
 TEST_CASE("a log cut at any byte of its last three records recovers to the last whole one") {
+  // Two shapes of a torn write: the file ends at the cut (no space written ahead),
+  // or the space after the cut is still the zeros the writer filled in ahead.
   TempDir base;
   {
     auto s = OpenOk(Options(base.path()));
@@ -385,58 +394,71 @@ TEST_CASE("a log cut at any byte of its last three records recovers to the last 
   const std::string full = ReadFile(base / seg_name);
   const auto frames = FrameOffsets(full);
   REQUIRE(frames.size() == 6);
-  for (std::size_t cut = frames[3].first; cut < full.size(); ++cut) {
-    TempDir d;
-    std::filesystem::create_directories(d.path());
-    WriteFile(d / seg_name, full.substr(0, cut));
-    std::uint64_t whole = 0;
-    for (const auto& [a, b] : frames) whole += b <= cut ? 1 : 0;
-    const bool at_boundary = std::any_of(frames.begin(), frames.end(),
-                                         [&](const auto& f) { return f.second == cut || f.first == cut; });
-    StateStoreOptions o = Options(d.path());
-    o.recovery = RecoveryMode::kStrict;
-    auto strict = StateStore::Open(o);
-    if (at_boundary) {
-      REQUIRE(strict.ok());
-      CHECK((*strict)->last_tx_id() == whole);
-      strict->reset();
-    } else {
-      REQUIRE(strict.status().code() == absl::StatusCode::kDataLoss);
-      CHECK(Contains(strict.status(), "torn tail in log segment '" + seg_name + "' at offset " +
-                                          std::to_string(frames[whole].first)));
-    }
-    o.recovery = RecoveryMode::kPointInTime;
-    {
+  const std::size_t end = frames.back().second;
+  for (const bool zero_filled : {false, true}) {
+    for (std::size_t cut = frames[3].first; cut <= end; ++cut) {
+      INFO("cut at " << cut << (zero_filled ? ", zero-filled after" : ", file ends there"));
+      TempDir d;
+      std::filesystem::create_directories(d.path());
+      std::string bytes = full.substr(0, cut);
+      if (zero_filled) bytes += std::string(full.size() - cut, '\0');
+      WriteFile(d / seg_name, bytes);
+      std::uint64_t whole = 0;
+      for (const auto& [a, b] : frames) whole += b <= cut ? 1 : 0;
+      const std::size_t good_end = frames[whole - 1].second;
+      const std::size_t torn = NonZeroEnd(bytes, good_end, bytes.size()) - good_end;
+      StateStoreOptions o = Options(d.path());
+      o.recovery = RecoveryMode::kStrict;
+      auto strict = StateStore::Open(o);
+      if (torn == 0) {
+        REQUIRE(strict.ok());
+        CHECK((*strict)->last_tx_id() == whole);
+        strict->reset();
+      } else {
+        REQUIRE(strict.status().code() == absl::StatusCode::kDataLoss);
+        CHECK(Contains(strict.status(), "torn tail in log segment '" + seg_name + "' at offset " +
+                                            std::to_string(good_end)));
+      }
+      o.recovery = RecoveryMode::kPointInTime;
+      {
+        auto s = OpenOk(o);
+        REQUIRE(s->last_tx_id() == whole);
+        CHECK(s->Stats().torn_tail_bytes == torn);
+        CHECK(s->Get("k" + std::to_string(whole)) == std::string(whole * 10, 'v'));
+        CHECK_FALSE(s->Get("k" + std::to_string(whole + 1)).has_value());
+        CHECK(Put(*s, "after", "cut") == whole + 1);  // written over the torn bytes
+      }
       auto s = OpenOk(o);
-      REQUIRE(s->last_tx_id() == whole);
-      CHECK(s->Stats().torn_tail_bytes == cut - frames[whole - 1].second);
-      CHECK(s->Get("k" + std::to_string(whole)) == std::string(whole * 10, 'v'));
-      CHECK_FALSE(s->Get("k" + std::to_string(whole + 1)).has_value());
-      CHECK(Put(*s, "after", "cut") == whole + 1);  // appends after the cut
+      CHECK(s->last_tx_id() == whole + 1);
+      CHECK(s->Get("after") == "cut");
+      CHECK(s->Stats().torn_tail_bytes == 0);  // the torn bytes were zeroed, not left
+      CHECK(s->VerifyChain().ok());
     }
-    auto s = OpenOk(o);
-    CHECK(s->last_tx_id() == whole + 1);
-    CHECK(s->Get("after") == "cut");
-    CHECK(s->VerifyChain().ok());
   }
 }
 
-TEST_CASE("a zero-filled tail is a torn tail") {
+TEST_CASE("zeros after the last record are the clean end of the log, in both modes") {
   TempDir d;
   {
     auto s = OpenOk(Options(d.path()));
     for (int i = 0; i < 5; ++i) Put(*s, "k", std::to_string(i));
   }
   const std::string seg = d / si::SegmentName(1);
-  WriteFile(seg, ReadFile(seg) + std::string(4096, '\0'));
-  StateStoreOptions o = Options(d.path());
-  o.recovery = RecoveryMode::kStrict;
-  CHECK(StateStore::Open(o).status().code() == absl::StatusCode::kDataLoss);
-  o.recovery = RecoveryMode::kPointInTime;
-  auto s = OpenOk(o);
-  CHECK(s->last_tx_id() == 5);
-  CHECK(s->Stats().torn_tail_bytes == 4096);
-  CHECK(s->Get("k") == "4");
+  std::string bytes = ReadFile(seg);
+  const auto frames = FrameOffsets(bytes);
+  REQUIRE(frames.size() == 5);
+  // Zero the last record too, as a file system that never got its blocks would.
+  bytes.replace(frames[4].first, frames[4].second - frames[4].first,
+                std::string(frames[4].second - frames[4].first, '\0'));
+  WriteFile(seg, bytes + std::string(4096, '\0'));
+  for (RecoveryMode m : {RecoveryMode::kStrict, RecoveryMode::kPointInTime}) {
+    StateStoreOptions o = Options(d.path());
+    o.recovery = m;
+    auto s = OpenOk(o);
+    CHECK(s->last_tx_id() == 4);
+    CHECK(s->Stats().torn_tail_bytes == 0);
+    CHECK(s->Get("k") == "3");
+  }
 }
 
 TEST_CASE("one flipped byte in an older segment fails recovery, naming file, offset and tx_id") {
@@ -576,7 +598,7 @@ TEST_CASE("read-only open changes no file, even with a torn tail") {
 // ---- injected I/O failures ----
 
 TEST_CASE("a failed write or fdatasync fails the store; acknowledged commits survive") {
-  const std::string kind = GENERATE(std::string("append"), std::string("sync"));
+  const std::string kind = GENERATE(std::string("write"), std::string("sync"));
   const int err = GENERATE(EIO, ENOSPC);
   TempDir d;
   auto faulty = std::make_shared<FaultyFileSystem>();
@@ -611,9 +633,9 @@ TEST_CASE("a failed write or fdatasync fails the store; acknowledged commits sur
 }
 
 TEST_CASE("a failure at any step of a checkpoint swap loses nothing acknowledged") {
-  // Steps of Checkpoint(): create temp, append, sync, close, rename, sync dir, then
+  // Steps of Checkpoint(): create temp, write, sync, close, rename, sync dir, then
   // retire: remove old files, sync dir.
-  const std::string kind = GENERATE(std::string("create"), std::string("append"),
+  const std::string kind = GENERATE(std::string("create"), std::string("write"),
                                     std::string("sync"), std::string("close"),
                                     std::string("rename"), std::string("syncdir"),
                                     std::string("remove"));
@@ -676,4 +698,67 @@ TEST_CASE("automatic checkpoints by log size") {
   }
   CHECK(s->Stats().last_checkpoint_tx > 0);
   CHECK(s->VerifyChain().ok());
+}
+
+TEST_CASE("VerifyChain and Checkpoint while many threads commit: no hang, nothing lost") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.sync = SyncPolicy::kGroupCommit;
+  o.segment_bytes = 8192;
+  auto s = OpenOk(o);
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, bad{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 8; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; !stop.load(); ++i) {
+        auto tx = s->Begin();
+        tx.Put("t" + std::to_string(t), std::to_string(i));
+        (tx.Commit().ok() ? ok : bad)++;
+      }
+    });
+  }
+  int verified = 0;
+  for (int round = 0; round < 20; ++round) {
+    verified += s->VerifyChain().ok() ? 1 : 0;
+    REQUIRE(s->Checkpoint().ok());
+  }
+  stop = true;
+  for (auto& t : ts) t.join();
+  CHECK(verified == 20);
+  CHECK(bad == 0);
+  CHECK(s->last_tx_id() == static_cast<std::uint64_t>(ok.load()));
+  CHECK(s->VerifyChain().ok());
+}
+
+TEST_CASE("an fdatasync failure fails its batch with the I/O error and queued commits with the failed state") {
+  TempDir d;
+  auto faulty = std::make_shared<FaultyFileSystem>();
+  StateStoreOptions o = Options(d.path());
+  o.file_system = faulty;
+  o.sync = SyncPolicy::kGroupCommit;
+  auto s = OpenOk(o);
+  faulty->HoldSyncs();
+  faulty->FailNth("sync", 1, EIO);
+  std::vector<absl::StatusCode> codes(8, absl::StatusCode::kOk);
+  std::vector<std::thread> ts;
+  ts.emplace_back([&] {
+    auto tx = s->Begin();
+    tx.Put("first", "1");
+    codes[0] = tx.Commit().status().code();
+  });
+  while (faulty->syncs_waiting() == 0) std::this_thread::yield();
+  for (int t = 1; t < 8; ++t) {
+    ts.emplace_back([&, t] {
+      auto tx = s->Begin();
+      tx.Put("t" + std::to_string(t), "x");
+      codes[t] = tx.Commit().status().code();
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  faulty->Release();
+  for (auto& t : ts) t.join();
+  CHECK(codes[0] == absl::StatusCode::kDataLoss);
+  for (int t = 1; t < 8; ++t) CHECK(codes[t] == absl::StatusCode::kFailedPrecondition);
+  CHECK(s->last_tx_id() == 0);
 }

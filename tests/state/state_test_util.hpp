@@ -75,10 +75,10 @@ inline inferq::StateStoreOptions Options(const std::string& dir) {
 }
 
 // Fails chosen operations, otherwise forwards to the POSIX file system.
-// Operation kinds: "create", "reopen", "append", "sync", "close", "rename",
-// "remove", "syncdir". `FailNth(kind, n, err)` makes the n-th call (1-based, counted
-// from now) of that kind fail with errno `err` (EIO or ENOSPC); a failed append
-// first writes half of its bytes, as a real short write would.
+// Operation kinds: "create", "open", "write", "sync", "close", "rename", "remove",
+// "syncdir". `FailNth(kind, n, err)` makes the n-th call (1-based, counted from now)
+// of that kind fail with errno `err` (EIO or ENOSPC); a failed write first writes
+// half of its bytes, as a real short write would.
 class FaultyFileSystem final : public inferq::FileSystem {
  public:
   FaultyFileSystem() : base_(inferq::PosixFileSystem()) {}
@@ -127,10 +127,9 @@ class FaultyFileSystem final : public inferq::FileSystem {
     if (!f.ok()) return f.status();
     return std::unique_ptr<inferq::WritableFile>(new File(this, std::move(*f)));
   }
-  absl::StatusOr<std::unique_ptr<inferq::WritableFile>> Reopen(const std::string& p,
-                                                               std::uint64_t size) override {
-    if (auto st = Check("reopen"); !st.ok()) return st;
-    auto f = base_->Reopen(p, size);
+  absl::StatusOr<std::unique_ptr<inferq::WritableFile>> OpenForWrite(const std::string& p) override {
+    if (auto st = Check("open"); !st.ok()) return st;
+    auto f = base_->OpenForWrite(p);
     if (!f.ok()) return f.status();
     return std::unique_ptr<inferq::WritableFile>(new File(this, std::move(*f)));
   }
@@ -157,12 +156,12 @@ class FaultyFileSystem final : public inferq::FileSystem {
    public:
     File(FaultyFileSystem* fs, std::unique_ptr<inferq::WritableFile> f)
         : fs_(fs), f_(std::move(f)) {}
-    absl::Status Append(std::string_view data) override {
-      if (auto st = fs_->Check("append"); !st.ok()) {
-        (void)f_->Append(data.substr(0, data.size() / 2));  // a short write
+    absl::Status WriteAt(std::uint64_t offset, std::string_view data) override {
+      if (auto st = fs_->Check("write"); !st.ok()) {
+        (void)f_->WriteAt(offset, data.substr(0, data.size() / 2));  // a short write
         return st;
       }
-      return f_->Append(data);
+      return f_->WriteAt(offset, data);
     }
     absl::Status Sync() override {
       {

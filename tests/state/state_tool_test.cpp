@@ -53,6 +53,13 @@ TEST_CASE("inferq-state inspect, verify and dump") {
   const std::string ckpt = si::CheckpointName(3, si::CheckpointKind::kFull);
   const auto ckpt_bytes = std::filesystem::file_size(d / ckpt);
   const auto seg_bytes = std::filesystem::file_size(d / si::SegmentName(1));
+  CHECK(seg_bytes == 1 << 20);  // zero-filled ahead, a MiB at a time
+  std::size_t used = si::kSegmentHeaderBytes;
+  {
+    const std::string seg = state_test::ReadFile(d / si::SegmentName(1));
+    auto h = si::DecodeSegmentHeader(seg);
+    for (int i = 0; i < 4; ++i) used += si::DecodeFrame(seg, used, h->salt).size;
+  }
 
   Run inspect = Tool("inspect " + d.path());
   CHECK(inspect.status == 0);
@@ -62,7 +69,7 @@ TEST_CASE("inferq-state inspect, verify and dump") {
                            " bytes  ok\n"
                            "segments: 1\n"
                            "  " + si::SegmentName(1) + "  " + std::to_string(seg_bytes) +
-                           " bytes  4 records  tx_id 1..4  ok\n"
+                           " bytes (" + std::to_string(used) + " used)  4 records  tx_id 1..4  ok\n"
                            "log tx_ids from 1\n"
                            "last recoverable tx_id 4\n"
                            "chain ok\n");

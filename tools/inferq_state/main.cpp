@@ -62,8 +62,9 @@ int Inspect(const std::string& dir) {
   }
   std::printf("segments: %zu\n", r->segments.size());
   for (const auto& s : r->segments) {
-    std::printf("  %s  %llu bytes  %llu records", s.name.c_str(),
-                static_cast<unsigned long long>(s.bytes), static_cast<unsigned long long>(s.records));
+    std::printf("  %s  %llu bytes (%llu used)  %llu records", s.name.c_str(),
+                static_cast<unsigned long long>(s.bytes), static_cast<unsigned long long>(s.used_bytes),
+                static_cast<unsigned long long>(s.records));
     if (s.records != 0) {
       std::printf("  tx_id %llu..%llu", static_cast<unsigned long long>(s.first_tx),
                   static_cast<unsigned long long>(s.last_tx));

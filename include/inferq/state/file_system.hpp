@@ -29,13 +29,15 @@
 
 namespace inferq {
 
-// A file open for appending.
+// A file open for writing at explicit offsets (pwrite(2)). The log writes into
+// space it zero-filled ahead of time, so that a commit's fdatasync flushes data only,
+// not a file-size change.
 class WritableFile {
  public:
   virtual ~WritableFile() = default;
-  // Appends all of `data` (bytes) at the end of the file.
-  virtual absl::Status Append(std::string_view data) = 0;
-  // Makes the data appended so far durable (fdatasync).
+  // Writes all of `data` (bytes) at byte `offset`, extending the file if needed.
+  virtual absl::Status WriteAt(std::uint64_t offset, std::string_view data) = 0;
+  // Makes the data written so far durable (fdatasync).
   virtual absl::Status Sync() = 0;
   // Closes the file; later calls are errors.
   virtual absl::Status Close() = 0;
@@ -44,12 +46,10 @@ class WritableFile {
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
-  // Creates `path` (which must not exist) for appending.
+  // Creates `path`, which must not exist.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path) = 0;
-  // Opens the existing `path` for appending after its first `size` bytes (the rest,
-  // if any, is cut off first: the torn tail of a log).
-  virtual absl::StatusOr<std::unique_ptr<WritableFile>> Reopen(const std::string& path,
-                                                               std::uint64_t size) = 0;
+  // Opens the existing `path` for writing; nothing in it changes until written.
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path) = 0;
   // The whole content of `path`.
   virtual absl::StatusOr<std::string> Read(const std::string& path) = 0;
   // Names (not paths) of the entries of directory `dir`.

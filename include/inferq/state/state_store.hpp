@@ -120,8 +120,9 @@ struct StateStoreStats {
 struct StateDirReport {
   struct Segment {
     std::string name;
-    std::uint64_t bytes = 0;
-    std::uint64_t first_tx = 0;  // 0 when it holds no valid record
+    std::uint64_t bytes = 0;       // file size (the writer zero-fills ahead)
+    std::uint64_t used_bytes = 0;  // header and valid records
+    std::uint64_t first_tx = 0;    // 0 when it holds no valid record
     std::uint64_t last_tx = 0;
     std::uint64_t records = 0;
     std::string problem;         // empty when the whole file is valid

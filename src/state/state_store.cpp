@@ -81,7 +81,7 @@ class StateStore::Impl {
     {
       std::unique_lock lock(mu_);
       stopping_ = true;
-      cv_.wait(lock, [&] { return !leader_active_ && !verifying_; });
+      cv_.wait(lock, [&] { return !leader_active_ && in_flight_ == 0 && !verifying_; });
       maint_cv_.notify_all();
     }
     if (maintenance_.joinable()) maintenance_.join();
@@ -284,7 +284,7 @@ class StateStore::Impl {
     {
       std::unique_lock lock(mu_);
       ++verify_requested_;  // a finishing leader hands nothing on
-      cv_.wait(lock, [&] { return !leader_active_ && !verifying_; });
+      cv_.wait(lock, [&] { return !leader_active_ && in_flight_ == 0 && !verifying_; });
       --verify_requested_;
       verifying_ = true;  // no new batch is written until we are done
       tx = durable_tx_.load();
@@ -418,13 +418,31 @@ class StateStore::Impl {
     } else {
       batch.swap(pending_);
     }
+    ++in_flight_;
     lock.unlock();
 
     absl::Status st = WriteBatch(batch);
     std::uint64_t bytes = 0;
     for (const auto& p : batch) bytes += p.bytes.size();
-    if (st.ok()) {
+
+    // Pipelining: once this batch is written, the next leader may write its own
+    // while this one is applied and its committers woken. Batches are applied and
+    // published in tx_id order all the same (apply_cv_).
+    lock.lock();
+    leader_active_ = false;
+    if (!st.ok()) {
+      if (failed_.ok()) failed_ = st;
+      for (auto& p : batch) p.waiter->Finish(st);  // their own write failed: the I/O error
+      FailPending();                               // the later ones: the failed state
+      --in_flight_;
+      cv_.notify_all();
+      return;
+    }
+    HandOffLead();
+    lock.unlock();
+    {
       std::unique_lock s(state_mu_);
+      apply_cv_.wait(s, [&] { return applied_tx_ + 1 == batch.front().tx; });
       for (const auto& p : batch) {
         for (const Op& op : p.ops) {
           if (op.op == OpCode::kDelete) {
@@ -439,31 +457,26 @@ class StateStore::Impl {
       applied_hash_ = batch.back().hash;
       log_bytes_since_ckpt_.fetch_add(bytes);
     }
-
+    apply_cv_.notify_all();
     lock.lock();
-    leader_active_ = false;
-    if (!st.ok()) {
-      if (failed_.ok()) failed_ = st;
-      for (auto& p : batch) p.waiter->Finish(st);  // their own write failed: the I/O error
-      FailPending();                               // the later ones: the failed state
-    } else {
-      for (auto& p : batch) p.waiter->Finish(absl::OkStatus());
+    if (batch.back().tx > durable_tx_.load(std::memory_order_relaxed)) {
       durable_tx_.store(batch.back().tx, std::memory_order_release);
       durable_hash_ = batch.back().hash;
-      for (auto it = overlay_.begin(); it != overlay_.end();) {
-        if (it->second.second <= batch.back().tx) {
-          overlay_.erase(it++);
-        } else {
-          ++it;
-        }
-      }
-      stats_.log_bytes += bytes;
-      if (opt_.checkpoint_log_bytes != 0 && log_bytes_since_ckpt_ >= opt_.checkpoint_log_bytes) {
-        maint_cv_.notify_one();
-      }
-      HandOffLead();
     }
-    cv_.notify_all();  // VerifyChain and the destructor wait for !leader_active_
+    for (auto it = overlay_.begin(); it != overlay_.end();) {
+      if (it->second.second <= batch.back().tx) {
+        overlay_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    stats_.log_bytes += bytes;
+    if (opt_.checkpoint_log_bytes != 0 && log_bytes_since_ckpt_ >= opt_.checkpoint_log_bytes) {
+      maint_cv_.notify_one();
+    }
+    for (auto& p : batch) p.waiter->Finish(absl::OkStatus());
+    --in_flight_;
+    cv_.notify_all();  // VerifyChain and the destructor wait for no batch in flight
   }
 
   // With mu_ held: the owner of the oldest queued record leads next, unless a
@@ -713,6 +726,7 @@ class StateStore::Impl {
   std::deque<Pending> pending_;
   absl::flat_hash_map<std::string, std::pair<bool, std::uint64_t>> overlay_;  // queued keys
   bool leader_active_ = false;  // a thread leads a batch (or is woken to)
+  int in_flight_ = 0;           // batches taken and not yet published
   mutable bool verifying_ = false;
   mutable int verify_requested_ = 0;
   bool stopping_ = false;
@@ -733,6 +747,7 @@ class StateStore::Impl {
 
   // state_mu_: the applied state.
   mutable std::shared_mutex state_mu_;
+  std::condition_variable_any apply_cv_;  // applied_tx_ advanced
   StateMap state_;
   absl::flat_hash_set<std::string> dirty_;  // keys changed since the last checkpoint
   std::uint64_t applied_tx_ = 0;

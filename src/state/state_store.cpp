@@ -67,11 +67,13 @@ std::chrono::nanoseconds ToChrono(absl::Duration d) { return absl::ToChronoNanos
 // ---------------------------------------------------------------------------------
 // Locks, always taken in this order when nested:
 //   ckpt_mu_ -> mu_,  ckpt_mu_ -> state_mu_,  ckpt_mu_ -> io_mu_,  io_mu_ -> mu_.
-// The commit path takes them one at a time:
-//   mu_       encode the record, queue it, elect a leader
-//   io_mu_    the leader writes (and syncs) a batch
-//   state_mu_ the leader applies the batch to the in-memory state
-//   mu_       publish durable_tx_, wake the committers
+// A commit takes mu_ only to get its tx_id and queue its changes (LevelDB's writer
+// queue). One leader at a time then, for a batch of queued commits:
+//   (no lock)  encodes the records in tx_id order (EncodeBatch; state_mu_ shared
+//              for create/update lookups)
+//   io_mu_     writes them and syncs per the policy
+//   state_mu_  applies them to the in-memory state
+//   mu_        publishes durable_tx_ and wakes each committer on its own condvar
 // ---------------------------------------------------------------------------------
 class StateStore::Impl {
  public:
@@ -167,38 +169,11 @@ class StateStore::Impl {
     }
     if (!failed_.ok()) return FailedError();
 
+    // Only the order is decided here (the tx_id); the leader encodes the records,
+    // in that order, outside this lock (LevelDB's writer queue does the same).
     Pending p;
-    p.tx = next_tx_;
-    Record rec;
-    rec.tx_id = p.tx;
-    rec.prev_hash = head_hash_;
-    rec.ops.reserve(changes.size());
-    absl::flat_hash_map<std::string_view, bool> in_tx;  // key -> exists after this op
-    for (auto& c : changes) {
-      bool exists;
-      if (auto it = in_tx.find(c.key); it != in_tx.end()) {
-        exists = it->second;
-      } else if (auto ov = overlay_.find(c.key); ov != overlay_.end()) {
-        exists = ov->second.first;
-      } else {
-        std::shared_lock s(state_mu_);
-        exists = state_.contains(c.key);
-      }
-      const OpCode code = c.del ? OpCode::kDelete : exists ? OpCode::kUpdate : OpCode::kCreate;
-      rec.ops.push_back(Op{code, std::move(c.key), std::move(c.value)});
-      in_tx[rec.ops.back().key] = !c.del;
-    }
-    if (segment_bytes_ >= opt_.segment_bytes) {
-      p.new_segment_salt = RandomSalt();
-      salt_ = p.new_segment_salt;
-      segment_bytes_ = kSegmentHeaderBytes;
-    }
-    head_hash_ = AppendFrame(p.bytes, salt_, rec);
-    p.hash = head_hash_;
-    segment_bytes_ += p.bytes.size();
-    ++next_tx_;
-    for (const Op& op : rec.ops) overlay_[op.key] = {op.op != OpCode::kDelete, p.tx};
-    p.ops = std::move(rec.ops);
+    p.tx = next_tx_++;
+    p.changes = std::move(changes);
     const std::uint64_t my_tx = p.tx;
     Waiter w;
     p.waiter = &w;
@@ -339,6 +314,7 @@ class StateStore::Impl {
   struct Pending {
     Waiter* waiter = nullptr;
     std::uint64_t tx = 0;
+    std::vector<Transaction::Change> changes;  // until encoded
     std::string bytes;      // the frame
     Hash hash{};
     std::vector<Op> ops;
@@ -395,17 +371,36 @@ class StateStore::Impl {
     return absl::OkStatus();
   }
 
-  // One leader at a time writes a batch of queued records, syncs per the policy,
-  // applies them and publishes durable_tx_. Called with `lock` (mu_) held; returns
-  // with it held.
+  // One leader at a time writes batches of queued records, syncs per the policy,
+  // applies them, publishes durable_tx_ and wakes their committers. It goes on with
+  // the next batch while records are queued, up to kMaxLeadRounds batches, and then
+  // hands the lead to the owner of the oldest queued record: a leader that is
+  // running already costs nothing to keep, while waking a sleeping one costs a
+  // scheduling delay (measured ~0.4 ms with 64 committers on 2 vCPUs, longer than
+  // the fdatasync). Called with `lock` (mu_) held; returns with it held.
+  static constexpr int kMaxLeadRounds = 8;
+
   void LeadOneBatch(std::unique_lock<std::mutex>& lock) {
     leader_active_ = true;
-    if (!failed_.ok()) {
-      FailPending();
-      leader_active_ = false;
-      cv_.notify_all();
-      return;
+    for (int round = 0; round < kMaxLeadRounds; ++round) {
+      if (!failed_.ok()) {
+        FailPending();
+        break;
+      }
+      if (pending_.empty() || (round > 0 && verify_requested_ > 0)) break;
+      if (!WriteOneBatch(lock)) break;
     }
+    leader_active_ = false;
+    if (failed_.ok()) {
+      HandOffLead();
+    } else {
+      FailPending();
+    }
+    cv_.notify_all();  // VerifyChain and the destructor wait for no batch in flight
+  }
+
+  // One batch; false when its write failed (the store is then failed).
+  bool WriteOneBatch(std::unique_lock<std::mutex>& lock) {
     if (opt_.sync == SyncPolicy::kGroupCommit && opt_.group_commit_window > absl::ZeroDuration()) {
       lock.unlock();
       std::this_thread::sleep_for(ToChrono(opt_.group_commit_window));
@@ -421,28 +416,13 @@ class StateStore::Impl {
     ++in_flight_;
     lock.unlock();
 
+    EncodeBatch(batch);
     absl::Status st = WriteBatch(batch);
     std::uint64_t bytes = 0;
     for (const auto& p : batch) bytes += p.bytes.size();
-
-    // Pipelining: once this batch is written, the next leader may write its own
-    // while this one is applied and its committers woken. Batches are applied and
-    // published in tx_id order all the same (apply_cv_).
-    lock.lock();
-    leader_active_ = false;
-    if (!st.ok()) {
-      if (failed_.ok()) failed_ = st;
-      for (auto& p : batch) p.waiter->Finish(st);  // their own write failed: the I/O error
-      FailPending();                               // the later ones: the failed state
-      --in_flight_;
-      cv_.notify_all();
-      return;
-    }
-    HandOffLead();
-    lock.unlock();
-    {
+    if (st.ok()) {
+      // Applied before the committers return: they read their own writes.
       std::unique_lock s(state_mu_);
-      apply_cv_.wait(s, [&] { return applied_tx_ + 1 == batch.front().tx; });
       for (const auto& p : batch) {
         for (const Op& op : p.ops) {
           if (op.op == OpCode::kDelete) {
@@ -457,26 +437,64 @@ class StateStore::Impl {
       applied_hash_ = batch.back().hash;
       log_bytes_since_ckpt_.fetch_add(bytes);
     }
-    apply_cv_.notify_all();
     lock.lock();
-    if (batch.back().tx > durable_tx_.load(std::memory_order_relaxed)) {
-      durable_tx_.store(batch.back().tx, std::memory_order_release);
-      durable_hash_ = batch.back().hash;
+    --in_flight_;
+    if (!st.ok()) {
+      if (failed_.ok()) failed_ = st;
+      for (auto& p : batch) p.waiter->Finish(st);  // their own write failed: the I/O error
+      FailPending();                               // the later ones: the failed state
+      return false;
     }
-    for (auto it = overlay_.begin(); it != overlay_.end();) {
-      if (it->second.second <= batch.back().tx) {
-        overlay_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
+    durable_tx_.store(batch.back().tx, std::memory_order_release);
+    durable_hash_ = batch.back().hash;
     stats_.log_bytes += bytes;
     if (opt_.checkpoint_log_bytes != 0 && log_bytes_since_ckpt_ >= opt_.checkpoint_log_bytes) {
       maint_cv_.notify_one();
     }
     for (auto& p : batch) p.waiter->Finish(absl::OkStatus());
-    --in_flight_;
-    cv_.notify_all();  // VerifyChain and the destructor wait for no batch in flight
+    return true;
+  }
+
+  // The leader's part of a commit, in tx_id order and outside mu_: op codes
+  // (create/update from the state as the earlier records leave it), the chain hash,
+  // segment rotation, the frame bytes. Only the current leader runs it; the lead
+  // passes through mu_.
+  void EncodeBatch(std::deque<Pending>& batch) {
+    std::shared_lock s(state_mu_);
+    for (auto it = writer_view_.begin(); it != writer_view_.end();) {
+      if (it->second.second <= applied_tx_) {
+        writer_view_.erase(it++);  // state_ has it now
+      } else {
+        ++it;
+      }
+    }
+    for (Pending& p : batch) {
+      Record rec;
+      rec.tx_id = p.tx;
+      rec.prev_hash = head_hash_;
+      rec.ops.reserve(p.changes.size());
+      for (auto& c : p.changes) {
+        bool exists;
+        if (auto v = writer_view_.find(c.key); v != writer_view_.end()) {
+          exists = v->second.first;
+        } else {
+          exists = state_.contains(absl::string_view(c.key.data(), c.key.size()));
+        }
+        const OpCode code = c.del ? OpCode::kDelete : exists ? OpCode::kUpdate : OpCode::kCreate;
+        writer_view_[c.key] = {!c.del, p.tx};
+        rec.ops.push_back(Op{code, std::move(c.key), std::move(c.value)});
+      }
+      p.changes.clear();
+      if (segment_bytes_ >= opt_.segment_bytes) {
+        p.new_segment_salt = RandomSalt();
+        salt_ = p.new_segment_salt;
+        segment_bytes_ = kSegmentHeaderBytes;
+      }
+      head_hash_ = AppendFrame(p.bytes, salt_, rec);
+      p.hash = head_hash_;
+      segment_bytes_ += p.bytes.size();
+      p.ops = std::move(rec.ops);
+    }
   }
 
   // With mu_ held: the owner of the oldest queued record leads next, unless a
@@ -720,11 +738,13 @@ class StateStore::Impl {
   mutable std::condition_variable cv_;  // durable_tx_, failed_, leader_active_, verifying_
   std::condition_variable maint_cv_;
   std::uint64_t next_tx_ = 1;
-  Hash head_hash_{};  // hash of the newest queued record
-  std::uint64_t salt_ = 0;
-  std::uint64_t segment_bytes_ = 0;  // of the segment new records go to, queued included
   std::deque<Pending> pending_;
-  absl::flat_hash_map<std::string, std::pair<bool, std::uint64_t>> overlay_;  // queued keys
+  // The leader's (see EncodeBatch): chain head, segment being filled, and whether a
+  // key exists after the records encoded but not yet applied (key -> exists, tx).
+  Hash head_hash_{};
+  std::uint64_t salt_ = 0;
+  std::uint64_t segment_bytes_ = 0;
+  absl::flat_hash_map<std::string, std::pair<bool, std::uint64_t>> writer_view_;
   bool leader_active_ = false;  // a thread leads a batch (or is woken to)
   int in_flight_ = 0;           // batches taken and not yet published
   mutable bool verifying_ = false;
@@ -747,7 +767,6 @@ class StateStore::Impl {
 
   // state_mu_: the applied state.
   mutable std::shared_mutex state_mu_;
-  std::condition_variable_any apply_cv_;  // applied_tx_ advanced
   StateMap state_;
   absl::flat_hash_set<std::string> dirty_;  // keys changed since the last checkpoint
   std::uint64_t applied_tx_ = 0;

@@ -15,4 +15,5 @@
 #include "inferq/memory/buffer.hpp"
 #include "inferq/ring/mpmc_ring.hpp"
 #include "inferq/routing/subject.hpp"
+#include "inferq/state/state_store.hpp"
 #include "inferq/version.hpp"

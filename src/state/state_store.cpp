@@ -304,8 +304,11 @@ class StateStore::Impl {
     bool lead = false;  // this thread is to lead the next batch
     bool done = false;
     absl::Status status;
-    void Finish(absl::Status st) {
-      status = std::move(st);
+    // Each waiter gets its own copy of an error (not a shared reference): the
+    // reference count of absl::Status lives in libabsl, which ThreadSanitizer does
+    // not see, so a Status shared across threads reads as a data race there.
+    void Finish(const absl::Status& st) {
+      status = st.ok() ? absl::OkStatus() : absl::Status(st.code(), st.message());
       done = true;
       cv.notify_one();
     }

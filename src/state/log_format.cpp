@@ -142,7 +142,8 @@ Hash AppendFrame(std::string& out, std::uint64_t salt, const Record& record) {
   return Sha256(payload);
 }
 
-DecodedFrame DecodeFrame(std::string_view data, std::size_t offset, std::uint64_t salt) {
+DecodedFrame DecodeFrame(std::string_view data, std::size_t offset, std::uint64_t salt,
+                         bool header_only) {
   DecodedFrame f;
   if (offset > data.size() || data.size() - offset < kFrameHeaderBytes) {
     f.status = FrameStatus::kTruncated;
@@ -187,6 +188,11 @@ DecodedFrame DecodeFrame(std::string_view data, std::size_t offset, std::uint64_
     return f;
   }
   std::memcpy(f.record.prev_hash.data(), prev.data(), 32);
+  if (header_only) {
+    f.status = FrameStatus::kOk;
+    f.size = kFrameHeaderBytes + len;
+    return f;
+  }
   if (n == 0 || n > len / 9) {
     f.why = "frame op count " + std::to_string(n) + " out of range";
     return f;

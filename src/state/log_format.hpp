@@ -89,8 +89,11 @@ struct DecodedFrame {
   Hash hash{};           // SHA-256 of the payload, when kOk
   std::string why;       // when not kOk
 };
-// Decodes the frame at `data[offset]`; never reads outside `data`.
-DecodedFrame DecodeFrame(std::string_view data, std::size_t offset, std::uint64_t salt);
+// Decodes the frame at `data[offset]`; never reads outside `data`. With
+// `header_only`, checks magic, length, salt and checksum and reads the tx_id, but
+// neither parses the ops nor computes the SHA-256 (records a checkpoint covers).
+DecodedFrame DecodeFrame(std::string_view data, std::size_t offset, std::uint64_t salt,
+                         bool header_only = false);
 // The offset of the first well-formed frame with `salt` at or after `from`, if any
 // (used to tell a torn tail from damage followed by good frames).
 std::optional<std::size_t> FindNextFrame(std::string_view data, std::size_t from,

@@ -149,6 +149,13 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     const std::string& name = segments[i].second;
     const bool last = i + 1 == segments.size();
     const std::string path = JoinPath(dir, name);
+    // A segment whose records the checkpoints cover entirely is not read: it adds
+    // nothing to the state, and the next checkpoint retires it. (VerifyChain and
+    // Inspect read it.)
+    if (!options.check_all_checkpoints && !last && segments[i + 1].first - 1 <= out.base_tx) {
+      out.segments.push_back(SegmentFile{name, name_tx, 0, 0, 0, 0});
+      continue;
+    }
     auto data = fs.Read(path);
     if (!data.ok()) return data.status();
     auto header = DecodeSegmentHeader(*data);
@@ -179,7 +186,22 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     std::size_t off = kSegmentHeaderBytes;
     const std::string_view bytes = *data;
     while (off < bytes.size()) {
-      DecodedFrame f = DecodeFrame(bytes, off, header->salt);
+      // Records the checkpoints cover: checksum and tx_id only.
+      DecodedFrame f = DecodeFrame(bytes, off, header->salt, /*header_only=*/true);
+      const bool covered = f.status == FrameStatus::kOk && f.record.tx_id <= out.base_tx &&
+                           !options.check_all_checkpoints;
+      if (covered) {
+        const std::uint64_t tx = f.record.tx_id;
+        if (seen_tx != 0 && tx != seen_tx + 1) {
+          return absl::DataLossError("tx_id gap in " + At(name, off) + ": expected tx_id " +
+                                     std::to_string(seen_tx + 1) + ", found " + std::to_string(tx));
+        }
+        seen_tx = tx;
+        off += f.size;
+        seg.bytes = seg.dirty_end = off;
+        continue;
+      }
+      if (f.status == FrameStatus::kOk) f = DecodeFrame(bytes, off, header->salt);
       if (f.status != FrameStatus::kOk) {
         // Zeros from here on: space the writer zero-filled ahead and never used, so
         // the clean end of the log (in both modes).
@@ -211,12 +233,13 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
         return absl::DataLossError(std::string(what) + " at tx_id " + std::to_string(tx) +
                                    " in " + At(name, off));
       };
-      if (seen_tx != 0 && tx == seen_tx + 1) {
-        if (f.record.prev_hash != seen_hash) return broken("broken hash chain");
-      } else if (tx == out.base_tx + 1 && seen_tx <= out.base_tx) {
-        // First record after the checkpoints (the log before it may be retired or
-        // may end early: with kNone a power loss can lose log the checkpoint has).
+      if (tx == out.base_tx + 1 && seen_tx <= out.base_tx) {
+        // First record after the checkpoints (the log before it may be retired,
+        // skipped, or may end early: with kNone a power loss can lose log the
+        // checkpoint has).
         if (f.record.prev_hash != base_hash) return broken("hash chain does not continue the checkpoint");
+      } else if (seen_tx != 0 && tx == seen_tx + 1) {
+        if (f.record.prev_hash != seen_hash) return broken("broken hash chain");
       } else if (seen_tx == 0 && tx == 1) {
         if (f.record.prev_hash != zero) return broken("first record has a nonzero previous hash");
       } else if (seen_tx == 0 && tx <= out.base_tx) {

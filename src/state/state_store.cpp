@@ -631,7 +631,8 @@ class StateStore::Impl {
       if (applied_tx_ == last_ckpt_tx_) return absl::OkStatus();  // nothing new
       log_bytes_at_snapshot = log_bytes_since_ckpt_.load();
       const bool full = opt_.checkpoint_mode == CheckpointMode::kFull || ckpts_.empty() ||
-                        incremental_chain_ >= opt_.max_incremental_chain;
+                        incremental_chain_ >= opt_.max_incremental_chain ||
+                        IncrementalChainOutweighsFull();
       c.kind = full ? CheckpointKind::kFull : CheckpointKind::kIncremental;
       c.tx = applied_tx_;
       c.base_tx = full ? 0 : last_ckpt_tx_;
@@ -670,6 +671,17 @@ class StateStore::Impl {
     }
     last_ckpt_tx_ = c.tx;
     return Retire();
+  }
+
+  // Recovery reads the full checkpoint and every incremental one after it: once
+  // those add up to more bytes than the full one, a new full one is cheaper to read.
+  bool IncrementalChainOutweighsFull() const {
+    std::uint64_t incremental = 0;
+    for (auto it = ckpts_.rbegin(); it != ckpts_.rend(); ++it) {
+      if (it->kind == CheckpointKind::kFull) return it->bytes != 0 && incremental >= it->bytes;
+      incremental += it->bytes;
+    }
+    return false;
   }
 
   absl::Status WriteCheckpoint(const state_internal::Checkpoint& c) {

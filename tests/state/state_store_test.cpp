@@ -354,24 +354,40 @@ TEST_CASE("checkpoints retire old segments and checkpoints, keeping one to fall 
   o.segment_bytes = 4096;
   o.max_incremental_chain = 2;
   auto s = OpenOk(o);
-  for (int round = 0; round < 6; ++round) {
-    for (int i = 0; i < 100; ++i) Put(*s, "k" + std::to_string(i), std::string(50, 'a' + round));
+  for (int i = 0; i < 100; ++i) Put(*s, "k" + std::to_string(i), std::string(50, 'a'));
+  REQUIRE(s->Checkpoint().ok());
+  for (int round = 1; round <= 5; ++round) {
+    for (int i = 0; i < 20; ++i) Put(*s, "k" + std::to_string(i), std::string(50, 'a' + round));
     REQUIRE(s->Checkpoint().ok());
   }
-  // full(100) incr(200) incr(300) full(400) incr(500) incr(600): recovery from 600 or,
-  // if it is damaged, from 500 needs full 400 and incr 500 only.
+  // full(100) incr(120) incr(140) full(160) incr(180) incr(200): recovery from 200
+  // or, if it is damaged, from 180 needs full 160 and incr 180 only.
   CHECK(Files(d.path(), "ckpt-") ==
-        std::vector<std::string>{si::CheckpointName(400, si::CheckpointKind::kFull),
-                                 si::CheckpointName(500, si::CheckpointKind::kIncremental),
-                                 si::CheckpointName(600, si::CheckpointKind::kIncremental)});
+        std::vector<std::string>{si::CheckpointName(160, si::CheckpointKind::kFull),
+                                 si::CheckpointName(180, si::CheckpointKind::kIncremental),
+                                 si::CheckpointName(200, si::CheckpointKind::kIncremental)});
   auto report = StateStore::Inspect(d.path());
   REQUIRE(report.ok());
   CHECK(report->chain.ok());
-  CHECK(report->last_tx == 600);
+  CHECK(report->last_tx == 200);
   REQUIRE_FALSE(report->segments.empty());
-  CHECK(report->first_tx <= 501);  // the log from the fallback checkpoint on
-  CHECK(report->first_tx > 300);   // older segments are gone
+  CHECK(report->first_tx <= 181);  // the log from the fallback checkpoint on
+  CHECK(report->first_tx > 120);   // older segments are gone
   CHECK(s->VerifyChain().ok());
+}
+
+TEST_CASE("incremental checkpoints that outweigh the full one are followed by a full one") {
+  TempDir d;
+  auto s = OpenOk(Options(d.path()));
+  for (int i = 0; i < 10; ++i) Put(*s, "k" + std::to_string(i), std::string(100, 'a'));
+  REQUIRE(s->Checkpoint().ok());                      // full, 10 keys
+  for (int i = 0; i < 10; ++i) Put(*s, "k" + std::to_string(i), std::string(100, 'b'));
+  REQUIRE(s->Checkpoint().ok());                      // incremental, the same 10 keys
+  Put(*s, "k0", "c");
+  REQUIRE(s->Checkpoint().ok());                      // the chain weighs as much: full
+  CHECK(s->Stats().checkpoints_full == 2);
+  CHECK(s->Stats().checkpoints_incremental == 1);
+  CHECK(Files(d.path(), "ckpt-").back() == si::CheckpointName(21, si::CheckpointKind::kFull));
 }
 
 // ---- damage ----

@@ -77,8 +77,9 @@ struct StateStoreOptions {
   // to join its fdatasync (0: none; those that arrive during a write join the next).
   // kInterval: the fdatasync interval; must be > 0.
   absl::Duration group_commit_window = absl::ZeroDuration();
-  // kIncremental writes a full checkpoint first and after every
-  // `max_incremental_chain` incremental ones; kFull always writes full ones.
+  // kIncremental writes a full checkpoint first, then incremental ones until there
+  // are `max_incremental_chain` of them or they add up to more bytes than the full
+  // one (recovery reads them all), then a full one again; kFull writes full ones.
   CheckpointMode checkpoint_mode = CheckpointMode::kIncremental;
   // Automatic checkpoints: every `checkpoint_interval` (0: never by time) and when
   // `checkpoint_log_bytes` of log were written since the last one (0: never by size).

@@ -19,6 +19,9 @@ class MemoryFileSystem final : public inferq::FileSystem {
   absl::StatusOr<std::unique_ptr<inferq::WritableFile>> OpenForWrite(const std::string&) override {
     return absl::UnimplementedError("read-only");
   }
+  absl::StatusOr<std::unique_ptr<inferq::FileLock>> Lock(const std::string&) override {
+    return std::make_unique<inferq::FileLock>();
+  }
   absl::StatusOr<std::string> Read(const std::string& path) override {
     auto it = files.find(path.substr(path.rfind('/') + 1));
     if (it == files.end()) return absl::NotFoundError(path);

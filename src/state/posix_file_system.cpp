@@ -1,6 +1,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -67,8 +68,33 @@ class PosixWritableFile final : public WritableFile {
   std::string path_;
 };
 
+class PosixFileLock final : public FileLock {
+ public:
+  explicit PosixFileLock(int fd) : fd_(fd) {}
+  ~PosixFileLock() override { ::close(fd_); }  // closing the descriptor drops the flock
+
+ private:
+  int fd_;
+};
+
 class Posix final : public FileSystem {
  public:
+  absl::StatusOr<std::unique_ptr<FileLock>> Lock(const std::string& path) override {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return ErrnoStatus(errno, "open", path);
+    // flock: held per open file description, so a second open in this process
+    // conflicts too (fcntl locks would not).
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd);
+      if (err == EWOULDBLOCK) {
+        return absl::FailedPreconditionError(QuoteValue(path) +
+                                             " is locked: another StateStore has this directory open");
+      }
+      return ErrnoStatus(err, "flock", path);
+    }
+    return std::unique_ptr<FileLock>(new PosixFileLock(fd));
+  }
   absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path) override {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) return ErrnoStatus(errno, "create", path);

@@ -797,6 +797,8 @@ class StateStore::Impl {
   std::thread maintenance_;
 
  public:
+  std::unique_ptr<FileLock> dir_lock_;  // the LOCK file; ~Impl() has closed the log before
+
   std::uint64_t log_syncs() const {
     std::lock_guard io(io_mu_);
     return stats_log_syncs_;
@@ -832,8 +834,14 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(StateStoreOptions o
   if (auto st = ValidateOptions(options); !st.ok()) return st;
   if (!options.file_system) options.file_system = PosixFileSystem();
   FileSystem& fs = *options.file_system;
+  std::unique_ptr<FileLock> lock;
   if (!options.read_only) {
     if (auto st = fs.CreateDir(options.dir); !st.ok()) return st;
+    // One writer per directory (RocksDB's LOCK file): a second store on the same
+    // files would interleave records and break the chain.
+    auto l = fs.Lock(JoinPath(options.dir, "LOCK"));
+    if (!l.ok()) return l.status();
+    lock = std::move(*l);
   }
   const auto t0 = std::chrono::steady_clock::now();
   RecoverOptions ro;
@@ -844,6 +852,7 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(StateStoreOptions o
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   auto impl = std::make_unique<Impl>(std::move(options));
+  impl->dir_lock_ = std::move(lock);
   if (auto st = impl->Start(std::move(*r), ms); !st.ok()) return st;
   return std::unique_ptr<StateStore>(new StateStore(std::move(impl)));
 }

@@ -778,3 +778,20 @@ TEST_CASE("an fdatasync failure fails its batch with the I/O error and queued co
   for (int t = 1; t < 8; ++t) CHECK(codes[t] == absl::StatusCode::kFailedPrecondition);
   CHECK(s->last_tx_id() == 0);
 }
+
+TEST_CASE("a directory is opened by one store at a time; read-only opens are not locked out") {
+  TempDir d;
+  auto first = OpenOk(Options(d.path()));
+  Put(*first, "a", "1");
+  auto second = StateStore::Open(Options(d.path()));
+  REQUIRE(second.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(second.status().message() ==
+        "'" + d.path() + "/LOCK' is locked: another StateStore has this directory open");
+  StateStoreOptions ro = Options(d.path());
+  ro.read_only = true;
+  auto reader = OpenOk(ro);
+  CHECK(reader->Get("a") == "1");
+  first.reset();
+  auto third = OpenOk(Options(d.path()));  // the lock went with the first store
+  CHECK(third->Get("a") == "1");
+}

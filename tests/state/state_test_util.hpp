@@ -133,6 +133,9 @@ class FaultyFileSystem final : public inferq::FileSystem {
     if (!f.ok()) return f.status();
     return std::unique_ptr<inferq::WritableFile>(new File(this, std::move(*f)));
   }
+  absl::StatusOr<std::unique_ptr<inferq::FileLock>> Lock(const std::string& p) override {
+    return base_->Lock(p);
+  }
   absl::StatusOr<std::string> Read(const std::string& p) override { return base_->Read(p); }
   absl::StatusOr<std::vector<std::string>> List(const std::string& d) override {
     return base_->List(d);

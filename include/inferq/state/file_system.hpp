@@ -43,9 +43,18 @@ class WritableFile {
   virtual absl::Status Close() = 0;
 };
 
+// An exclusive lock on a file, held until destroyed.
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
+};
+
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
+  // Takes an exclusive lock on `path` (created if absent) without waiting:
+  // kFailedPrecondition when another holder, in this process or another, has it.
+  virtual absl::StatusOr<std::unique_ptr<FileLock>> Lock(const std::string& path) = 0;
   // Creates `path`, which must not exist.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path) = 0;
   // Opens the existing `path` for writing; nothing in it changes until written.

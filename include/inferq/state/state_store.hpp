@@ -178,9 +178,12 @@ class Transaction {
 
 class StateStore {
  public:
-  // Opens (creating the directory if absent) and recovers. Errors: kInvalidArgument
-  // for bad options (naming the field), kDataLoss for damage recovery must not skip
-  // (naming file, offset, tx_id), the I/O error of a failed file operation.
+  // Opens (creating the directory if absent) and recovers. Unless read-only, takes
+  // an exclusive lock on `dir`/LOCK for the store's lifetime. Errors:
+  // kInvalidArgument for bad options (naming the field), kFailedPrecondition when
+  // another store (in any process) has the directory open, kDataLoss for damage
+  // recovery must not skip (naming file, offset, tx_id), the I/O error of a failed
+  // file operation.
   static absl::StatusOr<std::unique_ptr<StateStore>> Open(StateStoreOptions options);
 
   // Reads the files of `dir` without changing them (see StateDirReport).

@@ -95,4 +95,9 @@ TEST_CASE("inferq-state inspect, verify and dump") {
   CHECK(Tool("inspect " + d.path()).status == 1);
   CHECK(Tool("frobnicate " + d.path()).status == 2);
   CHECK(Tool("").status == 2);
+  Run help = Tool("--help");
+  CHECK(help.status == 0);
+  CHECK(help.out == "usage: inferq-state inspect DIR\n"
+                    "       inferq-state verify DIR\n"
+                    "       inferq-state dump DIR [PREFIX]\n");
 }

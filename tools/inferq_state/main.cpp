@@ -5,7 +5,8 @@
 //   inferq-state dump DIR [PREFIX]    key<TAB>value lines (recovered point-in-time)
 //
 // Keys and values are printed with \t, \n, \\ and bytes outside printable ASCII as
-// \xNN. Exit status: 0 fine, 1 damage or an error reading the directory, 2 usage.
+// \xNN. Exit status: 0 fine (and for --help), 1 damage or an error reading the
+// directory, 2 usage.
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -36,11 +37,13 @@ std::string Escape(std::string_view s) {
   return out;
 }
 
+constexpr char kUsage[] =
+    "usage: inferq-state inspect DIR\n"
+    "       inferq-state verify DIR\n"
+    "       inferq-state dump DIR [PREFIX]\n";
+
 int Usage() {
-  std::fprintf(stderr,
-               "usage: inferq-state inspect DIR\n"
-               "       inferq-state verify DIR\n"
-               "       inferq-state dump DIR [PREFIX]\n");
+  std::fprintf(stderr, "%s", kUsage);
   return 2;
 }
 
@@ -119,6 +122,10 @@ int Dump(const std::string& dir, const std::string& prefix) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
+    std::printf("%s", kUsage);
+    return 0;
+  }
   if (argc < 3) return Usage();
   const std::string cmd = argv[1];
   const std::string dir = argv[2];

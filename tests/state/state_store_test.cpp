@@ -795,3 +795,17 @@ TEST_CASE("a directory is opened by one store at a time; read-only opens are not
   auto third = OpenOk(Options(d.path()));  // the lock went with the first store
   CHECK(third->Get("a") == "1");
 }
+
+TEST_CASE("automatic checkpoints by interval") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.checkpoint_interval = absl::Milliseconds(20);
+  auto s = OpenOk(o);
+  Put(*s, "a", "1");
+  for (int i = 0; i < 500 && s->Stats().last_checkpoint_tx == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(s->Stats().last_checkpoint_tx == 1);
+  CHECK(Files(d.path(), "ckpt-") ==
+        std::vector<std::string>{si::CheckpointName(1, si::CheckpointKind::kFull)});
+}

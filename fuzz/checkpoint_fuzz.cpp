@@ -29,6 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (!back.ok() || back->entries.size() != c->entries.size() || back->tx != c->tx) __builtin_trap();
     inferq_fuzz::MemoryFileSystem fs;
     fs.files[si::CheckpointName(c->tx, c->kind)] = file;
+    fs.files["IDENTITY"] = si::EncodeIdentity(c->store_id == 0 ? 1 : c->store_id);
     for (bool strict : {false, true}) {
       si::RecoverOptions o;
       o.strict = strict;

@@ -31,7 +31,7 @@ std::uint32_t GetU32(const std::string& s, std::size_t at) {
 
 void FixChecksums(std::string& seg) {
   if (seg.size() < si::kSegmentHeaderBytes) return;
-  PutU64(seg, 24, si::Xxh3(std::string_view(seg).substr(0, 24)));
+  PutU64(seg, 32, si::Xxh3(std::string_view(seg).substr(0, 32)));
   std::size_t off = si::kSegmentHeaderBytes;
   while (seg.size() - off >= si::kFrameHeaderBytes) {
     const std::uint32_t len = GetU32(seg, off + 4);
@@ -40,7 +40,6 @@ void FixChecksums(std::string& seg) {
     PutU64(seg, off + 16, si::Xxh3(covered));
     off += si::kFrameHeaderBytes + len;
   }
-  (void)GetU64;
 }
 
 }  // namespace
@@ -51,6 +50,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (data[0] & 1) FixChecksums(seg);
   inferq_fuzz::MemoryFileSystem fs;
   fs.files[si::SegmentName(1)] = seg;
+  // The directory's identity: the one the segment header claims (or any).
+  const std::uint64_t id = seg.size() >= 16 ? GetU64(seg, 8) : 1;
+  fs.files["IDENTITY"] = si::EncodeIdentity(id == 0 ? 1 : id);
   for (bool strict : {false, true}) {
     si::RecoverOptions o;
     o.strict = strict;

@@ -64,9 +64,10 @@ class Reader {
   std::size_t pos_ = 0;
 };
 
-constexpr char kSegmentMagic[8] = {'I', 'Q', 'W', 'A', 'L', 'S', 'G', '1'};
-constexpr char kCheckpointMagic[8] = {'I', 'Q', 'C', 'K', 'P', 'T', '0', '1'};
-constexpr std::size_t kCheckpointHeaderBytes = 8 + 8 + 8 + 8 + 32 + 8 + 8;
+constexpr char kSegmentMagic[8] = {'I', 'Q', 'W', 'A', 'L', 'S', 'G', '2'};
+constexpr char kCheckpointMagic[8] = {'I', 'Q', 'C', 'K', 'P', 'T', '0', '2'};
+constexpr std::size_t kCheckpointHeaderBytes = 8 + 8 + 8 + 8 + 8 + 32 + 8 + 8;
+constexpr std::string_view kIdentityPrefix = "inferq-state ";
 
 absl::Status Bad(const std::string& what) { return absl::DataLossError(what); }
 
@@ -91,8 +92,31 @@ std::string HashHex(const Hash& h) {
 
 std::uint64_t Xxh3(std::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
-std::string EncodeSegmentHeader(std::uint64_t salt, std::uint64_t first_tx) {
+std::string EncodeIdentity(std::uint64_t store_id) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016" PRIx64, store_id);
+  return std::string(kIdentityPrefix) + hex + "\n";
+}
+
+absl::StatusOr<std::uint64_t> DecodeIdentity(std::string_view file) {
+  if (file.size() != kIdentityPrefix.size() + 17 || file.substr(0, kIdentityPrefix.size()) != kIdentityPrefix ||
+      file.back() != '\n') {
+    return Bad("IDENTITY file is not 'inferq-state <16 hex digits>'");
+  }
+  std::uint64_t id = 0;
+  for (char c : file.substr(kIdentityPrefix.size(), 16)) {
+    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) return Bad("IDENTITY file is not 'inferq-state <16 hex digits>'");
+    id = (id << 4) | static_cast<std::uint64_t>(d);
+  }
+  if (id == 0) return Bad("IDENTITY file holds store id 0");
+  return id;
+}
+
+std::string EncodeSegmentHeader(std::uint64_t store_id, std::uint64_t salt,
+                                std::uint64_t first_tx) {
   std::string out(kSegmentMagic, sizeof(kSegmentMagic));
+  PutU64(out, store_id);
   PutU64(out, salt);
   PutU64(out, first_tx);
   PutU64(out, Xxh3(out));
@@ -107,10 +131,10 @@ absl::StatusOr<SegmentHeader> DecodeSegmentHeader(std::string_view file) {
   if (std::memcmp(file.data(), kSegmentMagic, sizeof(kSegmentMagic)) != 0) {
     return Bad("segment header has a wrong magic");
   }
-  if (Xxh3(file.substr(0, 24)) != GetU64(file.data() + 24)) {
+  if (Xxh3(file.substr(0, 32)) != GetU64(file.data() + 32)) {
     return Bad("segment header checksum mismatch");
   }
-  return SegmentHeader{GetU64(file.data() + 8), GetU64(file.data() + 16)};
+  return SegmentHeader{GetU64(file.data() + 8), GetU64(file.data() + 16), GetU64(file.data() + 24)};
 }
 
 Hash AppendFrame(std::string& out, std::uint64_t salt, const Record& record) {
@@ -249,6 +273,7 @@ absl::StatusOr<std::string> EncodeCheckpoint(const Checkpoint& c, int level) {
   std::string out(kCheckpointMagic, sizeof(kCheckpointMagic));
   PutU8(out, static_cast<std::uint8_t>(c.kind));
   out.append(7, '\0');
+  PutU64(out, c.store_id);
   PutU64(out, c.tx);
   PutU64(out, c.base_tx);
   out.append(reinterpret_cast<const char*>(c.chain_hash.data()), c.chain_hash.size());
@@ -286,6 +311,7 @@ absl::StatusOr<Checkpoint> DecodeCheckpoint(std::string_view file, std::uint64_t
   r.Bytes(8, magic);
   r.U8(kind);
   r.Bytes(7, pad);
+  r.U64(c.store_id);
   r.U64(c.tx);
   r.U64(c.base_tx);
   r.Bytes(32, hash);

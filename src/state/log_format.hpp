@@ -2,9 +2,13 @@
 // Log — segment headers, frames, checkpoint files — and their codecs. All integers
 // are little-endian.
 //
+// File `IDENTITY`: "inferq-state <store id, 16 hex digits>\n", written once when
+//   the directory is created. Every segment and checkpoint carries the store id, so
+//   a file copied in from another store's directory is refused, not mixed in.
 // Segment file `wal-<first tx_id, 20 digits>.log`:
-//   header (32 bytes): magic "IQWALSG1" | salt u64 | first_tx u64 | XXH3-64 of the
-//   previous 24 bytes; then frames back to back.
+//   header (40 bytes): magic "IQWALSG2" | store_id u64 | salt u64 | first_tx u64 |
+//   XXH3-64 of the previous 32 bytes; then frames back to back, then zeros (space
+//   the writer fills ahead).
 // Frame (one committed transaction):
 //   magic u32 'IQF1' | payload_len u32 | salt u64 | XXH3-64 over the first 16 bytes
 //   and the payload | payload
@@ -18,7 +22,7 @@
 //   a good one; where the damage sits (tail or middle) is decided by the reader.
 // Checkpoint file `ckpt-<tx_id, 20 digits>-<full|incr>.zst` (written as `.tmp`,
 //   synced, then renamed):
-//   magic "IQCKPT01" | kind u8 (0 full, 1 incremental) | 7 zero bytes | tx u64 |
+//   magic "IQCKPT02" | kind u8 (0 full, 1 incremental) | 7 zero bytes | store_id u64 | tx u64 |
 //   base_tx u64 (incremental: tx of the checkpoint it applies on; full: 0) |
 //   chain_hash [32] (hash of record tx) | entry_count u64 | raw_bytes u64 |
 //   zstd frame of the entries | XXH3-64 of everything before it (8 bytes).
@@ -39,7 +43,7 @@ namespace inferq::state_internal {
 
 using Hash = std::array<unsigned char, 32>;
 
-inline constexpr std::size_t kSegmentHeaderBytes = 32;
+inline constexpr std::size_t kSegmentHeaderBytes = 40;
 inline constexpr std::size_t kFrameHeaderBytes = 24;
 inline constexpr std::uint32_t kFrameMagic = 0x31465149;  // "IQF1"
 inline constexpr std::uint32_t kMaxPayloadBytes = 1u << 30;
@@ -65,9 +69,16 @@ Hash Sha256(std::string_view bytes);
 std::string HashHex(const Hash& h);
 std::uint64_t Xxh3(std::string_view bytes);
 
+// The IDENTITY file.
+std::string EncodeIdentity(std::uint64_t store_id);
+// kDataLoss naming what is wrong when `file` is not an IDENTITY file.
+absl::StatusOr<std::uint64_t> DecodeIdentity(std::string_view file);
+
 // Segment header.
-std::string EncodeSegmentHeader(std::uint64_t salt, std::uint64_t first_tx);
+std::string EncodeSegmentHeader(std::uint64_t store_id, std::uint64_t salt,
+                                std::uint64_t first_tx);
 struct SegmentHeader {
+  std::uint64_t store_id = 0;
   std::uint64_t salt = 0;
   std::uint64_t first_tx = 0;
 };
@@ -108,6 +119,7 @@ struct CheckpointEntry {
 };
 struct Checkpoint {
   CheckpointKind kind = CheckpointKind::kFull;
+  std::uint64_t store_id = 0;
   std::uint64_t tx = 0;
   std::uint64_t base_tx = 0;
   Hash chain_hash{};

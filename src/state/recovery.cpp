@@ -15,10 +15,6 @@ std::size_t LastNonZero(std::string_view s, std::size_t from) {
   return end;
 }
 
-bool AllZero(std::string_view s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return c == '\0'; });
-}
-
 void Apply(StateMap& state, const Record& r) {
   for (const Op& op : r.ops) {
     if (op.op == OpCode::kDelete) {
@@ -48,17 +44,31 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
   std::sort(names->begin(), names->end());
   std::vector<std::pair<std::uint64_t, std::string>> segments;
   bool removed = false;
+  bool has_identity = false;
   for (const std::string& name : *names) {
     if (auto first = ParseSegmentName(name)) {
       segments.emplace_back(*first, name);
     } else if (auto c = ParseCheckpointName(name)) {
       out.checkpoints.push_back(CheckpointOnDisk{name, c->kind, c->tx, 0, 0});
-    } else if (name.size() > 4 && name.substr(name.size() - 4) == ".tmp" && options.modify) {
+    } else if (name == "IDENTITY") {
+      has_identity = true;
+    } else if (name.size() > 4 && name.substr(name.size() - 4) == ".tmp" &&
+               ParseCheckpointName(name.substr(0, name.size() - 4)) && options.modify) {
       // A checkpoint whose rename never happened: never part of the state.
       if (auto st = fs.Remove(JoinPath(dir, name)); !st.ok()) return st;
       out.notes.push_back("removed unfinished " + name);
       removed = true;
     }
+  }
+  if (has_identity) {
+    auto bytes = fs.Read(JoinPath(dir, "IDENTITY"));
+    if (!bytes.ok()) return bytes.status();
+    auto id = DecodeIdentity(*bytes);
+    if (!id.ok()) return id.status();
+    out.store_id = *id;
+  } else if (!segments.empty() || !out.checkpoints.empty()) {
+    return absl::DataLossError("state directory " + QuoteValue(dir) +
+                               " holds log or checkpoint files but no IDENTITY file");
   }
   std::sort(segments.begin(), segments.end());
   std::sort(out.checkpoints.begin(), out.checkpoints.end(),
@@ -77,6 +87,12 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
       return absl::DataLossError("checkpoint " + QuoteValue(c.name) + ": " +
                                  std::string(decoded.status().message()));
     }
+    if (decoded->store_id != out.store_id) {
+      return absl::DataLossError("checkpoint " + QuoteValue(c.name) +
+                                 " belongs to another store (store id " +
+                                 std::to_string(decoded->store_id) + ", this directory's is " +
+                                 std::to_string(out.store_id) + ")");
+    }
     if (decoded->tx != c.tx || decoded->kind != c.kind) {
       return absl::DataLossError("checkpoint " + QuoteValue(c.name) + " holds tx_id " +
                                  std::to_string(decoded->tx) + " of another kind or number");
@@ -93,6 +109,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
   }
   Hash base_hash{};
   std::optional<std::size_t> full_index;
+  std::vector<std::string> damaged;  // checkpoint files that failed to load
   for (std::size_t i = out.checkpoints.size(); i-- > 0;) {
     CheckpointOnDisk& c = out.checkpoints[i];
     if (c.kind != CheckpointKind::kFull) continue;
@@ -100,6 +117,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     if (!d.ok()) {
       if (options.strict) return d.status();
       out.notes.push_back("skipped " + std::string(d.status().message()));
+      damaged.push_back(c.name);
       continue;
     }
     if (options.build_state) {
@@ -116,15 +134,19 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
       CheckpointOnDisk& c = out.checkpoints[i];
       if (c.kind != CheckpointKind::kIncremental) continue;
       auto d = load(c);
-      if (d.ok() && d->base_tx != out.base_tx) {
-        d = absl::DataLossError("checkpoint " + QuoteValue(c.name) + " applies on tx_id " +
-                                std::to_string(d->base_tx) + ", not on the state at tx_id " +
-                                std::to_string(out.base_tx));
-      }
       if (!d.ok()) {
         if (options.strict) return d.status();
-        out.notes.push_back("stopped at " + std::string(d.status().message()));
-        break;
+        out.notes.push_back("skipped " + std::string(d.status().message()));
+        damaged.push_back(c.name);
+        continue;  // a later one may still build on the state reached so far
+      }
+      if (d->base_tx != out.base_tx) {
+        const absl::Status st = absl::DataLossError(
+            "checkpoint " + QuoteValue(c.name) + " applies on tx_id " + std::to_string(d->base_tx) +
+            ", not on the state at tx_id " + std::to_string(out.base_tx));
+        if (options.strict) return st;
+        out.notes.push_back("skipped " + std::string(st.message()));
+        continue;
       }
       if (options.build_state) {
         for (auto& e : d->entries) {
@@ -141,9 +163,21 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     }
   }
 
+  // A damaged checkpoint is set aside (renamed *.damaged, kept for inspection), so
+  // that later checkpoints and segment retirement never count on it.
+  if (options.modify) {
+    for (const std::string& name : damaged) {
+      if (auto st = fs.Rename(JoinPath(dir, name), JoinPath(dir, name + ".damaged")); !st.ok()) {
+        return st;
+      }
+      removed = true;
+    }
+  }
+
   // ---- the log ----
   std::uint64_t seen_tx = 0;  // last record read (0: none yet)
   Hash seen_hash{};
+  bool seen_hash_known = false;  // false after a record read checksum-only
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const std::uint64_t name_tx = segments[i].first;
     const std::string& name = segments[i].second;
@@ -152,7 +186,10 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     // A segment whose records the checkpoints cover entirely is not read: it adds
     // nothing to the state, and the next checkpoint retires it. (VerifyChain and
     // Inspect read it.)
-    if (!options.check_all_checkpoints && !last && segments[i + 1].first - 1 <= out.base_tx) {
+    // (The last two are always read: if the last turns out torn and goes, the one
+    // before it receives the appends.)
+    if (!options.check_all_checkpoints && i + 2 < segments.size() &&
+        segments[i + 1].first - 1 <= out.base_tx) {
       out.segments.push_back(SegmentFile{name, name_tx, 0, 0, 0, 0});
       continue;
     }
@@ -160,10 +197,12 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     if (!data.ok()) return data.status();
     auto header = DecodeSegmentHeader(*data);
     if (!header.ok()) {
-      // A crash between creating the last segment and syncing its header leaves it
-      // short or zero-filled: torn, not damage.
-      const bool torn = last && (data->size() < kSegmentHeaderBytes ||
-                                 AllZero(std::string_view(*data).substr(0, kSegmentHeaderBytes)));
+      // A crash while creating the last segment leaves its header short or zeroed
+      // and nothing after it (no record is written before the header is synced):
+      // torn, not damage. A bad header with anything after it is damage.
+      const bool torn =
+          last && LastNonZero(*data, std::min<std::size_t>(data->size(), kSegmentHeaderBytes)) <=
+                      kSegmentHeaderBytes;
       if (!torn || options.strict) {
         return absl::DataLossError(At(name, 0) + " (after tx_id " + std::to_string(seen_tx) +
                                    "): " + std::string(header.status().message()));
@@ -175,6 +214,11 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
         removed = true;
       }
       break;
+    }
+    if (header->store_id != out.store_id) {
+      return absl::DataLossError(At(name, 0) + " belongs to another store (store id " +
+                                 std::to_string(header->store_id) + ", this directory's is " +
+                                 std::to_string(out.store_id) + ")");
     }
     if (header->first_tx != name_tx) {
       return absl::DataLossError(At(name, 0) + ": header says first tx_id " +
@@ -188,8 +232,10 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     while (off < bytes.size()) {
       // Records the checkpoints cover: checksum and tx_id only.
       DecodedFrame f = DecodeFrame(bytes, off, header->salt, /*header_only=*/true);
+      // (The record at a checkpoint's tx_id is read whole: its hash must match.)
       const bool covered = f.status == FrameStatus::kOk && f.record.tx_id <= out.base_tx &&
-                           !options.check_all_checkpoints;
+                           !options.check_all_checkpoints &&
+                           !checkpoint_hash.contains(f.record.tx_id);
       if (covered) {
         const std::uint64_t tx = f.record.tx_id;
         if (seen_tx != 0 && tx != seen_tx + 1) {
@@ -197,6 +243,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
                                      std::to_string(seen_tx + 1) + ", found " + std::to_string(tx));
         }
         seen_tx = tx;
+        seen_hash_known = false;
         off += f.size;
         seg.bytes = seg.dirty_end = off;
         continue;
@@ -239,7 +286,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
         // checkpoint has).
         if (f.record.prev_hash != base_hash) return broken("hash chain does not continue the checkpoint");
       } else if (seen_tx != 0 && tx == seen_tx + 1) {
-        if (f.record.prev_hash != seen_hash) return broken("broken hash chain");
+        if (seen_hash_known && f.record.prev_hash != seen_hash) return broken("broken hash chain");
       } else if (seen_tx == 0 && tx == 1) {
         if (f.record.prev_hash != zero) return broken("first record has a nonzero previous hash");
       } else if (seen_tx == 0 && tx <= out.base_tx) {
@@ -262,6 +309,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
       }
       seen_tx = tx;
       seen_hash = f.hash;
+      seen_hash_known = true;
       off += f.size;
       seg.bytes = seg.dirty_end = off;
     }

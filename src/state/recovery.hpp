@@ -45,6 +45,7 @@ struct RecoverOptions {
 };
 
 struct Recovered {
+  std::uint64_t store_id = 0;  // from IDENTITY; 0 for a directory without files yet
   StateMap state;
   std::uint64_t last_tx = 0;
   Hash last_hash{};

@@ -36,22 +36,40 @@ std::string DurationText(absl::Duration d) { return absl::FormatDuration(d); }
 
 absl::Status ValidateOptions(const StateStoreOptions& o) {
   if (o.dir.empty()) return absl::InvalidArgumentError("StateStoreOptions.dir is empty");
-  if (o.group_commit_window < absl::ZeroDuration()) {
+  const int sync = static_cast<int>(o.sync);
+  if (sync < 0 || sync > static_cast<int>(SyncPolicy::kNone)) {
+    return absl::InvalidArgumentError("StateStoreOptions.sync " + std::to_string(sync) +
+                                      " is not a SyncPolicy");
+  }
+  const int mode = static_cast<int>(o.checkpoint_mode);
+  if (mode < 0 || mode > static_cast<int>(CheckpointMode::kFull)) {
+    return absl::InvalidArgumentError("StateStoreOptions.checkpoint_mode " + std::to_string(mode) +
+                                      " is not a CheckpointMode");
+  }
+  const int recovery = static_cast<int>(o.recovery);
+  if (recovery < 0 || recovery > static_cast<int>(RecoveryMode::kStrict)) {
+    return absl::InvalidArgumentError("StateStoreOptions.recovery " + std::to_string(recovery) +
+                                      " is not a RecoveryMode");
+  }
+  // Bounded so that deadlines computed from them never overflow.
+  if (o.group_commit_window < absl::ZeroDuration() || o.group_commit_window > absl::Seconds(10)) {
     return absl::InvalidArgumentError("StateStoreOptions.group_commit_window " +
-                                      DurationText(o.group_commit_window) + " is negative");
+                                      DurationText(o.group_commit_window) +
+                                      " is outside 0 to 10s");
   }
   if (o.sync == SyncPolicy::kInterval && o.group_commit_window <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "StateStoreOptions.group_commit_window must be > 0 with SyncPolicy::kInterval (it is "
         "the fdatasync interval), got " + DurationText(o.group_commit_window));
   }
-  if (o.checkpoint_interval < absl::ZeroDuration()) {
+  if (o.checkpoint_interval < absl::ZeroDuration() || o.checkpoint_interval > absl::Hours(24 * 30)) {
     return absl::InvalidArgumentError("StateStoreOptions.checkpoint_interval " +
-                                      DurationText(o.checkpoint_interval) + " is negative");
+                                      DurationText(o.checkpoint_interval) +
+                                      " is outside 0 (never) to 720h");
   }
-  if (o.segment_bytes < 4096) {
+  if (o.segment_bytes < 4096 || o.segment_bytes > (std::uint64_t{1} << 40)) {
     return absl::InvalidArgumentError("StateStoreOptions.segment_bytes " +
-                                      std::to_string(o.segment_bytes) + " is below 4096");
+                                      std::to_string(o.segment_bytes) + " is outside 4096 to 2^40");
   }
   if (o.max_incremental_chain < 1) {
     return absl::InvalidArgumentError("StateStoreOptions.max_incremental_chain " +
@@ -97,6 +115,21 @@ class StateStore::Impl {
   }
 
   absl::Status Start(Recovered r, double recovery_ms) {
+    store_id_ = r.store_id;
+    if (store_id_ == 0 && !opt_.read_only) {
+      // A new directory: give it its identity before any other file.
+      store_id_ = RandomSalt();
+      const std::string tmp = JoinPath(opt_.dir, "IDENTITY.tmp");
+      (void)fs_->Remove(tmp);
+      auto f = fs_->Create(tmp);
+      if (!f.ok()) return f.status();
+      absl::Status st = (*f)->WriteAt(0, EncodeIdentity(store_id_));
+      if (st.ok()) st = (*f)->Sync();
+      if (absl::Status cl = (*f)->Close(); st.ok()) st = cl;
+      if (st.ok()) st = fs_->Rename(tmp, JoinPath(opt_.dir, "IDENTITY"));
+      if (st.ok()) st = fs_->SyncDir(opt_.dir);
+      if (!st.ok()) return st;
+    }
     state_ = std::move(r.state);
     applied_tx_ = r.last_tx;
     durable_tx_.store(r.last_tx);
@@ -122,6 +155,10 @@ class StateStore::Impl {
 
     if (!segments_.empty()) {
       SegmentFile& tail = segments_.back();
+      if (tail.salt == 0) {
+        return absl::InternalError("recovery did not read the last segment " +
+                                   QuoteValue(tail.name));
+      }
       // Appends go after the last valid record; a torn tail is zeroed first, so no
       // byte of it can be read back after the records written over it.
       auto f = fs_->OpenForWrite(JoinPath(opt_.dir, tail.name));
@@ -150,7 +187,9 @@ class StateStore::Impl {
     if (changes.empty()) {
       return absl::InvalidArgumentError("transaction has no changes to commit");
     }
+    std::uint64_t payload = 8 + 32 + 4;
     for (const auto& c : changes) {
+      payload += 9 + c.key.size() + c.value.size();
       if (c.key.empty() || c.key.size() > kMaxKeyBytes) {
         return absl::InvalidArgumentError(
             "key " + QuoteValue(c.key.substr(0, 80)) + " has " + std::to_string(c.key.size()) +
@@ -161,6 +200,12 @@ class StateStore::Impl {
                                           " has " + std::to_string(c.value.size()) +
                                           " bytes, more than " + std::to_string(kMaxValueBytes));
       }
+    }
+    if (payload > kMaxPayloadBytes) {
+      return absl::InvalidArgumentError(
+          "transaction of " + std::to_string(changes.size()) + " changes encodes to " +
+          std::to_string(payload) + " bytes, more than the " + std::to_string(kMaxPayloadBytes) +
+          "-byte record limit");
     }
     std::unique_lock lock(mu_);
     if (opt_.read_only) {
@@ -337,7 +382,9 @@ class StateStore::Impl {
     if (!f.ok()) return f.status();
     file_ = std::move(*f);
     allocated_ = kSegmentHeaderBytes;
-    if (auto st = file_->WriteAt(0, EncodeSegmentHeader(salt, first_tx)); !st.ok()) return st;
+    if (auto st = file_->WriteAt(0, EncodeSegmentHeader(store_id_, salt, first_tx)); !st.ok()) {
+      return st;
+    }
     if (auto st = Preallocate(kSegmentHeaderBytes + 1); !st.ok()) return st;
     if (auto st = file_->Sync(); !st.ok()) return st;
     if (auto st = fs_->SyncDir(opt_.dir); !st.ok()) return st;
@@ -634,6 +681,7 @@ class StateStore::Impl {
                         incremental_chain_ >= opt_.max_incremental_chain ||
                         IncrementalChainOutweighsFull();
       c.kind = full ? CheckpointKind::kFull : CheckpointKind::kIncremental;
+      c.store_id = store_id_;
       c.tx = applied_tx_;
       c.base_tx = full ? 0 : last_ckpt_tx_;
       c.chain_hash = applied_hash_;
@@ -710,7 +758,7 @@ class StateStore::Impl {
   // the newest is found damaged), needs; removes older checkpoints and segments.
   absl::Status Retire() {
     if (ckpts_.size() < 2) return absl::OkStatus();
-    const CheckpointOnDisk& prev = ckpts_[ckpts_.size() - 2];
+    const std::uint64_t prev_tx = ckpts_[ckpts_.size() - 2].tx;  // (ckpts_ changes below)
     // The full checkpoint that `prev` builds on: everything before it can go.
     std::size_t keep_from = ckpts_.size() - 2;
     while (keep_from > 0 && ckpts_[keep_from].kind != CheckpointKind::kFull) --keep_from;
@@ -724,7 +772,7 @@ class StateStore::Impl {
       std::lock_guard io(io_mu_);
       // Segment i holds [first_i, first_{i+1}); it goes once prev covers all of it.
       std::size_t n = 0;
-      while (n + 1 < segments_.size() && segments_[n + 1].first_tx - 1 <= prev.tx) ++n;
+      while (n + 1 < segments_.size() && segments_[n + 1].first_tx - 1 <= prev_tx) ++n;
       for (std::size_t i = 0; i < n; ++i) {
         if (auto st = fs_->Remove(JoinPath(opt_.dir, segments_[i].name)); !st.ok()) {
           return Fail(st);
@@ -747,6 +795,7 @@ class StateStore::Impl {
 
   StateStoreOptions opt_;
   std::shared_ptr<FileSystem> fs_;
+  std::uint64_t store_id_ = 0;  // IDENTITY; set before any other thread runs
 
   // mu_: the queue of records and the writer's view.
   mutable std::mutex mu_;
@@ -818,9 +867,13 @@ Transaction& Transaction::Delete(std::string_view key) {
 }
 
 absl::StatusOr<std::uint64_t> Transaction::Commit() {
-  if (committed_) return absl::FailedPreconditionError("transaction was already committed");
+  if (committed_) {
+    return absl::FailedPreconditionError("transaction was already submitted (committed or failed)");
+  }
   auto r = store_->CommitChanges(changes_);
-  if (r.ok()) {
+  // Bad input changed nothing and may be corrected; otherwise the changes were
+  // handed to the log (and are gone from here), successfully or not.
+  if (r.ok() || r.status().code() != absl::StatusCode::kInvalidArgument) {
     committed_ = true;
     changes_.clear();
   }
@@ -953,7 +1006,8 @@ absl::StatusOr<StateDirReport> StateStore::Inspect(const std::string& dir,
   RecoverOptions pit;
   pit.build_state = false;
   auto p = Recover(fs, dir, pit);
-  rep.last_tx = p.ok() ? p->last_tx : (r.ok() ? r->last_tx : 0);
+  rep.point_in_time = p.status();
+  rep.last_tx = p.ok() ? p->last_tx : 0;
   return rep;
 }
 

@@ -82,6 +82,8 @@ TEST_CASE("inferq-state inspect, verify and dump") {
   CHECK(dump.status == 0);
   CHECK(dump.out == "user.0\tv\\t0\nuser.1\tv\\t1\nuser.2\tv\\t2\n");
   CHECK(Tool("dump " + d.path() + " zeta").out == "zeta\ta\\nb\\x01\\x00\n");
+  CHECK(Tool("dump " + d.path() + " 'user.\\x31'").out == "user.1\tv\\t1\n");  // escaped PREFIX
+  CHECK(Tool("dump " + d.path() + " 'bad\\q'").status == 2);
 
   // Damage: a flipped byte inside record 2.
   const std::string path = d / si::SegmentName(1);
@@ -92,7 +94,9 @@ TEST_CASE("inferq-state inspect, verify and dump") {
   CHECK(bad.status == 1);
   CHECK(bad.out.rfind("FAILED: DATA_LOSS: damaged record in log segment '" + si::SegmentName(1) +
                           "' at offset ", 0) == 0);
-  CHECK(Tool("inspect " + d.path()).status == 1);
+  Run damaged = Tool("inspect " + d.path());
+  CHECK(damaged.status == 1);
+  CHECK(damaged.out.find("not recoverable: damaged record in log segment") != std::string::npos);
   CHECK(Tool("frobnicate " + d.path()).status == 2);
   CHECK(Tool("").status == 2);
   Run help = Tool("--help");

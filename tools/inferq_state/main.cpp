@@ -2,12 +2,15 @@
 //
 //   inferq-state inspect DIR          segments, checkpoints, tx range, chain status
 //   inferq-state verify DIR           strict recovery + VerifyChain; exit 1 on damage
-//   inferq-state dump DIR [PREFIX]    key<TAB>value lines (recovered point-in-time)
+//   inferq-state dump DIR [PREFIX]    key<TAB>value lines (recovered point-in-time);
+//                                     PREFIX takes the same escapes as the output
 //
 // Keys and values are printed with \t, \n, \\ and bytes outside printable ASCII as
 // \xNN. Exit status: 0 fine (and for --help), 1 damage or an error reading the
 // directory, 2 usage.
+#include <cctype>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -42,6 +45,33 @@ constexpr char kUsage[] =
     "       inferq-state verify DIR\n"
     "       inferq-state dump DIR [PREFIX]\n";
 
+// The inverse of Escape, for a PREFIX given on the command line: \\, \t, \n, \xNN.
+std::optional<std::string> Unescape(std::string_view s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '\\') {
+      out += s[i];
+      continue;
+    }
+    if (++i == s.size()) return std::nullopt;
+    if (s[i] == '\\') {
+      out += '\\';
+    } else if (s[i] == 't') {
+      out += '\t';
+    } else if (s[i] == 'n') {
+      out += '\n';
+    } else if (s[i] == 'x' && i + 2 < s.size() &&
+               std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+               std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
+    } else {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
 int Usage() {
   std::fprintf(stderr, "%s", kUsage);
   return 2;
@@ -75,7 +105,11 @@ int Inspect(const std::string& dir) {
     std::printf("  %s\n", s.problem.empty() ? "ok" : ("stops: " + s.problem).c_str());
   }
   std::printf("log tx_ids from %llu\n", static_cast<unsigned long long>(r->first_tx));
-  std::printf("last recoverable tx_id %llu\n", static_cast<unsigned long long>(r->last_tx));
+  if (r->point_in_time.ok()) {
+    std::printf("last recoverable tx_id %llu\n", static_cast<unsigned long long>(r->last_tx));
+  } else {
+    std::printf("not recoverable: %s\n", std::string(r->point_in_time.message()).c_str());
+  }
   std::printf("chain %s\n", r->chain.ok() ? "ok" : std::string(r->chain.message()).c_str());
   return r->chain.ok() ? 0 : 1;
 }
@@ -131,6 +165,13 @@ int main(int argc, char** argv) {
   const std::string dir = argv[2];
   if (cmd == "inspect" && argc == 3) return Inspect(dir);
   if (cmd == "verify" && argc == 3) return Verify(dir);
-  if (cmd == "dump" && (argc == 3 || argc == 4)) return Dump(dir, argc == 4 ? argv[3] : "");
+  if (cmd == "dump" && (argc == 3 || argc == 4)) {
+    const auto prefix = Unescape(argc == 4 ? argv[3] : "");
+    if (!prefix) {
+      std::fprintf(stderr, "inferq-state: PREFIX '%s' has a bad escape (use \\\\, \\t, \\n, \\xNN)\n", argv[3]);
+      return 2;
+    }
+    return Dump(dir, *prefix);
+  }
   return Usage();
 }

@@ -75,14 +75,15 @@ struct StateStoreOptions {
   SyncPolicy sync = SyncPolicy::kEveryCommit;
   // kGroupCommit: how long a commit that finds no write in progress waits for others
   // to join its fdatasync (0: none; those that arrive during a write join the next).
-  // kInterval: the fdatasync interval; must be > 0.
+  // kInterval: the fdatasync interval; must be > 0. At most 10 s.
   absl::Duration group_commit_window = absl::ZeroDuration();
   // kIncremental writes a full checkpoint first, then incremental ones until there
   // are `max_incremental_chain` of them or they add up to more bytes than the full
   // one (recovery reads them all), then a full one again; kFull writes full ones.
   CheckpointMode checkpoint_mode = CheckpointMode::kIncremental;
-  // Automatic checkpoints: every `checkpoint_interval` (0: never by time) and when
-  // `checkpoint_log_bytes` of log were written since the last one (0: never by size).
+  // Automatic checkpoints: every `checkpoint_interval` (0: never by time; at most
+  // 720 h) and when `checkpoint_log_bytes` of log were written since the last one
+  // (0: never by size).
   absl::Duration checkpoint_interval = absl::Minutes(5);
   std::uint64_t checkpoint_log_bytes = std::uint64_t{64} << 20;
   RecoveryMode recovery = RecoveryMode::kPointInTime;
@@ -140,8 +141,9 @@ struct StateDirReport {
   std::vector<Segment> segments;
   std::vector<CheckpointFile> checkpoints;
   std::uint64_t first_tx = 0;  // oldest record in the log (0: none)
-  std::uint64_t last_tx = 0;   // newest recoverable tx_id
-  absl::Status chain;          // what recovery in kStrict mode would report
+  std::uint64_t last_tx = 0;    // newest recoverable tx_id (when point_in_time is OK)
+  absl::Status point_in_time;   // what recovery in kPointInTime mode would report
+  absl::Status chain;           // what recovery in kStrict mode would report
 };
 
 class StateStore;
@@ -153,14 +155,17 @@ class Transaction {
   Transaction& operator=(Transaction&&) noexcept = default;
 
   // Sets `key` to `value` (bytes). Keys are 1 to 65,536 bytes, values at most
-  // 256 MiB; a bad size is reported by Commit (kInvalidArgument naming the key).
+  // 256 MiB, a whole transaction at most 1 GiB encoded (9 bytes per change plus
+  // keys and values); a bad size is reported by Commit (kInvalidArgument naming the
+  // key, or the transaction's size).
   Transaction& Put(std::string_view key, std::string_view value);
   // Removes `key` (absent keys are fine).
   Transaction& Delete(std::string_view key);
   // Makes the changes durable under the store's sync policy and returns the tx_id.
   // kInvalidArgument: no changes, or a key/value of a bad size (nothing written);
-  // kFailedPrecondition: read-only store, already committed, or the store failed;
-  // the I/O error itself for the commit whose write or fdatasync failed.
+  // kFailedPrecondition: read-only store, already committed (or failed with an I/O
+  // error: a transaction is submitted once), or the store failed; the I/O error
+  // itself for the commit whose write or fdatasync failed.
   absl::StatusOr<std::uint64_t> Commit();
 
  private:

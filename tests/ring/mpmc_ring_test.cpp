@@ -703,17 +703,3 @@ TEST_CASE("single pops while some producers spin and others sleep reach every pr
     }
   }
 }
-
-TEST_CASE("the active window shrinks after timeouts and grows back after successes") {
-  inferq::ring_internal::EventCount ec;
-  constexpr long kMax = 15'000;
-  CHECK(ec.ActiveWindowNs(kMax) == kMax);  // starts full
-  for (int i = 0; i < 3; ++i) ec.RecordActiveOutcome(false);
-  CHECK(ec.ActiveWindowNs(kMax) == kMax * 27 / 64);  // 64 -> 48 -> 36 -> 27
-  for (int i = 0; i < 20; ++i) ec.RecordActiveOutcome(false);
-  CHECK(ec.ActiveWindowNs(kMax) == 0);  // items too far apart: sleep at once
-  ec.RecordActiveOutcome(true);
-  CHECK(ec.ActiveWindowNs(kMax) == kMax * 8 / 64);
-  for (int i = 0; i < 10; ++i) ec.RecordActiveOutcome(true);
-  CHECK(ec.ActiveWindowNs(kMax) == kMax);  // capped at the strategy's window
-}

@@ -11,12 +11,9 @@
 //               waiter. Only for threads pinned to cores of their own.
 //   YieldWait   spins briefly, then yields forever: no wake-up syscalls, but an idle
 //               waiter still uses CPU whenever others want it.
-//   HybridWait  (default) waits actively for up to 15 µs, then sleeps. Under load a
-//               waiter is served within the active window and never sleeps; an idle
-//               one costs at most 15 µs of CPU and then nothing. The window adapts
-//               per ring side: it shrinks toward 0 while active waits keep timing
-//               out (items further apart than the window: spinning would only add
-//               to the wake-up) and grows back while they succeed. Waking a sleeper costs a futex
+//   HybridWait  (default) waits actively for 15 µs, then sleeps. Under load a waiter
+//               is served within the active window and never sleeps; an idle one
+//               costs 15 µs of CPU and then nothing. Waking a sleeper costs a futex
 //               syscall (~20 µs of latency on the 2-vCPU machines measured), and a
 //               producer makes that call only when no consumer waits actively
 //               (internal/event_count.hpp, invariant 4).

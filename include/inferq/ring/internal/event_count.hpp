@@ -46,7 +46,6 @@
 // later one synchronizes with the earlier).
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <stdexcept>
@@ -166,25 +165,6 @@ class EventCount {
     return false;
   }
   // Invariant 4: the caller checks for more afterwards (and calls NotifyOne).
-  // How long the next active phase may last, out of `max_ns`: adapted to how the
-  // recent ones ended (additive increase on success, multiplicative decrease on a
-  // timeout, the rule TCP applies to its window). While waits end within the
-  // window — a busy ring, a ping-pong — it stays at `max_ns`; while they time out
-  // and sleep anyway — items further apart than the window — it shrinks to 0, so a
-  // waiter spins only its kSpins pauses before sleeping instead of burning the
-  // window and then paying the wake-up too.
-  long ActiveWindowNs(long max_ns) const {
-    return max_ns * static_cast<long>(score_.load(std::memory_order_relaxed)) / kScoreMax;
-  }
-  void RecordActiveOutcome(bool succeeded) {
-    // Relaxed: a heuristic; a lost update only nudges a window.
-    const std::uint32_t s = score_.load(std::memory_order_relaxed);
-    score_.store(succeeded ? std::min(s + kScoreStep, kScoreMax) : s * 3 / 4,
-                 std::memory_order_relaxed);
-  }
-  static constexpr std::uint32_t kScoreMax = 64;
-  static constexpr std::uint32_t kScoreStep = 8;
-
   void LeaveActive() {
     active_.fetch_sub(1, std::memory_order_seq_cst);
 #if !defined(__SANITIZE_THREAD__)
@@ -274,7 +254,6 @@ class EventCount {
   std::atomic<std::uint32_t> epoch_{0};
   std::atomic<std::uint32_t> sleepers_{0};
   std::atomic<int> active_{0};
-  std::atomic<std::uint32_t> score_{kScoreMax};
 };
 
 // Waits as `Strategy` says (see inferq/ring/wait_strategy.hpp): spin, then yield,
@@ -302,7 +281,6 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
   // and are woken one per item.
   if (ec.TryBecomeActive(Strategy::kMaxActive)) {
     const std::int64_t start = MonotonicNowNs();
-    const long window = Strategy::kSleeps ? ec.ActiveWindowNs(Strategy::kActiveNs) : 0;
     bool done = false, result = false;
     int spins = 0;
     while (!done) {
@@ -318,7 +296,7 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
         const std::int64_t now = MonotonicNowNs();
         if (deadline_ns != inferq::kNoDeadline && now >= deadline_ns) {
           done = true;
-        } else if (Strategy::kSleeps && now - start >= window) {
+        } else if (Strategy::kSleeps && now - start >= Strategy::kActiveNs) {
           break;
         } else {
           std::this_thread::yield();
@@ -326,9 +304,6 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
       }
     }
     ec.LeaveActive();
-    if constexpr (Strategy::kSleeps) {
-      if (result || !done) ec.RecordActiveOutcome(result);  // (not for close/deadline)
-    }
     if (done) return pass_on(result);
   }
   if constexpr (!Strategy::kSleeps) {

@@ -186,9 +186,9 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     // A segment whose records the checkpoints cover entirely is not read: it adds
     // nothing to the state, and the next checkpoint retires it. (VerifyChain and
     // Inspect read it.)
-    // (The last two are always read: if the last turns out torn and goes, the one
-    // before it receives the appends.)
-    if (!options.check_all_checkpoints && i + 2 < segments.size() &&
+    // (The last one is always read; if it turns out torn and goes, the one before
+    // it is read after all, since it receives the appends.)
+    if (!options.check_all_checkpoints && i + 1 < segments.size() &&
         segments[i + 1].first - 1 <= out.base_tx) {
       out.segments.push_back(SegmentFile{name, name_tx, 0, 0, 0, 0});
       continue;
@@ -212,6 +212,12 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
         if (auto st = fs.Remove(path); !st.ok()) return st;
         out.notes.push_back("removed " + name + ", whose header was never written");
         removed = true;
+        segments.pop_back();
+        if (!out.segments.empty() && out.segments.back().salt == 0) {  // skipped unread
+          out.segments.pop_back();
+          i -= 2;  // read it now: it is the last
+          continue;
+        }
       }
       break;
     }

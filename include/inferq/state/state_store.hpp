@@ -41,6 +41,13 @@
 // checkpoint file is skipped for the one before it in kPointInTime and is an error
 // in kStrict.
 //
+// Directory: IDENTITY (the store id every segment and checkpoint carries, so files
+// from another store's directory are refused), LOCK (held by the open store),
+// wal-<first tx_id>.log segments (zero-filled ahead of the last record),
+// ckpt-<tx_id>-<full|incr>.zst checkpoints; a checkpoint found damaged is renamed
+// *.damaged. There is no manifest: removing the newest segment file loses its
+// records without an error.
+//
 // Failure: a failed write or fdatasync (EIO, ENOSPC, ...) puts the store into a
 // failed state: that commit and every later one return the error (the later ones as
 // kFailedPrecondition quoting it); nothing is retried. Reopen to recover.

@@ -25,6 +25,16 @@ void Apply(StateMap& state, const Record& r) {
   }
 }
 
+// A record that does not follow `seen_tx` but continues from a checkpoint the
+// recovery knows: its tx_id is that checkpoint's + 1, it comes after `seen_tx`, and
+// its prev_hash is that checkpoint's chain hash.
+bool ContinuesCheckpoint(const std::map<std::uint64_t, Hash>& checkpoint_hash,
+                         std::uint64_t seen_tx, const Record& r) {
+  if (r.tx_id == 0) return false;
+  auto it = checkpoint_hash.find(r.tx_id - 1);
+  return it != checkpoint_hash.end() && seen_tx < r.tx_id - 1 && r.prev_hash == it->second;
+}
+
 std::string At(const std::string& file, std::uint64_t offset) {
   return "log segment " + QuoteValue(file) + " at offset " + std::to_string(offset);
 }
@@ -78,8 +88,10 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
 
   // ---- checkpoints: newest valid full one, then the incremental ones after it ----
   std::map<std::uint64_t, Hash> checkpoint_hash;  // tx -> chain hash, for matching
+  bool read_failed = false;  // the last load failed to read, not to decode
   auto load = [&](CheckpointOnDisk& c) -> absl::StatusOr<Checkpoint> {
     auto bytes = fs.Read(JoinPath(dir, c.name));
+    read_failed = !bytes.ok();
     if (!bytes.ok()) return bytes.status();
     c.bytes = bytes->size();
     auto decoded = DecodeCheckpoint(*bytes, options.max_checkpoint_raw_bytes);
@@ -109,15 +121,16 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
   }
   Hash base_hash{};
   std::optional<std::size_t> full_index;
-  std::vector<std::string> damaged;  // checkpoint files that failed to load
+  // Checkpoint files recovery cannot use, with the suffix they are set aside under.
+  std::vector<std::pair<std::string, const char*>> set_aside;
   for (std::size_t i = out.checkpoints.size(); i-- > 0;) {
     CheckpointOnDisk& c = out.checkpoints[i];
     if (c.kind != CheckpointKind::kFull) continue;
     auto d = load(c);
     if (!d.ok()) {
-      if (options.strict) return d.status();
+      if (options.strict || read_failed) return d.status();  // an I/O error is not damage
       out.notes.push_back("skipped " + std::string(d.status().message()));
-      damaged.push_back(c.name);
+      set_aside.emplace_back(c.name, ".damaged");
       continue;
     }
     if (options.build_state) {
@@ -135,9 +148,9 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
       if (c.kind != CheckpointKind::kIncremental) continue;
       auto d = load(c);
       if (!d.ok()) {
-        if (options.strict) return d.status();
+        if (options.strict || read_failed) return d.status();
         out.notes.push_back("skipped " + std::string(d.status().message()));
-        damaged.push_back(c.name);
+        set_aside.emplace_back(c.name, ".damaged");
         continue;  // a later one may still build on the state reached so far
       }
       if (d->base_tx != out.base_tx) {
@@ -146,6 +159,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
             ", not on the state at tx_id " + std::to_string(out.base_tx));
         if (options.strict) return st;
         out.notes.push_back("skipped " + std::string(st.message()));
+        set_aside.emplace_back(c.name, ".unused");  // built on one set aside
         continue;
       }
       if (options.build_state) {
@@ -163,11 +177,12 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     }
   }
 
-  // A damaged checkpoint is set aside (renamed *.damaged, kept for inspection), so
-  // that later checkpoints and segment retirement never count on it.
+  // A checkpoint recovery cannot use is set aside (renamed *.damaged or *.unused,
+  // kept for inspection), so that later checkpoints, segment retirement and
+  // VerifyChain never count on it.
   if (options.modify) {
-    for (const std::string& name : damaged) {
-      if (auto st = fs.Rename(JoinPath(dir, name), JoinPath(dir, name + ".damaged")); !st.ok()) {
+    for (const auto& [name, suffix] : set_aside) {
+      if (auto st = fs.Rename(JoinPath(dir, name), JoinPath(dir, name + suffix)); !st.ok()) {
         return st;
       }
       removed = true;
@@ -244,7 +259,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
                            !checkpoint_hash.contains(f.record.tx_id);
       if (covered) {
         const std::uint64_t tx = f.record.tx_id;
-        if (seen_tx != 0 && tx != seen_tx + 1) {
+        if (seen_tx != 0 && tx != seen_tx + 1 && !ContinuesCheckpoint(checkpoint_hash, seen_tx, f.record)) {
           return absl::DataLossError("tx_id gap in " + At(name, off) + ": expected tx_id " +
                                      std::to_string(seen_tx + 1) + ", found " + std::to_string(tx));
         }
@@ -291,6 +306,11 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
         // skipped, or may end early: with kNone a power loss can lose log the
         // checkpoint has).
         if (f.record.prev_hash != base_hash) return broken("hash chain does not continue the checkpoint");
+      } else if (seen_tx != 0 && tx != seen_tx + 1 &&
+                 ContinuesCheckpoint(checkpoint_hash, seen_tx, f.record)) {
+        // The same jump after an earlier checkpoint of the chain: the log lost
+        // records (kNone/kInterval, power loss) that this checkpoint holds, and
+        // the writer went on from the checkpoint's state.
       } else if (seen_tx != 0 && tx == seen_tx + 1) {
         if (seen_hash_known && f.record.prev_hash != seen_hash) return broken("broken hash chain");
       } else if (seen_tx == 0 && tx == 1) {

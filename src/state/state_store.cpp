@@ -754,13 +754,19 @@ class StateStore::Impl {
     return absl::OkStatus();
   }
 
-  // Keeps what recovery from the newest checkpoint, or from the one before it (if
-  // the newest is found damaged), needs; removes older checkpoints and segments.
+  // Removes what recovery can no longer need, keeping enough that any one damaged
+  // checkpoint file still leaves a way back: the newest full checkpoint F, every
+  // checkpoint after it, the checkpoint P just before F with the full one its chain
+  // starts from, and the log from P on. If F is damaged, recovery takes P's chain
+  // and the log; if an incremental after F is damaged, the one before it and the
+  // log. (Until there is a P, nothing is removed.)
   absl::Status Retire() {
-    if (ckpts_.size() < 2) return absl::OkStatus();
-    const std::uint64_t prev_tx = ckpts_[ckpts_.size() - 2].tx;  // (ckpts_ changes below)
-    // The full checkpoint that `prev` builds on: everything before it can go.
-    std::size_t keep_from = ckpts_.size() - 2;
+    std::size_t f = ckpts_.size();
+    while (f > 0 && ckpts_[f - 1].kind != CheckpointKind::kFull) --f;
+    if (f <= 1) return absl::OkStatus();  // no full one, or nothing before it
+    const std::size_t p = f - 2;          // index of P (F is at f - 1)
+    const std::uint64_t p_tx = ckpts_[p].tx;
+    std::size_t keep_from = p;
     while (keep_from > 0 && ckpts_[keep_from].kind != CheckpointKind::kFull) --keep_from;
     bool removed = false;
     for (std::size_t i = 0; i < keep_from; ++i) {
@@ -770,9 +776,9 @@ class StateStore::Impl {
     ckpts_.erase(ckpts_.begin(), ckpts_.begin() + static_cast<std::ptrdiff_t>(keep_from));
     {
       std::lock_guard io(io_mu_);
-      // Segment i holds [first_i, first_{i+1}); it goes once prev covers all of it.
+      // Segment i holds [first_i, first_{i+1}); it goes once P covers all of it.
       std::size_t n = 0;
-      while (n + 1 < segments_.size() && segments_[n + 1].first_tx - 1 <= prev_tx) ++n;
+      while (n + 1 < segments_.size() && segments_[n + 1].first_tx - 1 <= p_tx) ++n;
       for (std::size_t i = 0; i < n; ++i) {
         if (auto st = fs_->Remove(JoinPath(opt_.dir, segments_[i].name)); !st.ok()) {
           return Fail(st);

@@ -324,56 +324,68 @@ TEST_CASE("incremental checkpoints hold only the changed keys, tombstones includ
 
 TEST_CASE("keys replayed from the log after a reopen reach the next incremental checkpoint") {
   TempDir d;
-  StateStoreOptions o = Options(d.path());
-  o.segment_bytes = 4096;
   {
-    auto s = OpenOk(o);
+    auto s = OpenOk(Options(d.path()));
     Put(*s, "a", "1");
     REQUIRE(s->Checkpoint().ok());
     Put(*s, "b", "2");  // only in the log
   }
   {
-    auto s = OpenOk(o);
+    auto s = OpenOk(Options(d.path()));
     Put(*s, "c", "3");
-    REQUIRE(s->Checkpoint().ok());  // incremental: b and c
-    for (int i = 0; i < 200; ++i) Put(*s, "fill", std::string(100, 'f'));
-    REQUIRE(s->Checkpoint().ok());
-    for (int i = 0; i < 200; ++i) Put(*s, "fill", std::string(100, 'g'));
-    REQUIRE(s->Checkpoint().ok());  // retires the segments up to the one before: b's
-    REQUIRE(Files(d.path(), si::SegmentName(1)).empty());
+    REQUIRE(s->Checkpoint().ok());  // incremental: b (replayed at Open) and c
   }
-  auto s = OpenOk(o);
-  CHECK(s->Get("b") == "2");
-  CHECK(s->Get("c") == "3");
-  CHECK(s->VerifyChain().ok());
+  auto incr = si::DecodeCheckpoint(ReadFile(d / si::CheckpointName(3, si::CheckpointKind::kIncremental)));
+  REQUIRE(incr.ok());
+  REQUIRE(incr->entries.size() == 2);  // was: c alone, b lost once its log was retired
+  CHECK(incr->entries[0].key == "b");
+  CHECK(incr->entries[1].key == "c");
 }
 
-TEST_CASE("checkpoints retire old segments and checkpoints, keeping one to fall back on") {
+TEST_CASE("retirement keeps a way back from any one damaged checkpoint") {
   TempDir d;
   StateStoreOptions o = Options(d.path());
   o.segment_bytes = 4096;
   o.max_incremental_chain = 2;
-  auto s = OpenOk(o);
-  for (int i = 0; i < 100; ++i) Put(*s, "k" + std::to_string(i), std::string(50, 'a'));
-  REQUIRE(s->Checkpoint().ok());
-  for (int round = 1; round <= 5; ++round) {
-    for (int i = 0; i < 20; ++i) Put(*s, "k" + std::to_string(i), std::string(50, 'a' + round));
+  {
+    auto s = OpenOk(o);
+    for (int i = 0; i < 100; ++i) Put(*s, "k" + std::to_string(i), std::string(50, 'a'));
     REQUIRE(s->Checkpoint().ok());
+    for (int round = 1; round <= 5; ++round) {
+      for (int i = 0; i < 20; ++i) Put(*s, "k" + std::to_string(i), std::string(50, 'a' + round));
+      REQUIRE(s->Checkpoint().ok());
+    }
+    // full(100) incr(120) incr(140) full(160) incr(180) incr(200): F = 160, P = 140;
+    // kept: P's chain from full(100) on, and the log from 141.
+    CHECK(Files(d.path(), "ckpt-") ==
+          std::vector<std::string>{si::CheckpointName(100, si::CheckpointKind::kFull),
+                                   si::CheckpointName(120, si::CheckpointKind::kIncremental),
+                                   si::CheckpointName(140, si::CheckpointKind::kIncremental),
+                                   si::CheckpointName(160, si::CheckpointKind::kFull),
+                                   si::CheckpointName(180, si::CheckpointKind::kIncremental),
+                                   si::CheckpointName(200, si::CheckpointKind::kIncremental)});
+    auto report = StateStore::Inspect(d.path());
+    REQUIRE(report.ok());
+    CHECK(report->chain.ok());
+    CHECK(report->first_tx <= 141);  // the log from P on
+    CHECK(report->first_tx > 110);   // older segments are gone
   }
-  // full(100) incr(120) incr(140) full(160) incr(180) incr(200): recovery from 200
-  // or, if it is damaged, from 180 needs full 160 and incr 180 only.
-  CHECK(Files(d.path(), "ckpt-") ==
-        std::vector<std::string>{si::CheckpointName(160, si::CheckpointKind::kFull),
-                                 si::CheckpointName(180, si::CheckpointKind::kIncremental),
-                                 si::CheckpointName(200, si::CheckpointKind::kIncremental)});
-  auto report = StateStore::Inspect(d.path());
-  REQUIRE(report.ok());
-  CHECK(report->chain.ok());
-  CHECK(report->last_tx == 200);
-  REQUIRE_FALSE(report->segments.empty());
-  CHECK(report->first_tx <= 181);  // the log from the fallback checkpoint on
-  CHECK(report->first_tx > 120);   // older segments are gone
-  CHECK(s->VerifyChain().ok());
+  // Damage any one checkpoint: point-in-time recovery still gets every commit.
+  const auto victim = GENERATE(si::CheckpointName(160, si::CheckpointKind::kFull),
+                               si::CheckpointName(180, si::CheckpointKind::kIncremental),
+                               si::CheckpointName(200, si::CheckpointKind::kIncremental));
+  std::string bytes = ReadFile(d / victim);
+  bytes[bytes.size() / 2] ^= 1;
+  WriteFile(d / victim, bytes);
+  auto s = OpenOk(o);  // was: tx_id gap once F160 or I180 was damaged
+  CHECK(s->last_tx_id() == 200);
+  CHECK(s->Get("k0") == std::string(50, 'f'));
+  CHECK(s->Get("k99") == std::string(50, 'a'));
+  CHECK(s->VerifyChain().ok());  // the damaged one and those built on it are set aside
+  StateStoreOptions strict = o;
+  strict.recovery = RecoveryMode::kStrict;
+  s.reset();
+  CHECK(StateStore::Open(strict).ok());
 }
 
 TEST_CASE("incremental checkpoints that outweigh the full one are followed by a full one") {
@@ -993,4 +1005,53 @@ TEST_CASE("files that are not the store's are left alone") {
   auto s = OpenOk(Options(d.path()));  // was: notes.tmp deleted; x.tmp failed the open
   CHECK(ReadFile(d / "notes.tmp") == "mine");
   CHECK(s->Get("a") == "1");
+}
+
+// ---- regressions from a second adversarial run ----
+
+TEST_CASE("after kNone loses log a checkpoint holds, later checkpoints keep the store openable") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.sync = SyncPolicy::kNone;
+  {
+    auto s = OpenOk(o);
+    for (int i = 1; i <= 60; ++i) Put(*s, "k", std::to_string(i));
+    REQUIRE(s->Checkpoint().ok());  // full at 60
+  }
+  // A power loss keeps the checkpoint (synced) but not the log after tx 40.
+  const std::string seg = d / si::SegmentName(1);
+  std::string bytes = ReadFile(seg);
+  const auto frames = FrameOffsets(bytes);
+  std::fill(bytes.begin() + static_cast<std::ptrdiff_t>(frames[40].first), bytes.end(), '\0');
+  WriteFile(seg, bytes);
+  {
+    auto s = OpenOk(o);
+    CHECK(s->last_tx_id() == 60);
+    for (int i = 61; i <= 70; ++i) Put(*s, "k", std::to_string(i));  // the log jumps 40 -> 61
+    REQUIRE(s->Checkpoint().ok());  // incremental at 70
+    CHECK(s->VerifyChain().ok());   // was: tx_id gap, expected 41, found 61
+  }
+  auto s = OpenOk(o);  // was: the same gap, in both modes
+  CHECK(s->last_tx_id() == 70);
+  CHECK(s->Get("k") == "70");
+}
+
+TEST_CASE("an I/O error reading a checkpoint at open is returned, and the file is kept") {
+  TempDir d;
+  {
+    auto s = OpenOk(Options(d.path()));
+    Put(*s, "a", "1");
+    REQUIRE(s->Checkpoint().ok());
+  }
+  auto faulty = std::make_shared<FaultyFileSystem>();
+  StateStoreOptions o = Options(d.path());
+  o.file_system = faulty;
+  faulty->FailNth("read", 2, EIO);  // IDENTITY, then the checkpoint
+  auto r = StateStore::Open(o);
+  REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(r.status().message() == "read: injected EIO");  // was: renamed *.damaged, tx_id gap
+  CHECK(std::filesystem::exists(d / si::CheckpointName(1, si::CheckpointKind::kFull)));
+  auto s = OpenOk(o);  // the error was transient
+  CHECK(s->Get("a") == "1");
+  CHECK(s->Stats().recovered_checkpoints == 1);
 }

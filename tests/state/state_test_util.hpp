@@ -75,8 +75,8 @@ inline inferq::StateStoreOptions Options(const std::string& dir) {
 }
 
 // Fails chosen operations, otherwise forwards to the POSIX file system.
-// Operation kinds: "create", "open", "write", "sync", "close", "rename", "remove",
-// "syncdir". `FailNth(kind, n, err)` makes the n-th call (1-based, counted from now)
+// Operation kinds: "create", "open", "read", "write", "sync", "close", "rename",
+// "remove", "syncdir". `FailNth(kind, n, err)` makes the n-th call (1-based, counted from now)
 // of that kind fail with errno `err` (EIO or ENOSPC); a failed write first writes
 // half of its bytes, as a real short write would.
 class FaultyFileSystem final : public inferq::FileSystem {
@@ -136,7 +136,10 @@ class FaultyFileSystem final : public inferq::FileSystem {
   absl::StatusOr<std::unique_ptr<inferq::FileLock>> Lock(const std::string& p) override {
     return base_->Lock(p);
   }
-  absl::StatusOr<std::string> Read(const std::string& p) override { return base_->Read(p); }
+  absl::StatusOr<std::string> Read(const std::string& p) override {
+    if (auto st = Check("read"); !st.ok()) return st;
+    return base_->Read(p);
+  }
   absl::StatusOr<std::vector<std::string>> List(const std::string& d) override {
     return base_->List(d);
   }

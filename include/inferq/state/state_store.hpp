@@ -39,14 +39,17 @@
 // tx_ids, a broken chain, or damage anywhere before the tail is kDataLoss naming the
 // file, the byte offset and the tx_id, in both modes. A damaged (e.g. torn)
 // checkpoint file is skipped for the one before it in kPointInTime and is an error
-// in kStrict.
+// in kStrict. An I/O error reading a file is returned as it is, never taken for
+// damage.
 //
 // Directory: IDENTITY (the store id every segment and checkpoint carries, so files
 // from another store's directory are refused), LOCK (held by the open store),
 // wal-<first tx_id>.log segments (zero-filled ahead of the last record),
 // ckpt-<tx_id>-<full|incr>.zst checkpoints; a checkpoint found damaged is renamed
-// *.damaged. There is no manifest: removing the newest segment file loses its
-// records without an error.
+// *.damaged, and ones built on it *.unused. Retirement keeps the checkpoint before
+// the newest full one (with the chain it builds on) and the log from it, so any one
+// damaged checkpoint leaves a way back. There is no manifest: removing the newest
+// segment file loses its records without an error.
 //
 // Failure: a failed write or fdatasync (EIO, ENOSPC, ...) puts the store into a
 // failed state: that commit and every later one return the error (the later ones as

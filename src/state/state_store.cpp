@@ -907,6 +907,12 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(StateStoreOptions o
   ro.strict = options.recovery == RecoveryMode::kStrict;
   ro.modify = !options.read_only;
   auto r = Recover(fs, options.dir, ro);
+  // A read-only open next to a writing store can list a segment or checkpoint that
+  // the writer retires before it is read: list and read again (a few times).
+  for (int retry = 0; options.read_only && retry < 3 && r.status().code() == absl::StatusCode::kNotFound;
+       ++retry) {
+    r = Recover(fs, options.dir, ro);
+  }
   if (!r.ok()) return r.status();
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

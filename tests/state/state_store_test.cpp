@@ -1055,3 +1055,38 @@ TEST_CASE("an I/O error reading a checkpoint at open is returned, and the file i
   CHECK(s->Get("a") == "1");
   CHECK(s->Stats().recovered_checkpoints == 1);
 }
+
+TEST_CASE("a read-only open lists again when a file it listed is gone before it reads it") {
+  TempDir d;
+  {
+    auto s = OpenOk(Options(d.path()));
+    Put(*s, "a", "1");
+  }
+  // Stands for a writer retiring the segment between the listing and the read.
+  class VanishingOnce final : public inferq::FileSystem {
+   public:
+    std::shared_ptr<inferq::FileSystem> base = inferq::PosixFileSystem();
+    int reads = 0;
+    absl::StatusOr<std::unique_ptr<inferq::FileLock>> Lock(const std::string& p) override { return base->Lock(p); }
+    absl::StatusOr<std::unique_ptr<inferq::WritableFile>> Create(const std::string& p) override { return base->Create(p); }
+    absl::StatusOr<std::unique_ptr<inferq::WritableFile>> OpenForWrite(const std::string& p) override { return base->OpenForWrite(p); }
+    absl::StatusOr<std::string> Read(const std::string& p) override {
+      if (p.find("wal-") != std::string::npos && reads++ == 0) {
+        return absl::NotFoundError("open '" + p + "': No such file or directory");
+      }
+      return base->Read(p);
+    }
+    absl::StatusOr<std::vector<std::string>> List(const std::string& dir) override { return base->List(dir); }
+    absl::Status CreateDir(const std::string& dir) override { return base->CreateDir(dir); }
+    absl::Status Rename(const std::string& a, const std::string& b) override { return base->Rename(a, b); }
+    absl::Status Remove(const std::string& p) override { return base->Remove(p); }
+    absl::Status SyncDir(const std::string& dir) override { return base->SyncDir(dir); }
+  };
+  auto fs = std::make_shared<VanishingOnce>();
+  StateStoreOptions o = Options(d.path());
+  o.read_only = true;
+  o.file_system = fs;
+  auto s = OpenOk(o);  // was: NOT_FOUND now and then next to a writer
+  CHECK(s->Get("a") == "1");
+  CHECK(fs->reads == 2);
+}

@@ -102,7 +102,9 @@ struct StateStoreOptions {
   std::uint64_t segment_bytes = std::uint64_t{64} << 20;
   int max_incremental_chain = 16;
   // Recover and serve reads without changing any file (no torn-tail truncation, no
-  // commits, no checkpoints): for inspection tools.
+  // commits, no checkpoints): for inspection tools. Allowed next to an open writer:
+  // it sees a consistent prefix of the committed transactions (a file the writer
+  // retires while it reads is listed and read again).
   bool read_only = false;
   // File layer (null: PosixFileSystem()); tests inject failures through it.
   std::shared_ptr<FileSystem> file_system;

@@ -1,0 +1,444 @@
+// File: inferq/routing/selection.hpp
+//
+// Selection: which member (lane) of a consumer group serves an event (DESIGN.md
+// §3.5). A `MemberGroup` holds what is known about each member — queued and in-flight
+// work, ack latency, reported load, health — and runs outlier ejection for every
+// policy. A `SelectionPolicy` picks one member from the group's `SelectionView`,
+// which already accounts for health (weights, ejection, panic mode). Users may
+// implement their own policy; the library's are RoundRobinPolicy, LeastLoadedPolicy,
+// PeakEwmaPolicy, TopologyScorePolicy, ConsistentHashPolicy, WeightedShadowPolicy and
+// the AffinityPolicy decorator.
+//
+// Usage:
+//   inferq::MemberGroup group(4, {}, &clock);
+//   inferq::LeastLoadedPolicy policy;
+//   inferq::Selection s = group.Select(policy, event);   // s.member in 0..3
+//   group.OnQueued(s.member);
+//   ...                                                   // the member works on it
+//   group.OnDone(s.member, inferq::Outcome::kSuccess, latency_ns);
+//
+// Health (outlier ejection, after Envoy's outlier detection and Finagle's
+// failure accrual, shared by all policies):
+//  - `consecutive_failures` failures in a row (a nak, an ack_wait expiry, or an
+//    ack latency above `latency_factor` x the group's median ack latency and above
+//    `latency_floor`) make a member *degraded*: weight `degraded_weight` (0.01).
+//  - As many further failures in a row while degraded *eject* it: weight 0 for
+//    base_ejection_time x (number of ejections), capped at max_ejection_time, plus
+//    a random jitter of up to `ejection_jitter` of that time. `consecutive_failures`
+//    successes in a row while degraded make it healthy again.
+//  - The ejection cap is checked with the candidate counted: a member is ejected
+//    only if (ejected + 1) * 100 <= max_ejected_percent * members and at least one
+//    other member stays in, so a group is never emptied.
+//  - An ejected member comes back *recovering*: its weight ramps linearly from
+//    degraded_weight to 1 over `slow_start`, so traffic returns gradually.
+//  - Panic mode (Envoy's panic threshold): when fewer than
+//    panic_threshold_percent of the members are healthy (not degraded, ejected or
+//    recovering), every member gets weight 1 and the selection is counted as a
+//    panic: a group that is mostly sick spreads load instead of crushing the rest.
+//
+// Thread safety: OnQueued, OnDone, ReportLoad and Stats may be called from any
+// thread at any time. Select must be called by one thread at a time per group (the
+// engine calls it under the stream's mutex); a policy's Select is only ever called
+// through MemberGroup::Select, so policies need no locking of their own unless they
+// are shared between groups (the library's policies must not be).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "inferq/base/cache_line.hpp"
+#include "inferq/base/clock.hpp"
+#include "inferq/event/event.hpp"
+
+namespace inferq {
+
+inline constexpr std::uint32_t kNoMember = UINT32_MAX;
+
+// The result of a selection: the member that serves the event and, for
+// WeightedShadowPolicy, a shadow member that receives a mirrored copy whose ack
+// and result do not count for the primary.
+struct Selection {
+  std::uint32_t member = kNoMember;
+  std::uint32_t mirror = kNoMember;
+};
+
+// How one unit of work a member was given ended.
+enum class Outcome : std::uint8_t {
+  kSuccess,  // acked: counts for health, latency feeds the EWMAs
+  kFailure,  // nak, ack_wait expiry, error: counts against health
+  kDropped,  // left without a verdict (discarded, moved to another member): no health effect
+};
+
+// Load a member reports about itself (TopologyScorePolicy's inputs). Units: qps in
+// requests/s served (higher is better), rt_ms its response time in ms, hop its
+// topology distance to the producers (0 = same NUMA node, 1 = other socket, 2 =
+// other machine; any non-negative scale), cpu its utilisation in [0, 1].
+struct MemberLoadReport {
+  double qps = 0;
+  double rt_ms = 0;
+  double hop = 0;
+  double cpu = 0;
+};
+
+struct OutlierOptions {
+  bool enabled = true;
+  std::uint32_t consecutive_failures = 5;  // >= 1
+  double degraded_weight = 0.01;           // (0, 1)
+  double latency_factor = 5.0;             // >= 1; 0 disables the latency check
+  absl::Duration latency_floor = absl::Milliseconds(1);
+  absl::Duration base_ejection_time = absl::Seconds(1);  // > 0
+  absl::Duration max_ejection_time = absl::Seconds(30);  // >= base
+  double ejection_jitter = 0.1;            // [0, 1]
+  std::uint32_t max_ejected_percent = 50;  // 0..100
+  std::uint32_t panic_threshold_percent = 50;  // 0..100; 0 disables panic mode
+  absl::Duration slow_start = absl::Seconds(1);  // >= 0
+};
+
+struct GroupOptions {
+  OutlierOptions outlier{};
+  // TopologyScore: EWMA weight of a new sample (s = a*x + (1-a)*s), in (0, 1].
+  double ewma_alpha = 0.85;
+  // TopologyScore: how often member metrics are smoothed and scores recomputed.
+  absl::Duration refresh_interval = absl::Milliseconds(500);
+  // PeakEwma: decay time of the latency average (Finagle's default is 10 s).
+  absl::Duration peak_ewma_decay = absl::Seconds(10);
+  std::uint64_t seed = 0x9E3779B97F4A7C15ULL;  // for P2C sampling and jitter
+};
+
+enum class MemberHealth : std::uint8_t { kHealthy, kDegraded, kEjected, kRecovering };
+std::string_view MemberHealthName(MemberHealth h);
+
+struct MemberSnapshot {
+  std::uint32_t index = 0;
+  MemberHealth health = MemberHealth::kHealthy;
+  double weight = 1;              // 0 ejected .. 1
+  std::int64_t outstanding = 0;   // queued + in flight
+  std::uint64_t successes = 0;
+  std::uint64_t failures = 0;
+  std::uint32_t ejections = 0;    // times ejected so far
+  double peak_ewma_ms = 0;        // PeakEwma latency estimate
+  double score = 0;               // TopologyScore (lower is better)
+};
+
+struct GroupSnapshot {
+  std::vector<MemberSnapshot> members;
+  std::uint64_t selections = 0;
+  std::uint64_t panics = 0;        // selections made in panic mode
+  std::uint64_t degradations = 0;  // healthy -> degraded transitions
+  std::uint64_t ejections = 0;     // degraded -> ejected transitions
+  std::uint64_t ejections_refused = 0;  // ejections the cap refused
+};
+
+// What a policy sees when it selects: the members with health already applied.
+// Valid only during one MemberGroup::Select call.
+class SelectionView {
+ public:
+  std::uint32_t size() const { return size_; }
+  std::int64_t now_ns() const { return now_ns_; }
+  // True when every member has weight 1 (no member sick, or panic mode).
+  bool all_healthy() const { return all_healthy_; }
+  bool panic() const { return panic_; }
+  // 0 (ejected) .. 1; 1 for every member in panic mode.
+  double weight(std::uint32_t m) const { return all_healthy_ ? 1.0 : weights_[m]; }
+  bool eligible(std::uint32_t m) const { return weight(m) > 0; }
+  std::int64_t outstanding(std::uint32_t m) const;
+  // Finagle peak-EWMA latency estimate of member m, ns (0 before any ack).
+  double peak_ewma_ns(std::uint32_t m) const;
+  // TopologyScore of member m as of the last refresh (lower is better).
+  double score(std::uint32_t m) const;
+  // A uniformly random integer in [0, n), n > 0 (xorshift; one per group).
+  std::uint32_t Random(std::uint32_t n) const;
+  // A random eligible member chosen with probability proportional to weight;
+  // kNoMember when none is eligible (cannot happen: the group is never emptied).
+  std::uint32_t RandomByWeight() const;
+
+ private:
+  friend class MemberGroup;
+  const class MemberGroup* group_ = nullptr;
+  const double* weights_ = nullptr;
+  std::uint32_t size_ = 0;
+  std::int64_t now_ns_ = 0;
+  bool all_healthy_ = true;
+  bool panic_ = false;
+};
+
+// A member-selection policy. Implement Select; it must return a member index
+// below view.size() (MemberGroup::Select replaces an out-of-range answer by a
+// random eligible member and counts nothing else about it).
+class SelectionPolicy {
+ public:
+  virtual ~SelectionPolicy() = default;
+  virtual std::string_view name() const = 0;
+  virtual Selection Select(const Event& event, const SelectionView& view) = 0;
+};
+
+class MemberGroup {
+ public:
+  // InvalidArgument (naming the field and value) for members == 0 or > 4096 or an
+  // option out of its range; see Validate.
+  static absl::StatusOr<std::unique_ptr<MemberGroup>> Create(std::uint32_t members,
+                                                             GroupOptions options = {},
+                                                             const Clock* clock = nullptr);
+  static absl::Status Validate(std::uint32_t members, const GroupOptions& options);
+  ~MemberGroup();
+  MemberGroup(const MemberGroup&) = delete;
+  MemberGroup& operator=(const MemberGroup&) = delete;
+
+  std::uint32_t size() const { return size_; }
+  const GroupOptions& options() const { return options_; }
+  const Clock& clock() const { return *clock_; }
+
+  // Selects a member for `event` through `policy` (one thread at a time).
+  Selection Select(SelectionPolicy& policy, const Event& event);
+
+  // One more unit of work was queued for member m.
+  void OnQueued(std::uint32_t m) {
+    members_[m].outstanding.fetch_add(1, std::memory_order_relaxed);
+  }
+  // A unit of work of member m ended; `latency_ns` is its delivery-to-ack time
+  // (ignored unless kSuccess). Updates health and the latency estimates.
+  void OnDone(std::uint32_t m, Outcome outcome, std::int64_t latency_ns);
+  // Reported load for TopologyScorePolicy. InvalidArgument for m out of range or a
+  // negative / non-finite value, or cpu above 1.
+  absl::Status ReportLoad(std::uint32_t m, const MemberLoadReport& report);
+
+  GroupSnapshot Stats() const;
+
+ private:
+  friend class SelectionView;
+  struct alignas(kCacheLineSize) Member {
+    std::atomic<std::int64_t> outstanding{0};
+    std::atomic<double> peak_ewma_ns{0};
+    std::atomic<double> score{0};
+    std::mutex mu;  // guards the rest
+    MemberHealth health = MemberHealth::kHealthy;
+    std::uint32_t consecutive_failures = 0;
+    std::uint32_t consecutive_successes = 0;
+    std::uint32_t ejections = 0;
+    std::int64_t eject_until_ns = 0;
+    std::int64_t recover_until_ns = 0;
+    std::int64_t last_ack_ns = 0;      // for the peak-EWMA decay
+    std::int64_t last_healthy_ns = 0;  // forget ejections after a long healthy spell
+    std::uint64_t successes = 0;
+    std::uint64_t failures = 0;
+    // TopologyScore inputs: reported (if any) and measured in the current window.
+    bool reported = false;
+    MemberLoadReport report{};
+    std::uint64_t window_acks = 0;
+    double window_latency_ms_sum = 0;
+    MemberLoadReport smoothed{};
+    bool smoothed_init = false;
+    double ack_latency_ewma_ms = 0;  // for the latency-outlier check
+  };
+
+  MemberGroup(std::uint32_t members, GroupOptions options, const Clock* clock);
+  void Failure(Member& mem, std::uint32_t index, std::int64_t now);  // requires mem.mu
+  void RecomputeWeights(std::int64_t now);  // Select's thread
+  void Refresh(std::int64_t now);           // Select's thread
+  std::uint64_t NextRandom() const;
+
+  const std::uint32_t size_;
+  const GroupOptions options_;
+  const Clock* clock_;
+  std::unique_ptr<Member[]> members_;
+
+  // Select's thread only.
+  std::vector<double> weights_;
+  bool all_healthy_ = true;
+  bool panic_ = false;
+  std::int64_t next_refresh_ns_ = 0;
+  std::int64_t next_transition_ns_ = INT64_MAX;  // earliest time-driven weight change
+  std::uint64_t seen_epoch_ = 0;
+  bool weights_valid_ = false;  // weights_ reflect seen_epoch_
+  std::uint64_t window_start_ns_ = 0;
+  std::vector<double> scratch_;
+  mutable std::uint64_t rng_;
+
+  // Any thread.
+  std::atomic<std::uint64_t> health_epoch_{0};  // bumped on every health transition
+  std::atomic<std::uint32_t> sick_{0};          // members not healthy
+  std::atomic<std::uint32_t> ejected_{0};       // members ejected now
+  std::atomic<double> median_latency_ms_{0};    // group's median ack latency EWMA
+  std::mutex eject_mu_;                         // serializes ejection decisions
+  std::atomic<std::uint64_t> selections_{0}, panics_{0}, degradations_{0}, ejections_{0},
+      ejections_refused_{0};
+};
+
+// ---------------------------------------------------------------------------------
+// Policies. Each instance serves one MemberGroup.
+
+// Smooth weighted round robin (nginx's algorithm) over eligible members; plain
+// round robin while every member is healthy.
+class RoundRobinPolicy final : public SelectionPolicy {
+ public:
+  std::string_view name() const override { return "round_robin"; }
+  Selection Select(const Event& event, const SelectionView& view) override;
+
+ private:
+  std::uint64_t next_ = 0;
+  std::vector<double> current_;  // SWRR state
+};
+
+// Power of two choices (Mitzenmacher, "The Power of Two Choices in Randomized Load
+// Balancing", 2001): two random eligible members, the one with the lower
+// outstanding / weight wins (outstanding = queued + in flight).
+class LeastLoadedPolicy final : public SelectionPolicy {
+ public:
+  std::string_view name() const override { return "least_loaded"; }
+  Selection Select(const Event& event, const SelectionView& view) override;
+};
+
+// Finagle's peak EWMA (com.twitter.finagle.loadbalancer.PeakEwma): cost =
+// latency_estimate x (outstanding + 1) / weight, lowest of two random eligible
+// members. The estimate jumps to any higher observed latency (peak) and decays
+// towards lower ones with time constant GroupOptions::peak_ewma_decay (applied when
+// an ack arrives). As in Finagle, a member without any latency yet costs 0 while
+// idle (so it is tried) and a large penalty once work is pending on it (so it is
+// not flooded before it answers).
+class PeakEwmaPolicy final : public SelectionPolicy {
+ public:
+  std::string_view name() const override { return "peak_ewma"; }
+  Selection Select(const Event& event, const SelectionView& view) override;
+};
+
+// Topology score (DESIGN.md §3.5): score = 0.4*qps^-1 + 0.3*rt + 0.2*hop + 0.1*cpu,
+// each term normalised by its maximum over the group (so in [0, 1]) after each
+// metric is smoothed by an EWMA (alpha GroupOptions::ewma_alpha = 0.85), refreshed
+// every GroupOptions::refresh_interval (500 ms). Metrics come from ReportLoad, or,
+// for a member that never reported, from the engine's measurements: qps = acks per
+// second in the last window, rt = mean ack latency in the window, hop = 0, cpu =
+// outstanding / max outstanding in the group. Lowest score wins; to avoid sending
+// a whole refresh interval of work to one member, the pick uses (score + 0.01) x
+// (outstanding + 1) / weight, Finagle's pending multiplier — with equal load it is
+// exactly lowest-score-wins.
+class TopologyScorePolicy final : public SelectionPolicy {
+ public:
+  std::string_view name() const override { return "topology_score"; }
+  Selection Select(const Event& event, const SelectionView& view) override;
+
+ private:
+  std::uint32_t start_ = 0;  // rotates the tie-break
+};
+
+// What an affinity policy hashes: an event attribute, a header or a JSON value.
+class HashKey {
+ public:
+  static HashKey SeqId();
+  static HashKey Tenant();
+  // InvalidArgument for an empty name.
+  static absl::StatusOr<HashKey> Header(std::string name);
+  // RFC 6901 JSON Pointer into a JSON payload; a string value hashes its text, any
+  // other value its JSON serialization. InvalidArgument for a malformed pointer.
+  static absl::StatusOr<HashKey> JsonPointer(std::string pointer);
+
+  // The key bytes of `e` into *out; false when the event has no such key (empty
+  // seq_id/tenant, missing header, non-JSON payload or missing pointer target).
+  bool Extract(const Event& e, std::string* out) const;
+  std::string DebugString() const;
+
+ private:
+  enum class Kind : std::uint8_t { kSeqId, kTenant, kHeader, kJsonPointer };
+  HashKey(Kind k, std::string arg) : kind_(k), arg_(std::move(arg)) {}
+  Kind kind_;
+  std::string arg_;
+};
+
+// Consistent hashing on a ring with `virtual_nodes` points per member (Karger et
+// al., 1997; Ketama's layout), XXH3 hashes. A key goes to the first eligible member
+// clockwise from its hash, so one generation (seq_id) or one session stays on one
+// replica and its KV cache; when a member joins or leaves only the keys of its arcs
+// move (about 1/N). Events without the key go round robin. Health: ejected members
+// are skipped (their keys move to the next point); degraded ones keep their keys.
+class ConsistentHashPolicy final : public SelectionPolicy {
+ public:
+  // InvalidArgument for members == 0 or virtual_nodes == 0 or > 10000.
+  static absl::StatusOr<std::unique_ptr<ConsistentHashPolicy>> Create(
+      HashKey key, std::uint32_t members, std::uint32_t virtual_nodes = 160);
+  std::string_view name() const override { return "consistent_hash"; }
+  Selection Select(const Event& event, const SelectionView& view) override;
+  // The member the ring gives `key_bytes` when every member is eligible.
+  std::uint32_t Owner(std::string_view key_bytes) const;
+  std::uint64_t keyless() const { return keyless_; }
+
+ private:
+  ConsistentHashPolicy(HashKey key, std::uint32_t members, std::uint32_t vnodes);
+  std::uint32_t Walk(std::uint64_t h, const SelectionView* view) const;
+  HashKey key_;
+  std::uint32_t members_;
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> ring_;  // (point, member), sorted
+  std::string scratch_;
+  std::uint64_t next_ = 0;
+  std::uint64_t keyless_ = 0;
+};
+
+// Weighted split with shadow mirroring: the primary member is drawn among members
+// with a positive weight in `weights` (probability weight x health weight); with
+// probability `mirror_fraction` the event is also mirrored to one of the `shadows`
+// (round robin among eligible shadows). Shadow members never serve as primary.
+struct WeightedShadowOptions {
+  std::vector<double> weights{};       // one per member, >= 0, some primary > 0
+  std::vector<std::uint32_t> shadows{};  // member indices, distinct
+  double mirror_fraction = 0;          // [0, 1]
+};
+class WeightedShadowPolicy final : public SelectionPolicy {
+ public:
+  // InvalidArgument when weights has not `members` entries, a weight is negative
+  // or not finite, no non-shadow member has a positive weight, a shadow index is
+  // out of range or repeated, or mirror_fraction is outside [0, 1].
+  static absl::StatusOr<std::unique_ptr<WeightedShadowPolicy>> Create(
+      std::uint32_t members, WeightedShadowOptions options);
+  std::string_view name() const override { return "weighted_shadow"; }
+  Selection Select(const Event& event, const SelectionView& view) override;
+  const WeightedShadowOptions& options() const { return options_; }
+
+ private:
+  explicit WeightedShadowPolicy(WeightedShadowOptions o);
+  WeightedShadowOptions options_;
+  std::vector<bool> is_shadow_;
+  std::uint64_t next_shadow_ = 0;
+};
+
+// Session affinity on top of any policy: the first event with a given key is placed
+// by `inner`; later events with the same key go to the same member while it is
+// eligible (weight > 0), and are placed anew (and remembered) when it is not. The
+// table holds at most `capacity` keys; when full, the least recently placed key is
+// forgotten. Events without the key are placed by `inner`. Use it for decode steps:
+// the sequence stays with the replica that holds its KV cache.
+class AffinityPolicy final : public SelectionPolicy {
+ public:
+  // InvalidArgument for a null inner policy or capacity 0.
+  static absl::StatusOr<std::unique_ptr<AffinityPolicy>> Create(
+      std::unique_ptr<SelectionPolicy> inner, HashKey key, std::size_t capacity = 65536);
+  ~AffinityPolicy() override;
+  std::string_view name() const override { return "affinity"; }
+  Selection Select(const Event& event, const SelectionView& view) override;
+  // Forgets `key_bytes` (e.g. when its sequence ends). True when it was known.
+  bool Forget(std::string_view key_bytes);
+  std::uint64_t moves() const { return moves_; }  // keys re-placed because their member left
+
+ private:
+  struct Table;
+  AffinityPolicy(std::unique_ptr<SelectionPolicy> inner, HashKey key, std::size_t capacity);
+  std::unique_ptr<SelectionPolicy> inner_;
+  HashKey key_;
+  std::unique_ptr<Table> table_;
+  std::size_t capacity_;
+  std::string scratch_;
+  std::uint64_t moves_ = 0;
+};
+
+// The policy named `name` ("round_robin", "least_loaded", "peak_ewma",
+// "topology_score") with default settings; InvalidArgument naming an unknown name
+// (the hash, shadow and affinity policies need settings: use their Create).
+absl::StatusOr<std::unique_ptr<SelectionPolicy>> MakeSelectionPolicy(std::string_view name);
+
+}  // namespace inferq

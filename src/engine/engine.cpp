@@ -4,11 +4,15 @@
 #include <bit>
 #include <new>
 #include <atomic>
+#include <condition_variable>
 #include <deque>
+#include <thread>
+#include <tuple>
 #include <mutex>
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "handle_queue.hpp"
 #include "inferq/base/error.hpp"
@@ -83,12 +87,28 @@ struct StoredMessage {
 
 using Handle = std::shared_ptr<StoredMessage>;
 
+// One queued delivery: the shared message plus what is particular to this copy.
+struct Delivery {
+  Handle h;
+  std::uint32_t attempt = 1;  // 1 = first delivery to this consumer
+  bool shadow = false;        // a mirrored copy (WeightedShadowPolicy)
+};
+
 struct Lane {
   Lane(std::size_t capacity, int node_index) : ring(capacity), node(node_index) {}
-  MpmcRing<Handle> ring;
+  MpmcRing<Delivery> ring;
   int node;  // index into the engine's topology nodes; -1 = the publisher's node
   alignas(kCacheLineSize) std::atomic<std::uint64_t> delivered{0};
+  std::atomic<std::int64_t> last_pop_ns{0};  // engine clock; for stall detection
   Histogram deliver_latency_ns;  // written by this lane's puller(s) only
+};
+
+// A delivery handed to a member and not yet acked (ack_wait > 0).
+struct Pending {
+  Handle h;
+  std::uint32_t member = 0;
+  std::uint32_t attempt = 1;
+  std::int64_t deadline_ns = 0;
 };
 
 struct ConsumerState {
@@ -97,9 +117,23 @@ struct ConsumerState {
   StreamState* stream = nullptr;
   const Clock* clock = nullptr;
   std::vector<std::unique_ptr<Lane>> lanes;
-  std::uint64_t next_member = 0;  // round robin; guarded by the stream's mutex
+  std::shared_ptr<SelectionPolicy> policy;  // Select under the stream's mutex
+  std::unique_ptr<MemberGroup> group;
+  bool tracked = false;                     // ack_wait > 0 and explicit acks
+  std::int64_t ack_wait_ns = 0;
+
+  // Deliveries awaiting an ack (tracked consumers), keyed by stream sequence, and
+  // their deadlines in delivery order (ack_wait is fixed, so that order is the
+  // deadline order); entries whose delivery was settled are skipped lazily.
+  std::mutex pending_mu;
+  absl::flat_hash_map<std::uint64_t, Pending> pending;       // guarded by pending_mu
+  std::deque<std::tuple<std::int64_t, std::uint64_t, std::uint32_t>> deadlines;  // (deadline, seq, attempt)
+  std::deque<Delivery> parked;  // redeliveries every lane refused (full); pending_mu
+
   alignas(kCacheLineSize) std::atomic<std::uint64_t> acked{0};
   std::atomic<std::uint64_t> skipped{0};
+  std::atomic<std::uint64_t> redelivered{0}, ack_timeouts{0}, naks{0}, moved{0},
+      late_acks{0}, mirrored{0}, shadow_acked{0};
   Histogram ack_latency_ns;
 };
 
@@ -188,6 +222,35 @@ struct StreamState {
   }
 };
 
+// Queues `d` again for consumer `c` on a member chosen by its policy, not on
+// `exclude` when another lane takes it. Never blocks: a full lane is skipped and,
+// when every lane is full, the delivery is parked until the next timer run.
+void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
+  if (d.h->state.load(std::memory_order_acquire) == kDiscarded) {
+    c.skipped.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const auto n = static_cast<std::uint32_t>(c.lanes.size());
+  {
+    std::lock_guard lock(c.stream->mu);
+    std::uint32_t target = c.group->Select(*c.policy, *d.h->event).member;
+    if (target == exclude && n > 1) target = (target + 1) % n;
+    for (std::uint32_t k = 0; k < n; ++k) {
+      const std::uint32_t m = (target + k) % n;
+      if (m == exclude && n > 1) continue;
+      c.group->OnQueued(m);
+      if (c.lanes[m]->ring.try_push(std::move(d))) {
+        c.redelivered.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      c.group->OnDone(m, Outcome::kDropped, 0);
+    }
+  }
+  if (c.lanes.front()->ring.closed()) return;  // the engine is closing: nobody will pull
+  std::lock_guard lock(c.pending_mu);
+  c.parked.push_back(std::move(d));
+}
+
 }  // namespace engine_internal
 
 using engine_internal::ConsumerState;
@@ -242,9 +305,16 @@ const Event& Message::event() const { return *msg_->event; }
 std::uint64_t Message::stream_seq() const { return msg_ ? msg_->seq : 0; }
 std::int64_t Message::publish_time_ns() const { return msg_ ? msg_->publish_ns : 0; }
 
-absl::Status Message::Ack() {
-  if (msg_ == nullptr) return absl::FailedPreconditionError("cannot ack an empty Message");
-  const ConsumerConfig& cfg = consumer_->config;
+absl::Status Message::Ack() { return Settle(true); }
+absl::Status Message::Nak() { return Settle(false); }
+
+absl::Status Message::Settle(bool ok) {
+  const char* verb = ok ? "ack" : "nak";
+  if (msg_ == nullptr) {
+    return absl::FailedPreconditionError(std::string("cannot ") + verb + " an empty Message");
+  }
+  ConsumerState& c = *consumer_;
+  const ConsumerConfig& cfg = c.config;
   if (cfg.ack == AckPolicy::kNone) {
     return absl::FailedPreconditionError("consumer '" + cfg.name + "' of stream '" +
                                          cfg.stream + "' has ack policy none");
@@ -252,12 +322,56 @@ absl::Status Message::Ack() {
   if (acked_) {
     return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) +
                                          " of stream '" + cfg.stream +
-                                         "' was already acked by consumer '" + cfg.name + "'");
+                                         "' was already acked or nak'ed by consumer '" +
+                                         cfg.name + "'");
+  }
+  if (!ok && shadow_) {
+    return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) +
+                                         " is a shadow copy for consumer '" + cfg.name +
+                                         "'; shadow copies are acked, not nak'ed");
   }
   acked_ = true;
-  consumer_->acked.fetch_add(1, std::memory_order_relaxed);
-  const std::int64_t now = consumer_->clock->NowNanos();
-  consumer_->ack_latency_ns.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, now - deliver_ns_)));
+  const std::int64_t now = c.clock->NowNanos();
+  const std::int64_t latency = std::max<std::int64_t>(0, now - deliver_ns_);
+  if (shadow_) {
+    c.group->OnDone(member_, Outcome::kSuccess, latency);
+    c.shadow_acked.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  if (!ok) c.naks.fetch_add(1, std::memory_order_relaxed);
+  if (c.tracked) {
+    std::unique_lock lock(c.pending_mu);
+    auto it = c.pending.find(msg_->seq);
+    if (it == c.pending.end()) {
+      // Settled by another delivery of the same message: the first ack won, and
+      // this delivery's work was already accounted for when it timed out.
+      c.late_acks.fetch_add(ok ? 1 : 0, std::memory_order_relaxed);
+      return absl::OkStatus();
+    }
+    if (it->second.attempt != attempt_) {
+      // An older delivery that timed out answers while a newer one is out.
+      if (!ok) return absl::OkStatus();
+      c.group->OnDone(it->second.member, Outcome::kDropped, 0);
+      c.pending.erase(it);
+    } else {
+      c.pending.erase(it);
+      if (!ok) {
+        lock.unlock();
+        c.group->OnDone(member_, Outcome::kFailure, latency);
+        engine_internal::Redeliver(c, {msg_, attempt_ + 1, false}, member_);
+        return absl::OkStatus();
+      }
+      c.group->OnDone(member_, Outcome::kSuccess, latency);
+    }
+  } else {
+    c.group->OnDone(member_, ok ? Outcome::kSuccess : Outcome::kFailure, latency);
+    if (!ok) {
+      engine_internal::Redeliver(c, {msg_, attempt_ + 1, false}, member_);
+      return absl::OkStatus();
+    }
+  }
+  c.acked.fetch_add(1, std::memory_order_relaxed);
+  c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
   StreamState* stream = msg_->stream;
   if (stream->config.retention == RetentionPolicy::kInterest &&
       msg_->pending_acks.fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -270,10 +384,11 @@ absl::Status Message::Ack() {
 // Member and Consumer
 
 absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
-  Lane& lane = *consumer_->lanes[index_];
-  Handle h;
+  ConsumerState& c = *consumer_;
+  Lane& lane = *c.lanes[index_];
+  engine_internal::Delivery d;
   for (;;) {
-    if (!lane.ring.pop_until(h, deadline_ns)) {
+    if (!lane.ring.pop_until(d, deadline_ns)) {
       if (lane.ring.closed() && lane.ring.size_approx() == 0) {
         return absl::CancelledError("engine closed: consumer '" + consumer_->config.name +
                                     "' member " + std::to_string(index_) + " is drained");
@@ -282,8 +397,9 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
                                          consumer_->config.name + "' member " +
                                          std::to_string(index_) + " before the timeout");
     }
+    Handle& h = d.h;
     StreamState& stream = *h->stream;
-    const std::int64_t now = consumer_->clock->NowNanos();
+    const std::int64_t now = c.clock->NowNanos();
     // A consumer never receives what its stream has discarded (limits, max_age);
     // an event that aged out while queued is discarded here.
     if (h->state.load(std::memory_order_acquire) == engine_internal::kLive &&
@@ -291,14 +407,26 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
       stream.Retire(*h, engine_internal::kDiscarded);
     }
     if (h->state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
-      consumer_->skipped.fetch_add(1, std::memory_order_relaxed);
+      c.skipped.fetch_add(1, std::memory_order_relaxed);
+      c.group->OnDone(index_, Outcome::kDropped, 0);
       continue;
     }
     lane.delivered.fetch_add(1, std::memory_order_relaxed);
     lane.deliver_latency_ns.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, now - h->publish_ns)));
+    if (c.config.ack == AckPolicy::kNone) {
+      c.group->OnDone(index_, Outcome::kSuccess, 0);
+    } else if (c.tracked && !d.shadow) {
+      std::lock_guard lock(c.pending_mu);
+      const std::int64_t deadline = now + c.ack_wait_ns;
+      c.pending.insert_or_assign(h->seq, engine_internal::Pending{h, index_, d.attempt, deadline});
+      c.deadlines.emplace_back(deadline, h->seq, d.attempt);
+    }
     out.msg_ = std::move(h);
     out.consumer_ = consumer_;
     out.deliver_ns_ = now;
+    out.member_ = index_;
+    out.attempt_ = d.attempt;
+    out.shadow_ = d.shadow;
     out.acked_ = false;
     return absl::OkStatus();
   }
@@ -397,6 +525,18 @@ struct Engine::Impl {
 
   std::atomic<std::uint64_t> published{0}, unrouted{0}, rejected{0}, invalid{0};
 
+  // Timers (ack_wait, stalled members): a background thread unless manual_timers.
+  bool manual_timers = false;
+  std::mutex timer_mu;
+  std::condition_variable timer_cv;
+  bool timer_stop = false;                       // guarded by timer_mu
+  std::int64_t timer_interval_ns = 100'000'000;  // guarded by timer_mu
+  std::thread timer;                             // started under config_mu
+  std::mutex run_timers_mu;                      // one RunTimers at a time
+  // Per lane, what the timer saw last: (delivered count, since when unchanged while
+  // items were queued). Guarded by run_timers_mu.
+  absl::flat_hash_map<const Lane*, std::pair<std::uint64_t, std::int64_t>> stall_marks;
+
   StreamState* FindStream(std::string_view name) {
     for (auto& s : streams) {
       if (s->config.name == name) return s.get();
@@ -438,6 +578,7 @@ NumaArena* ProcessArena(const Topology& topology, int node_index, std::string* w
 
 Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->clock = options.clock ? options.clock : SteadyClock::Default();
+  impl_->manual_timers = options.manual_timers;
   if (options.topology != nullptr) {
     impl_->topology = *options.topology;
   } else if (absl::StatusOr<Topology> t = Topology::Detect(); t.ok()) {
@@ -555,6 +696,14 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
                                       std::to_string(static_cast<int>(config.ack)) +
                                       " is not a valid AckPolicy");
   }
+  if (absl::Status s = MemberGroup::Validate(config.members, config.group); !s.ok()) {
+    return absl::InvalidArgumentError("consumer '" + config.name + "': " + std::string(s.message()));
+  }
+  if (config.ack_wait < absl::ZeroDuration() || config.ack_wait == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError("consumer '" + config.name + "': ack_wait " +
+                                      absl::FormatDuration(config.ack_wait) +
+                                      " is invalid (zero for none, or positive and finite)");
+  }
   auto state = std::make_unique<ConsumerState>();
   if (!config.filter_subject.empty()) {
     absl::StatusOr<SubjectPattern> p = SubjectPattern::Parse(config.filter_subject);
@@ -566,6 +715,16 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   }
   state->config = config;
   state->clock = impl_->clock;
+  state->policy = config.selection ? config.selection : std::make_shared<RoundRobinPolicy>();
+  state->config.selection = nullptr;  // the consumer's policy is state->policy
+  {
+    absl::StatusOr<std::unique_ptr<MemberGroup>> g =
+        MemberGroup::Create(config.members, config.group, impl_->clock);
+    if (!g.ok()) return g.status();
+    state->group = *std::move(g);
+  }
+  state->ack_wait_ns = absl::ToInt64Nanoseconds(config.ack_wait);
+  state->tracked = state->ack_wait_ns > 0 && config.ack == AckPolicy::kExplicit;
 
   StreamState* stream = nullptr;
   ConsumerState* raw = nullptr;
@@ -585,6 +744,12 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
         return absl::AlreadyExistsError("consumer '" + config.name + "' of stream '" +
                                         config.stream + "' already exists");
       }
+      if (config.selection != nullptr && c->policy == config.selection) {
+        return absl::InvalidArgumentError(
+            "consumer '" + config.name + "': its selection policy object is already used by "
+            "consumer '" + c->config.name + "' of stream '" + c->config.stream +
+            "' (policies keep per-group state: give each consumer its own)");
+      }
     }
     try {
       for (std::uint32_t i = 0; i < config.members; ++i) {
@@ -599,6 +764,28 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
     state->stream = stream;
     raw = state.get();
     impl_->consumers.push_back(std::move(state));
+    if (raw->tracked && !impl_->manual_timers) {
+      const std::int64_t interval =
+          std::clamp<std::int64_t>(raw->ack_wait_ns / 4, 1'000'000, 100'000'000);
+      {
+        std::lock_guard tl(impl_->timer_mu);
+        impl_->timer_interval_ns = std::min(impl_->timer_interval_ns, interval);
+      }
+      impl_->timer_cv.notify_all();
+      if (!impl_->timer.joinable()) {
+        Impl* impl = impl_.get();
+        impl_->timer = std::thread([this, impl] {
+          std::unique_lock tl(impl->timer_mu);
+          while (!impl->timer_stop) {
+            impl->timer_cv.wait_for(tl, std::chrono::nanoseconds(impl->timer_interval_ns));
+            if (impl->timer_stop) break;
+            tl.unlock();
+            RunTimers();
+            tl.lock();
+          }
+        });
+      }
+    }
   }
   // Now the publishers of the stream start queueing for it. This waits for a
   // publisher blocked on a full lane of another consumer; Close() releases it.
@@ -671,19 +858,25 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
       if (first_refusal.ok()) first_refusal = std::move(refusal);
       continue;
     }
-    // The consumers that take this event, and which member of each. The round-robin
-    // positions move only once the event is stored.
-    absl::InlinedVector<std::pair<ConsumerState*, Lane*>, 8> targets;
+    // The consumers that take this event, and which member of each (the consumer's
+    // selection policy, under this stream's mutex), plus shadow copies.
+    struct Target {
+      ConsumerState* consumer;
+      std::uint32_t member;
+      bool shadow;
+    };
+    absl::InlinedVector<Target, 8> targets;
     std::uint32_t explicit_acks = 0;
-    const std::string& subject = shared ? shared->subject : event.subject;
+    const Event& ev = shared ? *shared : event;
     for (ConsumerState* c : stream->consumers) {
-      if (c->filter && !c->filter->Matches(subject)) continue;
-      Lane* lane = c->lanes[c->next_member % c->lanes.size()].get();
-      targets.emplace_back(c, lane);
+      if (c->filter && !c->filter->Matches(ev.subject)) continue;
+      const Selection sel = c->group->Select(*c->policy, ev);
+      targets.push_back({c, sel.member, false});
+      if (sel.mirror != kNoMember) targets.push_back({c, sel.mirror, true});
       if (c->config.ack == AckPolicy::kExplicit) ++explicit_acks;
     }
-    engine_internal::NodePools& pools =
-        impl_->PoolsFor(targets.empty() ? -1 : targets.front().second->node);
+    engine_internal::NodePools& pools = impl_->PoolsFor(
+        targets.empty() ? -1 : targets.front().consumer->lanes[targets.front().member]->node);
     // Everything that can fail for want of memory happens before the stream changes
     // (before discard-old makes room), so a failure changes nothing.
     std::shared_ptr<StoredMessage> stored;
@@ -707,7 +900,6 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
       continue;
     }
     if (cfg.discard == DiscardPolicy::kOld) stream->MakeRoom(bytes);
-    for (auto& [consumer, lane] : targets) ++consumer->next_member;
     stored->event = shared;
     stored->stream = stream;
     stored->seq = stream->next_seq++;
@@ -728,10 +920,16 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
     // Queue while holding the stream's mutex, so every member sees the stream's
     // order. A full lane blocks here: that is the backpressure on publishers.
     std::uint32_t undelivered_acks = 0;
-    for (auto& [consumer, lane] : targets) {
-      if (lane->ring.push(stored)) {
+    for (const Target& t : targets) {
+      ConsumerState* consumer = t.consumer;
+      // Counted before the push, so that a fast pull and ack never see it negative.
+      consumer->group->OnQueued(t.member);
+      if (consumer->lanes[t.member]->ring.push(engine_internal::Delivery{stored, 1, t.shadow})) {
         ++ack.deliveries;
+        if (t.shadow) consumer->mirrored.fetch_add(1, std::memory_order_relaxed);
       } else {  // closed while waiting: that consumer will never ack it
+        consumer->group->OnDone(t.member, Outcome::kDropped, 0);
+        if (t.shadow) continue;
         ++undelivered;
         if (consumer->config.ack == AckPolicy::kExplicit) ++undelivered_acks;
       }
@@ -761,10 +959,85 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
 }
 
 void Engine::Close() {
-  std::lock_guard lock(impl_->config_mu);
-  impl_->closed.store(true, std::memory_order_release);
-  for (auto& c : impl_->consumers) {
-    for (auto& lane : c->lanes) lane->ring.close();
+  {
+    std::lock_guard lock(impl_->config_mu);
+    impl_->closed.store(true, std::memory_order_release);
+    for (auto& c : impl_->consumers) {
+      for (auto& lane : c->lanes) lane->ring.close();
+    }
+  }
+  {
+    std::lock_guard tl(impl_->timer_mu);
+    impl_->timer_stop = true;
+  }
+  impl_->timer_cv.notify_all();
+  if (impl_->timer.joinable() && impl_->timer.get_id() != std::this_thread::get_id()) {
+    impl_->timer.join();
+  }
+}
+
+void Engine::RunTimers() {
+  std::lock_guard run_lock(impl_->run_timers_mu);
+  std::vector<ConsumerState*> consumers;
+  {
+    std::lock_guard lock(impl_->config_mu);
+    if (impl_->closed.load(std::memory_order_acquire)) return;
+    for (auto& c : impl_->consumers) {
+      if (c->tracked) consumers.push_back(c.get());
+    }
+  }
+  for (ConsumerState* c : consumers) {
+    const std::int64_t now = impl_->clock->NowNanos();
+    // 1. Deliveries whose ack_wait expired: a failure of their member, redelivered.
+    std::vector<std::pair<engine_internal::Delivery, std::uint32_t>> expired;
+    std::deque<engine_internal::Delivery> parked;
+    {
+      std::lock_guard lock(c->pending_mu);
+      while (!c->deadlines.empty() && std::get<0>(c->deadlines.front()) <= now) {
+        const auto [deadline, seq, attempt] = c->deadlines.front();
+        c->deadlines.pop_front();
+        auto it = c->pending.find(seq);
+        if (it == c->pending.end() || it->second.attempt != attempt) continue;  // settled
+        expired.emplace_back(engine_internal::Delivery{std::move(it->second.h), attempt + 1, false},
+                             it->second.member);
+        c->pending.erase(it);
+      }
+      parked.swap(c->parked);
+    }
+    for (auto& [d, member] : expired) {
+      c->ack_timeouts.fetch_add(1, std::memory_order_relaxed);
+      c->group->OnDone(member, Outcome::kFailure, 0);
+      engine_internal::Redeliver(*c, std::move(d), member);
+    }
+    for (auto& d : parked) engine_internal::Redeliver(*c, std::move(d), kNoMember);
+
+    // 2. Lanes whose member pulled nothing for ack_wait while work waited (stalled:
+    //    each moved item is a failure), and lanes of ejected members (no verdict).
+    for (std::uint32_t m = 0; m < c->lanes.size(); ++m) {
+      Lane& lane = *c->lanes[m];
+      const std::uint64_t delivered = lane.delivered.load(std::memory_order_relaxed);
+      auto& [mark_delivered, mark_ns] = impl_->stall_marks[&lane];
+      bool stalled = false;
+      if (lane.ring.size_approx() == 0 || delivered != mark_delivered || mark_ns == 0) {
+        mark_delivered = delivered;
+        mark_ns = lane.ring.size_approx() == 0 ? 0 : now;
+      } else {
+        stalled = now - mark_ns >= c->ack_wait_ns;
+      }
+      const bool ejected = c->group->Health(m) == MemberHealth::kEjected;
+      if (!stalled && !ejected) continue;
+      engine_internal::Delivery d;
+      while (lane.ring.try_pop(d)) {
+        if (d.shadow) {
+          c->group->OnDone(m, Outcome::kDropped, 0);
+          continue;
+        }
+        c->moved.fetch_add(1, std::memory_order_relaxed);
+        c->group->OnDone(m, stalled ? Outcome::kFailure : Outcome::kDropped, 0);
+        engine_internal::Redeliver(*c, std::move(d), m);
+      }
+      mark_ns = 0;
+    }
   }
 }
 
@@ -806,6 +1079,15 @@ EngineStats Engine::Stats() const {
                          ? cs.delivered - cs.acked
                          : 0;
     cs.skipped = c->skipped.load(std::memory_order_relaxed);
+    cs.redelivered = c->redelivered.load(std::memory_order_relaxed);
+    cs.ack_timeouts = c->ack_timeouts.load(std::memory_order_relaxed);
+    cs.naks = c->naks.load(std::memory_order_relaxed);
+    cs.moved = c->moved.load(std::memory_order_relaxed);
+    cs.late_acks = c->late_acks.load(std::memory_order_relaxed);
+    cs.mirrored = c->mirrored.load(std::memory_order_relaxed);
+    cs.shadow_acked = c->shadow_acked.load(std::memory_order_relaxed);
+    cs.policy = std::string(c->policy->name());
+    cs.group = c->group->Stats();
     cs.ack_latency_ns = c->ack_latency_ns.Snapshot();
     out.consumers.push_back(std::move(cs));
   }

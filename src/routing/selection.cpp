@@ -251,6 +251,7 @@ void MemberGroup::Failure(Member& mem, std::uint32_t /*index*/, std::int64_t now
   if (mem.health == MemberHealth::kHealthy || mem.health == MemberHealth::kRecovering) {
     if (mem.health == MemberHealth::kHealthy) sick_.fetch_add(1, std::memory_order_relaxed);
     mem.health = MemberHealth::kDegraded;
+    mem.degraded_until_ns = now + absl::ToInt64Nanoseconds(o.base_ejection_time);
     degradations_.fetch_add(1, std::memory_order_relaxed);
     health_epoch_.fetch_add(1, std::memory_order_release);
     return;
@@ -263,6 +264,7 @@ void MemberGroup::Failure(Member& mem, std::uint32_t /*index*/, std::int64_t now
           static_cast<std::uint64_t>(o.max_ejected_percent) * size_ ||
       ejected + 1 >= size_) {
     ejections_refused_.fetch_add(1, std::memory_order_relaxed);
+    mem.degraded_until_ns = now + absl::ToInt64Nanoseconds(o.base_ejection_time);
     return;
   }
   if (mem.last_healthy_ns != 0 &&
@@ -382,6 +384,14 @@ void MemberGroup::RecomputeWeights(std::int64_t now) {
       mem.consecutive_failures = 0;
       health_epoch_.fetch_add(1, std::memory_order_release);
     }
+    if (mem.health == MemberHealth::kDegraded && now >= mem.degraded_until_ns) {
+      // Degraded and given (almost) no work, it can neither heal nor fail: after
+      // base_ejection_time it is given a chance through the slow start.
+      mem.health = MemberHealth::kRecovering;
+      mem.recover_until_ns = now + slow;
+      mem.consecutive_failures = 0;
+      health_epoch_.fetch_add(1, std::memory_order_release);
+    }
     if (mem.health == MemberHealth::kRecovering && now >= mem.recover_until_ns) {
       mem.health = MemberHealth::kHealthy;
       mem.last_healthy_ns = now;
@@ -395,6 +405,7 @@ void MemberGroup::RecomputeWeights(std::int64_t now) {
         break;
       case MemberHealth::kDegraded:
         w = dw;
+        next = std::min(next, mem.degraded_until_ns);
         break;
       case MemberHealth::kEjected:
         w = 0;
@@ -458,9 +469,18 @@ GroupSnapshot MemberGroup::Stats() const {
   g.ejections = ejections_.load(std::memory_order_relaxed);
   g.ejections_refused = ejections_refused_.load(std::memory_order_relaxed);
   const std::int64_t now = clock_->NowNanos();
+  for (std::uint32_t i = 0; i < size_; ++i) g.members.push_back(SnapshotOf(i, now));
+  return g;
+}
+
+MemberHealth MemberGroup::Health(std::uint32_t m) const {
+  return SnapshotOf(m, clock_->NowNanos()).health;
+}
+
+MemberSnapshot MemberGroup::SnapshotOf(std::uint32_t i, std::int64_t now) const {
   const OutlierOptions& o = options_.outlier;
   const std::int64_t slow = absl::ToInt64Nanoseconds(o.slow_start);
-  for (std::uint32_t i = 0; i < size_; ++i) {
+  {
     Member& mem = members_[i];
     std::lock_guard lock(mem.mu);
     MemberSnapshot s;
@@ -471,14 +491,17 @@ GroupSnapshot MemberGroup::Stats() const {
       s.health = now >= mem.eject_until_ns + slow ? MemberHealth::kHealthy : MemberHealth::kRecovering;
     } else if (s.health == MemberHealth::kRecovering && now >= mem.recover_until_ns) {
       s.health = MemberHealth::kHealthy;
+    } else if (s.health == MemberHealth::kDegraded && now >= mem.degraded_until_ns) {
+      s.health = now >= mem.degraded_until_ns + slow ? MemberHealth::kHealthy : MemberHealth::kRecovering;
     }
     switch (s.health) {
       case MemberHealth::kHealthy: s.weight = 1; break;
       case MemberHealth::kDegraded: s.weight = o.degraded_weight; break;
       case MemberHealth::kEjected: s.weight = 0; break;
       case MemberHealth::kRecovering: {
-        const std::int64_t until = mem.health == MemberHealth::kEjected ? mem.eject_until_ns + slow
-                                                                         : mem.recover_until_ns;
+        const std::int64_t until = mem.health == MemberHealth::kEjected   ? mem.eject_until_ns + slow
+                                   : mem.health == MemberHealth::kDegraded ? mem.degraded_until_ns + slow
+                                                                           : mem.recover_until_ns;
         const double f = slow > 0 ? static_cast<double>(now - (until - slow)) / static_cast<double>(slow) : 1;
         s.weight = o.degraded_weight + (1 - o.degraded_weight) * std::clamp(f, 0.0, 1.0);
         break;
@@ -490,9 +513,8 @@ GroupSnapshot MemberGroup::Stats() const {
     s.ejections = mem.ejections;
     s.peak_ewma_ms = mem.peak_ewma_ns.load(std::memory_order_relaxed) / 1e6;
     s.score = mem.score.load(std::memory_order_relaxed);
-    g.members.push_back(s);
+    return s;
   }
-  return g;
 }
 
 // ---------------------------------------------------------------------------------
@@ -520,8 +542,9 @@ Selection RoundRobinPolicy::Select(const Event&, const SelectionView& v) {
 Selection LeastLoadedPolicy::Select(const Event&, const SelectionView& v) {
   const auto [a, b] = TwoChoices(v);
   if (a == kNoMember) return {};
-  const double la = static_cast<double>(v.outstanding(a)) / v.weight(a);
-  const double lb = static_cast<double>(v.outstanding(b)) / v.weight(b);
+  // (outstanding + 1): an idle degraded member still costs 1 / 0.01.
+  const double la = static_cast<double>(std::max<std::int64_t>(0, v.outstanding(a)) + 1) / v.weight(a);
+  const double lb = static_cast<double>(std::max<std::int64_t>(0, v.outstanding(b)) + 1) / v.weight(b);
   return {lb < la ? b : a, kNoMember};
 }
 

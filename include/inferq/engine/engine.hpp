@@ -42,8 +42,20 @@
 //    (a test counts operator new), given subjects and strings short enough for the
 //    small-string buffer and no header map growth.
 //  - A full lane makes Publish wait (backpressure) until the member pulls. Overflow
-//    policies (reject, drop-oldest) and redelivery after ack_wait come with the
-//    scheduling issue: an unacked message stays pending.
+//    policies (reject, drop-oldest) come with the scheduling issue.
+//  - Selection: each consumer has a SelectionPolicy (routing/selection.hpp; round
+//    robin by default) and a MemberGroup that tracks each member's outstanding work
+//    (queued + delivered, not yet acked), ack latency and health. Policies run under
+//    the stream's mutex. WeightedShadowPolicy's mirrored copies go to shadow members;
+//    their acks count for the member's health only, never for the message.
+//  - Redelivery (ack_wait > 0): a delivery not acked within ack_wait, or nak'ed, is
+//    a failure of its member and goes to a member chosen by the policy (not the same
+//    one when another is eligible). A member that has work queued but pulled nothing
+//    for ack_wait is stalled: its queued work is moved to other members, each item a
+//    failure. Work queued on an ejected member's lane is moved too. Timers run on a
+//    background thread (EngineOptions::manual_timers = false) or when RunTimers is
+//    called. A late ack of a redelivered message is accepted once (first ack wins);
+//    delivery is at least once.
 //
 // Errors (absl::Status): InvalidArgument for bad names, subjects, patterns and
 // configuration values (the message names the value); AlreadyExists for a duplicate
@@ -73,6 +85,7 @@
 #include "inferq/event/event.hpp"
 #include "inferq/memory/fixed_pool.hpp"
 #include "inferq/memory/topology.hpp"
+#include "inferq/routing/selection.hpp"
 
 namespace inferq {
 
@@ -109,6 +122,13 @@ struct ConsumerConfig {
   // lane: events queued for it are allocated from that node's pools. Empty = unknown
   // (the publishing thread's node); else exactly `members` entries.
   std::vector<int> member_nodes{};
+  // Which member serves each event. nullptr = RoundRobinPolicy. One policy object
+  // per consumer: AddConsumer rejects a policy already used by another consumer.
+  std::shared_ptr<SelectionPolicy> selection{};
+  // Outlier ejection and load-metric settings of the member group.
+  GroupOptions group{};
+  // Redeliver a delivery not acked within this time (explicit ack only); zero = never.
+  absl::Duration ack_wait = absl::ZeroDuration();
 };
 
 struct PublishAck {
@@ -137,15 +157,31 @@ class Message {
   bool empty() const { return msg_ == nullptr; }
   bool acked() const { return acked_; }
 
+  // Which delivery of this message to its consumer this is: 1 for the first, more
+  // after redeliveries (Event::attempt is the publisher's and is not changed).
+  std::uint32_t attempt() const { return attempt_; }
+  // True for a mirrored copy (WeightedShadowPolicy): its ack does not count for the
+  // message, only for the member's health.
+  bool shadow() const { return shadow_; }
+
   // Acknowledges the delivery. FailedPrecondition for an empty Message, a consumer
-  // with AckPolicy::kNone, or a second Ack of the same delivery.
+  // with AckPolicy::kNone, or a second Ack or Nak of the same delivery.
   absl::Status Ack();
+  // Negative acknowledgement: the delivery failed (counted against the member's
+  // health) and the message is redelivered at once to a member chosen by the policy.
+  // FailedPrecondition as for Ack, and for a shadow copy.
+  absl::Status Nak();
 
  private:
   friend class Member;
+  friend class Engine;
+  absl::Status Settle(bool ok);
   std::shared_ptr<engine_internal::StoredMessage> msg_;
   engine_internal::ConsumerState* consumer_ = nullptr;
   std::int64_t deliver_ns_ = 0;
+  std::uint32_t member_ = 0;
+  std::uint32_t attempt_ = 0;
+  bool shadow_ = false;
   bool acked_ = false;
 };
 
@@ -233,6 +269,15 @@ struct ConsumerStats {
   std::uint64_t acked = 0;
   std::uint64_t ack_pending = 0;  // delivered, not yet acked (explicit ack only)
   std::uint64_t skipped = 0;      // queued but discarded by the stream before delivery
+  std::uint64_t redelivered = 0;  // deliveries after an ack_wait expiry, nak or move
+  std::uint64_t ack_timeouts = 0; // deliveries not acked within ack_wait
+  std::uint64_t naks = 0;
+  std::uint64_t moved = 0;        // queued items moved off a stalled or ejected member
+  std::uint64_t late_acks = 0;    // acks after another delivery of the message won (no-ops)
+  std::uint64_t mirrored = 0;     // shadow copies queued (WeightedShadowPolicy)
+  std::uint64_t shadow_acked = 0;
+  std::string policy;             // SelectionPolicy::name()
+  GroupSnapshot group;            // health, load and selection counts per member
   std::vector<MemberStats> members;
   HistogramSnapshot deliver_latency_ns;  // publish -> handed to a member
   HistogramSnapshot ack_latency_ns;      // handed to a member -> acked
@@ -271,6 +316,9 @@ struct EngineOptions {
   // The machine's NUMA layout; nullptr = Topology::Detect(). A synthetic topology
   // (tests) gets one set of pools per pretend node, from operator new.
   const Topology* topology = nullptr;
+  // True: no background timer thread; ack_wait expiries and stalled members are
+  // handled only when RunTimers() is called (tests with a ManualClock).
+  bool manual_timers = false;
 };
 
 class Engine {
@@ -284,7 +332,9 @@ class Engine {
   // AlreadyExists for a taken name; Cancelled after Close().
   absl::Status AddStream(const StreamConfig& config);
 
-  // InvalidArgument for a bad name, filter, member count or lane capacity; NotFound
+  // InvalidArgument for a bad name, filter, member count, lane capacity, group
+  // options, a negative or infinite ack_wait, or a selection policy already used by
+  // another consumer; NotFound
   // for an unknown stream; AlreadyExists for a taken name; Cancelled after Close().
   absl::StatusOr<Consumer> AddConsumer(const ConsumerConfig& config);
 
@@ -298,6 +348,11 @@ class Engine {
   // Closes every lane: blocked publishers and pullers wake; pulls drain what is
   // queued and then return Cancelled; later publishes return Cancelled. Idempotent.
   void Close();
+
+  // Runs due timers now: redelivers deliveries whose ack_wait expired, moves work
+  // off stalled and ejected members. The background thread calls it every
+  // min(ack_wait) / 4 (1 ms .. 100 ms); with manual_timers, tests call it.
+  void RunTimers();
 
   EngineStats Stats() const;
 

@@ -25,7 +25,9 @@
 //  - As many further failures in a row while degraded *eject* it: weight 0 for
 //    base_ejection_time x (number of ejections), capped at max_ejection_time, plus
 //    a random jitter of up to `ejection_jitter` of that time. `consecutive_failures`
-//    successes in a row while degraded make it healthy again.
+//    successes in a row while degraded make it healthy again; a degraded member
+//    that gets too little work to heal or fail becomes *recovering* after
+//    base_ejection_time.
 //  - The ejection cap is checked with the candidate counted: a member is ejected
 //    only if (ejected + 1) * 100 <= max_ejected_percent * members and at least one
 //    other member stays in, so a group is never emptied.
@@ -212,9 +214,12 @@ class MemberGroup {
   absl::Status ReportLoad(std::uint32_t m, const MemberLoadReport& report);
 
   GroupSnapshot Stats() const;
+  // Health of member m now (time-driven transitions applied as of now).
+  MemberHealth Health(std::uint32_t m) const;
 
  private:
   friend class SelectionView;
+  MemberSnapshot SnapshotOf(std::uint32_t m, std::int64_t now) const;
   struct alignas(kCacheLineSize) Member {
     std::atomic<std::int64_t> outstanding{0};
     std::atomic<double> peak_ewma_ns{0};
@@ -225,6 +230,7 @@ class MemberGroup {
     std::uint32_t consecutive_successes = 0;
     std::uint32_t ejections = 0;
     std::int64_t eject_until_ns = 0;
+    std::int64_t degraded_until_ns = 0;
     std::int64_t recover_until_ns = 0;
     std::int64_t last_ack_ns = 0;      // for the peak-EWMA decay
     std::int64_t last_healthy_ns = 0;  // forget ejections after a long healthy spell
@@ -290,7 +296,7 @@ class RoundRobinPolicy final : public SelectionPolicy {
 
 // Power of two choices (Mitzenmacher, "The Power of Two Choices in Randomized Load
 // Balancing", 2001): two random eligible members, the one with the lower
-// outstanding / weight wins (outstanding = queued + in flight).
+// (outstanding + 1) / weight wins (outstanding = queued + in flight).
 class LeastLoadedPolicy final : public SelectionPolicy {
  public:
   std::string_view name() const override { return "least_loaded"; }

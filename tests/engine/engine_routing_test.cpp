@@ -1,0 +1,285 @@
+// Selection policies, health and redelivery inside the engine.
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "inferq/engine/engine.hpp"
+
+using namespace inferq;
+
+namespace {
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+Event Ev(std::string subject, std::string msg_id = "", std::string seq_id = "") {
+  Event e;
+  e.subject = std::move(subject);
+  e.msg_id = std::move(msg_id);
+  e.seq_id = std::move(seq_id);
+  return e;
+}
+
+ConsumerStats CS(const Engine& engine, std::string_view stream, std::string_view name) {
+  const EngineStats st = engine.Stats();
+  const ConsumerStats* c = st.consumer(stream, name);
+  REQUIRE(c != nullptr);
+  return *c;
+}
+
+std::uint64_t Kept(const Engine& engine) {
+  const EngineStats st = engine.Stats();
+  REQUIRE(st.stream("S") != nullptr);
+  return st.stream("S")->messages;
+}
+
+}  // namespace
+
+// The failure test of the routing issue, in simulated time: 4 members serve a steady
+// stream of work; at T0 member 2 stops acking (it keeps what it pulled and pulls
+// nothing more). Within 10 ms of simulated time it gets no new work, and every event
+// is acked by a healthy member; when it comes back, its share returns gradually.
+TEST_CASE("a member that stops acking is routed around within 10 ms and nothing is lost") {
+  ManualClock clock(1'000'000'000);
+  Engine engine({.clock = &clock, .manual_timers = true});
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  ConsumerConfig cc{.stream = "S", .name = "g", .members = 4, .lane_capacity = 4096};
+  const std::string policy = GENERATE(as<std::string>{}, "round_robin", "least_loaded",
+                                      "peak_ewma", "topology_score");
+  INFO("policy " << policy);
+  cc.selection = std::shared_ptr<SelectionPolicy>(*MakeSelectionPolicy(policy));
+  cc.ack_wait = absl::Milliseconds(2);
+  cc.group.outlier.consecutive_failures = 3;
+  cc.group.outlier.base_ejection_time = absl::Milliseconds(200);
+  cc.group.outlier.ejection_jitter = 0;
+  cc.group.outlier.slow_start = absl::Milliseconds(40);
+  auto c = engine.AddConsumer(cc);
+  REQUIRE(c.ok());
+  std::vector<Member> members;
+  for (std::uint32_t i = 0; i < 4; ++i) members.push_back(*c->member(i));
+
+  constexpr auto kTick = absl::Microseconds(100);
+  const std::int64_t t0 = clock.NowNanos() + 10'000'000;   // member 2 stops at +10 ms
+  const std::int64_t t1 = clock.NowNanos() + 100'000'000;  // and comes back at +100 ms
+  std::set<std::string> published, acked;
+  std::vector<Message> held;  // what member 2 took and never acked
+  bool crashed = false;
+  std::int64_t last_new_work_while_down = 0;
+  std::map<int, int> share_after_return;  // 10 ms window -> events member 2 received
+  int n = 0;
+  for (int tick = 0; tick < 4000; ++tick) {  // 400 ms
+    const std::int64_t now = clock.NowNanos();
+    const bool down = now >= t0 && now < t1;
+    const std::size_t queued_before = members[2].queued();
+    for (int k = 0; k < 4; ++k) {
+      const std::string id = "e" + std::to_string(n++);
+      REQUIRE(engine.Publish(Ev("work.item", id)).ok());
+      published.insert(id);
+    }
+    if (down && members[2].queued() > queued_before) last_new_work_while_down = now;
+    for (std::uint32_t m = 0; m < 4; ++m) {
+      if (m == 2 && down && crashed) continue;  // a crashed member pulls nothing
+      for (;;) {
+        auto msg = members[m].Next(absl::ZeroDuration());
+        if (!msg.ok()) break;
+        if (m == 2 && down) {  // it crashes holding what it just pulled
+          held.push_back(*std::move(msg));
+          continue;
+        }
+        if (m == 2 && now >= t1) ++share_after_return[static_cast<int>((now - t1) / 10'000'000)];
+        acked.insert(msg->event().msg_id);
+        REQUIRE(msg->Ack().ok());
+      }
+      if (m == 2 && down) crashed = true;
+    }
+    engine.RunTimers();
+    clock.Advance(kTick);
+  }
+  // Let the last ack_waits expire and everything settle.
+  for (int tick = 0; tick < 100; ++tick) {
+    for (std::uint32_t m = 0; m < 4; ++m) {
+      for (;;) {
+        auto msg = members[m].Next(absl::ZeroDuration());
+        if (!msg.ok()) break;
+        acked.insert(msg->event().msg_id);
+        REQUIRE(msg->Ack().ok());
+      }
+    }
+    engine.RunTimers();
+    clock.Advance(kTick);
+  }
+
+  INFO("member 2 got new work until " << (last_new_work_while_down - t0) / 1000 << " us after it stopped");
+  CHECK(last_new_work_while_down - t0 <= 10'000'000);
+  CHECK(acked == published);  // nothing lost
+  const ConsumerStats cs = CS(engine, "S", "g");
+  CHECK(cs.ack_timeouts + cs.moved >= held.size());
+  // Round robin is blind to load: only ejection stops its sends. The load-aware
+  // policies stop on the growing backlog first and may never need to eject.
+  if (policy == "round_robin") CHECK(cs.group.ejections >= 1);
+  // Held messages were redelivered and acked by others (attempt 2).
+  for (const Message& h : held) CHECK(acked.count(h.event().msg_id) == 1);
+  // Traffic returns gradually: member 2 is back at 100 ms, but gets work again only
+  // when its ejection (or degraded spell) of 200 ms ends, through a 40 ms slow start:
+  // its share grows window by window until it is back to about a quarter (4 events
+  // per tick, 100 ticks per 10 ms window).
+  INFO("share by 10 ms window after return: " << [&] {
+    std::string s;
+    for (auto [w, k] : share_after_return) s += std::to_string(w) + ":" + std::to_string(k) + " ";
+    return s;
+  }());
+  REQUIRE(share_after_return.size() >= 5);
+  const int first = share_after_return.begin()->first;
+  int first_full = -1;
+  for (auto [w, k] : share_after_return) {
+    if (k >= 95 && first_full < 0) first_full = w;
+  }
+  CHECK(first_full > first);  // not all at once
+  CHECK(share_after_return.begin()->second < 60);
+  CHECK(share_after_return.rbegin()->second >= 90);  // and fully back in the end
+}
+
+TEST_CASE("nak redelivers to another member and counts against the member") {
+  ManualClock clock(1);
+  Engine engine({.clock = &clock, .manual_timers = true});
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "g", .members = 2});
+  REQUIRE(c.ok());
+  REQUIRE(engine.Publish(Ev("a", "x")).ok());
+  auto m0 = *c->member(0);
+  auto m1 = *c->member(1);
+  auto first = m0.Next(absl::ZeroDuration());
+  REQUIRE(first.ok());
+  CHECK(first->attempt() == 1);
+  REQUIRE(first->Nak().ok());
+  CHECK(Msg(first->Ack()) == "message 1 of stream 'S' was already acked or nak'ed by consumer 'g'");
+  auto again = m1.Next(absl::ZeroDuration());
+  REQUIRE(again.ok());
+  CHECK(again->event().msg_id == "x");
+  CHECK(again->attempt() == 2);
+  REQUIRE(again->Ack().ok());
+  const ConsumerStats cs = CS(engine, "S", "g");
+  CHECK(cs.naks == 1);
+  CHECK(cs.redelivered == 1);
+  CHECK(cs.acked == 1);
+  CHECK(cs.group.members[0].failures == 1);
+  CHECK(cs.group.members[1].successes == 1);
+  CHECK(cs.group.members[0].outstanding == 0);
+  CHECK(cs.group.members[1].outstanding == 0);
+}
+
+TEST_CASE("ack_wait expiry redelivers; a late ack of the old delivery wins once") {
+  ManualClock clock(1);
+  Engine engine({.clock = &clock, .manual_timers = true});
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}, .retention = RetentionPolicy::kInterest}).ok());
+  ConsumerConfig cc{.stream = "S", .name = "g", .members = 2};
+  cc.ack_wait = absl::Milliseconds(5);
+  auto c = engine.AddConsumer(cc);
+  REQUIRE(c.ok());
+  REQUIRE(engine.Publish(Ev("a", "x")).ok());
+  auto old = c->member(0)->Next(absl::ZeroDuration());
+  REQUIRE(old.ok());
+  clock.Advance(absl::Milliseconds(4));
+  engine.RunTimers();
+  CHECK(c->member(1)->queued() == 0);
+  clock.Advance(absl::Milliseconds(1));
+  engine.RunTimers();
+  REQUIRE(c->member(1)->queued() == 1);
+  auto fresh = c->member(1)->Next(absl::ZeroDuration());
+  REQUIRE(fresh.ok());
+  CHECK(fresh->attempt() == 2);
+  REQUIRE(old->Ack().ok());   // late, but the first ack: it counts
+  REQUIRE(fresh->Ack().ok()); // the second is a no-op
+  const ConsumerStats cs = CS(engine, "S", "g");
+  CHECK(cs.ack_timeouts == 1);
+  CHECK(cs.acked == 1);
+  CHECK(cs.late_acks == 1);
+  CHECK(cs.group.members[0].outstanding == 0);
+  CHECK(cs.group.members[1].outstanding == 0);
+  CHECK(Kept(engine) == 0);  // interest: acked once, gone
+}
+
+TEST_CASE("consistent hash in a consumer keeps a seq_id on one member") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
+  auto policy = ConsistentHashPolicy::Create(HashKey::SeqId(), 4);
+  REQUIRE(policy.ok());
+  ConsumerConfig cc{.stream = "S", .name = "g", .members = 4, .ack = AckPolicy::kNone};
+  cc.selection = std::shared_ptr<SelectionPolicy>(std::move(*policy));
+  auto c = engine.AddConsumer(cc);
+  REQUIRE(c.ok());
+  for (int i = 0; i < 400; ++i) {
+    REQUIRE(engine.Publish(Ev("tok.x", "", "gen-" + std::to_string(i % 20))).ok());
+  }
+  std::map<std::string, std::set<std::uint32_t>> where;
+  for (std::uint32_t m = 0; m < 4; ++m) {
+    for (;;) {
+      auto msg = c->member(m)->Next(absl::ZeroDuration());
+      if (!msg.ok()) break;
+      where[msg->event().seq_id].insert(m);
+    }
+  }
+  REQUIRE(where.size() == 20);
+  for (const auto& [seq, ms] : where) CHECK(ms.size() == 1);
+  CHECK(CS(engine, "S", "g").policy == "consistent_hash");
+
+  SECTION("a policy object serves one consumer only") {
+    ConsumerConfig again{.stream = "S", .name = "h", .members = 4};
+    again.selection = cc.selection;
+    CHECK(Msg(engine.AddConsumer(again).status()) ==
+          "consumer 'h': its selection policy object is already used by consumer 'g' of "
+          "stream 'S' (policies keep per-group state: give each consumer its own)");
+  }
+  SECTION("bad ack_wait and group options are rejected") {
+    ConsumerConfig bad{.stream = "S", .name = "h"};
+    bad.ack_wait = absl::Milliseconds(-1);
+    CHECK(Msg(engine.AddConsumer(bad).status()) ==
+          "consumer 'h': ack_wait -1ms is invalid (zero for none, or positive and finite)");
+    bad.ack_wait = absl::ZeroDuration();
+    bad.group.outlier.consecutive_failures = 0;
+    CHECK(Msg(engine.AddConsumer(bad).status()) ==
+          "consumer 'h': outlier consecutive_failures 0 is invalid (>= 1)");
+  }
+}
+
+TEST_CASE("weighted shadow mirrors copies whose acks do not count for the message") {
+  ManualClock clock(1);
+  Engine engine({.clock = &clock, .manual_timers = true});
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}, .retention = RetentionPolicy::kInterest}).ok());
+  auto policy = WeightedShadowPolicy::Create(
+      3, {.weights = {1, 1, 0}, .shadows = {2}, .mirror_fraction = 1.0});
+  REQUIRE(policy.ok());
+  ConsumerConfig cc{.stream = "S", .name = "g", .members = 3};
+  cc.selection = std::shared_ptr<SelectionPolicy>(std::move(*policy));
+  auto c = engine.AddConsumer(cc);
+  REQUIRE(c.ok());
+  for (int i = 0; i < 10; ++i) REQUIRE(engine.Publish(Ev("a", std::to_string(i))).ok());
+  CHECK(c->member(2)->queued() == 10);
+  CHECK(c->member(0)->queued() + c->member(1)->queued() == 10);
+  // Shadow acks: counted for the shadow member, not for the messages.
+  for (int i = 0; i < 10; ++i) {
+    auto m = c->member(2)->Next(absl::ZeroDuration());
+    REQUIRE(m.ok());
+    CHECK(m->shadow());
+    CHECK(Msg(m->Nak()) == "message " + std::to_string(m->stream_seq()) +
+                               " is a shadow copy for consumer 'g'; shadow copies are acked, "
+                               "not nak'ed");
+    REQUIRE(m->Ack().ok());
+  }
+  CHECK(Kept(engine) == 10);
+  for (std::uint32_t p = 0; p < 2; ++p) {
+    for (;;) {
+      auto m = c->member(p)->Next(absl::ZeroDuration());
+      if (!m.ok()) break;
+      CHECK_FALSE(m->shadow());
+      REQUIRE(m->Ack().ok());
+    }
+  }
+  const ConsumerStats cs = CS(engine, "S", "g");
+  CHECK(cs.mirrored == 10);
+  CHECK(cs.shadow_acked == 10);
+  CHECK(cs.acked == 10);
+  CHECK(Kept(engine) == 0);
+}

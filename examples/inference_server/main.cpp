@@ -9,6 +9,16 @@
 // seq_id/seq_no; the client consumes the tokens, checks their order and measures
 // TTFT, TBT and E2E latency in trace time.
 //
+// Routing: a running sequence is an event too. After each step a replica publishes
+// one `infer.<model>.decode` event per unfinished sequence (its state in headers)
+// and acks the one it consumed; the group's policy is AffinityPolicy over --policy
+// (TopologyScore by default) keyed by seq_id, so new requests go where the score is
+// lowest and every decode step of a generation returns to the replica holding its KV
+// cache. With --kill-replica K@T replica K stops at trace time T without acking what
+// it holds: ack_wait expiry and stall detection redeliver its work, affinity moves
+// its sequences (the new replica re-runs prefill over prompt + generated tokens), and
+// the summary shows that no token was lost and how long the move took.
+//
 // Cost model (all in trace time, all configurable; defaults chosen to resemble a
 // 70B-parameter model served on one 8-GPU node, not measured on hardware):
 //   prefill step = prefill_base_ms + prefill_us_per_token * (prompt tokens admitted)
@@ -34,6 +44,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "inferq/inferq.hpp"
@@ -56,6 +67,10 @@ struct Options {
   double prefill_us_per_token = 100.0;
   double decode_base_ms = 25.0;
   double decode_us_per_seq = 500.0;
+  std::string policy = "topology_score";
+  double ack_wait_ms = 30'000;  // trace time
+  std::int64_t kill_replica = -1;
+  double kill_at_s = 0;  // trace time
 };
 
 void Usage(std::FILE* f) {
@@ -74,7 +89,13 @@ void Usage(std::FILE* f) {
                "  --prefill-us-per-token X  prefill cost per prompt token (default 100)\n"
                "  --decode-base-ms X        fixed cost of a decode step (default 25)\n"
                "  --decode-us-per-seq X     decode cost per sequence in the batch (default "
-               "0.5 ms = 500)\n");
+               "0.5 ms = 500)\n"
+               "  --policy NAME             placement of new requests: topology_score (default),\n"
+               "                            least_loaded, peak_ewma, round_robin; decode steps\n"
+               "                            always follow their sequence (affinity by seq_id)\n"
+               "  --ack-wait-ms X           trace ms before an unacked event is redelivered\n"
+               "                            (default 30000; needs --speed > 0)\n"
+               "  --kill-replica K@T        stop replica K at trace second T (needs --speed > 0)\n");
 }
 
 [[noreturn]] void Fail(const std::string& msg, int code = 2) {
@@ -136,11 +157,32 @@ Options ParseArgs(int argc, char** argv) {
     else if (a == "--prefill-us-per-token") o.prefill_us_per_token = ParseDouble(a, v, 0, 1e6);
     else if (a == "--decode-base-ms") o.decode_base_ms = ParseDouble(a, v, 0, 1e6);
     else if (a == "--decode-us-per-seq") o.decode_us_per_seq = ParseDouble(a, v, 0, 1e6);
+    else if (a == "--policy") {
+      if (!inferq::MakeSelectionPolicy(v).ok()) {
+        Fail("--policy '" + v + "' is not one of topology_score, least_loaded, peak_ewma, round_robin");
+      }
+      o.policy = v;
+    }
+    else if (a == "--ack-wait-ms") o.ack_wait_ms = ParseDouble(a, v, 1, 1e9);
+    else if (a == "--kill-replica") {
+      const auto at = v.find('@');
+      if (at == std::string::npos) Fail("--kill-replica '" + v + "' must be K@T (replica K at trace second T)");
+      o.kill_replica = static_cast<std::int64_t>(ParseUint(a, v.substr(0, at), 0, 255));
+      o.kill_at_s = ParseDouble(a, v.substr(at + 1), 0, 1e9);
+    }
     else {
       Usage(stderr);
       Fail("unknown option '" + a + "'");
     }
   }
+  if (o.kill_replica >= static_cast<std::int64_t>(o.replicas)) {
+    Fail("--kill-replica " + std::to_string(o.kill_replica) + " is not a replica (0.." +
+         std::to_string(o.replicas - 1) + ")");
+  }
+  if (o.kill_replica >= 0 && o.speed <= 0) {
+    Fail("--kill-replica needs --speed > 0 (ack_wait and ejection run in wall time)");
+  }
+  if (o.kill_replica >= 0 && o.replicas < 2) Fail("--kill-replica needs --replicas >= 2");
   return o;
 }
 
@@ -160,6 +202,10 @@ struct TokenPayload {
   std::int32_t reserved;
 };
 
+std::int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
 struct Shared {
   const Options* opt;
   const std::vector<TraceRequest>* trace;
@@ -176,6 +222,12 @@ struct Shared {
   std::atomic<std::size_t> completed{0};
   std::atomic<std::uint64_t> tokens_received{0};
   std::atomic<int> fatal{0};
+  std::atomic<bool> done{false};  // the client has every token (or gave up)
+  std::atomic<std::uint64_t> redelivered_seen{0};  // events replicas got on attempt > 1
+  std::atomic<std::int64_t> killed_at_wall_ns{0};
+  std::atomic<std::size_t> killed_holding{0};
+  std::mutex graveyard_mu;
+  std::vector<inferq::Message> graveyard;  // what the killed replica held, never acked
 
   // Waits until every request that arrives by trace time `vt_us` is published.
   void AwaitPublishedThrough(double vt_us) const {
@@ -204,41 +256,53 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
     inferq::Message msg;
     std::uint64_t request = 0;
     double arrival_us = 0;
+    double ready_us = 0;  // decode: when the previous step ended (trace µs)
     std::uint32_t context = 0;
     std::uint32_t generated = 0;
     std::uint32_t produced = 0;
   };
-  std::deque<Seq> waiting;  // pulled from the lane, not yet admitted
-  std::vector<Seq> active;
+  std::deque<Seq> waiting;     // new requests pulled, not yet admitted
+  std::vector<Seq> active;     // decode steps of sequences whose KV cache is here
+  std::vector<Seq> migrated;   // decode steps of sequences that come from elsewhere
   std::vector<Seq> admitted;
-  bool input_done = false;
-  double vt = 0;  // this replica's clock, trace µs
+  std::unordered_set<std::uint64_t> kv;  // requests whose KV cache this replica holds
+  std::size_t expected = 0;    // own decode events published and not pulled back yet
+  double vt = 0;               // this replica's clock, trace µs
+  const bool doomed = static_cast<std::int64_t>(index) == o.kill_replica;
+  const double kill_at_us = o.kill_at_s * 1e6;
+  const std::string from = std::to_string(index);
 
-  auto pull = [&](bool block) {
-    for (;;) {
-      const bool published_all = sh.all_published.load(std::memory_order_acquire);
-      auto batch = in.NextBatch(o.max_batch, absl::ZeroDuration(),
-                                block ? absl::Milliseconds(50) : absl::ZeroDuration());
-      if (batch.ok()) {
-        for (inferq::Message& m : *batch) {
-          const inferq::Event& e = m.event();
-          Seq s;
-          s.request = HeaderU64(e, "request");
-          s.arrival_us = static_cast<double>(HeaderU64(e, "arrival_us"));
-          s.context = static_cast<std::uint32_t>(HeaderU64(e, "context_tokens"));
-          s.generated = static_cast<std::uint32_t>(HeaderU64(e, "generated_tokens"));
-          s.msg = std::move(m);
-          waiting.push_back(std::move(s));
-        }
-        return;
-      }
-      if (batch.status().code() == absl::StatusCode::kCancelled || published_all) {
-        // Everything was published before we looked and the lane is empty.
-        input_done = true;
-        return;
-      }
-      if (!block) return;
+  auto classify = [&](inferq::Message& m) {
+    const inferq::Event& e = m.event();
+    Seq s;
+    s.request = HeaderU64(e, "request");
+    s.arrival_us = static_cast<double>(HeaderU64(e, "arrival_us"));
+    s.context = static_cast<std::uint32_t>(HeaderU64(e, "context_tokens"));
+    s.generated = static_cast<std::uint32_t>(HeaderU64(e, "generated_tokens"));
+    const bool decode = e.subject.ends_with(".decode");
+    if (decode) {
+      s.produced = static_cast<std::uint32_t>(HeaderU64(e, "produced"));
+      s.ready_us = static_cast<double>(HeaderU64(e, "ready_us"));
+      if (e.headers.Get("from") == std::optional<std::string_view>(from) && expected > 0) --expected;
     }
+    if (m.attempt() > 1) sh.redelivered_seen.fetch_add(1, std::memory_order_relaxed);
+    s.msg = std::move(m);
+    if (!decode) {
+      waiting.push_back(std::move(s));
+    } else if (kv.contains(s.request)) {
+      active.push_back(std::move(s));
+    } else {
+      migrated.push_back(std::move(s));
+    }
+  };
+  // Pulls what the lane holds (blocking up to 50 ms when `block`); false when the
+  // lane was empty.
+  auto pull = [&](bool block) {
+    auto batch = in.NextBatch(o.max_batch, absl::ZeroDuration(),
+                              block ? absl::Milliseconds(50) : absl::ZeroDuration());
+    if (!batch.ok()) return false;
+    for (inferq::Message& m : *batch) classify(m);
+    return true;
   };
 
   auto emit = [&](Seq& s) {
@@ -259,55 +323,110 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
     ++s.produced;
   };
 
-  auto finish = [&](Seq& s) {
+  // After a step: the sequence either finished or continues as a decode event that
+  // affinity routes back here; either way the consumed event is acked.
+  auto settle = [&](Seq& s) {
+    if (s.produced == s.generated) {
+      kv.erase(s.request);
+    } else {
+      inferq::Event e;
+      e.subject = "infer." + o.model + ".decode";
+      e.seq_id = std::to_string(s.request);
+      e.model = o.model;
+      e.headers.Set("request", std::to_string(s.request));
+      e.headers.Set("arrival_us", std::to_string(static_cast<std::int64_t>(s.arrival_us)));
+      e.headers.Set("context_tokens", std::to_string(s.context));
+      e.headers.Set("generated_tokens", std::to_string(s.generated));
+      e.headers.Set("produced", std::to_string(s.produced));
+      e.headers.Set("ready_us", std::to_string(static_cast<std::int64_t>(vt)));
+      e.headers.Set("from", from);
+      auto r = sh.engine->Publish(std::move(e));
+      if (!r.ok()) {
+        std::fprintf(stderr, "replica %u: decode publish failed: %s\n", index,
+                     std::string(r.status().message()).c_str());
+        sh.fatal.store(1);
+      }
+      ++expected;
+    }
     if (absl::Status st = s.msg.Ack(); !st.ok()) {
-      std::fprintf(stderr, "replica %u: ack failed: %s\n", index,
-                   std::string(st.message()).c_str());
+      std::fprintf(stderr, "replica %u: ack failed: %s\n", index, std::string(st.message()).c_str());
       sh.fatal.store(1);
     }
   };
 
-  for (;;) {
+  while (!sh.done.load(std::memory_order_acquire)) {
+    if (doomed && vt >= kill_at_us) {
+      // Killed: stop without acking what this replica holds.
+      sh.killed_at_wall_ns.store(SteadyNs(), std::memory_order_release);
+      std::vector<Seq> lost;
+      for (auto* v : {&active, &migrated}) std::move(v->begin(), v->end(), std::back_inserter(lost));
+      sh.killed_holding.store(lost.size() + waiting.size(), std::memory_order_relaxed);
+      // Keep the unacked messages alive until the end, as a crashed process would
+      // never answer them; they are redelivered after ack_wait.
+      std::lock_guard lock(sh.graveyard_mu);
+      for (Seq& q : lost) sh.graveyard.push_back(std::move(q.msg));
+      for (Seq& q : waiting) sh.graveyard.push_back(std::move(q.msg));
+      break;
+    }
+    // What this replica holds across steps is alive: restart its ack_wait timers
+    // (requests waiting for a slot, decode steps waiting through a prefill).
+    for (auto* held : {&active, &migrated}) {
+      for (Seq& q : *held) (void)q.msg.InProgress();
+    }
+    for (Seq& q : waiting) (void)q.msg.InProgress();
+    // Own decode events are in the lane already (Publish queues before returning);
+    // if one is not there, the policy sent it elsewhere.
+    while (expected > 0) {
+      if (!pull(false)) expected = 0;
+    }
     // Admit every request that has arrived by now (vt), up to the batch size. An idle
-    // replica blocks for its next request; a busy one first makes sure that every
+    // replica blocks for its next event; a busy one first makes sure that every
     // request that arrived by vt is published, then takes what its lane holds.
     admitted.clear();
-    while (active.size() + admitted.size() < o.max_batch) {
-      if (waiting.empty() && !input_done) {
-        const bool idle = active.empty() && admitted.empty();
+    while (active.size() + migrated.size() + admitted.size() < o.max_batch) {
+      const bool idle = active.empty() && migrated.empty() && admitted.empty();
+      if (waiting.empty()) {
         if (!idle) sh.AwaitPublishedThrough(vt);
-        pull(/*block=*/idle);
+        const std::size_t moved_in = migrated.size();
+        const bool got = pull(/*block=*/idle);
+        if (got && migrated.size() > moved_in) continue;  // room left? look again
       }
       if (waiting.empty()) break;
       Seq& front = waiting.front();
-      if (active.empty() && admitted.empty() && front.arrival_us > vt) vt = front.arrival_us;
+      if (idle && front.arrival_us > vt) vt = front.arrival_us;
       if (front.arrival_us > vt) break;
       admitted.push_back(std::move(front));
       waiting.pop_front();
     }
-    if (!admitted.empty()) {
+    if (!admitted.empty() || !migrated.empty()) {
+      // Prefill: new prompts, and for moved sequences prompt + generated tokens
+      // (their KV cache stayed on the replica they came from).
       double prompt = 0;
       for (const Seq& s : admitted) prompt += s.context;
+      for (const Seq& s : migrated) {
+        prompt += s.context + s.produced;
+        vt = std::max(vt, s.ready_us);
+      }
       vt += o.prefill_base_ms * 1000 + o.prefill_us_per_token * prompt;
       sh.PaceTo(vt);
-      for (Seq& s : admitted) {
-        emit(s);  // prefill yields the first token
-        if (s.produced == s.generated) finish(s);
-        else active.push_back(std::move(s));
+      for (auto* group : {&admitted, &migrated}) {
+        for (Seq& s : *group) {
+          kv.insert(s.request);
+          emit(s);
+          settle(s);
+        }
       }
+      migrated.clear();
       continue;
     }
-    if (active.empty()) {
-      if (input_done && waiting.empty()) break;
-      continue;
-    }
+    if (active.empty()) continue;
     vt += o.decode_base_ms * 1000 + o.decode_us_per_seq * static_cast<double>(active.size());
     sh.PaceTo(vt);
     for (Seq& s : active) {
       emit(s);
-      if (s.produced == s.generated) finish(s);
+      settle(s);
     }
-    std::erase_if(active, [](const Seq& s) { return s.produced == s.generated; });
+    active.clear();
   }
   sh.replicas_done.fetch_add(1, std::memory_order_release);
 }
@@ -331,14 +450,21 @@ ClientResult RunClient(Shared& sh, inferq::Member tokens) {
   };
   std::vector<PerRequest> req(trace.size());
   ClientResult r;
-  for (;;) {
-    const bool replicas_finished =
-        sh.replicas_done.load(std::memory_order_acquire) == sh.opt->replicas;
+  auto last_token = Clock::now();
+  while (r.completed < trace.size()) {
     auto m = tokens.Next(absl::Milliseconds(50));
     if (!m.ok()) {
-      if (m.status().code() == absl::StatusCode::kCancelled || replicas_finished) break;
+      if (m.status().code() == absl::StatusCode::kCancelled) break;
+      // Every replica is gone, or nothing came for 30 s after the last publish:
+      // what is missing is reported as lost.
+      if (sh.replicas_done.load(std::memory_order_acquire) == sh.opt->replicas ||
+          (sh.all_published.load(std::memory_order_acquire) &&
+           Clock::now() - last_token > std::chrono::seconds(30))) {
+        break;
+      }
       continue;
     }
+    last_token = Clock::now();
     const inferq::Event& e = m->event();
     std::uint64_t id = 0;
     if (std::from_chars(e.seq_id.data(), e.seq_id.data() + e.seq_id.size(), id).ec !=
@@ -375,6 +501,7 @@ ClientResult RunClient(Shared& sh, inferq::Member tokens) {
     }
     if (absl::Status st = m->Ack(); !st.ok()) Fail("token ack failed: " + std::string(st.message()), 1);
   }
+  sh.done.store(true, std::memory_order_release);
   return r;
 }
 
@@ -410,16 +537,37 @@ int main(int argc, char** argv) {
     if (!s.ok()) Fail(std::string(s.message()), 1);
   };
   check(engine.AddStream({.name = "REQUESTS",
-                          .subjects = {"infer.*.request"},
+                          .subjects = {"infer.*.request", "infer.*.decode"},
                           .retention = inferq::RetentionPolicy::kInterest}));
   check(engine.AddStream({.name = "REPLIES",
                           .subjects = {"infer.reply.>"},
                           .retention = inferq::RetentionPolicy::kInterest}));
-  auto replicas = engine.AddConsumer({.stream = "REQUESTS",
+  // New requests are placed by --policy; every decode step follows its sequence.
+  auto affinity = inferq::AffinityPolicy::Create(*inferq::MakeSelectionPolicy(opt.policy),
+                                                 inferq::HashKey::SeqId());
+  check(affinity.status());
+  inferq::ConsumerConfig replicas_cfg{.stream = "REQUESTS",
                                       .name = "replicas",
-                                      .filter_subject = "infer." + opt.model + ".request",
+                                      .filter_subject = "infer." + opt.model + ".*",
                                       .members = opt.replicas,
-                                      .lane_capacity = 4096});
+                                      .lane_capacity = 4096};
+  const inferq::AffinityPolicy* affinity_policy = affinity->get();
+  replicas_cfg.selection = std::shared_ptr<inferq::SelectionPolicy>(*std::move(affinity));
+  // A decode step held through a long prefill step is slow, not sick: no latency
+  // outlier check; only ack_wait expiries and stalls count as failures.
+  replicas_cfg.group.outlier.latency_factor = 0;
+  if (opt.speed > 0) {
+    // Trace-time settings in wall time: ack_wait and the topology refresh (500 ms of
+    // trace time) scale with the replay speed.
+    replicas_cfg.ack_wait = absl::Microseconds(opt.ack_wait_ms * 1000 / opt.speed);
+    replicas_cfg.group.refresh_interval =
+        std::max(absl::Microseconds(100), absl::Microseconds(500'000 / opt.speed));
+    replicas_cfg.group.outlier.consecutive_failures = 3;
+    replicas_cfg.group.outlier.base_ejection_time = absl::Microseconds(60e6 / opt.speed);
+    replicas_cfg.group.outlier.max_ejection_time = absl::Microseconds(600e6 / opt.speed);
+    replicas_cfg.group.outlier.slow_start = absl::Microseconds(10e6 / opt.speed);
+  }
+  auto replicas = engine.AddConsumer(replicas_cfg);
   check(replicas.status());
   auto client = engine.AddConsumer(
       {.stream = "REPLIES", .name = "client", .members = 1, .lane_capacity = 65536});
@@ -437,6 +585,40 @@ int main(int argc, char** argv) {
   }
   ClientResult result;
   std::thread client_thread([&] { result = RunClient(sh, *client->member(0)); });
+
+  // With --kill-replica: when new work stops reaching the killed replica, and when
+  // the work it held and had queued is back with the others (sampled every 1 ms).
+  std::atomic<std::int64_t> last_new_work_ns{0}, moved_done_ns{0}, ejected_ns{0};
+  std::thread kill_watch;
+  if (opt.kill_replica >= 0) {
+    kill_watch = std::thread([&] {
+      const inferq::Member k = *replicas->member(static_cast<std::uint32_t>(opt.kill_replica));
+      std::size_t last_queued = 0;
+      while (!sh.done.load(std::memory_order_acquire)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (sh.killed_at_wall_ns.load(std::memory_order_acquire) == 0) continue;
+        const std::size_t q = k.queued();
+        if (q > last_queued && ejected_ns.load() == 0) last_new_work_ns.store(SteadyNs());
+        last_queued = q;
+        if (ejected_ns.load() == 0) {
+          const inferq::EngineStats st = engine.Stats();
+          const inferq::ConsumerStats* cs = st.consumer("REQUESTS", "replicas");
+          if (cs != nullptr &&
+              cs->group.members[static_cast<std::size_t>(opt.kill_replica)].health ==
+                  inferq::MemberHealth::kEjected) {
+            ejected_ns.store(SteadyNs());
+          }
+        }
+        if (moved_done_ns.load() == 0 && q == 0) {
+          const inferq::EngineStats st = engine.Stats();
+          const inferq::ConsumerStats* cs = st.consumer("REQUESTS", "replicas");
+          if (cs != nullptr && cs->ack_timeouts >= sh.killed_holding.load()) {
+            moved_done_ns.store(SteadyNs());
+          }
+        }
+      }
+    });
+  }
 
   // Progress on stderr, once a second.
   std::atomic<bool> stop_progress{false};
@@ -467,6 +649,7 @@ int main(int argc, char** argv) {
     e.subject = "infer." + opt.model + ".request";
     e.task_id = {0, i};
     e.msg_id = "req-" + std::to_string(i);
+    e.seq_id = std::to_string(i);  // the affinity key of the generation
     e.tenant = "azure-conv";
     e.model = opt.model;
     e.created = absl::Now();
@@ -486,6 +669,7 @@ int main(int argc, char** argv) {
   client_thread.join();
   stop_progress = true;
   progress.join();
+  if (kill_watch.joinable()) kill_watch.join();
   if (tty) std::fprintf(stderr, "\n");
   const double wall = std::chrono::duration<double>(Clock::now() - sh.wall_start).count();
 
@@ -520,6 +704,35 @@ int main(int argc, char** argv) {
   std::printf("  wall       %.2f s, %.0f tokens/s, %.0f engine events/s\n", wall,
               static_cast<double>(result.tokens_delivered) / wall,
               static_cast<double>(engine_ns.count()) / wall);
+  const inferq::ConsumerStats* rs = stats.consumer("REQUESTS", "replicas");
+  std::string per_replica;
+  for (const auto& m : rs->members) per_replica += " " + std::to_string(m.delivered);
+  std::printf("  routing    affinity(seq_id) over %s; events per replica:%s\n", opt.policy.c_str(),
+              per_replica.c_str());
+  std::printf("             %llu redelivered (%llu ack_wait expiries, %llu moved off a stalled or "
+              "ejected replica), %llu ejections, %llu sequences moved to another replica\n",
+              static_cast<unsigned long long>(rs->redelivered),
+              static_cast<unsigned long long>(rs->ack_timeouts),
+              static_cast<unsigned long long>(rs->moved),
+              static_cast<unsigned long long>(rs->group.ejections),
+              static_cast<unsigned long long>(affinity_policy->moves()));
+  const std::int64_t killed_ns = sh.killed_at_wall_ns.load();
+  auto trace_s_after_kill = [&](std::int64_t ns) {
+    return ns == 0 || killed_ns == 0 ? -1.0 : static_cast<double>(ns - killed_ns) / 1e9 * opt.speed;
+  };
+  if (opt.kill_replica >= 0) {
+    if (killed_ns == 0) {
+      std::printf("  kill       replica %lld was never killed (trace ended before %.1f s)\n",
+                  static_cast<long long>(opt.kill_replica), opt.kill_at_s);
+    } else {
+      std::printf("  kill       replica %lld stopped at trace %.1f s holding %zu unacked events; after "
+                  "(trace time) %.2f s it got its last new work before being ejected, %.2f s it was "
+                  "ejected, %.2f s its work was back with the others\n",
+                  static_cast<long long>(opt.kill_replica), opt.kill_at_s, sh.killed_holding.load(),
+                  std::max(0.0, trace_s_after_kill(last_new_work_ns.load())),
+                  trace_s_after_kill(ejected_ns.load()), trace_s_after_kill(moved_done_ns.load()));
+    }
+  }
 
   if (!opt.json.empty()) {
     std::ofstream j(opt.json);
@@ -544,6 +757,19 @@ int main(int argc, char** argv) {
       << "  \"tbt_ms\": " << pct(result.tbt_us, 1000) << ",\n"
       << "  \"e2e_ms\": " << pct(result.e2e_us, 1000) << ",\n"
       << "  \"engine_latency_us\": " << pct(engine_ns, 1000) << ",\n"
+      << "  \"policy\": \"" << opt.policy << "\",\n"
+      << "  \"redelivered\": " << rs->redelivered << ",\n"
+      << "  \"ejections\": " << rs->group.ejections << ",\n"
+      << "  \"affinity_moves\": " << affinity_policy->moves() << ",\n";
+    if (opt.kill_replica >= 0) {
+      j << "  \"kill\": {\"replica\": " << opt.kill_replica << ", \"at_s\": " << opt.kill_at_s
+        << ", \"killed\": " << (killed_ns != 0 ? "true" : "false")
+        << ", \"held\": " << sh.killed_holding.load()
+        << ", \"last_new_work_after_s\": " << std::max(0.0, trace_s_after_kill(last_new_work_ns.load()))
+        << ", \"ejected_after_s\": " << trace_s_after_kill(ejected_ns.load())
+        << ", \"work_back_after_s\": " << trace_s_after_kill(moved_done_ns.load()) << "},\n";
+    }
+    j
       << "  \"wall_seconds\": " << wall << "\n"
       << "}\n";
     if (!j) Fail("writing --json file '" + opt.json + "' failed", 1);

@@ -308,6 +308,28 @@ std::int64_t Message::publish_time_ns() const { return msg_ ? msg_->publish_ns :
 absl::Status Message::Ack() { return Settle(true); }
 absl::Status Message::Nak() { return Settle(false); }
 
+absl::Status Message::InProgress() {
+  if (msg_ == nullptr) return absl::FailedPreconditionError("cannot mark an empty Message in progress");
+  ConsumerState& c = *consumer_;
+  if (c.config.ack == AckPolicy::kNone) {
+    return absl::FailedPreconditionError("consumer '" + c.config.name + "' of stream '" +
+                                         c.config.stream + "' has ack policy none");
+  }
+  if (acked_) {
+    return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) + " of stream '" +
+                                         c.config.stream + "' was already acked or nak'ed by consumer '" +
+                                         c.config.name + "'");
+  }
+  if (!c.tracked || shadow_) return absl::OkStatus();
+  const std::int64_t deadline = c.clock->NowNanos() + c.ack_wait_ns;
+  std::lock_guard lock(c.pending_mu);
+  auto it = c.pending.find(msg_->seq);
+  if (it == c.pending.end() || it->second.attempt != attempt_) return absl::OkStatus();  // already redelivered
+  it->second.deadline_ns = deadline;
+  c.deadlines.emplace_back(deadline, msg_->seq, attempt_);
+  return absl::OkStatus();
+}
+
 absl::Status Message::Settle(bool ok) {
   const char* verb = ok ? "ack" : "nak";
   if (msg_ == nullptr) {
@@ -997,7 +1019,11 @@ void Engine::RunTimers() {
         const auto [deadline, seq, attempt] = c->deadlines.front();
         c->deadlines.pop_front();
         auto it = c->pending.find(seq);
-        if (it == c->pending.end() || it->second.attempt != attempt) continue;  // settled
+        // Settled, or its timer was restarted (InProgress: a later record holds it).
+        if (it == c->pending.end() || it->second.attempt != attempt ||
+            it->second.deadline_ns != deadline) {
+          continue;
+        }
         expired.emplace_back(engine_internal::Delivery{std::move(it->second.h), attempt + 1, false},
                              it->second.member);
         c->pending.erase(it);

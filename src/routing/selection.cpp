@@ -354,8 +354,10 @@ void MemberGroup::Refresh(std::int64_t now) {
     Member& mem = members_[i];
     std::lock_guard lock(mem.mu);
     const MemberLoadReport& s = mem.smoothed;
-    // A member serving nothing (qps 0) takes the worst qps term, 1.
-    const double inv_term = s.qps > 0 ? norm(1.0 / s.qps, max_inv) : 1.0;
+    // A member that reports qps 0 serves nothing: the worst qps term, 1. A measured
+    // member with no acks yet is unknown, not slow: term 0 (else an idle member would
+    // never get the work that would show its rate).
+    const double inv_term = s.qps > 0 ? norm(1.0 / s.qps, max_inv) : (mem.reported ? 1.0 : 0.0);
     const double score = 0.4 * inv_term + 0.3 * norm(s.rt_ms, max_rt) +
                          0.2 * norm(s.hop, max_hop) + 0.1 * norm(s.cpu, max_cpu);
     mem.score.store(score, std::memory_order_relaxed);

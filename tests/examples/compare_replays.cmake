@@ -2,10 +2,12 @@
 # paced in wall time at --speed 200 (where publisher and replicas keep pace with each
 # other, so a replica that did not wait for the publisher would miss requests that
 # arrived just before its step), and requires identical trace-time results (TTFT,
-# TBT, E2E, counts). Usage: cmake -DEXE=... -DOUT=... -P compare_replays.cmake
+# TBT, E2E, counts). Placement is round robin (with seq_id affinity): the default
+# topology score reacts to measured wall-clock load, so its placement, and with it
+# the trace-time figures, depends on timing. Usage: cmake -DEXE=... -DOUT=... -P compare_replays.cmake
 foreach(speed 0 200)
   execute_process(
-    COMMAND "${EXE}" --limit 400 --speed ${speed} --json "${OUT}-${speed}.json"
+    COMMAND "${EXE}" --limit 400 --speed ${speed} --policy round_robin --ack-wait-ms 600000 --json "${OUT}-${speed}.json"
     RESULT_VARIABLE rc OUTPUT_QUIET)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "inference_server --speed ${speed} exited with ${rc}")

@@ -171,6 +171,10 @@ class Message {
   // health) and the message is redelivered at once to a member chosen by the policy.
   // FailedPrecondition as for Ack, and for a shadow copy.
   absl::Status Nak();
+  // Work in progress: restarts the ack_wait timer of this delivery (JetStream's
+  // AckProgress), so a long task is not redelivered while its member is alive.
+  // FailedPrecondition as for Ack; OK and nothing to do without ack_wait.
+  absl::Status InProgress();
 
  private:
   friend class Member;

@@ -321,8 +321,9 @@ class PeakEwmaPolicy final : public SelectionPolicy {
 // metric is smoothed by an EWMA (alpha GroupOptions::ewma_alpha = 0.85), refreshed
 // every GroupOptions::refresh_interval (500 ms). Metrics come from ReportLoad, or,
 // for a member that never reported, from the engine's measurements: qps = acks per
-// second in the last window, rt = mean ack latency in the window, hop = 0, cpu =
-// outstanding / max outstanding in the group. Lowest score wins; to avoid sending
+// second in the last window (a measured qps of 0 gives the qps term 0: unknown, not
+// slow; a reported 0 gives the worst term, 1), rt = mean ack latency in the window,
+// hop = 0, cpu = outstanding / max outstanding in the group. Lowest score wins; to avoid sending
 // a whole refresh interval of work to one member, the pick uses (score + 0.01) x
 // (outstanding + 1) / weight, Finagle's pending multiplier — with equal load it is
 // exactly lowest-score-wins.

@@ -179,7 +179,9 @@ MemberGroup::MemberGroup(std::uint32_t members, GroupOptions options, const Cloc
       clock_(clock != nullptr ? clock : SteadyClock::Default()),
       members_(new Member[members]),
       weights_(members, 1.0),
-      rng_(options_.seed == 0 ? 1 : options_.seed) {}
+      rng_(options_.seed == 0 ? 1 : options_.seed) {
+  scratch_.reserve(members);  // Refresh then never allocates (engine_alloc_test)
+}
 
 MemberGroup::~MemberGroup() = default;
 

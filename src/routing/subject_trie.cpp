@@ -1,6 +1,7 @@
 #include "inferq/routing/internal/subject_trie.hpp"
 
 #include <algorithm>
+#include <bit>
 
 namespace inferq::routing_internal {
 namespace {
@@ -8,31 +9,10 @@ namespace {
 // The white space of subject.cpp: ' ' and \t \n \v \f \r (9..13).
 bool IsSpace(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
-using Tokens = absl::InlinedVector<std::string_view, 16>;
-
 // Debian's Abseil has its own absl::string_view; its string hash tables look up by it.
 absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-// Splits a literal subject into its tokens; false for an invalid one (empty, an empty
-// token, white space, a `*` or `>` token), the rules of ValidateSubject.
-bool Tokenize(std::string_view s, Tokens* out) {
-  if (s.empty()) return false;
-  std::size_t start = 0;
-  for (std::size_t i = 0; i <= s.size(); ++i) {
-    if (i == s.size() || s[i] == '.') {
-      const std::size_t len = i - start;
-      if (len == 0) return false;
-      if (len == 1 && (s[start] == '*' || s[start] == '>')) return false;
-      out->push_back(s.substr(start, len));
-      start = i + 1;
-    } else if (IsSpace(s[i])) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// Calls f(token, is_last) for each token of a valid pattern.
+// Calls f(token, is_last) for each token of a valid pattern, until f returns false.
 template <class F>
 void ForEachToken(std::string_view pattern, F&& f) {
   std::size_t start = 0;
@@ -51,40 +31,91 @@ std::size_t TokenCount(std::string_view pattern) {
   return static_cast<std::size_t>(std::count(pattern.begin(), pattern.end(), '.')) + 1;
 }
 
+constexpr std::size_t kMinCapacity = 16;
+
 }  // namespace
 
-SubjectTrie::SubjectTrie() { nodes_.emplace_back(); }
+// ---- the node table (invariants 2 and 3) -----------------------------------------
 
-std::uint32_t SubjectTrie::AcquireSlot() {
-  std::uint32_t slot;
-  if (!free_slots_.empty()) {
-    slot = free_slots_.back();
-    free_slots_.pop_back();
-  } else {
-    if (slot_ordinal_.size() >= kMaxSlots) return kNone;
-    slot = static_cast<std::uint32_t>(slot_ordinal_.size());
-    slot_ordinal_.push_back(0);
+std::size_t SubjectTrie::Home(std::uint32_t parent, std::uint32_t token) const {
+  // The finalizer of splitmix64 (Steele, Lea, Flood: "Fast splittable pseudorandom
+  // number generators", OOPSLA 2014): ids are small consecutive integers, and the
+  // high bits of the mixed key pick the slot.
+  std::uint64_t x = (std::uint64_t{parent} << 32) | token;
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return static_cast<std::size_t>(x >> shift_);
+}
+
+const SubjectTrie::Entry* SubjectTrie::Find(std::uint32_t parent, std::uint32_t token) const {
+  if (size_ == 0) return nullptr;
+  const std::size_t mask = capacity_ - 1;
+  for (std::size_t i = Home(parent, token);; i = (i + 1) & mask) {
+    const Entry& e = table_[i];
+    if (e.parent == parent && e.token == token) return &e;
+    if (e.parent == kNone) return nullptr;  // ends every run: the table is < 70% full
   }
-  slot_ordinal_[slot] = next_ordinal_++;
-  return slot;
 }
 
-void SubjectTrie::ReleaseSlot(std::uint32_t slot) { free_slots_.push_back(slot); }
-
-std::uint32_t SubjectTrie::NewNode() {
-  if (!free_nodes_.empty()) {
-    const std::uint32_t n = free_nodes_.back();
-    free_nodes_.pop_back();
-    return n;
+void SubjectTrie::Rehash(std::size_t capacity) {
+  std::unique_ptr<Entry[]> old = std::move(table_);
+  const std::size_t old_capacity = capacity_;
+  table_ = std::make_unique<Entry[]>(capacity);
+  capacity_ = capacity;
+  shift_ = 64 - std::countr_zero(capacity);
+  for (std::size_t i = 0; i < capacity; ++i) table_[i].parent = kNone;
+  const std::size_t mask = capacity_ - 1;
+  for (std::size_t i = 0; i < old_capacity; ++i) {
+    if (old[i].parent == kNone) continue;
+    std::size_t j = Home(old[i].parent, old[i].token);
+    while (table_[j].parent != kNone) j = (j + 1) & mask;
+    table_[j] = old[i];
   }
-  nodes_.emplace_back();
-  return static_cast<std::uint32_t>(nodes_.size() - 1);
 }
 
-void SubjectTrie::FreeNode(std::uint32_t node) {
-  nodes_[node] = Node{};
-  free_nodes_.push_back(node);
+void SubjectTrie::InsertEntry(const Entry& e) {
+  // Grow before the table would be more than 70% full.
+  if ((size_ + 1) * 10 > capacity_ * 7) {
+    Rehash(capacity_ == 0 ? kMinCapacity : capacity_ * 2);
+  }
+  const std::size_t mask = capacity_ - 1;
+  std::size_t i = Home(e.parent, e.token);
+  while (table_[i].parent != kNone) i = (i + 1) & mask;
+  table_[i] = e;
+  ++size_;
 }
+
+void SubjectTrie::EraseEntry(Entry* e) {
+  // Backward-shift deletion (Knuth, TAOCP vol. 3, 6.4, Algorithm R): move back each
+  // later entry of the run whose home is not cyclically in (hole, its position], so
+  // that no entry is separated from its home by the new empty slot.
+  const std::size_t mask = capacity_ - 1;
+  std::size_t hole = static_cast<std::size_t>(e - table_.get());
+  for (std::size_t j = (hole + 1) & mask; table_[j].parent != kNone; j = (j + 1) & mask) {
+    const std::size_t home = Home(table_[j].parent, table_[j].token);
+    // Distance travelled from home to j vs from hole to j, modulo the capacity.
+    if (((j - home) & mask) >= ((j - hole) & mask)) {
+      table_[hole] = table_[j];
+      hole = j;
+    }
+  }
+  table_[hole].parent = kNone;
+  --size_;
+}
+
+std::uint32_t SubjectTrie::NewId() {
+  if (!free_ids_.empty()) {
+    const std::uint32_t id = free_ids_.back();
+    free_ids_.pop_back();
+    return id;
+  }
+  return next_id_++;
+}
+
+// ---- tokens, slots, value lists ---------------------------------------------------
 
 std::uint32_t SubjectTrie::FindToken(std::string_view token) const {
   const auto it = tokens_.find(AsAbsl(token));
@@ -101,7 +132,6 @@ std::uint32_t SubjectTrie::RefToken(std::string_view token) {
     id = free_tokens_.back();
     free_tokens_.pop_back();
   } else {
-    if (token_refs_.size() >= kNone) return kNone;
     id = static_cast<std::uint32_t>(token_refs_.size());
     token_refs_.push_back(0);
   }
@@ -115,6 +145,22 @@ void SubjectTrie::UnrefToken(std::string_view token, std::uint32_t id) {
   tokens_.erase(tokens_.find(AsAbsl(token)));
   free_tokens_.push_back(id);
 }
+
+std::uint32_t SubjectTrie::AcquireSlot() {
+  std::uint32_t slot;
+  if (!free_slots_.empty()) {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+  } else {
+    if (slot_ordinal_.size() >= kMaxSlots) return kNone;
+    slot = static_cast<std::uint32_t>(slot_ordinal_.size());
+    slot_ordinal_.push_back(0);
+  }
+  slot_ordinal_[slot] = next_ordinal_++;
+  return slot;
+}
+
+void SubjectTrie::ReleaseSlot(std::uint32_t slot) { free_slots_.push_back(slot); }
 
 bool SubjectTrie::ListInsert(std::uint32_t* list, std::uint32_t slot) {
   if (*list == kEmptyList) {
@@ -176,161 +222,167 @@ bool SubjectTrie::ListErase(std::uint32_t* list, std::uint32_t slot) {
   return true;
 }
 
-void SubjectTrie::AppendList(std::uint32_t list, Candidates* out) const {
-  if (list == kEmptyList) return;
-  if ((list & kListBit) == 0) {
-    out->push_back(Candidate{slot_ordinal_[list], list});
-    return;
-  }
-  for (const std::uint32_t s : lists_[list & ~kListBit]) {
-    out->push_back(Candidate{slot_ordinal_[s], s});
-  }
-}
+// ---- Add, Erase, Collect ----------------------------------------------------------
 
 SubjectTrie::AddResult SubjectTrie::Add(std::string_view pattern, std::uint32_t slot) {
   // At most one new node and one new token per token of the pattern; refuse up front
-  // so that a full trie is left unchanged. (2^32 - 1 nodes take 64 GiB.)
+  // so that a full trie is left unchanged. (kMaxIds nodes take 96 GiB.)
   const std::size_t n = TokenCount(pattern);
-  if (nodes_.size() + n >= kNone && free_nodes_.size() < n) return AddResult::kFull;
-  if (token_refs_.size() + n >= kNone && free_tokens_.size() < n) return AddResult::kFull;
+  if (next_id_ + n >= kMaxIds && free_ids_.size() < n) return AddResult::kFull;
+  if (token_refs_.size() + n >= kMaxIds && free_tokens_.size() < n) return AddResult::kFull;
   if (lists_.size() + 1 >= kListBit && free_lists_.empty()) return AddResult::kFull;
 
-  std::uint32_t node = kRoot;
-  std::uint32_t* list = nullptr;
-  ForEachToken(pattern, [&](std::string_view tok, bool last) {
+  Key key{kNone, 0};  // the root
+  std::uint32_t id = 0;
+  bool tail = false;
+  ForEachToken(pattern, [&](std::string_view tok, bool) {
     if (tok == ">") {  // only ever the last token
-      list = &nodes_[node].tail;
+      tail = true;
       return false;
     }
-    if (tok == "*") {
-      if (nodes_[node].star == kNone) {
-        const std::uint32_t child = NewNode();
-        nodes_[node].star = child;
-      }
-      node = nodes_[node].star;
-    } else {
-      const std::uint32_t found = FindToken(tok);
-      const auto it = found == kNone ? edges_.end() : edges_.find(EdgeKey{node, found});
-      if (it != edges_.end()) {
-        node = it->child;
-      } else {
-        const std::uint32_t id = RefToken(tok);
-        const std::uint32_t child = NewNode();
-        edges_.insert(Edge{node, id, child});
-        ++nodes_[node].literal_children;
-        node = child;
-      }
+    const bool star = tok == "*";
+    std::uint32_t token = star ? kStarToken : FindToken(tok);
+    if (const Entry* e = token == kNone ? nullptr : Find(id, token)) {
+      key = Key{id, token};
+      id = e->node.id;
+      return true;
     }
-    if (last) list = &nodes_[node].terminal;
+    if (!star) token = RefToken(tok);
+    const std::uint32_t child = NewId();
+    Data(key)->meta += star ? kStarBit : 1;  // before InsertEntry moves entries
+    InsertEntry(Entry{id, token, NodeData{child, kEmptyList, kEmptyList, 0}});
+    key = Key{id, token};
+    id = child;
     return true;
   });
-  return ListInsert(list, slot) ? AddResult::kAdded : AddResult::kAlreadyPresent;
+  NodeData* node = Data(key);
+  return ListInsert(tail ? &node->tail : &node->terminal, slot) ? AddResult::kAdded
+                                                                 : AddResult::kAlreadyPresent;
 }
 
 bool SubjectTrie::Erase(std::string_view pattern, std::uint32_t slot) {
   struct Step {
-    std::uint32_t parent;
-    std::uint32_t child;
-    std::uint32_t token;  // kNone for the `*` edge
-    std::string_view text;
+    Key key;                // of the node reached by this step
+    std::string_view text;  // its token ("*" for a star edge)
   };
   absl::InlinedVector<Step, 16> path;
-  std::uint32_t node = kRoot;
-  std::uint32_t* list = nullptr;
-  ForEachToken(pattern, [&](std::string_view tok, bool last) {
+  std::uint32_t id = 0;
+  bool tail = false;
+  bool found = true;
+  ForEachToken(pattern, [&](std::string_view tok, bool) {
     if (tok == ">") {
-      list = &nodes_[node].tail;
+      tail = true;
       return false;
     }
-    std::uint32_t child = kNone;
-    std::uint32_t id = kNone;
-    if (tok == "*") {
-      child = nodes_[node].star;
-    } else if (id = FindToken(tok); id != kNone) {
-      if (const auto it = edges_.find(EdgeKey{node, id}); it != edges_.end()) {
-        child = it->child;
-      }
+    const std::uint32_t token = tok == "*" ? kStarToken : FindToken(tok);
+    const Entry* e = token == kNone ? nullptr : Find(id, token);
+    if (e == nullptr) {
+      found = false;
+      return false;
     }
-    if (child == kNone) return false;  // no such path: list stays null
-    path.push_back(Step{node, child, id, tok});
-    node = child;
-    if (last) list = &nodes_[node].terminal;
+    path.push_back(Step{Key{id, token}, tok});
+    id = e->node.id;
     return true;
   });
-  if (list == nullptr || !ListErase(list, slot)) return false;
-  for (auto step = path.rbegin(); step != path.rend(); ++step) {
-    if (!IsEmpty(nodes_[step->child])) break;
-    if (step->token == kNone) {
-      nodes_[step->parent].star = kNone;
-    } else {
-      edges_.erase(edges_.find(EdgeKey{step->parent, step->token}));
-      --nodes_[step->parent].literal_children;
-      UnrefToken(step->text, step->token);
-    }
-    FreeNode(step->child);
+  if (!found) return false;
+  NodeData* node = Data(path.empty() ? Key{kNone, 0} : path.back().key);
+  if (!ListErase(tail ? &node->tail : &node->terminal, slot)) return false;
+  for (std::size_t i = path.size(); i-- > 0;) {
+    Entry* e = Find(path[i].key.parent, path[i].key.token);
+    const NodeData& d = e->node;
+    if (d.terminal != kEmptyList || d.tail != kEmptyList || d.meta != 0) break;
+    free_ids_.push_back(d.id);
+    EraseEntry(e);
+    const bool star = path[i].key.token == kStarToken;
+    Data(i == 0 ? Key{kNone, 0} : path[i - 1].key)->meta -= star ? kStarBit : 1;
+    if (!star) UnrefToken(path[i].text, path[i].key.token);
   }
   return true;
 }
 
 bool SubjectTrie::Collect(std::string_view subject, SlotBuffer* slots) const {
-  Tokens tokens;
-  if (!Tokenize(subject, &tokens)) return false;
-  // The frontier: the nodes whose path matches the tokens so far. Each node has one
-  // path from the root, so a node is in the frontier at most once.
-  absl::InlinedVector<std::uint32_t, 16> frontier{kRoot};
-  absl::InlinedVector<std::uint32_t, 16> next;
-  Candidates candidates;
-  std::size_t lists = 0;
-  for (const std::string_view tok : tokens) {
+  // First pass: check the subject (an invalid one matches nothing) and look up the id
+  // of each token. The lookups depend on the subject only, so their cache misses
+  // overlap instead of waiting for the walk of the levels before them.
+  const std::size_t size = subject.size();
+  if (size == 0) return false;
+  absl::InlinedVector<std::uint32_t, 16> tokens;  // kNone: no edge has that token
+  const char* const s = subject.data();
+  for (std::size_t pos = 0;;) {
+    std::size_t end = pos;
+    while (end < size && s[end] != '.') {
+      if (IsSpace(s[end])) return false;
+      ++end;
+    }
+    const std::size_t len = end - pos;
+    if (len == 0) return false;
+    if (len == 1 && (s[pos] == '*' || s[pos] == '>')) return false;
+    tokens.push_back(FindToken(subject.substr(pos, len)));
+    if (end == size) break;
+    pos = end + 1;  // "a." ends with an empty token: the next round returns false
+  }
+  // Second pass: move the frontier (the nodes whose path matches the tokens so far)
+  // one token at a time. Each node has one path from the root, so a node is in the
+  // frontier at most once.
+  absl::InlinedVector<const NodeData*, 16> buffers[2];
+  buffers[0].push_back(&root_);
+  int current = 0;
+  absl::InlinedVector<std::uint32_t, 16> lists;  // value lists that matched
+  for (const std::uint32_t token : tokens) {
+    const auto& frontier = buffers[current];
+    auto& next = buffers[current ^ 1];
     next.clear();
-    std::uint32_t id = kNone;
-    bool looked_up = false;
-    for (const std::uint32_t n : frontier) {
-      const Node& node = nodes_[n];
-      if (node.tail != kEmptyList) {  // `>` takes this token and all after it
-        AppendList(node.tail, &candidates);
-        ++lists;
+    for (const NodeData* node : frontier) {
+      if (node->tail != kEmptyList) lists.push_back(node->tail);  // `>` takes the rest
+      if (token != kNone && (node->meta & ~kStarBit) != 0) {
+        if (const Entry* e = Find(node->id, token)) next.push_back(&e->node);
       }
-      if (node.literal_children != 0) {
-        if (!looked_up) {
-          id = FindToken(tok);
-          looked_up = true;
-        }
-        if (id != kNone) {
-          if (const auto it = edges_.find(EdgeKey{n, id}); it != edges_.end()) {
-            next.push_back(it->child);
-          }
-        }
+      if ((node->meta & kStarBit) != 0) next.push_back(&Find(node->id, kStarToken)->node);
+    }
+    current ^= 1;
+    if (next.empty()) break;
+  }
+  for (const NodeData* node : buffers[current]) {
+    if (node->terminal != kEmptyList) lists.push_back(node->terminal);
+  }
+  if (lists.empty()) return true;
+  if (lists.size() == 1) {  // sorted and free of duplicates already: no ordinal needed
+    const std::uint32_t list = lists[0];
+    if ((list & kListBit) == 0) {
+      slots->push_back(list);
+    } else {
+      const std::vector<std::uint32_t>& v = lists_[list & ~kListBit];
+      slots->insert(slots->end(), v.begin(), v.end());
+    }
+    return true;
+  }
+  struct Candidate {
+    std::uint64_t ordinal;
+    std::uint32_t slot;
+  };
+  absl::InlinedVector<Candidate, 16> candidates;
+  for (const std::uint32_t list : lists) {
+    if ((list & kListBit) == 0) {
+      candidates.push_back(Candidate{slot_ordinal_[list], list});
+    } else {
+      for (const std::uint32_t slot : lists_[list & ~kListBit]) {
+        candidates.push_back(Candidate{slot_ordinal_[slot], slot});
       }
-      if (node.star != kNone) next.push_back(node.star);
-    }
-    frontier.swap(next);
-    if (frontier.empty()) break;
-  }
-  for (const std::uint32_t n : frontier) {  // empty when the loop broke early
-    if (nodes_[n].terminal != kEmptyList) {
-      AppendList(nodes_[n].terminal, &candidates);
-      ++lists;
     }
   }
-  if (lists > 1) {  // one list is sorted and free of duplicates already
-    std::sort(candidates.begin(), candidates.end(),
-              [](const Candidate& a, const Candidate& b) { return a.ordinal < b.ordinal; });
-    candidates.erase(std::unique(candidates.begin(), candidates.end(),
-                                 [](const Candidate& a, const Candidate& b) {
-                                   return a.slot == b.slot;
-                                 }),
-                     candidates.end());
+  std::sort(candidates.begin(), candidates.end(),
+            [](const Candidate& a, const Candidate& b) { return a.ordinal < b.ordinal; });
+  std::uint32_t last = kNone;
+  for (const Candidate& c : candidates) {
+    if (c.slot != last) slots->push_back(c.slot);  // equal slots are adjacent
+    last = c.slot;
   }
-  for (const Candidate& c : candidates) slots->push_back(c.slot);
   return true;
 }
 
 std::size_t SubjectTrie::MemoryBytes() const {
-  std::size_t bytes = nodes_.capacity() * sizeof(Node) +
-                      free_nodes_.capacity() * sizeof(std::uint32_t) +
-                      HashTableBytes(edges_) + HashTableBytes(tokens_) +
-                      token_refs_.capacity() * sizeof(std::uint32_t) +
+  std::size_t bytes = capacity_ * sizeof(Entry) + free_ids_.capacity() * sizeof(std::uint32_t) +
+                      HashTableBytes(tokens_) + token_refs_.capacity() * sizeof(std::uint32_t) +
                       free_tokens_.capacity() * sizeof(std::uint32_t) +
                       lists_.capacity() * sizeof(std::vector<std::uint32_t>) +
                       free_lists_.capacity() * sizeof(std::uint32_t) +

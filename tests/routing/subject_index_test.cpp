@@ -334,6 +334,41 @@ TEST_CASE("Stats count subscriptions, nodes and a plausible memory estimate") {
   CHECK(stats.memory_bytes - empty.memory_bytes <= 2012 * 400);
 }
 
+TEST_CASE("tens of thousands of inserts and removes in random order keep exact results") {
+  // Grows the node table through many doublings and removes from it in random order,
+  // so entries are shifted back across runs and across the end of the table.
+  constexpr int kA = 150;
+  constexpr int kB = 100;
+  std::vector<std::pair<std::string, int>> subs;
+  for (int a = 0; a < kA; ++a) {
+    for (int b = 0; b < kB; ++b) {
+      subs.emplace_back("x" + std::to_string(a) + ".y" + std::to_string(b), a * kB + b);
+    }
+  }
+  std::mt19937 rng(7);
+  std::shuffle(subs.begin(), subs.end(), rng);
+  SubjectIndex<int> index(NoCache());
+  for (const auto& [pattern, value] : subs) REQUIRE(index.Insert(pattern, value).ok());
+  CHECK(index.Stats().nodes == 1 + kA + kA * kB);
+  std::shuffle(subs.begin(), subs.end(), rng);
+  const std::size_t half = subs.size() / 2;
+  for (std::size_t i = 0; i < half; ++i) {
+    REQUIRE(index.Remove(subs[i].first, subs[i].second).ok());
+  }
+  int wrong = 0;
+  for (std::size_t i = 0; i < subs.size(); ++i) {
+    const Values want = i < half ? Values{} : Values{subs[i].second};
+    wrong += MatchOf(index, subs[i].first) != want;
+  }
+  CHECK(wrong == 0);
+  CHECK(index.size() == subs.size() - half);
+  for (std::size_t i = half; i < subs.size(); ++i) {
+    REQUIRE(index.Remove(subs[i].first, subs[i].second).ok());
+  }
+  CHECK(index.Stats().nodes == 1);
+  CHECK(MatchOf(index, "x1.y1").empty());
+}
+
 // ---- randomized differential test -------------------------------------------------
 
 namespace {

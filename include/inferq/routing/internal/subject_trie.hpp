@@ -5,24 +5,31 @@
 // SubjectIndex<V> gives its distinct values) and answers "which slots have a pattern
 // matching this literal subject", in the order the slots were acquired.
 //
-// Layout (chosen to hold 10^6 subscriptions compactly, see Stats in subject_index.hpp):
-//  1. Nodes live in one vector and are named by their index; node 0 is the root and
-//     is never freed. A freed node goes on a free list and is reused.
-//  2. A node holds its `*` edge (a node index), its value list for patterns that end
-//     at it (`terminal`), its value list for patterns that end in `>` right after it
-//     (`tail`: '>' is always the last token, so it needs no node of its own), and the
-//     number of its literal children: 16 bytes in all.
-//  3. Literal edges are not stored per node but in one hash set of
-//     {parent, token id, child} (12 bytes a slot), keyed by (parent, token id).
-//     Token text is interned once in `tokens_` (token -> id), with a count of the
-//     edges using it; an id whose count drops to 0 is erased and reused.
-//  4. A value list is one 32-bit word: kEmptyList, a single slot (bit 31 clear), or
+// Layout (chosen so that a match walks one cache line per token, and so that 10^6
+// subscriptions fit in about 150 bytes each, values included; see bench_routing):
+//  1. A node is named by a 32-bit id (the root is id 0; ids of freed nodes are
+//     reused). Its data is 16 bytes: its id, its value list for patterns ending at it
+//     (`terminal`), its value list for patterns ending in `>` right after it (`tail`:
+//     '>' is always the last token, so it needs no node of its own), and `meta`: the
+//     number of its literal children, plus kStarBit when it has a `*` child.
+//  2. Every node but the root lives in one open-addressing hash table, keyed by
+//     (parent id, token id), with its data inline in the 24-byte slot: finding a child
+//     and reading it is one probe, usually one cache line. The `*` edge is the key
+//     (parent, kStarToken), so `*` and literal edges are separate: a `*` child is
+//     never found by a literal token and the reverse.
+//  3. The table probes linearly from the key's home slot; it is never more than 70%
+//     full (it doubles before that), so every probe sequence ends at an empty slot.
+//     Deletion shifts later entries of the run back (no tombstones): every entry stays
+//     reachable from its home slot without crossing an empty slot.
+//  4. Token text is interned once in `tokens_` (token -> id) with a count of the edges
+//     using it; an id whose count drops to 0 is erased and reused.
+//  5. A value list is one 32-bit word: kEmptyList, a single slot (bit 31 clear), or
 //     bit 31 set and the index of a vector in `lists_` holding two or more slots. A
 //     vector's slots are sorted by their ordinal, with no duplicates.
-//  5. Every acquired slot gets the next ordinal (a 64-bit counter that never goes
+//  6. Every acquired slot gets the next ordinal (a 64-bit counter that never goes
 //     back), so ordinals give "order of first insertion" even when slots are reused.
-//  6. A node that holds no values, no `*` edge and no literal child is removed, with
-//     its edge, by Erase, so the trie holds no dead branches.
+//  7. A node that holds no values and no children is removed, with its edge, by
+//     Erase, so the trie holds no dead branches.
 //
 // Thread safety: const methods may run on any number of threads at once; a non-const
 // method needs exclusive access.
@@ -30,14 +37,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
-#include "absl/hash/hash.h"
 
 namespace inferq::routing_internal {
 
@@ -60,7 +66,9 @@ class SubjectTrie {
 
   enum class AddResult { kAdded, kAlreadyPresent, kFull };
 
-  SubjectTrie();
+  SubjectTrie() = default;
+  SubjectTrie(SubjectTrie&&) noexcept = default;
+  SubjectTrie& operator=(SubjectTrie&&) noexcept = default;
 
   // A fresh slot with the next ordinal, or kNone when kMaxSlots slots are in use.
   std::uint32_t AcquireSlot();
@@ -69,94 +77,86 @@ class SubjectTrie {
 
   // Adds `slot` to the value list of `pattern`, which must be a valid pattern
   // (SubjectPattern::Parse accepted it). kAlreadyPresent leaves the trie unchanged;
-  // kFull when 2^32 - 1 nodes or tokens would be needed (nothing is changed then).
+  // kFull when 2^32 - 2 nodes or tokens would be needed (nothing is changed then).
   AddResult Add(std::string_view pattern, std::uint32_t slot);
   // Removes `slot` from the value list of the valid `pattern`; false when it is not
-  // there. Prunes the nodes left empty (invariant 6).
+  // there. Prunes the nodes left empty (invariant 7).
   bool Erase(std::string_view pattern, std::uint32_t slot);
 
   // Appends to *slots the slots whose patterns match the literal subject `subject`,
   // each once, by ordinal. False (and nothing appended) for an invalid subject: an
-  // empty token, white space, or a `*` or `>` token. Allocates only when the
-  // subject has more than 16 tokens or the match more than 16 candidates.
+  // empty token, white space, or a `*` or `>` token. Allocates only when the subject
+  // has more than 16 tokens, more than 16 nodes match one prefix, or more than 16
+  // value lists or values match.
   bool Collect(std::string_view subject, SlotBuffer* slots) const;
 
-  std::size_t node_count() const { return nodes_.size() - free_nodes_.size(); }
+  // Nodes, the root included.
+  std::size_t node_count() const { return size_ + 1; }
   std::size_t token_count() const { return tokens_.size(); }
-  // Heap bytes held by the trie (vectors and hash tables at their capacity, token
-  // text beyond the small-string buffer); malloc's own overhead is not counted.
+  // Heap bytes held by the trie (tables and vectors at their capacity, token text
+  // beyond the small-string buffer); malloc's own overhead is not counted.
   std::size_t MemoryBytes() const;
 
  private:
-  static constexpr std::uint32_t kRoot = 0;
   static constexpr std::uint32_t kEmptyList = 0xffffffffu;
   static constexpr std::uint32_t kListBit = 0x80000000u;
+  static constexpr std::uint32_t kStarBit = 0x80000000u;     // in meta
+  static constexpr std::uint32_t kStarToken = 0xfffffffeu;   // token id of `*` edges
+  static constexpr std::uint32_t kMaxIds = 0xfffffff0u;      // node and token ids
 
-  struct Node {
-    std::uint32_t star = kNone;            // child by the `*` edge
-    std::uint32_t terminal = kEmptyList;   // patterns ending here
-    std::uint32_t tail = kEmptyList;       // patterns ending here + ".>"
-    std::uint32_t literal_children = 0;    // edges from this node in edges_
+  struct NodeData {
+    std::uint32_t id = 0;
+    std::uint32_t terminal = kEmptyList;  // patterns ending here
+    std::uint32_t tail = kEmptyList;      // patterns ending here + ".>"
+    std::uint32_t meta = 0;               // literal children | kStarBit
   };
-  static_assert(sizeof(Node) == 16, "a trie node is four 32-bit words");
+  struct Entry {
+    std::uint32_t parent;  // kNone: empty slot
+    std::uint32_t token;   // token id, or kStarToken
+    NodeData node;
+  };
+  static_assert(sizeof(Entry) == 24, "a table slot is six 32-bit words");
 
-  struct Edge {
-    std::uint32_t parent;
-    std::uint32_t token;
-    std::uint32_t child;
-  };
-  static_assert(sizeof(Edge) == 12, "an edge slot is three 32-bit words");
-  struct EdgeKey {
-    std::uint32_t parent;
-    std::uint32_t token;
-  };
-  struct EdgeHash {
-    using is_transparent = void;
-    static std::size_t Of(std::uint32_t parent, std::uint32_t token) {
-      return absl::Hash<std::uint64_t>{}((std::uint64_t{parent} << 32) | token);
-    }
-    std::size_t operator()(const Edge& e) const { return Of(e.parent, e.token); }
-    std::size_t operator()(const EdgeKey& k) const { return Of(k.parent, k.token); }
-  };
-  struct EdgeEq {
-    using is_transparent = void;
-    template <class A, class B>
-    bool operator()(const A& a, const B& b) const {
-      return a.parent == b.parent && a.token == b.token;
-    }
-  };
-
-  struct Candidate {
-    std::uint64_t ordinal;
-    std::uint32_t slot;
-  };
-  using Candidates = absl::InlinedVector<Candidate, 16>;
-
-  std::uint32_t NewNode();
-  void FreeNode(std::uint32_t node);
-  bool IsEmpty(const Node& n) const {
-    return n.star == kNone && n.terminal == kEmptyList && n.tail == kEmptyList &&
-           n.literal_children == 0;
+  // The table of invariants 2 and 3.
+  const Entry* Find(std::uint32_t parent, std::uint32_t token) const;
+  Entry* Find(std::uint32_t parent, std::uint32_t token) {
+    return const_cast<Entry*>(static_cast<const SubjectTrie*>(this)->Find(parent, token));
   }
+  void InsertEntry(const Entry& e);  // the key must be absent
+  void EraseEntry(Entry* e);
+  std::size_t Home(std::uint32_t parent, std::uint32_t token) const;
+  void Rehash(std::size_t capacity);
+
+  // Key (parent, token) of a node on a path; parent == kNone for the root.
+  struct Key {
+    std::uint32_t parent;
+    std::uint32_t token;
+  };
+  NodeData* Data(Key k) { return k.parent == kNone ? &root_ : &Find(k.parent, k.token)->node; }
+
+  std::uint32_t NewId();
   // The token's id, or kNone when no edge uses it.
   std::uint32_t FindToken(std::string_view token) const;
-  // The token's id (interned if new) with one more edge counted; kNone when full.
+  // The token's id (interned if new) with one more edge counted.
   std::uint32_t RefToken(std::string_view token);
   void UnrefToken(std::string_view token, std::uint32_t id);
 
   bool ListInsert(std::uint32_t* list, std::uint32_t slot);
   bool ListErase(std::uint32_t* list, std::uint32_t slot);
-  void AppendList(std::uint32_t list, Candidates* out) const;
 
-  std::vector<Node> nodes_;
-  std::vector<std::uint32_t> free_nodes_;
-  absl::flat_hash_set<Edge, EdgeHash, EdgeEq> edges_;
+  NodeData root_;
+  std::unique_ptr<Entry[]> table_;
+  std::size_t capacity_ = 0;  // 0 or a power of two
+  std::size_t size_ = 0;      // entries in table_ = nodes other than the root
+  int shift_ = 64;            // 64 - log2(capacity_)
+  std::uint32_t next_id_ = 1;
+  std::vector<std::uint32_t> free_ids_;
   absl::flat_hash_map<std::string, std::uint32_t> tokens_;
-  std::vector<std::uint32_t> token_refs_;     // by token id: edges using it
+  std::vector<std::uint32_t> token_refs_;  // by token id: edges using it
   std::vector<std::uint32_t> free_tokens_;
-  std::vector<std::vector<std::uint32_t>> lists_;   // value lists of 2+ slots
+  std::vector<std::vector<std::uint32_t>> lists_;  // value lists of 2+ slots
   std::vector<std::uint32_t> free_lists_;
-  std::vector<std::uint64_t> slot_ordinal_;   // by slot
+  std::vector<std::uint64_t> slot_ordinal_;  // by slot
   std::vector<std::uint32_t> free_slots_;
   std::uint64_t next_ordinal_ = 0;
 };

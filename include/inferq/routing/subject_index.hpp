@@ -21,7 +21,7 @@
 // set, CLOCK eviction). Every successful Insert and Remove bumps a generation
 // counter; cached results of an older generation are never returned.
 //
-// Costs (bench_routing, BENCHMARKS.md): a cache hit is a hash of the subject, a shared
+// Costs (benchmarks/bench_routing.cpp): a cache hit is a hash of the subject, a shared
 // lock and a copy of the values; a miss is one table probe per token and frontier
 // node, and is bound by memory latency when the subjects touch a trie larger than the
 // CPU caches. About 150 bytes per subscription at 10^6 subscriptions, values included.

@@ -15,5 +15,6 @@
 #include "inferq/memory/buffer.hpp"
 #include "inferq/ring/mpmc_ring.hpp"
 #include "inferq/routing/subject.hpp"
+#include "inferq/routing/subject_index.hpp"
 #include "inferq/state/state_store.hpp"
 #include "inferq/version.hpp"

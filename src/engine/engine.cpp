@@ -21,6 +21,7 @@
 #include "inferq/memory/topology.hpp"
 #include "inferq/ring/mpmc_ring.hpp"
 #include "inferq/routing/subject.hpp"
+#include "inferq/routing/subject_index.hpp"
 
 namespace inferq {
 namespace engine_internal {
@@ -521,6 +522,9 @@ struct Engine::Impl {
   // tables stay valid and are kept (a few pointers each) until the engine dies.
   struct RouteTable {
     std::vector<StreamState*> streams;
+    // Every stream's subject patterns: Match gives the capturing streams in
+    // creation order, each once (a trie with a bounded match cache).
+    SubjectIndex<StreamState*> index;
   };
 
   const Clock* clock;
@@ -666,8 +670,16 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
   if (impl_->FindStream(config.name) != nullptr) {
     return absl::AlreadyExistsError("stream '" + config.name + "' already exists");
   }
-  auto table = std::make_unique<Impl::RouteTable>(*impl_->routes.load(std::memory_order_relaxed));
+  auto table = std::make_unique<Impl::RouteTable>();
+  table->streams = impl_->routes.load(std::memory_order_relaxed)->streams;
   table->streams.push_back(state.get());
+  for (StreamState* st : table->streams) {
+    for (const SubjectPattern& p : st->patterns) {
+      // Cannot fail: the patterns parsed above, and (pattern, stream) pairs repeat
+      // only when a stream lists a pattern twice, which changes nothing.
+      (void)table->index.Insert(p.text(), st);
+    }
+  }
   impl_->streams.push_back(std::move(state));
   // release: a publisher that loads the new table sees the fully built stream.
   impl_->routes.store(table.get(), std::memory_order_release);
@@ -827,9 +839,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
   // acquire: pairs with the release store in AddStream.
   const Impl::RouteTable* routes = impl_->routes.load(std::memory_order_acquire);
   absl::InlinedVector<StreamState*, 4> capturing;
-  for (StreamState* stream : routes->streams) {
-    if (stream->Captures(event.subject)) capturing.push_back(stream);
-  }
+  routes->index.Match(event.subject, &capturing);
   if (capturing.empty()) {
     impl_->unrouted.fetch_add(1, std::memory_order_relaxed);
     return absl::NotFoundError("no stream captures subject " + QuoteValue(event.subject));

@@ -127,6 +127,8 @@ class SubjectIndex {
     }
   }
 
+  // Movable (e.g. into a std::shared_ptr to swap it in); a moved-from index may only
+  // be destroyed or assigned to.
   SubjectIndex(SubjectIndex&&) = default;
   SubjectIndex& operator=(SubjectIndex&&) = default;
 

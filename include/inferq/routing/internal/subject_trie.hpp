@@ -35,7 +35,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,11 +48,12 @@ namespace inferq::routing_internal {
 inline constexpr std::uint32_t kNoId = 0xffffffffu;
 
 // TokenTable: interned tokens, text -> 32-bit id, with a count of references per id.
-// A slot keeps the token's length and two 64-bit words that, for a token of at most
-// 16 bytes, are its bytes themselves (the first and last 8, 4 or 1-2 bytes, which
-// together cover it), so that finding a short token compares two words and never
-// reads its text elsewhere; for a longer token the words are two hashes and the text
-// is compared too (kept in `long_text_`).
+// A slot keeps the token's length n and two 64-bit words that, for n <= 16, are the
+// token's bytes themselves and cover all of them (bytes [0, 8) and [n - 8, n) for
+// n >= 8; [0, 4) and [n - 4, n) for 4 <= n < 8; bytes 0, n / 2 and n - 1 below), so
+// that finding a short token compares two words and reads no text elsewhere; for a
+// longer token the words are two hashes and the text is compared too (kept in
+// `long_text_`). Tokens of a subject are short: "infer", "llama-3-70b", "tenant-42".
 class TokenTable {
  public:
   // The id of `token`, or kNoId when it is not interned.
@@ -123,7 +123,8 @@ class SubjectTrie {
 
   // Adds `slot` to the value list of `pattern`, which must be a valid pattern
   // (SubjectPattern::Parse accepted it). kAlreadyPresent leaves the trie unchanged;
-  // kFull when 2^32 - 2 nodes or tokens would be needed (nothing is changed then).
+  // kFull when the ids of nodes or tokens (2^32 - 16) or of value lists (2^31 - 1)
+  // would run out (nothing is changed then).
   AddResult Add(std::string_view pattern, std::uint32_t slot);
   // Removes `slot` from the value list of the valid `pattern`; false when it is not
   // there. Prunes the nodes left empty (invariant 7).

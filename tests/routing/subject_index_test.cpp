@@ -573,6 +573,36 @@ TEST_CASE("randomized: Match equals matching every pattern one by one") {
   }
 }
 
+TEST_CASE("cache on and cache off give the same results, call after call") {
+  std::mt19937 rng(11);
+  SubjectIndex<int> cached(SubjectIndexOptions{.cache_entries = 64});
+  SubjectIndex<int> uncached(NoCache());
+  int compared = 0;
+  int different = 0;
+  for (int round = 0; round < 20; ++round) {
+    for (int i = 0; i < 50; ++i) {
+      const std::string p = RandomPattern(rng);
+      const int v = std::uniform_int_distribution<int>(0, 49)(rng);
+      const bool remove = std::uniform_int_distribution<int>(0, 3)(rng) == 0;
+      const absl::Status a = remove ? cached.Remove(p, v) : cached.Insert(p, v);
+      const absl::Status b = remove ? uncached.Remove(p, v) : uncached.Insert(p, v);
+      REQUIRE(a == b);
+    }
+    std::vector<std::string> subjects;
+    for (int i = 0; i < 100; ++i) subjects.push_back(RandomSubject(rng));
+    for (int pass = 0; pass < 3; ++pass) {  // later passes are mostly cache hits
+      for (const std::string& subject : subjects) {
+        ++compared;
+        different += MatchOf(cached, subject) != MatchOf(uncached, subject);
+      }
+    }
+  }
+  CHECK(compared == 6000);
+  CHECK(different == 0);
+  CHECK(cached.Stats().cache_hits > 1000);
+  CHECK(cached.generation() == uncached.generation());
+}
+
 // ---- concurrency ------------------------------------------------------------------
 
 TEST_CASE("concurrent Match calls return exact results while the cache evicts") {

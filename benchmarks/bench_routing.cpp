@@ -12,7 +12,7 @@
 //                     subs): values_per_match says how many values a subject matches.
 //     subs  10, 10000 or 1000000 subscriptions; 100 models (10 when subs = 10) and
 //           subs / models tenants.
-//     mode  hit   default cache (4096 subjects); 1024 distinct subjects, matched once
+//     mode  hit   default cache (4096 subjects); 1024 random subjects, matched once
 //                 before timing, so every timed call hits (hit_ratio says so).
 //           miss  cache off (cache_entries = 0): every call walks the trie. Subjects
 //                 cycle over 65,536 random (model, tenant) pairs (all 10 when subs = 10),
@@ -22,11 +22,14 @@
 //                 nodes it touches in the CPU caches; against `hit`, what the cache saves.
 //           fill  default cache, subjects cycling over 65,536 random pairs (16x the
 //                 cache): a miss plus storing the result and evicting an entry, the cost
-//                 of a miss with the cache on. Only for 10000 and 1000000 subs.
+//                 of a miss with the cache on. Only for 10000 and 1000000 subs; with
+//                 10000 there are only 10,000 distinct subjects, so about 40% still hit.
 //   Counters: bytes_per_sub = SubjectIndex::Stats().memory_bytes / subs (the index's own
-//   estimate); rss_bytes_per_sub = growth of the process's resident set while the
-//   index was built / subs (allocator overhead included); hit_ratio over the timed
-//   calls; values_per_match = values appended per call.
+//   estimate; at 10 subscriptions it is mostly fixed costs such as the cache's sets);
+//   rss_bytes_per_sub = growth of the process's resident set while the index was
+//   built / subs (allocator overhead included; meaningful at 10^6 only, smaller
+//   indexes reuse memory the previous one freed); hit_ratio over the timed calls;
+//   values_per_match = values appended per call.
 #include <unistd.h>
 
 #include <cstdint>

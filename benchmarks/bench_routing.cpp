@@ -24,6 +24,10 @@
 //                 cache): a miss plus storing the result and evicting an entry, the cost
 //                 of a miss with the cache on. Only for 10000 and 1000000 subs; with
 //                 10000 there are only 10,000 distinct subjects, so about 40% still hit.
+//   BM_Insert/<set>/<subs>         building the index of `set` with `subs` subscriptions
+//                                  (cache off); items_per_second = Insert calls: the
+//                                  cost of rebuilding an index to swap in (formatting
+//                                  the pattern strings is timed too).
 //   Counters: bytes_per_sub = SubjectIndex::Stats().memory_bytes / subs (the index's own
 //   estimate; at 10 subscriptions it is mostly fixed costs such as the cache's sets);
 //   rss_bytes_per_sub = growth of the process's resident set while the index was
@@ -134,15 +138,16 @@ struct Key {
   bool cache;
   bool operator==(const Key&) const = default;
 };
+Key current_key{Set::kLiteral, 0, false};
+Built current_index;
+
 Built& IndexFor(Key key) {
-  static Key current{Set::kLiteral, 0, false};
-  static Built built;
-  if (!(current == key) || !built.index) {
-    built = Built{};
-    built = Build(key.set, key.subs, key.cache);
-    current = key;
+  if (!(current_key == key) || !current_index.index) {
+    current_index = Built{};
+    current_index = Build(key.set, key.subs, key.cache);
+    current_key = key;
   }
-  return built;
+  return current_index;
 }
 
 std::vector<std::string> Subjects(std::size_t subs, std::size_t count, std::uint32_t seed) {
@@ -194,6 +199,18 @@ void BM_Match(benchmark::State& state, Set set, std::size_t subs, Mode mode) {
       static_cast<double>(values) / static_cast<double>(state.iterations());
 }
 
+void BM_Insert(benchmark::State& state, Set set, std::size_t subs) {
+  current_index = Built{};  // the last BM_Match index, freed before building others
+  for (auto _ : state) {
+    Built built = Build(set, subs, /*cache=*/false);
+    benchmark::DoNotOptimize(built.index.get());
+    state.PauseTiming();  // the destructor is not part of building
+    built = Built{};
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * subs));
+}
+
 void RegisterAll() {
   for (const Set set : {Set::kLiteral, Set::kWildcard}) {
     const char* set_name = set == Set::kLiteral ? "literal" : "wildcard";
@@ -210,6 +227,16 @@ void RegisterAll() {
                                  std::to_string(subs) + "/" + mode_name;
         benchmark::RegisterBenchmark(name.c_str(), BM_Match, set, subs, mode);
       }
+    }
+  }
+  for (const Set set : {Set::kLiteral, Set::kWildcard}) {
+    for (const std::size_t subs : {std::size_t{10000}, std::size_t{1000000}}) {
+      const std::string name = std::string("BM_Insert/") +
+                               (set == Set::kLiteral ? "literal/" : "wildcard/") +
+                               std::to_string(subs);
+      benchmark::RegisterBenchmark(name.c_str(), BM_Insert, set, subs)
+          ->Unit(benchmark::kMillisecond)
+          ->Iterations(subs > 100000 ? 1 : 20);
     }
   }
 }

@@ -12,7 +12,7 @@
 //                     subs): values_per_match says how many values a subject matches.
 //     subs  10, 10000 or 1000000 subscriptions; 100 models (10 when subs = 10) and
 //           subs / models tenants.
-//     mode  hit   default cache (4096 subjects); 1024 distinct subjects, matched once
+//     mode  hit   default cache (4096 subjects); 1024 random subjects, matched once
 //                 before timing, so every timed call hits (hit_ratio says so).
 //           miss  cache off (cache_entries = 0): every call walks the trie. Subjects
 //                 cycle over 65,536 random (model, tenant) pairs (all 10 when subs = 10),
@@ -22,11 +22,18 @@
 //                 nodes it touches in the CPU caches; against `hit`, what the cache saves.
 //           fill  default cache, subjects cycling over 65,536 random pairs (16x the
 //                 cache): a miss plus storing the result and evicting an entry, the cost
-//                 of a miss with the cache on. Only for 10000 and 1000000 subs.
+//                 of a miss with the cache on. Only for 10000 and 1000000 subs; with
+//                 10000 there are only 10,000 distinct subjects, so about 40% still hit.
+//   BM_Insert/<set>/<subs>         building the index of `set` with `subs` subscriptions
+//                                  (cache off); items_per_second = Insert calls: the
+//                                  cost of rebuilding an index to swap in (formatting
+//                                  the pattern strings is timed too).
 //   Counters: bytes_per_sub = SubjectIndex::Stats().memory_bytes / subs (the index's own
-//   estimate); rss_bytes_per_sub = growth of the process's resident set while the
-//   index was built / subs (allocator overhead included); hit_ratio over the timed
-//   calls; values_per_match = values appended per call.
+//   estimate; at 10 subscriptions it is mostly fixed costs such as the cache's sets);
+//   rss_bytes_per_sub = growth of the process's resident set while the index was
+//   built / subs (allocator overhead included; meaningful at 10^6 only, smaller
+//   indexes reuse memory the previous one freed); hit_ratio over the timed calls;
+//   values_per_match = values appended per call.
 #include <unistd.h>
 
 #include <cstdint>
@@ -131,15 +138,16 @@ struct Key {
   bool cache;
   bool operator==(const Key&) const = default;
 };
+Key current_key{Set::kLiteral, 0, false};
+Built current_index;
+
 Built& IndexFor(Key key) {
-  static Key current{Set::kLiteral, 0, false};
-  static Built built;
-  if (!(current == key) || !built.index) {
-    built = Built{};
-    built = Build(key.set, key.subs, key.cache);
-    current = key;
+  if (!(current_key == key) || !current_index.index) {
+    current_index = Built{};
+    current_index = Build(key.set, key.subs, key.cache);
+    current_key = key;
   }
-  return built;
+  return current_index;
 }
 
 std::vector<std::string> Subjects(std::size_t subs, std::size_t count, std::uint32_t seed) {
@@ -191,6 +199,18 @@ void BM_Match(benchmark::State& state, Set set, std::size_t subs, Mode mode) {
       static_cast<double>(values) / static_cast<double>(state.iterations());
 }
 
+void BM_Insert(benchmark::State& state, Set set, std::size_t subs) {
+  current_index = Built{};  // the last BM_Match index, freed before building others
+  for (auto _ : state) {
+    Built built = Build(set, subs, /*cache=*/false);
+    benchmark::DoNotOptimize(built.index.get());
+    state.PauseTiming();  // the destructor is not part of building
+    built = Built{};
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * subs));
+}
+
 void RegisterAll() {
   for (const Set set : {Set::kLiteral, Set::kWildcard}) {
     const char* set_name = set == Set::kLiteral ? "literal" : "wildcard";
@@ -207,6 +227,16 @@ void RegisterAll() {
                                  std::to_string(subs) + "/" + mode_name;
         benchmark::RegisterBenchmark(name.c_str(), BM_Match, set, subs, mode);
       }
+    }
+  }
+  for (const Set set : {Set::kLiteral, Set::kWildcard}) {
+    for (const std::size_t subs : {std::size_t{10000}, std::size_t{1000000}}) {
+      const std::string name = std::string("BM_Insert/") +
+                               (set == Set::kLiteral ? "literal/" : "wildcard/") +
+                               std::to_string(subs);
+      benchmark::RegisterBenchmark(name.c_str(), BM_Insert, set, subs)
+          ->Unit(benchmark::kMillisecond)
+          ->Iterations(subs > 100000 ? 1 : 20);
     }
   }
 }

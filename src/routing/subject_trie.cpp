@@ -1,16 +1,13 @@
 #include "inferq/routing/internal/subject_trie.hpp"
 
 #include <algorithm>
-#include <bit>
+#include <cstring>
 
 namespace inferq::routing_internal {
 namespace {
 
 // The white space of subject.cpp: ' ' and \t \n \v \f \r (9..13).
 bool IsSpace(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
-
-// Debian's Abseil has its own absl::string_view; its string hash tables look up by it.
-absl::string_view AsAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 // Calls f(token, is_last) for each token of a valid pattern, until f returns false.
 template <class F>
@@ -31,80 +28,101 @@ std::size_t TokenCount(std::string_view pattern) {
   return static_cast<std::size_t>(std::count(pattern.begin(), pattern.end(), '.')) + 1;
 }
 
-constexpr std::size_t kMinCapacity = 16;
-
 }  // namespace
 
-// ---- the node table (invariants 2 and 3) -----------------------------------------
+// ---- TokenTable ------------------------------------------------------------------
 
-std::size_t SubjectTrie::Home(std::uint32_t parent, std::uint32_t token) const {
-  // The finalizer of splitmix64 (Steele, Lea, Flood: "Fast splittable pseudorandom
-  // number generators", OOPSLA 2014): ids are small consecutive integers, and the
-  // high bits of the mixed key pick the slot.
-  std::uint64_t x = (std::uint64_t{parent} << 32) | token;
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return static_cast<std::size_t>(x >> shift_);
+namespace {
+std::uint64_t Load64(const char* p) {
+  std::uint64_t x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
 }
-
-const SubjectTrie::Entry* SubjectTrie::Find(std::uint32_t parent, std::uint32_t token) const {
-  if (size_ == 0) return nullptr;
-  const std::size_t mask = capacity_ - 1;
-  for (std::size_t i = Home(parent, token);; i = (i + 1) & mask) {
-    const Entry& e = table_[i];
-    if (e.parent == parent && e.token == token) return &e;
-    if (e.parent == kNone) return nullptr;  // ends every run: the table is < 70% full
-  }
+std::uint32_t Load32(const char* p) {
+  std::uint32_t x;
+  std::memcpy(&x, p, sizeof x);
+  return x;
 }
+}  // namespace
 
-void SubjectTrie::Rehash(std::size_t capacity) {
-  std::unique_ptr<Entry[]> old = std::move(table_);
-  const std::size_t old_capacity = capacity_;
-  table_ = std::make_unique<Entry[]>(capacity);
-  capacity_ = capacity;
-  shift_ = 64 - std::countr_zero(capacity);
-  for (std::size_t i = 0; i < capacity; ++i) table_[i].parent = kNone;
-  const std::size_t mask = capacity_ - 1;
-  for (std::size_t i = 0; i < old_capacity; ++i) {
-    if (old[i].parent == kNone) continue;
-    std::size_t j = Home(old[i].parent, old[i].token);
-    while (table_[j].parent != kNone) j = (j + 1) & mask;
-    table_[j] = old[i];
-  }
-}
-
-void SubjectTrie::InsertEntry(const Entry& e) {
-  // Grow before the table would be more than 70% full.
-  if ((size_ + 1) * 10 > capacity_ * 7) {
-    Rehash(capacity_ == 0 ? kMinCapacity : capacity_ * 2);
-  }
-  const std::size_t mask = capacity_ - 1;
-  std::size_t i = Home(e.parent, e.token);
-  while (table_[i].parent != kNone) i = (i + 1) & mask;
-  table_[i] = e;
-  ++size_;
-}
-
-void SubjectTrie::EraseEntry(Entry* e) {
-  // Backward-shift deletion (Knuth, TAOCP vol. 3, 6.4, Algorithm R): move back each
-  // later entry of the run whose home is not cyclically in (hole, its position], so
-  // that no entry is separated from its home by the new empty slot.
-  const std::size_t mask = capacity_ - 1;
-  std::size_t hole = static_cast<std::size_t>(e - table_.get());
-  for (std::size_t j = (hole + 1) & mask; table_[j].parent != kNone; j = (j + 1) & mask) {
-    const std::size_t home = Home(table_[j].parent, table_[j].token);
-    // Distance travelled from home to j vs from hole to j, modulo the capacity.
-    if (((j - home) & mask) >= ((j - hole) & mask)) {
-      table_[hole] = table_[j];
-      hole = j;
+TokenTable::Slot TokenTable::KeyOf(std::string_view token) {
+  const char* p = token.data();
+  const std::size_t n = token.size();
+  Slot key{0, 0, static_cast<std::uint32_t>(n), 0};
+  if (n >= 8 && n <= 16) {  // [0, 8) and [n - 8, n) cover the token
+    key.a = Load64(p);
+    key.b = Load64(p + n - 8);
+  } else if (n >= 4 && n < 8) {  // [0, 4) and [n - 4, n)
+    key.a = Load32(p);
+    key.b = Load32(p + n - 4);
+  } else if (n > 0 && n < 4) {  // bytes 0, n / 2 and n - 1
+    key.a = static_cast<unsigned char>(p[0]) |
+            std::uint64_t{static_cast<unsigned char>(p[n / 2])} << 8 |
+            std::uint64_t{static_cast<unsigned char>(p[n - 1])} << 16;
+  } else if (n > 16) {  // two hashes of 8-byte words; the text is compared as well
+    std::uint64_t h1 = 0x243f6a8885a308d3ull ^ n;
+    std::uint64_t h2 = 0x13198a2e03707344ull;
+    for (std::size_t i = 0; i < n; i += 8) {
+      const std::uint64_t w = Load64(p + (i + 8 <= n ? i : n - 8));
+      h1 = Mix64(h1 ^ w);
+      h2 = (h2 + w) * 0x9e3779b97f4a7c15ull;
+      h2 ^= h2 >> 29;
     }
+    key.a = h1;
+    key.b = h2;
   }
-  table_[hole].parent = kNone;
-  --size_;
+  return key;
 }
+
+const TokenTable::Slot* TokenTable::FindSlot(std::string_view token, const Slot& key) const {
+  return table_.Find(HashOf(key.a, key.b, key.len), [&](const Slot& s) {
+    if (s.a != key.a || s.b != key.b || s.len != key.len) return false;
+    if (key.len <= 16) return true;  // the words are the text
+    return std::string_view(long_text_.find(s.id)->second) == token;
+  });
+}
+
+std::uint32_t TokenTable::Find(std::string_view token) const {
+  const Slot* s = FindSlot(token, KeyOf(token));
+  return s == nullptr ? kNoId : s->id;
+}
+
+std::uint32_t TokenTable::Ref(std::string_view token) {
+  const Slot key = KeyOf(token);
+  if (const Slot* s = FindSlot(token, key)) {
+    ++refs_[s->id];
+    return s->id;
+  }
+  std::uint32_t id;
+  if (!free_ids_.empty()) {
+    id = free_ids_.back();
+    free_ids_.pop_back();
+  } else {
+    id = static_cast<std::uint32_t>(refs_.size());
+    refs_.push_back(0);
+  }
+  refs_[id] = 1;
+  if (token.size() > 16) long_text_.emplace(id, std::string(token));
+  table_.Insert(Slot{key.a, key.b, key.len, id});
+  return id;
+}
+
+void TokenTable::Unref(std::string_view token, std::uint32_t id) {
+  if (--refs_[id] != 0) return;
+  table_.Erase(FindSlot(token, KeyOf(token)));
+  if (token.size() > 16) long_text_.erase(id);
+  free_ids_.push_back(id);
+}
+
+std::size_t TokenTable::MemoryBytes() const {
+  std::size_t bytes = table_.MemoryBytes() + HashTableBytes(long_text_) +
+                      refs_.capacity() * sizeof(std::uint32_t) +
+                      free_ids_.capacity() * sizeof(std::uint32_t);
+  for (const auto& [id, text] : long_text_) bytes += text.capacity() + 1;
+  return bytes;
+}
+
+// ---- SubjectTrie ------------------------------------------------------------------
 
 std::uint32_t SubjectTrie::NewId() {
   if (!free_ids_.empty()) {
@@ -116,35 +134,6 @@ std::uint32_t SubjectTrie::NewId() {
 }
 
 // ---- tokens, slots, value lists ---------------------------------------------------
-
-std::uint32_t SubjectTrie::FindToken(std::string_view token) const {
-  const auto it = tokens_.find(AsAbsl(token));
-  return it == tokens_.end() ? kNone : it->second;
-}
-
-std::uint32_t SubjectTrie::RefToken(std::string_view token) {
-  if (const auto it = tokens_.find(AsAbsl(token)); it != tokens_.end()) {
-    ++token_refs_[it->second];
-    return it->second;
-  }
-  std::uint32_t id;
-  if (!free_tokens_.empty()) {
-    id = free_tokens_.back();
-    free_tokens_.pop_back();
-  } else {
-    id = static_cast<std::uint32_t>(token_refs_.size());
-    token_refs_.push_back(0);
-  }
-  tokens_.emplace(std::string(token), id);
-  token_refs_[id] = 1;
-  return id;
-}
-
-void SubjectTrie::UnrefToken(std::string_view token, std::uint32_t id) {
-  if (--token_refs_[id] != 0) return;
-  tokens_.erase(tokens_.find(AsAbsl(token)));
-  free_tokens_.push_back(id);
-}
 
 std::uint32_t SubjectTrie::AcquireSlot() {
   std::uint32_t slot;
@@ -229,7 +218,7 @@ SubjectTrie::AddResult SubjectTrie::Add(std::string_view pattern, std::uint32_t 
   // so that a full trie is left unchanged. (kMaxIds nodes take 96 GiB.)
   const std::size_t n = TokenCount(pattern);
   if (next_id_ + n >= kMaxIds && free_ids_.size() < n) return AddResult::kFull;
-  if (token_refs_.size() + n >= kMaxIds && free_tokens_.size() < n) return AddResult::kFull;
+  if (tokens_.id_limit() + n >= kMaxIds && tokens_.free_ids() < n) return AddResult::kFull;
   if (lists_.size() + 1 >= kListBit && free_lists_.empty()) return AddResult::kFull;
 
   Key key{kNone, 0};  // the root
@@ -241,16 +230,16 @@ SubjectTrie::AddResult SubjectTrie::Add(std::string_view pattern, std::uint32_t 
       return false;
     }
     const bool star = tok == "*";
-    std::uint32_t token = star ? kStarToken : FindToken(tok);
+    std::uint32_t token = star ? kStarToken : tokens_.Find(tok);
     if (const Entry* e = token == kNone ? nullptr : Find(id, token)) {
       key = Key{id, token};
       id = e->node.id;
       return true;
     }
-    if (!star) token = RefToken(tok);
+    if (!star) token = tokens_.Ref(tok);
     const std::uint32_t child = NewId();
-    Data(key)->meta += star ? kStarBit : 1;  // before InsertEntry moves entries
-    InsertEntry(Entry{id, token, NodeData{child, kEmptyList, kEmptyList, 0}});
+    Data(key)->meta += star ? kStarBit : 1;  // before Insert moves entries
+    nodes_.Insert(Entry{id, token, NodeData{child, kEmptyList, kEmptyList, 0}});
     key = Key{id, token};
     id = child;
     return true;
@@ -274,7 +263,7 @@ bool SubjectTrie::Erase(std::string_view pattern, std::uint32_t slot) {
       tail = true;
       return false;
     }
-    const std::uint32_t token = tok == "*" ? kStarToken : FindToken(tok);
+    const std::uint32_t token = tok == "*" ? kStarToken : tokens_.Find(tok);
     const Entry* e = token == kNone ? nullptr : Find(id, token);
     if (e == nullptr) {
       found = false;
@@ -288,14 +277,14 @@ bool SubjectTrie::Erase(std::string_view pattern, std::uint32_t slot) {
   NodeData* node = Data(path.empty() ? Key{kNone, 0} : path.back().key);
   if (!ListErase(tail ? &node->tail : &node->terminal, slot)) return false;
   for (std::size_t i = path.size(); i-- > 0;) {
-    Entry* e = Find(path[i].key.parent, path[i].key.token);
+    const Entry* e = Find(path[i].key.parent, path[i].key.token);
     const NodeData& d = e->node;
     if (d.terminal != kEmptyList || d.tail != kEmptyList || d.meta != 0) break;
     free_ids_.push_back(d.id);
-    EraseEntry(e);
+    nodes_.Erase(e);
     const bool star = path[i].key.token == kStarToken;
     Data(i == 0 ? Key{kNone, 0} : path[i - 1].key)->meta -= star ? kStarBit : 1;
-    if (!star) UnrefToken(path[i].text, path[i].key.token);
+    if (!star) tokens_.Unref(path[i].text, path[i].key.token);
   }
   return true;
 }
@@ -317,7 +306,7 @@ bool SubjectTrie::Collect(std::string_view subject, SlotBuffer* slots) const {
     const std::size_t len = end - pos;
     if (len == 0) return false;
     if (len == 1 && (s[pos] == '*' || s[pos] == '>')) return false;
-    tokens.push_back(FindToken(subject.substr(pos, len)));
+    tokens.push_back(tokens_.Find(subject.substr(pos, len)));
     if (end == size) break;
     pos = end + 1;  // "a." ends with an empty token: the next round returns false
   }
@@ -381,17 +370,12 @@ bool SubjectTrie::Collect(std::string_view subject, SlotBuffer* slots) const {
 }
 
 std::size_t SubjectTrie::MemoryBytes() const {
-  std::size_t bytes = capacity_ * sizeof(Entry) + free_ids_.capacity() * sizeof(std::uint32_t) +
-                      HashTableBytes(tokens_) + token_refs_.capacity() * sizeof(std::uint32_t) +
-                      free_tokens_.capacity() * sizeof(std::uint32_t) +
+  std::size_t bytes = nodes_.MemoryBytes() + free_ids_.capacity() * sizeof(std::uint32_t) +
+                      tokens_.MemoryBytes() +
                       lists_.capacity() * sizeof(std::vector<std::uint32_t>) +
                       free_lists_.capacity() * sizeof(std::uint32_t) +
                       slot_ordinal_.capacity() * sizeof(std::uint64_t) +
                       free_slots_.capacity() * sizeof(std::uint32_t);
-  const std::size_t small_string = std::string().capacity();  // held inline
-  for (const auto& [text, id] : tokens_) {
-    if (text.capacity() > small_string) bytes += text.capacity() + 1;
-  }
   for (const auto& v : lists_) bytes += v.capacity() * sizeof(std::uint32_t);
   return bytes;
 }

@@ -284,15 +284,16 @@ TEST_CASE("the cache counts hits and misses and holds at most cache_entries subj
   }
 }
 
-TEST_CASE("cache capacity is rounded down to sets of up to four ways") {
+TEST_CASE("cache capacity is rounded down to sets of up to eight ways") {
   const std::pair<std::size_t, std::uint64_t> cases[] = {
-      {0, 0}, {1, 1}, {3, 3}, {4, 4}, {5, 4}, {8, 8}, {4096, 4096}, {5000, 4096}, {4095, 2048}};
+      {0, 0},   {1, 1},   {3, 3},       {5, 5},       {8, 8},       {9, 8},
+      {16, 16}, {23, 16}, {4096, 4096}, {5000, 4096}, {4095, 2048}, {1u << 20, 1u << 20}};
   for (const auto& [requested, capacity] : cases) {
     INFO("cache_entries " << requested);
     SubjectIndex<int> index(SubjectIndexOptions{.cache_entries = requested});
     CHECK(index.Stats().cache_capacity == capacity);
   }
-  CHECK_THROWS_AS(SubjectIndex<int>(SubjectIndexOptions{.cache_entries = (1u << 24) + 1}),
+  CHECK_THROWS_AS(SubjectIndex<int>(SubjectIndexOptions{.cache_entries = (1u << 20) + 1}),
                   std::invalid_argument);
 }
 
@@ -332,6 +333,40 @@ TEST_CASE("Stats count subscriptions, nodes and a plausible memory estimate") {
   // At least the 16-byte nodes and 12-byte edges; at most a few hundred bytes each.
   CHECK(stats.memory_bytes - empty.memory_bytes >= 2012 * (16 + 12));
   CHECK(stats.memory_bytes - empty.memory_bytes <= 2012 * 400);
+}
+
+TEST_CASE("tokens of every length from 1 to 40 bytes are told apart by each byte") {
+  // Interned tokens of up to 16 bytes are compared as two machine words, longer ones
+  // by hash and text: a token differing from another in any one byte must not match.
+  SubjectIndex<int> index(NoCache());
+  std::vector<std::pair<std::string, int>> tokens;
+  for (int len = 1; len <= 40; ++len) {
+    const std::string base(static_cast<std::size_t>(len), 'a');
+    tokens.emplace_back(base, len * 1000);
+    for (int pos = 0; pos < len; ++pos) {
+      std::string variant = base;
+      variant[static_cast<std::size_t>(pos)] = 'b';
+      tokens.emplace_back(variant, len * 1000 + pos + 1);
+    }
+  }
+  // Half of them inserted (as the middle token of a pattern); the other half must
+  // match nothing.
+  for (std::size_t i = 0; i < tokens.size(); i += 2) {
+    REQUIRE(index.Insert("t." + tokens[i].first + ".u", tokens[i].second).ok());
+  }
+  int wrong = 0;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    const Values want = i % 2 == 0 ? Values{tokens[i].second} : Values{};
+    if (MatchOf(index, "t." + tokens[i].first + ".u") != want) {
+      ++wrong;
+      UNSCOPED_INFO("token '" << tokens[i].first << "'");
+    }
+  }
+  CHECK(wrong == 0);
+  for (std::size_t i = 0; i < tokens.size(); i += 2) {
+    REQUIRE(index.Remove("t." + tokens[i].first + ".u", tokens[i].second).ok());
+  }
+  CHECK(index.Stats().nodes == 1);
 }
 
 TEST_CASE("tens of thousands of inserts and removes in random order keep exact results") {
@@ -536,6 +571,36 @@ TEST_CASE("randomized: Match equals matching every pattern one by one") {
       CHECK(MatchOf(index, "a.b").empty());
     }
   }
+}
+
+TEST_CASE("cache on and cache off give the same results, call after call") {
+  std::mt19937 rng(11);
+  SubjectIndex<int> cached(SubjectIndexOptions{.cache_entries = 64});
+  SubjectIndex<int> uncached(NoCache());
+  int compared = 0;
+  int different = 0;
+  for (int round = 0; round < 20; ++round) {
+    for (int i = 0; i < 50; ++i) {
+      const std::string p = RandomPattern(rng);
+      const int v = std::uniform_int_distribution<int>(0, 49)(rng);
+      const bool remove = std::uniform_int_distribution<int>(0, 3)(rng) == 0;
+      const absl::Status a = remove ? cached.Remove(p, v) : cached.Insert(p, v);
+      const absl::Status b = remove ? uncached.Remove(p, v) : uncached.Insert(p, v);
+      REQUIRE(a == b);
+    }
+    std::vector<std::string> subjects;
+    for (int i = 0; i < 100; ++i) subjects.push_back(RandomSubject(rng));
+    for (int pass = 0; pass < 3; ++pass) {  // later passes are mostly cache hits
+      for (const std::string& subject : subjects) {
+        ++compared;
+        different += MatchOf(cached, subject) != MatchOf(uncached, subject);
+      }
+    }
+  }
+  CHECK(compared == 6000);
+  CHECK(different == 0);
+  CHECK(cached.Stats().cache_hits > 1000);
+  CHECK(cached.generation() == uncached.generation());
 }
 
 // ---- concurrency ------------------------------------------------------------------

@@ -60,8 +60,10 @@ namespace inferq {
 struct SubjectIndexOptions {
   // Bound on cached subjects; 0 = no cache (for high-churn subject spaces, where
   // nearly every subject is new). The cache holds the largest count of the form
-  // 2^k × min(4, cache_entries) not above it (4096 -> 4096, 5000 -> 4096).
-  // At most 2^24; the constructor throws std::invalid_argument above that.
+  // 2^k × min(8, cache_entries) not above it (4096 -> 4096, 5000 -> 4096, 5 -> 5).
+  // The empty cache takes about 100 bytes per entry (its sets, see
+  // internal/match_cache.hpp), filled entries also their subject and values.
+  // At most 2^20; the constructor throws std::invalid_argument above that.
   std::size_t cache_entries = 4096;
   // Results with more values than this are not cached (they are long to copy anyway,
   // and this bounds the cache's heap, see internal/match_cache.hpp).
@@ -113,10 +115,10 @@ std::string DescribeValue(const V& v) {
 template <class V>
 class SubjectIndex {
  public:
-  // Throws std::invalid_argument when options.cache_entries is above 2^24.
+  // Throws std::invalid_argument when options.cache_entries is above 2^20.
   explicit SubjectIndex(SubjectIndexOptions options = {}) : options_(options) {
-    if (options.cache_entries > (std::size_t{1} << 24)) {
-      throw std::invalid_argument("SubjectIndex cache_entries must be at most 2^24, got " +
+    if (options.cache_entries > (std::size_t{1} << 20)) {
+      throw std::invalid_argument("SubjectIndex cache_entries must be at most 2^20, got " +
                                   std::to_string(options.cache_entries));
     }
     if (options.cache_entries > 0) {
@@ -125,6 +127,8 @@ class SubjectIndex {
     }
   }
 
+  // Movable (e.g. into a std::shared_ptr to swap it in); a moved-from index may only
+  // be destroyed or assigned to.
   SubjectIndex(SubjectIndex&&) = default;
   SubjectIndex& operator=(SubjectIndex&&) = default;
 

@@ -17,12 +17,10 @@
 //     and reading it is one probe, usually one cache line. The `*` edge is the key
 //     (parent, kStarToken), so `*` and literal edges are separate: a `*` child is
 //     never found by a literal token and the reverse.
-//  3. The table probes linearly from the key's home slot; it is never more than 70%
-//     full (it doubles before that), so every probe sequence ends at an empty slot.
-//     Deletion shifts later entries of the run back (no tombstones): every entry stays
-//     reachable from its home slot without crossing an empty slot.
-//  4. Token text is interned once in `tokens_` (token -> id) with a count of the edges
-//     using it; an id whose count drops to 0 is erased and reused.
+//  3. The table is a ProbeTable (internal/probe_table.hpp: linear probing, at most
+//     70% full, backward-shift deletion).
+//  4. Token text is interned once in a TokenTable (token -> id, below) with a count
+//     of the edges using it; an id whose count drops to 0 is erased and reused.
 //  5. A value list is one 32-bit word: kEmptyList, a single slot (bit 31 clear), or
 //     bit 31 set and the index of a vector in `lists_` holding two or more slots. A
 //     vector's slots are sorted by their ordinal, with no duplicates.
@@ -37,15 +35,63 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
+#include "inferq/routing/internal/probe_table.hpp"
 
 namespace inferq::routing_internal {
+
+inline constexpr std::uint32_t kNoId = 0xffffffffu;
+
+// TokenTable: interned tokens, text -> 32-bit id, with a count of references per id.
+// A slot keeps the token's length n and two 64-bit words that, for n <= 16, are the
+// token's bytes themselves and cover all of them (bytes [0, 8) and [n - 8, n) for
+// n >= 8; [0, 4) and [n - 4, n) for 4 <= n < 8; bytes 0, n / 2 and n - 1 below), so
+// that finding a short token compares two words and reads no text elsewhere; for a
+// longer token the words are two hashes and the text is compared too (kept in
+// `long_text_`). Tokens of a subject are short: "infer", "llama-3-70b", "tenant-42".
+class TokenTable {
+ public:
+  // The id of `token`, or kNoId when it is not interned.
+  std::uint32_t Find(std::string_view token) const;
+  // The id of `token` with one more reference, interning it if new.
+  std::uint32_t Ref(std::string_view token);
+  // Drops a reference to `token`, whose id is `id`; erases it at 0 references.
+  void Unref(std::string_view token, std::uint32_t id);
+  std::size_t size() const { return table_.size(); }
+  // Ids ever handed out (the next new id).
+  std::size_t id_limit() const { return refs_.size(); }
+  std::size_t free_ids() const { return free_ids_.size(); }
+  std::size_t MemoryBytes() const;
+
+ private:
+  struct Slot {
+    std::uint64_t a;
+    std::uint64_t b;
+    std::uint32_t len;
+    std::uint32_t id;  // kNoId: empty
+  };
+  static_assert(sizeof(Slot) == 24, "a token slot is three 64-bit words");
+  struct Traits {
+    static Slot Empty() { return Slot{0, 0, 0, kNoId}; }
+    static bool IsEmpty(const Slot& s) { return s.id == kNoId; }
+    static std::uint64_t Hash(const Slot& s) { return HashOf(s.a, s.b, s.len); }
+  };
+  static std::uint64_t HashOf(std::uint64_t a, std::uint64_t b, std::uint32_t len) {
+    return Mix64((a * 0x9e3779b97f4a7c15ull) ^ b ^ (std::uint64_t{len} << 56));
+  }
+  static Slot KeyOf(std::string_view token);
+  const Slot* FindSlot(std::string_view token, const Slot& key) const;
+
+  ProbeTable<Slot, Traits> table_;
+  absl::flat_hash_map<std::uint32_t, std::string> long_text_;  // tokens over 16 bytes
+  std::vector<std::uint32_t> refs_;  // by id
+  std::vector<std::uint32_t> free_ids_;
+};
 
 // Heap bytes of an absl flat hash table at its capacity: one slot and one control
 // byte per bucket, plus the cloned control bytes of one group (raw_hash_set.h).
@@ -60,15 +106,15 @@ using SlotBuffer = absl::InlinedVector<std::uint32_t, 16>;
 
 class SubjectTrie {
  public:
-  static constexpr std::uint32_t kNone = 0xffffffffu;
+  static constexpr std::uint32_t kNone = kNoId;
   // Slots are < 2^31 (bit 31 of a value list tells a slot from a list index).
   static constexpr std::uint32_t kMaxSlots = 0x7fffffffu;
 
   enum class AddResult { kAdded, kAlreadyPresent, kFull };
 
   SubjectTrie() = default;
-  SubjectTrie(SubjectTrie&&) noexcept = default;
-  SubjectTrie& operator=(SubjectTrie&&) noexcept = default;
+  SubjectTrie(SubjectTrie&&) = default;
+  SubjectTrie& operator=(SubjectTrie&&) = default;
 
   // A fresh slot with the next ordinal, or kNone when kMaxSlots slots are in use.
   std::uint32_t AcquireSlot();
@@ -77,7 +123,8 @@ class SubjectTrie {
 
   // Adds `slot` to the value list of `pattern`, which must be a valid pattern
   // (SubjectPattern::Parse accepted it). kAlreadyPresent leaves the trie unchanged;
-  // kFull when 2^32 - 2 nodes or tokens would be needed (nothing is changed then).
+  // kFull when the ids of nodes or tokens (2^32 - 16) or of value lists (2^31 - 1)
+  // would run out (nothing is changed then).
   AddResult Add(std::string_view pattern, std::uint32_t slot);
   // Removes `slot` from the value list of the valid `pattern`; false when it is not
   // there. Prunes the nodes left empty (invariant 7).
@@ -91,7 +138,7 @@ class SubjectTrie {
   bool Collect(std::string_view subject, SlotBuffer* slots) const;
 
   // Nodes, the root included.
-  std::size_t node_count() const { return size_ + 1; }
+  std::size_t node_count() const { return nodes_.size() + 1; }
   std::size_t token_count() const { return tokens_.size(); }
   // Heap bytes held by the trie (tables and vectors at their capacity, token text
   // beyond the small-string buffer); malloc's own overhead is not counted.
@@ -115,45 +162,41 @@ class SubjectTrie {
     std::uint32_t token;   // token id, or kStarToken
     NodeData node;
   };
-  static_assert(sizeof(Entry) == 24, "a table slot is six 32-bit words");
-
-  // The table of invariants 2 and 3.
-  const Entry* Find(std::uint32_t parent, std::uint32_t token) const;
-  Entry* Find(std::uint32_t parent, std::uint32_t token) {
-    return const_cast<Entry*>(static_cast<const SubjectTrie*>(this)->Find(parent, token));
+  static_assert(sizeof(Entry) == 24, "a node slot is six 32-bit words");
+  static std::uint64_t HashOf(std::uint32_t parent, std::uint32_t token) {
+    return Mix64((std::uint64_t{parent} << 32) | token);
   }
-  void InsertEntry(const Entry& e);  // the key must be absent
-  void EraseEntry(Entry* e);
-  std::size_t Home(std::uint32_t parent, std::uint32_t token) const;
-  void Rehash(std::size_t capacity);
+  struct EntryTraits {
+    static Entry Empty() { return Entry{kNone, 0, NodeData{}}; }
+    static bool IsEmpty(const Entry& e) { return e.parent == kNone; }
+    static std::uint64_t Hash(const Entry& e) { return HashOf(e.parent, e.token); }
+  };
+
+  const Entry* Find(std::uint32_t parent, std::uint32_t token) const {
+    return nodes_.Find(HashOf(parent, token), [parent, token](const Entry& e) {
+      return e.parent == parent && e.token == token;
+    });
+  }
 
   // Key (parent, token) of a node on a path; parent == kNone for the root.
   struct Key {
     std::uint32_t parent;
     std::uint32_t token;
   };
-  NodeData* Data(Key k) { return k.parent == kNone ? &root_ : &Find(k.parent, k.token)->node; }
+  NodeData* Data(Key k) {
+    return k.parent == kNone ? &root_ : &const_cast<Entry*>(Find(k.parent, k.token))->node;
+  }
 
   std::uint32_t NewId();
-  // The token's id, or kNone when no edge uses it.
-  std::uint32_t FindToken(std::string_view token) const;
-  // The token's id (interned if new) with one more edge counted.
-  std::uint32_t RefToken(std::string_view token);
-  void UnrefToken(std::string_view token, std::uint32_t id);
 
   bool ListInsert(std::uint32_t* list, std::uint32_t slot);
   bool ListErase(std::uint32_t* list, std::uint32_t slot);
 
   NodeData root_;
-  std::unique_ptr<Entry[]> table_;
-  std::size_t capacity_ = 0;  // 0 or a power of two
-  std::size_t size_ = 0;      // entries in table_ = nodes other than the root
-  int shift_ = 64;            // 64 - log2(capacity_)
+  ProbeTable<Entry, EntryTraits> nodes_;  // every node but the root
   std::uint32_t next_id_ = 1;
   std::vector<std::uint32_t> free_ids_;
-  absl::flat_hash_map<std::string, std::uint32_t> tokens_;
-  std::vector<std::uint32_t> token_refs_;  // by token id: edges using it
-  std::vector<std::uint32_t> free_tokens_;
+  TokenTable tokens_;
   std::vector<std::vector<std::uint32_t>> lists_;  // value lists of 2+ slots
   std::vector<std::uint32_t> free_lists_;
   std::vector<std::uint64_t> slot_ordinal_;  // by slot

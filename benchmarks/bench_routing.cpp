@@ -45,6 +45,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include "inferq/routing/selection.hpp"
 #include "inferq/routing/subject_index.hpp"
 
 namespace {
@@ -211,7 +212,65 @@ void BM_Insert(benchmark::State& state, Set set, std::size_t subs) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * subs));
 }
 
+// Selection cost per decision.
+//
+// BM_Select/<policy>/<members>: MemberGroup::Select through each library policy on
+// the steady clock, with uneven outstanding work and latencies already recorded, so
+// the load-aware policies compare real numbers. ns per decision = 1e9 /
+// items_per_second.
+namespace select_bench {
+
+
+std::unique_ptr<inferq::SelectionPolicy> MakePolicy(const std::string& name, std::uint32_t n) {
+  if (name == "consistent_hash") {
+    return *inferq::ConsistentHashPolicy::Create(inferq::HashKey::SeqId(), n);
+  }
+  if (name == "weighted_shadow") {
+    std::vector<double> w(n, 1.0);
+    return *inferq::WeightedShadowPolicy::Create(
+        n, {.weights = w, .shadows = {n - 1}, .mirror_fraction = 0.1});
+  }
+  if (name == "affinity") {
+    return *inferq::AffinityPolicy::Create(*inferq::MakeSelectionPolicy("topology_score"),
+                                           inferq::HashKey::SeqId());
+  }
+  return *inferq::MakeSelectionPolicy(name);
+}
+
+void BM_Select(benchmark::State& state, std::string policy_name) {
+  const auto n = static_cast<std::uint32_t>(state.range(0));
+  auto group = *inferq::MemberGroup::Create(n);
+  for (std::uint32_t m = 0; m < n; ++m) {
+    for (std::uint32_t k = 0; k < (m * 7) % 13; ++k) group->OnQueued(m);
+    group->OnQueued(m);
+    group->OnDone(m, inferq::Outcome::kSuccess, 100'000 + 10'000 * (m % 5));
+  }
+  auto policy = MakePolicy(policy_name, n);
+  // 1024 sequences, as a replica group serving 1024 generations would see them.
+  std::vector<inferq::Event> events(1024);
+  for (std::size_t i = 0; i < events.size(); ++i) events[i].seq_id = "gen-" + std::to_string(i);
+  std::size_t i = 0;
+  std::uint64_t sum = 0;
+  for (auto _ : state) {
+    sum += group->Select(*policy, events[i++ & 1023]).member;
+  }
+  benchmark::DoNotOptimize(sum);
+  state.SetItemsProcessed(state.iterations());
+}
+
+void RegisterSelect() {
+  for (const char* p : {"round_robin", "least_loaded", "peak_ewma", "topology_score",
+                        "consistent_hash", "weighted_shadow", "affinity"}) {
+    benchmark::RegisterBenchmark((std::string("BM_Select/") + p).c_str(), BM_Select, std::string(p))
+        ->Arg(4)
+        ->Arg(64);
+  }
+}
+
+}  // namespace select_bench
+
 void RegisterAll() {
+  select_bench::RegisterSelect();
   for (const Set set : {Set::kLiteral, Set::kWildcard}) {
     const char* set_name = set == Set::kLiteral ? "literal" : "wildcard";
     for (const std::size_t subs : {std::size_t{10}, std::size_t{10000}, std::size_t{1000000}}) {

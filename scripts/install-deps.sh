@@ -9,6 +9,7 @@ packages=(
   catch2 libbenchmark-dev
   libatomic-queue-dev libconcurrentqueue-dev libxenium-dev libboost-dev libtbb-dev
   librocksdb-dev libsqlite3-dev clang libclang-rt-14-dev
+  rapidjson-dev libvalijson-dev json-schema-test-suite libre2-dev
 )
 
 missing=()

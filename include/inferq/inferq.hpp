@@ -14,6 +14,7 @@
 #include "inferq/event/event.hpp"
 #include "inferq/memory/buffer.hpp"
 #include "inferq/ring/mpmc_ring.hpp"
+#include "inferq/routing/predicate.hpp"
 #include "inferq/routing/subject.hpp"
 #include "inferq/routing/subject_index.hpp"
 #include "inferq/state/state_store.hpp"

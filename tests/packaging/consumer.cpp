@@ -1,6 +1,6 @@
 // A tiny program that uses inferq the way an outside project does: through the
 // umbrella header and the exported target. Exits 0 only when one event makes the
-// whole trip publish -> consumer member -> ack.
+// whole trip publish -> consumer member -> ack, and a routing predicate matches.
 #include <cstdio>
 
 #include "inferq/inferq.hpp"
@@ -17,6 +17,13 @@ int main() {
   auto m = consumer->member(0)->Next(absl::Seconds(5));
   if (!m.ok() || m->event().payload.view() != "payload") return 4;
   if (!m->Ack().ok()) return 5;
+  // A routing predicate: links the code that uses RE2, RapidJSON and valijson, which a
+  // consumer gets through inferq's package (RE2) or not at all (header-only, private).
+  auto p = inferq::Predicate::Json("/model", inferq::JsonOp::kMatches, R"("^llama")");
+  if (!p.ok()) return 6;
+  inferq::Event j;
+  j.payload = inferq::Buffer::FromString(R"({"model": "llama-3"})");
+  if (!p->Matches(j)) return 7;
   std::printf("inferq %s consumer ok\n", INFERQ_VERSION_STRING);
   return 0;
 }

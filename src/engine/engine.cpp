@@ -902,6 +902,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
     const Event& ev = shared ? *shared : event;
     for (ConsumerState* c : stream->consumers) {
       if (c->filter && !c->filter->Matches(ev.subject)) continue;
+      if (!c->config.predicate.is_trivial() && !c->config.predicate.Matches(ev)) continue;
       const Selection sel = c->group->Select(*c->policy, ev);
       targets.push_back({c, sel.member, false});
       if (sel.mirror != kNoMember) targets.push_back({c, sel.mirror, true});

@@ -244,6 +244,40 @@ TEST_CASE("consistent hash in a consumer keeps a seq_id on one member") {
   }
 }
 
+TEST_CASE("consumer predicates select events by header, tag and JSON content") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"req.>"}}).ok());
+  auto header = Predicate::HeadersAll({{"model", std::string("llama")}});
+  auto json = Predicate::Json("/params/temperature", JsonOp::kLt, "0.5");
+  REQUIRE(header.ok());
+  REQUIRE(json.ok());
+  ConsumerConfig cc{.stream = "S", .name = "cold_llama", .ack = AckPolicy::kNone};
+  cc.predicate = Predicate::All({*header, *json});
+  auto c = engine.AddConsumer(cc);
+  REQUIRE(c.ok());
+  auto all = engine.AddConsumer({.stream = "S", .name = "all", .ack = AckPolicy::kNone});
+  REQUIRE(all.ok());
+  auto ev = [](std::string model, std::string payload) {
+    Event e;
+    e.subject = "req.x";
+    e.headers.Set("model_version", "llama");  // an exact key: never "model"
+    if (!model.empty()) e.headers.Set("model", model);
+    e.payload = Buffer::FromString(payload);
+    return e;
+  };
+  REQUIRE(engine.Publish(ev("llama", R"({"params": {"temperature": 0.2}})")).ok());
+  REQUIRE(engine.Publish(ev("llama", R"({"params": {"temperature": 0.9}})")).ok());
+  REQUIRE(engine.Publish(ev("mistral", R"({"params": {"temperature": 0.2}})")).ok());
+  REQUIRE(engine.Publish(ev("", R"({"params": {"temperature": 0.2}})")).ok());
+  REQUIRE(engine.Publish(ev("llama", "not json {")).ok());
+  CHECK(c->member(0)->queued() == 1);
+  CHECK(all->member(0)->queued() == 5);
+  auto m = c->member(0)->Next(absl::ZeroDuration());
+  REQUIRE(m.ok());
+  CHECK(m->stream_seq() == 1);
+  CHECK(json->Stats().invalid_json == 1);
+}
+
 TEST_CASE("weighted shadow mirrors copies whose acks do not count for the message") {
   ManualClock clock(1);
   Engine engine({.clock = &clock, .manual_timers = true});

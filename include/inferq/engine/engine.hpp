@@ -85,6 +85,7 @@
 #include "inferq/event/event.hpp"
 #include "inferq/memory/fixed_pool.hpp"
 #include "inferq/memory/topology.hpp"
+#include "inferq/routing/predicate.hpp"
 #include "inferq/routing/selection.hpp"
 
 namespace inferq {
@@ -115,6 +116,10 @@ struct ConsumerConfig {
   std::string stream{};               // an existing stream
   std::string name{};                 // 1..64 of [A-Za-z0-9_-], unique in its stream
   std::string filter_subject{};       // pattern; empty = every event of the stream
+  // Further condition on the event (headers, semantic tag, JSON content, JSON Schema;
+  // routing/predicate.hpp); default = none. Evaluated by the publishing thread
+  // under the stream's mutex; a payload that is not JSON does not match.
+  Predicate predicate{};
   std::uint32_t members = 1;          // lanes in the group, 1..4096
   std::size_t lane_capacity = 1024;   // items per lane, 1..2^24 (rounded up to 2^k, min 2)
   AckPolicy ack = AckPolicy::kExplicit;

@@ -15,6 +15,7 @@
 #include "inferq/memory/buffer.hpp"
 #include "inferq/ring/mpmc_ring.hpp"
 #include "inferq/routing/predicate.hpp"
+#include "inferq/routing/selection.hpp"
 #include "inferq/routing/subject.hpp"
 #include "inferq/routing/subject_index.hpp"
 #include "inferq/state/state_store.hpp"

@@ -157,13 +157,6 @@ struct StreamState {
   std::atomic<std::uint64_t> rejected{0};
   std::atomic<std::uint64_t> acked_out{0};
 
-  bool Captures(std::string_view subject) const {
-    for (const SubjectPattern& p : patterns) {
-      if (p.Matches(subject)) return true;
-    }
-    return false;
-  }
-
   // Moves a live message to `to` (kDiscarded or kDone) exactly once; the winner
   // takes it out of the live counts.
   bool Retire(StoredMessage& m, MsgState to) {

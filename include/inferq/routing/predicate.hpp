@@ -174,7 +174,7 @@ class Predicate {
   // schema: "$id" does not change the base URI (only draft 4's "id" does), and a
   // relative "id" or "$ref" is resolved by appending it to the base URI rather than by
   // RFC 3986 §5.2, so relative remote references under a changed base fail to fetch.
-  // The JSON Schema Test Suite results are in docs/json_schema_suite.md.
+  // The JSON Schema Test Suite results are in README.md ("JSON Schema Test Suite results").
   static absl::StatusOr<Predicate> JsonSchema(std::string_view schema_json);
   static absl::StatusOr<Predicate> JsonSchema(std::string_view schema_json,
                                               JsonSchemaOptions options);

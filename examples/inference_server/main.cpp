@@ -354,7 +354,20 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
     }
   };
 
+  // Load reports for the topology score: every replica has the same capacity (qps:
+  // sequences per trace second at a full batch), so the score tells them apart by
+  // the time of its next decode step (rt, ms) and batch occupancy (cpu).
+  const double full_step_us = o.decode_base_ms * 1000 + o.decode_us_per_seq * o.max_batch;
+  auto report = [&] {
+    const double n = static_cast<double>(active.size() + migrated.size() + waiting.size());
+    (void)in.ReportLoad({.qps = o.max_batch * 1e6 / full_step_us,
+                         .rt_ms = (o.decode_base_ms * 1000 + o.decode_us_per_seq * n) / 1000,
+                         .hop = 0,
+                         .cpu = std::min(1.0, n / o.max_batch)});
+  };
+
   while (!sh.done.load(std::memory_order_acquire)) {
+    report();
     if (doomed && vt >= kill_at_us) {
       // Killed: stop without acking what this replica holds.
       sh.killed_at_wall_ns.store(SteadyNs(), std::memory_order_release);
@@ -546,11 +559,13 @@ int main(int argc, char** argv) {
   auto affinity = inferq::AffinityPolicy::Create(*inferq::MakeSelectionPolicy(opt.policy),
                                                  inferq::HashKey::SeqId());
   check(affinity.status());
+  // Lanes hold the whole trace: a replica publishes its decode steps to its own lane,
+  // and must never block on it (it is the one that drains it).
   inferq::ConsumerConfig replicas_cfg{.stream = "REQUESTS",
                                       .name = "replicas",
                                       .filter_subject = "infer." + opt.model + ".*",
                                       .members = opt.replicas,
-                                      .lane_capacity = 4096};
+                                      .lane_capacity = 65536};
   const inferq::AffinityPolicy* affinity_policy = affinity->get();
   replicas_cfg.selection = std::shared_ptr<inferq::SelectionPolicy>(*std::move(affinity));
   // A decode step held through a long prefill step is slow, not sick: no latency

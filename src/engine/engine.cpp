@@ -490,6 +490,10 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
   return batch;
 }
 
+absl::Status Member::ReportLoad(const MemberLoadReport& report) {
+  return consumer_->group->ReportLoad(index_, report);
+}
+
 std::size_t Member::queued() const { return consumer_->lanes[index_]->ring.size_approx(); }
 
 absl::StatusOr<Member> Consumer::member(std::uint32_t i) const {

@@ -212,6 +212,10 @@ class Member {
                                                  absl::Duration max_queue_delay,
                                                  absl::Duration timeout = absl::InfiniteDuration());
 
+  // This member's own load, for TopologyScorePolicy (MemberGroup::ReportLoad):
+  // InvalidArgument for a negative or non-finite value, or cpu above 1.
+  absl::Status ReportLoad(const MemberLoadReport& report);
+
   std::uint32_t index() const { return index_; }
   // Events queued on this member's lane (approximate while others operate on it).
   std::size_t queued() const;

@@ -1,6 +1,7 @@
 #include "inferq/routing/predicate.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -143,9 +144,12 @@ namespace {
 // Parsing JSON with a nesting bound.
 
 // RFC 8259 text in UTF-8: invalid UTF-8 is an error; numbers are parsed to the nearest
-// double (full precision) unless they are integers that fit 64 bits.
+// double unless they are integers that fit 64 bits. RapidJSON hands numbers over as
+// text and std::from_chars converts them: Debian's RapidJSON 1.1.0 misreads some
+// (0.000...0 with many zeros reads as a positive number, through clz(0) in
+// internal/diyfp.h; found by predicate_fuzz).
 constexpr unsigned kParseFlags =
-    rapidjson::kParseValidateEncodingFlag | rapidjson::kParseFullPrecisionFlag;
+    rapidjson::kParseValidateEncodingFlag | rapidjson::kParseNumbersAsStringsFlag;
 
 enum class ParseStatus : std::uint8_t { kOk, kNulByte, kTooDeep, kSyntax };
 struct ParseResult {
@@ -167,8 +171,31 @@ class DepthLimitedHandler {
   bool Int64(std::int64_t i) { return d_.Int64(i); }
   bool Uint64(std::uint64_t u) { return d_.Uint64(u); }
   bool Double(double d) { return d_.Double(d); }
-  bool RawNumber(const char* s, rapidjson::SizeType n, bool copy) {
-    return d_.RawNumber(s, n, copy);
+  bool RawNumber(const char* s, rapidjson::SizeType n, bool /*copy*/) {
+    const char* end = s + n;
+    if (std::string_view(s, n).find_first_of(".eE") == std::string_view::npos) {
+      if (s != end && *s == '-') {
+        std::int64_t i = 0;
+        if (auto r = std::from_chars(s, end, i); r.ec == std::errc() && r.ptr == end) return d_.Int64(i);
+      } else {
+        std::uint64_t u = 0;
+        if (auto r = std::from_chars(s, end, u); r.ec == std::errc() && r.ptr == end) return d_.Uint64(u);
+      }
+    }
+    double d = 0;
+    const auto r = std::from_chars(s, end, d);
+    if (r.ptr != end) return false;
+    if (r.ec == std::errc::result_out_of_range) {
+      // Overflow is an error (as RapidJSON's "number too big"); underflow reads as
+      // the nearest double, 0 or a subnormal (strtod gives it; the text is JSON, so
+      // no locale-specific characters).
+      const std::string text(s, n);
+      d = std::strtod(text.c_str(), nullptr);
+      if (std::isinf(d)) return false;
+    } else if (r.ec != std::errc()) {
+      return false;
+    }
+    return d_.Double(d);
   }
   bool String(const char* s, rapidjson::SizeType n, bool copy) { return d_.String(s, n, copy); }
   bool Key(const char* s, rapidjson::SizeType n, bool copy) { return d_.Key(s, n, copy); }

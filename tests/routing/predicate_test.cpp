@@ -938,3 +938,12 @@ TEST_CASE("one predicate evaluated by several threads at once") {
   CHECK(SameStats(p.Stats(),
                   PredicateStats{n * kEvents, n * expected_matches, n * expected_invalid, 0}));
 }
+
+// predicate_fuzz found RapidJSON 1.1.0 calling clz(0) on this kind of number (a long
+// run of zero digits); whatever the builtin returns, the value must read as 0.
+TEST_CASE("a number with a long run of zero digits reads as zero") {
+  const std::string zero = "0." + std::string(80, '0');
+  CHECK(Must(Predicate::Json("", JsonOp::kEq, "0")).Matches(WithPayload(zero)));
+  CHECK(Must(Predicate::Json("/x", JsonOp::kLt, "1e-300")).Matches(WithPayload("{\"x\": " + zero + "}")));
+  CHECK_FALSE(Must(Predicate::Json("/x", JsonOp::kGt, "0")).Matches(WithPayload("{\"x\": " + zero + "}")));
+}

@@ -33,13 +33,14 @@
 //           message is done once queued; explicit: once acked) or kLimits with
 //           max_msgs = 65,536 (far more than the 4 x 1,024 lane slots, so no queued
 //           message is ever discarded). Pull: NextBatch(256, zero queue delay), i.e.
-//           whatever is queued up to 256, or Next.
+//           whatever is queued up to 256, or Next. Lanes of 1,024 slots (the
+//           default; Config::lane_capacity, 65,536 measured no different).
 //   zmq     libzmq PUB/SUB over inproc://, SNDHWM = RCVHWM = 0 (unlimited: no drops,
 //           and no backpressure either: the publisher may run ahead). One frame:
 //           subject, NUL, payload; subscriptions are "bench.s<i>\0" (prefix match).
 //   nng     NNG pub0/sub0 over inproc://, pub SENDBUF and sub RECVBUF = 8192 (the
-//           maximum). NNG pub/sub drops by design when a subscriber falls behind (a
-//           full per-pipe queue drops the oldest); what it delivers is measured.
+//           maximum). NNG pub/sub is best effort by design: when a subscriber
+//           falls behind, a full queue drops messages; what it delivers is measured.
 //           Same frame layout; NNG filters at the subscriber, so every subscriber
 //           receives and discards the other 4 subjects.
 //

@@ -302,10 +302,16 @@ void RegisterAll() {
 
 }  // namespace
 
+// Engine publish -> deliver against ZeroMQ and NNG (bench_routing_peers.cpp).
+namespace pubsub_peers {
+int RegisterPubSubBenchmarks();
+}  // namespace pubsub_peers
+
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   RegisterAll();
+  pubsub_peers::RegisterPubSubBenchmarks();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

@@ -8,7 +8,7 @@ packages=(
   libabsl-dev libzstd-dev zstd libmimalloc-dev libhwloc-dev libssl-dev libxxhash-dev
   catch2 libbenchmark-dev
   libatomic-queue-dev libconcurrentqueue-dev libxenium-dev libboost-dev libtbb-dev
-  librocksdb-dev libsqlite3-dev clang libclang-rt-14-dev
+  librocksdb-dev libsqlite3-dev libzmq3-dev libnng-dev clang libclang-rt-14-dev
   rapidjson-dev libvalijson-dev json-schema-test-suite libre2-dev
 )
 

@@ -104,7 +104,14 @@ struct Lane {
   Histogram deliver_latency_ns;  // written by this lane's puller(s) only
 };
 
-// A delivery handed to a member and not yet acked (ack_wait > 0).
+// Deadline `ns` from `now`, saturating at INT64_MAX.
+inline std::int64_t SatAdd(std::int64_t now, std::int64_t ns) {
+  return ns > INT64_MAX - now ? INT64_MAX : now + ns;
+}
+
+// A message of a tracked consumer (ack_wait > 0) not yet acked: either out with
+// `member` (delivery `attempt`), or queued again for delivery `attempt` (member ==
+// kNoMember) after an expiry or a nak.
 struct Pending {
   Handle h;
   std::uint32_t member = 0;
@@ -118,7 +125,12 @@ struct ConsumerState {
   StreamState* stream = nullptr;
   const Clock* clock = nullptr;
   std::vector<std::unique_ptr<Lane>> lanes;
-  std::shared_ptr<SelectionPolicy> policy;  // Select under the stream's mutex
+  // MemberGroup::Select runs one call at a time: select_mu. Publish takes it inside
+  // the stream's mutex; redelivery takes it alone, never the stream's mutex, because
+  // a publisher blocked on a full lane holds that one (and the member that would
+  // drain the lane may be the one redelivering).
+  std::mutex select_mu;
+  std::shared_ptr<SelectionPolicy> policy;
   std::unique_ptr<MemberGroup> group;
   bool tracked = false;                     // ack_wait > 0 and explicit acks
   std::int64_t ack_wait_ns = 0;
@@ -130,11 +142,14 @@ struct ConsumerState {
   absl::flat_hash_map<std::uint64_t, Pending> pending;       // guarded by pending_mu
   std::deque<std::tuple<std::int64_t, std::uint64_t, std::uint32_t>> deadlines;  // (deadline, seq, attempt)
   std::deque<Delivery> parked;  // redeliveries every lane refused (full); pending_mu
+  std::atomic<bool> has_parked{false};  // parked is not empty (read without the lock)
 
   alignas(kCacheLineSize) std::atomic<std::uint64_t> acked{0};
   std::atomic<std::uint64_t> skipped{0};
   std::atomic<std::uint64_t> redelivered{0}, ack_timeouts{0}, naks{0}, moved{0},
       late_acks{0}, mirrored{0}, shadow_acked{0};
+  // Explicit-ack deliveries handed out and not yet settled (ack, nak, expiry).
+  std::atomic<std::int64_t> unsettled{0};
   Histogram ack_latency_ns;
 };
 
@@ -225,13 +240,20 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
     return;
   }
   const auto n = static_cast<std::uint32_t>(c.lanes.size());
+  std::uint32_t target;
   {
-    std::lock_guard lock(c.stream->mu);
-    std::uint32_t target = c.group->Select(*c.policy, *d.h->event).member;
-    if (target == exclude && n > 1) target = (target + 1) % n;
+    std::lock_guard lock(c.select_mu);
+    target = c.group->Select(*c.policy, *d.h->event).member;
+  }
+  // Preference: the policy's pick or the next members after it that are neither
+  // `exclude` nor ejected; then `exclude` if it is not ejected; then any lane.
+  std::vector<bool> ejected(n);
+  for (std::uint32_t m = 0; m < n; ++m) ejected[m] = c.group->Health(m) == MemberHealth::kEjected;
+  for (int pass = 0; pass < 3; ++pass) {
     for (std::uint32_t k = 0; k < n; ++k) {
       const std::uint32_t m = (target + k) % n;
-      if (m == exclude && n > 1) continue;
+      const bool ok = pass == 0 ? (m != exclude && !ejected[m]) : pass == 1 ? !ejected[m] : true;
+      if (!ok) continue;
       c.group->OnQueued(m);
       if (c.lanes[m]->ring.try_push(std::move(d))) {
         c.redelivered.fetch_add(1, std::memory_order_relaxed);
@@ -243,6 +265,19 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
   if (c.lanes.front()->ring.closed()) return;  // the engine is closing: nobody will pull
   std::lock_guard lock(c.pending_mu);
   c.parked.push_back(std::move(d));
+  c.has_parked.store(true, std::memory_order_release);
+}
+
+// Retries parked redeliveries: by the timer, and by a member right after a pull has
+// made room (a consumer without ack_wait has no timer).
+void RetryParked(ConsumerState& c) {
+  std::deque<Delivery> parked;
+  {
+    std::lock_guard lock(c.pending_mu);
+    parked.swap(c.parked);
+    c.has_parked.store(false, std::memory_order_release);
+  }
+  for (Delivery& d : parked) Redeliver(c, std::move(d), kNoMember);
 }
 
 }  // namespace engine_internal
@@ -315,7 +350,7 @@ absl::Status Message::InProgress() {
                                          c.config.name + "'");
   }
   if (!c.tracked || shadow_) return absl::OkStatus();
-  const std::int64_t deadline = c.clock->NowNanos() + c.ack_wait_ns;
+  const std::int64_t deadline = engine_internal::SatAdd(c.clock->NowNanos(), c.ack_wait_ns);
   std::lock_guard lock(c.pending_mu);
   auto it = c.pending.find(msg_->seq);
   if (it == c.pending.end() || it->second.attempt != attempt_) return absl::OkStatus();  // already redelivered
@@ -365,21 +400,32 @@ absl::Status Message::Settle(bool ok) {
       return absl::OkStatus();
     }
     if (it->second.attempt != attempt_) {
-      // An older delivery that timed out answers while a newer one is out.
+      // An older delivery that timed out answers while a newer one is queued or
+      // out: the first ack wins. A queued copy is skipped when pulled; one that is
+      // out is dropped from its member's load and its later ack is a no-op.
       if (!ok) return absl::OkStatus();
-      c.group->OnDone(it->second.member, Outcome::kDropped, 0);
+      if (it->second.member != kNoMember) {
+        c.group->OnDone(it->second.member, Outcome::kDropped, 0);
+        c.unsettled.fetch_sub(1, std::memory_order_relaxed);
+      }
       c.pending.erase(it);
     } else {
-      c.pending.erase(it);
+      c.unsettled.fetch_sub(1, std::memory_order_relaxed);
       if (!ok) {
+        // Queued again for the next attempt; an ack of this delivery still wins.
+        it->second.member = kNoMember;
+        it->second.attempt = attempt_ + 1;
+        it->second.deadline_ns = INT64_MAX;
         lock.unlock();
         c.group->OnDone(member_, Outcome::kFailure, latency);
         engine_internal::Redeliver(c, {msg_, attempt_ + 1, false}, member_);
         return absl::OkStatus();
       }
+      c.pending.erase(it);
       c.group->OnDone(member_, Outcome::kSuccess, latency);
     }
   } else {
+    c.unsettled.fetch_sub(1, std::memory_order_relaxed);
     c.group->OnDone(member_, ok ? Outcome::kSuccess : Outcome::kFailure, latency);
     if (!ok) {
       engine_internal::Redeliver(c, {msg_, attempt_ + 1, false}, member_);
@@ -413,6 +459,7 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
                                          consumer_->config.name + "' member " +
                                          std::to_string(index_) + " before the timeout");
     }
+    if (c.has_parked.load(std::memory_order_acquire)) engine_internal::RetryParked(c);
     Handle& h = d.h;
     StreamState& stream = *h->stream;
     const std::int64_t now = c.clock->NowNanos();
@@ -425,17 +472,40 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
     if (h->state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
       c.skipped.fetch_add(1, std::memory_order_relaxed);
       c.group->OnDone(index_, Outcome::kDropped, 0);
+      if (c.tracked && !d.shadow) {
+        std::lock_guard lock(c.pending_mu);
+        if (auto it = c.pending.find(h->seq); it != c.pending.end() && it->second.attempt == d.attempt) {
+          c.pending.erase(it);
+        }
+      }
       continue;
+    }
+    if (c.tracked && !d.shadow) {
+      std::lock_guard lock(c.pending_mu);
+      const std::int64_t deadline = engine_internal::SatAdd(now, c.ack_wait_ns);
+      if (d.attempt == 1) {
+        c.pending.insert_or_assign(h->seq, engine_internal::Pending{h, index_, 1, deadline});
+      } else {
+        // A redelivery: deliver it only if the message still waits for this attempt
+        // (an ack of an older delivery may have settled it meanwhile).
+        auto it = c.pending.find(h->seq);
+        if (it == c.pending.end() || it->second.attempt != d.attempt ||
+            it->second.member != kNoMember) {
+          c.skipped.fetch_add(1, std::memory_order_relaxed);
+          c.group->OnDone(index_, Outcome::kDropped, 0);
+          continue;
+        }
+        it->second.member = index_;
+        it->second.deadline_ns = deadline;
+      }
+      c.deadlines.emplace_back(deadline, h->seq, d.attempt);
     }
     lane.delivered.fetch_add(1, std::memory_order_relaxed);
     lane.deliver_latency_ns.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, now - h->publish_ns)));
     if (c.config.ack == AckPolicy::kNone) {
       c.group->OnDone(index_, Outcome::kSuccess, 0);
-    } else if (c.tracked && !d.shadow) {
-      std::lock_guard lock(c.pending_mu);
-      const std::int64_t deadline = now + c.ack_wait_ns;
-      c.pending.insert_or_assign(h->seq, engine_internal::Pending{h, index_, d.attempt, deadline});
-      c.deadlines.emplace_back(deadline, h->seq, d.attempt);
+    } else if (!d.shadow) {
+      c.unsettled.fetch_add(1, std::memory_order_relaxed);
     }
     out.msg_ = std::move(h);
     out.consumer_ = consumer_;
@@ -730,10 +800,15 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   if (absl::Status s = MemberGroup::Validate(config.members, config.group); !s.ok()) {
     return absl::InvalidArgumentError("consumer '" + config.name + "': " + std::string(s.message()));
   }
-  if (config.ack_wait < absl::ZeroDuration() || config.ack_wait == absl::InfiniteDuration()) {
+  if (config.ack_wait < absl::ZeroDuration() || config.ack_wait > absl::Hours(24 * 365)) {
     return absl::InvalidArgumentError("consumer '" + config.name + "': ack_wait " +
                                       absl::FormatDuration(config.ack_wait) +
-                                      " is invalid (zero for none, or positive and finite)");
+                                      " is invalid (zero for none, or up to 365 days)");
+  }
+  if (config.selection != nullptr) {
+    if (absl::Status s = config.selection->CheckGroupSize(config.members); !s.ok()) {
+      return absl::InvalidArgumentError("consumer '" + config.name + "': " + std::string(s.message()));
+    }
   }
   auto state = std::make_unique<ConsumerState>();
   if (!config.filter_subject.empty()) {
@@ -900,7 +975,11 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
     for (ConsumerState* c : stream->consumers) {
       if (c->filter && !c->filter->Matches(ev.subject)) continue;
       if (!c->config.predicate.is_trivial() && !c->config.predicate.Matches(ev)) continue;
-      const Selection sel = c->group->Select(*c->policy, ev);
+      Selection sel;
+      {
+        std::lock_guard select_lock(c->select_mu);
+        sel = c->group->Select(*c->policy, ev);
+      }
       targets.push_back({c, sel.member, false});
       if (sel.mirror != kNoMember) targets.push_back({c, sel.mirror, true});
       if (c->config.ack == AckPolicy::kExplicit) ++explicit_acks;
@@ -1020,7 +1099,6 @@ void Engine::RunTimers() {
     const std::int64_t now = impl_->clock->NowNanos();
     // 1. Deliveries whose ack_wait expired: a failure of their member, redelivered.
     std::vector<std::pair<engine_internal::Delivery, std::uint32_t>> expired;
-    std::deque<engine_internal::Delivery> parked;
     {
       std::lock_guard lock(c->pending_mu);
       while (!c->deadlines.empty() && std::get<0>(c->deadlines.front()) <= now) {
@@ -1032,21 +1110,25 @@ void Engine::RunTimers() {
             it->second.deadline_ns != deadline) {
           continue;
         }
-        expired.emplace_back(engine_internal::Delivery{std::move(it->second.h), attempt + 1, false},
+        expired.emplace_back(engine_internal::Delivery{it->second.h, attempt + 1, false},
                              it->second.member);
-        c->pending.erase(it);
+        // Queued again for the next attempt; an ack of the expired delivery still wins.
+        it->second.member = kNoMember;
+        it->second.attempt = attempt + 1;
+        it->second.deadline_ns = INT64_MAX;
       }
-      parked.swap(c->parked);
     }
     for (auto& [d, member] : expired) {
       c->ack_timeouts.fetch_add(1, std::memory_order_relaxed);
+      c->unsettled.fetch_sub(1, std::memory_order_relaxed);
       c->group->OnDone(member, Outcome::kFailure, 0);
       engine_internal::Redeliver(*c, std::move(d), member);
     }
-    for (auto& d : parked) engine_internal::Redeliver(*c, std::move(d), kNoMember);
+    engine_internal::RetryParked(*c);
 
     // 2. Lanes whose member pulled nothing for ack_wait while work waited (stalled:
-    //    each moved item is a failure), and lanes of ejected members (no verdict).
+    //    each moved item is a failure). An ejected member that still pulls keeps its
+    //    queue (in panic mode it is even given work).
     for (std::uint32_t m = 0; m < c->lanes.size(); ++m) {
       Lane& lane = *c->lanes[m];
       const std::uint64_t delivered = lane.delivered.load(std::memory_order_relaxed);
@@ -1058,8 +1140,7 @@ void Engine::RunTimers() {
       } else {
         stalled = now - mark_ns >= c->ack_wait_ns;
       }
-      const bool ejected = c->group->Health(m) == MemberHealth::kEjected;
-      if (!stalled && !ejected) continue;
+      if (!stalled) continue;
       engine_internal::Delivery d;
       while (lane.ring.try_pop(d)) {
         if (d.shadow) {
@@ -1067,7 +1148,7 @@ void Engine::RunTimers() {
           continue;
         }
         c->moved.fetch_add(1, std::memory_order_relaxed);
-        c->group->OnDone(m, stalled ? Outcome::kFailure : Outcome::kDropped, 0);
+        c->group->OnDone(m, Outcome::kFailure, 0);
         engine_internal::Redeliver(*c, std::move(d), m);
       }
       mark_ns = 0;
@@ -1109,9 +1190,8 @@ EngineStats Engine::Stats() const {
       cs.members.push_back(ms);
     }
     cs.acked = c->acked.load(std::memory_order_relaxed);
-    cs.ack_pending = c->config.ack == AckPolicy::kExplicit && cs.delivered > cs.acked
-                         ? cs.delivered - cs.acked
-                         : 0;
+    cs.ack_pending = static_cast<std::uint64_t>(
+        std::max<std::int64_t>(0, c->unsettled.load(std::memory_order_relaxed)));
     cs.skipped = c->skipped.load(std::memory_order_relaxed);
     cs.redelivered = c->redelivered.load(std::memory_order_relaxed);
     cs.ack_timeouts = c->ack_timeouts.load(std::memory_order_relaxed);

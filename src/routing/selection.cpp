@@ -163,6 +163,16 @@ absl::Status MemberGroup::Validate(std::uint32_t members, const GroupOptions& o)
     return bad("peak_ewma_decay " + absl::FormatDuration(o.peak_ewma_decay) +
                " must be positive and finite");
   }
+  // Times are added to clock readings in int64 ns: keep every one far from overflow.
+  const absl::Duration kMax = absl::Hours(24 * 365);
+  for (auto [name, d] : {std::pair{"outlier latency_floor", x.latency_floor},
+                         std::pair{"outlier base_ejection_time", x.base_ejection_time},
+                         std::pair{"outlier max_ejection_time", x.max_ejection_time},
+                         std::pair{"outlier slow_start", x.slow_start},
+                         std::pair{"refresh_interval", o.refresh_interval},
+                         std::pair{"peak_ewma_decay", o.peak_ewma_decay}}) {
+    if (d > kMax) return bad(std::string(name) + " " + absl::FormatDuration(d) + " is above 365 days");
+  }
   return absl::OkStatus();
 }
 
@@ -237,7 +247,7 @@ void MemberGroup::OnDone(std::uint32_t m, Outcome outcome, std::int64_t latency_
       mem.consecutive_successes >= o.consecutive_failures) {
     mem.health = MemberHealth::kHealthy;
     mem.consecutive_successes = 0;
-    mem.last_healthy_ns = now;
+    mem.healthy_since_ns = now;
     sick_.fetch_sub(1, std::memory_order_relaxed);
     health_epoch_.fetch_add(1, std::memory_order_release);
   }
@@ -251,7 +261,12 @@ void MemberGroup::Failure(Member& mem, std::uint32_t /*index*/, std::int64_t now
   if (++mem.consecutive_failures < o.consecutive_failures) return;
   mem.consecutive_failures = 0;
   if (mem.health == MemberHealth::kHealthy || mem.health == MemberHealth::kRecovering) {
-    if (mem.health == MemberHealth::kHealthy) sick_.fetch_add(1, std::memory_order_relaxed);
+    if (mem.health == MemberHealth::kHealthy) {
+      sick_.fetch_add(1, std::memory_order_relaxed);
+      mem.healthy_span_ns = now - mem.healthy_since_ns;
+    } else {
+      mem.healthy_span_ns = 0;
+    }
     mem.health = MemberHealth::kDegraded;
     mem.degraded_until_ns = now + absl::ToInt64Nanoseconds(o.base_ejection_time);
     degradations_.fetch_add(1, std::memory_order_relaxed);
@@ -269,9 +284,8 @@ void MemberGroup::Failure(Member& mem, std::uint32_t /*index*/, std::int64_t now
     mem.degraded_until_ns = now + absl::ToInt64Nanoseconds(o.base_ejection_time);
     return;
   }
-  if (mem.last_healthy_ns != 0 &&
-      now - mem.last_healthy_ns > absl::ToInt64Nanoseconds(o.max_ejection_time)) {
-    mem.ejections = 0;  // a long healthy spell forgets earlier ejections
+  if (mem.healthy_span_ns > absl::ToInt64Nanoseconds(o.max_ejection_time)) {
+    mem.ejections = 0;  // healthy for longer than the longest ejection: start over
   }
   ++mem.ejections;
   const double base = static_cast<double>(absl::ToInt64Nanoseconds(o.base_ejection_time));
@@ -398,7 +412,7 @@ void MemberGroup::RecomputeWeights(std::int64_t now) {
     }
     if (mem.health == MemberHealth::kRecovering && now >= mem.recover_until_ns) {
       mem.health = MemberHealth::kHealthy;
-      mem.last_healthy_ns = now;
+      mem.healthy_since_ns = now;
       sick_.fetch_sub(1, std::memory_order_relaxed);
       health_epoch_.fetch_add(1, std::memory_order_release);
     }
@@ -624,9 +638,33 @@ bool HashKey::Extract(const Event& e, std::string* out) const {
       return true;
     }
     case Kind::kJsonPointer: {
-      rapidjson::Document doc;
       const auto* data = reinterpret_cast<const char*>(e.payload.data());
-      doc.Parse(data, e.payload.size());
+      // RapidJSON's parser and writer recurse once per nesting level: a payload
+      // nested deeper than 128 levels has no key (it would otherwise exhaust the
+      // stack). Brackets inside strings do not count.
+      {
+        int depth = 0;
+        bool in_string = false;
+        for (std::size_t i = 0; i < e.payload.size(); ++i) {
+          const char ch = data[i];
+          if (in_string) {
+            if (ch == '\\') {
+              ++i;
+            } else if (ch == '"') {
+              in_string = false;
+            }
+          } else if (ch == '"') {
+            in_string = true;
+          } else if (ch == '[' || ch == '{') {
+            if (++depth > 128) return false;
+          } else if (ch == ']' || ch == '}') {
+            --depth;
+          }
+        }
+      }
+      rapidjson::Document doc;
+      // Numbers stay text (RapidJSON 1.1.0 misreads some; their text is the key).
+      doc.Parse<rapidjson::kParseNumbersAsStringsFlag>(data, e.payload.size());
       if (doc.HasParseError()) return false;
       const rapidjson::Value* v = rapidjson::Pointer(arg_.data(), arg_.size()).Get(doc);
       if (v == nullptr) return false;
@@ -696,6 +734,12 @@ std::uint32_t ConsistentHashPolicy::Walk(std::uint64_t h, const SelectionView* v
   return kNoMember;
 }
 
+absl::Status ConsistentHashPolicy::CheckGroupSize(std::uint32_t members) const {
+  if (members == members_) return absl::OkStatus();
+  return absl::InvalidArgumentError("consistent hash policy built for " + std::to_string(members_) +
+                                    " members cannot serve a group of " + std::to_string(members));
+}
+
 std::uint32_t ConsistentHashPolicy::Owner(std::string_view key_bytes) const {
   return Walk(XXH3_64bits(key_bytes.data(), key_bytes.size()), nullptr);
 }
@@ -749,6 +793,12 @@ absl::StatusOr<std::unique_ptr<WeightedShadowPolicy>> WeightedShadowPolicy::Crea
     return absl::InvalidArgumentError(
         "weighted shadow: no primary (non-shadow) member has a positive weight");
   }
+  double sum = 0;
+  for (double w : o.weights) sum += w;
+  if (!std::isfinite(sum)) {
+    return absl::InvalidArgumentError("weighted shadow: the weights sum to " + Num(sum) +
+                                      "; their sum must be finite");
+  }
   if (!(o.mirror_fraction >= 0 && o.mirror_fraction <= 1)) {
     return absl::InvalidArgumentError("weighted shadow: mirror_fraction " +
                                       Num(o.mirror_fraction) + " is outside [0, 1]");
@@ -759,6 +809,13 @@ absl::StatusOr<std::unique_ptr<WeightedShadowPolicy>> WeightedShadowPolicy::Crea
 }
 
 WeightedShadowPolicy::WeightedShadowPolicy(WeightedShadowOptions o) : options_(std::move(o)) {}
+
+absl::Status WeightedShadowPolicy::CheckGroupSize(std::uint32_t members) const {
+  if (members == options_.weights.size()) return absl::OkStatus();
+  return absl::InvalidArgumentError("weighted shadow policy built for " +
+                                    std::to_string(options_.weights.size()) +
+                                    " members cannot serve a group of " + std::to_string(members));
+}
 
 Selection WeightedShadowPolicy::Select(const Event&, const SelectionView& v) {
   const std::uint32_t n = v.size();
@@ -858,10 +915,16 @@ bool AffinityPolicy::Forget(std::string_view key_bytes) {
   auto it = table_->map.find(std::string(key_bytes));
   if (it == table_->map.end()) return false;
   table_->map.erase(it);
-  // Its entry in `order` is skipped when it reaches the front (generation mismatch);
-  // drop stale fronts now so the queue does not grow with forgotten keys.
-  while (!table_->order.empty() && !table_->map.contains(table_->order.front().first)) {
-    table_->order.pop_front();
+  // Its entry in `order` is skipped when it reaches the front (generation mismatch).
+  // A long-lived key at the front would keep every forgotten one behind it: when
+  // stale entries outnumber live ones, drop them all (amortized O(1) per Forget).
+  Table& t = *table_;
+  if (t.order.size() > 2 * t.map.size() + 64) {
+    std::deque<std::pair<std::string, std::uint64_t>> live;
+    for (auto& [k, gen] : t.order) {
+      if (auto e = t.map.find(k); e != t.map.end() && e->second.gen == gen) live.emplace_back(std::move(k), gen);
+    }
+    t.order.swap(live);
   }
   return true;
 }

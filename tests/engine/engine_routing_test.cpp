@@ -1,5 +1,7 @@
 // Selection policies, health and redelivery inside the engine.
+#include <atomic>
 #include <map>
+#include <thread>
 #include <set>
 #include <string>
 #include <vector>
@@ -236,7 +238,7 @@ TEST_CASE("consistent hash in a consumer keeps a seq_id on one member") {
     ConsumerConfig bad{.stream = "S", .name = "h"};
     bad.ack_wait = absl::Milliseconds(-1);
     CHECK(Msg(engine.AddConsumer(bad).status()) ==
-          "consumer 'h': ack_wait -1ms is invalid (zero for none, or positive and finite)");
+          "consumer 'h': ack_wait -1ms is invalid (zero for none, or up to 365 days)");
     bad.ack_wait = absl::ZeroDuration();
     bad.group.outlier.consecutive_failures = 0;
     CHECK(Msg(engine.AddConsumer(bad).status()) ==
@@ -316,4 +318,138 @@ TEST_CASE("weighted shadow mirrors copies whose acks do not count for the messag
   CHECK(cs.shadow_acked == 10);
   CHECK(cs.acked == 10);
   CHECK(Kept(engine) == 0);
+}
+
+// Regressions found by the adversarial pass, each its smallest input.
+
+TEST_CASE("a nak while a publisher is blocked on the same full lane returns") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "g", .members = 1, .lane_capacity = 2});
+  REQUIRE(c.ok());
+  REQUIRE(engine.Publish(Ev("a", "1")).ok());
+  auto held = c->member(0)->Next(absl::ZeroDuration());
+  REQUIRE(held.ok());
+  std::thread publisher([&] {
+    for (int i = 2; i <= 5; ++i) (void)engine.Publish(Ev("a", std::to_string(i)));
+  });
+  while (c->member(0)->queued() < 2) std::this_thread::yield();  // lane full, publisher blocked
+  REQUIRE(held->Nak().ok());  // used to wait for the stream mutex the publisher held
+  std::set<std::string> got;
+  while (got.size() < 5) {
+    auto m = c->member(0)->Next(absl::Seconds(10));
+    REQUIRE(m.ok());
+    got.insert(m->event().msg_id);
+    REQUIRE(m->Ack().ok());
+  }
+  publisher.join();
+  CHECK(got == std::set<std::string>{"1", "2", "3", "4", "5"});
+}
+
+TEST_CASE("a member that never pulls does not block publishing for good") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}}).ok());
+  ConsumerConfig cc{.stream = "S", .name = "g", .members = 2, .lane_capacity = 2};
+  cc.ack_wait = absl::Milliseconds(20);
+  auto c = engine.AddConsumer(cc);
+  REQUIRE(c.ok());
+  std::atomic<int> acked{0};
+  std::atomic<bool> stop{false};
+  std::thread puller([&] {  // member 0 works; member 1 is dead
+    auto m0 = *c->member(0);
+    while (!stop.load()) {
+      auto m = m0.Next(absl::Milliseconds(5));
+      if (m.ok() && m->Ack().ok()) ++acked;
+    }
+  });
+  for (int i = 0; i < 60; ++i) REQUIRE(engine.Publish(Ev("a", std::to_string(i))).ok());
+  while (acked.load() < 60) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  stop = true;
+  puller.join();
+  CHECK(acked.load() == 60);
+  CHECK(CS(engine, "S", "g").moved > 0);
+}
+
+TEST_CASE("ack_pending counts deliveries out, and an old member's late ack wins over a queued copy") {
+  ManualClock clock(1);
+  Engine engine({.clock = &clock, .manual_timers = true});
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}, .retention = RetentionPolicy::kInterest}).ok());
+  ConsumerConfig cc{.stream = "S", .name = "g", .members = 2};
+  cc.ack_wait = absl::Milliseconds(5);
+  auto c = engine.AddConsumer(cc);
+  REQUIRE(c.ok());
+  REQUIRE(engine.Publish(Ev("a", "x")).ok());
+  auto old = c->member(0)->Next(absl::ZeroDuration());
+  REQUIRE(old.ok());
+  CHECK(CS(engine, "S", "g").ack_pending == 1);
+  clock.Advance(absl::Milliseconds(5));
+  engine.RunTimers();  // expired: attempt 2 queued on member 1
+  CHECK(CS(engine, "S", "g").ack_pending == 0);
+  REQUIRE(c->member(1)->queued() == 1);
+  REQUIRE(old->Ack().ok());  // the first ack: it settles the message
+  CHECK(c->member(1)->Next(absl::ZeroDuration()).status().code() ==
+        absl::StatusCode::kDeadlineExceeded);  // the queued copy is skipped
+  const ConsumerStats cs = CS(engine, "S", "g");
+  CHECK(cs.acked == 1);
+  CHECK(cs.late_acks == 0);
+  CHECK(cs.ack_pending == 0);
+  CHECK(Kept(engine) == 0);
+  CHECK(cs.group.members[1].outstanding == 0);
+
+  SECTION("after a nak and an ack elsewhere, nothing is pending") {
+    REQUIRE(engine.Publish(Ev("a", "y")).ok());
+    auto first = c->member(0)->Next(absl::ZeroDuration());
+    if (!first.ok()) first = c->member(1)->Next(absl::ZeroDuration());
+    REQUIRE(first.ok());
+    REQUIRE(first->Nak().ok());
+    for (std::uint32_t m = 0; m < 2; ++m) {
+      auto again = c->member(m)->Next(absl::ZeroDuration());
+      if (again.ok()) REQUIRE(again->Ack().ok());
+    }
+    CHECK(CS(engine, "S", "g").ack_pending == 0);
+    CHECK(CS(engine, "S", "g").acked == 2);
+  }
+}
+
+TEST_CASE("a nak is not redelivered to an ejected member") {
+  ManualClock clock(1);
+  Engine engine({.clock = &clock, .manual_timers = true});
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}}).ok());
+  ConsumerConfig cc{.stream = "S", .name = "g", .members = 2};
+  cc.group.outlier.consecutive_failures = 1;
+  cc.group.outlier.max_ejected_percent = 100;
+  auto c = engine.AddConsumer(cc);
+  REQUIRE(c.ok());
+  // Member 1 naks everything it gets: degraded, then (once it gets work again) ejected.
+  for (int i = 0; i < 1000 && CS(engine, "S", "g").group.members[1].health != MemberHealth::kEjected; ++i) {
+    REQUIRE(engine.Publish(Ev("a")).ok());
+    for (std::uint32_t m = 0; m < 2; ++m) {
+      auto msg = c->member(m)->Next(absl::ZeroDuration());
+      if (msg.ok()) REQUIRE((m == 1 ? msg->Nak() : msg->Ack()).ok());
+    }
+    for (std::uint32_t m = 0; m < 2; ++m) {  // settle the redeliveries on member 0
+      auto msg = c->member(m)->Next(absl::ZeroDuration());
+      if (msg.ok()) REQUIRE(msg->Ack().ok());
+    }
+  }
+  REQUIRE(CS(engine, "S", "g").group.members[1].health == MemberHealth::kEjected);
+  REQUIRE(engine.Publish(Ev("a", "z")).ok());
+  auto msg = c->member(0)->Next(absl::ZeroDuration());
+  REQUIRE(msg.ok());
+  REQUIRE(msg->Nak().ok());
+  CHECK(c->member(1)->queued() == 0);
+  CHECK(c->member(0)->queued() == 1);
+}
+
+TEST_CASE("a policy built for another group size and an ack_wait beyond a year are rejected") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}}).ok());
+  ConsumerConfig cc{.stream = "S", .name = "g", .members = 8};
+  cc.selection = std::shared_ptr<SelectionPolicy>(*ConsistentHashPolicy::Create(HashKey::SeqId(), 4));
+  CHECK(Msg(engine.AddConsumer(cc).status()) ==
+        "consumer 'g': consistent hash policy built for 4 members cannot serve a group of 8");
+  ConsumerConfig aw{.stream = "S", .name = "h"};
+  aw.ack_wait = absl::Hours(24 * 366);
+  CHECK(Msg(engine.AddConsumer(aw).status()) ==
+        "consumer 'h': ack_wait 8784h is invalid (zero for none, or up to 365 days)");
 }

@@ -523,3 +523,50 @@ TEST_CASE("reports from many threads while one thread selects") {
   for (const auto& m : (*g)->Stats().members) outstanding += m.outstanding;
   CHECK(outstanding == 0);
 }
+
+// Regressions found by the adversarial pass.
+
+TEST_CASE("ejection time keeps growing while a member fails in every slow start") {
+  ManualClock clock(1'000'000'000);
+  GroupOptions o;
+  o.outlier.consecutive_failures = 1;
+  o.outlier.base_ejection_time = absl::Seconds(1);
+  o.outlier.max_ejection_time = absl::Seconds(10);
+  o.outlier.ejection_jitter = 0;
+  o.outlier.slow_start = absl::Seconds(5);
+  o.outlier.panic_threshold_percent = 0;
+  auto g = Group(4, &clock, o);
+  inferq::RoundRobinPolicy rr;
+  for (std::uint32_t k = 1; k <= 12; ++k) {
+    Fail(*g, 1, 2);  // degraded, then ejected
+    REQUIRE(HealthOf(*g, 1) == MemberHealth::kEjected);
+    CHECK(g->Stats().members[1].ejections == k);
+    clock.Advance(absl::Seconds(std::min<std::uint32_t>(k, 10)));
+    g->Select(rr, {});
+    REQUIRE(HealthOf(*g, 1) == MemberHealth::kRecovering);
+    clock.Advance(absl::Seconds(1));  // fails again during its slow start
+  }
+}
+
+TEST_CASE("bad sizes and sums are rejected: long durations, infinite weight sums, deep payload keys") {
+  GroupOptions o;
+  o.outlier.base_ejection_time = absl::Hours(24 * 366);
+  o.outlier.max_ejection_time = absl::Hours(24 * 366);
+  CHECK(std::string(MemberGroup::Create(2, o).status().message()) ==
+        "outlier base_ejection_time 8784h is above 365 days");
+  CHECK(std::string(inferq::WeightedShadowPolicy::Create(2, {.weights = {1e308, 1e308}})
+                        .status()
+                        .message()) == "weighted shadow: the weights sum to inf; their sum must be finite");
+  auto key = HashKey::JsonPointer("/a");
+  REQUIRE(key.ok());
+  Event e;
+  e.payload = inferq::Buffer::FromString(std::string(100000, '[') + std::string(100000, ']'));
+  std::string out;
+  CHECK_FALSE(key->Extract(e, &out));  // no key, and no stack overflow
+  e.payload = inferq::Buffer::FromString(R"({"a": "[[[", "b": 1})");
+  REQUIRE(key->Extract(e, &out));
+  CHECK(out == "[[[");
+  e.payload = inferq::Buffer::FromString(R"({"a": 1.50})");
+  REQUIRE(key->Extract(e, &out));
+  CHECK(out == "1.50");  // a number's text as written
+}

@@ -52,10 +52,12 @@
 //    a failure of its member and goes to a member chosen by the policy (not the same
 //    one when another is eligible). A member that has work queued but pulled nothing
 //    for ack_wait is stalled: its queued work is moved to other members, each item a
-//    failure. Work queued on an ejected member's lane is moved too. Timers run on a
+//    failure. Timers run on a
 //    background thread (EngineOptions::manual_timers = false) or when RunTimers is
-//    called. A late ack of a redelivered message is accepted once (first ack wins);
-//    delivery is at least once.
+//    called. The first ack of any delivery of a message settles it (an old member's
+//    late ack included; a copy still queued is then skipped); delivery is at least
+//    once. Redelivery never takes the stream's mutex, so a nak or a timer run never
+//    waits for a publisher blocked on a full lane.
 //
 // Errors (absl::Status): InvalidArgument for bad names, subjects, patterns and
 // configuration values (the message names the value); AlreadyExists for a duplicate
@@ -132,7 +134,8 @@ struct ConsumerConfig {
   std::shared_ptr<SelectionPolicy> selection{};
   // Outlier ejection and load-metric settings of the member group.
   GroupOptions group{};
-  // Redeliver a delivery not acked within this time (explicit ack only); zero = never.
+  // Redeliver a delivery not acked within this time (explicit ack only); zero =
+  // never; at most 365 days.
   absl::Duration ack_wait = absl::ZeroDuration();
 };
 
@@ -280,7 +283,7 @@ struct ConsumerStats {
   std::string name;
   std::uint64_t delivered = 0;    // handed to members by Next / NextBatch
   std::uint64_t acked = 0;
-  std::uint64_t ack_pending = 0;  // delivered, not yet acked (explicit ack only)
+  std::uint64_t ack_pending = 0;  // deliveries out, not yet acked, nak'ed or expired
   std::uint64_t skipped = 0;      // queued but discarded by the stream before delivery
   std::uint64_t redelivered = 0;  // deliveries after an ack_wait expiry, nak or move
   std::uint64_t ack_timeouts = 0; // deliveries not acked within ack_wait
@@ -347,7 +350,7 @@ class Engine {
 
   // InvalidArgument for a bad name, filter, member count, lane capacity, group
   // options, a negative or infinite ack_wait, or a selection policy already used by
-  // another consumer; NotFound
+  // another consumer or built for another group size; NotFound
   // for an unknown stream; AlreadyExists for a taken name; Cancelled after Close().
   absl::StatusOr<Consumer> AddConsumer(const ConsumerConfig& config);
 

@@ -91,6 +91,7 @@ struct MemberLoadReport {
   double cpu = 0;
 };
 
+// Every duration below is at most 365 days (Validate).
 struct OutlierOptions {
   bool enabled = true;
   std::uint32_t consecutive_failures = 5;  // >= 1
@@ -181,6 +182,9 @@ class SelectionPolicy {
   virtual ~SelectionPolicy() = default;
   virtual std::string_view name() const = 0;
   virtual Selection Select(const Event& event, const SelectionView& view) = 0;
+  // InvalidArgument when the policy cannot serve a group of `members` (a policy
+  // built for a fixed size); the engine checks it in AddConsumer.
+  virtual absl::Status CheckGroupSize(std::uint32_t /*members*/) const { return absl::OkStatus(); }
 };
 
 class MemberGroup {
@@ -233,7 +237,8 @@ class MemberGroup {
     std::int64_t degraded_until_ns = 0;
     std::int64_t recover_until_ns = 0;
     std::int64_t last_ack_ns = 0;      // for the peak-EWMA decay
-    std::int64_t last_healthy_ns = 0;  // forget ejections after a long healthy spell
+    std::int64_t healthy_since_ns = 0;  // when it last became healthy
+    std::int64_t healthy_span_ns = 0;   // how long it stayed healthy before its last degrade
     std::uint64_t successes = 0;
     std::uint64_t failures = 0;
     // TopologyScore inputs: reported (if any) and measured in the current window.
@@ -343,8 +348,9 @@ class HashKey {
   static HashKey Tenant();
   // InvalidArgument for an empty name.
   static absl::StatusOr<HashKey> Header(std::string name);
-  // RFC 6901 JSON Pointer into a JSON payload; a string value hashes its text, any
-  // other value its JSON serialization. InvalidArgument for a malformed pointer.
+  // RFC 6901 JSON Pointer into a JSON payload; a string value hashes its text, a
+  // number its text as written, any other value its JSON serialization. A payload
+  // nested deeper than 128 levels has no key. InvalidArgument for a malformed pointer.
   static absl::StatusOr<HashKey> JsonPointer(std::string pointer);
 
   // The key bytes of `e` into *out; false when the event has no such key (empty
@@ -372,6 +378,7 @@ class ConsistentHashPolicy final : public SelectionPolicy {
       HashKey key, std::uint32_t members, std::uint32_t virtual_nodes = 160);
   std::string_view name() const override { return "consistent_hash"; }
   Selection Select(const Event& event, const SelectionView& view) override;
+  absl::Status CheckGroupSize(std::uint32_t members) const override;
   // The member the ring gives `key_bytes` when every member is eligible.
   std::uint32_t Owner(std::string_view key_bytes) const;
   std::uint64_t keyless() const { return keyless_; }
@@ -399,12 +406,14 @@ struct WeightedShadowOptions {
 class WeightedShadowPolicy final : public SelectionPolicy {
  public:
   // InvalidArgument when weights has not `members` entries, a weight is negative
-  // or not finite, no non-shadow member has a positive weight, a shadow index is
-  // out of range or repeated, or mirror_fraction is outside [0, 1].
+  // or not finite, the weights do not sum to a finite number, no non-shadow member
+  // has a positive weight, a shadow index is out of range or repeated, or
+  // mirror_fraction is outside [0, 1].
   static absl::StatusOr<std::unique_ptr<WeightedShadowPolicy>> Create(
       std::uint32_t members, WeightedShadowOptions options);
   std::string_view name() const override { return "weighted_shadow"; }
   Selection Select(const Event& event, const SelectionView& view) override;
+  absl::Status CheckGroupSize(std::uint32_t members) const override;
   const WeightedShadowOptions& options() const { return options_; }
 
  private:
@@ -428,6 +437,9 @@ class AffinityPolicy final : public SelectionPolicy {
   ~AffinityPolicy() override;
   std::string_view name() const override { return "affinity"; }
   Selection Select(const Event& event, const SelectionView& view) override;
+  absl::Status CheckGroupSize(std::uint32_t members) const override {
+    return inner_->CheckGroupSize(members);
+  }
   // Forgets `key_bytes` (e.g. when its sequence ends). True when it was known.
   bool Forget(std::string_view key_bytes);
   std::uint64_t moves() const { return moves_; }  // keys re-placed because their member left

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Turns bench_routing_peers JSON files (--benchmark_format=json; one per full run,
+"""Turns bench_routing JSON files (its BM_PubSub* benchmarks) (--benchmark_format=json; one per full run,
 each run may hold repetitions) into the Markdown tables of BENCHMARKS.md: for every
 benchmark the median over all repetitions of all runs, and for the throughput and
 the latency percentiles the range of the per-run medians (how much the runs agree),
 and the ratio of the reference inferq configuration (one stream, interest retention,
 no acks, NextBatch) to each row.
 
-usage: benchmarks/report_routing_peers.py run1.json run2.json run3.json
+usage: benchmarks/report_routing_peers.py run1.json [run2.json ...]
 """
 import collections
 import json
@@ -28,6 +28,8 @@ def main(paths):
             if b.get("run_type") == "aggregate":
                 continue
             name = re.sub(r"/(iterations:\d+|manual_time|real_time)", "", b["name"])
+            if not name.startswith("BM_PubSub"):
+                continue  # BM_Match, BM_Select: benchmarks/report_routing.py
             for c in COUNTERS:
                 if c in b:
                     per_file[name][c].append(b[c])

@@ -6,8 +6,9 @@
 // patterns, numbers it (sequence from 1) and keeps it under its limits. A *consumer*
 // of a stream is a group of *members*; each member has a lane (an MpmcRing of event
 // handles) and pulls from it with Next / NextBatch. Every captured event that matches
-// a consumer's filter goes to exactly one member of that consumer (round robin for
-// now), so N consumers of a stream each see the stream once, split over their members.
+// a consumer's filter and predicate goes to one member of that consumer, chosen by
+// its selection policy (plus a shadow copy with WeightedShadowPolicy), so N consumers
+// of a stream each see the stream once, split over their members.
 // The payload is never copied: all deliveries share one Event.
 //
 // Usage:

@@ -223,6 +223,7 @@ struct Shared {
   std::atomic<std::uint64_t> tokens_received{0};
   std::atomic<int> fatal{0};
   std::atomic<bool> done{false};  // the client has every token (or gave up)
+  std::atomic<std::uint32_t> reported{0};  // replicas that reported their load once
   std::atomic<std::uint64_t> redelivered_seen{0};  // events replicas got on attempt > 1
   std::atomic<std::int64_t> killed_at_wall_ns{0};
   std::atomic<std::size_t> killed_holding{0};
@@ -359,13 +360,17 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
   // the time of its next decode step (rt, ms) and batch occupancy (cpu).
   const double full_step_us = o.decode_base_ms * 1000 + o.decode_us_per_seq * o.max_batch;
   auto report = [&] {
-    const double n = static_cast<double>(active.size() + migrated.size() + waiting.size());
+    // Sequences whose KV cache is here (running, or a decode step on its way back)
+    // plus requests waiting for a slot.
+    const double n = static_cast<double>(kv.size() + migrated.size() + waiting.size());
     (void)in.ReportLoad({.qps = o.max_batch * 1e6 / full_step_us,
                          .rt_ms = (o.decode_base_ms * 1000 + o.decode_us_per_seq * n) / 1000,
                          .hop = 0,
                          .cpu = std::min(1.0, n / o.max_batch)});
   };
 
+  report();
+  sh.reported.fetch_add(1, std::memory_order_release);
   while (!sh.done.load(std::memory_order_acquire)) {
     report();
     if (doomed && vt >= kill_at_us) {
@@ -655,6 +660,9 @@ int main(int argc, char** argv) {
       std::fflush(stderr);
     }
   });
+
+  // Every replica has reported its load once before the first request is placed.
+  while (sh.reported.load(std::memory_order_acquire) < opt.replicas) std::this_thread::yield();
 
   // The client's publishing side: each request at its arrival time.
   for (std::size_t i = 0; i < trace.size(); ++i) {

@@ -321,6 +321,7 @@ absl::Status MemberGroup::ReportLoad(std::uint32_t m, const MemberLoadReport& r)
   Member& mem = members_[m];
   std::lock_guard lock(mem.mu);
   mem.reported = true;
+  mem.report_ns = clock_->NowNanos();
   mem.report = r;
   return absl::OkStatus();
 }
@@ -338,7 +339,8 @@ void MemberGroup::Refresh(std::int64_t now) {
     Member& mem = members_[i];
     std::lock_guard lock(mem.mu);
     MemberLoadReport x;
-    if (mem.reported) {
+    mem.report_fresh = mem.reported && now - mem.report_ns <= 2 * absl::ToInt64Nanoseconds(options_.refresh_interval);
+    if (mem.report_fresh) {
       x = mem.report;
     } else {
       x.qps = window_s > 0 ? static_cast<double>(mem.window_acks) / window_s : 0;
@@ -366,6 +368,8 @@ void MemberGroup::Refresh(std::int64_t now) {
     max_cpu = std::max(max_cpu, mem.smoothed.cpu);
   }
   auto norm = [](double v, double mx) { return mx > 0 ? v / mx : 0.0; };
+  double informed_sum = 0;
+  std::uint32_t informed = 0;
   for (std::uint32_t i = 0; i < size_; ++i) {
     Member& mem = members_[i];
     std::lock_guard lock(mem.mu);
@@ -373,10 +377,27 @@ void MemberGroup::Refresh(std::int64_t now) {
     // A member that reports qps 0 serves nothing: the worst qps term, 1. A measured
     // member with no acks yet is unknown, not slow: term 0 (else an idle member would
     // never get the work that would show its rate).
-    const double inv_term = s.qps > 0 ? norm(1.0 / s.qps, max_inv) : (mem.reported ? 1.0 : 0.0);
+    const bool busy = mem.outstanding.load(std::memory_order_relaxed) > 0;
+    const double inv_term =
+        s.qps > 0 ? norm(1.0 / s.qps, max_inv) : (mem.report_fresh || busy ? 1.0 : 0.0);
     const double score = 0.4 * inv_term + 0.3 * norm(s.rt_ms, max_rt) +
                          0.2 * norm(s.hop, max_hop) + 0.1 * norm(s.cpu, max_cpu);
     mem.score.store(score, std::memory_order_relaxed);
+    if (mem.reported || mem.successes > 0) {
+      informed_sum += score;
+      ++informed;
+    }
+  }
+  // A member with nothing known yet (no report, no ack) is scored as the average
+  // informed member: neither a magnet (score ~0 next to members that report) nor
+  // shunned.
+  if (informed > 0 && informed < size_) {
+    const double mean = informed_sum / informed;
+    for (std::uint32_t i = 0; i < size_; ++i) {
+      Member& mem = members_[i];
+      std::lock_guard lock(mem.mu);
+      if (!mem.reported && mem.successes == 0) mem.score.store(mean, std::memory_order_relaxed);
+    }
   }
   if (!lat.empty()) {
     std::nth_element(lat.begin(), lat.begin() + static_cast<std::ptrdiff_t>(lat.size() / 2), lat.end());

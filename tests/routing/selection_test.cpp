@@ -570,3 +570,18 @@ TEST_CASE("bad sizes and sums are rejected: long durations, infinite weight sums
   REQUIRE(key->Extract(e, &out));
   CHECK(out == "1.50");  // a number's text as written
 }
+
+// Found by the README trial: at --speed 0 the example's replicas that had not
+// reported yet scored ~0 next to reporting ones (0.4+), and took nearly all work.
+TEST_CASE("topology score gives a member with nothing known the mean of the others") {
+  ManualClock clock(1);
+  auto g = Group(3, &clock);
+  REQUIRE(g->ReportLoad(0, {.qps = 100, .rt_ms = 10, .hop = 0, .cpu = 0.5}).ok());
+  REQUIRE(g->ReportLoad(1, {.qps = 50, .rt_ms = 20, .hop = 1, .cpu = 1.0}).ok());
+  inferq::TopologyScorePolicy p;
+  g->Select(p, {});
+  const auto s = g->Stats();
+  CHECK(s.members[0].score == Approx(0.4).epsilon(1e-12));
+  CHECK(s.members[1].score == Approx(1.0).epsilon(1e-12));
+  CHECK(s.members[2].score == Approx(0.7).epsilon(1e-12));
+}

@@ -243,6 +243,8 @@ class MemberGroup {
     std::uint64_t failures = 0;
     // TopologyScore inputs: reported (if any) and measured in the current window.
     bool reported = false;
+    std::int64_t report_ns = 0;  // when it last reported
+    bool report_fresh = false;   // as of the last refresh
     MemberLoadReport report{};
     std::uint64_t window_acks = 0;
     double window_latency_ms_sum = 0;
@@ -326,9 +328,13 @@ class PeakEwmaPolicy final : public SelectionPolicy {
 // metric is smoothed by an EWMA (alpha GroupOptions::ewma_alpha = 0.85), refreshed
 // every GroupOptions::refresh_interval (500 ms). Metrics come from ReportLoad, or,
 // for a member that never reported, from the engine's measurements: qps = acks per
-// second in the last window (a measured qps of 0 gives the qps term 0: unknown, not
-// slow; a reported 0 gives the worst term, 1), rt = mean ack latency in the window,
-// hop = 0, cpu = outstanding / max outstanding in the group. Lowest score wins; to avoid sending
+// second in the last window (a measured qps of 0 gives the qps term 0 when the member
+// has no work outstanding — unknown, not slow — and the worst term, 1, when work
+// waits on it; a reported 0 gives 1), rt = mean ack latency in the window,
+// hop = 0, cpu = outstanding / max outstanding in the group. A member with nothing
+// known yet (no report, no ack) gets the mean score of the members that have data.
+// A report older than two refresh intervals is ignored: a member that stopped
+// reporting (crashed) is judged by what the engine measures. Lowest score wins; to avoid sending
 // a whole refresh interval of work to one member, the pick uses (score + 0.01) x
 // (outstanding + 1) / weight, Finagle's pending multiplier — with equal load it is
 // exactly lowest-score-wins.

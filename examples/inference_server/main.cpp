@@ -732,8 +732,8 @@ int main(int argc, char** argv) {
   for (const auto& m : rs->members) per_replica += " " + std::to_string(m.delivered);
   std::printf("  routing    affinity(seq_id) over %s; events per replica:%s\n", opt.policy.c_str(),
               per_replica.c_str());
-  std::printf("             %llu redelivered (%llu ack_wait expiries, %llu moved off a stalled or "
-              "ejected replica), %llu ejections, %llu sequences moved to another replica\n",
+  std::printf("             %llu redelivered (%llu ack_wait expiries, %llu moved off a stalled "
+              "replica), %llu ejections, %llu sequences moved to another replica\n",
               static_cast<unsigned long long>(rs->redelivered),
               static_cast<unsigned long long>(rs->ack_timeouts),
               static_cast<unsigned long long>(rs->moved),

@@ -289,7 +289,7 @@ struct ConsumerStats {
   std::uint64_t redelivered = 0;  // deliveries after an ack_wait expiry, nak or move
   std::uint64_t ack_timeouts = 0; // deliveries not acked within ack_wait
   std::uint64_t naks = 0;
-  std::uint64_t moved = 0;        // queued items moved off a stalled or ejected member
+  std::uint64_t moved = 0;        // queued items moved off a stalled member
   std::uint64_t late_acks = 0;    // acks after another delivery of the message won (no-ops)
   std::uint64_t mirrored = 0;     // shadow copies queued (WeightedShadowPolicy)
   std::uint64_t shadow_acked = 0;
@@ -367,7 +367,7 @@ class Engine {
   void Close();
 
   // Runs due timers now: redelivers deliveries whose ack_wait expired, moves work
-  // off stalled and ejected members. The background thread calls it every
+  // off stalled members. The background thread calls it every
   // min(ack_wait) / 4 (1 ms .. 100 ms); with manual_timers, tests call it.
   void RunTimers();
 

@@ -42,6 +42,7 @@
 
 #include <mimalloc.h>
 
+#include "bench_util.hpp"
 #include "inferq/base/histogram.hpp"
 #include "inferq/memory/fixed_pool.hpp"
 #include "inferq/ring/mpmc_ring.hpp"
@@ -221,18 +222,8 @@ void BM_RoundTrip(benchmark::State& state) {
   benchmark::DoNotOptimize(v);
 }
 
-std::int64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
-
-double ProcessCpuSeconds() {
-  rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
+using inferq_bench::NowNs;
+using inferq_bench::ProcessCpuSeconds;
 
 // One producer at 50,000 items/s for 2 s, 4 consumers; items are enqueue timestamps.
 template <class Q>

@@ -83,6 +83,7 @@
 #include <zmq.h>
 
 #include "absl/time/time.h"
+#include "bench_util.hpp"
 #include "inferq/base/histogram.hpp"
 #include "inferq/engine/engine.hpp"
 #include "inferq/event/event.hpp"
@@ -113,18 +114,8 @@ struct Payload {
 };
 static_assert(sizeof(Payload) == 64);
 
-std::int64_t NowNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
-
-double ProcessCpuSeconds() {
-  rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
-}
+using inferq_bench::NowNs;
+using inferq_bench::ProcessCpuSeconds;
 
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "bench_routing_peers: %s\n", what.c_str());

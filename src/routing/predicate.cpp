@@ -527,6 +527,25 @@ void LeaveParseLevel() { --t_parse_depth; }
 
 std::uint64_t PayloadParsesOnThisThread() { return t_payload_parses; }
 
+absl::Status ValidateJsonPointer(std::string_view pointer) {
+  return ParsePointer(pointer).status();
+}
+
+std::optional<std::string> JsonPointerText(std::string_view payload, std::string_view pointer) {
+  absl::StatusOr<std::vector<PointerToken>> tokens = ParsePointer(pointer);
+  if (!tokens.ok()) return std::nullopt;
+  JsonDocument doc;
+  if (ParseJson(payload, doc).status != ParseStatus::kOk) return std::nullopt;
+  const JsonValue* v = Resolve(doc, *tokens);
+  if (v == nullptr) return std::nullopt;
+  if (v->IsString()) return std::string(v->GetString(), v->GetStringLength());
+  // The parse bounded the nesting, so the writer's recursion is bounded too.
+  rapidjson::StringBuffer sb;
+  rapidjson::Writer<rapidjson::StringBuffer> w(sb);
+  v->Accept(w);
+  return std::string(sb.GetString(), sb.GetSize());
+}
+
 namespace {
 
 // ---------------------------------------------------------------------------------------

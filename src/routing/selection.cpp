@@ -11,10 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "inferq/base/error.hpp"
-#include "rapidjson/document.h"
-#include "rapidjson/pointer.h"
-#include "rapidjson/stringbuffer.h"
-#include "rapidjson/writer.h"
+#include "predicate_internal.hpp"
 
 namespace inferq {
 
@@ -633,11 +630,8 @@ absl::StatusOr<HashKey> HashKey::Header(std::string name) {
 }
 
 absl::StatusOr<HashKey> HashKey::JsonPointer(std::string pointer) {
-  rapidjson::Pointer p(pointer.data(), pointer.size());
-  if (!p.IsValid()) {
-    return absl::InvalidArgumentError("hash key JSON pointer " + QuoteValue(pointer) +
-                                      " is not a valid RFC 6901 pointer (error at byte " +
-                                      std::to_string(p.GetParseErrorOffset()) + ")");
+  if (absl::Status st = predicate_internal::ValidateJsonPointer(pointer); !st.ok()) {
+    return absl::InvalidArgumentError("hash key: " + std::string(st.message()));
   }
   return HashKey(Kind::kJsonPointer, std::move(pointer));
 }
@@ -659,44 +653,10 @@ bool HashKey::Extract(const Event& e, std::string* out) const {
       return true;
     }
     case Kind::kJsonPointer: {
-      const auto* data = reinterpret_cast<const char*>(e.payload.data());
-      // RapidJSON's parser and writer recurse once per nesting level: a payload
-      // nested deeper than 128 levels has no key (it would otherwise exhaust the
-      // stack). Brackets inside strings do not count.
-      {
-        int depth = 0;
-        bool in_string = false;
-        for (std::size_t i = 0; i < e.payload.size(); ++i) {
-          const char ch = data[i];
-          if (in_string) {
-            if (ch == '\\') {
-              ++i;
-            } else if (ch == '"') {
-              in_string = false;
-            }
-          } else if (ch == '"') {
-            in_string = true;
-          } else if (ch == '[' || ch == '{') {
-            if (++depth > 128) return false;
-          } else if (ch == ']' || ch == '}') {
-            --depth;
-          }
-        }
-      }
-      rapidjson::Document doc;
-      // Numbers stay text (RapidJSON 1.1.0 misreads some; their text is the key).
-      doc.Parse<rapidjson::kParseNumbersAsStringsFlag>(data, e.payload.size());
-      if (doc.HasParseError()) return false;
-      const rapidjson::Value* v = rapidjson::Pointer(arg_.data(), arg_.size()).Get(doc);
-      if (v == nullptr) return false;
-      if (v->IsString()) {
-        out->assign(v->GetString(), v->GetStringLength());
-      } else {
-        rapidjson::StringBuffer sb;
-        rapidjson::Writer<rapidjson::StringBuffer> w(sb);
-        v->Accept(w);
-        out->assign(sb.GetString(), sb.GetSize());
-      }
+      std::optional<std::string> text = predicate_internal::JsonPointerText(
+          std::string_view(reinterpret_cast<const char*>(e.payload.data()), e.payload.size()), arg_);
+      if (!text) return false;
+      *out = *std::move(text);
       return true;
     }
   }

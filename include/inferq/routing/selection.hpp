@@ -354,9 +354,10 @@ class HashKey {
   static HashKey Tenant();
   // InvalidArgument for an empty name.
   static absl::StatusOr<HashKey> Header(std::string name);
-  // RFC 6901 JSON Pointer into a JSON payload; a string value hashes its text, a
-  // number its text as written, any other value its JSON serialization. A payload
-  // nested deeper than 128 levels has no key. InvalidArgument for a malformed pointer.
+  // RFC 6901 JSON Pointer into a JSON payload, read as Predicate reads payloads: a
+  // string value hashes its text, any other value its JSON serialization (1.50 and
+  // 1.5 are one key). A payload nested deeper than Predicate::kMaxJsonDepth levels
+  // has no key. InvalidArgument (naming the pointer) for a malformed pointer.
   static absl::StatusOr<HashKey> JsonPointer(std::string pointer);
 
   // The key bytes of `e` into *out; false when the event has no such key (empty

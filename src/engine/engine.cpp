@@ -6,6 +6,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <mutex>
@@ -119,6 +121,18 @@ struct Pending {
   std::int64_t deadline_ns = 0;
 };
 
+// A timer of a consumer: an ack_wait expiry of delivery `attempt` of message `seq`
+// (tracked consumers), or a delayed redelivery (Nak with a delay) of `d`.
+struct Timer {
+  std::int64_t due_ns = 0;
+  std::uint64_t seq = 0;
+  std::uint32_t attempt = 0;
+  std::optional<Delivery> redeliver;  // set: a delayed redelivery
+};
+struct TimerLater {
+  bool operator()(const Timer& a, const Timer& b) const { return a.due_ns > b.due_ns; }
+};
+
 struct ConsumerState {
   ConsumerConfig config;
   std::optional<SubjectPattern> filter;  // nullopt: every event of the stream
@@ -132,25 +146,85 @@ struct ConsumerState {
   std::mutex select_mu;
   std::shared_ptr<SelectionPolicy> policy;
   std::unique_ptr<MemberGroup> group;
-  bool tracked = false;                     // ack_wait > 0 and explicit acks
+  bool tracked = false;                     // explicit acks with ack_wait or backoff
   std::int64_t ack_wait_ns = 0;
+  std::vector<std::int64_t> backoff_ns;     // empty: ack_wait_ns for every delivery
+  std::int64_t max_deliver = -1;
+  std::int64_t max_ack_pending = -1;
+  // Publishes a dead letter without waiting (set by the Engine).
+  std::function<absl::Status(Event)> publish_dead_letter;
+  // Asks the timer thread to run by `due_ns` (engine clock); set by the Engine.
+  std::function<void(std::int64_t)> wake_timer;
+
+  // The ack wait of delivery `attempt` (1-based): ack_wait, or the backoff list.
+  std::int64_t AckWaitFor(std::uint32_t attempt) const {
+    if (backoff_ns.empty()) return ack_wait_ns;
+    return backoff_ns[std::min<std::size_t>(attempt, backoff_ns.size()) - 1];
+  }
+  // True when a failure of delivery `attempt` ends the message (max_deliver).
+  bool LastAttempt(std::uint32_t attempt) const {
+    return max_deliver > 0 && static_cast<std::int64_t>(attempt) >= max_deliver;
+  }
 
   // Deliveries awaiting an ack (tracked consumers), keyed by stream sequence, and
-  // their deadlines in delivery order (ack_wait is fixed, so that order is the
-  // deadline order); entries whose delivery was settled are skipped lazily.
+  // timers (ack_wait deadlines and delayed redeliveries) in a min-heap by due time;
+  // timers whose delivery was settled or restarted are skipped when they come due.
   std::mutex pending_mu;
   absl::flat_hash_map<std::uint64_t, Pending> pending;       // guarded by pending_mu
-  std::deque<std::tuple<std::int64_t, std::uint64_t, std::uint32_t>> deadlines;  // (deadline, seq, attempt)
+  std::vector<Timer> timers;                                 // heap; pending_mu
   std::deque<Delivery> parked;  // redeliveries every lane refused (full); pending_mu
   std::atomic<bool> has_parked{false};  // parked is not empty (read without the lock)
+  std::atomic<bool> has_timers{false};  // timers is not empty (read without the lock)
+
+  void AddTimer(Timer t) {  // requires pending_mu
+    timers.push_back(std::move(t));
+    std::push_heap(timers.begin(), timers.end(), TimerLater{});
+    has_timers.store(true, std::memory_order_relaxed);
+  }
+
+  // max_ack_pending: pullers wait on slot_cv while `unsettled` is at the limit.
+  std::mutex slot_mu;
+  std::condition_variable slot_cv;
+  std::atomic<bool> closing{false};
 
   alignas(kCacheLineSize) std::atomic<std::uint64_t> acked{0};
   std::atomic<std::uint64_t> skipped{0};
   std::atomic<std::uint64_t> redelivered{0}, ack_timeouts{0}, naks{0}, moved{0},
-      late_acks{0}, mirrored{0}, shadow_acked{0};
+      late_acks{0}, mirrored{0}, shadow_acked{0}, terminated{0}, dead_letters{0},
+      dead_letters_lost{0}, dropped{0}, overflow_rejected{0}, parked_total{0};
   // Explicit-ack deliveries handed out and not yet settled (ack, nak, expiry).
   std::atomic<std::int64_t> unsettled{0};
   Histogram ack_latency_ns;
+
+  // Takes one max_ack_pending slot, waiting until `deadline_ns` (steady) for one.
+  // False on timeout or close.
+  bool ReserveSlot(std::int64_t deadline_ns) {
+    std::int64_t cur = unsettled.load(std::memory_order_relaxed);
+    for (;;) {
+      while (cur < max_ack_pending) {
+        if (unsettled.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) return true;
+      }
+      std::unique_lock lock(slot_mu);
+      cur = unsettled.load(std::memory_order_acquire);
+      if (cur < max_ack_pending) continue;
+      if (closing.load(std::memory_order_acquire)) return false;
+      if (deadline_ns <= SteadyClock::Now()) return false;
+      if (deadline_ns == kNoDeadline) {
+        slot_cv.wait(lock);
+      } else {
+        slot_cv.wait_for(lock, std::chrono::nanoseconds(deadline_ns - SteadyClock::Now()));
+      }
+      cur = unsettled.load(std::memory_order_acquire);
+    }
+  }
+  // A delivery was settled (or a reserved slot not used).
+  void Unsettle() {
+    unsettled.fetch_sub(1, std::memory_order_acq_rel);
+    if (max_ack_pending > 0) {
+      std::lock_guard lock(slot_mu);  // no lost wake-up between check and wait
+      slot_cv.notify_all();
+    }
+  }
 };
 
 struct StreamState {
@@ -255,8 +329,9 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
       const bool ok = pass == 0 ? (m != exclude && !ejected[m]) : pass == 1 ? !ejected[m] : true;
       if (!ok) continue;
       c.group->OnQueued(m);
+      const bool redelivery = d.attempt > 1;  // else a first delivery that was parked
       if (c.lanes[m]->ring.try_push(std::move(d))) {
-        c.redelivered.fetch_add(1, std::memory_order_relaxed);
+        if (redelivery) c.redelivered.fetch_add(1, std::memory_order_relaxed);
         return;
       }
       c.group->OnDone(m, Outcome::kDropped, 0);
@@ -265,6 +340,7 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
   if (c.lanes.front()->ring.closed()) return;  // the engine is closing: nobody will pull
   std::lock_guard lock(c.pending_mu);
   c.parked.push_back(std::move(d));
+  c.parked_total.fetch_add(1, std::memory_order_relaxed);
   c.has_parked.store(true, std::memory_order_release);
 }
 
@@ -278,6 +354,58 @@ void RetryParked(ConsumerState& c) {
     c.has_parked.store(false, std::memory_order_release);
   }
   for (Delivery& d : parked) Redeliver(c, std::move(d), kNoMember);
+}
+
+// Message `h` is done for consumer `c` without an ack (dead-lettered, or dropped by
+// drop-oldest): under interest retention the stream stops waiting for this consumer.
+void SettleWithoutAck(ConsumerState& c, StoredMessage& h) {
+  StreamState* stream = h.stream;
+  if (c.config.ack == AckPolicy::kExplicit &&
+      stream->config.retention == RetentionPolicy::kInterest &&
+      h.pending_acks.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    stream->Retire(h, kDone);
+  }
+}
+
+// Gives message `h` up after delivery `attempt`: a copy goes to the consumer's
+// dead-letter subject with the reason headers (kDeadLetterReasonHeader, ...).
+void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
+                std::string_view reason, std::string_view description) {
+  c.dead_letters.fetch_add(1, std::memory_order_relaxed);
+  SettleWithoutAck(c, *h);
+  if (c.config.dead_letter_subject.empty() || !c.publish_dead_letter) {
+    c.dead_letters_lost.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  Event e = *h->event;  // shares the payload Buffer
+  e.headers.Set(std::string(kOriginalSubjectHeader), std::move(e.subject));
+  e.subject = c.config.dead_letter_subject;
+  e.headers.Set(std::string(kDeadLetterReasonHeader), std::string(reason));
+  if (!description.empty()) {
+    e.headers.Set(std::string(kDeadLetterDescriptionHeader), std::string(description));
+  }
+  e.headers.Set(std::string(kDeliveryCountHeader), std::to_string(attempt));
+  e.headers.Set(std::string(kStreamHeader), c.config.stream);
+  e.headers.Set(std::string(kConsumerHeader), c.config.name);
+  e.headers.Set(std::string(kStreamSeqHeader), std::to_string(h->seq));
+  e.attempt = attempt;
+  if (!c.publish_dead_letter(std::move(e)).ok()) {
+    c.dead_letters_lost.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+// A delivery queued on lane `m` was dropped to make room (OverflowPolicy::kDropOldest).
+void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d) {
+  c.group->OnDone(m, Outcome::kDropped, 0);
+  c.dropped.fetch_add(1, std::memory_order_relaxed);
+  if (d.shadow) return;
+  if (c.tracked && d.attempt > 1) {
+    std::lock_guard lock(c.pending_mu);
+    auto it = c.pending.find(d.h->seq);
+    if (it == c.pending.end() || it->second.attempt != d.attempt) return;  // settled already
+    c.pending.erase(it);
+  }
+  SettleWithoutAck(c, *d.h);
 }
 
 }  // namespace engine_internal
@@ -334,8 +462,19 @@ const Event& Message::event() const { return *msg_->event; }
 std::uint64_t Message::stream_seq() const { return msg_ ? msg_->seq : 0; }
 std::int64_t Message::publish_time_ns() const { return msg_ ? msg_->publish_ns : 0; }
 
-absl::Status Message::Ack() { return Settle(true); }
-absl::Status Message::Nak() { return Settle(false); }
+absl::Status Message::Ack() { return Settle(Settlement::kAck, 0, {}); }
+
+absl::Status Message::Nak(absl::Duration delay) {
+  if (delay < absl::ZeroDuration() || delay > absl::Hours(24 * 365)) {
+    return absl::InvalidArgumentError("Nak delay " + absl::FormatDuration(delay) +
+                                      " is invalid (zero for at once, or up to 365 days)");
+  }
+  return Settle(Settlement::kNak, absl::ToInt64Nanoseconds(delay), {});
+}
+
+absl::Status Message::Term(std::string_view description) {
+  return Settle(Settlement::kTerm, 0, description);
+}
 
 absl::Status Message::InProgress() {
   if (msg_ == nullptr) return absl::FailedPreconditionError("cannot mark an empty Message in progress");
@@ -346,21 +485,22 @@ absl::Status Message::InProgress() {
   }
   if (acked_) {
     return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) + " of stream '" +
-                                         c.config.stream + "' was already acked or nak'ed by consumer '" +
+                                         c.config.stream + "' was already settled by consumer '" +
                                          c.config.name + "'");
   }
   if (!c.tracked || shadow_) return absl::OkStatus();
-  const std::int64_t deadline = engine_internal::SatAdd(c.clock->NowNanos(), c.ack_wait_ns);
+  const std::int64_t deadline =
+      engine_internal::SatAdd(c.clock->NowNanos(), c.AckWaitFor(attempt_));
   std::lock_guard lock(c.pending_mu);
   auto it = c.pending.find(msg_->seq);
   if (it == c.pending.end() || it->second.attempt != attempt_) return absl::OkStatus();  // already redelivered
   it->second.deadline_ns = deadline;
-  c.deadlines.emplace_back(deadline, msg_->seq, attempt_);
+  c.AddTimer({deadline, msg_->seq, attempt_, std::nullopt});
   return absl::OkStatus();
 }
 
-absl::Status Message::Settle(bool ok) {
-  const char* verb = ok ? "ack" : "nak";
+absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_view description) {
+  const char* verb = how == Settlement::kAck ? "ack" : how == Settlement::kNak ? "nak" : "term";
   if (msg_ == nullptr) {
     return absl::FailedPreconditionError(std::string("cannot ") + verb + " an empty Message");
   }
@@ -373,13 +513,13 @@ absl::Status Message::Settle(bool ok) {
   if (acked_) {
     return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) +
                                          " of stream '" + cfg.stream +
-                                         "' was already acked or nak'ed by consumer '" +
+                                         "' was already settled (ack, nak or term) by consumer '" +
                                          cfg.name + "'");
   }
-  if (!ok && shadow_) {
+  if (how != Settlement::kAck && shadow_) {
     return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) +
                                          " is a shadow copy for consumer '" + cfg.name +
-                                         "'; shadow copies are acked, not nak'ed");
+                                         "'; shadow copies are acked, not " + verb + "'ed");
   }
   acked_ = true;
   const std::int64_t now = c.clock->NowNanos();
@@ -389,48 +529,85 @@ absl::Status Message::Settle(bool ok) {
     c.shadow_acked.fetch_add(1, std::memory_order_relaxed);
     return absl::OkStatus();
   }
-  if (!ok) c.naks.fetch_add(1, std::memory_order_relaxed);
+  if (how == Settlement::kNak) c.naks.fetch_add(1, std::memory_order_relaxed);
+  if (how == Settlement::kTerm) c.terminated.fetch_add(1, std::memory_order_relaxed);
   if (c.tracked) {
     std::unique_lock lock(c.pending_mu);
     auto it = c.pending.find(msg_->seq);
     if (it == c.pending.end()) {
       // Settled by another delivery of the same message: the first ack won, and
       // this delivery's work was already accounted for when it timed out.
-      c.late_acks.fetch_add(ok ? 1 : 0, std::memory_order_relaxed);
+      c.late_acks.fetch_add(how == Settlement::kAck ? 1 : 0, std::memory_order_relaxed);
       return absl::OkStatus();
     }
     if (it->second.attempt != attempt_) {
       // An older delivery that timed out answers while a newer one is queued or
       // out: the first ack wins. A queued copy is skipped when pulled; one that is
-      // out is dropped from its member's load and its later ack is a no-op.
-      if (!ok) return absl::OkStatus();
+      // out is dropped from its member's load and its later ack is a no-op. A nak or
+      // term of the old delivery changes nothing: the newer one decides.
+      if (how != Settlement::kAck) return absl::OkStatus();
       if (it->second.member != kNoMember) {
         c.group->OnDone(it->second.member, Outcome::kDropped, 0);
-        c.unsettled.fetch_sub(1, std::memory_order_relaxed);
+        c.Unsettle();
       }
       c.pending.erase(it);
     } else {
-      c.unsettled.fetch_sub(1, std::memory_order_relaxed);
-      if (!ok) {
+      c.Unsettle();
+      if (how != Settlement::kAck) {
+        if (how == Settlement::kTerm || c.LastAttempt(attempt_)) {
+          c.pending.erase(it);
+          lock.unlock();
+          c.group->OnDone(member_, how == Settlement::kTerm ? Outcome::kDropped : Outcome::kFailure,
+                          latency);
+          engine_internal::DeadLetter(c, msg_, attempt_,
+                                      how == Settlement::kTerm ? "term" : "max_deliver", description);
+          return absl::OkStatus();
+        }
         // Queued again for the next attempt; an ack of this delivery still wins.
         it->second.member = kNoMember;
         it->second.attempt = attempt_ + 1;
         it->second.deadline_ns = INT64_MAX;
+        engine_internal::Delivery next{msg_, attempt_ + 1, false};
+        if (delay_ns > 0) {
+          const std::int64_t due = engine_internal::SatAdd(now, delay_ns);
+          c.AddTimer({due, msg_->seq, attempt_ + 1, std::move(next)});
+          lock.unlock();
+          c.group->OnDone(member_, Outcome::kFailure, latency);
+          if (c.wake_timer) c.wake_timer(due);
+          return absl::OkStatus();
+        }
         lock.unlock();
         c.group->OnDone(member_, Outcome::kFailure, latency);
-        engine_internal::Redeliver(c, {msg_, attempt_ + 1, false}, member_);
+        engine_internal::Redeliver(c, std::move(next), member_);
         return absl::OkStatus();
       }
       c.pending.erase(it);
       c.group->OnDone(member_, Outcome::kSuccess, latency);
     }
   } else {
-    c.unsettled.fetch_sub(1, std::memory_order_relaxed);
-    c.group->OnDone(member_, ok ? Outcome::kSuccess : Outcome::kFailure, latency);
-    if (!ok) {
-      engine_internal::Redeliver(c, {msg_, attempt_ + 1, false}, member_);
+    c.Unsettle();
+    if (how != Settlement::kAck) {
+      c.group->OnDone(member_, how == Settlement::kTerm ? Outcome::kDropped : Outcome::kFailure,
+                      latency);
+      if (how == Settlement::kTerm || c.LastAttempt(attempt_)) {
+        engine_internal::DeadLetter(c, msg_, attempt_,
+                                    how == Settlement::kTerm ? "term" : "max_deliver", description);
+        return absl::OkStatus();
+      }
+      engine_internal::Delivery next{msg_, attempt_ + 1, false};
+      if (delay_ns > 0) {
+        const std::int64_t due = engine_internal::SatAdd(now, delay_ns);
+        {
+          std::lock_guard lock(c.pending_mu);
+          c.AddTimer({due, msg_->seq, attempt_ + 1, std::move(next)});
+        }
+        if (c.wake_timer) c.wake_timer(due);
+        return absl::OkStatus();
+      }
+      engine_internal::Redeliver(c, std::move(next), member_);
       return absl::OkStatus();
     }
+    c.group->OnDone(member_, Outcome::kSuccess, latency);
   }
   c.acked.fetch_add(1, std::memory_order_relaxed);
   c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
@@ -448,6 +625,26 @@ absl::Status Message::Settle(bool ok) {
 absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
   ConsumerState& c = *consumer_;
   Lane& lane = *c.lanes[index_];
+  // max_ack_pending: take a slot before pulling, so that no more than the limit is
+  // ever out; it is given back when the pull ends without a countable delivery.
+  const bool limited = c.max_ack_pending > 0 && c.config.ack == AckPolicy::kExplicit;
+  if (limited && !c.ReserveSlot(deadline_ns)) {
+    if (c.closing.load(std::memory_order_acquire) && lane.ring.size_approx() == 0) {
+      return absl::CancelledError("engine closed: consumer '" + consumer_->config.name +
+                                  "' member " + std::to_string(index_) + " is drained");
+    }
+    return absl::DeadlineExceededError(
+        "consumer '" + c.config.name + "' has max_ack_pending " +
+        std::to_string(c.max_ack_pending) + " deliveries unacknowledged; member " +
+        std::to_string(index_) + " got no message before the timeout");
+  }
+  struct SlotGuard {
+    ConsumerState* c;
+    bool held;
+    ~SlotGuard() {
+      if (held) c->Unsettle();
+    }
+  } slot{&c, limited};
   engine_internal::Delivery d;
   for (;;) {
     if (!lane.ring.pop_until(d, deadline_ns)) {
@@ -482,7 +679,7 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
     }
     if (c.tracked && !d.shadow) {
       std::lock_guard lock(c.pending_mu);
-      const std::int64_t deadline = engine_internal::SatAdd(now, c.ack_wait_ns);
+      const std::int64_t deadline = engine_internal::SatAdd(now, c.AckWaitFor(d.attempt));
       if (d.attempt == 1) {
         c.pending.insert_or_assign(h->seq, engine_internal::Pending{h, index_, 1, deadline});
       } else {
@@ -498,14 +695,18 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
         it->second.member = index_;
         it->second.deadline_ns = deadline;
       }
-      c.deadlines.emplace_back(deadline, h->seq, d.attempt);
+      c.AddTimer({deadline, h->seq, d.attempt, std::nullopt});
     }
     lane.delivered.fetch_add(1, std::memory_order_relaxed);
     lane.deliver_latency_ns.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, now - h->publish_ns)));
     if (c.config.ack == AckPolicy::kNone) {
       c.group->OnDone(index_, Outcome::kSuccess, 0);
     } else if (!d.shadow) {
-      c.unsettled.fetch_add(1, std::memory_order_relaxed);
+      if (slot.held) {
+        slot.held = false;  // the reserved slot is this delivery's
+      } else {
+        c.unsettled.fetch_add(1, std::memory_order_relaxed);
+      }
     }
     out.msg_ = std::move(h);
     out.consumer_ = consumer_;
@@ -624,11 +825,26 @@ struct Engine::Impl {
   std::condition_variable timer_cv;
   bool timer_stop = false;                       // guarded by timer_mu
   std::int64_t timer_interval_ns = 100'000'000;  // guarded by timer_mu
+  std::int64_t timer_wake_steady_ns = INT64_MAX;  // an earlier run asked for; timer_mu
   std::thread timer;                             // started under config_mu
   std::mutex run_timers_mu;                      // one RunTimers at a time
   // Per lane, what the timer saw last: (delivered count, since when unchanged while
   // items were queued). Guarded by run_timers_mu.
   absl::flat_hash_map<const Lane*, std::pair<std::uint64_t, std::int64_t>> stall_marks;
+
+  // Asks the timer thread to run by `due_ns` (engine clock). No-op with manual timers.
+  void WakeTimer(std::int64_t due_ns) {
+    if (manual_timers) return;
+    const std::int64_t delta = std::max<std::int64_t>(0, due_ns - clock->NowNanos());
+    const std::int64_t now = SteadyClock::Now();
+    const std::int64_t at = delta > INT64_MAX - now ? INT64_MAX : now + delta;
+    {
+      std::lock_guard lock(timer_mu);
+      if (at >= timer_wake_steady_ns) return;
+      timer_wake_steady_ns = at;
+    }
+    timer_cv.notify_all();
+  }
 
   StreamState* FindStream(std::string_view name) {
     for (auto& s : streams) {
@@ -805,6 +1021,47 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
                                       absl::FormatDuration(config.ack_wait) +
                                       " is invalid (zero for none, or up to 365 days)");
   }
+  if (config.backoff.size() > 64) {
+    return absl::InvalidArgumentError("consumer '" + config.name + "': backoff has " +
+                                      std::to_string(config.backoff.size()) +
+                                      " entries; at most 64 are allowed");
+  }
+  for (std::size_t i = 0; i < config.backoff.size(); ++i) {
+    const absl::Duration b = config.backoff[i];
+    if (b <= absl::ZeroDuration() || b > absl::Hours(24 * 365)) {
+      return absl::InvalidArgumentError("consumer '" + config.name + "': backoff[" +
+                                        std::to_string(i) + "] = " + absl::FormatDuration(b) +
+                                        " is invalid (each entry > 0 and at most 365 days)");
+    }
+  }
+  for (auto [field, v] : {std::pair{"max_deliver", config.max_deliver},
+                          std::pair{"max_ack_pending", config.max_ack_pending}}) {
+    if (v != -1 && v < 1) {
+      return absl::InvalidArgumentError("consumer '" + config.name + "': " + field + " " +
+                                        std::to_string(v) +
+                                        " is invalid (use -1 for no limit or a value >= 1)");
+    }
+  }
+  if (config.ack == AckPolicy::kNone &&
+      (!config.backoff.empty() || config.max_deliver != -1 || config.max_ack_pending != -1 ||
+       !config.dead_letter_subject.empty())) {
+    return absl::InvalidArgumentError(
+        "consumer '" + config.name +
+        "': backoff, max_deliver, max_ack_pending and dead_letter_subject need explicit acks "
+        "(ack policy is none)");
+  }
+  if (!config.dead_letter_subject.empty()) {
+    if (absl::Status s = ValidateSubject(config.dead_letter_subject); !s.ok()) {
+      return absl::InvalidArgumentError("consumer '" + config.name + "': dead_letter_subject: " +
+                                        std::string(s.message()));
+    }
+  }
+  if (config.overflow != OverflowPolicy::kBlock && config.overflow != OverflowPolicy::kReject &&
+      config.overflow != OverflowPolicy::kDropOldest) {
+    return absl::InvalidArgumentError("consumer '" + config.name + "': overflow policy " +
+                                      std::to_string(static_cast<int>(config.overflow)) +
+                                      " is not a valid OverflowPolicy");
+  }
   if (config.selection != nullptr) {
     if (absl::Status s = config.selection->CheckGroupSize(config.members); !s.ok()) {
       return absl::InvalidArgumentError("consumer '" + config.name + "': " + std::string(s.message()));
@@ -830,7 +1087,15 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
     state->group = *std::move(g);
   }
   state->ack_wait_ns = absl::ToInt64Nanoseconds(config.ack_wait);
-  state->tracked = state->ack_wait_ns > 0 && config.ack == AckPolicy::kExplicit;
+  for (absl::Duration b : config.backoff) state->backoff_ns.push_back(absl::ToInt64Nanoseconds(b));
+  state->tracked = (state->ack_wait_ns > 0 || !state->backoff_ns.empty()) &&
+                   config.ack == AckPolicy::kExplicit;
+  state->max_deliver = config.max_deliver;
+  state->max_ack_pending = config.max_ack_pending;
+  state->publish_dead_letter = [this](Event e) -> absl::Status {
+    return Publish(std::move(e), PublishMode::kInternal).status();
+  };
+  state->wake_timer = [impl = impl_.get()](std::int64_t due_ns) { impl->WakeTimer(due_ns); };
 
   StreamState* stream = nullptr;
   ConsumerState* raw = nullptr;
@@ -870,9 +1135,12 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
     state->stream = stream;
     raw = state.get();
     impl_->consumers.push_back(std::move(state));
-    if (raw->tracked && !impl_->manual_timers) {
+    if (raw->config.ack == AckPolicy::kExplicit && !impl_->manual_timers) {
+      // ack_wait expiries need a run every quarter ack wait; delayed naks ask for
+      // their own wake-up (WakeTimer), so untracked consumers need no short interval.
       const std::int64_t interval =
-          std::clamp<std::int64_t>(raw->ack_wait_ns / 4, 1'000'000, 100'000'000);
+          raw->tracked ? std::clamp<std::int64_t>(raw->AckWaitFor(1) / 4, 1'000'000, 100'000'000)
+                       : 100'000'000;
       {
         std::lock_guard tl(impl_->timer_mu);
         impl_->timer_interval_ns = std::min(impl_->timer_interval_ns, interval);
@@ -882,12 +1150,19 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
         Impl* impl = impl_.get();
         impl_->timer = std::thread([this, impl] {
           std::unique_lock tl(impl->timer_mu);
+          std::int64_t next_run = SteadyClock::Now() + impl->timer_interval_ns;
           while (!impl->timer_stop) {
-            impl->timer_cv.wait_for(tl, std::chrono::nanoseconds(impl->timer_interval_ns));
-            if (impl->timer_stop) break;
+            const std::int64_t until = std::min(next_run, impl->timer_wake_steady_ns);
+            const std::int64_t now = SteadyClock::Now();
+            if (now < until) {
+              impl->timer_cv.wait_for(tl, std::chrono::nanoseconds(until - now));
+              continue;  // woken early (a nearer wake-up, or stop): look again
+            }
+            impl->timer_wake_steady_ns = INT64_MAX;
             tl.unlock();
             RunTimers();
             tl.lock();
+            next_run = SteadyClock::Now() + impl->timer_interval_ns;
           }
         });
       }
@@ -901,6 +1176,14 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
 }
 
 absl::StatusOr<PublishAck> Engine::Publish(Event event) {
+  return Publish(std::move(event), PublishMode::kWait);
+}
+
+absl::StatusOr<PublishAck> Engine::TryPublish(Event event) {
+  return Publish(std::move(event), PublishMode::kTry);
+}
+
+absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
   if (impl_->closed.load(std::memory_order_acquire)) {
     return absl::CancelledError("engine is closed");
   }
@@ -984,6 +1267,33 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
       if (sel.mirror != kNoMember) targets.push_back({c, sel.mirror, true});
       if (c->config.ack == AckPolicy::kExplicit) ++explicit_acks;
     }
+    // Full lanes: kReject (and kBlock for a publish that must not wait) refuse the
+    // publish for this stream before anything changes. Internal publishes (dead
+    // letters) never wait and never refuse: a full lane parks them below.
+    if (mode != PublishMode::kInternal) {
+      for (const Target& t : targets) {
+        const OverflowPolicy overflow = t.consumer->config.overflow;
+        const bool refuses = overflow == OverflowPolicy::kReject ||
+                             (overflow == OverflowPolicy::kBlock && mode == PublishMode::kTry);
+        const Lane& lane = *t.consumer->lanes[t.member];
+        if (!refuses || lane.ring.size_approx() < lane.ring.capacity()) continue;
+        t.consumer->overflow_rejected.fetch_add(1, std::memory_order_relaxed);
+        refusal = absl::ResourceExhaustedError(
+            "stream '" + cfg.name + "': lane of consumer '" + t.consumer->config.name +
+            "' member " + std::to_string(t.member) + " is full (" +
+            std::to_string(lane.ring.capacity()) + " queued; overflow " +
+            (overflow == OverflowPolicy::kReject ? "reject" : "block, and TryPublish does not wait") +
+            ")");
+        break;
+      }
+      if (!refusal.ok()) {
+        lock.unlock();
+        stream->rejected.fetch_add(1, std::memory_order_relaxed);
+        ++ack.streams_rejected;
+        if (first_refusal.ok()) first_refusal = std::move(refusal);
+        continue;
+      }
+    }
     engine_internal::NodePools& pools = impl_->PoolsFor(
         targets.empty() ? -1 : targets.front().consumer->lanes[targets.front().member]->node);
     // Everything that can fail for want of memory happens before the stream changes
@@ -1033,7 +1343,33 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event) {
       ConsumerState* consumer = t.consumer;
       // Counted before the push, so that a fast pull and ack never see it negative.
       consumer->group->OnQueued(t.member);
-      if (consumer->lanes[t.member]->ring.push(engine_internal::Delivery{stored, 1, t.shadow})) {
+      auto& ring = consumer->lanes[t.member]->ring;
+      engine_internal::Delivery d{stored, 1, t.shadow};
+      bool queued;
+      if (consumer->config.overflow == OverflowPolicy::kBlock && mode == PublishMode::kWait) {
+        queued = ring.push(std::move(d));
+      } else {
+        queued = ring.try_push(std::move(d));
+        while (!queued && consumer->config.overflow == OverflowPolicy::kDropOldest &&
+               !ring.closed()) {
+          engine_internal::Delivery oldest;
+          if (ring.try_pop(oldest)) engine_internal::DropQueued(*consumer, t.member, oldest);
+          queued = ring.try_push(std::move(d));
+        }
+        if (!queued && !ring.closed()) {
+          // Full although checked above (a redelivery took the room), or an internal
+          // publish: park it; the next pull or timer run queues it.
+          consumer->group->OnDone(t.member, Outcome::kDropped, 0);
+          if (t.shadow) continue;
+          std::lock_guard park_lock(consumer->pending_mu);
+          consumer->parked.push_back(std::move(d));
+          consumer->parked_total.fetch_add(1, std::memory_order_relaxed);
+          consumer->has_parked.store(true, std::memory_order_release);
+          ++ack.deliveries;
+          continue;
+        }
+      }
+      if (queued) {
         ++ack.deliveries;
         if (t.shadow) consumer->mirrored.fetch_add(1, std::memory_order_relaxed);
       } else {  // closed while waiting: that consumer will never ack it
@@ -1073,6 +1409,11 @@ void Engine::Close() {
     impl_->closed.store(true, std::memory_order_release);
     for (auto& c : impl_->consumers) {
       for (auto& lane : c->lanes) lane->ring.close();
+      {
+        std::lock_guard slot_lock(c->slot_mu);
+        c->closing.store(true, std::memory_order_release);
+      }
+      c->slot_cv.notify_all();
     }
   }
   {
@@ -1092,43 +1433,77 @@ void Engine::RunTimers() {
     std::lock_guard lock(impl_->config_mu);
     if (impl_->closed.load(std::memory_order_acquire)) return;
     for (auto& c : impl_->consumers) {
-      if (c->tracked) consumers.push_back(c.get());
+      if (c->config.ack == AckPolicy::kExplicit) consumers.push_back(c.get());
     }
   }
   for (ConsumerState* c : consumers) {
     const std::int64_t now = impl_->clock->NowNanos();
-    // 1. Deliveries whose ack_wait expired: a failure of their member, redelivered.
-    std::vector<std::pair<engine_internal::Delivery, std::uint32_t>> expired;
-    {
+    // 1. Due timers: deliveries whose ack wait expired (a failure of their member,
+    //    redelivered or, after max_deliver, dead-lettered) and delayed redeliveries.
+    struct Expired {
+      engine_internal::Delivery d;
+      std::uint32_t member;
+      bool give_up;
+    };
+    std::vector<Expired> expired;
+    std::vector<engine_internal::Delivery> delayed;
+    if (c->has_timers.load(std::memory_order_relaxed)) {
       std::lock_guard lock(c->pending_mu);
-      while (!c->deadlines.empty() && std::get<0>(c->deadlines.front()) <= now) {
-        const auto [deadline, seq, attempt] = c->deadlines.front();
-        c->deadlines.pop_front();
-        auto it = c->pending.find(seq);
-        // Settled, or its timer was restarted (InProgress: a later record holds it).
-        if (it == c->pending.end() || it->second.attempt != attempt ||
-            it->second.deadline_ns != deadline) {
+      while (!c->timers.empty() && c->timers.front().due_ns <= now) {
+        std::pop_heap(c->timers.begin(), c->timers.end(), engine_internal::TimerLater{});
+        engine_internal::Timer t = std::move(c->timers.back());
+        c->timers.pop_back();
+        if (t.redeliver) {
+          if (c->tracked) {
+            // Still waiting for this attempt (an ack of an older delivery may have won).
+            auto it = c->pending.find(t.seq);
+            if (it == c->pending.end() || it->second.attempt != t.attempt ||
+                it->second.member != kNoMember) {
+              continue;
+            }
+          }
+          delayed.push_back(std::move(*t.redeliver));
           continue;
         }
-        expired.emplace_back(engine_internal::Delivery{it->second.h, attempt + 1, false},
-                             it->second.member);
+        auto it = c->pending.find(t.seq);
+        // Settled, or its timer was restarted (InProgress: a later timer holds it).
+        if (it == c->pending.end() || it->second.attempt != t.attempt ||
+            it->second.deadline_ns != t.due_ns) {
+          continue;
+        }
+        const std::uint32_t member = it->second.member;
+        if (c->LastAttempt(t.attempt)) {
+          expired.push_back({{it->second.h, t.attempt, false}, member, true});
+          c->pending.erase(it);
+          continue;
+        }
+        expired.push_back({{it->second.h, t.attempt + 1, false}, member, false});
         // Queued again for the next attempt; an ack of the expired delivery still wins.
         it->second.member = kNoMember;
-        it->second.attempt = attempt + 1;
+        it->second.attempt = t.attempt + 1;
         it->second.deadline_ns = INT64_MAX;
       }
+      c->has_timers.store(!c->timers.empty(), std::memory_order_relaxed);
     }
-    for (auto& [d, member] : expired) {
+    for (Expired& e : expired) {
       c->ack_timeouts.fetch_add(1, std::memory_order_relaxed);
-      c->unsettled.fetch_sub(1, std::memory_order_relaxed);
-      c->group->OnDone(member, Outcome::kFailure, 0);
-      engine_internal::Redeliver(*c, std::move(d), member);
+      c->Unsettle();
+      c->group->OnDone(e.member, Outcome::kFailure, 0);
+      if (e.give_up) {
+        engine_internal::DeadLetter(*c, e.d.h, e.d.attempt, "max_deliver", "ack_wait expired");
+      } else {
+        engine_internal::Redeliver(*c, std::move(e.d), e.member);
+      }
+    }
+    for (engine_internal::Delivery& d : delayed) {
+      engine_internal::Redeliver(*c, std::move(d), kNoMember);
     }
     engine_internal::RetryParked(*c);
 
     // 2. Lanes whose member pulled nothing for ack_wait while work waited (stalled:
     //    each moved item is a failure). An ejected member that still pulls keeps its
     //    queue (in panic mode it is even given work).
+    if (!c->tracked) continue;
     for (std::uint32_t m = 0; m < c->lanes.size(); ++m) {
       Lane& lane = *c->lanes[m];
       const std::uint64_t delivered = lane.delivered.load(std::memory_order_relaxed);
@@ -1138,7 +1513,7 @@ void Engine::RunTimers() {
         mark_delivered = delivered;
         mark_ns = lane.ring.size_approx() == 0 ? 0 : now;
       } else {
-        stalled = now - mark_ns >= c->ack_wait_ns;
+        stalled = now - mark_ns >= c->AckWaitFor(1);
       }
       if (!stalled) continue;
       engine_internal::Delivery d;
@@ -1200,6 +1575,12 @@ EngineStats Engine::Stats() const {
     cs.late_acks = c->late_acks.load(std::memory_order_relaxed);
     cs.mirrored = c->mirrored.load(std::memory_order_relaxed);
     cs.shadow_acked = c->shadow_acked.load(std::memory_order_relaxed);
+    cs.terminated = c->terminated.load(std::memory_order_relaxed);
+    cs.dead_letters = c->dead_letters.load(std::memory_order_relaxed);
+    cs.dead_letters_lost = c->dead_letters_lost.load(std::memory_order_relaxed);
+    cs.dropped = c->dropped.load(std::memory_order_relaxed);
+    cs.overflow_rejected = c->overflow_rejected.load(std::memory_order_relaxed);
+    cs.parked = c->parked_total.load(std::memory_order_relaxed);
     cs.policy = std::string(c->policy->name());
     cs.group = c->group->Stats();
     cs.ack_latency_ns = c->ack_latency_ns.Snapshot();

@@ -156,7 +156,7 @@ TEST_CASE("nak redelivers to another member and counts against the member") {
   REQUIRE(first.ok());
   CHECK(first->attempt() == 1);
   REQUIRE(first->Nak().ok());
-  CHECK(Msg(first->Ack()) == "message 1 of stream 'S' was already acked or nak'ed by consumer 'g'");
+  CHECK(Msg(first->Ack()) == "message 1 of stream 'S' was already settled (ack, nak or term) by consumer 'g'");
   auto again = m1.Next(absl::ZeroDuration());
   REQUIRE(again.ok());
   CHECK(again->event().msg_id == "x");

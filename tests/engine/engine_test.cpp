@@ -289,7 +289,7 @@ TEST_CASE("ack errors") {
   CHECK(m->acked());
   const absl::Status again = m->Ack();
   CHECK(again.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(Msg(again) == "message 1 of stream 'S' was already acked or nak'ed by consumer 'c'");
+  CHECK(Msg(again) == "message 1 of stream 'S' was already settled (ack, nak or term) by consumer 'c'");
   auto n = M(none).Next(absl::Seconds(1));
   REQUIRE(n.ok());
   CHECK(Msg(n->Ack()) == "consumer 'fire' of stream 'S' has ack policy none");

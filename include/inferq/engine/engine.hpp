@@ -42,8 +42,9 @@
 //    steady state publish -> deliver -> ack allocates nothing from the general heap
 //    (a test counts operator new), given subjects and strings short enough for the
 //    small-string buffer and no header map growth.
-//  - A full lane makes Publish wait (backpressure) until the member pulls. Overflow
-//    policies (reject, drop-oldest) come with the scheduling issue.
+//  - A full lane applies the consumer's OverflowPolicy: block (Publish waits until
+//    the member pulls: backpressure; TryPublish refuses instead), reject, or
+//    drop-oldest.
 //  - Selection: each consumer has a SelectionPolicy (routing/selection.hpp; round
 //    robin by default) and a MemberGroup that tracks each member's outstanding work
 //    (queued + delivered, not yet acked), ack latency and health. Policies run under
@@ -59,6 +60,11 @@
 //    late ack included; a copy still queued is then skipped); delivery is at least
 //    once. Redelivery never takes the stream's mutex, so a nak or a timer run never
 //    waits for a publisher blocked on a full lane.
+//  - Giving up (JetStream semantics): backoff lists the ack wait per delivery;
+//    max_deliver bounds the deliveries of one message; Term ends one at once. A
+//    message given up goes to the consumer's dead_letter_subject with headers naming
+//    the reason and delivery count (kDeadLetterReasonHeader ...). max_ack_pending
+//    bounds the deliveries out, unacknowledged, per consumer.
 //
 // Errors (absl::Status): InvalidArgument for bad names, subjects, patterns and
 // configuration values (the message names the value); AlreadyExists for a duplicate
@@ -103,6 +109,26 @@ struct StreamState;
 enum class DiscardPolicy { kOld, kNew };
 enum class RetentionPolicy { kLimits, kInterest };
 enum class AckPolicy { kExplicit, kNone };
+// What Publish does when the lane chosen for a consumer is full (DESIGN.md §3.6).
+//  kBlock       wait until the member pulls (backpressure on the publisher);
+//               TryPublish refuses instead (ResourceExhausted, nothing stored).
+//  kReject      refuse the publish for that stream: ResourceExhausted naming the
+//               consumer and member; nothing is stored in that stream.
+//  kDropOldest  drop the oldest delivery queued on that lane to make room (counted in
+//               ConsumerStats::dropped; the dropped delivery is settled, not redelivered).
+enum class OverflowPolicy { kBlock, kReject, kDropOldest };
+
+// Headers of a dead letter: the engine publishes a copy of the event (same payload,
+// attributes and headers) to the consumer's dead_letter_subject with these added.
+inline constexpr std::string_view kDeadLetterReasonHeader = "Inferq-Dead-Letter-Reason";
+//   values: "max_deliver" (delivery max_deliver failed: nak or ack_wait expiry),
+//           "term" (Message::Term), "expired" (ttl / queue timeout, action reject)
+inline constexpr std::string_view kDeadLetterDescriptionHeader = "Inferq-Dead-Letter-Description";
+inline constexpr std::string_view kDeliveryCountHeader = "Inferq-Delivery-Count";  // decimal
+inline constexpr std::string_view kStreamHeader = "Inferq-Stream";
+inline constexpr std::string_view kConsumerHeader = "Inferq-Consumer";
+inline constexpr std::string_view kStreamSeqHeader = "Inferq-Stream-Seq";        // decimal
+inline constexpr std::string_view kOriginalSubjectHeader = "Inferq-Original-Subject";
 
 struct StreamConfig {
   std::string name{};                 // 1..64 of [A-Za-z0-9_-], unique in the engine
@@ -138,6 +164,25 @@ struct ConsumerConfig {
   // Redeliver a delivery not acked within this time (explicit ack only); zero =
   // never; at most 365 days.
   absl::Duration ack_wait = absl::ZeroDuration();
+  // JetStream's BackOff: the ack wait of delivery k (1-based) is
+  // backoff[min(k, size) - 1], so redeliveries can wait longer each time; replaces
+  // ack_wait when not empty. Each entry > 0 and at most 365 days; at most 64 entries.
+  std::vector<absl::Duration> backoff{};
+  // Deliveries of one message (first + redeliveries) before it is given up: when
+  // delivery max_deliver fails (nak or ack_wait expiry) the message goes to the
+  // dead-letter subject instead of being redelivered. -1 = no limit, else >= 1.
+  // Counted per message: a nak of one message never counts against its neighbours.
+  std::int64_t max_deliver = -1;
+  // Deliveries handed out and not yet settled, over all members; a pull waits while
+  // the consumer is at this limit (JetStream's MaxAckPending). -1 = no limit, else
+  // >= 1. Explicit ack only.
+  std::int64_t max_ack_pending = -1;
+  // Literal subject that dead letters are published to (see kDeadLetterReasonHeader);
+  // empty = dead letters are counted (ConsumerStats::dead_letters) and dropped. A
+  // dead letter is published without waiting: a full lane of its consumer keeps it
+  // parked until that lane has room.
+  std::string dead_letter_subject{};
+  OverflowPolicy overflow = OverflowPolicy::kBlock;
 };
 
 struct PublishAck {
@@ -145,6 +190,9 @@ struct PublishAck {
   std::uint32_t streams_stored = 0;   // streams that stored the event
   std::uint32_t streams_rejected = 0; // capturing streams whose limits rejected it
   std::uint32_t deliveries = 0;       // lanes the event was queued on
+  // The event's msg_id was accepted within a capturing stream's duplicate window:
+  // nothing was stored again; `seq` is the original sequence.
+  bool duplicate = false;
 };
 
 // One delivery of one stored event to one consumer member. Move-only.
@@ -177,9 +225,16 @@ class Message {
   // with AckPolicy::kNone, or a second Ack or Nak of the same delivery.
   absl::Status Ack();
   // Negative acknowledgement: the delivery failed (counted against the member's
-  // health) and the message is redelivered at once to a member chosen by the policy.
-  // FailedPrecondition as for Ack, and for a shadow copy.
-  absl::Status Nak();
+  // health) and the message is redelivered to a member chosen by the policy, at once
+  // or after `delay` (JetStream's NakWithDelay; timers run as for ack_wait). When this
+  // was delivery max_deliver, the message goes to the dead-letter subject instead.
+  // FailedPrecondition as for Ack, and for a shadow copy; InvalidArgument for a
+  // negative or infinite delay, or one over 365 days (nothing changes).
+  absl::Status Nak(absl::Duration delay = absl::ZeroDuration());
+  // Terminates the message: it is never redelivered and goes to the dead-letter
+  // subject with reason "term" and `description`. Does not count against the
+  // member's health. FailedPrecondition as for Nak.
+  absl::Status Term(std::string_view description = {});
   // Work in progress: restarts the ack_wait timer of this delivery (JetStream's
   // AckProgress), so a long task is not redelivered while its member is alive.
   // FailedPrecondition as for Ack; OK and nothing to do without ack_wait.
@@ -188,7 +243,8 @@ class Message {
  private:
   friend class Member;
   friend class Engine;
-  absl::Status Settle(bool ok);
+  enum class Settlement { kAck, kNak, kTerm };
+  absl::Status Settle(Settlement how, std::int64_t delay_ns, std::string_view description);
   std::shared_ptr<engine_internal::StoredMessage> msg_;
   engine_internal::ConsumerState* consumer_ = nullptr;
   std::int64_t deliver_ns_ = 0;
@@ -293,6 +349,12 @@ struct ConsumerStats {
   std::uint64_t late_acks = 0;    // acks after another delivery of the message won (no-ops)
   std::uint64_t mirrored = 0;     // shadow copies queued (WeightedShadowPolicy)
   std::uint64_t shadow_acked = 0;
+  std::uint64_t terminated = 0;   // Term calls
+  std::uint64_t dead_letters = 0; // messages given up (max_deliver, term, expired)
+  std::uint64_t dead_letters_lost = 0;  // of those: no dead_letter_subject, or no stream captured it
+  std::uint64_t dropped = 0;      // queued deliveries dropped by OverflowPolicy::kDropOldest
+  std::uint64_t overflow_rejected = 0;  // publishes refused for a full lane (kReject, TryPublish)
+  std::uint64_t parked = 0;       // deliveries that found every lane full and waited off-lane
   std::string policy;             // SelectionPolicy::name()
   GroupSnapshot group;            // health, load and selection counts per member
   std::vector<MemberStats> members;
@@ -362,6 +424,11 @@ class Engine {
   // reason; Cancelled after Close(). Partial refusals are counted in the ack.
   absl::StatusOr<PublishAck> Publish(Event event);
 
+  // Publish that never waits: a full lane of a consumer with OverflowPolicy::kBlock
+  // refuses the publish for that stream as kReject does (ResourceExhausted naming the
+  // consumer and member; nothing stored there). Otherwise as Publish.
+  absl::StatusOr<PublishAck> TryPublish(Event event);
+
   // Closes every lane: blocked publishers and pullers wake; pulls drain what is
   // queued and then return Cancelled; later publishes return Cancelled. Idempotent.
   void Close();
@@ -375,6 +442,10 @@ class Engine {
 
  private:
   struct Impl;
+  // kWait: Publish; kTry: TryPublish; kInternal: dead letters (never waits, never
+  // refuses for a full lane: parks the delivery).
+  enum class PublishMode { kWait, kTry, kInternal };
+  absl::StatusOr<PublishAck> Publish(Event event, PublishMode mode);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,0 +1,415 @@
+// Delivery guarantees: nak with delay, term, backoff, max_deliver, max_ack_pending,
+// dead letters, overflow policies and TryPublish (DESIGN.md §3.6, §3.8).
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "inferq/engine/engine.hpp"
+
+using namespace inferq;
+
+namespace {
+
+std::string Msg(const absl::Status& s) { return std::string(s.message()); }
+
+Event Ev(std::string subject, std::string msg_id = "") {
+  Event e;
+  e.subject = std::move(subject);
+  e.msg_id = std::move(msg_id);
+  return e;
+}
+
+ConsumerStats CS(const Engine& engine, std::string_view stream, std::string_view name) {
+  const EngineStats st = engine.Stats();
+  const ConsumerStats* c = st.consumer(stream, name);
+  REQUIRE(c != nullptr);
+  return *c;
+}
+
+StreamStats SS(const Engine& engine, std::string_view name) {
+  const EngineStats st = engine.Stats();
+  REQUIRE(st.stream(name) != nullptr);
+  return *st.stream(name);
+}
+
+std::string H(const Event& e, std::string_view name) {
+  auto v = e.headers.Get(name);
+  return v ? std::string(*v) : std::string("<absent>");
+}
+
+// An engine on a manual clock with stream S (work.>) and a dead-letter stream DLQ.
+struct Fixture {
+  ManualClock clock{1'000'000'000};
+  Engine engine{{.clock = &clock, .manual_timers = true}};
+  Member dlq = Init();
+  Member Init() {
+    REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+    REQUIRE(engine.AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
+    auto d = engine.AddConsumer({.stream = "DLQ", .name = "dlq"});
+    REQUIRE(d.ok());
+    return *d->member(0);
+  }
+  Member Add(ConsumerConfig cc) {
+    cc.stream = "S";
+    if (cc.name.empty()) cc.name = "c";
+    auto c = engine.AddConsumer(cc);
+    REQUIRE(c.ok());
+    return *c->member(0);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("nak with a delay redelivers only when the delay has passed") {
+  Fixture f;
+  Member m = f.Add({.ack_wait = absl::Seconds(30)});
+  REQUIRE(f.engine.Publish(Ev("work.a", "x")).ok());
+  auto first = m.Next(absl::ZeroDuration());
+  REQUIRE(first.ok());
+  REQUIRE(first->Nak(absl::Milliseconds(500)).ok());
+  f.clock.Advance(absl::Milliseconds(499));
+  f.engine.RunTimers();
+  CHECK(m.Next(absl::ZeroDuration()).status().code() == absl::StatusCode::kDeadlineExceeded);
+  f.clock.Advance(absl::Milliseconds(1));
+  f.engine.RunTimers();
+  auto again = m.Next(absl::ZeroDuration());
+  REQUIRE(again.ok());
+  CHECK(again->attempt() == 2);
+  CHECK(again->event().msg_id == "x");
+  REQUIRE(again->Ack().ok());
+  const ConsumerStats cs = CS(f.engine, "S", "c");
+  CHECK(cs.naks == 1);
+  CHECK(cs.redelivered == 1);
+  CHECK(cs.acked == 1);
+  CHECK(cs.ack_pending == 0);
+  CHECK(cs.ack_timeouts == 0);
+}
+
+TEST_CASE("nak with a delay works without ack_wait, and with the background timer") {
+  Engine engine;  // steady clock, timer thread
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  REQUIRE(c.ok());
+  Member m = *c->member(0);
+  REQUIRE(engine.Publish(Ev("work.a", "x")).ok());
+  auto first = m.Next(absl::Seconds(5));
+  REQUIRE(first.ok());
+  REQUIRE(first->Nak(absl::Milliseconds(20)).ok());
+  auto again = m.Next(absl::Seconds(10));  // the timer thread wakes for the delay
+  REQUIRE(again.ok());
+  CHECK(again->attempt() == 2);
+  REQUIRE(again->Ack().ok());
+}
+
+TEST_CASE("a delayed redelivery is dropped when an older delivery acks first") {
+  Fixture f;
+  Member m = f.Add({.ack_wait = absl::Seconds(1)});
+  REQUIRE(f.engine.Publish(Ev("work.a", "x")).ok());
+  auto first = m.Next(absl::ZeroDuration());
+  REQUIRE(first.ok());
+  f.clock.Advance(absl::Seconds(1));
+  f.engine.RunTimers();  // expiry: attempt 2 queued
+  auto second = m.Next(absl::ZeroDuration());
+  REQUIRE(second.ok());
+  REQUIRE(second->attempt() == 2);
+  REQUIRE(second->Nak(absl::Seconds(5)).ok());  // attempt 3 due in 5 s
+  CHECK(first->Nak().ok());                     // an old delivery's nak changes nothing
+  REQUIRE(first->Ack().code() == absl::StatusCode::kFailedPrecondition);
+  f.clock.Advance(absl::Seconds(5));
+  f.engine.RunTimers();
+  auto third = m.Next(absl::ZeroDuration());
+  REQUIRE(third.ok());
+  CHECK(third->attempt() == 3);
+}
+
+TEST_CASE("term sends the message to the dead-letter subject with its reason") {
+  Fixture f;
+  Member m = f.Add({.ack_wait = absl::Seconds(30), .dead_letter_subject = "dead.S.c"});
+  Event e = Ev("work.a", "x");
+  e.headers.Set("k", "v");
+  e.payload = Buffer::FromString("payload");
+  REQUIRE(f.engine.Publish(std::move(e)).ok());
+  auto msg = m.Next(absl::ZeroDuration());
+  REQUIRE(msg.ok());
+  REQUIRE(msg->Term("bad prompt").ok());
+  CHECK(Msg(msg->Ack()) ==
+        "message 1 of stream 'S' was already settled (ack, nak or term) by consumer 'c'");
+  auto dead = f.dlq.Next(absl::ZeroDuration());
+  REQUIRE(dead.ok());
+  const Event& d = dead->event();
+  CHECK(d.subject == "dead.S.c");
+  CHECK(d.msg_id == "x");
+  CHECK(d.payload.view() == "payload");
+  CHECK(H(d, "k") == "v");
+  CHECK(H(d, kDeadLetterReasonHeader) == "term");
+  CHECK(H(d, kDeadLetterDescriptionHeader) == "bad prompt");
+  CHECK(H(d, kDeliveryCountHeader) == "1");
+  CHECK(H(d, kStreamHeader) == "S");
+  CHECK(H(d, kConsumerHeader) == "c");
+  CHECK(H(d, kStreamSeqHeader) == "1");
+  CHECK(H(d, kOriginalSubjectHeader) == "work.a");
+  f.clock.Advance(absl::Minutes(5));
+  f.engine.RunTimers();
+  CHECK(m.Next(absl::ZeroDuration()).status().code() == absl::StatusCode::kDeadlineExceeded);
+  const ConsumerStats cs = CS(f.engine, "S", "c");
+  CHECK(cs.terminated == 1);
+  CHECK(cs.dead_letters == 1);
+  CHECK(cs.dead_letters_lost == 0);
+  CHECK(cs.ack_pending == 0);
+  CHECK(cs.redelivered == 0);
+  CHECK(cs.group.members[0].failures == 0);  // term is the member's decision, not its failure
+}
+
+TEST_CASE("max_deliver: the failing message is dead-lettered; its batch neighbours are unaffected") {
+  Fixture f;
+  Member m = f.Add({.max_deliver = 3, .dead_letter_subject = "dead.S.c"});
+  for (const char* id : {"a", "b", "c"}) REQUIRE(f.engine.Publish(Ev("work.x", id)).ok());
+  auto batch = m.NextBatch(3, absl::ZeroDuration(), absl::ZeroDuration());
+  REQUIRE(batch.ok());
+  REQUIRE(batch->size() == 3);
+  REQUIRE((*batch)[0].Ack().ok());
+  REQUIRE((*batch)[1].Nak().ok());
+  REQUIRE((*batch)[2].Ack().ok());
+  std::vector<std::uint32_t> attempts;
+  for (;;) {
+    auto r = m.Next(absl::ZeroDuration());
+    if (!r.ok()) break;
+    CHECK(r->event().msg_id == "b");
+    attempts.push_back(r->attempt());
+    REQUIRE(r->Nak().ok());
+  }
+  CHECK(attempts == std::vector<std::uint32_t>{2, 3});
+  auto dead = f.dlq.Next(absl::ZeroDuration());
+  REQUIRE(dead.ok());
+  CHECK(dead->event().msg_id == "b");
+  CHECK(H(dead->event(), kDeadLetterReasonHeader) == "max_deliver");
+  CHECK(H(dead->event(), kDeliveryCountHeader) == "3");
+  CHECK(H(dead->event(), kStreamSeqHeader) == "2");
+  const ConsumerStats cs = CS(f.engine, "S", "c");
+  CHECK(cs.acked == 2);
+  CHECK(cs.naks == 3);
+  CHECK(cs.redelivered == 2);
+  CHECK(cs.dead_letters == 1);
+  CHECK(cs.ack_pending == 0);
+}
+
+TEST_CASE("backoff sets the ack wait of each delivery; ack_wait expiry counts toward max_deliver") {
+  Fixture f;
+  Member m = f.Add({.backoff = {absl::Seconds(1), absl::Seconds(5)},
+                    .max_deliver = 3,
+                    .dead_letter_subject = "dead.S.c"});
+  REQUIRE(f.engine.Publish(Ev("work.a", "x")).ok());
+  auto pull = [&] { return m.Next(absl::ZeroDuration()); };
+  REQUIRE(pull().ok());  // attempt 1: ack wait 1 s
+  f.clock.Advance(absl::Milliseconds(999));
+  f.engine.RunTimers();
+  CHECK(pull().status().code() == absl::StatusCode::kDeadlineExceeded);
+  f.clock.Advance(absl::Milliseconds(1));
+  f.engine.RunTimers();
+  auto second = pull();
+  REQUIRE(second.ok());
+  CHECK(second->attempt() == 2);  // ack wait 5 s
+  f.clock.Advance(absl::Seconds(4));
+  f.engine.RunTimers();
+  CHECK(pull().status().code() == absl::StatusCode::kDeadlineExceeded);
+  f.clock.Advance(absl::Seconds(1));
+  f.engine.RunTimers();
+  auto third = pull();
+  REQUIRE(third.ok());
+  CHECK(third->attempt() == 3);  // the last entry repeats: 5 s
+  f.clock.Advance(absl::Seconds(5));
+  f.engine.RunTimers();
+  CHECK(pull().status().code() == absl::StatusCode::kDeadlineExceeded);
+  auto dead = f.dlq.Next(absl::ZeroDuration());
+  REQUIRE(dead.ok());
+  CHECK(H(dead->event(), kDeadLetterReasonHeader) == "max_deliver");
+  CHECK(H(dead->event(), kDeadLetterDescriptionHeader) == "ack_wait expired");
+  CHECK(H(dead->event(), kDeliveryCountHeader) == "3");
+  const ConsumerStats cs = CS(f.engine, "S", "c");
+  CHECK(cs.ack_timeouts == 3);
+  CHECK(cs.dead_letters == 1);
+  CHECK(cs.ack_pending == 0);
+  // The late ack of a dead-lettered delivery is a no-op.
+  CHECK(third->Ack().ok());
+  CHECK(CS(f.engine, "S", "c").acked == 0);
+}
+
+TEST_CASE("max_ack_pending stops pulls until an ack frees a slot") {
+  Fixture f;
+  Member m = f.Add({.max_ack_pending = 2});
+  for (int i = 0; i < 4; ++i) REQUIRE(f.engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  auto a = m.Next(absl::ZeroDuration());
+  auto b = m.Next(absl::ZeroDuration());
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  const absl::Status blocked = m.Next(absl::Milliseconds(1)).status();
+  CHECK(blocked.code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(Msg(blocked) ==
+        "consumer 'c' has max_ack_pending 2 deliveries unacknowledged; member 0 got no "
+        "message before the timeout");
+  CHECK(m.queued() == 2);  // nothing was taken off the lane
+  REQUIRE(a->Ack().ok());
+  auto c = m.Next(absl::ZeroDuration());
+  REQUIRE(c.ok());
+  CHECK(c->event().msg_id == "2");
+  CHECK(CS(f.engine, "S", "c").ack_pending == 2);
+  // A puller waiting for a slot wakes when another thread acks.
+  std::atomic<bool> got{false};
+  std::thread waiter([&] { got = m.Next(absl::Seconds(30)).ok(); });
+  REQUIRE(b->Ack().ok());
+  waiter.join();
+  CHECK(got.load());
+}
+
+TEST_CASE("max_ack_pending: a batch never takes more than the free slots") {
+  Fixture f;
+  Member m = f.Add({.max_ack_pending = 3});
+  for (int i = 0; i < 5; ++i) REQUIRE(f.engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  auto batch = m.NextBatch(5, absl::ZeroDuration(), absl::ZeroDuration());
+  REQUIRE(batch.ok());
+  CHECK(batch->size() == 3);
+  CHECK(CS(f.engine, "S", "c").ack_pending == 3);
+}
+
+TEST_CASE("close wakes a puller waiting for a max_ack_pending slot") {
+  Fixture f;
+  Member m = f.Add({.max_ack_pending = 1});
+  REQUIRE(f.engine.Publish(Ev("work.a")).ok());
+  auto held = m.Next(absl::ZeroDuration());
+  REQUIRE(held.ok());
+  absl::Status result;
+  std::thread waiter([&] { result = m.Next(absl::InfiniteDuration()).status(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  f.engine.Close();
+  waiter.join();
+  CHECK(result.code() == absl::StatusCode::kCancelled);
+}
+
+TEST_CASE("overflow reject refuses the publish and stores nothing") {
+  Fixture f;
+  Member m = f.Add({.lane_capacity = 2, .overflow = OverflowPolicy::kReject});
+  REQUIRE(f.engine.Publish(Ev("work.a", "1")).ok());
+  REQUIRE(f.engine.Publish(Ev("work.a", "2")).ok());
+  const auto third = f.engine.Publish(Ev("work.a", "3"));
+  CHECK(third.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(Msg(third.status()) ==
+        "stream 'S': lane of consumer 'c' member 0 is full (2 queued; overflow reject)");
+  CHECK(SS(f.engine, "S").messages == 2);
+  CHECK(SS(f.engine, "S").last_seq == 2);
+  CHECK(CS(f.engine, "S", "c").overflow_rejected == 1);
+  REQUIRE(m.Next(absl::ZeroDuration()).ok());
+  CHECK(f.engine.Publish(Ev("work.a", "4")).ok());
+}
+
+TEST_CASE("overflow drop-oldest keeps the newest and counts the dropped") {
+  Fixture f;
+  Member m = f.Add({.lane_capacity = 2, .ack_wait = absl::Seconds(1),
+                    .overflow = OverflowPolicy::kDropOldest});
+  for (int i = 1; i <= 5; ++i) REQUIRE(f.engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  std::vector<std::string> got;
+  for (;;) {
+    auto r = m.Next(absl::ZeroDuration());
+    if (!r.ok()) break;
+    got.push_back(r->event().msg_id);
+    REQUIRE(r->Ack().ok());
+  }
+  CHECK(got == std::vector<std::string>{"4", "5"});
+  const ConsumerStats cs = CS(f.engine, "S", "c");
+  CHECK(cs.dropped == 3);
+  CHECK(cs.acked == 2);
+  CHECK(cs.ack_pending == 0);
+  CHECK(cs.group.members[0].outstanding == 0);
+}
+
+TEST_CASE("drop-oldest under interest retention retires what no consumer will ack") {
+  ManualClock clock(1);
+  Engine engine({.clock = &clock, .manual_timers = true});
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"},
+                            .retention = RetentionPolicy::kInterest}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2,
+                               .overflow = OverflowPolicy::kDropOldest});
+  REQUIRE(c.ok());
+  for (int i = 1; i <= 4; ++i) REQUIRE(engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  CHECK(SS(engine, "S").messages == 2);
+  CHECK(SS(engine, "S").acked_out == 2);
+}
+
+TEST_CASE("TryPublish refuses a full blocking lane instead of waiting") {
+  Fixture f;
+  Member m = f.Add({.lane_capacity = 2});
+  REQUIRE(f.engine.TryPublish(Ev("work.a", "1")).ok());
+  REQUIRE(f.engine.TryPublish(Ev("work.a", "2")).ok());
+  const auto third = f.engine.TryPublish(Ev("work.a", "3"));
+  CHECK(third.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(Msg(third.status()) ==
+        "stream 'S': lane of consumer 'c' member 0 is full (2 queued; overflow block, and "
+        "TryPublish does not wait)");
+  CHECK(SS(f.engine, "S").messages == 2);
+  REQUIRE(m.Next(absl::ZeroDuration()).ok());
+  CHECK(f.engine.TryPublish(Ev("work.a", "3")).ok());
+}
+
+TEST_CASE("a dead letter to a full lane is parked, not lost, and a dead letter with no subject is counted") {
+  Fixture f;
+  // The DLQ consumer's lane holds 2; three messages are terminated.
+  REQUIRE(f.engine.AddStream({.name = "DLQ2", .subjects = {"dead2.>"}}).ok());
+  auto d2 = f.engine.AddConsumer({.stream = "DLQ2", .name = "d", .lane_capacity = 2});
+  REQUIRE(d2.ok());
+  Member m = f.Add({.name = "c", .dead_letter_subject = "dead2.c"});
+  Member n = f.Add({.name = "n"});  // no dead-letter subject
+  for (int i = 0; i < 3; ++i) REQUIRE(f.engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  for (int i = 0; i < 3; ++i) {
+    auto r = m.Next(absl::ZeroDuration());
+    REQUIRE(r.ok());
+    REQUIRE(r->Term().ok());
+    auto q = n.Next(absl::ZeroDuration());
+    REQUIRE(q.ok());
+    REQUIRE(q->Term().ok());
+  }
+  Member dm = *d2->member(0);
+  std::vector<std::string> got;
+  for (;;) {
+    auto r = dm.Next(absl::ZeroDuration());
+    if (!r.ok()) break;
+    got.push_back(r->event().msg_id);
+  }
+  CHECK(got == std::vector<std::string>{"0", "1", "2"});
+  CHECK(CS(f.engine, "DLQ2", "d").parked == 1);
+  CHECK(CS(f.engine, "S", "c").dead_letters_lost == 0);
+  CHECK(CS(f.engine, "S", "n").dead_letters == 3);
+  CHECK(CS(f.engine, "S", "n").dead_letters_lost == 3);
+}
+
+TEST_CASE("delivery configuration errors name the value and change nothing") {
+  Fixture f;
+  auto err = [&](ConsumerConfig cc) {
+    cc.stream = "S";
+    cc.name = "bad";
+    return Msg(f.engine.AddConsumer(cc).status());
+  };
+  CHECK(err({.backoff = {absl::Seconds(1), absl::ZeroDuration()}}) ==
+        "consumer 'bad': backoff[1] = 0 is invalid (each entry > 0 and at most 365 days)");
+  CHECK(err({.max_deliver = 0}) ==
+        "consumer 'bad': max_deliver 0 is invalid (use -1 for no limit or a value >= 1)");
+  CHECK(err({.max_ack_pending = -2}) ==
+        "consumer 'bad': max_ack_pending -2 is invalid (use -1 for no limit or a value >= 1)");
+  CHECK(err({.ack = AckPolicy::kNone, .max_deliver = 3}) ==
+        "consumer 'bad': backoff, max_deliver, max_ack_pending and dead_letter_subject need "
+        "explicit acks (ack policy is none)");
+  CHECK(err({.dead_letter_subject = "dead..x"}).rfind("consumer 'bad': dead_letter_subject: ", 0) == 0);
+  CHECK(err({.overflow = static_cast<OverflowPolicy>(7)}) ==
+        "consumer 'bad': overflow policy 7 is not a valid OverflowPolicy");
+  CHECK(f.engine.Stats().consumers.size() == 1);  // only the fixture's DLQ consumer
+
+  Member m = f.Add({});
+  REQUIRE(f.engine.Publish(Ev("work.a")).ok());
+  auto r = m.Next(absl::ZeroDuration());
+  REQUIRE(r.ok());
+  CHECK(Msg(r->Nak(absl::Seconds(-1))) ==
+        "Nak delay -1s is invalid (zero for at once, or up to 365 days)");
+  CHECK(!r->acked());  // still unsettled: the bad nak changed nothing
+  CHECK(r->Ack().ok());
+}

@@ -1,0 +1,158 @@
+// File: src/engine/lane_queue.hpp (not API)
+//
+// LaneQueue<T>: what a consumer member's lane holds. Without QoS it is the lock-free
+// MpmcRing (FIFO); with ConsumerConfig::qos it is a QosScheduler (tiers with assured
+// shares, DRR between tenants) behind the lane's own mutex. Both sides offer the
+// ring's interface, so the engine's delivery code does not care which it has.
+//
+// Thread safety: every method may be called from any thread (the ring is MPMC; the
+// scheduler side locks `mu_`). `on_evict` runs after the lock is released.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "inferq/base/clock.hpp"
+#include "inferq/ring/mpmc_ring.hpp"
+#include "inferq/sched/qos_scheduler.hpp"
+
+namespace inferq::engine_internal {
+
+template <class T>
+class LaneQueue {
+ public:
+  // `key_of(item)` classifies an item for the scheduler.
+  using KeyOf = std::function<QosKey(const T&)>;
+  // Receives an item a higher-priority push evicted (QosConfig::preemption).
+  using OnEvict = std::function<void(T&)>;
+
+  explicit LaneQueue(std::size_t capacity) : ring_(std::in_place, capacity) {}
+  LaneQueue(std::unique_ptr<QosScheduler<T>> qos, KeyOf key_of, OnEvict on_evict)
+      : qos_(std::move(qos)), key_of_(std::move(key_of)), on_evict_(std::move(on_evict)) {}
+
+  bool scheduled() const { return qos_ != nullptr; }
+
+  // Non-blocking. False when full (and nothing lower-priority can be evicted) or
+  // closed; on false `v` is untouched.
+  bool try_push(T&& v) {
+    if (ring_) return ring_->try_push(std::move(v));
+    std::optional<T> evicted;
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return false;
+      if (!PushLocked(std::move(v), evicted)) return false;
+    }
+    not_empty_.notify_one();
+    if (evicted) on_evict_(*evicted);
+    return true;
+  }
+
+  // Blocks while full. False only when closed.
+  bool push(T&& v) {
+    if (ring_) return ring_->push(std::move(v));
+    std::optional<T> evicted;
+    {
+      std::unique_lock lock(mu_);
+      for (;;) {
+        if (closed_) return false;
+        if (PushLocked(std::move(v), evicted)) break;
+        not_full_.wait(lock);
+      }
+    }
+    not_empty_.notify_one();
+    if (evicted) on_evict_(*evicted);
+    return true;
+  }
+
+  bool try_pop(T& out) {
+    if (ring_) return ring_->try_pop(out);
+    {
+      std::lock_guard lock(mu_);
+      if (!PopLocked(out)) return false;
+    }
+    not_full_.notify_one();
+    return true;
+  }
+
+  // Waits until an item arrives or `deadline_ns` (SteadyClock) passes; false on
+  // timeout, or when closed and empty.
+  bool pop_until(T& out, std::int64_t deadline_ns) {
+    if (ring_) return ring_->pop_until(out, deadline_ns);
+    {
+      std::unique_lock lock(mu_);
+      for (;;) {
+        if (PopLocked(out)) break;
+        if (closed_) return false;
+        const std::int64_t now = SteadyClock::Now();
+        if (now >= deadline_ns) return false;
+        if (deadline_ns == kNoDeadline) {
+          not_empty_.wait(lock);
+        } else {
+          not_empty_.wait_for(lock, std::chrono::nanoseconds(deadline_ns - now));
+        }
+      }
+    }
+    not_full_.notify_one();
+    return true;
+  }
+
+  void close() {
+    if (ring_) {
+      ring_->close();
+      return;
+    }
+    {
+      std::lock_guard lock(mu_);
+      closed_ = true;
+    }
+    not_empty_.notify_all();
+    not_full_.notify_all();
+  }
+  bool closed() const {
+    if (ring_) return ring_->closed();
+    std::lock_guard lock(mu_);
+    return closed_;
+  }
+  std::size_t size_approx() const {
+    return ring_ ? ring_->size_approx() : size_.load(std::memory_order_relaxed);
+  }
+  std::size_t capacity() const { return ring_ ? ring_->capacity() : qos_->capacity(); }
+
+  // The scheduler's statistics (requires scheduled()).
+  QosStats QosStatsSnapshot() const {
+    std::lock_guard lock(mu_);
+    return qos_->Stats();
+  }
+
+ private:
+  bool PushLocked(T&& v, std::optional<T>& evicted) {
+    const QosPushResult r = qos_->Push(std::move(v), key_of_(v), evicted);
+    if (r != QosPushResult::kAccepted && r != QosPushResult::kAcceptedEvicted) return false;
+    size_.store(qos_->size(), std::memory_order_relaxed);
+    return true;
+  }
+  bool PopLocked(T& out) {
+    std::optional<T> item = qos_->Pop();
+    if (!item) return false;
+    out = std::move(*item);
+    size_.store(qos_->size(), std::memory_order_relaxed);
+    return true;
+  }
+
+  std::optional<MpmcRing<T>> ring_;
+  std::unique_ptr<QosScheduler<T>> qos_;
+  KeyOf key_of_;
+  OnEvict on_evict_;
+  mutable std::mutex mu_;
+  std::condition_variable not_empty_, not_full_;
+  bool closed_ = false;             // guarded by mu_
+  std::atomic<std::size_t> size_{0};
+};
+
+}  // namespace inferq::engine_internal

@@ -24,6 +24,7 @@
 #include "inferq/ring/mpmc_ring.hpp"
 #include "inferq/routing/subject.hpp"
 #include "inferq/routing/subject_index.hpp"
+#include "inferq/sched/timer_wheel.hpp"
 
 namespace inferq {
 namespace engine_internal {
@@ -182,6 +183,30 @@ struct ConsumerState {
     has_timers.store(true, std::memory_order_relaxed);
   }
 
+  // Queue timeouts (ConsumerConfig::queue_timeout, Event::ttl / deadline) of first
+  // deliveries still in a lane, by stream sequence; the wheel fires them when they
+  // pass. A popped delivery cancels its timer. Guarded by pending_mu.
+  enum WaitState : std::uint8_t { kQueued, kExpired, kDelayed, kRequeued };
+  struct Waiting {
+    Handle h;
+    std::int64_t expiry_ns = 0;
+    TimerId timer{};
+    WaitState state = kQueued;
+  };
+  std::int64_t queue_timeout_ns = 0;
+  bool enforce_event_ttl = true;  // false for Engine::Call's functions (their own timer)
+  absl::flat_hash_map<std::uint64_t, Waiting> waiting;
+  std::unique_ptr<TimerWheel<std::uint64_t>> wheel;
+  std::atomic<bool> has_waiting{false};
+
+  // The queue expiry (engine ns) of an event published at `publish_ns` whose own
+  // limit is `event_limit_ns` (ttl / deadline; INT64_MAX = none); INT64_MAX = none.
+  std::int64_t ExpiryFor(std::int64_t publish_ns, std::int64_t event_limit_ns) const {
+    std::int64_t limit = queue_timeout_ns > 0 ? queue_timeout_ns : INT64_MAX;
+    if (enforce_event_ttl) limit = std::min(limit, event_limit_ns);
+    return limit == INT64_MAX ? INT64_MAX : SatAdd(publish_ns, limit);
+  }
+
   // max_ack_pending: pullers wait on slot_cv while `unsettled` is at the limit.
   std::mutex slot_mu;
   std::condition_variable slot_cv;
@@ -191,7 +216,8 @@ struct ConsumerState {
   std::atomic<std::uint64_t> skipped{0};
   std::atomic<std::uint64_t> redelivered{0}, ack_timeouts{0}, naks{0}, moved{0},
       late_acks{0}, mirrored{0}, shadow_acked{0}, terminated{0}, dead_letters{0},
-      dead_letters_lost{0}, dropped{0}, overflow_rejected{0}, parked_total{0};
+      dead_letters_lost{0}, dropped{0}, overflow_rejected{0}, parked_total{0}, expired{0},
+      delayed{0};
   // Explicit-ack deliveries handed out and not yet settled (ack, nak, expiry).
   std::atomic<std::int64_t> unsettled{0};
   Histogram ack_latency_ns;
@@ -399,6 +425,15 @@ void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d) {
   c.group->OnDone(m, Outcome::kDropped, 0);
   c.dropped.fetch_add(1, std::memory_order_relaxed);
   if (d.shadow) return;
+  if (d.attempt == 1 && c.has_waiting.load(std::memory_order_acquire)) {
+    std::lock_guard lock(c.pending_mu);
+    if (auto it = c.waiting.find(d.h->seq); it != c.waiting.end()) {
+      const bool dead_lettered = it->second.state == ConsumerState::kExpired;
+      c.wheel->Cancel(it->second.timer);
+      c.waiting.erase(it);
+      if (dead_lettered) return;  // already settled when it expired
+    }
+  }
   if (c.tracked && d.attempt > 1) {
     std::lock_guard lock(c.pending_mu);
     auto it = c.pending.find(d.h->seq);
@@ -677,6 +712,45 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
       }
       continue;
     }
+    if (d.attempt == 1 && !d.shadow && c.has_waiting.load(std::memory_order_acquire)) {
+      // Queue timeout: given up when it passed (reject), or moved behind what is
+      // queued now, once (delay).
+      std::unique_lock lock(c.pending_mu);
+      auto it = c.waiting.find(h->seq);
+      if (it != c.waiting.end()) {
+        ConsumerState::Waiting& w = it->second;
+        if (w.state == ConsumerState::kQueued && now >= w.expiry_ns) {
+          c.wheel->Cancel(w.timer);
+          if (c.config.timeout_action == TimeoutAction::kReject) {
+            c.waiting.erase(it);
+            lock.unlock();
+            c.expired.fetch_add(1, std::memory_order_relaxed);
+            c.group->OnDone(index_, Outcome::kDropped, 0);
+            engine_internal::DeadLetter(c, h, 0, "expired", "queue timeout");
+            continue;
+          }
+          w.state = ConsumerState::kDelayed;
+          c.delayed.fetch_add(1, std::memory_order_relaxed);
+        }
+        if (w.state == ConsumerState::kExpired) {  // dead-lettered when it expired
+          c.waiting.erase(it);
+          lock.unlock();
+          c.group->OnDone(index_, Outcome::kDropped, 0);
+          continue;
+        }
+        if (w.state == ConsumerState::kDelayed && lane.ring.size_approx() > 0) {
+          w.state = ConsumerState::kRequeued;
+          lock.unlock();
+          if (lane.ring.try_push(std::move(d))) continue;
+          lock.lock();
+          it = c.waiting.find(h->seq);
+        }
+        if (it != c.waiting.end()) {
+          c.wheel->Cancel(it->second.timer);
+          c.waiting.erase(it);
+        }
+      }
+    }
     if (c.tracked && !d.shadow) {
       std::lock_guard lock(c.pending_mu);
       const std::int64_t deadline = engine_internal::SatAdd(now, c.AckWaitFor(d.attempt));
@@ -825,7 +899,10 @@ struct Engine::Impl {
   std::condition_variable timer_cv;
   bool timer_stop = false;                       // guarded by timer_mu
   std::int64_t timer_interval_ns = 100'000'000;  // guarded by timer_mu
-  std::int64_t timer_wake_steady_ns = INT64_MAX;  // an earlier run asked for; timer_mu
+  // An earlier run some timer asked for (steady ns). Lowered without the lock (a
+  // publish with a queue timeout must not take a global lock); a lowering notifies
+  // under timer_mu, so the thread cannot miss it between its check and its wait.
+  std::atomic<std::int64_t> timer_wake_steady_ns{INT64_MAX};
   std::thread timer;                             // started under config_mu
   std::mutex run_timers_mu;                      // one RunTimers at a time
   // Per lane, what the timer saw last: (delivered count, since when unchanged while
@@ -838,10 +915,12 @@ struct Engine::Impl {
     const std::int64_t delta = std::max<std::int64_t>(0, due_ns - clock->NowNanos());
     const std::int64_t now = SteadyClock::Now();
     const std::int64_t at = delta > INT64_MAX - now ? INT64_MAX : now + delta;
+    std::int64_t cur = timer_wake_steady_ns.load(std::memory_order_relaxed);
+    do {
+      if (at >= cur) return;
+    } while (!timer_wake_steady_ns.compare_exchange_weak(cur, at, std::memory_order_relaxed));
     {
       std::lock_guard lock(timer_mu);
-      if (at >= timer_wake_steady_ns) return;
-      timer_wake_steady_ns = at;
     }
     timer_cv.notify_all();
   }
@@ -1062,6 +1141,17 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
                                       std::to_string(static_cast<int>(config.overflow)) +
                                       " is not a valid OverflowPolicy");
   }
+  if (config.queue_timeout < absl::ZeroDuration() || config.queue_timeout > absl::Hours(24 * 365)) {
+    return absl::InvalidArgumentError("consumer '" + config.name + "': queue_timeout " +
+                                      absl::FormatDuration(config.queue_timeout) +
+                                      " is invalid (zero for none, or up to 365 days)");
+  }
+  if (config.timeout_action != TimeoutAction::kReject &&
+      config.timeout_action != TimeoutAction::kDelay) {
+    return absl::InvalidArgumentError("consumer '" + config.name + "': timeout action " +
+                                      std::to_string(static_cast<int>(config.timeout_action)) +
+                                      " is not a valid TimeoutAction");
+  }
   if (config.selection != nullptr) {
     if (absl::Status s = config.selection->CheckGroupSize(config.members); !s.ok()) {
       return absl::InvalidArgumentError("consumer '" + config.name + "': " + std::string(s.message()));
@@ -1090,6 +1180,8 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   for (absl::Duration b : config.backoff) state->backoff_ns.push_back(absl::ToInt64Nanoseconds(b));
   state->tracked = (state->ack_wait_ns > 0 || !state->backoff_ns.empty()) &&
                    config.ack == AckPolicy::kExplicit;
+  state->queue_timeout_ns = absl::ToInt64Nanoseconds(config.queue_timeout);
+  state->wheel = std::make_unique<TimerWheel<std::uint64_t>>(impl_->clock->NowNanos());
   state->max_deliver = config.max_deliver;
   state->max_ack_pending = config.max_ack_pending;
   state->publish_dead_letter = [this](Event e) -> absl::Status {
@@ -1135,7 +1227,9 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
     state->stream = stream;
     raw = state.get();
     impl_->consumers.push_back(std::move(state));
-    if (raw->config.ack == AckPolicy::kExplicit && !impl_->manual_timers) {
+    // Every consumer may need timers: queue timeouts and event ttl apply to all,
+    // delayed naks to explicit-ack ones.
+    if (!impl_->manual_timers) {
       // ack_wait expiries need a run every quarter ack wait; delayed naks ask for
       // their own wake-up (WakeTimer), so untracked consumers need no short interval.
       const std::int64_t interval =
@@ -1152,13 +1246,14 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
           std::unique_lock tl(impl->timer_mu);
           std::int64_t next_run = SteadyClock::Now() + impl->timer_interval_ns;
           while (!impl->timer_stop) {
-            const std::int64_t until = std::min(next_run, impl->timer_wake_steady_ns);
+            const std::int64_t until =
+                std::min(next_run, impl->timer_wake_steady_ns.load(std::memory_order_relaxed));
             const std::int64_t now = SteadyClock::Now();
             if (now < until) {
               impl->timer_cv.wait_for(tl, std::chrono::nanoseconds(until - now));
               continue;  // woken early (a nearer wake-up, or stop): look again
             }
-            impl->timer_wake_steady_ns = INT64_MAX;
+            impl->timer_wake_steady_ns.store(INT64_MAX, std::memory_order_relaxed);
             tl.unlock();
             RunTimers();
             tl.lock();
@@ -1190,6 +1285,25 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
   if (absl::Status s = ValidateSubject(event.subject); !s.ok()) {
     impl_->invalid.fetch_add(1, std::memory_order_relaxed);
     return s;
+  }
+  if (event.ttl < absl::ZeroDuration() || event.ttl > absl::Hours(24 * 365)) {
+    impl_->invalid.fetch_add(1, std::memory_order_relaxed);
+    return absl::InvalidArgumentError("event ttl " + absl::FormatDuration(event.ttl) +
+                                      " is invalid (zero for none, or up to 365 days)");
+  }
+  if (static_cast<std::uint8_t>(event.qos) > static_cast<std::uint8_t>(Qos::kBronze)) {
+    impl_->invalid.fetch_add(1, std::memory_order_relaxed);
+    return absl::InvalidArgumentError("event qos " +
+                                      std::to_string(static_cast<int>(event.qos)) +
+                                      " is not a tier (0 gold, 1 silver, 2 bronze)");
+  }
+  // The event's own queue limit (ttl, deadline), ns from publish; INT64_MAX = none.
+  std::int64_t event_limit_ns = INT64_MAX;
+  if (event.ttl > absl::ZeroDuration()) event_limit_ns = absl::ToInt64Nanoseconds(event.ttl);
+  if (event.deadline != absl::InfiniteFuture()) {
+    event_limit_ns = std::min(
+        event_limit_ns,
+        std::max<std::int64_t>(0, absl::ToInt64Nanoseconds(event.deadline - absl::Now())));
   }
   // acquire: pairs with the release store in AddStream.
   const Impl::RouteTable* routes = impl_->routes.load(std::memory_order_acquire);
@@ -1345,6 +1459,19 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
       consumer->group->OnQueued(t.member);
       auto& ring = consumer->lanes[t.member]->ring;
       engine_internal::Delivery d{stored, 1, t.shadow};
+      // A queue timeout is registered before the push, so that a fast pull finds it.
+      std::int64_t expiry = INT64_MAX;
+      if (!t.shadow) expiry = consumer->ExpiryFor(now, event_limit_ns);
+      if (expiry != INT64_MAX) {
+        {
+          std::lock_guard wl(consumer->pending_mu);
+          const TimerId id = consumer->wheel->Schedule(expiry, stored->seq);
+          consumer->waiting.insert_or_assign(
+              stored->seq, ConsumerState::Waiting{stored, expiry, id, ConsumerState::kQueued});
+          consumer->has_waiting.store(true, std::memory_order_release);
+        }
+        impl_->WakeTimer(expiry);
+      }
       bool queued;
       if (consumer->config.overflow == OverflowPolicy::kBlock && mode == PublishMode::kWait) {
         queued = ring.push(std::move(d));
@@ -1377,6 +1504,13 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
         if (t.shadow) continue;
         ++undelivered;
         if (consumer->config.ack == AckPolicy::kExplicit) ++undelivered_acks;
+        if (expiry != INT64_MAX) {
+          std::lock_guard wl(consumer->pending_mu);
+          if (auto it = consumer->waiting.find(stored->seq); it != consumer->waiting.end()) {
+            consumer->wheel->Cancel(it->second.timer);
+            consumer->waiting.erase(it);
+          }
+        }
       }
     }
     if (undelivered_acks > 0 && cfg.retention == RetentionPolicy::kInterest &&
@@ -1432,9 +1566,7 @@ void Engine::RunTimers() {
   {
     std::lock_guard lock(impl_->config_mu);
     if (impl_->closed.load(std::memory_order_acquire)) return;
-    for (auto& c : impl_->consumers) {
-      if (c->config.ack == AckPolicy::kExplicit) consumers.push_back(c.get());
-    }
+    for (auto& c : impl_->consumers) consumers.push_back(c.get());
   }
   for (ConsumerState* c : consumers) {
     const std::int64_t now = impl_->clock->NowNanos();
@@ -1497,6 +1629,31 @@ void Engine::RunTimers() {
     }
     for (engine_internal::Delivery& d : delayed) {
       engine_internal::Redeliver(*c, std::move(d), kNoMember);
+    }
+    // Queue timeouts that passed while the event waited in a lane.
+    if (c->has_waiting.load(std::memory_order_acquire)) {
+      std::vector<Handle> timed_out;
+      {
+        std::lock_guard lock(c->pending_mu);
+        c->wheel->Advance(now, [&](std::uint64_t seq, std::int64_t due) {
+          auto it = c->waiting.find(seq);
+          if (it == c->waiting.end() || it->second.state != ConsumerState::kQueued ||
+              it->second.expiry_ns != due) {
+            return;
+          }
+          if (c->config.timeout_action == TimeoutAction::kReject) {
+            it->second.state = ConsumerState::kExpired;  // skipped when pulled
+            timed_out.push_back(it->second.h);
+          } else {
+            it->second.state = ConsumerState::kDelayed;
+            c->delayed.fetch_add(1, std::memory_order_relaxed);
+          }
+        });
+      }
+      for (const Handle& h : timed_out) {
+        c->expired.fetch_add(1, std::memory_order_relaxed);
+        engine_internal::DeadLetter(*c, h, 0, "expired", "queue timeout");
+      }
     }
     engine_internal::RetryParked(*c);
 
@@ -1581,6 +1738,8 @@ EngineStats Engine::Stats() const {
     cs.dropped = c->dropped.load(std::memory_order_relaxed);
     cs.overflow_rejected = c->overflow_rejected.load(std::memory_order_relaxed);
     cs.parked = c->parked_total.load(std::memory_order_relaxed);
+    cs.expired = c->expired.load(std::memory_order_relaxed);
+    cs.delayed = c->delayed.load(std::memory_order_relaxed);
     cs.policy = std::string(c->policy->name());
     cs.group = c->group->Stats();
     cs.ack_latency_ns = c->ack_latency_ns.Snapshot();

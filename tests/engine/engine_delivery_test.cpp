@@ -413,3 +413,114 @@ TEST_CASE("delivery configuration errors name the value and change nothing") {
   CHECK(!r->acked());  // still unsettled: the bad nak changed nothing
   CHECK(r->Ack().ok());
 }
+
+TEST_CASE("a queue timeout fires while the request is still queued behind a busy member") {
+  Fixture f;
+  Member m = f.Add({.dead_letter_subject = "dead.S.c", .queue_timeout = absl::Milliseconds(100)});
+  REQUIRE(f.engine.Publish(Ev("work.a", "A")).ok());
+  REQUIRE(f.engine.Publish(Ev("work.a", "B")).ok());
+  auto busy = m.Next(absl::ZeroDuration());  // the member works on A and pulls nothing else
+  REQUIRE(busy.ok());
+  f.clock.Advance(absl::Milliseconds(99));
+  f.engine.RunTimers();
+  CHECK(f.dlq.Next(absl::ZeroDuration()).status().code() == absl::StatusCode::kDeadlineExceeded);
+  f.clock.Advance(absl::Milliseconds(1));
+  f.engine.RunTimers();
+  // B expired while queued: the dead letter is out before the member comes back.
+  auto dead = f.dlq.Next(absl::ZeroDuration());
+  REQUIRE(dead.ok());
+  CHECK(dead->event().msg_id == "B");
+  CHECK(H(dead->event(), kDeadLetterReasonHeader) == "expired");
+  CHECK(H(dead->event(), kDeadLetterDescriptionHeader) == "queue timeout");
+  CHECK(H(dead->event(), kDeliveryCountHeader) == "0");
+  CHECK(CS(f.engine, "S", "c").expired == 1);
+  REQUIRE(busy->Ack().ok());
+  CHECK(m.Next(absl::ZeroDuration()).status().code() == absl::StatusCode::kDeadlineExceeded);
+  const ConsumerStats cs = CS(f.engine, "S", "c");
+  CHECK(cs.delivered == 1);
+  CHECK(cs.dead_letters == 1);
+  CHECK(cs.group.members[0].outstanding == 0);
+}
+
+TEST_CASE("an event can lower the consumer's queue timeout but never raise it") {
+  Fixture f;
+  Member m = f.Add({.queue_timeout = absl::Seconds(1)});
+  Event shorter = Ev("work.a", "short");
+  shorter.ttl = absl::Milliseconds(100);
+  Event longer = Ev("work.a", "long");
+  longer.ttl = absl::Seconds(5);
+  REQUIRE(f.engine.Publish(std::move(shorter)).ok());
+  REQUIRE(f.engine.Publish(std::move(longer)).ok());
+  REQUIRE(f.engine.Publish(Ev("work.a", "plain")).ok());
+  f.clock.Advance(absl::Milliseconds(100));
+  f.engine.RunTimers();
+  CHECK(CS(f.engine, "S", "c").expired == 1);
+  f.clock.Advance(absl::Milliseconds(899));
+  f.engine.RunTimers();
+  CHECK(CS(f.engine, "S", "c").expired == 1);
+  f.clock.Advance(absl::Milliseconds(1));
+  f.engine.RunTimers();
+  CHECK(CS(f.engine, "S", "c").expired == 3);  // "long" is held to the consumer's 1 s
+  CHECK(m.Next(absl::ZeroDuration()).status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(CS(f.engine, "S", "c").dead_letters_lost == 3);  // no dead-letter subject
+}
+
+TEST_CASE("without a consumer default, the event's ttl and deadline apply") {
+  Fixture f;
+  Member m = f.Add({});
+  Event e = Ev("work.a", "ttl");
+  e.ttl = absl::Milliseconds(50);
+  Event past = Ev("work.a", "past");
+  past.deadline = absl::Now() - absl::Seconds(1);
+  REQUIRE(f.engine.Publish(std::move(e)).ok());
+  REQUIRE(f.engine.Publish(std::move(past)).ok());
+  REQUIRE(f.engine.Publish(Ev("work.a", "none")).ok());
+  f.engine.RunTimers();
+  CHECK(CS(f.engine, "S", "c").expired == 1);  // the past deadline
+  f.clock.Advance(absl::Milliseconds(50));
+  // Not even a timer run: a pull finds the ttl passed and gives the event up.
+  auto r = m.Next(absl::ZeroDuration());
+  REQUIRE(r.ok());
+  CHECK(r->event().msg_id == "none");
+  CHECK(CS(f.engine, "S", "c").expired == 2);
+}
+
+TEST_CASE("timeout action delay moves an expired request behind the queue, once") {
+  Fixture f;
+  Member m = f.Add({.queue_timeout = absl::Milliseconds(10),
+                    .timeout_action = TimeoutAction::kDelay});
+  REQUIRE(f.engine.Publish(Ev("work.a", "A")).ok());
+  f.clock.Advance(absl::Milliseconds(5));
+  REQUIRE(f.engine.Publish(Ev("work.a", "B")).ok());
+  REQUIRE(f.engine.Publish(Ev("work.a", "C")).ok());
+  f.clock.Advance(absl::Milliseconds(5));
+  f.engine.RunTimers();  // A expired (delay); B and C have 5 ms left
+  std::vector<std::string> got;
+  for (;;) {
+    auto r = m.Next(absl::ZeroDuration());
+    if (!r.ok()) break;
+    got.push_back(r->event().msg_id);
+    REQUIRE(r->Ack().ok());
+  }
+  CHECK(got == std::vector<std::string>{"B", "C", "A"});
+  const ConsumerStats cs = CS(f.engine, "S", "c");
+  CHECK(cs.delayed == 1);
+  CHECK(cs.expired == 0);
+  CHECK(cs.acked == 3);
+}
+
+TEST_CASE("bad ttl, qos and queue timeout are refused and change nothing") {
+  Fixture f;
+  Event neg = Ev("work.a");
+  neg.ttl = absl::Seconds(-1);
+  CHECK(Msg(f.engine.Publish(std::move(neg)).status()) ==
+        "event ttl -1s is invalid (zero for none, or up to 365 days)");
+  Event q = Ev("work.a");
+  q.qos = static_cast<Qos>(9);
+  CHECK(Msg(f.engine.Publish(std::move(q)).status()) ==
+        "event qos 9 is not a tier (0 gold, 1 silver, 2 bronze)");
+  CHECK(SS(f.engine, "S").stored == 0);
+  CHECK(Msg(f.engine.AddConsumer({.stream = "S", .name = "x",
+                                  .queue_timeout = absl::Milliseconds(-1)}).status()) ==
+        "consumer 'x': queue_timeout -1ms is invalid (zero for none, or up to 365 days)");
+}

@@ -118,6 +118,12 @@ enum class AckPolicy { kExplicit, kNone };
 //               ConsumerStats::dropped; the dropped delivery is settled, not redelivered).
 enum class OverflowPolicy { kBlock, kReject, kDropOldest };
 
+// What a consumer does with an event whose queue timeout passed before a member took
+// it (Triton's timeout_action): kReject gives it up (dead letter, reason "expired");
+// kDelay keeps it, behind what was queued when it expired (it is moved to the back
+// of its lane once).
+enum class TimeoutAction { kReject, kDelay };
+
 // Headers of a dead letter: the engine publishes a copy of the event (same payload,
 // attributes and headers) to the consumer's dead_letter_subject with these added.
 inline constexpr std::string_view kDeadLetterReasonHeader = "Inferq-Dead-Letter-Reason";
@@ -183,6 +189,13 @@ struct ConsumerConfig {
   // parked until that lane has room.
   std::string dead_letter_subject{};
   OverflowPolicy overflow = OverflowPolicy::kBlock;
+  // Longest an event may wait in a lane for its first delivery (Triton's
+  // default_timeout_microseconds); zero = no default. An event's ttl or deadline
+  // can only lower it, never raise it (with no default they apply as given).
+  // Enforced by a timer wheel when it passes, not only when the event is pulled.
+  // At most 365 days.
+  absl::Duration queue_timeout = absl::ZeroDuration();
+  TimeoutAction timeout_action = TimeoutAction::kReject;
 };
 
 struct PublishAck {
@@ -355,6 +368,8 @@ struct ConsumerStats {
   std::uint64_t dropped = 0;      // queued deliveries dropped by OverflowPolicy::kDropOldest
   std::uint64_t overflow_rejected = 0;  // publishes refused for a full lane (kReject, TryPublish)
   std::uint64_t parked = 0;       // deliveries that found every lane full and waited off-lane
+  std::uint64_t expired = 0;      // events given up by their queue timeout (kReject)
+  std::uint64_t delayed = 0;      // events whose queue timeout passed under kDelay
   std::string policy;             // SelectionPolicy::name()
   GroupSnapshot group;            // health, load and selection counts per member
   std::vector<MemberStats> members;

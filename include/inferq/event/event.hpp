@@ -113,7 +113,12 @@ struct Event {
   std::string seq_id;           // identifies one ordered sequence (e.g. one generation)
   std::uint64_t seq_no = 0;     // position in that sequence, from 0
   absl::Time created = absl::InfinitePast();   // wall time set by the producer
+  // Wall-clock deadline of the request; a consumer gives the event up if no member
+  // has taken it by then (ConsumerConfig::timeout_action). InfiniteFuture = none.
   absl::Time deadline = absl::InfiniteFuture();
+  // Time to live from publish, enforced like `deadline` (whichever comes first);
+  // zero = none; never negative. Engine::Call sets it to the call's timeout.
+  absl::Duration ttl = absl::ZeroDuration();
   std::uint32_t attempt = 0;    // delivery attempt, set by the engine on redelivery
   std::vector<std::int64_t> shape;  // tensor dims of the payload, if it is a tensor
   DType dtype = DType::kUnknown;

@@ -1,0 +1,136 @@
+// File: inferq/sched/duplicate_window.hpp
+//
+// DuplicateWindow: the message ids a stream accepted within its duplicate window,
+// with the stream sequence each was stored under (DESIGN.md §3.6, JetStream's
+// `Nats-Msg-Id` deduplication). A publish whose msg_id is found is acknowledged as
+// a duplicate with the original sequence and not stored again.
+//
+// Semantics (as JetStream's): the window is fixed from the first acceptance. An id
+// accepted at t is a duplicate for every publish with now < t + window, and a
+// duplicate does not extend that; from t + window on the id is new again and a
+// publish with it is stored under its new sequence. Ids are compared as exact bytes
+// (case-sensitive, no trimming, any byte allowed, the empty id included: whether a
+// message without an id is deduplicated is the caller's decision). The window's
+// length (the engine's default is 2 minutes) is the caller's.
+//
+// Usage:
+//   inferq::DuplicateWindow dedup(absl::Minutes(2));
+//   if (auto seq = dedup.Find(msg_id, now_ns)) return PubAck{*seq, /*duplicate=*/true};
+//   const std::uint64_t seq = Store(event);
+//   dedup.Insert(std::string(msg_id), seq, now_ns);
+//   dedup.Expire(now_ns);                          // now and then, or let Insert do it
+//
+// Cost: Find O(1); Insert O(1) amortised plus the expired entries it removes;
+// Expire O(expired). Entries sit in acceptance order in a deque that owns the ids,
+// and an absl::flat_hash_map keyed by views of those ids finds them (one copy of
+// each id). Memory: one entry per id accepted within the last window (about
+// sizeof(std::string) + 48 bytes plus the id's bytes beyond the SSO buffer); no
+// other bound, so the caller's rate limits bound it.
+//
+// Times are ns of the caller's clock; a now_ns earlier than one already seen is
+// taken as the latest seen.
+//
+// Thread safety: none (the engine calls it under the stream's mutex); const methods
+// may run concurrently with each other only.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace inferq {
+
+class DuplicateWindow {
+ public:
+  // InvalidArgument naming the value for a window that is not positive and finite
+  // or does not fit int64 nanoseconds (about 292 years).
+  static absl::Status Validate(absl::Duration window) {
+    if (window <= absl::ZeroDuration() || window == absl::InfiniteDuration() ||
+        window > absl::Nanoseconds(INT64_MAX)) {
+      return absl::InvalidArgumentError("duplicate window " + absl::FormatDuration(window) +
+                                        " must be > 0 and at most 2^63-1 ns");
+    }
+    return absl::OkStatus();
+  }
+
+  // Throws std::invalid_argument with Validate's message.
+  explicit DuplicateWindow(absl::Duration window) {
+    if (absl::Status s = Validate(window); !s.ok()) {
+      throw std::invalid_argument(std::string(s.message()));
+    }
+    window_ns_ = absl::ToInt64Nanoseconds(window);
+  }
+
+  DuplicateWindow(const DuplicateWindow&) = delete;
+  DuplicateWindow& operator=(const DuplicateWindow&) = delete;
+
+  // The sequence msg_id was accepted with, if it was accepted within the window
+  // ending at now_ns; expired entries are not found even before Expire removes them.
+  std::optional<std::uint64_t> Find(std::string_view msg_id, std::int64_t now_ns) const {
+    auto it = ids_.find(msg_id);
+    if (it == ids_.end() || std::max(now_ns, now_ns_) >= it->second.expires_ns) {
+      return std::nullopt;
+    }
+    return it->second.seq;
+  }
+
+  // Records msg_id as accepted at now_ns under stream sequence `seq`, after
+  // removing the expired entries. False, with nothing changed (the window is not
+  // extended), when msg_id is already in the window.
+  bool Insert(std::string msg_id, std::uint64_t seq, std::int64_t now_ns) {
+    Expire(now_ns);
+    if (ids_.contains(msg_id)) return false;
+    const std::int64_t expires =
+        now_ns_ > INT64_MAX - window_ns_ ? INT64_MAX : now_ns_ + window_ns_;
+    order_.push_back(Record{std::move(msg_id), expires});
+    // The view is taken once the id sits in the deque: deque elements never move
+    // when the deque grows or shrinks at its ends.
+    ids_.emplace(std::string_view(order_.back().msg_id), Value{seq, expires});
+    return true;
+  }
+
+  // Removes every entry whose window ended at or before now_ns; returns how many.
+  std::size_t Expire(std::int64_t now_ns) {
+    now_ns_ = std::max(now_ns_, now_ns);
+    std::size_t removed = 0;
+    // Acceptance times never decrease, so the deque is in expiry order.
+    while (!order_.empty() && order_.front().expires_ns <= now_ns_) {
+      ids_.erase(std::string_view(order_.front().msg_id));
+      order_.pop_front();
+      ++removed;
+    }
+    return removed;
+  }
+
+  // Entries held, including expired ones not yet removed by Expire or Insert.
+  std::size_t size() const { return order_.size(); }
+  bool empty() const { return order_.empty(); }
+  std::int64_t window_ns() const { return window_ns_; }
+
+ private:
+  struct Record {
+    std::string msg_id;
+    std::int64_t expires_ns;
+  };
+  struct Value {
+    std::uint64_t seq;
+    std::int64_t expires_ns;  // acceptance + window, saturated
+  };
+
+  std::int64_t window_ns_ = 0;
+  std::int64_t now_ns_ = INT64_MIN;  // latest now_ns seen by Insert or Expire
+  std::deque<Record> order_;         // acceptance order; owns the ids
+  absl::flat_hash_map<std::string_view, Value> ids_;  // views into order_
+};
+
+}  // namespace inferq

@@ -1,0 +1,115 @@
+#include "inferq/sched/duplicate_window.hpp"
+
+#include <cstdint>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+using inferq::DuplicateWindow;
+
+TEST_CASE("the window must be positive and finite") {
+  CHECK(DuplicateWindow::Validate(absl::Minutes(2)).ok());
+  absl::Status s = DuplicateWindow::Validate(absl::ZeroDuration());
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(s.message() == "duplicate window 0 must be > 0 and at most 2^63-1 ns");
+  CHECK(DuplicateWindow::Validate(-absl::Seconds(1)).message() ==
+        "duplicate window -1s must be > 0 and at most 2^63-1 ns");
+  CHECK(!DuplicateWindow::Validate(absl::InfiniteDuration()).ok());
+  CHECK_THROWS_AS(DuplicateWindow(absl::ZeroDuration()), std::invalid_argument);
+  CHECK(DuplicateWindow(absl::Minutes(2)).window_ns() == 120'000'000'000);
+}
+
+TEST_CASE("ids are compared as exact bytes") {
+  DuplicateWindow w(absl::Seconds(1));
+  CHECK(w.Insert("a", 1, 0));
+  CHECK(w.Find("a", 0) == 1u);
+  CHECK(w.Find("A", 0) == std::nullopt);
+  CHECK(w.Find("a ", 0) == std::nullopt);
+  CHECK(w.Find(" a", 0) == std::nullopt);
+  CHECK(w.Find("", 0) == std::nullopt);
+  CHECK(w.Insert("A", 2, 0));
+  CHECK(w.Insert("a ", 3, 0));
+  CHECK(w.Insert(std::string("a\0b", 3), 4, 0));
+  CHECK(w.Find(std::string_view("a\0b", 3), 0) == 4u);
+  CHECK(w.Find("a", 0) == 1u);  // "a\0b" is not "a"
+  CHECK(!w.Insert("a", 5, 0));
+  CHECK(w.Find("a", 0) == 1u);  // the duplicate did not replace the sequence
+  CHECK(w.size() == 4);
+}
+
+TEST_CASE("the window is fixed from the first acceptance") {
+  DuplicateWindow w(absl::Nanoseconds(100));
+  CHECK(w.Insert("m", 7, 1'000));
+  CHECK(!w.Insert("m", 8, 1'050));  // a duplicate seen in between: no extension
+  CHECK(w.Find("m", 1'099) == 7u);  // t = window - 1
+  CHECK(w.Find("m", 1'100) == std::nullopt);  // t = window, not found before Expire
+  CHECK(w.size() == 1);
+  // New again: stored with its new sequence, and a fresh window from now.
+  CHECK(w.Insert("m", 9, 1'100));
+  CHECK(w.size() == 1);
+  CHECK(w.Find("m", 1'150) == 9u);
+  CHECK(w.Find("m", 1'199) == 9u);
+  CHECK(w.Find("m", 1'200) == std::nullopt);
+}
+
+TEST_CASE("entries expire in acceptance order") {
+  DuplicateWindow w(absl::Nanoseconds(100));
+  CHECK(w.Insert("a", 1, 0));
+  CHECK(w.Insert("b", 2, 10));
+  CHECK(w.Insert("c", 3, 20));
+  CHECK(w.Expire(99) == 0);
+  CHECK(w.Expire(110) == 2);  // a (until 100) and b (until 110)
+  CHECK(w.size() == 1);
+  CHECK(w.Find("a", 110) == std::nullopt);
+  CHECK(w.Find("b", 110) == std::nullopt);
+  CHECK(w.Find("c", 110) == 3u);
+  // Time never goes back: an earlier now_ns counts as the latest seen.
+  CHECK(w.Find("c", 50) == 3u);
+  CHECK(w.Expire(5) == 0);
+  CHECK(w.Find("c", 119) == 3u);
+  CHECK(w.Expire(120) == 1);
+  CHECK(w.empty());
+  // Insert removes the expired entries itself.
+  CHECK(w.Insert("d", 4, 200));
+  CHECK(w.Insert("e", 5, 250));
+  CHECK(w.Insert("f", 6, 300));  // d expires at 300
+  CHECK(w.size() == 2);
+}
+
+TEST_CASE("randomized against a map of (sequence, accepted at)") {
+  constexpr std::int64_t kWindow = 1'000;
+  DuplicateWindow w(absl::Nanoseconds(kWindow));
+  std::map<std::string, std::pair<std::uint64_t, std::int64_t>> ref;
+  std::mt19937_64 rng(42);
+  std::int64_t now = 0;
+  std::uint64_t seq = 0;
+  int found = 0;
+  int duplicates = 0;
+  for (int i = 0; i < 20'000; ++i) {
+    now += static_cast<std::int64_t>(rng() % 40);
+    const std::string id = "id-" + std::to_string(rng() % 50);
+    auto it = ref.find(id);
+    const bool live = it != ref.end() && now < it->second.second + kWindow;
+    const auto got = w.Find(id, now);
+    REQUIRE(got.has_value() == live);
+    if (live) {
+      REQUIRE(*got == it->second.first);
+      ++found;
+    }
+    if (rng() % 2 == 0) {
+      const bool inserted = w.Insert(id, ++seq, now);
+      REQUIRE(inserted == !live);
+      if (inserted) ref[id] = {seq, now};
+      else ++duplicates;
+    }
+    if (rng() % 16 == 0) w.Expire(now);
+    std::size_t live_count = 0;
+    for (auto& [k, v] : ref) live_count += now < v.second + kWindow;
+    REQUIRE(w.size() >= live_count);
+  }
+  CHECK(found > 1'000);
+  CHECK(duplicates > 1'000);
+}

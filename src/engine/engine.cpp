@@ -24,6 +24,7 @@
 #include "inferq/ring/mpmc_ring.hpp"
 #include "inferq/routing/subject.hpp"
 #include "inferq/routing/subject_index.hpp"
+#include "inferq/sched/duplicate_window.hpp"
 #include "inferq/sched/timer_wheel.hpp"
 
 namespace inferq {
@@ -271,6 +272,8 @@ struct StreamState {
   std::atomic<std::uint64_t> discarded{0};
   std::atomic<std::uint64_t> rejected{0};
   std::atomic<std::uint64_t> acked_out{0};
+  std::atomic<std::uint64_t> duplicates{0};
+  std::unique_ptr<DuplicateWindow> dedup;   // guarded by mu; nullptr = off
 
   // Moves a live message to `to` (kDiscarded or kDone) exactly once; the winner
   // takes it out of the live counts.
@@ -373,6 +376,7 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
 // Retries parked redeliveries: by the timer, and by a member right after a pull has
 // made room (a consumer without ack_wait has no timer).
 void RetryParked(ConsumerState& c) {
+  if (!c.has_parked.load(std::memory_order_acquire)) return;  // (a std::deque allocates)
   std::deque<Delivery> parked;
   {
     std::lock_guard lock(c.pending_mu);
@@ -905,6 +909,7 @@ struct Engine::Impl {
   std::atomic<std::int64_t> timer_wake_steady_ns{INT64_MAX};
   std::thread timer;                             // started under config_mu
   std::mutex run_timers_mu;                      // one RunTimers at a time
+  std::vector<ConsumerState*> timer_consumers;   // RunTimers' scratch; run_timers_mu
   // Per lane, what the timer saw last: (delivered count, since when unchanged while
   // items were queued). Guarded by run_timers_mu.
   absl::flat_hash_map<const Lane*, std::pair<std::uint64_t, std::int64_t>> stall_marks;
@@ -1024,8 +1029,17 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
                                       std::to_string(static_cast<int>(config.retention)) +
                                       " is not a valid RetentionPolicy");
   }
+  if (config.duplicate_window < absl::ZeroDuration() ||
+      config.duplicate_window > absl::Hours(24 * 365)) {
+    return absl::InvalidArgumentError("stream '" + config.name + "': duplicate_window " +
+                                      absl::FormatDuration(config.duplicate_window) +
+                                      " is invalid (zero for off, or up to 365 days)");
+  }
   state->config = config;
   state->clock = impl_->clock;
+  if (config.duplicate_window > absl::ZeroDuration()) {
+    state->dedup = std::make_unique<DuplicateWindow>(config.duplicate_window);
+  }
 
   std::lock_guard lock(impl_->config_mu);
   if (impl_->closed.load()) return absl::CancelledError("engine is closed");
@@ -1328,6 +1342,18 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
     const std::int64_t now = impl_->clock->NowNanos();
     stream->TrimFront(now);
     stream->CompactIfSparse();
+    const Event& incoming = shared ? *shared : event;
+    if (stream->dedup != nullptr && !incoming.msg_id.empty()) {
+      stream->dedup->Expire(now);
+      if (std::optional<std::uint64_t> original = stream->dedup->Find(incoming.msg_id, now)) {
+        lock.unlock();
+        stream->duplicates.fetch_add(1, std::memory_order_relaxed);
+        if (ack.streams_stored == 0 && ack.streams_duplicate == 0) ack.seq = *original;
+        ack.duplicate = true;
+        ++ack.streams_duplicate;
+        continue;
+      }
+    }
 
     absl::Status refusal;
     if (cfg.max_msg_size > 0 && bytes > static_cast<std::uint64_t>(cfg.max_msg_size)) {
@@ -1444,6 +1470,9 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
     stream->live_bytes.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
     stream->stored.fetch_add(1, std::memory_order_relaxed);
     stream->last_seq.store(stored->seq, std::memory_order_relaxed);
+    if (stream->dedup != nullptr && !shared->msg_id.empty()) {
+      stream->dedup->Insert(shared->msg_id, stored->seq, now);
+    }
     if (cfg.retention == RetentionPolicy::kInterest && explicit_acks == 0) {
       // Nobody will ack it: under interest retention it is done once queued.
       stream->Retire(*stored, engine_internal::kDone);
@@ -1520,11 +1549,11 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
     }
     lock.unlock();
 
-    if (ack.streams_stored == 0) ack.seq = stored->seq;
+    if (ack.streams_stored == 0 && ack.streams_duplicate == 0) ack.seq = stored->seq;
     ++ack.streams_stored;
   }
 
-  if (ack.streams_stored == 0) {
+  if (ack.streams_stored == 0 && ack.streams_duplicate == 0) {
     impl_->rejected.fetch_add(1, std::memory_order_relaxed);
     return first_refusal;
   }
@@ -1562,7 +1591,9 @@ void Engine::Close() {
 
 void Engine::RunTimers() {
   std::lock_guard run_lock(impl_->run_timers_mu);
-  std::vector<ConsumerState*> consumers;
+  // Reused between runs: a run with nothing due allocates nothing.
+  std::vector<ConsumerState*>& consumers = impl_->timer_consumers;
+  consumers.clear();
   {
     std::lock_guard lock(impl_->config_mu);
     if (impl_->closed.load(std::memory_order_acquire)) return;
@@ -1705,6 +1736,7 @@ EngineStats Engine::Stats() const {
     st.discarded = s->discarded.load();
     st.rejected = s->rejected.load();
     st.acked_out = s->acked_out.load();
+    st.duplicates = s->duplicates.load();
     out.streams.push_back(std::move(st));
   }
   for (const auto& c : impl_->consumers) {

@@ -524,3 +524,87 @@ TEST_CASE("bad ttl, qos and queue timeout are refused and change nothing") {
                                   .queue_timeout = absl::Milliseconds(-1)}).status()) ==
         "consumer 'x': queue_timeout -1ms is invalid (zero for none, or up to 365 days)");
 }
+
+TEST_CASE("duplicate window: a msg_id seen within the window is acked with the original sequence") {
+  Fixture f;  // stream S keeps the default window, 2 minutes
+  Member m = f.Add({});
+  auto first = f.engine.Publish(Ev("work.a", "id-1"));
+  REQUIRE(first.ok());
+  CHECK(first->seq == 1);
+  CHECK(!first->duplicate);
+  f.clock.Advance(absl::Seconds(30));
+  auto dup = f.engine.Publish(Ev("work.b", "id-1"));
+  REQUIRE(dup.ok());
+  CHECK(dup->duplicate);
+  CHECK(dup->seq == 1);
+  CHECK(dup->streams_stored == 0);
+  CHECK(dup->streams_duplicate == 1);
+  CHECK(dup->deliveries == 0);
+  CHECK(SS(f.engine, "S").stored == 1);
+  CHECK(SS(f.engine, "S").duplicates == 1);
+  auto r = m.Next(absl::ZeroDuration());
+  REQUIRE(r.ok());
+  CHECK(r->event().subject == "work.a");
+  CHECK(m.Next(absl::ZeroDuration()).status().code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("duplicate window keys are exact bytes") {
+  Fixture f;
+  std::vector<std::uint64_t> seqs;
+  for (const char* id : {"a", "A", "a ", " a", "a\n"}) {
+    auto ack = f.engine.Publish(Ev("work.a", id));
+    REQUIRE(ack.ok());
+    CHECK(!ack->duplicate);
+    seqs.push_back(ack->seq);
+  }
+  CHECK(seqs == std::vector<std::uint64_t>{1, 2, 3, 4, 5});
+  auto again = f.engine.Publish(Ev("work.a", "A"));
+  REQUIRE(again.ok());
+  CHECK(again->duplicate);
+  CHECK(again->seq == 2);
+  // An empty msg_id is never a duplicate.
+  CHECK(!f.engine.Publish(Ev("work.a", "")).value().duplicate);
+  CHECK(!f.engine.Publish(Ev("work.a", "")).value().duplicate);
+}
+
+TEST_CASE("duplicate window is fixed from the first acceptance; duplicates do not extend it") {
+  Fixture f;
+  REQUIRE(f.engine.Publish(Ev("work.a", "k")).ok());               // t = 0, seq 1
+  f.clock.Advance(absl::Seconds(100));
+  CHECK(f.engine.Publish(Ev("work.a", "k")).value().duplicate);   // t = 100 s
+  f.clock.Advance(absl::Seconds(20) - absl::Nanoseconds(1));
+  auto last = f.engine.Publish(Ev("work.a", "k"));                 // t = 2 min - 1 ns
+  REQUIRE(last.ok());
+  CHECK(last->duplicate);
+  CHECK(last->seq == 1);
+  f.clock.Advance(absl::Nanoseconds(1));
+  auto fresh = f.engine.Publish(Ev("work.a", "k"));                // t = 2 min: a new message
+  REQUIRE(fresh.ok());
+  CHECK(!fresh->duplicate);
+  CHECK(fresh->seq == 2);
+  f.clock.Advance(absl::Seconds(1));
+  auto dup = f.engine.Publish(Ev("work.a", "k"));
+  CHECK(dup.value().duplicate);
+  CHECK(dup.value().seq == 2);
+}
+
+TEST_CASE("duplicate window per stream, and off when zero") {
+  ManualClock clock(1);
+  Engine engine({.clock = &clock, .manual_timers = true});
+  REQUIRE(engine.AddStream({.name = "A", .subjects = {"x.>"}}).ok());
+  REQUIRE(engine.AddStream({.name = "B", .subjects = {"x.>"},
+                            .duplicate_window = absl::ZeroDuration()}).ok());
+  auto first = engine.Publish(Ev("x.1", "id"));
+  REQUIRE(first.ok());
+  CHECK(first->streams_stored == 2);
+  auto second = engine.Publish(Ev("x.1", "id"));
+  REQUIRE(second.ok());
+  CHECK(second->duplicate);
+  CHECK(second->seq == 1);            // stream A's original
+  CHECK(second->streams_duplicate == 1);
+  CHECK(second->streams_stored == 1); // stream B keeps no window
+  CHECK(SS(engine, "B").stored == 2);
+  CHECK(Msg(engine.AddStream({.name = "C", .subjects = {"y"},
+                              .duplicate_window = absl::Seconds(-5)})) ==
+        "stream 'C': duplicate_window -5s is invalid (zero for off, or up to 365 days)");
+}

@@ -145,6 +145,12 @@ struct StreamConfig {
   std::int64_t max_msg_size = -1;     // bytes per message; -1 or > 0
   DiscardPolicy discard = DiscardPolicy::kOld;
   RetentionPolicy retention = RetentionPolicy::kLimits;
+  // Duplicate window (JetStream's): a publish whose Event::msg_id (exact bytes) this
+  // stream accepted less than this long ago is acknowledged with the original
+  // sequence and PublishAck::duplicate, and not stored again. The window runs from
+  // the first acceptance; duplicates do not extend it. Zero = off; at most 365 days.
+  // Events with an empty msg_id are never duplicates.
+  absl::Duration duplicate_window = absl::Minutes(2);
 };
 
 struct ConsumerConfig {
@@ -206,6 +212,7 @@ struct PublishAck {
   // The event's msg_id was accepted within a capturing stream's duplicate window:
   // nothing was stored again; `seq` is the original sequence.
   bool duplicate = false;
+  std::uint32_t streams_duplicate = 0;  // capturing streams that found it a duplicate
 };
 
 // One delivery of one stored event to one consumer member. Move-only.
@@ -340,6 +347,7 @@ struct StreamStats {
   std::uint64_t discarded = 0;   // removed by max_msgs / max_bytes / max_age
   std::uint64_t rejected = 0;    // publishes refused (discard new, max_msg_size)
   std::uint64_t acked_out = 0;   // removed because every interested consumer acked
+  std::uint64_t duplicates = 0;  // publishes found in the duplicate window (not stored)
 };
 
 struct MemberStats {

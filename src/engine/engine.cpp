@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <charconv>
 #include <new>
 #include <atomic>
 #include <condition_variable>
@@ -157,6 +158,9 @@ struct ConsumerState {
   std::function<absl::Status(Event)> publish_dead_letter;
   // Asks the timer thread to run by `due_ns` (engine clock); set by the Engine.
   std::function<void(std::int64_t)> wake_timer;
+  // Told of every message this consumer gives up, before its dead letter goes out
+  // (Engine::Call completes the caller's future); may be empty.
+  std::function<void(const Event&, std::uint32_t attempt, std::string_view reason)> on_dead_letter;
 
   // The ack wait of delivery `attempt` (1-based): ack_wait, or the backoff list.
   std::int64_t AckWaitFor(std::uint32_t attempt) const {
@@ -403,6 +407,7 @@ void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
                 std::string_view reason, std::string_view description) {
   c.dead_letters.fetch_add(1, std::memory_order_relaxed);
   SettleWithoutAck(c, *h);
+  if (c.on_dead_letter) c.on_dead_letter(*h->event, attempt, reason);
   if (c.config.dead_letter_subject.empty() || !c.publish_dead_letter) {
     c.dead_letters_lost.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -930,6 +935,36 @@ struct Engine::Impl {
     timer_cv.notify_all();
   }
 
+  // Engine::Call: open calls by id, their timeouts, and the functions' workers.
+  struct CallState {
+    std::promise<absl::StatusOr<Buffer>> promise;
+    std::string fn;
+    Buffer payload;
+    absl::Duration timeout;
+    std::uint32_t attempts = 0;   // tries started
+    bool running = false;         // a worker is in the handler
+    absl::Status last_error;      // of the last failed try
+    TimerId timer{};              // its timeout in call_wheel
+  };
+  std::mutex calls_mu;
+  absl::flat_hash_map<std::uint64_t, CallState> calls;        // guarded by calls_mu
+  std::uint64_t next_call = 1;                                 // guarded by calls_mu
+  std::unique_ptr<TimerWheel<std::uint64_t>> call_wheel;       // guarded by calls_mu
+  std::atomic<bool> has_calls{false};
+  std::vector<std::string> functions;                          // guarded by config_mu
+  std::vector<std::thread> function_workers;                   // guarded by config_mu
+
+  // Completes call `id` with `result` if it is still open; false when it was not.
+  bool CompleteCall(std::uint64_t id, absl::StatusOr<Buffer> result) {
+    std::lock_guard lock(calls_mu);
+    auto it = calls.find(id);
+    if (it == calls.end()) return false;
+    it->second.promise.set_value(std::move(result));
+    call_wheel->Cancel(it->second.timer);
+    calls.erase(it);
+    return true;
+  }
+
   StreamState* FindStream(std::string_view name) {
     for (auto& s : streams) {
       if (s->config.name == name) return s.get();
@@ -972,6 +1007,7 @@ NumaArena* ProcessArena(const Topology& topology, int node_index, std::string* w
 Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->clock = options.clock ? options.clock : SteadyClock::Default();
   impl_->manual_timers = options.manual_timers;
+  impl_->call_wheel = std::make_unique<TimerWheel<std::uint64_t>>(impl_->clock->NowNanos());
   if (options.topology != nullptr) {
     impl_->topology = *options.topology;
   } else if (absl::StatusOr<Topology> t = Topology::Detect(); t.ok()) {
@@ -1566,6 +1602,186 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
   return ack;
 }
 
+namespace {
+
+std::uint64_t CallIdOf(const Event& e) {
+  std::optional<std::string_view> v = e.headers.Get(kCallIdHeader);
+  std::uint64_t id = 0;
+  if (!v || std::from_chars(v->data(), v->data() + v->size(), id).ec != std::errc()) return 0;
+  return id;
+}
+
+}  // namespace
+
+absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler handler,
+                                      FunctionOptions options) {
+  const std::string id(fn_id);
+  if (id.empty() || id.size() > 48) {
+    return absl::InvalidArgumentError("function id " + QuoteValue(id) +
+                                      " must have 1 to 48 characters");
+  }
+  if (absl::Status s = ValidateName("function", id); !s.ok()) return s;
+  if (!handler) {
+    return absl::InvalidArgumentError("function '" + id + "' has an empty handler");
+  }
+  if (options.workers == 0 || options.workers > 256) {
+    return absl::InvalidArgumentError("function '" + id + "': workers " +
+                                      std::to_string(options.workers) + " is outside 1..256");
+  }
+  if (options.queue_capacity == 0 || options.queue_capacity > (std::size_t{1} << 20)) {
+    return absl::InvalidArgumentError("function '" + id + "': queue_capacity " +
+                                      std::to_string(options.queue_capacity) +
+                                      " is outside 1..1048576");
+  }
+  if (options.max_deliver < 1 || options.max_deliver > 100) {
+    return absl::InvalidArgumentError("function '" + id + "': max_deliver " +
+                                      std::to_string(options.max_deliver) +
+                                      " is outside 1..100");
+  }
+  {
+    std::lock_guard lock(impl_->config_mu);
+    if (impl_->closed.load()) return absl::CancelledError("engine is closed");
+    for (const std::string& f : impl_->functions) {
+      if (f == id) return absl::AlreadyExistsError("function '" + id + "' is already registered");
+    }
+  }
+  const std::string stream = "FN_" + id;
+  const std::string subject = "fn." + id;
+  if (absl::Status s = AddStream({.name = stream, .subjects = {subject},
+                                  .retention = RetentionPolicy::kInterest});
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = AddStream({.name = stream + "_DLQ", .subjects = {subject + ".dead"},
+                                  .max_msgs = 10'000});
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<Consumer> consumer =
+      AddConsumer({.stream = stream,
+                   .name = "handler",
+                   .members = options.workers,
+                   .lane_capacity = options.queue_capacity,
+                   .max_deliver = options.max_deliver,
+                   .dead_letter_subject = subject + ".dead"});
+  if (!consumer.ok()) return consumer.status();
+  ConsumerState* state = consumer->state_;
+  // The call's own timer enforces its timeout, queued or running: the consumer does
+  // not also expire it by the event's ttl.
+  state->enforce_event_ttl = false;
+  Impl* impl = impl_.get();
+  state->on_dead_letter = [impl, id](const Event& e, std::uint32_t attempt, std::string_view reason) {
+    const std::uint64_t call = CallIdOf(e);
+    absl::Status error;
+    {
+      std::lock_guard lock(impl->calls_mu);
+      auto it = impl->calls.find(call);
+      if (it == impl->calls.end()) return;
+      const absl::Status& last = it->second.last_error;
+      const std::string why = "function '" + id + "' failed after " + std::to_string(attempt) +
+                              (attempt == 1 ? " try" : " tries") + " (" + std::string(reason) + ")";
+      error = last.ok() ? absl::InternalError(why)
+                        : absl::Status(last.code(), why + ": " + std::string(last.message()));
+    }
+    impl->CompleteCall(call, error);
+  };
+  std::lock_guard lock(impl_->config_mu);
+  impl_->functions.push_back(id);
+  for (std::uint32_t i = 0; i < options.workers; ++i) {
+    impl_->function_workers.emplace_back([impl, member = *consumer->member(i), handler] () mutable {
+      for (;;) {
+        absl::StatusOr<Message> m = member.Next(absl::InfiniteDuration());
+        if (!m.ok()) {
+          if (m.status().code() == absl::StatusCode::kCancelled) return;
+          continue;
+        }
+        const std::uint64_t call = CallIdOf(m->event());
+        {
+          std::lock_guard calls_lock(impl->calls_mu);
+          auto it = impl->calls.find(call);
+          if (it == impl->calls.end()) {  // timed out (or not a call): nothing to do
+            (void)m->Ack();
+            continue;
+          }
+          it->second.running = true;
+          ++it->second.attempts;
+        }
+        absl::StatusOr<Buffer> reply;
+        try {
+          reply = handler(m->event());
+        } catch (const std::exception& e) {
+          reply = absl::InternalError(std::string("handler threw: ") + e.what());
+        } catch (...) {
+          reply = absl::InternalError("handler threw a non-standard exception");
+        }
+        if (reply.ok()) {
+          impl->CompleteCall(call, std::move(reply));
+          (void)m->Ack();
+          continue;
+        }
+        {
+          std::lock_guard calls_lock(impl->calls_mu);
+          auto it = impl->calls.find(call);
+          if (it != impl->calls.end()) {
+            it->second.running = false;
+            it->second.last_error = reply.status();
+          }
+        }
+        (void)m->Nak();  // redelivered, or after max_deliver dead-lettered (on_dead_letter)
+      }
+    });
+  }
+  return absl::OkStatus();
+}
+
+std::future<absl::StatusOr<Buffer>> Engine::Call(std::string_view fn_id, Buffer payload,
+                                                 absl::Duration timeout) {
+  std::promise<absl::StatusOr<Buffer>> promise;
+  std::future<absl::StatusOr<Buffer>> future = promise.get_future();
+  const std::string fn(fn_id);
+  if (timeout <= absl::ZeroDuration() || timeout > absl::Hours(24 * 365)) {
+    promise.set_value(absl::InvalidArgumentError("call to function " + QuoteValue(fn) +
+                                                 ": timeout " + absl::FormatDuration(timeout) +
+                                                 " is invalid (> 0 and up to 365 days)"));
+    return future;
+  }
+  {
+    std::lock_guard lock(impl_->config_mu);
+    if (impl_->closed.load()) {
+      promise.set_value(absl::CancelledError("engine is closed"));
+      return future;
+    }
+    if (std::find(impl_->functions.begin(), impl_->functions.end(), fn) == impl_->functions.end()) {
+      promise.set_value(absl::NotFoundError("function " + QuoteValue(fn) + " is not registered"));
+      return future;
+    }
+  }
+  const std::int64_t deadline =
+      engine_internal::SatAdd(impl_->clock->NowNanos(), absl::ToInt64Nanoseconds(timeout));
+  std::uint64_t id;
+  {
+    std::lock_guard lock(impl_->calls_mu);
+    id = impl_->next_call++;
+    Impl::CallState& call = impl_->calls[id];
+    call.promise = std::move(promise);
+    call.fn = fn;
+    call.payload = payload;
+    call.timeout = timeout;
+    call.timer = impl_->call_wheel->Schedule(deadline, id);
+    impl_->has_calls.store(true, std::memory_order_release);
+  }
+  impl_->WakeTimer(deadline);
+  Event e;
+  e.subject = "fn." + fn;
+  e.msg_id = "call-" + std::to_string(id);
+  e.ttl = timeout;
+  e.headers.Set(std::string(kCallIdHeader), std::to_string(id));
+  e.payload = std::move(payload);
+  absl::StatusOr<PublishAck> ack = Publish(std::move(e));
+  if (!ack.ok()) impl_->CompleteCall(id, ack.status());
+  return future;
+}
+
 void Engine::Close() {
   {
     std::lock_guard lock(impl_->config_mu);
@@ -1587,6 +1803,28 @@ void Engine::Close() {
   if (impl_->timer.joinable() && impl_->timer.get_id() != std::this_thread::get_id()) {
     impl_->timer.join();
   }
+  // Function workers drain their lanes and stop; then every call still open fails.
+  std::vector<std::thread> workers;
+  {
+    std::lock_guard lock(impl_->config_mu);
+    workers.swap(impl_->function_workers);
+  }
+  for (std::thread& w : workers) {
+    if (w.get_id() == std::this_thread::get_id()) {
+      w.detach();  // Close from inside a handler: that worker ends by itself
+    } else {
+      w.join();
+    }
+  }
+  absl::flat_hash_map<std::uint64_t, Impl::CallState> open;
+  {
+    std::lock_guard lock(impl_->calls_mu);
+    open.swap(impl_->calls);
+  }
+  for (auto& [id, call] : open) {
+    call.promise.set_value(absl::CancelledError("engine closed before call " + std::to_string(id) +
+                                                " to function '" + call.fn + "' completed"));
+  }
 }
 
 void Engine::RunTimers() {
@@ -1598,6 +1836,39 @@ void Engine::RunTimers() {
     std::lock_guard lock(impl_->config_mu);
     if (impl_->closed.load(std::memory_order_acquire)) return;
     for (auto& c : impl_->consumers) consumers.push_back(c.get());
+  }
+  // Calls whose timeout passed (queued or running): the caller gets DeadlineExceeded
+  // and the call goes to its function's dead-letter subject.
+  if (impl_->has_calls.load(std::memory_order_acquire)) {
+    std::vector<Event> dead;
+    {
+      std::lock_guard lock(impl_->calls_mu);
+      impl_->call_wheel->Advance(impl_->clock->NowNanos(), [&](std::uint64_t id, std::int64_t) {
+        auto it = impl_->calls.find(id);
+        if (it == impl_->calls.end()) return;
+        Impl::CallState& call = it->second;
+        const char* where = call.running ? "running" : "queued";
+        call.promise.set_value(absl::DeadlineExceededError(
+            "call " + std::to_string(id) + " to function '" + call.fn + "' timed out after " +
+            absl::FormatDuration(call.timeout) + " (" + where + ", " +
+            std::to_string(call.attempts) + (call.attempts == 1 ? " try)" : " tries)")));
+        Event e;
+        e.subject = "fn." + call.fn + ".dead";
+        e.msg_id = "call-" + std::to_string(id);
+        e.payload = std::move(call.payload);
+        e.attempt = call.attempts;
+        e.headers.Set(std::string(kCallIdHeader), std::to_string(id));
+        e.headers.Set(std::string(kDeadLetterReasonHeader), "expired");
+        e.headers.Set(std::string(kDeadLetterDescriptionHeader),
+                      std::string("call timeout while ") + where);
+        e.headers.Set(std::string(kDeliveryCountHeader), std::to_string(call.attempts));
+        e.headers.Set(std::string(kOriginalSubjectHeader), "fn." + call.fn);
+        dead.push_back(std::move(e));
+        impl_->calls.erase(it);
+      });
+      impl_->has_calls.store(!impl_->calls.empty(), std::memory_order_release);
+    }
+    for (Event& e : dead) (void)Publish(std::move(e), PublishMode::kInternal);
   }
   for (ConsumerState* c : consumers) {
     const std::int64_t now = impl_->clock->NowNanos();

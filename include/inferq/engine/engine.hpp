@@ -81,6 +81,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -135,6 +137,20 @@ inline constexpr std::string_view kStreamHeader = "Inferq-Stream";
 inline constexpr std::string_view kConsumerHeader = "Inferq-Consumer";
 inline constexpr std::string_view kStreamSeqHeader = "Inferq-Stream-Seq";        // decimal
 inline constexpr std::string_view kOriginalSubjectHeader = "Inferq-Original-Subject";
+// Set by Engine::Call on the call event (decimal call id).
+inline constexpr std::string_view kCallIdHeader = "Inferq-Call-Id";
+
+// A function served on engine threads (Engine::RegisterFunction). Gets the call
+// event (payload, headers, ttl = the call's timeout) and returns the reply payload or
+// an error; an error (or an exception, taken as kInternal) fails this try. Runs on
+// one of the function's worker threads; may block.
+using FunctionHandler = std::function<absl::StatusOr<Buffer>(const Event& call)>;
+
+struct FunctionOptions {
+  std::uint32_t workers = 1;          // threads running the handler, 1..256
+  std::size_t queue_capacity = 1024;  // calls queued per worker, 1..2^20
+  std::int64_t max_deliver = 1;       // tries per call (a failed try is retried), 1..100
+};
 
 struct StreamConfig {
   std::string name{};                 // 1..64 of [A-Za-z0-9_-], unique in the engine
@@ -451,6 +467,27 @@ class Engine {
   // refuses the publish for that stream as kReject does (ResourceExhausted naming the
   // consumer and member; nothing stored there). Otherwise as Publish.
   absl::StatusOr<PublishAck> TryPublish(Event event);
+
+  // Function-in-flight (DESIGN.md §3.8). RegisterFunction serves `fn_id` on
+  // `options.workers` engine threads: it adds stream "FN_<fn_id>" (subject
+  // "fn.<fn_id>"), its consumer "handler" (max_deliver from the options, dead letters
+  // to "fn.<fn_id>.dead"), and stream "FN_<fn_id>_DLQ" on that subject (the last
+  // 10,000 dead letters). fn_id: 1..48 of [A-Za-z0-9_-]. InvalidArgument for a bad
+  // id or option (naming it); AlreadyExists when registered; Cancelled after Close().
+  absl::Status RegisterFunction(std::string_view fn_id, FunctionHandler handler,
+                                FunctionOptions options = {});
+  // Calls `fn_id` with `payload`: publishes the call event (subject "fn.<fn_id>",
+  // ttl = `timeout`, header kCallIdHeader) and returns a future of the reply
+  // payload. The future gets: the handler's reply; or, when every try failed, the
+  // last try's error (its code, the message prefixed with the function and tries);
+  // or DeadlineExceeded when `timeout` passed first (queued or running; a reply
+  // that comes later is dropped). Failures and timeouts also land in the
+  // function's dead-letter subject (kDeadLetterReasonHeader "max_deliver" or
+  // "expired"). InvalidArgument for a timeout not in (0, 365 days]; NotFound for an
+  // unknown function; Cancelled when the engine closes first. The timeout runs on
+  // the engine clock and its timers (RunTimers with manual_timers).
+  std::future<absl::StatusOr<Buffer>> Call(std::string_view fn_id, Buffer payload,
+                                           absl::Duration timeout);
 
   // Closes every lane: blocked publishers and pullers wake; pulls drain what is
   // queued and then return Cancelled; later publishes return Cancelled. Idempotent.

@@ -1715,8 +1715,8 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
           reply = absl::InternalError("handler threw a non-standard exception");
         }
         if (reply.ok()) {
+          (void)m->Ack();  // first: a caller that sees the reply sees the call settled
           impl->CompleteCall(call, std::move(reply));
-          (void)m->Ack();
           continue;
         }
         {

@@ -50,9 +50,8 @@
 // Preemption (QosConfig::preemption): inside a tenant, items leave in strict
 // `priority` order (higher first), FIFO among equal priorities; and a push into a
 // full scheduler (or a tier at its max_items) evicts the lowest-priority item of
-// the same tier (the most
-// recently pushed among equals) if, and only if, the new item's priority is
-// strictly higher. Arrival time never decides an eviction: an equal priority never
+// the same tier (the most recently pushed among equals) if, and only if, the new
+// item's priority is strictly higher. Arrival time never decides an eviction: an equal priority never
 // evicts, however old the queued item. Without preemption priority is ignored and a
 // full scheduler refuses every push.
 //

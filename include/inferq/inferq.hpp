@@ -18,5 +18,7 @@
 #include "inferq/routing/selection.hpp"
 #include "inferq/routing/subject.hpp"
 #include "inferq/routing/subject_index.hpp"
+#include "inferq/sched/batcher.hpp"
+#include "inferq/sched/qos_scheduler.hpp"
 #include "inferq/state/state_store.hpp"
 #include "inferq/version.hpp"

@@ -322,10 +322,13 @@ absl::Status Lifecycle::Load() {
                                    ", which has no record");
       }
       if (!Allowed(rec.info.state, it->second->info.state)) {
+        const ModelState ms = it->second->info.state;
         return absl::DataLossError(
             "lifecycle key " + QuoteValue(key) + " is " +
-            std::string(MessageStateName(rec.info.state)) + " on " +
-            ModelIs(rec.info.model, it->second->info.state) + " (broken invariant)");
+            std::string(MessageStateName(rec.info.state)) + " on model " +
+            QuoteValue(rec.info.model) + ", which is " +
+            (ms == ModelState::kEvicted ? "" : "in ") + std::string(ModelStateName(ms)) +
+            " (broken invariant)");
       }
       it->second->live.insert(std::string(id));
     }

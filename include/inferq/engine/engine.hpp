@@ -98,6 +98,9 @@
 #include "inferq/memory/topology.hpp"
 #include "inferq/routing/predicate.hpp"
 #include "inferq/routing/selection.hpp"
+#include "inferq/sched/batcher.hpp"
+#include "inferq/sched/flow_control.hpp"
+#include "inferq/sched/qos_scheduler.hpp"
 
 namespace inferq {
 
@@ -218,6 +221,16 @@ struct ConsumerConfig {
   // At most 365 days.
   absl::Duration queue_timeout = absl::ZeroDuration();
   TimeoutAction timeout_action = TimeoutAction::kReject;
+  // QoS tiers in each member's lane (sched/qos_scheduler.hpp): which queued event a
+  // pull gets next is decided by the tier's assured share, the tiers' weights and
+  // DRR between tenants (Event::qos, tenant, priority) instead of arrival order.
+  // nullopt = a FIFO lock-free ring. The lane holds lane_capacity events (the
+  // config's `capacity` is replaced by it); a scheduled lane takes a mutex.
+  std::optional<QosConfig> qos{};
+  // How Member::NextBatch(timeout) forms batches (sched/batcher.hpp): max_batch,
+  // max_queue_delay, preferred sizes, adaptive window. With `adaptive`, the observed
+  // round-trip time is each acked message's deliver -> ack time.
+  BatchPolicy batch{};
 };
 
 struct PublishAck {
@@ -308,6 +321,15 @@ class Member {
                                                  absl::Duration max_queue_delay,
                                                  absl::Duration timeout = absl::InfiniteDuration());
 
+  // Forms a batch under the consumer's BatchPolicy (Triton's dynamic batcher with
+  // the adaptive window, sched/batcher.hpp): waits up to `timeout` for a first
+  // message; then returns at once when the queue holds the window's worth or a
+  // preferred size, else waits until the oldest message has waited the window's
+  // delay and returns what is there. Events that queued while the member was busy
+  // all join the next batch (up to the window). Errors as Next for the first
+  // message; never returns an empty batch.
+  absl::StatusOr<std::vector<Message>> NextBatch(absl::Duration timeout);
+
   // This member's own load, for TopologyScorePolicy (MemberGroup::ReportLoad):
   // InvalidArgument for a negative or non-finite value, or cpu above 1.
   absl::Status ReportLoad(const MemberLoadReport& report);
@@ -394,6 +416,13 @@ struct ConsumerStats {
   std::uint64_t parked = 0;       // deliveries that found every lane full and waited off-lane
   std::uint64_t expired = 0;      // events given up by their queue timeout (kReject)
   std::uint64_t delayed = 0;      // events whose queue timeout passed under kDelay
+  std::uint64_t evicted = 0;      // queued events evicted by a higher priority (QoS preemption)
+  // NextBatch(timeout) batches by size (log2 buckets, BatcherStats), all members.
+  std::array<std::uint64_t, kBatchSizeBuckets> batches_by_size{};
+  std::uint64_t batches = 0;
+  // Scheduled lanes (ConsumerConfig::qos), summed over members: per tier served,
+  // floor picks, evictions, refusals.
+  std::array<QosTierStats, kQosTiers> qos_tiers{};
   std::string policy;             // SelectionPolicy::name()
   GroupSnapshot group;            // health, load and selection counts per member
   std::vector<MemberStats> members;

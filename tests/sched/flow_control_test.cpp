@@ -99,11 +99,17 @@ TEST_CASE("concurrent updates and reads see only values that were set") {
   // Writers alternate between two states; every read must be one of the throttles
   // the combinations of channel values give: {0, 0.6} x {0, 0.4}.
   std::atomic<bool> stop{false};
+  std::atomic<int> readers_ready{0};  // the writers start once both readers have read
+  auto wait_for_readers = [&] {
+    while (readers_ready.load() < 2) std::this_thread::yield();
+  };
   std::vector<std::thread> threads;
   threads.emplace_back([&] {
+    wait_for_readers();
     for (int i = 0; i < 20'000; ++i) c.SetMemoryUsed(i % 2 ? 2000 : 500);
   });
   threads.emplace_back([&] {
+    wait_for_readers();
     for (int i = 0; i < 20'000; ++i) {
       c.SetLatency(i % 2 ? 300 * kMs : 10 * kMs);
       (void)c.SetReward(i % 2 ? 1.0 : -1.0);
@@ -113,6 +119,7 @@ TEST_CASE("concurrent updates and reads see only values that were set") {
   std::atomic<long> reads{0};
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&] {
+      bool first = true;
       while (!stop.load(std::memory_order_relaxed)) {
         const double t = c.Throttle();
         const inferq::FlowSnapshot s = c.Snapshot();
@@ -123,6 +130,8 @@ TEST_CASE("concurrent updates and reads see only values that were set") {
                           (s.reward == 0.0 || s.reward == 1.0 || s.reward == -1.0);
         if (!t_ok || !s_ok) bad.fetch_add(1, std::memory_order_relaxed);
         reads.fetch_add(1, std::memory_order_relaxed);
+        if (first) readers_ready.fetch_add(1);
+        first = false;
       }
     });
   }

@@ -110,7 +110,7 @@ TEST_CASE("duplicates of released and of buffered numbers are dropped and counte
   CHECK(rb.Stats().duplicates == 2);
 }
 
-TEST_CASE("Start sets the first number; numbers below it are duplicates") {
+TEST_CASE("Start sets the first number, and numbers below it are duplicates") {
   ReorderBuffer<int> rb;
   Recorder r;
   REQUIRE(rb.Start("s", 10).ok());

@@ -74,7 +74,7 @@ TEST_CASE("timers fire in deadline order, ties in schedule order, never early") 
   CHECK(w.NextDeadline() == std::nullopt);
 }
 
-TEST_CASE("past deadlines fire at the next advance; time never goes back") {
+TEST_CASE("past deadlines fire at the next advance, and time never goes back") {
   TimerWheel<int> w(1'000, {.tick_ns = 10});
   w.Schedule(5, 1);  // before start
   CHECK(AdvanceTo(w, 0) == std::vector<Fired>{{1, 5}});  // now 0 counts as 1'000

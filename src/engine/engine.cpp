@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "handle_queue.hpp"
+#include "lane_queue.hpp"
 #include "inferq/base/error.hpp"
 #include "inferq/memory/fixed_pool.hpp"
 #include "inferq/memory/numa_arena.hpp"
@@ -102,7 +103,13 @@ struct Delivery {
 
 struct Lane {
   Lane(std::size_t capacity, int node_index) : ring(capacity), node(node_index) {}
-  MpmcRing<Delivery> ring;
+  Lane(std::unique_ptr<QosScheduler<Delivery>> qos, LaneQueue<Delivery>::OnEvict on_evict,
+       int node_index)
+      : ring(std::move(qos), [](const Delivery& d) { return QosKey::Of(*d.h->event); },
+             std::move(on_evict)),
+        node(node_index) {}
+  // A lock-free ring, or a QoS scheduler (ConsumerConfig::qos); named for the former.
+  LaneQueue<Delivery> ring;
   int node;  // index into the engine's topology nodes; -1 = the publisher's node
   alignas(kCacheLineSize) std::atomic<std::uint64_t> delivered{0};
   std::atomic<std::int64_t> last_pop_ns{0};  // engine clock; for stall detection
@@ -222,7 +229,9 @@ struct ConsumerState {
   std::atomic<std::uint64_t> redelivered{0}, ack_timeouts{0}, naks{0}, moved{0},
       late_acks{0}, mirrored{0}, shadow_acked{0}, terminated{0}, dead_letters{0},
       dead_letters_lost{0}, dropped{0}, overflow_rejected{0}, parked_total{0}, expired{0},
-      delayed{0};
+      delayed{0}, evicted{0};
+  // Member::NextBatch(timeout): one batcher per member (ConsumerConfig::batch).
+  std::vector<std::unique_ptr<Batcher>> batchers;
   // Explicit-ack deliveries handed out and not yet settled (ack, nak, expiry).
   std::atomic<std::int64_t> unsettled{0};
   Histogram ack_latency_ns;
@@ -430,9 +439,9 @@ void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
 }
 
 // A delivery queued on lane `m` was dropped to make room (OverflowPolicy::kDropOldest).
-void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d) {
+void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d, bool evicted = false) {
   c.group->OnDone(m, Outcome::kDropped, 0);
-  c.dropped.fetch_add(1, std::memory_order_relaxed);
+  (evicted ? c.evicted : c.dropped).fetch_add(1, std::memory_order_relaxed);
   if (d.shadow) return;
   if (d.attempt == 1 && c.has_waiting.load(std::memory_order_acquire)) {
     std::lock_guard lock(c.pending_mu);
@@ -655,6 +664,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
   }
   c.acked.fetch_add(1, std::memory_order_relaxed);
   c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
+  if (c.config.batch.adaptive) c.batchers[member_]->ObserveRtt(latency);
   StreamState* stream = msg_->stream;
   if (stream->config.retention == RetentionPolicy::kInterest &&
       msg_->pending_acks.fetch_sub(1, std::memory_order_acq_rel) == 1) {
@@ -842,6 +852,41 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
     batch.push_back(std::move(m));
   }
   return batch;
+}
+
+absl::StatusOr<std::vector<Message>> Member::NextBatch(absl::Duration timeout) {
+  ConsumerState& c = *consumer_;
+  Batcher& batcher = *c.batchers[index_];
+  Lane& lane = *c.lanes[index_];
+  std::vector<Message> batch;
+  Message first;
+  if (absl::Status s = PopOne(DeadlineAfter(timeout), first); !s.ok()) return s;
+  const std::int64_t oldest = first.publish_time_ns();
+  batch.push_back(std::move(first));
+  bool waited_out = false;
+  for (;;) {
+    const std::int64_t now = c.clock->NowNanos();
+    const BatchDecision d = batcher.Decide(batch.size() + lane.ring.size_approx(), oldest, now);
+    if (d.take > 0 || waited_out) {
+      while (batch.size() < d.take) {
+        Message m;
+        if (!PopOne(SteadyClock::Now(), m).ok()) break;  // others took them: go with what is here
+        batch.push_back(std::move(m));
+      }
+      return batch;
+    }
+    // Wait for one more message, at most until the batch's delay runs out (the
+    // wait is on the engine clock, converted to a steady-clock deadline).
+    const std::int64_t wait_ns = d.wait_until_ns == INT64_MAX ? INT64_MAX : d.wait_until_ns - now;
+    const std::int64_t steady = SteadyClock::Now();
+    const std::int64_t deadline = wait_ns >= kNoDeadline - steady ? kNoDeadline : steady + wait_ns;
+    Message m;
+    if (!PopOne(deadline, m).ok()) {  // the delay ran out (or the engine closed)
+      waited_out = true;
+      continue;
+    }
+    batch.push_back(std::move(m));
+  }
 }
 
 absl::Status Member::ReportLoad(const MemberLoadReport& report) {
@@ -1202,6 +1247,16 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
                                       std::to_string(static_cast<int>(config.timeout_action)) +
                                       " is not a valid TimeoutAction");
   }
+  if (config.qos) {
+    QosConfig qc = *config.qos;
+    qc.capacity = static_cast<std::uint32_t>(std::min<std::size_t>(config.lane_capacity, 1u << 24));
+    if (absl::Status s = QosConfig::Validate(qc); !s.ok()) {
+      return absl::InvalidArgumentError("consumer '" + config.name + "': " + std::string(s.message()));
+    }
+  }
+  if (absl::Status s = BatchPolicy::Validate(config.batch); !s.ok()) {
+    return absl::InvalidArgumentError("consumer '" + config.name + "': " + std::string(s.message()));
+  }
   if (config.selection != nullptr) {
     if (absl::Status s = config.selection->CheckGroupSize(config.members); !s.ok()) {
       return absl::InvalidArgumentError("consumer '" + config.name + "': " + std::string(s.message()));
@@ -1230,6 +1285,9 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   for (absl::Duration b : config.backoff) state->backoff_ns.push_back(absl::ToInt64Nanoseconds(b));
   state->tracked = (state->ack_wait_ns > 0 || !state->backoff_ns.empty()) &&
                    config.ack == AckPolicy::kExplicit;
+  for (std::uint32_t i = 0; i < config.members; ++i) {
+    state->batchers.push_back(*Batcher::Create(config.batch));
+  }
   state->queue_timeout_ns = absl::ToInt64Nanoseconds(config.queue_timeout);
   state->wheel = std::make_unique<TimerWheel<std::uint64_t>>(impl_->clock->NowNanos());
   state->max_deliver = config.max_deliver;
@@ -1266,8 +1324,18 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
     }
     try {
       for (std::uint32_t i = 0; i < config.members; ++i) {
+        const int node = config.member_nodes.empty() ? -1 : config.member_nodes[i];
+        if (!config.qos) {
+          state->lanes.push_back(std::make_unique<Lane>(config.lane_capacity, node));
+          continue;
+        }
+        QosConfig qc = *config.qos;
+        qc.capacity = static_cast<std::uint32_t>(config.lane_capacity);
+        ConsumerState* cs = state.get();
         state->lanes.push_back(std::make_unique<Lane>(
-            config.lane_capacity, config.member_nodes.empty() ? -1 : config.member_nodes[i]));
+            *QosScheduler<engine_internal::Delivery>::Create(qc),
+            [cs, i](engine_internal::Delivery& d) { engine_internal::DropQueued(*cs, i, d, true); },
+            node));
       }
     } catch (const std::bad_alloc&) {
       return absl::ResourceExhaustedError("consumer '" + config.name +
@@ -2042,6 +2110,25 @@ EngineStats Engine::Stats() const {
     cs.overflow_rejected = c->overflow_rejected.load(std::memory_order_relaxed);
     cs.parked = c->parked_total.load(std::memory_order_relaxed);
     cs.expired = c->expired.load(std::memory_order_relaxed);
+    cs.evicted = c->evicted.load(std::memory_order_relaxed);
+    for (std::uint32_t i = 0; i < c->lanes.size(); ++i) {
+      const BatcherStats b = c->batchers[i]->Stats();
+      for (std::size_t k = 0; k < kBatchSizeBuckets; ++k) {
+        cs.batches_by_size[k] += b.batches_by_size[k];
+        cs.batches += b.batches_by_size[k];
+      }
+      if (c->lanes[i]->ring.scheduled()) {
+        const QosStats q = c->lanes[i]->ring.QosStatsSnapshot();
+        for (std::size_t t = 0; t < kQosTiers; ++t) {
+          cs.qos_tiers[t].queued += q.tiers[t].queued;
+          cs.qos_tiers[t].served += q.tiers[t].served;
+          cs.qos_tiers[t].served_cost += q.tiers[t].served_cost;
+          cs.qos_tiers[t].floor_picks += q.tiers[t].floor_picks;
+          cs.qos_tiers[t].evicted += q.tiers[t].evicted;
+          cs.qos_tiers[t].refused += q.tiers[t].refused;
+        }
+      }
+    }
     cs.delayed = c->delayed.load(std::memory_order_relaxed);
     cs.policy = std::string(c->policy->name());
     cs.group = c->group->Stats();

@@ -20,6 +20,7 @@
 #include "handle_queue.hpp"
 #include "lane_queue.hpp"
 #include "inferq/base/error.hpp"
+#include "inferq/engine/lifecycle.hpp"
 #include "inferq/memory/fixed_pool.hpp"
 #include "inferq/memory/numa_arena.hpp"
 #include "inferq/memory/topology.hpp"
@@ -113,6 +114,9 @@ struct Lane {
   int node;  // index into the engine's topology nodes; -1 = the publisher's node
   alignas(kCacheLineSize) std::atomic<std::uint64_t> delivered{0};
   std::atomic<std::int64_t> last_pop_ns{0};  // engine clock; for stall detection
+  // Recent publish -> deliver delay, ns: EWMA with alpha 1/8, written by pullers
+  // (a lost update between two pullers only loses one sample); flow control reads it.
+  std::atomic<std::int64_t> delay_ewma_ns{0};
   Histogram deliver_latency_ns;  // written by this lane's puller(s) only
 };
 
@@ -791,7 +795,11 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
       c.AddTimer({deadline, h->seq, d.attempt, std::nullopt});
     }
     lane.delivered.fetch_add(1, std::memory_order_relaxed);
-    lane.deliver_latency_ns.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, now - h->publish_ns)));
+    const std::int64_t delay = std::max<std::int64_t>(0, now - h->publish_ns);
+    lane.deliver_latency_ns.Record(static_cast<std::uint64_t>(delay));
+    const std::int64_t ewma = lane.delay_ewma_ns.load(std::memory_order_relaxed);
+    lane.delay_ewma_ns.store(ewma == 0 ? delay : ewma + (delay - ewma) / 8,
+                             std::memory_order_relaxed);
     if (c.config.ack == AckPolicy::kNone) {
       c.group->OnDone(index_, Outcome::kSuccess, 0);
     } else if (!d.shadow) {
@@ -946,6 +954,8 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<RouteTable>> tables;           // guarded by config_mu
 
   std::atomic<std::uint64_t> published{0}, unrouted{0}, rejected{0}, invalid{0};
+  std::unique_ptr<DualChannelController> flow;  // EngineOptions::flow_control; may be null
+  Lifecycle* lifecycle = nullptr;
 
   // Timers (ack_wait, stalled members): a background thread unless manual_timers.
   bool manual_timers = false;
@@ -963,6 +973,30 @@ struct Engine::Impl {
   // Per lane, what the timer saw last: (delivered count, since when unchanged while
   // items were queued). Guarded by run_timers_mu.
   absl::flat_hash_map<const Lane*, std::pair<std::uint64_t, std::int64_t>> stall_marks;
+
+  // Starts the timer thread (once): it runs `run` every timer_interval_ns, or
+  // earlier when WakeTimer asks. Requires config_mu (or the constructor).
+  void StartTimer(std::function<void()> run) {
+    if (manual_timers || timer.joinable()) return;
+    timer = std::thread([this, run = std::move(run)] {
+      std::unique_lock tl(timer_mu);
+      std::int64_t next_run = SteadyClock::Now() + timer_interval_ns;
+      while (!timer_stop) {
+        const std::int64_t until =
+            std::min(next_run, timer_wake_steady_ns.load(std::memory_order_relaxed));
+        const std::int64_t now = SteadyClock::Now();
+        if (now < until) {
+          timer_cv.wait_for(tl, std::chrono::nanoseconds(until - now));
+          continue;  // woken early (a nearer wake-up, or stop): look again
+        }
+        timer_wake_steady_ns.store(INT64_MAX, std::memory_order_relaxed);
+        tl.unlock();
+        run();
+        tl.lock();
+        next_run = SteadyClock::Now() + timer_interval_ns;
+      }
+    });
+  }
 
   // Asks the timer thread to run by `due_ns` (engine clock). No-op with manual timers.
   void WakeTimer(std::int64_t due_ns) {
@@ -1053,6 +1087,13 @@ Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->clock = options.clock ? options.clock : SteadyClock::Default();
   impl_->manual_timers = options.manual_timers;
   impl_->call_wheel = std::make_unique<TimerWheel<std::uint64_t>>(impl_->clock->NowNanos());
+  if (options.flow_control) {
+    impl_->flow = std::make_unique<DualChannelController>(*options.flow_control);  // throws
+  }
+  impl_->lifecycle = options.lifecycle;
+  if (impl_->flow != nullptr || impl_->lifecycle != nullptr) {
+    impl_->StartTimer([this] { RunTimers(); });
+  }
   if (options.topology != nullptr) {
     impl_->topology = *options.topology;
   } else if (absl::StatusOr<Topology> t = Topology::Detect(); t.ok()) {
@@ -1358,27 +1399,7 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
         impl_->timer_interval_ns = std::min(impl_->timer_interval_ns, interval);
       }
       impl_->timer_cv.notify_all();
-      if (!impl_->timer.joinable()) {
-        Impl* impl = impl_.get();
-        impl_->timer = std::thread([this, impl] {
-          std::unique_lock tl(impl->timer_mu);
-          std::int64_t next_run = SteadyClock::Now() + impl->timer_interval_ns;
-          while (!impl->timer_stop) {
-            const std::int64_t until =
-                std::min(next_run, impl->timer_wake_steady_ns.load(std::memory_order_relaxed));
-            const std::int64_t now = SteadyClock::Now();
-            if (now < until) {
-              impl->timer_cv.wait_for(tl, std::chrono::nanoseconds(until - now));
-              continue;  // woken early (a nearer wake-up, or stop): look again
-            }
-            impl->timer_wake_steady_ns.store(INT64_MAX, std::memory_order_relaxed);
-            tl.unlock();
-            RunTimers();
-            tl.lock();
-            next_run = SteadyClock::Now() + impl->timer_interval_ns;
-          }
-        });
-      }
+      impl_->StartTimer([this] { RunTimers(); });
     }
   }
   // Now the publishers of the stream start queueing for it. This waits for a
@@ -1667,7 +1688,19 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
                                 std::to_string(undelivered) + " consumer(s)");
   }
   impl_->published.fetch_add(1, std::memory_order_relaxed);
+  if (impl_->flow != nullptr) {
+    ack.throttle = impl_->flow->Throttle();
+    ack.weight_scale = impl_->flow->WeightScale();
+  }
   return ack;
+}
+
+absl::Status Engine::SetReward(double reward) {
+  if (impl_->flow == nullptr) {
+    return absl::FailedPreconditionError("SetReward: the engine has no flow control "
+                                         "(EngineOptions::flow_control)");
+  }
+  return impl_->flow->SetReward(reward);
 }
 
 namespace {
@@ -1938,6 +1971,25 @@ void Engine::RunTimers() {
     }
     for (Event& e : dead) (void)Publish(std::move(e), PublishMode::kInternal);
   }
+  if (impl_->flow != nullptr) {
+    std::uint64_t bytes = 0;
+    std::int64_t delay = 0;
+    {
+      std::lock_guard lock(impl_->config_mu);
+      for (const auto& st : impl_->streams) {
+        bytes += static_cast<std::uint64_t>(std::max<std::int64_t>(0, st->live_bytes.load()));
+      }
+    }
+    for (ConsumerState* c : consumers) {
+      for (const auto& lane : c->lanes) {
+        // A lane with nothing queued has no delay now, whatever its last samples.
+        if (lane->ring.size_approx() == 0) continue;
+        delay = std::max(delay, lane->delay_ewma_ns.load(std::memory_order_relaxed));
+      }
+    }
+    impl_->flow->Update(bytes, delay);
+  }
+  if (impl_->lifecycle != nullptr) (void)impl_->lifecycle->RunTimeouts();
   for (ConsumerState* c : consumers) {
     const std::int64_t now = impl_->clock->NowNanos();
     // 1. Due timers: deliveries whose ack wait expired (a failure of their member,
@@ -2143,6 +2195,7 @@ EngineStats Engine::Stats() const {
     m.pools = {p.small.Stats(), p.medium.Stats(), p.large.Stats()};
     out.memory.push_back(std::move(m));
   }
+  if (impl_->flow != nullptr) out.flow = impl_->flow->Snapshot();
   return out;
 }
 

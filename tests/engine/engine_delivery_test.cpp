@@ -729,3 +729,45 @@ TEST_CASE("a QoS lane under a bronze backlog serves queued gold within its weigh
   }
   CHECK(gold_in_first_30 == 20);
 }
+
+TEST_CASE("flow control: publishes carry the throttle from memory and delay, and the reward's weight scale") {
+  ManualClock clock(1);
+  Engine engine({.clock = &clock,
+                 .manual_timers = true,
+                 .flow_control = FlowControlConfig{.memory_budget_bytes = 1000,
+                                                   .latency_sla = absl::Milliseconds(10)}});
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  REQUIRE(c.ok());
+  auto publish = [&](int i) {
+    Event e = Ev("work.a", std::to_string(i));
+    e.payload = Buffer::FromString(std::string(594, 'x'));  // 600 bytes with the subject
+    return engine.Publish(std::move(e));
+  };
+  for (int i = 0; i < 3; ++i) {
+    auto ack = publish(i);
+    REQUIRE(ack.ok());
+    CHECK(ack->throttle == 0);  // the timer has not looked yet
+  }
+  engine.RunTimers();  // 1800 bytes kept: bp = 0.8, no delay yet: rt = 0
+  auto ack = publish(3);
+  REQUIRE(ack.ok());
+  CHECK(ack->throttle == Approx(0.6 * 0.8));
+  CHECK(ack->weight_scale == 1);
+  clock.Advance(absl::Milliseconds(30));
+  REQUIRE(c->member(0)->Next(absl::ZeroDuration()).ok());  // waited 30 ms: rt = 1
+  engine.RunTimers();  // 2400 bytes kept: bp = 1
+  ack = publish(4);
+  REQUIRE(ack.ok());
+  CHECK(ack->throttle == 1);
+  REQUIRE(engine.SetReward(0.5).ok());
+  CHECK(publish(5)->weight_scale == Approx(1.15));
+  CHECK(std::string(engine.SetReward(2).message()).find("2") != std::string::npos);
+  CHECK(engine.SetReward(2).code() == absl::StatusCode::kInvalidArgument);
+  const EngineStats st = engine.Stats();
+  REQUIRE(st.flow.has_value());
+  CHECK(st.flow->throttle == 1);
+
+  Engine plain;
+  CHECK(plain.SetReward(0).code() == absl::StatusCode::kFailedPrecondition);
+}

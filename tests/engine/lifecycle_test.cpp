@@ -21,6 +21,7 @@
 #include <catch2/catch.hpp>
 
 #include "../state/state_test_util.hpp"
+#include "inferq/engine/engine.hpp"
 #include "inferq/engine/lifecycle.hpp"
 #include "inferq/state/state_store.hpp"
 
@@ -795,4 +796,20 @@ TEST_CASE("SIGKILL during random transitions: acknowledged states survive, invar
   CHECK(acked.messages.size() > 100);
   WARN("kills: " << kills << ", acknowledged lines: " << acked.lines
                  << ", messages: " << acked.messages.size());
+}
+
+TEST_CASE("the engine's timer applies the lifecycle's timeouts") {
+  Env env;
+  inferq::Engine engine({.clock = &env.clock, .manual_timers = true, .lifecycle = env.lc.get()});
+  REQUIRE(env.lc->BeginWarmup("llama").ok());
+  REQUIRE(env.lc->Enqueue("m1", "llama").ok());
+  env.clock.Advance(absl::Seconds(30) - absl::Nanoseconds(1));
+  engine.RunTimers();
+  CHECK(env.lc->GetModel("llama")->state == inferq::ModelState::kWarmup);
+  env.clock.Advance(absl::Nanoseconds(1));
+  engine.RunTimers();
+  CHECK(env.lc->GetModel("llama")->state == inferq::ModelState::kEvicted);
+  CHECK(env.lc->GetModel("llama")->reason == "warmup timeout");
+  CHECK(env.lc->GetMessage("m1")->state == inferq::MessageState::kExpired);
+  CHECK(env.lc->Verify().ok());
 }

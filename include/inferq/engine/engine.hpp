@@ -104,6 +104,8 @@
 
 namespace inferq {
 
+class Lifecycle;
+
 namespace engine_internal {
 struct StoredMessage;
 struct ConsumerState;
@@ -242,6 +244,11 @@ struct PublishAck {
   // nothing was stored again; `seq` is the original sequence.
   bool duplicate = false;
   std::uint32_t streams_duplicate = 0;  // capturing streams that found it a duplicate
+  // EngineOptions::flow_control: min(1, 0.6·bp + 0.4·rt), 0 = full speed, 1 = stop
+  // (a producer slows down by this fraction), and 1 + 0.3·reward (Engine::SetReward),
+  // a factor for the producer's own weights. 0 and 1 without flow control.
+  double throttle = 0;
+  double weight_scale = 1;
 };
 
 // One delivery of one stored event to one consumer member. Move-only.
@@ -447,6 +454,7 @@ struct EngineStats {
   std::vector<StreamStats> streams;
   std::vector<ConsumerStats> consumers;
   std::vector<NodeMemoryStats> memory;  // one per NUMA node
+  std::optional<FlowSnapshot> flow;      // EngineOptions::flow_control's state
   // nullptr when absent. The pointer lives as long as this EngineStats; calling these
   // on a temporary (engine.Stats().stream(...)) does not compile, so that no pointer
   // into a destroyed snapshot can be kept.
@@ -466,6 +474,16 @@ struct EngineOptions {
   // True: no background timer thread; ack_wait expiries and stalled members are
   // handled only when RunTimers() is called (tests with a ManualClock).
   bool manual_timers = false;
+  // Dual-channel flow control (sched/flow_control.hpp, DESIGN.md §3.6): the memory
+  // channel is the bytes all streams keep, the response-time channel the highest
+  // recent publish -> deliver delay of any lane (an EWMA, alpha 1/8, per lane). The
+  // timer updates them; every PublishAck carries the throttle and weight scale.
+  // nullopt = off (throttle 0, weight scale 1). InvalidArgument-level values make
+  // the constructor throw std::invalid_argument.
+  std::optional<FlowControlConfig> flow_control{};
+  // When set, the engine's timer also calls lifecycle->RunTimeouts() (warmup and
+  // inference timeouts of engine/lifecycle.hpp). Must outlive the Engine.
+  Lifecycle* lifecycle = nullptr;
 };
 
 class Engine {
@@ -528,6 +546,11 @@ class Engine {
   void RunTimers();
 
   EngineStats Stats() const;
+
+  // The reward channel of flow control, in [-1, 1] (sched/flow_control.hpp).
+  // InvalidArgument outside it or NaN, and FailedPrecondition without
+  // EngineOptions::flow_control; nothing changes then.
+  absl::Status SetReward(double reward);
 
  private:
   struct Impl;

@@ -31,8 +31,8 @@
 //    lane: a consumer never receives a message its stream has discarded); with kNew
 //    the publish is rejected for that stream.
 //  - max_age is applied when the stream is written and when a member pulls an
-//    event; on an idle stream an aged-out event leaves at the next write (a timer
-//    wheel that expires events on time comes with the scheduling issue).
+//    event; on an idle stream an aged-out event leaves at the next write. (Queue
+//    timeouts, below, do fire on a timer.)
 //  - A consumer receives the events published after it was added (JetStream's
 //    DeliverPolicy "new"); per stream, every member sees events in sequence order.
 //  - Memory: the Event shared by all deliveries and each stream's record of it come
@@ -65,6 +65,14 @@
 //    message given up goes to the consumer's dead_letter_subject with headers naming
 //    the reason and delivery count (kDeadLetterReasonHeader ...). max_ack_pending
 //    bounds the deliveries out, unacknowledged, per consumer.
+//  - Scheduling: ConsumerConfig::batch forms NextBatch(timeout) batches (Triton's
+//    dynamic batcher, adaptive window); ConsumerConfig::qos makes each lane a QoS
+//    scheduler (tiers, DRR between tenants); queue_timeout / Event::ttl / deadline
+//    expire queued events on a timer wheel (reject -> dead letter, or delay);
+//    StreamConfig::duplicate_window drops re-published msg_ids; flow control's
+//    throttle rides on every PublishAck.
+//  - Function-in-flight: RegisterFunction serves a handler on engine threads;
+//    Call returns a future completed by the reply, the error, or the timeout.
 //
 // Errors (absl::Status): InvalidArgument for bad names, subjects, patterns and
 // configuration values (the message names the value); AlreadyExists for a duplicate

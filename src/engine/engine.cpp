@@ -1288,6 +1288,11 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
                                       std::to_string(static_cast<int>(config.timeout_action)) +
                                       " is not a valid TimeoutAction");
   }
+  if (config.qos && config.overflow == OverflowPolicy::kDropOldest) {
+    return absl::InvalidArgumentError(
+        "consumer '" + config.name + "': overflow drop-oldest needs a FIFO lane; with qos "
+        "use reject, block, or QosConfig::preemption (a higher priority evicts the lowest)");
+  }
   if (config.qos) {
     QosConfig qc = *config.qos;
     qc.capacity = static_cast<std::uint32_t>(std::min<std::size_t>(config.lane_capacity, 1u << 24));

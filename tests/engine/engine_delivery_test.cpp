@@ -402,6 +402,13 @@ TEST_CASE("delivery configuration errors name the value and change nothing") {
   CHECK(err({.dead_letter_subject = "dead..x"}).rfind("consumer 'bad': dead_letter_subject: ", 0) == 0);
   CHECK(err({.overflow = static_cast<OverflowPolicy>(7)}) ==
         "consumer 'bad': overflow policy 7 is not a valid OverflowPolicy");
+  CHECK(err({.overflow = OverflowPolicy::kDropOldest, .qos = QosConfig{}}) ==
+        "consumer 'bad': overflow drop-oldest needs a FIFO lane; with qos use reject, block, "
+        "or QosConfig::preemption (a higher priority evicts the lowest)");
+  QosConfig bad_qos;
+  bad_qos.quantum = 0;
+  CHECK(err({.qos = bad_qos}) == "consumer 'bad': qos quantum 0 is outside 1..1048576");
+  CHECK(err({.batch = {.max_batch = 0}}).rfind("consumer 'bad': ", 0) == 0);
   CHECK(f.engine.Stats().consumers.size() == 1);  // only the fixture's DLQ consumer
 
   Member m = f.Add({});

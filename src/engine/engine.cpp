@@ -867,6 +867,7 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(absl::Duration timeout) {
   Batcher& batcher = *c.batchers[index_];
   Lane& lane = *c.lanes[index_];
   std::vector<Message> batch;
+  batch.reserve(std::min<std::size_t>(c.config.batch.max_batch, 256));
   Message first;
   if (absl::Status s = PopOne(DeadlineAfter(timeout), first); !s.ok()) return s;
   const std::int64_t oldest = first.publish_time_ns();

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "inferq/base/clock.hpp"
 #include "inferq/ring/mpmc_ring.hpp"
@@ -43,12 +44,14 @@ class LaneQueue {
   bool try_push(T&& v) {
     if (ring_) return ring_->try_push(std::move(v));
     std::optional<T> evicted;
+    bool wake;
     {
       std::lock_guard lock(mu_);
       if (closed_) return false;
       if (!PushLocked(std::move(v), evicted)) return false;
+      wake = sleepers_ > 0;
     }
-    not_empty_.notify_one();
+    if (wake) not_empty_.notify_one();  // no futex call when no puller sleeps
     if (evicted) on_evict_(*evicted);
     return true;
   }
@@ -57,33 +60,47 @@ class LaneQueue {
   bool push(T&& v) {
     if (ring_) return ring_->push(std::move(v));
     std::optional<T> evicted;
+    bool wake;
     {
       std::unique_lock lock(mu_);
       for (;;) {
         if (closed_) return false;
         if (PushLocked(std::move(v), evicted)) break;
+        ++full_waiters_;
         not_full_.wait(lock);
+        --full_waiters_;
       }
+      wake = sleepers_ > 0;
     }
-    not_empty_.notify_one();
+    if (wake) not_empty_.notify_one();
     if (evicted) on_evict_(*evicted);
     return true;
   }
 
   bool try_pop(T& out) {
     if (ring_) return ring_->try_pop(out);
+    bool wake;
     {
       std::lock_guard lock(mu_);
       if (!PopLocked(out)) return false;
+      wake = full_waiters_ > 0;
     }
-    not_full_.notify_one();
+    if (wake) not_full_.notify_one();
     return true;
   }
 
   // Waits until an item arrives or `deadline_ns` (SteadyClock) passes; false on
-  // timeout, or when closed and empty.
+  // timeout, or when closed and empty. Like the ring's HybridWait, it first waits
+  // actively (kActiveNs, yielding) and only then sleeps on the condition variable:
+  // a publisher then rarely pays a futex wake for a puller that is about to look.
   bool pop_until(T& out, std::int64_t deadline_ns) {
     if (ring_) return ring_->pop_until(out, deadline_ns);
+    const std::int64_t active_until = std::min(deadline_ns, SteadyClock::Now() + kActiveNs);
+    while (size_.load(std::memory_order_relaxed) == 0 && SteadyClock::Now() < active_until &&
+           !closed_flag_.load(std::memory_order_relaxed)) {
+      std::this_thread::yield();
+    }
+    bool wake;
     {
       std::unique_lock lock(mu_);
       for (;;) {
@@ -91,14 +108,17 @@ class LaneQueue {
         if (closed_) return false;
         const std::int64_t now = SteadyClock::Now();
         if (now >= deadline_ns) return false;
+        ++sleepers_;
         if (deadline_ns == kNoDeadline) {
           not_empty_.wait(lock);
         } else {
           not_empty_.wait_for(lock, std::chrono::nanoseconds(deadline_ns - now));
         }
+        --sleepers_;
       }
+      wake = full_waiters_ > 0;
     }
-    not_full_.notify_one();
+    if (wake) not_full_.notify_one();
     return true;
   }
 
@@ -110,6 +130,7 @@ class LaneQueue {
     {
       std::lock_guard lock(mu_);
       closed_ = true;
+      closed_flag_.store(true, std::memory_order_relaxed);
     }
     not_empty_.notify_all();
     not_full_.notify_all();
@@ -151,7 +172,11 @@ class LaneQueue {
   OnEvict on_evict_;
   mutable std::mutex mu_;
   std::condition_variable not_empty_, not_full_;
+  static constexpr std::int64_t kActiveNs = 15'000;  // as HybridWait
   bool closed_ = false;             // guarded by mu_
+  std::atomic<bool> closed_flag_{false};  // closed_, readable without mu_
+  std::uint32_t sleepers_ = 0;      // pullers blocked on not_empty_; guarded by mu_
+  std::uint32_t full_waiters_ = 0;  // pushers blocked on not_full_; guarded by mu_
   std::atomic<std::size_t> size_{0};
 };
 

@@ -27,6 +27,36 @@
 // wall time so that X seconds of trace pass per second, with --speed 0 they run as
 // fast as they can and the trace-time figures are the same as at any speed.
 //
+// QoS: request i gets a tier and a tenant from splitmix64(i), no RNG state: the tier
+// by --tier-mix (percent gold:silver:bronze, default 20:30:50), the tenant uniform
+// over tenant-0..tenant-<--tenants - 1> (default 8), independent of the tier (a
+// tenant buys per-request service classes). --overload X divides every arrival time
+// by X. The client counts, per tier, the requests whose first token came within the
+// tier's TTFT SLA (--sla-ms, trace time, default 2 s / 5 s / 15 s: at 1x every tier
+// meets them, the TTFT p99 is about 0.45 s; at 2x the queue for a free batch slot
+// grows to tens of seconds and only the tier order decides who waits).
+// Requests and decode steps share the consumer `replicas` (affinity needs both in
+// one group), which has QoS lanes (ConsumerConfig::qos, default QosConfig). Decode
+// steps of running sequences are published gold, so in the lane they are never
+// stuck behind a backlog of new bronze requests. But the queue that decides TTFT is
+// the wait for a free slot of the batch, and it must be decided in trace time to
+// keep the figures the same at any --speed (the lane's pop order depends on what the
+// publisher has queued by then in wall time, at --speed 0 the whole trace). So a
+// replica drains its lane at each step, keeps requests from its future aside, and
+// admits the ones that arrived by its clock through a QosScheduler of its own with
+// the same QosConfig (assured shares 20/10/5 %, weights 8/4/1, DRR between tenants):
+// the lanes' QoS order is real, the admission order is its trace-time twin.
+// Pulls use Member::NextBatch(timeout) under ConsumerConfig::batch: max_batch =
+// --max-batch, no queue delay, adaptive, baseline RTT = one decode step of a full
+// batch (decode_base_ms + decode_us_per_seq * max_batch) divided by --speed (the
+// engine measures deliver -> ack in wall time; at --speed 0 the trace-time step, so
+// the window stays at max_batch). The window sets how much one pull takes, not what
+// is admitted (the replica drains the lane either way), so the figures stay speed-
+// independent; the batch-size distribution is real time and varies run to run.
+// Dead letters: --max-deliver (default 5) deliveries, then the event goes to
+// `infer.dead.<model>`, kept in stream DEAD; the summary counts redeliveries and
+// dead letters.
+//
 // Data: Azure LLM inference trace 2023 (Patel et al., "Splitwise", ISCA 2024),
 // CC-BY-4.0; see examples/data/README.md.
 

@@ -27,12 +27,43 @@
 // wall time so that X seconds of trace pass per second, with --speed 0 they run as
 // fast as they can and the trace-time figures are the same as at any speed.
 //
+// QoS: request i gets a tier and a tenant from splitmix64(i), no RNG state: the tier
+// by --tier-mix (percent gold:silver:bronze, default 20:30:50), the tenant uniform
+// over tenant-0..tenant-<--tenants - 1> (default 8), independent of the tier (a
+// tenant buys per-request service classes). --overload X divides every arrival time
+// by X. The client counts, per tier, the requests whose first token came within the
+// tier's TTFT SLA (--sla-ms, trace time, default 2 s / 5 s / 15 s: at 1x every tier
+// meets them, the TTFT p99 is about 0.45 s; at 2x the queue for a free batch slot
+// grows to tens of seconds and only the tier order decides who waits).
+// Requests and decode steps share the consumer `replicas` (affinity needs both in
+// one group), which has QoS lanes (ConsumerConfig::qos, default QosConfig). Decode
+// steps of running sequences are published gold, so in the lane they are never
+// stuck behind a backlog of new bronze requests. But the queue that decides TTFT is
+// the wait for a free slot of the batch, and it must be decided in trace time to
+// keep the figures the same at any --speed (the lane's pop order depends on what the
+// publisher has queued by then in wall time, at --speed 0 the whole trace). So a
+// replica drains its lane at each step, keeps requests from its future aside, and
+// admits the ones that arrived by its clock through a QosScheduler of its own with
+// the same QosConfig (assured shares 20/10/5 %, weights 8/4/1, DRR between tenants):
+// the lanes' QoS order is real, the admission order is its trace-time twin.
+// Pulls use Member::NextBatch(timeout) under ConsumerConfig::batch: max_batch =
+// --max-batch, no queue delay, adaptive, baseline RTT = one decode step of a full
+// batch (decode_base_ms + decode_us_per_seq * max_batch) divided by --speed (the
+// engine measures deliver -> ack in wall time; at --speed 0 the trace-time step, so
+// the window stays at max_batch). The window sets how much one pull takes, not what
+// is admitted (the replica drains the lane either way), so the figures stay speed-
+// independent; the batch-size distribution is real time and varies run to run.
+// Dead letters: --max-deliver (default 5) deliveries, then the event goes to
+// `infer.dead.<model>`, kept in stream DEAD; the summary counts redeliveries and
+// dead letters.
+//
 // Data: Azure LLM inference trace 2023 (Patel et al., "Splitwise", ISCA 2024),
 // CC-BY-4.0; see examples/data/README.md.
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -41,6 +72,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -71,7 +103,43 @@ struct Options {
   double ack_wait_ms = 30'000;  // trace time
   std::int64_t kill_replica = -1;
   double kill_at_s = 0;  // trace time
+  // QoS (see the banner): percentages of requests per tier (gold, silver, bronze),
+  // tenants, TTFT SLA per tier (trace ms), arrival-rate multiplier.
+  std::array<std::uint32_t, 3> tier_mix{20, 30, 50};
+  std::uint32_t tenants = 8;
+  std::array<double, 3> sla_ms{2000, 5000, 15000};
+  double overload = 1.0;
+  std::int64_t max_deliver = 5;
 };
+
+constexpr std::array<const char*, 3> kTierNames{"gold", "silver", "bronze"};
+
+// splitmix64 (Steele, Lea and Flood, "Fast splittable pseudorandom number
+// generators", OOPSLA 2014): a fixed bijection of the request index, so the tier and
+// tenant of a request depend on nothing but its index and the flags.
+std::uint64_t Mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+struct Assignment {
+  inferq::Qos tier;
+  std::uint32_t tenant;  // tenant-<k>
+};
+
+// Request i: tier from the low bits of Mix(i) (per --tier-mix), tenant from the high
+// bits (uniform over --tenants). Tier and tenant are independent: a tenant sends
+// requests of every tier, as a customer buying per-request service classes.
+Assignment Assign(const Options& o, std::uint64_t request) {
+  const std::uint64_t h = Mix(request);
+  const std::uint64_t pct = (h & 0xffffffffULL) % 100;
+  const inferq::Qos tier = pct < o.tier_mix[0]                  ? inferq::Qos::kGold
+                           : pct < o.tier_mix[0] + o.tier_mix[1] ? inferq::Qos::kSilver
+                                                                 : inferq::Qos::kBronze;
+  return {tier, static_cast<std::uint32_t>((h >> 32) % o.tenants)};
+}
 
 void Usage(std::FILE* f) {
   std::fprintf(f,
@@ -95,7 +163,16 @@ void Usage(std::FILE* f) {
                "                            always follow their sequence (affinity by seq_id)\n"
                "  --ack-wait-ms X           trace ms before an unacked event is redelivered\n"
                "                            (default 30000; needs --speed > 0)\n"
-               "  --kill-replica K@T        stop replica K at trace second T (needs --speed > 0)\n");
+               "  --kill-replica K@T        stop replica K at trace second T (needs --speed > 0)\n"
+               "  --tier-mix G:S:B          percent of requests in tier gold:silver:bronze,\n"
+               "                            integers summing to 100 (default 20:30:50)\n"
+               "  --tenants N               tenants tenant-0..tenant-N-1, 1..10000 (default 8)\n"
+               "  --sla-ms G:S:B            TTFT SLA per tier, trace ms, each 1..1e9\n"
+               "                            (default 2000:5000:15000)\n"
+               "  --overload X              multiply the arrival rate by X (divide the gaps\n"
+               "                            between arrivals), 0.01..100 (default 1)\n"
+               "  --max-deliver N           deliveries of an event before it is a dead letter,\n"
+               "                            1..100 (default 5)\n");
 }
 
 [[noreturn]] void Fail(const std::string& msg, int code = 2) {
@@ -123,6 +200,21 @@ std::uint64_t ParseUint(const std::string& flag, const std::string& v, std::uint
          std::to_string(hi));
   }
   return n;
+}
+
+// "a:b:c" -> {"a", "b", "c"}; anything else fails naming the flag and value.
+std::array<std::string, 3> SplitTriple(const std::string& flag, const std::string& v,
+                                       const char* form) {
+  std::array<std::string, 3> out;
+  std::size_t start = 0;
+  for (std::size_t k = 0; k < 3; ++k) {
+    const std::size_t colon = k < 2 ? v.find(':', start) : std::string::npos;
+    if (k < 2 && colon == std::string::npos) break;
+    out[k] = v.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    if (k == 2 && out[k].find(':') == std::string::npos) return out;
+    start = colon + 1;
+  }
+  Fail(flag + " '" + v + "' must be " + form);
 }
 
 Options ParseArgs(int argc, char** argv) {
@@ -170,6 +262,22 @@ Options ParseArgs(int argc, char** argv) {
       o.kill_replica = static_cast<std::int64_t>(ParseUint(a, v.substr(0, at), 0, 255));
       o.kill_at_s = ParseDouble(a, v.substr(at + 1), 0, 1e9);
     }
+    else if (a == "--tier-mix") {
+      const auto parts = SplitTriple(a, v, "G:S:B (percent gold:silver:bronze)");
+      std::uint32_t sum = 0;
+      for (std::size_t t = 0; t < 3; ++t) {
+        o.tier_mix[t] = static_cast<std::uint32_t>(ParseUint(a, parts[t], 0, 100));
+        sum += o.tier_mix[t];
+      }
+      if (sum != 100) Fail("--tier-mix '" + v + "' must sum to 100 (it sums to " + std::to_string(sum) + ")");
+    }
+    else if (a == "--tenants") o.tenants = static_cast<std::uint32_t>(ParseUint(a, v, 1, 10000));
+    else if (a == "--sla-ms") {
+      const auto parts = SplitTriple(a, v, "G:S:B (TTFT ms for gold:silver:bronze)");
+      for (std::size_t t = 0; t < 3; ++t) o.sla_ms[t] = ParseDouble(a, parts[t], 1, 1e9);
+    }
+    else if (a == "--overload") o.overload = ParseDouble(a, v, 0.01, 100);
+    else if (a == "--max-deliver") o.max_deliver = static_cast<std::int64_t>(ParseUint(a, v, 1, 100));
     else {
       Usage(stderr);
       Fail("unknown option '" + a + "'");
@@ -261,8 +369,21 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
     std::uint32_t context = 0;
     std::uint32_t generated = 0;
     std::uint32_t produced = 0;
+    Assignment who{};
   };
-  std::deque<Seq> waiting;     // new requests pulled, not yet admitted
+  // New requests pulled and not yet admitted, by request index (= arrival order):
+  // `future` arrive after this replica's clock vt; `ready` have arrived and wait in
+  // `order`, which picks the next one to admit (QosScheduler: tier shares, DRR
+  // between tenants), in trace time, so the choice is the same at any --speed.
+  std::map<std::uint64_t, Seq> future;
+  std::map<std::uint64_t, Seq> ready;
+  // The same tier shares as the lanes (ConsumerConfig::qos): the default QosConfig.
+  inferq::QosConfig order_cfg;
+  order_cfg.capacity = static_cast<std::uint32_t>(
+      std::clamp<std::size_t>(sh.trace->size(), 1, std::size_t{1} << 24));
+  auto order = *inferq::QosScheduler<std::uint64_t>::Create(order_cfg);
+  std::vector<std::string> tenant_names;
+  for (std::uint32_t k = 0; k < o.tenants; ++k) tenant_names.push_back("tenant-" + std::to_string(k));
   std::vector<Seq> active;     // decode steps of sequences whose KV cache is here
   std::vector<Seq> migrated;   // decode steps of sequences that come from elsewhere
   std::vector<Seq> admitted;
@@ -287,9 +408,17 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
       if (e.headers.Get("from") == std::optional<std::string_view>(from) && expected > 0) --expected;
     }
     if (m.attempt() > 1) sh.redelivered_seen.fetch_add(1, std::memory_order_relaxed);
+    s.who = Assign(o, s.request);
     s.msg = std::move(m);
     if (!decode) {
-      waiting.push_back(std::move(s));
+      // A redelivered request this replica already holds (its earlier delivery was
+      // moved while it waited): keep one, settle the other.
+      const std::uint64_t r = s.request;
+      if (ready.contains(r)) {
+        (void)s.msg.Ack();
+      } else {
+        future.insert_or_assign(r, std::move(s));
+      }
     } else if (kv.contains(s.request)) {
       active.push_back(std::move(s));
     } else {
@@ -299,8 +428,7 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
   // Pulls what the lane holds (blocking up to 50 ms when `block`); false when the
   // lane was empty.
   auto pull = [&](bool block) {
-    auto batch = in.NextBatch(o.max_batch, absl::ZeroDuration(),
-                              block ? absl::Milliseconds(50) : absl::ZeroDuration());
+    auto batch = in.NextBatch(block ? absl::Milliseconds(50) : absl::ZeroDuration());
     if (!batch.ok()) return false;
     for (inferq::Message& m : *batch) classify(m);
     return true;
@@ -334,6 +462,9 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
       e.subject = "infer." + o.model + ".decode";
       e.seq_id = std::to_string(s.request);
       e.model = o.model;
+      // A running sequence is served ahead of new work in the lane (see the banner).
+      e.qos = inferq::Qos::kGold;
+      e.tenant = tenant_names[s.who.tenant];
       e.headers.Set("request", std::to_string(s.request));
       e.headers.Set("arrival_us", std::to_string(static_cast<std::int64_t>(s.arrival_us)));
       e.headers.Set("context_tokens", std::to_string(s.context));
@@ -362,7 +493,7 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
   auto report = [&] {
     // Sequences whose KV cache is here (running, or a decode step on its way back)
     // plus requests waiting for a slot.
-    const double n = static_cast<double>(kv.size() + migrated.size() + waiting.size());
+    const double n = static_cast<double>(kv.size() + migrated.size() + future.size() + ready.size());
     (void)in.ReportLoad({.qps = o.max_batch * 1e6 / full_step_us,
                          .rt_ms = (o.decode_base_ms * 1000 + o.decode_us_per_seq * n) / 1000,
                          .hop = 0,
@@ -378,12 +509,14 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
       sh.killed_at_wall_ns.store(SteadyNs(), std::memory_order_release);
       std::vector<Seq> lost;
       for (auto* v : {&active, &migrated}) std::move(v->begin(), v->end(), std::back_inserter(lost));
-      sh.killed_holding.store(lost.size() + waiting.size(), std::memory_order_relaxed);
+      for (auto* held : {&future, &ready}) {
+        for (auto& [r, q] : *held) lost.push_back(std::move(q));
+      }
+      sh.killed_holding.store(lost.size(), std::memory_order_relaxed);
       // Keep the unacked messages alive until the end, as a crashed process would
       // never answer them; they are redelivered after ack_wait.
       std::lock_guard lock(sh.graveyard_mu);
       for (Seq& q : lost) sh.graveyard.push_back(std::move(q.msg));
-      for (Seq& q : waiting) sh.graveyard.push_back(std::move(q.msg));
       break;
     }
     // What this replica holds across steps is alive: restart its ack_wait timers
@@ -391,30 +524,51 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
     for (auto* held : {&active, &migrated}) {
       for (Seq& q : *held) (void)q.msg.InProgress();
     }
-    for (Seq& q : waiting) (void)q.msg.InProgress();
+    for (auto* held : {&future, &ready}) {
+      for (auto& [r, q] : *held) (void)q.msg.InProgress();
+    }
     // Own decode events are in the lane already (Publish queues before returning);
     // if one is not there, the policy sent it elsewhere.
     while (expected > 0) {
       if (!pull(false)) expected = 0;
     }
-    // Admit every request that has arrived by now (vt), up to the batch size. An idle
-    // replica blocks for its next event; a busy one first makes sure that every
-    // request that arrived by vt is published, then takes what its lane holds.
+    // Admission. First every request that arrived by now (vt) must be here: a busy
+    // replica waits until the publisher is past vt and takes all its lane holds. An
+    // idle replica blocks for its next event and, if that is a request from its
+    // future, moves its clock to the earliest one. Then the requests that arrived by
+    // vt join `order`, and it picks which to admit, up to the batch size.
     admitted.clear();
-    while (active.size() + migrated.size() + admitted.size() < o.max_batch) {
-      const bool idle = active.empty() && migrated.empty() && admitted.empty();
-      if (waiting.empty()) {
-        if (!idle) sh.AwaitPublishedThrough(vt);
-        const std::size_t moved_in = migrated.size();
-        const bool got = pull(/*block=*/idle);
-        if (got && migrated.size() > moved_in) continue;  // room left? look again
+    auto drain = [&] {
+      while (pull(false)) {
       }
-      if (waiting.empty()) break;
-      Seq& front = waiting.front();
-      if (idle && front.arrival_us > vt) vt = front.arrival_us;
-      if (front.arrival_us > vt) break;
-      admitted.push_back(std::move(front));
-      waiting.pop_front();
+    };
+    if (active.empty() && migrated.empty() && ready.empty()) {
+      if (future.empty()) {
+        if (!pull(/*block=*/true)) continue;
+        drain();
+      }
+      if (migrated.empty() && ready.empty() && !future.empty()) {
+        vt = std::max(vt, future.begin()->second.arrival_us);
+      }
+    }
+    sh.AwaitPublishedThrough(vt);
+    drain();
+    while (!future.empty() && future.begin()->second.arrival_us <= vt) {
+      auto node = future.extract(future.begin());
+      const Seq& s = node.mapped();
+      std::optional<std::uint64_t> evicted;
+      const inferq::QosPushResult pushed = order->Push(
+          std::uint64_t{s.request}, {s.who.tier, tenant_names[s.who.tenant], 0, 1}, evicted);
+      if (pushed != inferq::QosPushResult::kAccepted) {
+        std::fprintf(stderr, "replica %u: admission queue refused request %llu\n", index,
+                     static_cast<unsigned long long>(s.request));
+        sh.fatal.store(1);
+      }
+      ready.insert(std::move(node));
+    }
+    while (active.size() + migrated.size() + admitted.size() < o.max_batch && !order->empty()) {
+      auto node = ready.extract(*order->Pop());
+      admitted.push_back(std::move(node.mapped()));
     }
     if (!admitted.empty() || !migrated.empty()) {
       // Prefill: new prompts, and for moved sequences prompt + generated tokens
@@ -455,6 +609,10 @@ struct ClientResult {
   std::uint64_t out_of_order = 0;
   std::size_t completed = 0;
   inferq::HistogramSnapshot ttft_us, tbt_us, e2e_us;
+  // Per tier (gold, silver, bronze): requests in the trace, first tokens within
+  // the tier's TTFT SLA, TTFT.
+  std::array<std::uint64_t, 3> tier_requests{}, tier_within_sla{};
+  std::array<inferq::HistogramSnapshot, 3> tier_ttft_us;
 };
 
 // Receives every token, checks the order per generation, measures latencies.
@@ -468,6 +626,9 @@ ClientResult RunClient(Shared& sh, inferq::Member tokens) {
   };
   std::vector<PerRequest> req(trace.size());
   ClientResult r;
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    ++r.tier_requests[static_cast<std::size_t>(Assign(*sh.opt, i).tier)];
+  }
   auto last_token = Clock::now();
   while (r.completed < trace.size()) {
     auto m = tokens.Next(absl::Milliseconds(50));
@@ -506,7 +667,11 @@ ClientResult RunClient(Shared& sh, inferq::Member tokens) {
       if (e.seq_no != pr.next) ++r.out_of_order;
       pr.next = e.seq_no + 1;
       if (e.seq_no == 0) {
-        r.ttft_us.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, p.trace_us - t.arrival_us)));
+        const auto ttft = static_cast<std::uint64_t>(std::max<std::int64_t>(0, p.trace_us - t.arrival_us));
+        r.ttft_us.Record(ttft);
+        const auto tier = static_cast<std::size_t>(Assign(*sh.opt, id).tier);
+        r.tier_ttft_us[tier].Record(ttft);
+        if (static_cast<double>(ttft) <= sh.opt->sla_ms[tier] * 1000) ++r.tier_within_sla[tier];
       } else {
         r.tbt_us.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, p.trace_us - pr.last_us)));
       }
@@ -541,6 +706,13 @@ int main(int argc, char** argv) {
   if (!loaded.ok()) Fail(std::string(loaded.status().message()), 1);
   std::vector<TraceRequest> trace = *std::move(loaded);
   if (opt.limit > 0 && opt.limit < trace.size()) trace.resize(opt.limit);
+  // --overload X: the same requests, X times as fast (every arrival time divided by
+  // X, rounded to the µs; order kept).
+  if (opt.overload != 1.0) {
+    for (auto& t : trace) {
+      t.arrival_us = std::llround(static_cast<double>(t.arrival_us) / opt.overload);
+    }
+  }
   std::uint64_t tokens_total = 0;
   for (const auto& t : trace) tokens_total += t.generated_tokens;
   const double replay_seconds =
@@ -557,6 +729,10 @@ int main(int argc, char** argv) {
   check(engine.AddStream({.name = "REQUESTS",
                           .subjects = {"infer.*.request", "infer.*.decode"},
                           .retention = inferq::RetentionPolicy::kInterest}));
+  // Dead letters of the replicas' consumer (an event given up after --max-deliver
+  // deliveries) are kept here and counted in the summary.
+  const std::string dead_subject = "infer.dead." + opt.model;
+  check(engine.AddStream({.name = "DEAD", .subjects = {dead_subject}, .max_msgs = 100000}));
   check(engine.AddStream({.name = "REPLIES",
                           .subjects = {"infer.reply.>"},
                           .retention = inferq::RetentionPolicy::kInterest}));
@@ -576,6 +752,21 @@ int main(int argc, char** argv) {
   // A decode step held through a long prefill step is slow, not sick: no latency
   // outlier check; only ack_wait expiries and stalls count as failures.
   replicas_cfg.group.outlier.latency_factor = 0;
+  // QoS lanes: requests by tier and tenant, decode steps of running sequences gold.
+  replicas_cfg.qos = inferq::QosConfig{};
+  replicas_cfg.max_deliver = opt.max_deliver;
+  replicas_cfg.dead_letter_subject = dead_subject;
+  // Pulls under the adaptive batcher. Baseline RTT (deliver -> ack of one event at
+  // nominal load): one decode step of a full batch, decode_base_ms +
+  // decode_us_per_seq * max_batch, in trace time, divided by --speed for wall time
+  // (the engine measures acks in wall time); at --speed 0 the trace-time value.
+  const double step_us = opt.decode_base_ms * 1000 + opt.decode_us_per_seq * opt.max_batch;
+  replicas_cfg.batch = {
+      .max_batch = opt.max_batch,
+      .max_queue_delay = absl::ZeroDuration(),
+      .adaptive = true,
+      .baseline_rtt = std::max(absl::Nanoseconds(1),
+                               absl::Microseconds(opt.speed > 0 ? step_us / opt.speed : step_us))};
   if (opt.speed > 0) {
     // Trace-time settings in wall time: ack_wait and the topology refresh (500 ms of
     // trace time) scale with the replay speed.
@@ -673,7 +864,9 @@ int main(int argc, char** argv) {
     e.task_id = {0, i};
     e.msg_id = "req-" + std::to_string(i);
     e.seq_id = std::to_string(i);  // the affinity key of the generation
-    e.tenant = "azure-conv";
+    const Assignment who = Assign(opt, i);
+    e.tenant = "tenant-" + std::to_string(who.tenant);
+    e.qos = who.tier;
     e.model = opt.model;
     e.created = absl::Now();
     e.headers.Set("request", std::to_string(i));
@@ -739,6 +932,36 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(rs->moved),
               static_cast<unsigned long long>(rs->group.ejections),
               static_cast<unsigned long long>(affinity_policy->moves()));
+  // QoS: SLA attainment per tier (first tokens within the tier's TTFT SLA, of all
+  // the tier's requests), and what the scheduled lanes served.
+  std::printf("\n  %-8s %9s %9s %10s %12s %12s %12s\n", "tier", "requests", "TTFT SLA",
+              "within", "TTFT p50", "TTFT p99", "lane served");
+  for (std::size_t t = 0; t < 3; ++t) {
+    const std::uint64_t n = result.tier_requests[t];
+    std::printf("  %-8s %9llu %7.0f ms %9.1f%% %9.1f ms %9.1f ms %12llu\n", kTierNames[t],
+                static_cast<unsigned long long>(n), opt.sla_ms[t],
+                n == 0 ? 100.0 : 100.0 * static_cast<double>(result.tier_within_sla[t]) / static_cast<double>(n),
+                ms(result.tier_ttft_us[t].Percentile(0.5)), ms(result.tier_ttft_us[t].Percentile(0.99)),
+                static_cast<unsigned long long>(rs->qos_tiers[t].served));
+  }
+  std::printf("  (tier mix %u:%u:%u over %u tenants, arrivals x%g; decode steps ride in gold)\n",
+              opt.tier_mix[0], opt.tier_mix[1], opt.tier_mix[2], opt.tenants, opt.overload);
+  std::string batch_sizes;
+  for (std::size_t k = 0; k < inferq::kBatchSizeBuckets; ++k) {
+    if (rs->batches_by_size[k] == 0) continue;
+    const std::uint64_t lo = std::uint64_t{1} << k, hi = (std::uint64_t{2} << k) - 1;
+    batch_sizes += " " + (lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi)) +
+                   ":" + std::to_string(rs->batches_by_size[k]);
+  }
+  std::printf("  batches    %llu pulls (adaptive batcher), by size:%s\n",
+              static_cast<unsigned long long>(rs->batches), batch_sizes.c_str());
+  const inferq::StreamStats* dead = stats.stream("DEAD");
+  std::printf("  delivery   %llu redelivered, %llu dead letters (%llu kept in stream DEAD), "
+              "max deliver %lld\n",
+              static_cast<unsigned long long>(rs->redelivered),
+              static_cast<unsigned long long>(rs->dead_letters),
+              static_cast<unsigned long long>(dead != nullptr ? dead->stored : 0),
+              static_cast<long long>(opt.max_deliver));
   const std::int64_t killed_ns = sh.killed_at_wall_ns.load();
   auto trace_s_after_kill = [&](std::int64_t ns) {
     return ns == 0 || killed_ns == 0 ? -1.0 : static_cast<double>(ns - killed_ns) / 1e9 * opt.speed;
@@ -783,7 +1006,26 @@ int main(int argc, char** argv) {
       << "  \"policy\": \"" << opt.policy << "\",\n"
       << "  \"redelivered\": " << rs->redelivered << ",\n"
       << "  \"ejections\": " << rs->group.ejections << ",\n"
-      << "  \"affinity_moves\": " << affinity_policy->moves() << ",\n";
+      << "  \"affinity_moves\": " << affinity_policy->moves() << ",\n"
+      << "  \"dead_letters\": " << rs->dead_letters << ",\n"
+      << "  \"overload\": " << opt.overload << ",\n";
+    for (std::size_t t = 0; t < 3; ++t) {
+      const std::uint64_t n = result.tier_requests[t];
+      char buf[320];
+      std::snprintf(buf, sizeof buf,
+                    "  \"tier_%s\": {\"requests\": %llu, \"ttft_sla_ms\": %.3f, \"within_sla\": %llu, "
+                    "\"sla_attainment\": %.4f, \"ttft_ms\": %s, \"lane_served\": %llu},\n",
+                    kTierNames[t], static_cast<unsigned long long>(n), opt.sla_ms[t],
+                    static_cast<unsigned long long>(result.tier_within_sla[t]),
+                    n == 0 ? 1.0 : static_cast<double>(result.tier_within_sla[t]) / static_cast<double>(n),
+                    pct(result.tier_ttft_us[t], 1000).c_str(),
+                    static_cast<unsigned long long>(rs->qos_tiers[t].served));
+      j << buf;
+    }
+    // Batch sizes depend on how much the lane held at each pull: real time.
+    j << "  \"batches_by_size\": [";
+    for (std::size_t k = 0; k < inferq::kBatchSizeBuckets; ++k) j << (k ? ", " : "") << rs->batches_by_size[k];
+    j << "],\n";
     if (opt.kill_replica >= 0) {
       j << "  \"kill\": {\"replica\": " << opt.kill_replica << ", \"at_s\": " << opt.kill_at_s
         << ", \"killed\": " << (killed_ns != 0 ? "true" : "false")

@@ -14,7 +14,7 @@ foreach(speed 0 200)
   endif()
   file(STRINGS "${OUT}-${speed}.json" lines)
   # Everything except the real-time figures.
-  list(FILTER lines EXCLUDE REGEX "engine_latency_us|wall_seconds")
+  list(FILTER lines EXCLUDE REGEX "engine_latency_us|wall_seconds|batches_by_size")
   set(result_${speed} "${lines}")
 endforeach()
 if(NOT result_0 STREQUAL result_200)

@@ -971,6 +971,7 @@ struct Engine::Impl {
   std::thread timer;                             // started under config_mu
   std::mutex run_timers_mu;                      // one RunTimers at a time
   std::vector<ConsumerState*> timer_consumers;   // RunTimers' scratch; run_timers_mu
+  std::atomic<std::size_t> consumer_count{0};    // consumers.size(), readable without config_mu
   // Per lane, what the timer saw last: (delivered count, since when unchanged while
   // items were queued). Guarded by run_timers_mu.
   absl::flat_hash_map<const Lane*, std::pair<std::uint64_t, std::int64_t>> stall_marks;
@@ -1392,6 +1393,7 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
     state->stream = stream;
     raw = state.get();
     impl_->consumers.push_back(std::move(state));
+    impl_->consumer_count.store(impl_->consumers.size(), std::memory_order_relaxed);
     // Every consumer may need timers: queue timeouts and event ttl apply to all,
     // delayed naks to explicit-ack ones.
     if (!impl_->manual_timers) {
@@ -1407,6 +1409,13 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
       impl_->timer_cv.notify_all();
       impl_->StartTimer([this] { RunTimers(); });
     }
+  }
+  {
+    // RunTimers' scratch list of consumers grows here, not on the timer thread (a
+    // timer run in steady state allocates nothing). Not under config_mu: RunTimers
+    // takes run_timers_mu first.
+    std::lock_guard run_lock(impl_->run_timers_mu);
+    impl_->timer_consumers.reserve(impl_->consumer_count.load(std::memory_order_relaxed));
   }
   // Now the publishers of the stream start queueing for it. This waits for a
   // publisher blocked on a full lane of another consumer; Close() releases it.

@@ -2123,6 +2123,22 @@ void Engine::RunTimers() {
       mark_ns = 0;
     }
   }
+  // The timer thread cleared its wake-up before this run: ask for the earliest
+  // timer still pending (an ack wait, a delayed nak, a queue or call timeout), so
+  // that one is not left to the next interval run (up to 100 ms late).
+  std::int64_t next_due = INT64_MAX;
+  for (ConsumerState* c : consumers) {
+    std::lock_guard lock(c->pending_mu);
+    if (!c->timers.empty()) next_due = std::min(next_due, c->timers.front().due_ns);
+    if (!c->wheel->empty()) next_due = std::min(next_due, c->wheel->NextDeadline().value_or(INT64_MAX));
+  }
+  {
+    std::lock_guard lock(impl_->calls_mu);
+    if (!impl_->call_wheel->empty()) {
+      next_due = std::min(next_due, impl_->call_wheel->NextDeadline().value_or(INT64_MAX));
+    }
+  }
+  if (next_due != INT64_MAX) impl_->WakeTimer(next_due);
 }
 
 EngineStats Engine::Stats() const {

@@ -641,9 +641,9 @@ TEST_CASE("a QoS lane serves by tier shares and tenant DRR, not arrival order") 
   }
   REQUIRE(got.size() == 8);
   // Gold goes ahead of the bronze queued before it. b0 is a floor pick (bronze has
-  // had 0 of its assured 5 %; floor picks do not advance its stride pass), b1 its
-  // stride turn; then gold's weight 8 : 1 takes g1. Bronze keeps its order.
-  CHECK(got == std::vector<std::string>{"g0", "b0", "b1", "g1", "b2", "b3", "b4", "b5"});
+  // had 0 of its assured 5 % of the window); then gold's weight 8 : 1 takes g1.
+  // Bronze keeps its order.
+  CHECK(got == std::vector<std::string>{"g0", "b0", "g1", "b1", "b2", "b3", "b4", "b5"});
   const ConsumerStats cs = CS(f.engine, "S", "c");
   CHECK(cs.qos_tiers[0].served == 2);
   CHECK(cs.qos_tiers[2].served == 6);

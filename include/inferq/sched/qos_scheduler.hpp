@@ -31,7 +31,8 @@
 //     lowest pass is served (ties to the better tier) and its pass grows by
 //     cost / weight. A tier that becomes backlogged starts at max(its pass, v),
 //     v = the pass the last weight-picked tier had when it was picked, so idle time
-//     earns no credit. Floor picks (rule 1) do not advance the pass.
+//     earns no credit. Floor picks (rule 1) advance the pass too: the floor is a
+//     minimum inside the weighted share, not service on top of it.
 //  Consequences: a backlogged tier never gets less than its assured share over a
 //  window (within one item's cost); with the defaults the weights alone give gold
 //  8/13, silver 4/13, bronze 1/13 of the service when all three are backlogged, above
@@ -230,12 +231,15 @@ class QosScheduler {
     AfterRemove(f);
     ++tr.stats.served;
     tr.stats.served_cost += cost;
+    // A floor pick is service like any other: it advances the tier's stride pass,
+    // so the floor is a minimum within the weighted share, not service on top of it
+    // (a tier back from idle does not get its floor and then its stride turns).
     if (floor_pick) {
       ++tr.stats.floor_picks;
     } else {
       vtime_ = tr.pass;
-      tr.pass += static_cast<double>(cost) / static_cast<double>(config_.tiers[t].weight);
     }
+    tr.pass += static_cast<double>(cost) / static_cast<double>(config_.tiers[t].weight);
     Account(t, cost);
     return out;
   }

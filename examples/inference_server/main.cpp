@@ -183,10 +183,16 @@ void Usage(std::FILE* f) {
 double ParseDouble(const std::string& flag, const std::string& v, double lo, double hi) {
   double d = 0;
   const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
-  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || !std::isfinite(d) ||
-      d < lo || d > hi) {
-    Fail(flag + " '" + v + "' is not a number in " + std::to_string(lo) + ".." +
-         std::to_string(hi));
+  auto text = [](double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", x);
+    return std::string(buf);
+  };
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || !std::isfinite(d)) {
+    Fail(flag + " '" + v + "' is not a number (expected " + text(lo) + ".." + text(hi) + ")");
+  }
+  if (d < lo || d > hi) {
+    Fail(flag + " '" + v + "' is outside " + text(lo) + ".." + text(hi));
   }
   return d;
 }
@@ -938,14 +944,21 @@ int main(int argc, char** argv) {
               "within", "TTFT p50", "TTFT p99", "lane served");
   for (std::size_t t = 0; t < 3; ++t) {
     const std::uint64_t n = result.tier_requests[t];
+    if (n == 0) {  // no requests: no attainment to show
+      std::printf("  %-8s %9llu %7.0f ms %10s %12s %12s %12llu\n", kTierNames[t], 0ULL,
+                  opt.sla_ms[t], "-", "-", "-",
+                  static_cast<unsigned long long>(rs->qos_tiers[t].served));
+      continue;
+    }
     std::printf("  %-8s %9llu %7.0f ms %9.1f%% %9.1f ms %9.1f ms %12llu\n", kTierNames[t],
                 static_cast<unsigned long long>(n), opt.sla_ms[t],
-                n == 0 ? 100.0 : 100.0 * static_cast<double>(result.tier_within_sla[t]) / static_cast<double>(n),
+                100.0 * static_cast<double>(result.tier_within_sla[t]) / static_cast<double>(n),
                 ms(result.tier_ttft_us[t].Percentile(0.5)), ms(result.tier_ttft_us[t].Percentile(0.99)),
                 static_cast<unsigned long long>(rs->qos_tiers[t].served));
   }
-  std::printf("  (tier mix %u:%u:%u over %u tenants, arrivals x%g; decode steps ride in gold)\n",
-              opt.tier_mix[0], opt.tier_mix[1], opt.tier_mix[2], opt.tenants, opt.overload);
+  std::printf("  (tier mix %u:%u:%u over %u tenant%s, arrivals x%g; decode steps ride in gold)\n",
+              opt.tier_mix[0], opt.tier_mix[1], opt.tier_mix[2], opt.tenants,
+              opt.tenants == 1 ? "" : "s", opt.overload);
   std::string batch_sizes;
   for (std::size_t k = 0; k < inferq::kBatchSizeBuckets; ++k) {
     if (rs->batches_by_size[k] == 0) continue;
@@ -1009,15 +1022,22 @@ int main(int argc, char** argv) {
       << "  \"affinity_moves\": " << affinity_policy->moves() << ",\n"
       << "  \"dead_letters\": " << rs->dead_letters << ",\n"
       << "  \"overload\": " << opt.overload << ",\n";
+    // null for a tier without requests (nothing to attain).
+    auto attainment = [](std::uint64_t n, std::uint64_t within) {
+      if (n == 0) return std::string("null");
+      char b[32];
+      std::snprintf(b, sizeof b, "%.4f", static_cast<double>(within) / static_cast<double>(n));
+      return std::string(b);
+    };
     for (std::size_t t = 0; t < 3; ++t) {
       const std::uint64_t n = result.tier_requests[t];
       char buf[320];
       std::snprintf(buf, sizeof buf,
                     "  \"tier_%s\": {\"requests\": %llu, \"ttft_sla_ms\": %.3f, \"within_sla\": %llu, "
-                    "\"sla_attainment\": %.4f, \"ttft_ms\": %s, \"lane_served\": %llu},\n",
+                    "\"sla_attainment\": %s, \"ttft_ms\": %s, \"lane_served\": %llu},\n",
                     kTierNames[t], static_cast<unsigned long long>(n), opt.sla_ms[t],
                     static_cast<unsigned long long>(result.tier_within_sla[t]),
-                    n == 0 ? 1.0 : static_cast<double>(result.tier_within_sla[t]) / static_cast<double>(n),
+                    attainment(n, result.tier_within_sla[t]).c_str(),
                     pct(result.tier_ttft_us[t], 1000).c_str(),
                     static_cast<unsigned long long>(rs->qos_tiers[t].served));
       j << buf;

@@ -169,6 +169,9 @@ struct ConsumerState {
   std::function<absl::Status(Event)> publish_dead_letter;
   // Asks the timer thread to run by `due_ns` (engine clock); set by the Engine.
   std::function<void(std::int64_t)> wake_timer;
+  // Publishes deferred dead letters (Engine::FlushOutbox) when *outbox_pending.
+  std::function<void()> flush_outbox;
+  const std::atomic<bool>* outbox_pending = nullptr;
   // Told of every message this consumer gives up, before its dead letter goes out
   // (Engine::Call completes the caller's future); may be empty.
   std::function<void(const Event&, std::uint32_t attempt, std::string_view reason)> on_dead_letter;
@@ -388,6 +391,25 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
   c.parked.push_back(std::move(d));
   c.parked_total.fetch_add(1, std::memory_order_relaxed);
   c.has_parked.store(true, std::memory_order_release);
+}
+
+// Moves `d` off stalled member `from` to another member that is not ejected and has
+// room (the policy's pick first). False, with `d` untouched, when none has.
+bool TryMove(ConsumerState& c, Delivery& d, std::uint32_t from) {
+  const auto n = static_cast<std::uint32_t>(c.lanes.size());
+  std::uint32_t target;
+  {
+    std::lock_guard lock(c.select_mu);
+    target = c.group->Select(*c.policy, *d.h->event).member;
+  }
+  for (std::uint32_t k = 0; k < n; ++k) {
+    const std::uint32_t m = (target + k) % n;
+    if (m == from || c.group->Health(m) == MemberHealth::kEjected) continue;
+    c.group->OnQueued(m);
+    if (c.lanes[m]->ring.try_push(std::move(d))) return true;
+    c.group->OnDone(m, Outcome::kDropped, 0);
+  }
+  return false;
 }
 
 // Retries parked redeliveries: by the timer, and by a member right after a pull has
@@ -715,6 +737,9 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
                                          std::to_string(index_) + " before the timeout");
     }
     if (c.has_parked.load(std::memory_order_acquire)) engine_internal::RetryParked(c);
+    if (c.outbox_pending != nullptr && c.outbox_pending->load(std::memory_order_acquire)) {
+      c.flush_outbox();  // this pull made room: deferred dead letters may go now
+    }
     Handle& h = d.h;
     StreamState& stream = *h->stream;
     const std::int64_t now = c.clock->NowNanos();
@@ -727,6 +752,13 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
     if (h->state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
       c.skipped.fetch_add(1, std::memory_order_relaxed);
       c.group->OnDone(index_, Outcome::kDropped, 0);
+      if (d.attempt == 1 && !d.shadow && c.has_waiting.load(std::memory_order_acquire)) {
+        std::lock_guard lock(c.pending_mu);  // its queue timeout goes with it
+        if (auto it = c.waiting.find(h->seq); it != c.waiting.end()) {
+          c.wheel->Cancel(it->second.timer);
+          c.waiting.erase(it);
+        }
+      }
       if (c.tracked && !d.shadow) {
         std::lock_guard lock(c.pending_mu);
         if (auto it = c.pending.find(h->seq); it != c.pending.end() && it->second.attempt == d.attempt) {
@@ -956,6 +988,10 @@ struct Engine::Impl {
 
   std::atomic<std::uint64_t> published{0}, unrouted{0}, rejected{0}, invalid{0};
   std::unique_ptr<DualChannelController> flow;  // EngineOptions::flow_control; may be null
+  // Dead letters whose stream's mutex was taken (Publish kInternal never waits).
+  std::mutex outbox_mu;
+  std::deque<std::pair<StreamState*, Event>> outbox;  // guarded by outbox_mu
+  std::atomic<bool> has_outbox{false};
   Lifecycle* lifecycle = nullptr;
 
   // Timers (ack_wait, stalled members): a background thread unless manual_timers.
@@ -1034,6 +1070,7 @@ struct Engine::Impl {
   std::atomic<bool> has_calls{false};
   std::vector<std::string> functions;                          // guarded by config_mu
   std::vector<std::thread> function_workers;                   // guarded by config_mu
+  std::vector<std::thread> closing_workers;  // called Close() themselves; config_mu
 
   // Completes call `id` with `result` if it is still open; false when it was not.
   bool CompleteCall(std::uint64_t id, absl::StatusOr<Buffer> result) {
@@ -1115,7 +1152,21 @@ Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>()) {
   impl_->routes.store(impl_->tables.back().get(), std::memory_order_release);
 }
 
-Engine::~Engine() { Close(); }
+Engine::~Engine() {
+  Close();
+  std::vector<std::thread> workers;
+  {
+    std::lock_guard lock(impl_->config_mu);
+    workers.swap(impl_->closing_workers);
+  }
+  for (std::thread& w : workers) {
+    if (w.get_id() == std::this_thread::get_id()) {
+      w.detach();  // destroyed from inside its own handler: nothing else can wait for it
+    } else {
+      w.join();
+    }
+  }
+}
 
 absl::Status Engine::AddStream(const StreamConfig& config) {
   if (absl::Status s = ValidateName("stream", config.name); !s.ok()) return s;
@@ -1344,6 +1395,8 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
     return Publish(std::move(e), PublishMode::kInternal).status();
   };
   state->wake_timer = [impl = impl_.get()](std::int64_t due_ns) { impl->WakeTimer(due_ns); };
+  state->flush_outbox = [this] { FlushOutbox(); };
+  state->outbox_pending = &impl_->has_outbox;
 
   StreamState* stream = nullptr;
   ConsumerState* raw = nullptr;
@@ -1432,7 +1485,7 @@ absl::StatusOr<PublishAck> Engine::TryPublish(Event event) {
   return Publish(std::move(event), PublishMode::kTry);
 }
 
-absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
+absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, StreamState* only) {
   if (impl_->closed.load(std::memory_order_acquire)) {
     return absl::CancelledError("engine is closed");
   }
@@ -1463,11 +1516,17 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
   const Impl::RouteTable* routes = impl_->routes.load(std::memory_order_acquire);
   absl::InlinedVector<StreamState*, 4> capturing;
   routes->index.Match(event.subject, &capturing);
+  if (only != nullptr) {
+    const bool captures = std::find(capturing.begin(), capturing.end(), only) != capturing.end();
+    capturing.clear();
+    if (captures) capturing.push_back(only);
+  }
   if (capturing.empty()) {
     impl_->unrouted.fetch_add(1, std::memory_order_relaxed);
     return absl::NotFoundError("no stream captures subject " + QuoteValue(event.subject));
   }
   PublishAck ack;
+  std::uint32_t deferred = 0;  // internal publishes left for FlushOutbox
   absl::Status first_refusal;
   std::uint32_t undelivered = 0;  // queueing failed because the engine closed
   const std::uint64_t bytes = event.StoredSize();
@@ -1478,12 +1537,30 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
   for (StreamState* stream : capturing) {
     const StreamConfig& cfg = stream->config;
 
-    std::unique_lock lock(stream->mu);
+    std::unique_lock lock(stream->mu, std::defer_lock);
+    if (mode != PublishMode::kInternal) {
+      lock.lock();
+    } else if (!lock.try_lock()) {
+      // A dead letter never waits for a stream's mutex: its holder may be a
+      // publisher blocked on a full lane that only the member publishing this dead
+      // letter (or the timer thread) would drain. It is published into this stream
+      // later (FlushOutbox: after the next publish, pull or timer run).
+      {
+        std::lock_guard outbox_lock(impl_->outbox_mu);
+        impl_->outbox.emplace_back(stream, shared ? Event(*shared) : Event(event));
+        impl_->has_outbox.store(true, std::memory_order_release);
+      }
+      ++deferred;
+      continue;
+    }
     const std::int64_t now = impl_->clock->NowNanos();
     stream->TrimFront(now);
     stream->CompactIfSparse();
     const Event& incoming = shared ? *shared : event;
-    if (stream->dedup != nullptr && !incoming.msg_id.empty()) {
+    // Dead letters keep the original msg_id (for correlation) but are not subject to
+    // the duplicate window: two consumers' dead letters of one message, or a dead
+    // letter in the stream of its original, are all kept.
+    if (stream->dedup != nullptr && !incoming.msg_id.empty() && mode != PublishMode::kInternal) {
       stream->dedup->Expire(now);
       if (std::optional<std::uint64_t> original = stream->dedup->Find(incoming.msg_id, now)) {
         lock.unlock();
@@ -1555,13 +1632,14 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
         const OverflowPolicy overflow = t.consumer->config.overflow;
         const bool refuses = overflow == OverflowPolicy::kReject ||
                              (overflow == OverflowPolicy::kBlock && mode == PublishMode::kTry);
-        const Lane& lane = *t.consumer->lanes[t.member];
-        if (!refuses || lane.ring.size_approx() < lane.ring.capacity()) continue;
+        Lane& lane = *t.consumer->lanes[t.member];
+        if (!refuses || lane.ring.WouldAccept(QosKey::Of(ev))) continue;
         t.consumer->overflow_rejected.fetch_add(1, std::memory_order_relaxed);
         refusal = absl::ResourceExhaustedError(
             "stream '" + cfg.name + "': lane of consumer '" + t.consumer->config.name +
             "' member " + std::to_string(t.member) + " is full (" +
-            std::to_string(lane.ring.capacity()) + " queued; overflow " +
+            std::to_string(lane.ring.size_approx()) + " queued" +
+            (lane.ring.scheduled() ? " or its tier at max_items" : "") + "; overflow " +
             (overflow == OverflowPolicy::kReject ? "reject" : "block, and TryPublish does not wait") +
             ")");
         break;
@@ -1610,7 +1688,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
     stream->live_bytes.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
     stream->stored.fetch_add(1, std::memory_order_relaxed);
     stream->last_seq.store(stored->seq, std::memory_order_relaxed);
-    if (stream->dedup != nullptr && !shared->msg_id.empty()) {
+    if (stream->dedup != nullptr && !shared->msg_id.empty() && mode != PublishMode::kInternal) {
       stream->dedup->Insert(shared->msg_id, stored->seq, now);
     }
     if (cfg.retention == RetentionPolicy::kInterest && explicit_acks == 0) {
@@ -1693,7 +1771,10 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
     ++ack.streams_stored;
   }
 
-  if (ack.streams_stored == 0 && ack.streams_duplicate == 0) {
+  if (mode != PublishMode::kInternal && impl_->has_outbox.load(std::memory_order_acquire)) {
+    FlushOutbox();  // no stream mutex is held here
+  }
+  if (ack.streams_stored == 0 && ack.streams_duplicate == 0 && deferred == 0) {
     impl_->rejected.fetch_add(1, std::memory_order_relaxed);
     return first_refusal;
   }
@@ -1708,6 +1789,16 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode) {
     ack.weight_scale = impl_->flow->WeightScale();
   }
   return ack;
+}
+
+void Engine::FlushOutbox() {
+  std::deque<std::pair<StreamState*, Event>> items;
+  {
+    std::lock_guard lock(impl_->outbox_mu);
+    items.swap(impl_->outbox);
+    impl_->has_outbox.store(false, std::memory_order_release);
+  }
+  for (auto& [stream, e] : items) (void)Publish(std::move(e), PublishMode::kInternal, stream);
 }
 
 absl::Status Engine::SetReward(double reward) {
@@ -1754,11 +1845,27 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
                                       std::to_string(options.max_deliver) +
                                       " is outside 1..100");
   }
+  // Everything that can fail is checked before anything is added: a refused
+  // registration leaves no streams behind.
+  const std::size_t slots = std::bit_ceil(options.queue_capacity) * options.workers;
+  if (slots > kMaxConsumerSlots) {
+    return absl::InvalidArgumentError(
+        "function '" + id + "': workers " + std::to_string(options.workers) +
+        " x queue_capacity " + std::to_string(options.queue_capacity) + " = " +
+        std::to_string(slots) + " queue slots (after rounding up to powers of two) exceed " +
+        std::to_string(kMaxConsumerSlots));
+  }
   {
     std::lock_guard lock(impl_->config_mu);
     if (impl_->closed.load()) return absl::CancelledError("engine is closed");
     for (const std::string& f : impl_->functions) {
       if (f == id) return absl::AlreadyExistsError("function '" + id + "' is already registered");
+    }
+    for (const std::string name : {"FN_" + id, "FN_" + id + "_DLQ"}) {
+      if (impl_->FindStream(name) != nullptr) {
+        return absl::AlreadyExistsError("function '" + id + "': stream '" + name +
+                                        "' already exists");
+      }
     }
   }
   const std::string stream = "FN_" + id;
@@ -1927,7 +2034,10 @@ void Engine::Close() {
   }
   for (std::thread& w : workers) {
     if (w.get_id() == std::this_thread::get_id()) {
-      w.detach();  // Close from inside a handler: that worker ends by itself
+      // Close from inside a handler: that worker ends when the handler returns;
+      // ~Engine joins it (it touches the engine until then).
+      std::lock_guard lock(impl_->config_mu);
+      impl_->closing_workers.push_back(std::move(w));
     } else {
       w.join();
     }
@@ -1944,6 +2054,7 @@ void Engine::Close() {
 }
 
 void Engine::RunTimers() {
+  if (impl_->has_outbox.load(std::memory_order_acquire)) FlushOutbox();
   std::lock_guard run_lock(impl_->run_timers_mu);
   // Reused between runs: a run with nothing due allocates nothing.
   std::vector<ConsumerState*>& consumers = impl_->timer_consumers;
@@ -2078,6 +2189,10 @@ void Engine::RunTimers() {
               it->second.expiry_ns != due) {
             return;
           }
+          if (it->second.h->state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
+            c->waiting.erase(it);  // the stream dropped it: skipped when pulled, not expired
+            return;
+          }
           if (c->config.timeout_action == TimeoutAction::kReject) {
             it->second.state = ConsumerState::kExpired;  // skipped when pulled
             timed_out.push_back(it->second.h);
@@ -2103,22 +2218,36 @@ void Engine::RunTimers() {
       const std::uint64_t delivered = lane.delivered.load(std::memory_order_relaxed);
       auto& [mark_delivered, mark_ns] = impl_->stall_marks[&lane];
       bool stalled = false;
-      if (lane.ring.size_approx() == 0 || delivered != mark_delivered || mark_ns == 0) {
+      // A consumer at max_ack_pending refuses its members new pulls: not a stall.
+      const bool held_back = c->max_ack_pending > 0 &&
+                             c->unsettled.load(std::memory_order_relaxed) >= c->max_ack_pending;
+      if (lane.ring.size_approx() == 0 || delivered != mark_delivered || mark_ns == 0 ||
+          held_back) {
         mark_delivered = delivered;
         mark_ns = lane.ring.size_approx() == 0 ? 0 : now;
       } else {
         stalled = now - mark_ns >= c->AckWaitFor(1);
       }
-      if (!stalled) continue;
+      if (!stalled || c->lanes.size() == 1) continue;  // one member: nowhere to move
+      // At most what is queued now, and only while another member has room: what
+      // cannot move stays (the loop must not push work back onto the lane it pops).
       engine_internal::Delivery d;
-      while (lane.ring.try_pop(d)) {
+      for (std::size_t left = lane.ring.size_approx(); left > 0 && lane.ring.try_pop(d); --left) {
         if (d.shadow) {
           c->group->OnDone(m, Outcome::kDropped, 0);
           continue;
         }
-        c->moved.fetch_add(1, std::memory_order_relaxed);
-        c->group->OnDone(m, Outcome::kFailure, 0);
-        engine_internal::Redeliver(*c, std::move(d), m);
+        if (engine_internal::TryMove(*c, d, m)) {
+          c->moved.fetch_add(1, std::memory_order_relaxed);
+          c->group->OnDone(m, Outcome::kFailure, 0);
+          continue;
+        }
+        // Nobody has room: back onto its lane (or parked if that filled meanwhile).
+        if (!lane.ring.try_push(std::move(d))) {
+          c->group->OnDone(m, Outcome::kDropped, 0);
+          engine_internal::Redeliver(*c, std::move(d), m);
+        }
+        break;
       }
       mark_ns = 0;
     }

@@ -122,6 +122,15 @@ class LaneQueue {
     return true;
   }
 
+  // Whether a push of an item with `key` would find room now (the ring: below
+  // capacity; the scheduler: below capacity and the tier's max_items, or a lower
+  // priority to evict). A hint: others may push or pop meanwhile.
+  bool WouldAccept(const QosKey& key) {
+    if (ring_) return ring_->size_approx() < ring_->capacity();
+    std::lock_guard lock(mu_);
+    return !closed_ && qos_->WouldAccept(key);
+  }
+
   void close() {
     if (ring_) {
       ring_->close();

@@ -565,7 +565,11 @@ class Engine {
   // kWait: Publish; kTry: TryPublish; kInternal: dead letters (never waits, never
   // refuses for a full lane: parks the delivery).
   enum class PublishMode { kWait, kTry, kInternal };
-  absl::StatusOr<PublishAck> Publish(Event event, PublishMode mode);
+  // `only`: publish into that stream alone (a deferred dead letter, FlushOutbox).
+  absl::StatusOr<PublishAck> Publish(Event event, PublishMode mode,
+                                     engine_internal::StreamState* only = nullptr);
+  // Publishes the dead letters that found their stream's mutex taken.
+  void FlushOutbox();
   std::unique_ptr<Impl> impl_;
 };
 

@@ -212,6 +212,16 @@ class QosScheduler {
     return did_evict ? QosPushResult::kAcceptedEvicted : QosPushResult::kAccepted;
   }
 
+  // Whether a Push with `key` would be accepted now (kAccepted or
+  // kAcceptedEvicted). Changes nothing.
+  bool WouldAccept(const QosKey& key) {
+    const auto tier = static_cast<std::size_t>(key.tier);
+    if (key.cost == 0 || tier >= kQosTiers) return false;
+    if (size_ < config_.capacity && tiers_[tier].queued < tier_limit_[tier]) return true;
+    const std::uint32_t victim = config_.preemption ? LowestOfTier(tier) : kNil;
+    return victim != kNil && key.priority > nodes_[victim].priority;
+  }
+
   // The next item by the pick rule; nullopt when empty.
   std::optional<T> Pop() {
     if (size_ == 0) return std::nullopt;

@@ -200,6 +200,21 @@ struct ConsumerState {
     timers.push_back(std::move(t));
     std::push_heap(timers.begin(), timers.end(), TimerLater{});
     has_timers.store(true, std::memory_order_relaxed);
+    // Settled deliveries and restarted timers leave entries behind until they come
+    // due (with a long ack_wait, much later): drop them once they outnumber the
+    // live ones, so the heap stays within a constant factor of `pending`
+    // (amortized O(1) per timer).
+    if (tracked && timers.size() > 4 * (pending.size() + 256)) {
+      std::erase_if(timers, [&](const Timer& x) { return !Live(x); });
+      std::make_heap(timers.begin(), timers.end(), TimerLater{});
+    }
+  }
+  // Whether timer `t` still stands for something (requires pending_mu).
+  bool Live(const Timer& t) const {
+    if (t.redeliver && !tracked) return true;  // untracked delayed naks have no entry
+    auto it = pending.find(t.seq);
+    if (it == pending.end() || it->second.attempt != t.attempt) return false;
+    return t.redeliver ? it->second.member == kNoMember : it->second.deadline_ns == t.due_ns;
   }
 
   // Queue timeouts (ConsumerConfig::queue_timeout, Event::ttl / deadline) of first
@@ -360,6 +375,13 @@ struct StreamState {
 void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
   if (d.h->state.load(std::memory_order_acquire) == kDiscarded) {
     c.skipped.fetch_add(1, std::memory_order_relaxed);
+    if (c.tracked && !d.shadow) {  // its pending entry (and the event it holds) goes too
+      std::lock_guard lock(c.pending_mu);
+      if (auto it = c.pending.find(d.h->seq);
+          it != c.pending.end() && it->second.attempt == d.attempt && it->second.member == kNoMember) {
+        c.pending.erase(it);
+      }
+    }
     return;
   }
   const auto n = static_cast<std::uint32_t>(c.lanes.size());
@@ -573,6 +595,7 @@ absl::Status Message::InProgress() {
   std::lock_guard lock(c.pending_mu);
   auto it = c.pending.find(msg_->seq);
   if (it == c.pending.end() || it->second.attempt != attempt_) return absl::OkStatus();  // already redelivered
+  if (it->second.deadline_ns == deadline) return absl::OkStatus();  // that timer is set already
   it->second.deadline_ns = deadline;
   c.AddTimer({deadline, msg_->seq, attempt_, std::nullopt});
   return absl::OkStatus();
@@ -2323,6 +2346,10 @@ EngineStats Engine::Stats() const {
     cs.parked = c->parked_total.load(std::memory_order_relaxed);
     cs.expired = c->expired.load(std::memory_order_relaxed);
     cs.evicted = c->evicted.load(std::memory_order_relaxed);
+    {
+      std::lock_guard lock(c->pending_mu);
+      cs.timers = c->timers.size();
+    }
     for (std::uint32_t i = 0; i < c->lanes.size(); ++i) {
       const BatcherStats b = c->batchers[i]->Stats();
       for (std::size_t k = 0; k < kBatchSizeBuckets; ++k) {

@@ -778,3 +778,26 @@ TEST_CASE("flow control: publishes carry the throttle from memory and delay, and
   Engine plain;
   CHECK(plain.SetReward(0).code() == absl::StatusCode::kFailedPrecondition);
 }
+
+TEST_CASE("InProgress many times with a long ack_wait keeps the timer heap bounded") {
+  // Each InProgress adds a timer and leaves the old one behind until it comes due;
+  // with a 1-day ack wait that is never during this test. The heap is compacted when
+  // stale entries outnumber live ones: this must not grow without bound or slow down.
+  Fixture f;
+  Member m = f.Add({.ack_wait = absl::Hours(24)});
+  REQUIRE(f.engine.Publish(Ev("work.a", "x")).ok());
+  auto held = m.Next(absl::ZeroDuration());
+  REQUIRE(held.ok());
+  for (int i = 0; i < 200'000; ++i) {
+    f.clock.Advance(absl::Nanoseconds(1));  // every call a new deadline, a new timer
+    REQUIRE(held->InProgress().ok());
+  }
+  // Compaction keeps at most 4 x (pending + 256) entries.
+  CHECK(CS(f.engine, "S", "c").timers <= 4 * (1 + 256));
+  f.clock.Advance(absl::Hours(24) - absl::Nanoseconds(1));
+  f.engine.RunTimers();
+  CHECK(CS(f.engine, "S", "c").ack_timeouts == 0);
+  f.clock.Advance(absl::Nanoseconds(1));
+  f.engine.RunTimers();
+  CHECK(CS(f.engine, "S", "c").ack_timeouts == 1);  // the last InProgress's deadline
+}

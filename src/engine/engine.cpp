@@ -1884,7 +1884,7 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
     for (const std::string& f : impl_->functions) {
       if (f == id) return absl::AlreadyExistsError("function '" + id + "' is already registered");
     }
-    for (const std::string name : {"FN_" + id, "FN_" + id + "_DLQ"}) {
+    for (const std::string& name : {"FN_" + id, "FN_" + id + "_DLQ"}) {
       if (impl_->FindStream(name) != nullptr) {
         return absl::AlreadyExistsError("function '" + id + "': stream '" + name +
                                         "' already exists");

@@ -817,12 +817,13 @@ absl::Status Lifecycle::Verify() const {
     ++matched;
   }
   if (matched != expected.size()) {
-    for (const auto& [k, v] : expected) {
+    for (const auto& entry : expected) {  // not a structured binding: clang 14 cannot capture one
+      const auto& key = entry.first;
       const bool found = std::any_of(stored.begin(), stored.end(),
-                                     [&](const auto& kv) { return kv.first == k; });
+                                     [&](const auto& kv) { return kv.first == key; });
       if (!found) {
-        return absl::InternalError("memory has " + QuoteValue(k) + " = " + QuoteValue(v) +
-                                   ", the store has no such key");
+        return absl::InternalError("memory has " + QuoteValue(key) + " = " +
+                                   QuoteValue(entry.second) + ", the store has no such key");
       }
     }
   }

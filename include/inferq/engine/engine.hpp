@@ -77,8 +77,10 @@
 // Errors (absl::Status): InvalidArgument for bad names, subjects, patterns and
 // configuration values (the message names the value); AlreadyExists for a duplicate
 // stream or consumer; NotFound for an unknown stream or a subject no stream captures;
-// ResourceExhausted when every capturing stream rejected a publish by its limits;
-// DeadlineExceeded when Next found nothing in time; Cancelled after Close().
+// ResourceExhausted when every capturing stream rejected a publish by its limits or
+// a full lane (overflow reject, TryPublish); DeadlineExceeded when Next found
+// nothing in time (or max_ack_pending left no slot); FailedPrecondition for a
+// second settle of one delivery; Cancelled after Close().
 //
 // Thread safety: every method may be called from any thread at once. Publish takes
 // the mutex of each capturing stream (never a global lock) and reads the route table

@@ -254,6 +254,7 @@ static_assert(sizeof(Payload) == 64);
 
 using inferq_bench::NowNs;
 using inferq_bench::ProcessCpuSeconds;
+using inferq_bench::SleepUntilNs;
 
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "bench_engine: %s\n", what.c_str());
@@ -505,13 +506,7 @@ RunResult Run(int members, bool qos, std::int64_t events, std::int64_t period_ns
     for (std::int64_t i = 0; i < events; ++i) {
       if (period_ns > 0) {
         const std::int64_t due = start_ns + i * period_ns;
-        std::int64_t now = NowNs();
-        if (now < due) {
-          timespec ts{static_cast<time_t>(due / 1'000'000'000),
-                      static_cast<long>(due % 1'000'000'000)};
-          clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
-          now = NowNs();
-        }
+        const std::int64_t now = SleepUntilNs(due);
         r.send_lag_ns.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, now - due)));
       }
       Payload p;

@@ -224,6 +224,7 @@ void BM_RoundTrip(benchmark::State& state) {
 
 using inferq_bench::NowNs;
 using inferq_bench::ProcessCpuSeconds;
+using inferq_bench::SleepUntilNs;
 
 // One producer at 50,000 items/s for 2 s, 4 consumers; items are enqueue timestamps.
 template <class Q>
@@ -252,9 +253,7 @@ void BM_Paced(benchmark::State& state) {
       prctl(PR_SET_TIMERSLACK, 1UL);  // wake on time, not up to 50 µs late
       const std::int64_t start = NowNs();
       for (std::int64_t i = 0; i < kItems; ++i) {
-        const std::int64_t due = start + i * kPeriodNs;
-        timespec ts{static_cast<time_t>(due / 1'000'000'000), static_cast<long>(due % 1'000'000'000)};
-        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
+        SleepUntilNs(start + i * kPeriodNs);
         q.push(static_cast<std::uint64_t>(NowNs()));
       }
       for (int c = 0; c < kConsumers; ++c) q.push(0);

@@ -21,6 +21,7 @@
 
 #include "inferq/base/clock.hpp"
 #include "inferq/ring/mpmc_ring.hpp"
+#include "inferq/ring/wait_strategy.hpp"
 #include "inferq/sched/qos_scheduler.hpp"
 
 namespace inferq::engine_internal {
@@ -181,7 +182,8 @@ class LaneQueue {
   OnEvict on_evict_;
   mutable std::mutex mu_;
   std::condition_variable not_empty_, not_full_;
-  static constexpr std::int64_t kActiveNs = 15'000;  // as HybridWait
+  // The same active window as the ring's default wait strategy.
+  static constexpr std::int64_t kActiveNs = HybridWait::kActiveNs;
   bool closed_ = false;             // guarded by mu_
   std::atomic<bool> closed_flag_{false};  // closed_, readable without mu_
   std::uint32_t sleepers_ = 0;      // pullers blocked on not_empty_; guarded by mu_

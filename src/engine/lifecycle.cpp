@@ -378,15 +378,18 @@ absl::Status Lifecycle::BeginWarmup(std::string_view model) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<Lifecycle::Slot*> Lifecycle::FindSlot(std::string_view model) {
+  std::lock_guard lock(mu_);
+  auto it = slots_.find(model);
+  if (it == slots_.end()) return UnknownModel(model);
+  return it->second.get();
+}
+
 absl::Status Lifecycle::ModelReady(std::string_view model) {
   if (auto st = ValidateName("model", model); !st.ok()) return st;
-  Slot* slot;
-  {
-    std::lock_guard lock(mu_);
-    auto it = slots_.find(model);
-    if (it == slots_.end()) return UnknownModel(model);
-    slot = it->second.get();
-  }
+  absl::StatusOr<Slot*> found = FindSlot(model);
+  if (!found.ok()) return found.status();
+  Slot* slot = *found;
   std::lock_guard tx_lock(slot->tx_mu);
   ModelInfo next;
   {
@@ -430,13 +433,9 @@ absl::StatusOr<std::vector<std::string>> Lifecycle::Evict(std::string_view model
 absl::StatusOr<bool> Lifecycle::EvictImpl(std::string_view model, std::string_view reason,
                                           bool if_timed_out, std::vector<std::string>* expired) {
   static constexpr std::string_view kModelEvicted = "model evicted";
-  Slot* slot;
-  {
-    std::lock_guard lock(mu_);
-    auto it = slots_.find(model);
-    if (it == slots_.end()) return UnknownModel(model);
-    slot = it->second.get();
-  }
+  absl::StatusOr<Slot*> found = FindSlot(model);
+  if (!found.ok()) return found.status();
+  Slot* slot = *found;
   std::lock_guard tx_lock(slot->tx_mu);
   ModelInfo next;
   std::vector<std::pair<std::string, MessageInfo>> msgs;  // sorted by id

@@ -19,81 +19,12 @@
 #include <catch2/catch.hpp>
 
 #include "inferq/engine/engine.hpp"
+#include "engine_test_util.hpp"
 
 using namespace inferq;
 using namespace std::chrono_literals;
 
-namespace {
-
-std::string Msg(const absl::Status& s) { return std::string(s.message()); }
-
-Event Ev(std::string subject, std::string msg_id = "") {
-  Event e;
-  e.subject = std::move(subject);
-  e.msg_id = std::move(msg_id);
-  return e;
-}
-
-Event Tiered(std::string id, Qos qos, std::string tenant, int priority = 0) {
-  Event e = Ev("work.a", std::move(id));
-  e.qos = qos;
-  e.tenant = std::move(tenant);
-  e.priority = priority;
-  return e;
-}
-
-ConsumerStats CS(const Engine& engine, std::string_view stream, std::string_view name) {
-  const EngineStats st = engine.Stats();
-  const ConsumerStats* c = st.consumer(stream, name);
-  REQUIRE(c != nullptr);
-  return *c;
-}
-
-StreamStats SS(const Engine& engine, std::string_view name) {
-  const EngineStats st = engine.Stats();
-  REQUIRE(st.stream(name) != nullptr);
-  return *st.stream(name);
-}
-
-std::string H(const Event& e, std::string_view name) {
-  auto v = e.headers.Get(name);
-  return v ? std::string(*v) : std::string("<absent>");
-}
-
-// Drains a member without waiting; returns the msg_ids (acks each when asked).
-std::vector<std::string> Drain(Member& m, bool ack = true) {
-  std::vector<std::string> got;
-  for (;;) {
-    auto r = m.Next(absl::ZeroDuration());
-    if (!r.ok()) break;
-    got.push_back(r->event().msg_id);
-    if (ack) REQUIRE(r->Ack().ok());
-  }
-  return got;
-}
-
-// An engine on a manual clock with stream S (work.>) and a dead-letter stream DLQ.
-struct Fixture {
-  ManualClock clock{1'000'000'000};
-  Engine engine{{.clock = &clock, .manual_timers = true}};
-  Member dlq = Init();
-  Member Init() {
-    REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
-    REQUIRE(engine.AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
-    auto d = engine.AddConsumer({.stream = "DLQ", .name = "dlq", .lane_capacity = 1 << 16});
-    REQUIRE(d.ok());
-    return *d->member(0);
-  }
-  Member Add(ConsumerConfig cc) {
-    cc.stream = "S";
-    if (cc.name.empty()) cc.name = "c";
-    auto c = engine.AddConsumer(cc);
-    REQUIRE(c.ok());
-    return *c->member(0);
-  }
-};
-
-}  // namespace
+using namespace inferq::engine_test;
 
 // ---------------------------------------------------------------------------------
 // Was bug 0 (fixed; this test keeps it fixed) (most severe): moving work off a stalled member loops forever when the work

@@ -8,17 +8,13 @@
 #include <catch2/catch.hpp>
 
 #include "inferq/engine/engine.hpp"
+#include "engine_test_util.hpp"
 
 using namespace inferq;
+using inferq::engine_test::H;
+using inferq::engine_test::Msg;
 
 namespace {
-
-std::string Msg(const absl::Status& s) { return std::string(s.message()); }
-
-std::string H(const Event& e, std::string_view name) {
-  auto v = e.headers.Get(name);
-  return v ? std::string(*v) : std::string("<absent>");
-}
 
 // Waits (real time) for a future that a worker thread completes.
 absl::StatusOr<Buffer> Get(std::future<absl::StatusOr<Buffer>>& f) {

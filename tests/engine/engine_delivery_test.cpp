@@ -8,60 +8,11 @@
 #include <catch2/catch.hpp>
 
 #include "inferq/engine/engine.hpp"
+#include "engine_test_util.hpp"
 
 using namespace inferq;
 
-namespace {
-
-std::string Msg(const absl::Status& s) { return std::string(s.message()); }
-
-Event Ev(std::string subject, std::string msg_id = "") {
-  Event e;
-  e.subject = std::move(subject);
-  e.msg_id = std::move(msg_id);
-  return e;
-}
-
-ConsumerStats CS(const Engine& engine, std::string_view stream, std::string_view name) {
-  const EngineStats st = engine.Stats();
-  const ConsumerStats* c = st.consumer(stream, name);
-  REQUIRE(c != nullptr);
-  return *c;
-}
-
-StreamStats SS(const Engine& engine, std::string_view name) {
-  const EngineStats st = engine.Stats();
-  REQUIRE(st.stream(name) != nullptr);
-  return *st.stream(name);
-}
-
-std::string H(const Event& e, std::string_view name) {
-  auto v = e.headers.Get(name);
-  return v ? std::string(*v) : std::string("<absent>");
-}
-
-// An engine on a manual clock with stream S (work.>) and a dead-letter stream DLQ.
-struct Fixture {
-  ManualClock clock{1'000'000'000};
-  Engine engine{{.clock = &clock, .manual_timers = true}};
-  Member dlq = Init();
-  Member Init() {
-    REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
-    REQUIRE(engine.AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
-    auto d = engine.AddConsumer({.stream = "DLQ", .name = "dlq"});
-    REQUIRE(d.ok());
-    return *d->member(0);
-  }
-  Member Add(ConsumerConfig cc) {
-    cc.stream = "S";
-    if (cc.name.empty()) cc.name = "c";
-    auto c = engine.AddConsumer(cc);
-    REQUIRE(c.ok());
-    return *c->member(0);
-  }
-};
-
-}  // namespace
+using namespace inferq::engine_test;
 
 TEST_CASE("nak with a delay redelivers only when the delay has passed") {
   Fixture f;
@@ -615,16 +566,6 @@ TEST_CASE("duplicate window per stream, and off when zero") {
                               .duplicate_window = absl::Seconds(-5)})) ==
         "stream 'C': duplicate_window -5s is invalid (zero for off, or up to 365 days)");
 }
-
-namespace {
-Event Tiered(std::string id, Qos tier, std::string tenant, std::int32_t priority = 0) {
-  Event e = Ev("work.a", std::move(id));
-  e.qos = tier;
-  e.tenant = std::move(tenant);
-  e.priority = priority;
-  return e;
-}
-}  // namespace
 
 TEST_CASE("a QoS lane serves by tier shares and tenant DRR, not arrival order") {
   Fixture f;

@@ -9,27 +9,13 @@
 #include <catch2/catch.hpp>
 
 #include "inferq/engine/engine.hpp"
+#include "engine_test_util.hpp"
 
 using namespace inferq;
 
+using namespace inferq::engine_test;
+
 namespace {
-
-std::string Msg(const absl::Status& s) { return std::string(s.message()); }
-
-Event Ev(std::string subject, std::string msg_id = "", std::string seq_id = "") {
-  Event e;
-  e.subject = std::move(subject);
-  e.msg_id = std::move(msg_id);
-  e.seq_id = std::move(seq_id);
-  return e;
-}
-
-ConsumerStats CS(const Engine& engine, std::string_view stream, std::string_view name) {
-  const EngineStats st = engine.Stats();
-  const ConsumerStats* c = st.consumer(stream, name);
-  REQUIRE(c != nullptr);
-  return *c;
-}
 
 std::uint64_t Kept(const Engine& engine) {
   const EngineStats st = engine.Stats();

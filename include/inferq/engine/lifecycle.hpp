@@ -236,6 +236,8 @@ class Lifecycle {
   std::string ModelKey(std::string_view model) const;
   std::string MessageKey(std::string_view msg_id) const;
   std::int64_t Now() const { return clock_->NowNanos(); }
+  // The slot of `model` (NotFound naming it when never seen); takes mu_ briefly.
+  absl::StatusOr<Slot*> FindSlot(std::string_view model);
   // Evict/Expire, with `if_timed_out` set only by RunTimeouts: then a record that is
   // no longer in the state, or not yet timed out, is skipped (returns false).
   absl::StatusOr<bool> EvictImpl(std::string_view model, std::string_view reason,

@@ -306,6 +306,35 @@ TEST_CASE("Decode errors name what failed") {
     auto back = Decode(wire->span(), {.max_tables = 10});
     CHECK(back.status().code() == absl::StatusCode::kDataLoss);
   }
+  SECTION("a shape vector 4 bytes off its 8-byte alignment") {
+    // Found by tensor_event_fuzz: the Verifier passed it and the int64 elements were
+    // read misaligned. Shape {1, 5}: moving the shape offset 4 bytes on makes the low
+    // half of the first element a length of 1, followed by one 8-byte element at an
+    // address 4 bytes off.
+    Event e;
+    e.shape = {1, 5};
+    auto wire = Encode(e);
+    REQUIRE(wire.ok());
+    std::vector<std::byte> bad = Bytes(*wire);
+    auto u32 = [&](std::size_t at) {
+      std::uint32_t v;
+      std::memcpy(&v, bad.data() + at, 4);
+      return v;
+    };
+    const std::size_t table = u32(0);
+    const std::size_t vtable = table - static_cast<std::int32_t>(u32(table));
+    std::uint16_t field;
+    std::memcpy(&field, bad.data() + vtable + 4 + 2 * 18, 2);  // shape is field id 18
+    REQUIRE(field != 0);
+    const std::size_t at = table + field;
+    const std::uint32_t moved = u32(at) + 4;
+    std::memcpy(bad.data() + at, &moved, 4);
+    auto back = Decode(bad);
+    REQUIRE(back.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(std::string(back.status().message()) ==
+          "TensorEvent field shape (int64 elements) is not 8-byte aligned: it starts at "
+          "buffer offset " + std::to_string(at + moved + 4));
+  }
   SECTION("bad enum values") {
     auto qos = Decode(Build({.qos = 3}));
     REQUIRE(qos.status().code() == absl::StatusCode::kDataLoss);

@@ -70,7 +70,8 @@ absl::StatusOr<Buffer> Encode(const Event& event, const EncodeOptions& options =
 //   InvalidArgument: fewer than 8 bytes, or the file identifier is not "IQTE" (the
 //     message shows the 4 bytes found, escaped).
 //   DataLoss: the FlatBuffers Verifier rejects the buffer (bad offsets, sizes,
-//     strings, depth beyond max_depth or tables beyond max_tables); an enum field
+//     strings, depth beyond max_depth or tables beyond max_tables); the shape
+//     vector's int64 elements are not 8-byte aligned; an enum field
 //     (qos, dtype, codec) holds an unknown value; ttl_ns is negative; a header name
 //     is repeated; zstd fails (the message carries libzstd's); the decompressed size
 //     differs from uncompressed_size; a raw payload declares an uncompressed_size.

@@ -1,8 +1,9 @@
 // Writes seed inputs for the fuzz targets: a real log segment and real full and
 // incremental checkpoints, made by a StateStore in a temp directory. Each seed starts
-// with the targets' flag byte (0: take the bytes as they are).
+// with the targets' flag byte (0: take the bytes as they are). With a third directory,
+// also encoded TensorEvents (every field set; raw and zstd payloads), as they are.
 //
-// Usage: make_seeds LOG_CORPUS_DIR CHECKPOINT_CORPUS_DIR
+// Usage: make_seeds LOG_CORPUS_DIR CHECKPOINT_CORPUS_DIR [TENSOR_EVENT_CORPUS_DIR]
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +11,8 @@
 #include <algorithm>
 #include <iterator>
 
+#include "inferq/event/event.hpp"
+#include "inferq/event/tensor_event.hpp"
 #include "inferq/state/state_store.hpp"
 
 namespace fs = std::filesystem;
@@ -28,8 +31,10 @@ static void Copy(const fs::path& from, const fs::path& to) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: make_seeds LOG_CORPUS_DIR CHECKPOINT_CORPUS_DIR\n");
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr,
+                 "usage: make_seeds LOG_CORPUS_DIR CHECKPOINT_CORPUS_DIR "
+                 "[TENSOR_EVENT_CORPUS_DIR]\n");
     return 2;
   }
   const fs::path dir = fs::temp_directory_path() / "inferq_fuzz_seeds";
@@ -59,5 +64,39 @@ int main(int argc, char** argv) {
     Copy(e.path(), fs::path(name.rfind("wal-", 0) == 0 ? argv[1] : argv[2]) / ("seed-" + name));
   }
   fs::remove_all(dir);
+  if (argc == 4) {
+    fs::create_directories(argv[3]);
+    inferq::Event e;
+    e.subject = "infer.llama.request";
+    e.task_id = {1, 2};
+    e.semantic_tag = "summarize";
+    e.tenant = "acme";
+    e.qos = inferq::Qos::kGold;
+    e.priority = 5;
+    e.trace.trace_id[0] = 0xab;
+    e.trace.span_id[7] = 0xcd;
+    e.model = "llama";
+    e.model_version = "3";
+    e.schema_id = 1;
+    e.schema_version = 2;
+    e.msg_id = "m1";
+    e.seq_id = "s1";
+    e.seq_no = 9;
+    e.created = absl::FromUnixNanos(1'700'000'000'000'000'001);
+    e.deadline = absl::FromUnixNanos(1'700'000'001'000'000'000);
+    e.ttl = absl::Seconds(1);
+    e.attempt = 1;
+    e.shape = {2, 4};
+    e.dtype = inferq::DType::kInt32;
+    e.headers.Set("k", "v");
+    e.payload = inferq::Buffer::FromString("tokens tokens tokens tokens 17 42 17 42");
+    for (auto [name, codec] : {std::pair{"seed-none", inferq::PayloadCodec::kNone},
+                               std::pair{"seed-zstd", inferq::PayloadCodec::kZstd}}) {
+      auto wire = inferq::Encode(e, {.codec = codec});
+      if (!wire.ok()) return 1;
+      std::ofstream out(fs::path(argv[3]) / name, std::ios::binary);
+      out << wire->view();
+    }
+  }
   return 0;
 }

@@ -1,0 +1,61 @@
+// libFuzzer target: TensorEvent Decode on untrusted bytes (what a durable stream, a
+// bridge or a file hands it). Decode must return an Event or an error, never crash or
+// trip ASan/UBSan; the same bytes at an odd address must give the same answer; and
+// an Event it returns must survive Encode and Decode unchanged (with both codecs).
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "inferq/event/event.hpp"
+#include "inferq/event/tensor_event.hpp"
+
+namespace {
+
+// Small bounds keep each run fast: the default 256 MiB limit would let one input
+// allocate that much.
+constexpr inferq::DecodeOptions kOptions{.max_payload_bytes = 1 << 20};
+
+bool Same(const inferq::Event& a, const inferq::Event& b) {
+  const std::vector<std::pair<std::string, std::string>> ha(a.headers.begin(), a.headers.end());
+  const std::vector<std::pair<std::string, std::string>> hb(b.headers.begin(), b.headers.end());
+  return a.subject == b.subject && a.task_id == b.task_id && a.semantic_tag == b.semantic_tag &&
+         a.tenant == b.tenant && a.qos == b.qos && a.priority == b.priority &&
+         a.trace == b.trace && a.model == b.model && a.model_version == b.model_version &&
+         a.schema_id == b.schema_id && a.schema_version == b.schema_version &&
+         a.msg_id == b.msg_id && a.seq_id == b.seq_id && a.seq_no == b.seq_no &&
+         a.created == b.created && a.deadline == b.deadline && a.ttl == b.ttl &&
+         a.attempt == b.attempt && a.shape == b.shape && a.dtype == b.dtype && ha == hb &&
+         a.payload.view() == b.payload.view();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
+  absl::StatusOr<inferq::Event> e = inferq::Decode(bytes, kOptions);
+
+  // The same bytes, misaligned (Decode copies them to aligned storage).
+  std::vector<std::byte> shifted(size + 1);
+  if (size != 0) std::memcpy(shifted.data() + 1, data, size);
+  absl::StatusOr<inferq::Event> s =
+      inferq::Decode(std::span<const std::byte>(shifted).subspan(1), kOptions);
+  if (e.ok() != s.ok()) std::abort();
+  if (!e.ok()) {
+    if (e.status() != s.status()) std::abort();
+    return 0;
+  }
+  if (!Same(*e, *s)) std::abort();
+
+  for (inferq::PayloadCodec codec : {inferq::PayloadCodec::kNone, inferq::PayloadCodec::kZstd}) {
+    absl::StatusOr<inferq::Buffer> wire = inferq::Encode(*e, {.codec = codec, .zstd_level = 1});
+    if (!wire.ok()) std::abort();  // everything Decode returns is encodable
+    absl::StatusOr<inferq::Event> back = inferq::Decode(wire->span(), kOptions);
+    if (!back.ok() || !Same(*e, *back)) std::abort();
+  }
+  return 0;
+}

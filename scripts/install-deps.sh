@@ -10,6 +10,7 @@ packages=(
   libatomic-queue-dev libconcurrentqueue-dev libxenium-dev libboost-dev libtbb-dev
   librocksdb-dev libsqlite3-dev libzmq3-dev libnng-dev clang libclang-rt-14-dev
   rapidjson-dev libvalijson-dev json-schema-test-suite libre2-dev
+  flatbuffers-compiler libflatbuffers-dev
 )
 
 missing=()

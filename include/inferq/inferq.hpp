@@ -20,5 +20,6 @@
 #include "inferq/routing/subject_index.hpp"
 #include "inferq/sched/batcher.hpp"
 #include "inferq/sched/qos_scheduler.hpp"
+#include "inferq/schema/registry.hpp"
 #include "inferq/state/state_store.hpp"
 #include "inferq/version.hpp"

@@ -1,6 +1,7 @@
 // A tiny program that uses inferq the way an outside project does: through the
 // umbrella header and the exported target. Exits 0 only when one event makes the
-// whole trip publish -> consumer member -> ack, and a routing predicate matches.
+// whole trip publish -> consumer member -> ack, a routing predicate matches, and the
+// schema registry refuses an incompatible schema.
 #include <cstdio>
 
 #include "inferq/inferq.hpp"
@@ -24,6 +25,14 @@ int main() {
   inferq::Event j;
   j.payload = inferq::Buffer::FromString(R"({"model": "llama-3"})");
   if (!p->Matches(j)) return 7;
+  // The schema registry: links FlatBuffers' parser, which inferq links privately (a
+  // static libinferq passes it on through its package, as it does RE2).
+  inferq::SchemaRegistry registry;
+  if (!registry.Register("hello.world", "table T { a:int; }\nroot_type T;\n").ok()) return 8;
+  if (registry.Register("hello.world", "table T { a:long; }\nroot_type T;\n").status().code() !=
+      absl::StatusCode::kFailedPrecondition) {
+    return 9;
+  }
   std::printf("inferq %s consumer ok\n", INFERQ_VERSION_STRING);
   return 0;
 }

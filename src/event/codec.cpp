@@ -256,4 +256,66 @@ absl::StatusOr<std::string> ZstdDecompress(std::string_view input,
   return out;
 }
 
+
+absl::StatusOr<CodedPayload> TranscodePayload(const Event& event, PayloadCodec target,
+                                              const TranscodeOptions& options) {
+  const auto valid = [](PayloadCodec c) {
+    return c == PayloadCodec::kNone || c == PayloadCodec::kZstd;
+  };
+  if (!valid(event.codec)) {
+    return absl::InvalidArgumentError("event payload codec " +
+                                      std::to_string(static_cast<int>(event.codec)) +
+                                      " is not one of none (0), zstd (1)");
+  }
+  if (!valid(target)) {
+    return absl::InvalidArgumentError("target payload codec " +
+                                      std::to_string(static_cast<int>(target)) +
+                                      " is not one of none (0), zstd (1)");
+  }
+  if (event.codec == PayloadCodec::kNone && event.dictionary_id != 0) {
+    return absl::InvalidArgumentError("event payload has codec none but dictionary_id " +
+                                      std::to_string(event.dictionary_id) + " (must be 0)");
+  }
+  if (target == PayloadCodec::kZstd && options.dictionary == nullptr) {
+    if (absl::Status s = CheckLevel(options.zstd_level); !s.ok()) return s;
+  }
+  if (event.payload.empty()) return CodedPayload{};
+  const std::uint32_t target_dictionary =
+      target == PayloadCodec::kZstd && options.dictionary != nullptr ? options.dictionary->id() : 0;
+  if (event.codec == target && event.dictionary_id == target_dictionary) {
+    return CodedPayload{event.payload, target, target_dictionary};  // shared, not copied
+  }
+
+  std::string decompressed;
+  std::string_view raw = event.payload.view();
+  if (event.codec == PayloadCodec::kZstd) {
+    const std::string what = "event payload (zstd, " + std::to_string(raw.size()) +
+                             " bytes, dictionary_id " + std::to_string(event.dictionary_id) + ")";
+    const unsigned frame_dictionary = ZSTD_getDictID_fromFrame(raw.data(), raw.size());
+    if (frame_dictionary != 0 && frame_dictionary != event.dictionary_id) {
+      return absl::InvalidArgumentError(what + ": its first frame names dictionary " +
+                                        std::to_string(frame_dictionary));
+    }
+    if (event.dictionary_id != 0 &&
+        (options.dictionaries == nullptr || options.dictionaries->Find(event.dictionary_id) == nullptr)) {
+      return absl::NotFoundError(what + " needs zstd dictionary " +
+                                 std::to_string(event.dictionary_id) +
+                                 ", which is not in the dictionary set");
+    }
+    absl::StatusOr<std::string> r =
+        ZstdDecompress(raw, options.dictionaries, options.max_payload_bytes);
+    if (!r.ok()) {
+      return absl::Status(r.status().code(), what + ": " + std::string(r.status().message()));
+    }
+    decompressed = *std::move(r);
+    raw = decompressed;
+  }
+  if (target == PayloadCodec::kNone) return CodedPayload{Buffer::FromString(raw)};
+  absl::StatusOr<std::string> z = options.dictionary != nullptr
+                                      ? ZstdCompress(raw, *options.dictionary)
+                                      : ZstdCompress(raw, options.zstd_level);
+  if (!z.ok()) return z.status();
+  return CodedPayload{Buffer::FromString(*z), PayloadCodec::kZstd, target_dictionary};
+}
+
 }  // namespace inferq

@@ -4,45 +4,21 @@
 
 #include <cstdint>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "absl/status/status.h"
+#include "token_samples.hpp"
 
 namespace {
 
 using inferq::ZstdDictionaries;
 using inferq::ZstdDictionary;
 
-// Token-id arrays like an LLM request's: JSON of 20..80 ids from a skewed vocabulary.
-// Deterministic (mt19937's raw output is specified by the standard).
-std::vector<std::string> TokenSamples(std::uint32_t seed, int n) {
-  std::mt19937 rng(seed);
-  std::vector<std::string> out;
-  out.reserve(n);
-  for (int i = 0; i < n; ++i) {
-    std::string s = "{\"model\":\"llama-3-8b\",\"tokens\":[";
-    const int len = 20 + static_cast<int>(rng() % 61);
-    for (int t = 0; t < len; ++t) {
-      // Skewed: most ids from a small set, some from the full vocabulary.
-      const std::uint32_t id = rng() % 4 != 0 ? 100 + rng() % 64 : rng() % 32000;
-      if (t != 0) s += ',';
-      s += std::to_string(id);
-    }
-    s += "]}";
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
-std::shared_ptr<const ZstdDictionary> TrainOrDie(std::uint32_t seed) {
-  auto d = ZstdDictionary::Train(TokenSamples(seed, 2000), 8 << 10);
-  REQUIRE(d.ok());
-  return *d;
-}
+using inferq_test::TokenSamples;
+using inferq_test::TrainOrDie;
 
 }  // namespace
 
@@ -223,4 +199,119 @@ TEST_CASE("ZstdFrameHeaders sums concatenated frames and rejects non-zstd data")
   REQUIRE(cut.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(cut.status().message()).starts_with("zstd frame at offset " +
                                                         std::to_string(a->size())));
+}
+
+TEST_CASE("TranscodePayload shares a payload already in the target form") {
+  std::shared_ptr<const ZstdDictionary> dict = TrainOrDie(20);
+  inferq::Event e;
+  e.payload = inferq::Buffer::FromString(*inferq::ZstdCompress(TokenSamples(21, 1)[0], *dict));
+  e.codec = inferq::PayloadCodec::kZstd;
+  e.dictionary_id = dict->id();
+  auto same = inferq::TranscodePayload(e, inferq::PayloadCodec::kZstd, {.dictionary = dict.get()});
+  REQUIRE(same.ok());
+  CHECK(same->bytes.data() == e.payload.data());  // the same bytes, not a copy
+  CHECK(same->codec == inferq::PayloadCodec::kZstd);
+  CHECK(same->dictionary_id == dict->id());
+
+  inferq::Event raw;
+  raw.payload = inferq::Buffer::FromString("abc");
+  auto none = inferq::TranscodePayload(raw, inferq::PayloadCodec::kNone);
+  REQUIRE(none.ok());
+  CHECK(none->bytes.data() == raw.payload.data());
+}
+
+TEST_CASE("TranscodePayload converts between raw, zstd and zstd with a dictionary") {
+  std::shared_ptr<const ZstdDictionary> a = TrainOrDie(22);
+  std::shared_ptr<const ZstdDictionary> b = TrainOrDie(23);
+  ZstdDictionaries set;
+  REQUIRE(set.Add(a).ok());
+  REQUIRE(set.Add(b).ok());
+  const std::string text = TokenSamples(24, 1)[0];
+  inferq::Event raw;
+  raw.payload = inferq::Buffer::FromString(text);
+
+  auto with_a = inferq::TranscodePayload(raw, inferq::PayloadCodec::kZstd, {.dictionary = a.get()});
+  REQUIRE(with_a.ok());
+  CHECK(with_a->codec == inferq::PayloadCodec::kZstd);
+  CHECK(with_a->dictionary_id == a->id());
+  CHECK(inferq::ZstdFrameHeaders(with_a->bytes.view())->dictionary_id == a->id());
+
+  inferq::Event za;
+  za.payload = with_a->bytes;
+  za.codec = inferq::PayloadCodec::kZstd;
+  za.dictionary_id = a->id();
+  auto to_b = inferq::TranscodePayload(za, inferq::PayloadCodec::kZstd,
+                                       {.dictionary = b.get(), .dictionaries = &set});
+  REQUIRE(to_b.ok());
+  CHECK(to_b->dictionary_id == b->id());
+  CHECK(*inferq::ZstdDecompress(to_b->bytes.view(), &set) == text);
+  auto plain = inferq::TranscodePayload(za, inferq::PayloadCodec::kZstd,
+                                        {.zstd_level = 1, .dictionaries = &set});
+  REQUIRE(plain.ok());
+  CHECK(plain->dictionary_id == 0);
+  CHECK(*inferq::ZstdDecompress(plain->bytes.view()) == text);
+  auto back = inferq::TranscodePayload(za, inferq::PayloadCodec::kNone, {.dictionaries = &set});
+  REQUIRE(back.ok());
+  CHECK(back->codec == inferq::PayloadCodec::kNone);
+  CHECK(back->dictionary_id == 0);
+  CHECK(back->bytes.view() == text);
+
+  SECTION("the dictionary missing: NotFound naming its id") {
+    ZstdDictionaries only_b;
+    REQUIRE(only_b.Add(b).ok());
+    auto r = inferq::TranscodePayload(za, inferq::PayloadCodec::kNone, {.dictionaries = &only_b});
+    REQUIRE(r.status().code() == absl::StatusCode::kNotFound);
+    CHECK(std::string(r.status().message()) ==
+          "event payload (zstd, " + std::to_string(za.payload.size()) + " bytes, dictionary_id " +
+              std::to_string(a->id()) + ") needs zstd dictionary " + std::to_string(a->id()) +
+              ", which is not in the dictionary set");
+  }
+  SECTION("a dictionary_id that is not the frame's") {
+    inferq::Event wrong = za;
+    wrong.dictionary_id = b->id();
+    auto r = inferq::TranscodePayload(wrong, inferq::PayloadCodec::kNone, {.dictionaries = &set});
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(r.status().message()).ends_with(": its first frame names dictionary " +
+                                                       std::to_string(a->id())));
+  }
+}
+
+TEST_CASE("TranscodePayload rejects an inconsistent event, naming the value") {
+  inferq::Event e;
+  e.payload = inferq::Buffer::FromString("abc");
+  SECTION("codec none with a dictionary id") {
+    e.dictionary_id = 5;
+    auto r = inferq::TranscodePayload(e, inferq::PayloadCodec::kZstd);
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(r.status().message()) ==
+          "event payload has codec none but dictionary_id 5 (must be 0)");
+  }
+  SECTION("an unknown codec") {
+    e.codec = static_cast<inferq::PayloadCodec>(7);
+    auto r = inferq::TranscodePayload(e, inferq::PayloadCodec::kNone);
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(r.status().message()) ==
+          "event payload codec 7 is not one of none (0), zstd (1)");
+  }
+  SECTION("a corrupt zstd payload") {
+    e.codec = inferq::PayloadCodec::kZstd;
+    auto r = inferq::TranscodePayload(e, inferq::PayloadCodec::kNone);
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(r.status().message()) ==
+          "event payload (zstd, 3 bytes, dictionary_id 0): input of 3 bytes is too short to "
+          "be zstd data");
+  }
+  SECTION("a bad level") {
+    auto r = inferq::TranscodePayload(e, inferq::PayloadCodec::kZstd, {.zstd_level = 0});
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(r.status().message()) == "zstd level 0 is outside 1..22");
+  }
+  SECTION("an empty payload stays empty and raw") {
+    inferq::Event empty;
+    empty.codec = inferq::PayloadCodec::kZstd;
+    auto r = inferq::TranscodePayload(empty, inferq::PayloadCodec::kZstd);
+    REQUIRE(r.ok());
+    CHECK(r->bytes.empty());
+    CHECK(r->codec == inferq::PayloadCodec::kNone);
+  }
 }

@@ -2,7 +2,7 @@
 //
 // Payload codecs. zstd (RFC 8878) through libzstd, optionally with a trained
 // dictionary (ZDICT) for small payloads such as token-id arrays; the codec of a
-// payload is an attribute of its event, so
+// payload is an attribute of its event (Event::codec, Event::dictionary_id), so
 // consumers can ask for raw bytes or accept compressed ones. Also used to read
 // zstd-compressed files such as the bundled trace.
 //
@@ -35,6 +35,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "inferq/event/event.hpp"
+#include "inferq/memory/buffer.hpp"
 
 // libzstd's opaque types (zstd.h: typedef struct ZSTD_CDict_s ZSTD_CDict;).
 struct ZSTD_CDict_s;
@@ -147,5 +149,39 @@ struct ZstdFrameInfo {
   std::uint32_t dictionary_id = 0;
 };
 absl::StatusOr<ZstdFrameInfo> ZstdFrameHeaders(std::string_view input);
+
+// A payload in one codec: its bytes and how they are stored.
+struct CodedPayload {
+  Buffer bytes;
+  PayloadCodec codec = PayloadCodec::kNone;
+  std::uint32_t dictionary_id = 0;  // 0 unless codec is kZstd with a dictionary
+};
+
+struct TranscodeOptions {
+  // Compression level without a dictionary, 1..22 (with one, the dictionary's level).
+  int zstd_level = 3;
+  // Target kZstd: compress with this dictionary (nullptr = none).
+  const ZstdDictionary* dictionary = nullptr;
+  // Where a payload compressed with dictionary_id != 0 finds its dictionary.
+  const ZstdDictionaries* dictionaries = nullptr;
+  // Largest payload, in bytes after decompression (a guard against bombs).
+  std::size_t max_payload_bytes = std::size_t{256} << 20;
+};
+
+// `event.payload` (stored as event.codec / event.dictionary_id say) converted to
+// `target` (with options.dictionary for kZstd). When the payload is already in that
+// form (same codec and dictionary id) it is returned as is: shared, not copied, not
+// recompressed. An empty payload stays empty and is returned as kNone whatever the
+// target (an empty payload is the same in every codec). Used by Encode and by the
+// engine (ConsumerConfig::accept_codecs).
+// Errors: InvalidArgument when event.codec is not a PayloadCodec, a kNone payload
+// has dictionary_id != 0, the zstd level is outside 1..22, the payload is not valid
+// zstd (libzstd's reason), or its frame names a dictionary other than
+// event.dictionary_id (names both); NotFound when the payload needs dictionary
+// event.dictionary_id and options.dictionaries lacks it (names the id);
+// ResourceExhausted when it decompresses to more than max_payload_bytes; DataLoss
+// for a truncated zstd payload.
+absl::StatusOr<CodedPayload> TranscodePayload(const Event& event, PayloadCodec target,
+                                              const TranscodeOptions& options = {});
 
 }  // namespace inferq

@@ -8,6 +8,7 @@
 
 #include <zdict.h>
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include "absl/status/status.h"
 
@@ -200,13 +201,14 @@ absl::StatusOr<std::string> ZstdDecompress(std::string_view input,
   }
   std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> ctx(ZSTD_createDCtx(), &ZSTD_freeDCtx);
   if (!ctx) return absl::ResourceExhaustedError("cannot allocate a zstd context");
-  if (const unsigned id = ZSTD_getDictID_fromFrame(input.data(), input.size()); id != 0) {
-    const ZstdDictionary* d = dictionaries != nullptr ? dictionaries->Find(id) : nullptr;
+  // The dictionary id the first frame's header names (0: none, or no valid header).
+  const unsigned frame_dictionary = ZSTD_getDictID_fromFrame(input.data(), input.size());
+  if (const unsigned id = frame_dictionary; id != 0 && dictionaries != nullptr) {
+    const ZstdDictionary* d = dictionaries->Find(id);
     if (d == nullptr) {
       return absl::NotFoundError("zstd data was compressed with dictionary " +
                                  std::to_string(id) + ", which is not in the dictionary set (" +
-                                 std::to_string(dictionaries != nullptr ? dictionaries->size() : 0) +
-                                 " dictionaries)");
+                                 std::to_string(dictionaries->size()) + " dictionaries)");
     }
     const std::size_t r = ZSTD_DCtx_refDDict(ctx.get(), d->ddict());
     if (ZSTD_isError(r)) {
@@ -225,9 +227,16 @@ absl::StatusOr<std::string> ZstdDecompress(std::string_view input,
     if (ZSTD_isError(last)) {
       // libzstd does not say which byte was bad, only which call failed: name the
       // input range that call was reading.
+      // Without a dictionary set, a header naming a dictionary is reported as
+      // corruption (it may be garbage that parses as a header), naming the id.
+      const bool wants_dictionary = frame_dictionary != 0 && dictionaries == nullptr &&
+                                    ZSTD_getErrorCode(last) == ZSTD_error_dictionary_wrong;
       return absl::InvalidArgumentError(
           std::string("zstd data is corrupt in input bytes ") + std::to_string(before) + ".." +
-          std::to_string(std::max(in.pos, before + 1) - 1) + ": " + ZSTD_getErrorName(last));
+          std::to_string(std::max(in.pos, before + 1) - 1) + ": " + ZSTD_getErrorName(last) +
+          (wants_dictionary ? " (its frame header names zstd dictionary " +
+                                  std::to_string(frame_dictionary) + "; no dictionaries were given)"
+                            : std::string()));
     }
     if (out.size() + ob.pos > max_output) {
       return absl::ResourceExhaustedError("zstd output exceeds the limit of " +

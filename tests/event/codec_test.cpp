@@ -88,10 +88,18 @@ TEST_CASE("a frame compressed with dictionary A does not decompress without A") 
           "zstd data was compressed with dictionary " + a_id +
               ", which is not in the dictionary set (1 dictionaries)");
   }
-  SECTION("no set") {
-    absl::StatusOr<std::string> r = inferq::ZstdDecompress(*z);
+  SECTION("an empty set") {
+    ZstdDictionaries none;
+    absl::StatusOr<std::string> r = inferq::ZstdDecompress(*z, &none);
     REQUIRE(r.status().code() == absl::StatusCode::kNotFound);
     CHECK(std::string(r.status().message()).find("dictionary " + a_id) != std::string::npos);
+  }
+  SECTION("no set: reported as corrupt data, naming the id") {
+    absl::StatusOr<std::string> r = inferq::ZstdDecompress(*z);
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(r.status().message())
+              .ends_with(": Dictionary mismatch (its frame header names zstd dictionary " + a_id +
+                         "; no dictionaries were given)"));
   }
 }
 

@@ -126,9 +126,10 @@ absl::StatusOr<std::string> ZstdCompress(std::string_view input, const ZstdDicti
 // decompressed with the dictionary of that id from `dictionaries` (the id is read
 // from the first frame's header; all frames must use it).
 // Errors: NotFound when the first frame names a dictionary id that `dictionaries`
-// (nullptr = none) lacks (the message names the id); InvalidArgument when `input` is
-// not zstd data or is corrupt (the message names libzstd's reason and the input
-// offset); DataLoss when the input ends inside a frame (truncated); ResourceExhausted
+// lacks (the message names the id); InvalidArgument when `input` is not zstd data
+// or is corrupt (the message names libzstd's reason and the input offset), and,
+// with `dictionaries` null, for a frame that names a dictionary (the message adds
+// the id: the header may as well be garbage); DataLoss when the input ends inside a frame (truncated); ResourceExhausted
 // when the output would exceed `max_output` bytes (a guard against decompression
 // bombs; default 1 GiB).
 absl::StatusOr<std::string> ZstdDecompress(std::string_view input,

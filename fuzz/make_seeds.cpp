@@ -1,7 +1,8 @@
 // Writes seed inputs for the fuzz targets: a real log segment and real full and
 // incremental checkpoints, made by a StateStore in a temp directory. Each seed starts
 // with the targets' flag byte (0: take the bytes as they are). With a third directory,
-// also encoded TensorEvents (every field set; raw and zstd payloads), as they are.
+// also encoded TensorEvents (every field set; raw, zstd and zstd-with-dictionary
+// payloads, the dictionary of fuzz_dictionary.hpp), as they are.
 //
 // Usage: make_seeds LOG_CORPUS_DIR CHECKPOINT_CORPUS_DIR [TENSOR_EVENT_CORPUS_DIR]
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <iterator>
 
+#include "fuzz_dictionary.hpp"
 #include "inferq/event/event.hpp"
 #include "inferq/event/tensor_event.hpp"
 #include "inferq/state/state_store.hpp"
@@ -90,9 +92,13 @@ int main(int argc, char** argv) {
     e.dtype = inferq::DType::kInt32;
     e.headers.Set("k", "v");
     e.payload = inferq::Buffer::FromString("tokens tokens tokens tokens 17 42 17 42");
-    for (auto [name, codec] : {std::pair{"seed-none", inferq::PayloadCodec::kNone},
-                               std::pair{"seed-zstd", inferq::PayloadCodec::kZstd}}) {
-      auto wire = inferq::Encode(e, {.codec = codec});
+    const inferq::ZstdDictionary* dict = inferq_fuzz::FuzzDictionary().get();
+    for (auto [name, options] :
+         {std::pair{"seed-none", inferq::EncodeOptions{.codec = inferq::PayloadCodec::kNone}},
+          std::pair{"seed-zstd", inferq::EncodeOptions{.codec = inferq::PayloadCodec::kZstd}},
+          std::pair{"seed-zstd-dict", inferq::EncodeOptions{.codec = inferq::PayloadCodec::kZstd,
+                                                            .dictionary = dict}}}) {
+      auto wire = inferq::Encode(e, options);
       if (!wire.ok()) return 1;
       std::ofstream out(fs::path(argv[3]) / name, std::ios::binary);
       out << wire->view();

@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 #include <tuple>
 #include <mutex>
@@ -84,6 +85,10 @@ enum MsgState : std::uint8_t {
 
 struct StoredMessage {
   std::shared_ptr<const Event> event;
+  // The event with its payload converted to codec c (ConsumerConfig::accept_codecs),
+  // for the consumers that do not accept event->codec; null where no consumer needs
+  // c. Made once per publish and target codec, shared by every stream and consumer.
+  std::array<std::shared_ptr<const Event>, kPayloadCodecs> converted{};
   StreamState* stream = nullptr;
   std::uint64_t seq = 0;
   std::int64_t publish_ns = 0;
@@ -149,6 +154,13 @@ struct TimerLater {
 
 struct ConsumerState {
   ConsumerConfig config;
+  // ConsumerConfig::accept_codecs: bit c set = accepts PayloadCodec c (all bits for
+  // an empty list), and the codec an event in another codec is converted to.
+  std::uint32_t accept_mask = ~std::uint32_t{0};
+  PayloadCodec convert_to = PayloadCodec::kNone;
+  bool Accepts(PayloadCodec c) const {
+    return (accept_mask >> static_cast<unsigned>(c) & 1u) != 0;
+  }
   std::optional<SubjectPattern> filter;  // nullopt: every event of the stream
   StreamState* stream = nullptr;
   const Clock* clock = nullptr;
@@ -298,6 +310,9 @@ struct StreamState {
   HandleQueue<Handle> messages;             // guarded by mu; ascending seq
   std::uint64_t next_seq = 1;               // guarded by mu
   std::vector<ConsumerState*> consumers;    // guarded by mu
+  // Consumers with a non-empty accept_codecs (Publish's conversion pre-pass runs only
+  // for streams that have one). Written under mu; relaxed reads outside it.
+  std::atomic<std::uint32_t> codec_restricted{0};
 
   // Read by Stats() without mu; written under mu or by acks.
   std::atomic<std::int64_t> live_msgs{0};
@@ -559,7 +574,14 @@ Message::Message(Message&&) noexcept = default;
 Message& Message::operator=(Message&&) noexcept = default;
 Message::~Message() = default;
 
-const Event& Message::event() const { return *msg_->event; }
+const Event& Message::event() const {
+  const Event& e = *msg_->event;
+  if (consumer_ == nullptr || consumer_->Accepts(e.codec)) return e;
+  // Converted at publish; null only for an empty payload (never converted).
+  const std::shared_ptr<const Event>& converted =
+      msg_->converted[static_cast<std::size_t>(consumer_->convert_to)];
+  return converted != nullptr ? *converted : e;
+}
 std::uint64_t Message::stream_seq() const { return msg_ ? msg_->seq : 0; }
 std::int64_t Message::publish_time_ns() const { return msg_ ? msg_->publish_ns : 0; }
 
@@ -1010,6 +1032,44 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<RouteTable>> tables;           // guarded by config_mu
 
   std::atomic<std::uint64_t> published{0}, unrouted{0}, rejected{0}, invalid{0};
+  // Payload conversion (EngineOptions::codecs); compress_dictionary points into
+  // codecs.dictionaries (nullptr = none).
+  EngineCodecOptions codecs;
+  const ZstdDictionary* compress_dictionary = nullptr;
+  std::atomic<std::uint64_t> codec_conversions{0};
+
+  // `event` with its payload in codec `target` for consumer `consumer` (named in the
+  // error). FailedPrecondition when the payload's dictionary is missing, else
+  // InvalidArgument (see Engine::Publish).
+  absl::StatusOr<std::shared_ptr<const Event>> Convert(const Event& event, PayloadCodec target,
+                                                       const ConsumerState& consumer) {
+    absl::StatusOr<CodedPayload> p = TranscodePayload(
+        event, target,
+        {.zstd_level = codecs.zstd_level,
+         .dictionary = compress_dictionary,
+         .dictionaries = codecs.dictionaries.get(),
+         .max_payload_bytes = codecs.max_payload_bytes});
+    if (!p.ok()) {
+      const auto name = [](PayloadCodec c) { return c == PayloadCodec::kNone ? "none" : "zstd"; };
+      std::string msg = "consumer '" + consumer.config.name + "' of stream '" +
+                        consumer.config.stream + "' needs the payload of subject " +
+                        QuoteValue(event.subject) + " as " + name(target) + ", but converting it from " +
+                        name(event.codec) +
+                        (event.dictionary_id != 0
+                             ? " (dictionary " + std::to_string(event.dictionary_id) + ")"
+                             : std::string()) +
+                        " failed: " + std::string(p.status().message());
+      return p.status().code() == absl::StatusCode::kNotFound
+                 ? absl::FailedPreconditionError(std::move(msg))
+                 : absl::InvalidArgumentError(std::move(msg));
+    }
+    auto out = std::make_shared<Event>(event);
+    out->payload = std::move(p->bytes);
+    out->codec = p->codec;
+    out->dictionary_id = p->dictionary_id;
+    codec_conversions.fetch_add(1, std::memory_order_relaxed);
+    return std::shared_ptr<const Event>(std::move(out));
+  }
   std::unique_ptr<DualChannelController> flow;  // EngineOptions::flow_control; may be null
   // Dead letters whose stream's mutex was taken (Publish kInternal never waits).
   std::mutex outbox_mu;
@@ -1146,6 +1206,26 @@ NumaArena* ProcessArena(const Topology& topology, int node_index, std::string* w
 }  // namespace
 
 Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>()) {
+  {  // checked first: a throw here leaves nothing started
+    const EngineCodecOptions& c = options.codecs;
+    if (c.zstd_level < 1 || c.zstd_level > 22) {
+      throw std::invalid_argument("EngineOptions::codecs.zstd_level " +
+                                  std::to_string(c.zstd_level) + " is outside 1..22");
+    }
+    if (c.max_payload_bytes == 0) {
+      throw std::invalid_argument("EngineOptions::codecs.max_payload_bytes is 0");
+    }
+    if (c.compress_dictionary_id != 0) {
+      impl_->compress_dictionary =
+          c.dictionaries != nullptr ? c.dictionaries->Find(c.compress_dictionary_id) : nullptr;
+      if (impl_->compress_dictionary == nullptr) {
+        throw std::invalid_argument("EngineOptions::codecs.compress_dictionary_id " +
+                                    std::to_string(c.compress_dictionary_id) +
+                                    " is not in codecs.dictionaries");
+      }
+    }
+    impl_->codecs = c;
+  }
   impl_->clock = options.clock ? options.clock : SteadyClock::Default();
   impl_->manual_timers = options.manual_timers;
   impl_->call_wheel = std::make_unique<TimerWheel<std::uint64_t>>(impl_->clock->NowNanos());
@@ -1299,6 +1379,23 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
       }
     }
   }
+  for (std::size_t i = 0; i < config.accept_codecs.size(); ++i) {
+    const PayloadCodec c = config.accept_codecs[i];
+    if (c != PayloadCodec::kNone && c != PayloadCodec::kZstd) {
+      return absl::InvalidArgumentError("consumer '" + config.name + "': accept_codecs[" +
+                                        std::to_string(i) + "] = " +
+                                        std::to_string(static_cast<int>(c)) +
+                                        " is not a PayloadCodec (0 none, 1 zstd)");
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (config.accept_codecs[j] == c) {
+        return absl::InvalidArgumentError(
+            "consumer '" + config.name + "': accept_codecs[" + std::to_string(i) + "] = " +
+            std::to_string(static_cast<int>(c)) + " repeats accept_codecs[" +
+            std::to_string(j) + "]");
+      }
+    }
+  }
   if (config.ack != AckPolicy::kExplicit && config.ack != AckPolicy::kNone) {
     return absl::InvalidArgumentError("consumer '" + config.name + "': ack policy " +
                                       std::to_string(static_cast<int>(config.ack)) +
@@ -1413,6 +1510,11 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   state->queue_timeout_ns = absl::ToInt64Nanoseconds(config.queue_timeout);
   state->wheel = std::make_unique<TimerWheel<std::uint64_t>>(impl_->clock->NowNanos());
   state->max_deliver = config.max_deliver;
+  if (!config.accept_codecs.empty()) {
+    state->accept_mask = 0;
+    for (PayloadCodec c : config.accept_codecs) state->accept_mask |= 1u << static_cast<unsigned>(c);
+    state->convert_to = config.accept_codecs.front();
+  }
   state->max_ack_pending = config.max_ack_pending;
   state->publish_dead_letter = [this](Event e) -> absl::Status {
     return Publish(std::move(e), PublishMode::kInternal).status();
@@ -1497,6 +1599,9 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   // publisher blocked on a full lane of another consumer; Close() releases it.
   std::lock_guard stream_lock(stream->mu);
   stream->consumers.push_back(raw);
+  if (!config.accept_codecs.empty()) {
+    stream->codec_restricted.fetch_add(1, std::memory_order_relaxed);
+  }
   return Consumer(raw);
 }
 
@@ -1527,6 +1632,17 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
                                       std::to_string(static_cast<int>(event.qos)) +
                                       " is not a tier (0 gold, 1 silver, 2 bronze)");
   }
+  if (event.codec != PayloadCodec::kNone && event.codec != PayloadCodec::kZstd) {
+    impl_->invalid.fetch_add(1, std::memory_order_relaxed);
+    return absl::InvalidArgumentError("event payload codec " +
+                                      std::to_string(static_cast<int>(event.codec)) +
+                                      " is not one of none (0), zstd (1)");
+  }
+  if (event.codec == PayloadCodec::kNone && event.dictionary_id != 0) {
+    impl_->invalid.fetch_add(1, std::memory_order_relaxed);
+    return absl::InvalidArgumentError("event payload has codec none but dictionary_id " +
+                                      std::to_string(event.dictionary_id) + " (must be 0)");
+  }
   // The event's own queue limit (ttl, deadline), ns from publish; INT64_MAX = none.
   std::int64_t event_limit_ns = INT64_MAX;
   if (event.ttl > absl::ZeroDuration()) event_limit_ns = absl::ToInt64Nanoseconds(event.ttl);
@@ -1547,6 +1663,40 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
   if (capturing.empty()) {
     impl_->unrouted.fetch_add(1, std::memory_order_relaxed);
     return absl::NotFoundError("no stream captures subject " + QuoteValue(event.subject));
+  }
+  // The payload converted for consumers that do not accept event.codec
+  // (ConsumerConfig::accept_codecs): once per target codec, shared by every stream and
+  // consumer. Made here, before anything is stored and outside the streams' mutexes
+  // (held only to read each stream's consumers), so that a payload that cannot be
+  // converted changes nothing. Internal publishes (dead letters) never wait for a
+  // stream's mutex: theirs are made below, under it.
+  std::array<std::shared_ptr<const Event>, kPayloadCodecs> converted{};
+  if (!event.payload.empty() && mode != PublishMode::kInternal) {
+    for (StreamState* stream : capturing) {
+      // relaxed: a consumer added concurrently is handled under the mutex below.
+      if (stream->codec_restricted.load(std::memory_order_relaxed) == 0) continue;
+      std::array<const ConsumerState*, kPayloadCodecs> needs{};  // first consumer per codec
+      {
+        std::lock_guard lock(stream->mu);
+        for (const ConsumerState* c : stream->consumers) {
+          const auto i = static_cast<std::size_t>(c->convert_to);
+          if (c->Accepts(event.codec) || needs[i] != nullptr || converted[i] != nullptr) continue;
+          if (c->filter && !c->filter->Matches(event.subject)) continue;
+          if (!c->config.predicate.is_trivial() && !c->config.predicate.Matches(event)) continue;
+          needs[i] = c;
+        }
+      }
+      for (std::size_t i = 0; i < kPayloadCodecs; ++i) {
+        if (needs[i] == nullptr) continue;
+        absl::StatusOr<std::shared_ptr<const Event>> r =
+            impl_->Convert(event, static_cast<PayloadCodec>(i), *needs[i]);
+        if (!r.ok()) {
+          impl_->invalid.fetch_add(1, std::memory_order_relaxed);
+          return r.status();
+        }
+        converted[i] = *std::move(r);
+      }
+    }
   }
   PublishAck ack;
   std::uint32_t deferred = 0;  // internal publishes left for FlushOutbox
@@ -1675,6 +1825,29 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
         continue;
       }
     }
+    // Conversions the pass above did not make: a consumer added since, or a dead
+    // letter. A failure refuses the event for this stream only, before it changes.
+    if (!ev.payload.empty()) {
+      absl::Status conversion;
+      for (const Target& t : targets) {
+        const auto i = static_cast<std::size_t>(t.consumer->convert_to);
+        if (t.consumer->Accepts(ev.codec) || converted[i] != nullptr) continue;
+        absl::StatusOr<std::shared_ptr<const Event>> r =
+            impl_->Convert(ev, t.consumer->convert_to, *t.consumer);
+        if (!r.ok()) {
+          conversion = r.status();
+          break;
+        }
+        converted[i] = *std::move(r);
+      }
+      if (!conversion.ok()) {
+        lock.unlock();
+        stream->rejected.fetch_add(1, std::memory_order_relaxed);
+        ++ack.streams_rejected;
+        if (first_refusal.ok()) first_refusal = std::move(conversion);
+        continue;
+      }
+    }
     engine_internal::NodePools& pools = impl_->PoolsFor(
         targets.empty() ? -1 : targets.front().consumer->lanes[targets.front().member]->node);
     // Everything that can fail for want of memory happens before the stream changes
@@ -1701,6 +1874,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
     }
     if (cfg.discard == DiscardPolicy::kOld) stream->MakeRoom(bytes);
     stored->event = shared;
+    stored->converted = converted;  // copies of shared_ptrs: no allocation
     stored->stream = stream;
     stored->seq = stream->next_seq++;
     stored->publish_ns = now;
@@ -2299,6 +2473,7 @@ EngineStats Engine::Stats() const {
   out.unrouted = impl_->unrouted.load(std::memory_order_relaxed);
   out.rejected = impl_->rejected.load(std::memory_order_relaxed);
   out.invalid = impl_->invalid.load(std::memory_order_relaxed);
+  out.codec_conversions = impl_->codec_conversions.load(std::memory_order_relaxed);
   std::lock_guard lock(impl_->config_mu);
   for (const auto& s : impl_->streams) {
     StreamStats st;

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include <zstd.h>
+
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/time/time.h"
@@ -98,29 +100,44 @@ absl::StatusOr<Buffer> Encode(const Event& event, const EncodeOptions& options) 
   absl::StatusOr<std::int64_t> ttl_ns = TtlToWire(event.ttl);
   if (!ttl_ns.ok()) return ttl_ns.status();
 
-  // The payload as stored: raw, or compressed. An empty payload is stored raw.
-  wire::Codec codec = wire::Codec::None;
-  std::uint64_t uncompressed_size = 0;
-  std::string compressed;
-  std::span<const std::byte> stored = event.payload.span();
-  switch (options.codec) {
-    case PayloadCodec::kNone:
-      break;
-    case PayloadCodec::kZstd: {
-      if (stored.empty()) break;
-      absl::StatusOr<std::string> z = ZstdCompress(event.payload.view(), options.zstd_level);
-      if (!z.ok()) return z.status();
-      compressed = *std::move(z);
-      stored = std::as_bytes(std::span<const char>(compressed.data(), compressed.size()));
-      codec = wire::Codec::Zstd;
-      uncompressed_size = event.payload.size();
-      break;
-    }
-    default:
-      return absl::InvalidArgumentError("payload codec " +
-                                        std::to_string(static_cast<int>(options.codec)) +
-                                        " is not one of none (0), zstd (1)");
+  if (options.codec != PayloadCodec::kNone && options.codec != PayloadCodec::kZstd) {
+    return absl::InvalidArgumentError("payload codec " +
+                                      std::to_string(static_cast<int>(options.codec)) +
+                                      " is not one of none (0), zstd (1)");
   }
+  if (options.codec == PayloadCodec::kNone && options.dictionary != nullptr) {
+    return absl::InvalidArgumentError("EncodeOptions: zstd dictionary " +
+                                      std::to_string(options.dictionary->id()) +
+                                      " given with payload codec none");
+  }
+  // The payload as stored: raw, or compressed; written through when the event holds
+  // it in that form already. An empty payload is stored raw.
+  absl::StatusOr<CodedPayload> coded = TranscodePayload(
+      event, options.codec,
+      {.zstd_level = options.zstd_level,
+       .dictionary = options.dictionary,
+       .dictionaries = options.dictionaries,
+       .max_payload_bytes = FLATBUFFERS_MAX_BUFFER_SIZE});
+  if (!coded.ok()) return coded.status();
+  const wire::Codec codec = static_cast<wire::Codec>(coded->codec);
+  std::uint64_t uncompressed_size = 0;
+  if (coded->codec == PayloadCodec::kZstd) {
+    // Written through or just compressed: either way its frames record their sizes
+    // (read from the headers; nothing is decompressed).
+    absl::StatusOr<ZstdFrameInfo> info = ZstdFrameHeaders(coded->bytes.view());
+    if (!info.ok()) {
+      return absl::InvalidArgumentError("event payload (zstd, " +
+                                        std::to_string(coded->bytes.size()) +
+                                        " bytes): " + std::string(info.status().message()));
+    }
+    if (info->dictionary_id != coded->dictionary_id) {
+      return absl::InvalidArgumentError(
+          "event payload (zstd) has dictionary_id " + std::to_string(coded->dictionary_id) +
+          " but its first frame names dictionary " + std::to_string(info->dictionary_id));
+    }
+    uncompressed_size = info->content_size;
+  }
+  const std::span<const std::byte> stored = coded->bytes.span();
   if (stored.size() + event.StoredSize() >= FLATBUFFERS_MAX_BUFFER_SIZE / 2) {
     return absl::InvalidArgumentError("event of " + std::to_string(event.StoredSize()) +
                                       " bytes is too large for a FlatBuffer (under 2 GiB)");
@@ -160,7 +177,7 @@ absl::StatusOr<Buffer> Encode(const Event& event, const EncodeOptions& options) 
       static_cast<wire::Qos>(event.qos), event.priority,
       event.trace == TraceContext{} ? nullptr : &trace, model, model_version, event.schema_id, event.schema_version,
       msg_id, seq_id, event.seq_no, *created, *deadline, *ttl_ns, event.attempt, shape,
-      static_cast<wire::DType>(event.dtype), headers, payload, codec, /*dictionary_id=*/0,
+      static_cast<wire::DType>(event.dtype), headers, payload, codec, coded->dictionary_id,
       uncompressed_size);
   wire::FinishTensorEventBuffer(fbb, root);
   return Buffer::Copy(std::as_bytes(std::span<const std::uint8_t>(fbb.GetBufferPointer(),
@@ -305,18 +322,50 @@ absl::StatusOr<Event> Decode(std::span<const std::byte> bytes, const DecodeOptio
     return e;
   }
   // zstd
-  if (t->dictionary_id() != 0) {
-    return absl::UnimplementedError("TensorEvent payload is compressed with zstd dictionary " +
-                                    std::to_string(t->dictionary_id()) +
-                                    "; dictionaries are not supported yet");
-  }
+  const std::uint32_t dictionary_id = t->dictionary_id();
   if (uncompressed_size > options.max_payload_bytes) {
     return absl::ResourceExhaustedError(
         "TensorEvent payload of " + std::to_string(uncompressed_size) +
         " bytes (uncompressed_size; " + std::to_string(stored.size()) +
         " compressed) exceeds max_payload_bytes " + std::to_string(options.max_payload_bytes));
   }
-  absl::StatusOr<std::string> raw = ZstdDecompress(stored, uncompressed_size);
+  if (const unsigned frame_dictionary = ZSTD_getDictID_fromFrame(stored.data(), stored.size());
+      frame_dictionary != 0 && frame_dictionary != dictionary_id) {
+    return absl::DataLossError("TensorEvent payload has dictionary_id " +
+                               std::to_string(dictionary_id) +
+                               " but its zstd frame names dictionary " +
+                               std::to_string(frame_dictionary));
+  }
+  if (options.keep_compressed) {
+    // Accept compressed: check the frame headers only.
+    absl::StatusOr<ZstdFrameInfo> info = ZstdFrameHeaders(stored);
+    if (!info.ok()) {
+      return absl::DataLossError("TensorEvent payload (zstd, " + std::to_string(stored.size()) +
+                                 " bytes): " + std::string(info.status().message()));
+    }
+    if (info->content_size != uncompressed_size) {
+      return absl::DataLossError("TensorEvent payload's zstd frames hold " +
+                                 std::to_string(info->content_size) +
+                                 " bytes, not its uncompressed_size " +
+                                 std::to_string(uncompressed_size));
+    }
+    if (info->dictionary_id != dictionary_id) {
+      return absl::DataLossError("TensorEvent payload has dictionary_id " +
+                                 std::to_string(dictionary_id) +
+                                 " but its zstd frame names no dictionary");
+    }
+    e.payload = Buffer::FromString(stored);
+    e.codec = PayloadCodec::kZstd;
+    e.dictionary_id = dictionary_id;
+    return e;
+  }
+  if (dictionary_id != 0 &&
+      (options.dictionaries == nullptr || options.dictionaries->Find(dictionary_id) == nullptr)) {
+    return absl::NotFoundError("TensorEvent payload is compressed with zstd dictionary " +
+                               std::to_string(dictionary_id) +
+                               ", which DecodeOptions::dictionaries lacks");
+  }
+  absl::StatusOr<std::string> raw = ZstdDecompress(stored, options.dictionaries, uncompressed_size);
   if (!raw.ok()) {
     if (raw.status().code() == absl::StatusCode::kResourceExhausted) {
       return absl::DataLossError("TensorEvent payload decompresses to more than its "

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <new>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -36,13 +37,19 @@ void Round(Engine& engine, Member& a, Member& b, std::uint64_t i, bool* ok) {
 }  // namespace
 
 TEST_CASE("steady-state publish -> deliver -> ack makes zero general-heap allocations") {
-  for (RetentionPolicy retention : {RetentionPolicy::kInterest, RetentionPolicy::kLimits}) {
-    INFO("retention " << static_cast<int>(retention));
+  for (RetentionPolicy retention : {RetentionPolicy::kInterest, RetentionPolicy::kLimits})
+  for (bool negotiates : {false, true}) {
+    INFO("retention " << static_cast<int>(retention) << ", negotiates " << negotiates);
     Engine engine;
     REQUIRE(engine.AddStream({.name = "S", .subjects = {"infer.*.req"}, .max_msgs = 1000,
                               .retention = retention}).ok());
     auto first = engine.AddConsumer({.stream = "S", .name = "a", .lane_capacity = 64});
-    auto second = engine.AddConsumer({.stream = "S", .name = "b", .lane_capacity = 64});
+    // A consumer that declares accept_codecs, for raw events it accepts: the
+    // conversion pre-pass runs and finds nothing to convert.
+    std::vector<PayloadCodec> accept;
+    if (negotiates) accept = {PayloadCodec::kNone};
+    auto second = engine.AddConsumer(
+        {.stream = "S", .name = "b", .lane_capacity = 64, .accept_codecs = accept});
     REQUIRE(first.ok());
     REQUIRE(second.ok());
     Member a = *first->member(0);
@@ -68,5 +75,6 @@ TEST_CASE("steady-state publish -> deliver -> ack makes zero general-heap alloca
     REQUIRE(st.memory.size() >= 1);
     CHECK(st.memory[0].pools[0].allocations >= 25000);  // stream records from the pool
     CHECK(st.memory[0].pools[1].allocations >= 25000);  // events from the pool
+    CHECK(st.codec_conversions == 0);
   }
 }

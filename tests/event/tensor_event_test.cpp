@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <zstd.h>
+
 #include <catch2/catch.hpp>
 
 #include "absl/status/status.h"
@@ -14,6 +16,7 @@
 #include "flatbuffers/flatbuffers.h"
 #include "inferq/event/event.hpp"
 #include "inferq/memory/buffer.hpp"
+#include "token_samples.hpp"
 // The generated wire header (build tree), to build malformed buffers the encoder
 // never makes.
 #include "inferq/wire/tensor_event_generated.h"
@@ -86,6 +89,8 @@ void CheckSame(const Event& a, const Event& b) {
   std::vector<std::pair<std::string, std::string>> hb(b.headers.begin(), b.headers.end());
   CHECK(ha == hb);
   CHECK(a.payload.view() == b.payload.view());
+  CHECK(a.codec == b.codec);
+  CHECK(a.dictionary_id == b.dictionary_id);
 }
 
 // A TensorEvent built by hand, for fields the encoder never writes wrong.
@@ -408,13 +413,13 @@ TEST_CASE("Decode errors name what failed") {
     CHECK(std::string(back_raw.status().message()) ==
           "TensorEvent payload of 1000 bytes exceeds max_payload_bytes 999");
   }
-  SECTION("a dictionary") {
+  SECTION("a dictionary the decoder lacks") {
     auto back = Decode(Build({.codec = 1, .dictionary_id = 9, .uncompressed_size = 1,
                               .payload = "z"}));
-    REQUIRE(back.status().code() == absl::StatusCode::kUnimplemented);
+    REQUIRE(back.status().code() == absl::StatusCode::kNotFound);
     CHECK(std::string(back.status().message()) ==
-          "TensorEvent payload is compressed with zstd dictionary 9; dictionaries are not "
-          "supported yet");
+          "TensorEvent payload is compressed with zstd dictionary 9, which "
+          "DecodeOptions::dictionaries lacks");
   }
   SECTION("codec none with a declared size") {
     auto back = Decode(Build({.uncompressed_size = 4, .payload = "abcd"}));
@@ -422,5 +427,214 @@ TEST_CASE("Decode errors name what failed") {
     CHECK(std::string(back.status().message()) ==
           "TensorEvent payload has codec none but dictionary_id 0 and uncompressed_size 4 "
           "(both must be 0)");
+  }
+}
+
+namespace {
+
+using inferq::ZstdDictionaries;
+using inferq::ZstdDictionary;
+using inferq_test::TokenSamples;
+using inferq_test::TrainOrDie;
+
+const inferq::wire::TensorEvent* Wire(const Buffer& b) {
+  return inferq::wire::GetTensorEvent(b.data());
+}
+std::string WirePayload(const Buffer& b) {
+  const auto* p = Wire(b)->payload();
+  return p == nullptr ? std::string() : std::string(reinterpret_cast<const char*>(p->data()), p->size());
+}
+
+}  // namespace
+
+TEST_CASE("a payload compressed with a trained dictionary round-trips through the wire") {
+  std::shared_ptr<const ZstdDictionary> dict = TrainOrDie(31);
+  ZstdDictionaries dicts;
+  REQUIRE(dicts.Add(dict).ok());
+  Event e = FullEvent();
+  const std::string text = TokenSamples(32, 1)[0];
+  e.payload = Buffer::FromString(text);
+  auto wire = Encode(e, {.codec = PayloadCodec::kZstd, .dictionary = dict.get()});
+  REQUIRE(wire.ok());
+  CHECK(Wire(*wire)->codec() == inferq::wire::Codec::Zstd);
+  CHECK(Wire(*wire)->dictionary_id() == dict->id());
+  CHECK(Wire(*wire)->uncompressed_size() == text.size());
+  CHECK(*inferq::ZstdDecompress(WirePayload(*wire), &dicts) == text);
+
+  auto back = Decode(wire->span(), {.dictionaries = &dicts});
+  REQUIRE(back.ok());
+  CheckSame(e, *back);  // decompressed: codec none, dictionary_id 0, same bytes
+
+  SECTION("without the dictionary: NotFound naming its id") {
+    ZstdDictionaries other;
+    REQUIRE(other.Add(TrainOrDie(33)).ok());
+    auto r = Decode(wire->span(), {.dictionaries = &other});
+    REQUIRE(r.status().code() == absl::StatusCode::kNotFound);
+    CHECK(std::string(r.status().message()) ==
+          "TensorEvent payload is compressed with zstd dictionary " + std::to_string(dict->id()) +
+              ", which DecodeOptions::dictionaries lacks");
+  }
+  SECTION("keep_compressed: the event carries the compressed payload and its codec") {
+    auto kept = Decode(wire->span(), {.keep_compressed = true});  // no dictionary needed
+    REQUIRE(kept.ok());
+    CHECK(kept->codec == PayloadCodec::kZstd);
+    CHECK(kept->dictionary_id == dict->id());
+    CHECK(kept->payload.view() == WirePayload(*wire));
+    auto raw = inferq::TranscodePayload(*kept, PayloadCodec::kNone, {.dictionaries = &dicts});
+    REQUIRE(raw.ok());
+    CHECK(raw->bytes.view() == text);
+    // And it re-encodes byte for byte.
+    auto again = Encode(*kept, {.codec = PayloadCodec::kZstd, .dictionary = dict.get()});
+    REQUIRE(again.ok());
+    CHECK(Bytes(*again) == Bytes(*wire));
+  }
+  SECTION("keep_compressed on a raw payload changes nothing") {
+    Event small;
+    small.payload = Buffer::FromString("abc");
+    auto w = Encode(small);
+    REQUIRE(w.ok());
+    auto kept = Decode(w->span(), {.keep_compressed = true});
+    REQUIRE(kept.ok());
+    CHECK(kept->codec == PayloadCodec::kNone);
+    CHECK(kept->payload.view() == "abc");
+  }
+}
+
+TEST_CASE("Encode writes a payload already in the requested codec through, not recompressed") {
+  const std::string text = TokenSamples(34, 50)[0] + TokenSamples(35, 1)[0];
+  // Level 19 and level 1 give different bytes: byte identity below proves the payload
+  // was not recompressed at Encode's level 1.
+  const std::string z19 = *inferq::ZstdCompress(text, 19);
+  REQUIRE(z19 != *inferq::ZstdCompress(text, 1));
+  Event e;
+  e.payload = Buffer::FromString(z19);
+  e.codec = PayloadCodec::kZstd;
+
+  SECTION("zstd without a dictionary") {
+    auto wire = Encode(e, {.codec = PayloadCodec::kZstd, .zstd_level = 1});
+    REQUIRE(wire.ok());
+    CHECK(WirePayload(*wire) == z19);
+    CHECK(Wire(*wire)->dictionary_id() == 0);
+    CHECK(Wire(*wire)->uncompressed_size() == text.size());
+    auto back = Decode(wire->span());
+    REQUIRE(back.ok());
+    CHECK(back->payload.view() == text);
+  }
+  SECTION("zstd with a dictionary") {
+    std::shared_ptr<const ZstdDictionary> dict = TrainOrDie(36);
+    const std::string zd = *inferq::ZstdCompress(text, *dict);
+    e.payload = Buffer::FromString(zd);
+    e.dictionary_id = dict->id();
+    auto wire = Encode(e, {.codec = PayloadCodec::kZstd, .dictionary = dict.get()});
+    REQUIRE(wire.ok());
+    CHECK(WirePayload(*wire) == zd);
+    CHECK(Wire(*wire)->dictionary_id() == dict->id());
+    CHECK(Wire(*wire)->uncompressed_size() == text.size());
+  }
+  SECTION("another codec is transcoded") {
+    auto wire = Encode(e, {.codec = PayloadCodec::kNone});
+    REQUIRE(wire.ok());
+    CHECK(WirePayload(*wire) == text);
+    CHECK(Wire(*wire)->codec() == inferq::wire::Codec::None);
+    CHECK(Wire(*wire)->uncompressed_size() == 0);
+  }
+  SECTION("another dictionary is transcoded") {
+    std::shared_ptr<const ZstdDictionary> dict = TrainOrDie(37);
+    ZstdDictionaries dicts;
+    REQUIRE(dicts.Add(dict).ok());
+    auto wire = Encode(e, {.codec = PayloadCodec::kZstd, .dictionary = dict.get()});
+    REQUIRE(wire.ok());
+    CHECK(Wire(*wire)->dictionary_id() == dict->id());
+    auto back = Decode(wire->span(), {.dictionaries = &dicts});
+    REQUIRE(back.ok());
+    CHECK(back->payload.view() == text);
+  }
+}
+
+TEST_CASE("Encode rejects an inconsistent payload codec, naming the value") {
+  Event e;
+  e.payload = Buffer::FromString("abcdef");
+  SECTION("a dictionary with codec none") {
+    std::shared_ptr<const ZstdDictionary> dict = TrainOrDie(38);
+    auto r = Encode(e, {.codec = PayloadCodec::kNone, .dictionary = dict.get()});
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(r.status().message()) == "EncodeOptions: zstd dictionary " +
+                                                   std::to_string(dict->id()) +
+                                                   " given with payload codec none");
+  }
+  SECTION("a raw payload with a dictionary id") {
+    e.dictionary_id = 12;
+    auto r = Encode(e);
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(r.status().message()) ==
+          "event payload has codec none but dictionary_id 12 (must be 0)");
+  }
+  SECTION("a zstd payload that does not record its content size") {
+    // Streamed with no pledged size: the frame header has no content size.
+    std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx(ZSTD_createCCtx(), &ZSTD_freeCCtx);
+    std::string out(256, '\0');
+    ZSTD_inBuffer in{"abcdef", 6, 0};
+    ZSTD_outBuffer ob{out.data(), out.size(), 0};
+    REQUIRE(!ZSTD_isError(ZSTD_compressStream2(cctx.get(), &ob, &in, ZSTD_e_continue)));
+    ZSTD_inBuffer none{nullptr, 0, 0};
+    REQUIRE(ZSTD_compressStream2(cctx.get(), &ob, &none, ZSTD_e_end) == 0);
+    out.resize(ob.pos);
+    REQUIRE(ZSTD_getFrameContentSize(out.data(), out.size()) == ZSTD_CONTENTSIZE_UNKNOWN);
+    e.payload = Buffer::FromString(out);
+    e.codec = PayloadCodec::kZstd;
+    auto r = Encode(e, {.codec = PayloadCodec::kZstd});
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(r.status().message()) ==
+          "event payload (zstd, " + std::to_string(out.size()) +
+              " bytes): zstd frame at offset 0 does not record its content size");
+    // Transcoding it works: the streaming decoder does not need the size.
+    auto raw = Encode(e, {.codec = PayloadCodec::kNone});
+    REQUIRE(raw.ok());
+    CHECK(WirePayload(*raw) == "abcdef");
+  }
+  SECTION("a dictionary_id its frame does not name") {
+    e.payload = Buffer::FromString(*inferq::ZstdCompress("abcdef"));
+    e.codec = PayloadCodec::kZstd;
+    e.dictionary_id = 77;
+    auto r = Encode(e, {.codec = PayloadCodec::kNone});  // 77 is not in any set
+    REQUIRE(r.status().code() == absl::StatusCode::kNotFound);
+    CHECK(std::string(r.status().message()).find("needs zstd dictionary 77") != std::string::npos);
+  }
+}
+
+TEST_CASE("keep_compressed checks the zstd frame headers against the wire fields") {
+  const std::string z = *inferq::ZstdCompress("hello hello hello");
+  SECTION("a size mismatch") {
+    auto r = Decode(Build({.codec = 1, .uncompressed_size = 18, .payload = z}),
+                    {.keep_compressed = true});
+    REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(std::string(r.status().message()) ==
+          "TensorEvent payload's zstd frames hold 17 bytes, not its uncompressed_size 18");
+  }
+  SECTION("a dictionary_id the frame does not name") {
+    auto r = Decode(Build({.codec = 1, .dictionary_id = 5, .uncompressed_size = 17, .payload = z}),
+                    {.keep_compressed = true});
+    REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(std::string(r.status().message()) ==
+          "TensorEvent payload has dictionary_id 5 but its zstd frame names no dictionary");
+  }
+  SECTION("a frame naming another dictionary than the field") {
+    std::shared_ptr<const ZstdDictionary> dict = TrainOrDie(39);
+    const std::string zd = *inferq::ZstdCompress("hello hello hello", *dict);
+    for (bool keep : {true, false}) {
+      auto r = Decode(Build({.codec = 1, .dictionary_id = 5, .uncompressed_size = 17, .payload = zd}),
+                      {.keep_compressed = keep});
+      REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+      CHECK(std::string(r.status().message()) ==
+            "TensorEvent payload has dictionary_id 5 but its zstd frame names dictionary " +
+                std::to_string(dict->id()));
+    }
+  }
+  SECTION("not zstd at all") {
+    auto r = Decode(Build({.codec = 1, .uncompressed_size = 5, .payload = "not zstd data"}),
+                    {.keep_compressed = true});
+    REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(std::string(r.status().message()) ==
+          "TensorEvent payload (zstd, 13 bytes): zstd data has no valid frame header at offset 0");
   }
 }

@@ -73,12 +73,29 @@
 //    throttle rides on every PublishAck.
 //  - Function-in-flight: RegisterFunction serves a handler on engine threads;
 //    Call returns a future completed by the reply, the error, or the timeout.
+//  - Payload codecs (DESIGN.md §3.3): an event is stored as published (Event::codec,
+//    dictionary_id). A consumer declares the codecs it accepts
+//    (ConsumerConfig::accept_codecs; default: any, so it gets the payload as
+//    stored). When a consumer does not accept the stored codec, Message::event()
+//    gives it the event with its payload converted to its first accepted codec
+//    (EngineOptions::codecs: zstd level, dictionaries). Publish converts once per
+//    target codec, not once per consumer: one converted Event is shared by every
+//    stream and consumer that needs that codec (EngineStats::codec_conversions counts
+//    them). Conversion runs on the publishing thread before the event is stored,
+//    outside the streams' mutexes (held only to read their consumers), only for
+//    streams with a consumer that declares accept_codecs, and for the consumers
+//    whose filter and predicate
+//    match the event (both evaluated on the event as stored: a JSON content
+//    predicate does not match a compressed payload). An empty payload is never
+//    converted (it is the same in every codec). Limits count the payload as stored.
 //
 // Errors (absl::Status): InvalidArgument for bad names, subjects, patterns and
 // configuration values (the message names the value); AlreadyExists for a duplicate
 // stream or consumer; NotFound for an unknown stream or a subject no stream captures;
 // ResourceExhausted when every capturing stream rejected a publish by its limits or
-// a full lane (overflow reject, TryPublish); DeadlineExceeded when Next found
+// a full lane (overflow reject, TryPublish); InvalidArgument or FailedPrecondition
+// when a consumer needs the payload in another codec and it cannot be converted
+// (see Engine::Publish); DeadlineExceeded when Next found
 // nothing in time (or max_ack_pending left no slot); FailedPrecondition for a
 // second settle of one delivery; Cancelled after Close().
 //
@@ -103,6 +120,7 @@
 #include "absl/time/time.h"
 #include "inferq/base/clock.hpp"
 #include "inferq/base/histogram.hpp"
+#include "inferq/event/codec.hpp"
 #include "inferq/event/event.hpp"
 #include "inferq/memory/fixed_pool.hpp"
 #include "inferq/memory/topology.hpp"
@@ -239,6 +257,15 @@ struct ConsumerConfig {
   // nullopt = a FIFO lock-free ring. The lane holds lane_capacity events (the
   // config's `capacity` is replaced by it); a scheduled lane takes a mutex.
   std::optional<QosConfig> qos{};
+  // Payload codecs this consumer accepts, in order of preference (DESIGN.md §3.3:
+  // "ask for raw, accept compressed"). Empty = any: every event is delivered with its
+  // payload as stored. Otherwise an event whose Event::codec is not in the list is
+  // delivered converted to accept_codecs[0]: to kNone by decompressing (the stored
+  // dictionary must be in EngineOptions::codecs.dictionaries), to kZstd by
+  // compressing (EngineOptions::codecs: level and dictionary). A consumer that
+  // accepts kZstd accepts it with any dictionary (it decompresses with its own set).
+  // Each entry a PayloadCodec, none repeated.
+  std::vector<PayloadCodec> accept_codecs{};
   // How Member::NextBatch(timeout) forms batches (sched/batcher.hpp): max_batch,
   // max_queue_delay, preferred sizes, adaptive window. With `adaptive`, the observed
   // round-trip time is each acked message's deliver -> ack time.
@@ -271,8 +298,10 @@ class Message {
   Message& operator=(const Message&) = delete;
   ~Message();
 
-  // The event; shared (not copied) with every other delivery of it. Precondition:
-  // !empty().
+  // The event; shared (not copied) with every other delivery of it. When the
+  // consumer does not accept the event's payload codec (ConsumerConfig::accept_codecs)
+  // it is the event converted at publish to the consumer's first accepted codec,
+  // shared with every other consumer that needs that codec. Precondition: !empty().
   const Event& event() const;
   std::uint64_t stream_seq() const;
   // Engine clock (ns) when the event was stored.
@@ -461,7 +490,10 @@ struct EngineStats {
   std::uint64_t published = 0;   // publishes stored by at least one stream
   std::uint64_t unrouted = 0;    // publishes no stream captured (NotFound)
   std::uint64_t rejected = 0;    // publishes every capturing stream refused
-  std::uint64_t invalid = 0;     // publishes with an invalid subject
+  std::uint64_t invalid = 0;     // publishes with an invalid subject, attribute or payload
+  // Payloads converted for consumers (ConsumerConfig::accept_codecs): one per publish
+  // and target codec, however many consumers and streams share the result.
+  std::uint64_t codec_conversions = 0;
   std::vector<StreamStats> streams;
   std::vector<ConsumerStats> consumers;
   std::vector<NodeMemoryStats> memory;  // one per NUMA node
@@ -473,6 +505,21 @@ struct EngineStats {
   const ConsumerStats* consumer(std::string_view stream, std::string_view name) const&;
   const StreamStats* stream(std::string_view name) const&& = delete;
   const ConsumerStats* consumer(std::string_view stream, std::string_view name) const&& = delete;
+};
+
+// How the engine converts payloads for consumers (ConsumerConfig::accept_codecs).
+struct EngineCodecOptions {
+  // zstd level, 1..22, of conversions to kZstd without a dictionary.
+  int zstd_level = 3;
+  // Dictionaries that payloads published with Event::dictionary_id != 0 are
+  // decompressed with (nullptr = none: such a payload cannot be converted).
+  std::shared_ptr<const ZstdDictionaries> dictionaries{};
+  // Conversions to kZstd compress with this dictionary of `dictionaries` (at the
+  // dictionary's level); 0 = none.
+  std::uint32_t compress_dictionary_id = 0;
+  // Largest payload, in bytes after decompression, a conversion produces (a guard
+  // against decompression bombs).
+  std::size_t max_payload_bytes = std::size_t{256} << 20;
 };
 
 struct EngineOptions {
@@ -495,6 +542,10 @@ struct EngineOptions {
   // When set, the engine's timer also calls lifecycle->RunTimeouts() (warmup and
   // inference timeouts of engine/lifecycle.hpp). Must outlive the Engine.
   Lifecycle* lifecycle = nullptr;
+  // Payload conversion for consumers' accept_codecs. The constructor throws
+  // std::invalid_argument (naming the value) for a zstd_level outside 1..22, a
+  // max_payload_bytes of 0, or a compress_dictionary_id not in `dictionaries`.
+  EngineCodecOptions codecs{};
 };
 
 class Engine {
@@ -509,16 +560,29 @@ class Engine {
   absl::Status AddStream(const StreamConfig& config);
 
   // InvalidArgument for a bad name, filter, member count, lane capacity, group
-  // options, a negative or infinite ack_wait, or a selection policy already used by
+  // options, an accept_codecs entry that is not a PayloadCodec or is repeated, a
+  // negative or infinite ack_wait, or a selection policy already used by
   // another consumer or built for another group size; NotFound
   // for an unknown stream; AlreadyExists for a taken name; Cancelled after Close().
   absl::StatusOr<Consumer> AddConsumer(const ConsumerConfig& config);
 
   // Stores `event` in every stream that captures its subject and queues it for each
-  // of their matching consumers. InvalidArgument for an invalid subject; NotFound
-  // when no stream captures it; ResourceExhausted (or InvalidArgument for
+  // of their matching consumers. InvalidArgument for an invalid subject, ttl or qos,
+  // an Event::codec that is not a PayloadCodec, or codec kNone with a dictionary_id;
+  // NotFound when no stream captures it; ResourceExhausted (or InvalidArgument for
   // max_msg_size) when every capturing stream refused it, with the first refusal's
   // reason; Cancelled after Close(). Partial refusals are counted in the ack.
+  // Payload conversion (ConsumerConfig::accept_codecs) is done before anything is
+  // stored; when it fails nothing is stored and Publish returns FailedPrecondition
+  // if the payload's dictionary is not in EngineOptions::codecs.dictionaries (the
+  // message names the id), else InvalidArgument (a corrupt or truncated zstd
+  // payload, a frame naming another dictionary than dictionary_id, a payload over
+  // codecs.max_payload_bytes), naming the consumer and the codecs. Two exceptions
+  // convert under the stream's mutex instead, and a failure there makes that stream
+  // alone refuse the event (counted in PublishAck::streams_rejected, like a limit):
+  // a consumer added while the publish runs, and dead letters (which never wait for
+  // a stream's mutex). The conversion is made before the duplicate window is
+  // checked, so a duplicate that needs one is converted (and counted) in vain.
   absl::StatusOr<PublishAck> Publish(Event event);
 
   // Publish that never waits: a full lane of a consumer with OverflowPolicy::kBlock

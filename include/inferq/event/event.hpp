@@ -18,6 +18,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -38,6 +39,13 @@ enum class DType : std::uint8_t {
   kUnknown = 0, kBool, kInt8, kUint8, kInt16, kInt32, kInt64, kFloat16, kBFloat16,
   kFloat32, kFloat64, kBytes
 };
+
+// How an event's payload is stored (event/codec.hpp; the wire enum Codec).
+//  kNone  raw bytes;
+//  kZstd  one or more zstd frames (RFC 8878), with the trained dictionary
+//         Event::dictionary_id when that is not 0.
+enum class PayloadCodec : std::uint8_t { kNone = 0, kZstd = 1 };
+inline constexpr std::size_t kPayloadCodecs = 2;
 
 // A 128-bit identifier (a UUID's 16 bytes, big-endian halves).
 struct Uuid {
@@ -124,6 +132,12 @@ struct Event {
   DType dtype = DType::kUnknown;
   Headers headers;
   Buffer payload;
+  // How `payload` is stored now: raw, or zstd-compressed (with dictionary
+  // `dictionary_id` when not 0; 0 is required with kNone). An attribute, so a
+  // consumer can negotiate: ask for raw bytes or accept compressed ones
+  // (ConsumerConfig::accept_codecs). StoredSize counts the payload as stored.
+  PayloadCodec codec = PayloadCodec::kNone;
+  std::uint32_t dictionary_id = 0;
 
   // Bytes counted against a stream's max_bytes and max_msg_size: subject, header
   // names and values, and payload.

@@ -255,12 +255,15 @@ TEST_CASE("corrupt payloads are DataLoss naming what failed", "[schema_reader]")
 
   SECTION("no single flipped byte makes a read go out of bounds") {
     // Each result is OK (a value changed) or DataLoss; ASan checks the reads.
-    for (std::size_t i = 0; i < good.size(); ++i) {
-      std::string bad = good;
-      bad[i] = static_cast<char>(bad[i] ^ 0xff);
-      auto r = reader->Read(Bytes(bad), 1);
-      INFO("byte " << i);
-      CHECK((r.ok() || r.status().code() == absl::StatusCode::kDataLoss));
+    // (FlatBuffers 2.0.8's own flatbuffers::Verify crashes on byte 23 ^ 0xff.)
+    for (const int mask : {0xff, 0x80, 0x01}) {
+      for (std::size_t i = 0; i < good.size(); ++i) {
+        std::string bad = good;
+        bad[i] = static_cast<char>(bad[i] ^ mask);
+        auto r = reader->Read(Bytes(bad), 1);
+        INFO("byte " << i << " ^ " << mask);
+        CHECK((r.ok() || r.status().code() == absl::StatusCode::kDataLoss));
+      }
     }
   }
 }

@@ -66,6 +66,8 @@ class Value {
  private:
   using Storage = std::variant<std::monostate, bool, std::int64_t, std::uint64_t, double,
                                std::string, std::vector<Value>, std::shared_ptr<const Record>>;
+  // Kind's enumerators are the alternatives' indexes, in this order.
+  static_assert(std::variant_size_v<Storage> == static_cast<std::size_t>(Kind::kRecord) + 1);
   explicit Value(Storage v) : v_(std::move(v)) {}
   Storage v_;
 };

@@ -16,10 +16,12 @@
 // How a payload written with version W is read as version R (FlatBuffers evolves a
 // table by field id, the slot in its vtable, so fields are matched by id, never by
 // name: a renamed field keeps its value under the reader's name):
-//  1. The payload is verified against W's schema (flatbuffers::Verify from
-//     flatbuffers/reflection.h; max depth 64, max 1,000,000 tables: FlatBuffers'
-//     defaults). Only fields W declares (and does not deprecate) are then read, so
-//     every byte read has been verified.
+//  1. The payload is verified against W's schema: every field W declares and does
+//     not deprecate, walked through reflection with flatbuffers::Verifier's checks
+//     (max depth 64, max 1,000,000 tables: FlatBuffers' defaults). Not with
+//     flatbuffers::Verify from reflection.h: in FlatBuffers 2.0.8 it crashes on some
+//     corrupt buffers. Only fields W declares (and does not deprecate) are then read,
+//     so every byte read has been verified.
 //  2. For each field of R (deprecated ones left out), in id order: W has a field with
 //     that id -> the buffer's value, or, when the buffer does not hold it, R's
 //     default (FieldOrigin::kAbsent); W lacks the id or deprecated it -> R's default

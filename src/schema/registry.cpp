@@ -65,6 +65,14 @@ absl::StatusOr<ParserPtr> ParseSchema(std::string_view text, const std::string& 
   return parser;
 }
 
+// The reflection::Schema of a parsed schema: what `flatc -b --schema` writes (flatc
+// also calls Parser::Serialize; tests/schema compares the bytes).
+std::string BinarySchema(flatbuffers::Parser& parser) {
+  parser.Serialize();
+  return std::string(reinterpret_cast<const char*>(parser.builder_.GetBufferPointer()),
+                     parser.builder_.GetSize());
+}
+
 bool ChecksBackward(Compatibility m) {
   return m == Compatibility::kBackward || m == Compatibility::kFull ||
          m == Compatibility::kBackwardTransitive || m == Compatibility::kFullTransitive;
@@ -159,6 +167,7 @@ class SchemaRegistry::Impl {
     SchemaRef ref;
     std::string text;
     ParserPtr parser;  // ConformTo is a non-const member: used under mu_ only
+    std::string bfbs;  // BinarySchema(*parser)
   };
   struct Subject {
     Compatibility mode = kDefaultCompatibility;
@@ -226,7 +235,8 @@ class SchemaRegistry::Impl {
     if (id == next_id_) ++next_id_;
     ids_by_text_.emplace(std::string(text), id);
     Subject& s = it != subjects_.end() ? it->second : subjects_[std::string(subject)];
-    s.versions.push_back(Version{ref, std::string(text), std::move(*parser)});
+    std::string bfbs = BinarySchema(**parser);
+    s.versions.push_back(Version{ref, std::string(text), std::move(*parser), std::move(bfbs)});
     return ref;
   }
 
@@ -269,7 +279,7 @@ class SchemaRegistry::Impl {
                                  std::to_string(versions.size()) + ")");
     }
     const Version& v = versions[version - 1];
-    return RegisteredSchema{std::string(subject), v.ref, v.text};
+    return RegisteredSchema{std::string(subject), v.ref, v.text, v.bfbs};
   }
 
   std::vector<std::uint32_t> Versions(std::string_view subject) const {
@@ -367,7 +377,9 @@ class SchemaRegistry::Impl {
         if (!parser.ok()) return absl::DataLossError(std::string(parser.status().message()));
         ids_by_text_.emplace(text, id);
         next_id_ = std::max(next_id_, id + 1);
-        s.versions.push_back(Version{SchemaRef{id, v.first}, std::move(text), std::move(*parser)});
+        std::string bfbs = BinarySchema(**parser);
+        s.versions.push_back(
+            Version{SchemaRef{id, v.first}, std::move(text), std::move(*parser), std::move(bfbs)});
       }
       subjects_.emplace(subject, std::move(s));
     }

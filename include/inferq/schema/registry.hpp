@@ -14,6 +14,8 @@
 //   registry.SetCompatibility("tensor.events", inferq::Compatibility::kFull);
 //   absl::StatusOr<inferq::SchemaRef> v2 = registry.Register("tensor.events", fbs_v2);
 //   // kFailedPrecondition when v2 does not conform, naming the versions compared.
+//   absl::StatusOr<inferq::SchemaReader> reader = registry.Reader("tensor.events", 2);
+//   absl::StatusOr<inferq::Record> r = reader->Read(event);  // written with v1 or v2
 //
 // What ConformTo checks (FlatBuffers 2.0.8), for every table/struct and enum that both
 // schemas define under the same fully qualified name: a field present in both by name
@@ -38,6 +40,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "inferq/schema/schema_reader.hpp"
 
 namespace inferq {
 
@@ -78,6 +81,10 @@ struct RegisteredSchema {
   std::string subject;
   SchemaRef ref;
   std::string fbs_text;  // exactly as registered
+  // The binary schema (a reflection::Schema buffer, file identifier "BFBS"): the bytes
+  // `flatc -b --schema` writes for fbs_text, computed with Parser::Serialize when the
+  // version is registered or loaded. Schema-on-read (schema_reader.hpp) reads with it.
+  std::string bfbs;
 };
 
 // Checks one pair of schema texts under `mode` (the transitive modes act as their
@@ -121,6 +128,13 @@ class SchemaRegistry {
   // kNotFound naming the subject (and version) when absent.
   absl::StatusOr<RegisteredSchema> Get(std::string_view subject, std::uint32_t version) const;
   absl::StatusOr<RegisteredSchema> Latest(std::string_view subject) const;
+  // A schema-on-read reader of the subject as its version `version` (see
+  // schema_reader.hpp): reads payloads written with any version of the subject,
+  // registered now or later. The registry must outlive it. kNotFound naming the
+  // subject and version when absent; kFailedPrecondition when that version declares
+  // no root_type; kUnimplemented naming a union or fixed-length array field.
+  absl::StatusOr<SchemaReader> Reader(std::string_view subject, std::uint32_t version) const;
+
   // The subject's versions in order (empty when it has none).
   std::vector<std::uint32_t> Versions(std::string_view subject) const;
   // Subjects with at least one version, sorted.

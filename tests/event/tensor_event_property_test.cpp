@@ -213,13 +213,13 @@ const std::vector<EncodeOptions>& AllOptions(bool high_levels) {
 }  // namespace
 
 TEST_CASE("random events round-trip exactly and re-encode to the same bytes") {
-  // 4 seeds x 500 events x 4 encodings (6 for every 16th event) = 8,256 round trips.
+  // 4 seeds x 400 events x 4 encodings (6 for every 16th event) = 6,600 round trips.
   const std::uint64_t seed = GENERATE(1, 2, 3, 20261130);
   Gen g(seed);
   std::size_t compressed = 0;  // zstd encodings smaller than the raw one
   std::size_t empty_payloads = 0;
   std::size_t infinite_times = 0;
-  for (int i = 0; i < 500; ++i) {
+  for (int i = 0; i < 400; ++i) {
     const Event e = RandomEvent(g);
     empty_payloads += e.payload.empty();
     infinite_times += (e.created == absl::InfinitePast() || e.created == absl::InfiniteFuture());
@@ -260,6 +260,8 @@ TEST_CASE("random events round-trip exactly and re-encode to the same bytes") {
   }
   // The generator reaches the cases it is meant to (a weaker generator would pass
   // the checks above without testing them).
+  INFO(empty_payloads << " empty payloads, " << infinite_times << " infinite created, "
+                      << compressed << " zstd encodings smaller than raw");
   CHECK(empty_payloads > 50);
   CHECK(infinite_times > 50);
   CHECK(compressed > 400);

@@ -225,6 +225,11 @@ TEST_CASE("Encode rejects what the wire cannot hold") {
     REQUIRE(wire.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(std::string(wire.status().message()) == "zstd level 23 is outside 1..22");
   }
+  SECTION("a zstd level out of range with an empty payload (nothing to compress)") {
+    auto wire = Encode(e, {.codec = PayloadCodec::kZstd, .zstd_level = 0});
+    REQUIRE(wire.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(wire.status().message()) == "zstd level 0 is outside 1..22");
+  }
 }
 
 TEST_CASE("a truncated TensorEvent is an error at every length") {

@@ -68,6 +68,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <numbers>
 #include <numeric>
@@ -471,7 +472,32 @@ void BM_Decode(benchmark::State& state, Impl impl, int level, std::size_t payloa
 // ---------------------------------------------------------------------------------
 // Compression of a data set, event by event.
 
-enum class Codec { kTensorEvent, kZstdCodec, kZstdCtxReused };
+enum class Codec { kTensorEvent, kTensorEventDict, kZstdCodec, kZstdCtxReused };
+
+// A trained zstd dictionary (ZDICT, 16 KiB) per data set and level, from the payloads
+// of the odd-numbered events; "heldout_ratio" counters measure on the even-numbered
+// ones only, which the dictionary never saw.
+struct TrainedDictionary {
+  std::shared_ptr<const inferq::ZstdDictionary> dict;
+  inferq::ZstdDictionaries set;
+};
+const TrainedDictionary& DictionaryFor(const std::vector<Event>& events, int level) {
+  static std::map<std::pair<const void*, int>, std::unique_ptr<TrainedDictionary>> cache;
+  auto& slot = cache[{&events, level}];
+  if (!slot) {
+    std::vector<std::string> samples;
+    for (std::size_t i = 1; i < events.size(); i += 2) samples.emplace_back(events[i].payload.view());
+    auto dict = inferq::ZstdDictionary::Train(samples, 16384, level);
+    if (!dict.ok()) {
+      std::fprintf(stderr, "bench_wire: %s\n", std::string(dict.status().message()).c_str());
+      std::exit(2);
+    }
+    slot = std::make_unique<TrainedDictionary>();
+    slot->dict = *dict;
+    if (!slot->set.Add(slot->dict).ok()) std::exit(2);
+  }
+  return *slot;
+}
 
 std::size_t PayloadBytes(const std::vector<Event>& events) {
   std::size_t n = 0;
@@ -494,6 +520,14 @@ void BM_Compress(benchmark::State& state, Codec codec, const std::vector<Event>*
           absl::StatusOr<Buffer> wire =
               inferq::Encode(e, {.codec = inferq::PayloadCodec::kZstd, .zstd_level = level});
           if (!wire.ok()) return Fail(state, "Encode failed");
+          compressed += wire->size();
+          break;
+        }
+        case Codec::kTensorEventDict: {
+          absl::StatusOr<Buffer> wire = inferq::Encode(
+              e, {.codec = inferq::PayloadCodec::kZstd, .zstd_level = level,
+                  .dictionary = DictionaryFor(events, level).dict.get()});
+          if (!wire.ok()) return Fail(state, "Encode with a dictionary failed");
           compressed += wire->size();
           break;
         }
@@ -524,6 +558,22 @@ void BM_Compress(benchmark::State& state, Codec codec, const std::vector<Event>*
     std::size_t payload_z = 0;
     for (const Event& e : events) payload_z += inferq::ZstdCompress(e.payload.view(), level)->size();
     state.counters["ratio"] = static_cast<double>(raw) / static_cast<double>(payload_z);
+  } else if (codec == Codec::kTensorEventDict) {
+    const inferq::ZstdDictionary& dict = *DictionaryFor(events, level).dict;
+    std::size_t payload_z = 0, held_raw = 0, held_z = 0, held_nodict = 0;
+    for (std::size_t i = 0; i < events.size(); ++i) {
+      const std::size_t z = inferq::ZstdCompress(events[i].payload.view(), dict)->size();
+      payload_z += z;
+      if (i % 2 == 0) {
+        held_raw += events[i].payload.size();
+        held_z += z;
+        held_nodict += inferq::ZstdCompress(events[i].payload.view(), level)->size();
+      }
+    }
+    state.counters["ratio"] = static_cast<double>(raw) / static_cast<double>(payload_z);
+    state.counters["heldout_ratio"] = static_cast<double>(held_raw) / static_cast<double>(held_z);
+    state.counters["heldout_ratio_nodict"] =
+        static_cast<double>(held_raw) / static_cast<double>(held_nodict);
   } else {
     state.counters["ratio"] = static_cast<double>(raw) / static_cast<double>(compressed);
   }
@@ -537,9 +587,13 @@ void BM_Decompress(benchmark::State& state, Codec codec, const std::vector<Event
   std::vector<Buffer> wires;
   std::vector<std::string> frames;
   std::size_t compressed = 0;
+  const TrainedDictionary* dict =
+      codec == Codec::kTensorEventDict ? &DictionaryFor(events, level) : nullptr;
   for (const Event& e : events) {
-    wires.push_back(*inferq::Encode(e, {.codec = inferq::PayloadCodec::kZstd, .zstd_level = level}));
-    frames.push_back(*inferq::ZstdCompress(e.payload.view(), level));
+    wires.push_back(*inferq::Encode(e, {.codec = inferq::PayloadCodec::kZstd, .zstd_level = level,
+                                        .dictionary = dict ? dict->dict.get() : nullptr}));
+    frames.push_back(dict ? *inferq::ZstdCompress(e.payload.view(), *dict->dict)
+                          : *inferq::ZstdCompress(e.payload.view(), level));
     compressed += frames.back().size();
   }
   std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> dctx(ZSTD_createDCtx(), &ZSTD_freeDCtx);
@@ -550,6 +604,12 @@ void BM_Decompress(benchmark::State& state, Codec codec, const std::vector<Event
       switch (codec) {
         case Codec::kTensorEvent: {
           absl::StatusOr<Event> back = inferq::Decode(wires[i].span());
+          if (!back.ok() || back->payload.size() != want) return Fail(state, "Decode failed");
+          benchmark::DoNotOptimize(back->payload.data());
+          break;
+        }
+        case Codec::kTensorEventDict: {
+          absl::StatusOr<Event> back = inferq::Decode(wires[i].span(), {.dictionaries = &dict->set});
           if (!back.ok() || back->payload.size() != want) return Fail(state, "Decode failed");
           benchmark::DoNotOptimize(back->payload.data());
           break;
@@ -608,6 +668,7 @@ void RegisterAll() {
   for (const char* what : {"BM_Compress", "BM_Decompress"}) {
     const bool compress = std::string_view(what) == "BM_Compress";
     for (auto [codec, codec_name] : {std::pair{Codec::kTensorEvent, "tensor_event"},
+                                     std::pair{Codec::kTensorEventDict, "tensor_event_dict"},
                                      std::pair{Codec::kZstdCodec, "zstd_codec"},
                                      std::pair{Codec::kZstdCtxReused, "zstd_ctx_reused"}}) {
       for (auto [data, data_name] : {std::pair{&TokenData, "tokens"},

@@ -110,13 +110,6 @@ absl::StatusOr<Buffer> Encode(const Event& event, const EncodeOptions& options) 
                                       std::to_string(options.dictionary->id()) +
                                       " given with payload codec none");
   }
-  // Checked whatever the payload: an empty or already-compressed payload is not
-  // compressed here, but the options are still wrong.
-  if (options.codec == PayloadCodec::kZstd &&
-      (options.zstd_level < 1 || options.zstd_level > ZSTD_maxCLevel())) {
-    return absl::InvalidArgumentError("zstd level " + std::to_string(options.zstd_level) +
-                                      " is outside 1.." + std::to_string(ZSTD_maxCLevel()));
-  }
   // The payload as stored: raw, or compressed; written through when the event holds
   // it in that form already. An empty payload is stored raw.
   absl::StatusOr<CodedPayload> coded = TranscodePayload(

@@ -112,4 +112,23 @@ bool SubjectPattern::Matches(std::string_view subject) const {
   return in_tail || ti == tokens_.size();
 }
 
+bool SubjectPattern::Overlaps(const SubjectPattern& other) const {
+  const std::vector<Token>& a = tokens_;
+  const std::vector<Token>& b = other.tokens_;
+  for (std::size_t i = 0;; ++i) {
+    const bool a_ended = i == a.size();
+    const bool b_ended = i == b.size();
+    // Without a '>' so far, a subject matched by both has exactly as many tokens.
+    if (a_ended || b_ended) return a_ended && b_ended;
+    // '>' takes one or more tokens, and the other pattern has at least one left here
+    // (any of its tokens matches some literal token).
+    if (a[i].kind == Kind::kTail || b[i].kind == Kind::kTail) return true;
+    if (a[i].kind == Kind::kStar || b[i].kind == Kind::kStar) continue;
+    if (std::string_view(text_).substr(a[i].begin, a[i].size) !=
+        std::string_view(other.text_).substr(b[i].begin, b[i].size)) {
+      return false;
+    }
+  }
+}
+
 }  // namespace inferq

@@ -141,3 +141,27 @@ TEST_CASE("pattern accessors") {
   REQUIRE(q.ok());
   CHECK(q->is_literal());
 }
+
+TEST_CASE("patterns overlap when some subject matches both") {
+  const auto P = [](const char* s) {
+    auto p = SubjectPattern::Parse(s);
+    REQUIRE(p.ok());
+    return *p;
+  };
+  struct Case {
+    const char* a;
+    const char* b;
+    bool overlap;
+  };
+  for (const Case& c : {Case{"a.b", "a.b", true}, Case{"a.b", "a.c", false},
+                        Case{"a.*", "*.b", true}, Case{"a.>", "a", false},
+                        Case{"a.>", "a.b.c", true}, Case{">", "x", true},
+                        Case{"*", "x.y", false}, Case{"a.*.c", "a.>", true},
+                        Case{"a.*.c", "a.b.d", false}, Case{"a.b", "a.b.c", false},
+                        Case{"a*.b", "ab.b", false}, Case{"a*.b", "a*.*", true},
+                        Case{"zzz", "a.>", false}, Case{"*.*", ">", true}}) {
+    INFO(c.a << " vs " << c.b);
+    CHECK(P(c.a).Overlaps(P(c.b)) == c.overlap);
+    CHECK(P(c.b).Overlaps(P(c.a)) == c.overlap);
+  }
+}

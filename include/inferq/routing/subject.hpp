@@ -47,6 +47,10 @@ class SubjectPattern {
   // (including one with wildcard tokens: a pattern is not a subject).
   bool Matches(std::string_view subject) const;
 
+  // True when some literal subject matches both patterns (NATS's "subjects
+  // collide"): "a.*" and "*.b" overlap (a.b), "a.>" and "a" do not. Symmetric.
+  bool Overlaps(const SubjectPattern& other) const;
+
   // The pattern text as given to Parse.
   const std::string& text() const { return text_; }
   // True when the pattern has no wildcard token.

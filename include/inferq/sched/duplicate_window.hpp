@@ -21,11 +21,14 @@
 //   dedup.Expire(now_ns);                          // now and then, or let Insert do it
 //
 // Cost: Find O(1); Insert O(1) amortised plus the expired entries it removes;
-// Expire O(expired). Entries sit in acceptance order in a deque that owns the ids,
-// and an absl::flat_hash_map keyed by views of those ids finds them (one copy of
-// each id). Memory: one entry per id accepted within the last window (about
-// sizeof(std::string) + 48 bytes plus the id's bytes beyond the SSO buffer); no
-// other bound, so the caller's rate limits bound it.
+// Expire O(expired), amortised. Entries sit in acceptance order in a deque that owns
+// the ids, and an absl::flat_hash_map keyed by views of those ids finds them (one
+// copy of each id). Memory: one entry per id accepted within the last window (about
+// sizeof(std::string) + 48 bytes plus the id's bytes beyond the SSO buffer), at most
+// `max_entries` of them: a new id beyond that forgets the oldest before its window
+// ends (counted by evicted()). When expiry leaves the hash table less than a quarter
+// full it is shrunk, so the memory of a burst of ids goes back to the allocator once
+// they expire, not only when the window is destroyed.
 //
 // Times are ns of the caller's clock; a now_ns earlier than one already seen is
 // taken as the latest seen.
@@ -63,12 +66,21 @@ class DuplicateWindow {
     return absl::OkStatus();
   }
 
-  // Throws std::invalid_argument with Validate's message.
-  explicit DuplicateWindow(absl::Duration window) {
+  // Largest max_entries.
+  static constexpr std::size_t kMaxEntries = std::size_t{1} << 26;
+
+  // Throws std::invalid_argument with Validate's message, or naming max_entries
+  // outside 1..kMaxEntries.
+  explicit DuplicateWindow(absl::Duration window, std::size_t max_entries = kMaxEntries) {
     if (absl::Status s = Validate(window); !s.ok()) {
       throw std::invalid_argument(std::string(s.message()));
     }
+    if (max_entries < 1 || max_entries > kMaxEntries) {
+      throw std::invalid_argument("duplicate window max_entries " + std::to_string(max_entries) +
+                                  " is outside 1.." + std::to_string(kMaxEntries));
+    }
     window_ns_ = absl::ToInt64Nanoseconds(window);
+    max_entries_ = max_entries;
   }
 
   DuplicateWindow(const DuplicateWindow&) = delete;
@@ -85,11 +97,17 @@ class DuplicateWindow {
   }
 
   // Records msg_id as accepted at now_ns under stream sequence `seq`, after
-  // removing the expired entries. False, with nothing changed (the window is not
-  // extended), when msg_id is already in the window.
+  // removing the expired entries (and, at max_entries, the oldest entry). False,
+  // with nothing changed (the window is not extended), when msg_id is already in
+  // the window.
   bool Insert(std::string msg_id, std::uint64_t seq, std::int64_t now_ns) {
     Expire(now_ns);
     if (ids_.contains(msg_id)) return false;
+    if (order_.size() >= max_entries_) {
+      ids_.erase(std::string_view(order_.front().msg_id));
+      order_.pop_front();
+      ++evicted_;
+    }
     const std::int64_t expires =
         now_ns_ > INT64_MAX - window_ns_ ? INT64_MAX : now_ns_ + window_ns_;
     order_.push_back(Record{std::move(msg_id), expires});
@@ -109,8 +127,19 @@ class DuplicateWindow {
       order_.pop_front();
       ++removed;
     }
+    // absl::flat_hash_map never shrinks by itself. Shrinking to fit when under a
+    // quarter full costs O(size) after at least 3/4 of the capacity was erased:
+    // amortised O(1) per removed entry.
+    if (removed > 0 && ids_.capacity() > 64 && ids_.size() < ids_.capacity() / 4) {
+      ids_.rehash(0);
+      if (order_.empty()) order_.shrink_to_fit();
+    }
     return removed;
   }
+
+  // Ids forgotten before their window ended because max_entries was reached.
+  std::uint64_t evicted() const { return evicted_; }
+  std::size_t max_entries() const { return max_entries_; }
 
   // Entries held, including expired ones not yet removed by Expire or Insert.
   std::size_t size() const { return order_.size(); }
@@ -128,6 +157,8 @@ class DuplicateWindow {
   };
 
   std::int64_t window_ns_ = 0;
+  std::size_t max_entries_ = kMaxEntries;
+  std::uint64_t evicted_ = 0;
   std::int64_t now_ns_ = INT64_MIN;  // latest now_ns seen by Insert or Expire
   std::deque<Record> order_;         // acceptance order; owns the ids
   absl::flat_hash_map<std::string_view, Value> ids_;  // views into order_

@@ -1,0 +1,127 @@
+// File: src/engine/route_index.hpp (not API)
+//
+// RouteIndex<V>: the streams' subject patterns, read by every Publish and changed by
+// AddStream, with reads that never wait and never allocate a table per change.
+//
+// It is the Left-Right technique (Ramalhete and Correia, "Left-Right: A Concurrency
+// Control Technique with Wait-Free Population Oblivious Reads", 2015): two copies of
+// a SubjectIndex. Readers use the copy `left_right_` names; a writer changes the other
+// copy, switches readers to it, waits until no reader can still be on the old copy,
+// and applies the same change to that one. Memory is two indexes, linear in the
+// patterns (the copy-per-AddStream table it replaces kept every old table: 11 GB for
+// 8,000 streams), and a change costs its own patterns twice, not every pattern.
+//
+// Usage:
+//   RouteIndex<StreamState*> routes;
+//   routes.Change([&](SubjectIndex<StreamState*>& index) { index.Insert("a.*", s); });
+//   absl::InlinedVector<StreamState*, 4> out;
+//   routes.Match("a.b", &out);
+//
+// Invariants:
+//  1. A reader announces itself on read_indicator[version] of its slot before it
+//     loads left_right_, and leaves after its Match; it never touches the other copy.
+//  2. The copy that left_right_ does not name has no reader once Change has waited
+//     (ToggleVersionAndWait): every reader that loaded the old left_right_ announced
+//     itself under a version the writer waits to see empty.
+//  3. Writers are serialised by the caller (Change must not run concurrently with
+//     itself); `change` must do the same to both copies (it is called twice).
+//
+// Memory orders: the reader's announce (fetch_add) and its load of left_right_, and
+// the writer's store of left_right_ and its loads of the indicators, are seq_cst: a
+// store-then-load on each side (Dekker), which acquire/release does not order. The
+// reader leaves with release, so its Match happens before the writer, which sees
+// the count drop (seq_cst load, which is also acquire), changes that copy.
+//
+// Thread safety: Match from any number of threads at once; Change from one thread at
+// a time (the engine holds config_mu), concurrently with Match.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <thread>
+
+#include "inferq/base/cache_line.hpp"
+#include "inferq/routing/subject_index.hpp"
+
+namespace inferq::engine_internal {
+
+template <class V>
+class RouteIndex {
+ public:
+  RouteIndex() = default;
+  RouteIndex(const RouteIndex&) = delete;
+  RouteIndex& operator=(const RouteIndex&) = delete;
+
+  // SubjectIndex::Match on the copy readers use now. Never waits.
+  template <class Out>
+  std::size_t Match(std::string_view subject, Out* out) const {
+    ReadSlot& slot = slots_[ThisThreadSlot()];
+    const unsigned version = version_.load(std::memory_order_seq_cst);
+    slot.readers[version].fetch_add(1, std::memory_order_seq_cst);     // invariant 1
+    const unsigned lr = left_right_.load(std::memory_order_seq_cst);
+    const std::size_t n = index_[lr].Match(subject, out);
+    slot.readers[version].fetch_sub(1, std::memory_order_release);
+    return n;
+  }
+
+  // Applies `change` (a callable taking SubjectIndex<V>&) to both copies, readers
+  // moving over in between. Returns what the first call returned. Requires that no
+  // other Change runs (invariant 3).
+  template <class F>
+  auto Change(F&& change) {
+    const unsigned lr = left_right_.load(std::memory_order_relaxed);
+    auto result = change(index_[1 - lr]);  // invariant 2: no reader on this copy
+    left_right_.store(1 - lr, std::memory_order_seq_cst);
+    ToggleVersionAndWait();
+    (void)change(index_[lr]);  // now no reader on this one
+    return result;
+  }
+
+  // Heap bytes of both copies (SubjectIndexStats::memory_bytes).
+  std::uint64_t MemoryBytes() const {
+    return index_[0].Stats().memory_bytes + index_[1].Stats().memory_bytes;
+  }
+
+ private:
+  static constexpr std::size_t kSlots = 32;  // readers spread over this many lines
+  struct alignas(kCacheLineSize) ReadSlot {
+    std::array<std::atomic<std::uint64_t>, 2> readers{};  // by version
+  };
+  static_assert(sizeof(ReadSlot) == kCacheLineSize);
+
+  static std::size_t ThisThreadSlot() {
+    static std::atomic<std::size_t> next{0};
+    thread_local const std::size_t slot =
+        next.fetch_add(1, std::memory_order_relaxed) % kSlots;
+    return slot;
+  }
+
+  bool Empty(unsigned version) const {
+    for (const ReadSlot& s : slots_) {
+      if (s.readers[version].load(std::memory_order_seq_cst) != 0) return false;
+    }
+    return true;
+  }
+  void WaitEmpty(unsigned version) const {
+    while (!Empty(version)) std::this_thread::yield();  // readers stay for one Match
+  }
+  // The paper's toggleVersionAndWait: a reader that announced itself on either
+  // version before left_right_ changed has left when this returns.
+  void ToggleVersionAndWait() {
+    const unsigned prev = version_.load(std::memory_order_relaxed);
+    const unsigned next = 1 - prev;
+    WaitEmpty(next);
+    version_.store(next, std::memory_order_seq_cst);
+    WaitEmpty(prev);
+  }
+
+  std::array<SubjectIndex<V>, 2> index_{};
+  alignas(kCacheLineSize) std::atomic<unsigned> left_right_{0};
+  std::atomic<unsigned> version_{0};
+  mutable std::array<ReadSlot, kSlots> slots_{};
+};
+
+}  // namespace inferq::engine_internal

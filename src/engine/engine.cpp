@@ -6,6 +6,8 @@
 #include <new>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <optional>
@@ -20,6 +22,7 @@
 #include "absl/container/inlined_vector.h"
 #include "handle_queue.hpp"
 #include "lane_queue.hpp"
+#include "route_index.hpp"
 #include "inferq/base/error.hpp"
 #include "inferq/engine/lifecycle.hpp"
 #include "inferq/memory/fixed_pool.hpp"
@@ -270,19 +273,27 @@ struct ConsumerState {
   std::atomic<std::int64_t> unsettled{0};
   Histogram ack_latency_ns;
 
+  // Messages handed out by this consumer's members and not yet destroyed; kept in
+  // debug builds only (~Engine checks that none outlives the engine).
+  std::atomic<std::int64_t> live_messages{0};
+
+  enum class Slot { kTaken, kTimeout, kClosed };
   // Takes one max_ack_pending slot, waiting until `deadline_ns` (steady) for one.
-  // False on timeout or close.
-  bool ReserveSlot(std::int64_t deadline_ns) {
+  // kClosed once the engine is closing and no slot is free (Close: a closed engine
+  // hands out no more than the limit, and does not wait for acks).
+  Slot ReserveSlot(std::int64_t deadline_ns) {
     std::int64_t cur = unsettled.load(std::memory_order_relaxed);
     for (;;) {
       while (cur < max_ack_pending) {
-        if (unsettled.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) return true;
+        if (unsettled.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) {
+          return Slot::kTaken;
+        }
       }
       std::unique_lock lock(slot_mu);
       cur = unsettled.load(std::memory_order_acquire);
       if (cur < max_ack_pending) continue;
-      if (closing.load(std::memory_order_acquire)) return false;
-      if (deadline_ns <= SteadyClock::Now()) return false;
+      if (closing.load(std::memory_order_acquire)) return Slot::kClosed;
+      if (deadline_ns <= SteadyClock::Now()) return Slot::kTimeout;
       if (deadline_ns == kNoDeadline) {
         slot_cv.wait(lock);
       } else {
@@ -323,7 +334,23 @@ struct StreamState {
   std::atomic<std::uint64_t> rejected{0};
   std::atomic<std::uint64_t> acked_out{0};
   std::atomic<std::uint64_t> duplicates{0};
+  std::atomic<std::uint64_t> dedup_evicted{0};  // DuplicateWindow::evicted(), copied under mu
   std::unique_ptr<DuplicateWindow> dedup;   // guarded by mu; nullptr = off
+  // Publishes waiting in a blocking push on a full lane while they hold mu. TryPublish
+  // reads it to refuse instead of waiting for mu (it never waits for a lane).
+  std::atomic<std::uint32_t> blocked_publishers{0};
+
+  // Locks mu for a publish that must not wait: spins (yielding) while a publisher
+  // holds mu for its short critical section; false, with mu not held, when the
+  // holder is blocked on a full lane.
+  bool LockUnlessBlocked(std::unique_lock<std::mutex>& lock) {
+    while (!lock.try_lock()) {
+      // acquire: pairs with the increment the blocked publisher makes before waiting.
+      if (blocked_publishers.load(std::memory_order_acquire) > 0) return false;
+      std::this_thread::yield();
+    }
+    return true;
+  }
 
   // Moves a live message to `to` (kDiscarded or kDone) exactly once; the winner
   // takes it out of the live counts.
@@ -495,6 +522,17 @@ void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
   e.headers.Set(std::string(kStreamHeader), c.config.stream);
   e.headers.Set(std::string(kConsumerHeader), c.config.name);
   e.headers.Set(std::string(kStreamSeqHeader), std::to_string(h->seq));
+  // A dead letter is a new message: the original's expiry no longer applies (it
+  // would expire again in the dead-letter consumer's lane); it is kept as information.
+  if (e.ttl > absl::ZeroDuration()) {
+    e.headers.Set(std::string(kOriginalTtlHeader), std::to_string(absl::ToInt64Nanoseconds(e.ttl)));
+    e.ttl = absl::ZeroDuration();
+  }
+  if (e.deadline != absl::InfiniteFuture()) {
+    e.headers.Set(std::string(kOriginalDeadlineHeader),
+                  absl::FormatTime(absl::RFC3339_full, e.deadline, absl::UTCTimeZone()));
+    e.deadline = absl::InfiniteFuture();
+  }
   e.attempt = attempt;
   if (!c.publish_dead_letter(std::move(e)).ok()) {
     c.dead_letters_lost.fetch_add(1, std::memory_order_relaxed);
@@ -523,6 +561,17 @@ void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d, bool evicted = f
   }
   SettleWithoutAck(c, *d.h);
 }
+
+// A registered function (Engine::RegisterFunction): calls wait in `backlog` (ids, in
+// arrival order) until its queue takes them (Engine::Call never waits); one thread at
+// a time flushes it (Engine::FlushCalls).
+struct FunctionState {
+  std::string id;
+  std::mutex mu;
+  std::deque<std::uint64_t> backlog;  // guarded by mu
+  std::atomic<bool> has_backlog{false};
+  std::mutex flush_mu;                // held by the flushing thread
+};
 
 }  // namespace engine_internal
 
@@ -570,9 +619,35 @@ absl::Status ValidateLimit(const std::string& stream, const char* field, std::in
 // Message
 
 Message::Message() noexcept = default;
-Message::Message(Message&&) noexcept = default;
-Message& Message::operator=(Message&&) noexcept = default;
-Message::~Message() = default;
+Message::Message(Message&& o) noexcept
+    : msg_(std::move(o.msg_)),
+      consumer_(o.consumer_),
+      deliver_ns_(o.deliver_ns_),
+      member_(o.member_),
+      attempt_(o.attempt_),
+      shadow_(o.shadow_),
+      acked_(o.acked_.load(std::memory_order_relaxed)) {}
+Message& Message::operator=(Message&& o) noexcept {
+  if (this == &o) return *this;
+  Release();
+  msg_ = std::move(o.msg_);
+  consumer_ = o.consumer_;
+  deliver_ns_ = o.deliver_ns_;
+  member_ = o.member_;
+  attempt_ = o.attempt_;
+  shadow_ = o.shadow_;
+  acked_.store(o.acked_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  return *this;
+}
+Message::~Message() { Release(); }
+
+void Message::Release() noexcept {
+  if (msg_ == nullptr) return;
+#ifndef NDEBUG
+  consumer_->live_messages.fetch_sub(1, std::memory_order_relaxed);
+#endif
+  msg_.reset();
+}
 
 const Event& Message::event() const {
   const Event& e = *msg_->event;
@@ -606,7 +681,7 @@ absl::Status Message::InProgress() {
     return absl::FailedPreconditionError("consumer '" + c.config.name + "' of stream '" +
                                          c.config.stream + "' has ack policy none");
   }
-  if (acked_) {
+  if (acked_.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) + " of stream '" +
                                          c.config.stream + "' was already settled by consumer '" +
                                          c.config.name + "'");
@@ -634,18 +709,19 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
     return absl::FailedPreconditionError("consumer '" + cfg.name + "' of stream '" +
                                          cfg.stream + "' has ack policy none");
   }
-  if (acked_) {
-    return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) +
-                                         " of stream '" + cfg.stream +
-                                         "' was already settled (ack, nak or term) by consumer '" +
-                                         cfg.name + "'");
-  }
   if (how != Settlement::kAck && shadow_) {
     return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) +
                                          " is a shadow copy for consumer '" + cfg.name +
                                          "'; shadow copies are acked, not " + verb + "'ed");
   }
-  acked_ = true;
+  // One settle wins, whichever threads race (acq_rel: the winner's effects on the
+  // message are ordered after any earlier settle attempt's reads).
+  if (acked_.exchange(true, std::memory_order_acq_rel)) {
+    return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) +
+                                         " of stream '" + cfg.stream +
+                                         "' was already settled (ack, nak or term) by consumer '" +
+                                         cfg.name + "'");
+  }
   const std::int64_t now = c.clock->NowNanos();
   const std::int64_t latency = std::max<std::int64_t>(0, now - deliver_ns_);
   if (shadow_) {
@@ -753,10 +829,20 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
   // max_ack_pending: take a slot before pulling, so that no more than the limit is
   // ever out; it is given back when the pull ends without a countable delivery.
   const bool limited = c.max_ack_pending > 0 && c.config.ack == AckPolicy::kExplicit;
-  if (limited && !c.ReserveSlot(deadline_ns)) {
-    if (c.closing.load(std::memory_order_acquire) && lane.ring.size_approx() == 0) {
-      return absl::CancelledError("engine closed: consumer '" + consumer_->config.name +
-                                  "' member " + std::to_string(index_) + " is drained");
+  if (const ConsumerState::Slot slot = limited ? c.ReserveSlot(deadline_ns)
+                                               : ConsumerState::Slot::kTaken;
+      slot != ConsumerState::Slot::kTaken) {
+    if (slot == ConsumerState::Slot::kClosed) {
+      const std::size_t left = lane.ring.size_approx();
+      if (left == 0) {
+        return absl::CancelledError("engine closed: consumer '" + consumer_->config.name +
+                                    "' member " + std::to_string(index_) + " is drained");
+      }
+      return absl::CancelledError("engine closed: consumer '" + c.config.name +
+                                  "' is at max_ack_pending " + std::to_string(c.max_ack_pending) +
+                                  "; member " + std::to_string(index_) +
+                                  " gets no more messages (" + std::to_string(left) +
+                                  " left queued)");
     }
     return absl::DeadlineExceededError(
         "consumer '" + c.config.name + "' has max_ack_pending " +
@@ -886,13 +972,17 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
         c.unsettled.fetch_add(1, std::memory_order_relaxed);
       }
     }
+    out.Release();
+#ifndef NDEBUG
+    c.live_messages.fetch_add(1, std::memory_order_relaxed);
+#endif
     out.msg_ = std::move(h);
     out.consumer_ = consumer_;
     out.deliver_ns_ = now;
     out.member_ = index_;
     out.attempt_ = d.attempt;
     out.shadow_ = d.shadow;
-    out.acked_ = false;
+    out.acked_.store(false, std::memory_order_relaxed);
     return absl::OkStatus();
   }
 }
@@ -999,18 +1089,11 @@ const std::string& Consumer::stream() const { return state_->config.stream; }
 // Engine
 
 struct Engine::Impl {
-  // The streams in creation order. Publish reads the current table with one acquire
-  // load; AddStream publishes a new, larger copy. Streams are never removed, so old
-  // tables stay valid and are kept (a few pointers each) until the engine dies.
-  struct RouteTable {
-    std::vector<StreamState*> streams;
-    // Every stream's subject patterns: Match gives the capturing streams in
-    // creation order, each once (a trie with a bounded match cache).
-    SubjectIndex<StreamState*> index;
-  };
-
   const Clock* clock;
-  std::atomic<const RouteTable*> routes{nullptr};
+  // Every stream's subject patterns: Match gives the capturing streams in creation
+  // order, each once. Publish never waits for AddStream (Left-Right, route_index.hpp);
+  // AddStream changes it under config_mu.
+  engine_internal::RouteIndex<StreamState*> routes;
   std::atomic<bool> closed{false};
 
   // Memory by NUMA node. Declared before the streams and consumers so that it is
@@ -1029,7 +1112,6 @@ struct Engine::Impl {
   std::mutex config_mu;  // serializes AddStream / AddConsumer / Close
   std::vector<std::unique_ptr<StreamState>> streams;         // guarded by config_mu
   std::vector<std::unique_ptr<ConsumerState>> consumers;     // guarded by config_mu
-  std::vector<std::unique_ptr<RouteTable>> tables;           // guarded by config_mu
 
   std::atomic<std::uint64_t> published{0}, unrouted{0}, rejected{0}, invalid{0};
   // Payload conversion (EngineOptions::codecs); compress_dictionary points into
@@ -1151,9 +1233,17 @@ struct Engine::Impl {
   std::uint64_t next_call = 1;                                 // guarded by calls_mu
   std::unique_ptr<TimerWheel<std::uint64_t>> call_wheel;       // guarded by calls_mu
   std::atomic<bool> has_calls{false};
-  std::vector<std::string> functions;                          // guarded by config_mu
+  using Function = engine_internal::FunctionState;
+  std::vector<std::unique_ptr<Function>> functions;            // guarded by config_mu
+  // The functions' worker threads; Close leaves them to finish their handler, and
+  // ~Engine joins them.
   std::vector<std::thread> function_workers;                   // guarded by config_mu
-  std::vector<std::thread> closing_workers;  // called Close() themselves; config_mu
+  Function* FindFunction(std::string_view id) {  // requires config_mu
+    for (auto& f : functions) {
+      if (f->id == id) return f.get();
+    }
+    return nullptr;
+  }
 
   // Completes call `id` with `result` if it is still open; false when it was not.
   bool CompleteCall(std::uint64_t id, absl::StatusOr<Buffer> result) {
@@ -1251,16 +1341,15 @@ Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>()) {
     impl_->node_binding.push_back(why);
     impl_->node_pools.push_back(std::make_unique<engine_internal::NodePools>(arena));
   }
-  impl_->tables.push_back(std::make_unique<Impl::RouteTable>());
-  impl_->routes.store(impl_->tables.back().get(), std::memory_order_release);
 }
 
 Engine::~Engine() {
   Close();
+  // Function workers finish the handler they are in (Close does not wait for them).
   std::vector<std::thread> workers;
   {
     std::lock_guard lock(impl_->config_mu);
-    workers.swap(impl_->closing_workers);
+    workers.swap(impl_->function_workers);
   }
   for (std::thread& w : workers) {
     if (w.get_id() == std::this_thread::get_id()) {
@@ -1269,6 +1358,19 @@ Engine::~Engine() {
       w.join();
     }
   }
+#ifndef NDEBUG
+  // A Message still alive would free its handle into pools destroyed below.
+  for (const auto& c : impl_->consumers) {
+    const std::int64_t live = c->live_messages.load(std::memory_order_acquire);
+    if (live == 0) continue;
+    std::fprintf(stderr,
+                 "inferq: Engine destroyed while %lld Message(s) of consumer '%s' of stream "
+                 "'%s' are alive; destroy every Message before its Engine "
+                 "(inferq/engine/engine.hpp: the Engine must outlive them)\n",
+                 static_cast<long long>(live), c->config.name.c_str(), c->config.stream.c_str());
+    std::abort();
+  }
+#endif
 }
 
 absl::Status Engine::AddStream(const StreamConfig& config) {
@@ -1313,10 +1415,19 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
                                       absl::FormatDuration(config.duplicate_window) +
                                       " is invalid (zero for off, or up to 365 days)");
   }
+  if (config.duplicate_window_max_entries < 1 ||
+      config.duplicate_window_max_entries > DuplicateWindow::kMaxEntries) {
+    return absl::InvalidArgumentError("stream '" + config.name +
+                                      "': duplicate_window_max_entries " +
+                                      std::to_string(config.duplicate_window_max_entries) +
+                                      " is outside 1.." +
+                                      std::to_string(DuplicateWindow::kMaxEntries));
+  }
   state->config = config;
   state->clock = impl_->clock;
   if (config.duplicate_window > absl::ZeroDuration()) {
-    state->dedup = std::make_unique<DuplicateWindow>(config.duplicate_window);
+    state->dedup = std::make_unique<DuplicateWindow>(config.duplicate_window,
+                                                     config.duplicate_window_max_entries);
   }
 
   std::lock_guard lock(impl_->config_mu);
@@ -1324,20 +1435,18 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
   if (impl_->FindStream(config.name) != nullptr) {
     return absl::AlreadyExistsError("stream '" + config.name + "' already exists");
   }
-  auto table = std::make_unique<Impl::RouteTable>();
-  table->streams = impl_->routes.load(std::memory_order_relaxed)->streams;
-  table->streams.push_back(state.get());
-  for (StreamState* st : table->streams) {
-    for (const SubjectPattern& p : st->patterns) {
+  StreamState* raw = state.get();
+  impl_->streams.push_back(std::move(state));
+  // A publisher that finds the stream in the index sees it fully built (the index's
+  // switch is seq_cst, after this thread built it).
+  impl_->routes.Change([raw](SubjectIndex<StreamState*>& index) {
+    for (const SubjectPattern& p : raw->patterns) {
       // Cannot fail: the patterns parsed above, and (pattern, stream) pairs repeat
       // only when a stream lists a pattern twice, which changes nothing.
-      (void)table->index.Insert(p.text(), st);
+      (void)index.Insert(p.text(), raw);
     }
-  }
-  impl_->streams.push_back(std::move(state));
-  // release: a publisher that loads the new table sees the fully built stream.
-  impl_->routes.store(table.get(), std::memory_order_release);
-  impl_->tables.push_back(std::move(table));
+    return 0;
+  });
   return absl::OkStatus();
 }
 
@@ -1430,13 +1539,24 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
                                         " is invalid (use -1 for no limit or a value >= 1)");
     }
   }
-  if (config.ack == AckPolicy::kNone &&
-      (!config.backoff.empty() || config.max_deliver != -1 || config.max_ack_pending != -1 ||
-       !config.dead_letter_subject.empty())) {
-    return absl::InvalidArgumentError(
-        "consumer '" + config.name +
-        "': backoff, max_deliver, max_ack_pending and dead_letter_subject need explicit acks "
-        "(ack policy is none)");
+  if (config.ack == AckPolicy::kNone) {
+    // Each of these would be ignored without acks: refuse, naming the first one set.
+    std::string field;
+    if (config.ack_wait > absl::ZeroDuration()) {
+      field = "ack_wait " + absl::FormatDuration(config.ack_wait);
+    } else if (!config.backoff.empty()) {
+      field = "backoff";
+    } else if (config.max_deliver != -1) {
+      field = "max_deliver " + std::to_string(config.max_deliver);
+    } else if (config.max_ack_pending != -1) {
+      field = "max_ack_pending " + std::to_string(config.max_ack_pending);
+    } else if (!config.dead_letter_subject.empty()) {
+      field = "dead_letter_subject " + QuoteValue(config.dead_letter_subject);
+    }
+    if (!field.empty()) {
+      return absl::InvalidArgumentError("consumer '" + config.name + "': " + field +
+                                        " needs explicit acks (ack policy is none)");
+    }
   }
   if (!config.dead_letter_subject.empty()) {
     if (absl::Status s = ValidateSubject(config.dead_letter_subject); !s.ok()) {
@@ -1536,6 +1656,18 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
       return absl::NotFoundError("consumer '" + config.name + "': stream " +
                                  QuoteValue(config.stream) + " does not exist");
     }
+    if (state->filter &&
+        std::none_of(stream->patterns.begin(), stream->patterns.end(),
+                     [&](const SubjectPattern& p) { return p.Overlaps(*state->filter); })) {
+      std::string subjects;
+      for (const SubjectPattern& p : stream->patterns) {
+        subjects += (subjects.empty() ? "" : ", ") + QuoteValue(p.text());
+      }
+      return absl::InvalidArgumentError("consumer '" + config.name + "': filter_subject " +
+                                        QuoteValue(config.filter_subject) +
+                                        " matches no subject of stream '" + config.stream +
+                                        "' (subjects " + subjects + ")");
+    }
     for (const auto& c : impl_->consumers) {
       if (c->stream == stream && c->config.name == config.name) {
         return absl::AlreadyExistsError("consumer '" + config.name + "' of stream '" +
@@ -1617,29 +1749,41 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
   if (impl_->closed.load(std::memory_order_acquire)) {
     return absl::CancelledError("engine is closed");
   }
+  // EngineStats counts the application's publishes only, not the engine's own dead
+  // letters (counted per consumer).
+  const bool counted = mode != PublishMode::kInternal;
+  const auto count = [counted](std::atomic<std::uint64_t>& counter) {
+    if (counted) counter.fetch_add(1, std::memory_order_relaxed);
+  };
   if (absl::Status s = ValidateSubject(event.subject); !s.ok()) {
-    impl_->invalid.fetch_add(1, std::memory_order_relaxed);
+    count(impl_->invalid);
     return s;
   }
+  if (event.msg_id.size() > kMaxMsgIdBytes) {
+    count(impl_->invalid);
+    return absl::InvalidArgumentError("event msg_id of " + std::to_string(event.msg_id.size()) +
+                                      " bytes is longer than the limit of " +
+                                      std::to_string(kMaxMsgIdBytes) + " bytes");
+  }
   if (event.ttl < absl::ZeroDuration() || event.ttl > absl::Hours(24 * 365)) {
-    impl_->invalid.fetch_add(1, std::memory_order_relaxed);
+    count(impl_->invalid);
     return absl::InvalidArgumentError("event ttl " + absl::FormatDuration(event.ttl) +
                                       " is invalid (zero for none, or up to 365 days)");
   }
   if (static_cast<std::uint8_t>(event.qos) > static_cast<std::uint8_t>(Qos::kBronze)) {
-    impl_->invalid.fetch_add(1, std::memory_order_relaxed);
+    count(impl_->invalid);
     return absl::InvalidArgumentError("event qos " +
                                       std::to_string(static_cast<int>(event.qos)) +
                                       " is not a tier (0 gold, 1 silver, 2 bronze)");
   }
   if (event.codec != PayloadCodec::kNone && event.codec != PayloadCodec::kZstd) {
-    impl_->invalid.fetch_add(1, std::memory_order_relaxed);
+    count(impl_->invalid);
     return absl::InvalidArgumentError("event payload codec " +
                                       std::to_string(static_cast<int>(event.codec)) +
                                       " is not one of none (0), zstd (1)");
   }
   if (event.codec == PayloadCodec::kNone && event.dictionary_id != 0) {
-    impl_->invalid.fetch_add(1, std::memory_order_relaxed);
+    count(impl_->invalid);
     return absl::InvalidArgumentError("event payload has codec none but dictionary_id " +
                                       std::to_string(event.dictionary_id) + " (must be 0)");
   }
@@ -1651,17 +1795,15 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
         event_limit_ns,
         std::max<std::int64_t>(0, absl::ToInt64Nanoseconds(event.deadline - absl::Now())));
   }
-  // acquire: pairs with the release store in AddStream.
-  const Impl::RouteTable* routes = impl_->routes.load(std::memory_order_acquire);
   absl::InlinedVector<StreamState*, 4> capturing;
-  routes->index.Match(event.subject, &capturing);
+  impl_->routes.Match(event.subject, &capturing);
   if (only != nullptr) {
     const bool captures = std::find(capturing.begin(), capturing.end(), only) != capturing.end();
     capturing.clear();
     if (captures) capturing.push_back(only);
   }
   if (capturing.empty()) {
-    impl_->unrouted.fetch_add(1, std::memory_order_relaxed);
+    count(impl_->unrouted);
     return absl::NotFoundError("no stream captures subject " + QuoteValue(event.subject));
   }
   // The payload converted for consumers that do not accept event.codec
@@ -1677,7 +1819,13 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
       if (stream->codec_restricted.load(std::memory_order_relaxed) == 0) continue;
       std::array<const ConsumerState*, kPayloadCodecs> needs{};  // first consumer per codec
       {
-        std::lock_guard lock(stream->mu);
+        std::unique_lock lock(stream->mu, std::defer_lock);
+        if (mode == PublishMode::kTry) {
+          // Held by a blocked publisher: the stream refuses below.
+          if (!stream->LockUnlessBlocked(lock)) continue;
+        } else {
+          lock.lock();
+        }
         for (const ConsumerState* c : stream->consumers) {
           const auto i = static_cast<std::size_t>(c->convert_to);
           if (c->Accepts(event.codec) || needs[i] != nullptr || converted[i] != nullptr) continue;
@@ -1691,7 +1839,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
         absl::StatusOr<std::shared_ptr<const Event>> r =
             impl_->Convert(event, static_cast<PayloadCodec>(i), *needs[i]);
         if (!r.ok()) {
-          impl_->invalid.fetch_add(1, std::memory_order_relaxed);
+          count(impl_->invalid);
           return r.status();
         }
         converted[i] = *std::move(r);
@@ -1711,8 +1859,19 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
     const StreamConfig& cfg = stream->config;
 
     std::unique_lock lock(stream->mu, std::defer_lock);
-    if (mode != PublishMode::kInternal) {
+    if (mode == PublishMode::kWait) {
       lock.lock();
+    } else if (mode == PublishMode::kTry) {
+      if (!stream->LockUnlessBlocked(lock)) {
+        stream->rejected.fetch_add(1, std::memory_order_relaxed);
+        ++ack.streams_rejected;
+        if (first_refusal.ok()) {
+          first_refusal = absl::ResourceExhaustedError(
+              "stream '" + cfg.name + "': a Publish is blocked on a full lane (overflow block) "
+              "and holds the stream; TryPublish does not wait");
+        }
+        continue;
+      }
     } else if (!lock.try_lock()) {
       // A dead letter never waits for a stream's mutex: its holder may be a
       // publisher blocked on a full lane that only the member publishing this dead
@@ -1887,6 +2046,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
     stream->last_seq.store(stored->seq, std::memory_order_relaxed);
     if (stream->dedup != nullptr && !shared->msg_id.empty() && mode != PublishMode::kInternal) {
       stream->dedup->Insert(shared->msg_id, stored->seq, now);
+      stream->dedup_evicted.store(stream->dedup->evicted(), std::memory_order_relaxed);
     }
     if (cfg.retention == RetentionPolicy::kInterest && explicit_acks == 0) {
       // Nobody will ack it: under interest retention it is done once queued.
@@ -1918,7 +2078,14 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
       }
       bool queued;
       if (consumer->config.overflow == OverflowPolicy::kBlock && mode == PublishMode::kWait) {
-        queued = ring.push(std::move(d));
+        queued = ring.try_push(std::move(d));  // on failure d is untouched
+        if (!queued && !ring.closed()) {
+          // Backpressure: wait for the member, holding mu (every member sees the
+          // stream's order). release: a TryPublish that fails to take mu sees this.
+          stream->blocked_publishers.fetch_add(1, std::memory_order_release);
+          queued = ring.push(std::move(d));
+          stream->blocked_publishers.fetch_sub(1, std::memory_order_release);
+        }
       } else {
         queued = ring.try_push(std::move(d));
         while (!queued && consumer->config.overflow == OverflowPolicy::kDropOldest &&
@@ -1972,7 +2139,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
     FlushOutbox();  // no stream mutex is held here
   }
   if (ack.streams_stored == 0 && ack.streams_duplicate == 0 && deferred == 0) {
-    impl_->rejected.fetch_add(1, std::memory_order_relaxed);
+    count(impl_->rejected);
     return first_refusal;
   }
   if (undelivered > 0) {
@@ -1980,7 +2147,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
                                 std::to_string(ack.seq) + " but not queued for " +
                                 std::to_string(undelivered) + " consumer(s)");
   }
-  impl_->published.fetch_add(1, std::memory_order_relaxed);
+  if (ack.streams_stored > 0) count(impl_->published);  // not a duplicate everywhere
   if (impl_->flow != nullptr) {
     ack.throttle = impl_->flow->Throttle();
     ack.weight_scale = impl_->flow->WeightScale();
@@ -2055,8 +2222,8 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
   {
     std::lock_guard lock(impl_->config_mu);
     if (impl_->closed.load()) return absl::CancelledError("engine is closed");
-    for (const std::string& f : impl_->functions) {
-      if (f == id) return absl::AlreadyExistsError("function '" + id + "' is already registered");
+    if (impl_->FindFunction(id) != nullptr) {
+      return absl::AlreadyExistsError("function '" + id + "' is already registered");
     }
     for (const std::string& name : {"FN_" + id, "FN_" + id + "_DLQ"}) {
       if (impl_->FindStream(name) != nullptr) {
@@ -2106,15 +2273,20 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
     impl->CompleteCall(call, error);
   };
   std::lock_guard lock(impl_->config_mu);
-  impl_->functions.push_back(id);
+  impl_->functions.push_back(std::make_unique<Impl::Function>());
+  Impl::Function* fn = impl_->functions.back().get();
+  fn->id = id;
   for (std::uint32_t i = 0; i < options.workers; ++i) {
-    impl_->function_workers.emplace_back([impl, member = *consumer->member(i), handler] () mutable {
+    impl_->function_workers.emplace_back([this, impl, fn, member = *consumer->member(i),
+                                          handler]() mutable {
       for (;;) {
         absl::StatusOr<Message> m = member.Next(absl::InfiniteDuration());
         if (!m.ok()) {
           if (m.status().code() == absl::StatusCode::kCancelled) return;
           continue;
         }
+        // This pull made room in the queue: calls waiting for it may go now.
+        if (fn->has_backlog.load(std::memory_order_acquire)) FlushCalls(*fn);
         const std::uint64_t call = CallIdOf(m->event());
         {
           std::lock_guard calls_lock(impl->calls_mu);
@@ -2165,13 +2337,15 @@ std::future<absl::StatusOr<Buffer>> Engine::Call(std::string_view fn_id, Buffer 
                                                  " is invalid (> 0 and up to 365 days)"));
     return future;
   }
+  Impl::Function* function;
   {
     std::lock_guard lock(impl_->config_mu);
     if (impl_->closed.load()) {
       promise.set_value(absl::CancelledError("engine is closed"));
       return future;
     }
-    if (std::find(impl_->functions.begin(), impl_->functions.end(), fn) == impl_->functions.end()) {
+    function = impl_->FindFunction(fn);
+    if (function == nullptr) {
       promise.set_value(absl::NotFoundError("function " + QuoteValue(fn) + " is not registered"));
       return future;
     }
@@ -2191,15 +2365,62 @@ std::future<absl::StatusOr<Buffer>> Engine::Call(std::string_view fn_id, Buffer 
     impl_->has_calls.store(true, std::memory_order_release);
   }
   impl_->WakeTimer(deadline);
-  Event e;
-  e.subject = "fn." + fn;
-  e.msg_id = "call-" + std::to_string(id);
-  e.ttl = timeout;
-  e.headers.Set(std::string(kCallIdHeader), std::to_string(id));
-  e.payload = std::move(payload);
-  absl::StatusOr<PublishAck> ack = Publish(std::move(e));
-  if (!ack.ok()) impl_->CompleteCall(id, ack.status());
+  // Behind the calls already waiting for room, then published if there is room now.
+  {
+    std::lock_guard lock(function->mu);
+    function->backlog.push_back(id);
+    function->has_backlog.store(true, std::memory_order_release);
+  }
+  FlushCalls(*function);
   return future;
+}
+
+void Engine::FlushCalls(engine_internal::FunctionState& fn) {
+  // One flusher at a time keeps the arrival order; a thread that finds another
+  // flushing leaves it to that one (which sees this thread's call in the backlog).
+  std::unique_lock flushing(fn.flush_mu, std::try_to_lock);
+  if (!flushing.owns_lock()) return;
+  for (;;) {
+    std::uint64_t id;
+    {
+      std::lock_guard lock(fn.mu);
+      if (fn.backlog.empty()) {
+        fn.has_backlog.store(false, std::memory_order_release);
+        return;
+      }
+      id = fn.backlog.front();  // only this thread pops
+    }
+    Event e;
+    bool open;
+    {
+      std::lock_guard lock(impl_->calls_mu);
+      auto it = impl_->calls.find(id);
+      open = it != impl_->calls.end();
+      if (open) {
+        e.subject = "fn." + fn.id;
+        e.msg_id = "call-" + std::to_string(id);
+        e.ttl = it->second.timeout;
+        e.headers.Set(std::string(kCallIdHeader), std::to_string(id));
+        e.payload = it->second.payload;  // shares the Buffer
+      }
+    }
+    absl::Status failed;
+    if (open) {
+      absl::StatusOr<PublishAck> ack = Publish(std::move(e), PublishMode::kTry);
+      // Full (the function's queue, or its stream held by a blocked Publish): it
+      // stays first; the next pull of a worker or the next timer run retries.
+      if (ack.status().code() == absl::StatusCode::kResourceExhausted &&
+          !impl_->closed.load(std::memory_order_acquire)) {
+        return;
+      }
+      failed = ack.status();
+    }
+    {
+      std::lock_guard lock(fn.mu);
+      fn.backlog.pop_front();
+    }
+    if (!failed.ok()) impl_->CompleteCall(id, failed);
+  }
 }
 
 void Engine::Close() {
@@ -2223,22 +2444,9 @@ void Engine::Close() {
   if (impl_->timer.joinable() && impl_->timer.get_id() != std::this_thread::get_id()) {
     impl_->timer.join();
   }
-  // Function workers drain their lanes and stop; then every call still open fails.
-  std::vector<std::thread> workers;
-  {
-    std::lock_guard lock(impl_->config_mu);
-    workers.swap(impl_->function_workers);
-  }
-  for (std::thread& w : workers) {
-    if (w.get_id() == std::this_thread::get_id()) {
-      // Close from inside a handler: that worker ends when the handler returns;
-      // ~Engine joins it (it touches the engine until then).
-      std::lock_guard lock(impl_->config_mu);
-      impl_->closing_workers.push_back(std::move(w));
-    } else {
-      w.join();
-    }
-  }
+  // Every call still open fails now. Function workers are not joined here: one may
+  // be in a handler that blocks; it finds its call gone when the handler returns,
+  // drains its closed lane and ends (~Engine joins it).
   absl::flat_hash_map<std::uint64_t, Impl::CallState> open;
   {
     std::lock_guard lock(impl_->calls_mu);
@@ -2252,6 +2460,17 @@ void Engine::Close() {
 
 void Engine::RunTimers() {
   if (impl_->has_outbox.load(std::memory_order_acquire)) FlushOutbox();
+  {
+    // Calls waiting for room in their function's queue (its workers also retry).
+    std::vector<Impl::Function*> waiting;
+    {
+      std::lock_guard lock(impl_->config_mu);
+      for (auto& f : impl_->functions) {
+        if (f->has_backlog.load(std::memory_order_acquire)) waiting.push_back(f.get());
+      }
+    }
+    for (Impl::Function* f : waiting) FlushCalls(*f);
+  }
   std::lock_guard run_lock(impl_->run_timers_mu);
   // Reused between runs: a run with nothing due allocates nothing.
   std::vector<ConsumerState*>& consumers = impl_->timer_consumers;
@@ -2287,6 +2506,8 @@ void Engine::RunTimers() {
                       std::string("call timeout while ") + where);
         e.headers.Set(std::string(kDeliveryCountHeader), std::to_string(call.attempts));
         e.headers.Set(std::string(kOriginalSubjectHeader), "fn." + call.fn);
+        e.headers.Set(std::string(kOriginalTtlHeader),
+                      std::to_string(absl::ToInt64Nanoseconds(call.timeout)));
         dead.push_back(std::move(e));
         impl_->calls.erase(it);
       });
@@ -2399,6 +2620,10 @@ void Engine::RunTimers() {
           }
         });
       }
+      // The wheel fires a slot's timers in no particular order: dead letters go out
+      // in stream order.
+      std::sort(timed_out.begin(), timed_out.end(),
+                [](const Handle& a, const Handle& b) { return a->seq < b->seq; });
       for (const Handle& h : timed_out) {
         c->expired.fetch_add(1, std::memory_order_relaxed);
         engine_internal::DeadLetter(*c, h, 0, "expired", "queue timeout");
@@ -2486,6 +2711,7 @@ EngineStats Engine::Stats() const {
     st.rejected = s->rejected.load();
     st.acked_out = s->acked_out.load();
     st.duplicates = s->duplicates.load();
+    st.duplicate_window_evicted = s->dedup_evicted.load(std::memory_order_relaxed);
     out.streams.push_back(std::move(st));
   }
   for (const auto& c : impl_->consumers) {

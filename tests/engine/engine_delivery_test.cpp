@@ -348,8 +348,9 @@ TEST_CASE("delivery configuration errors name the value and change nothing") {
   CHECK(err({.max_ack_pending = -2}) ==
         "consumer 'bad': max_ack_pending -2 is invalid (use -1 for no limit or a value >= 1)");
   CHECK(err({.ack = AckPolicy::kNone, .max_deliver = 3}) ==
-        "consumer 'bad': backoff, max_deliver, max_ack_pending and dead_letter_subject need "
-        "explicit acks (ack policy is none)");
+        "consumer 'bad': max_deliver 3 needs explicit acks (ack policy is none)");
+  CHECK(err({.ack = AckPolicy::kNone, .backoff = {absl::Seconds(1)}}) ==
+        "consumer 'bad': backoff needs explicit acks (ack policy is none)");
   CHECK(err({.dead_letter_subject = "dead..x"}).rfind("consumer 'bad': dead_letter_subject: ", 0) == 0);
   CHECK(err({.overflow = static_cast<OverflowPolicy>(7)}) ==
         "consumer 'bad': overflow policy 7 is not a valid OverflowPolicy");

@@ -2,8 +2,10 @@
 // draining a member, and an engine on a manual clock with a dead-letter stream.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <string_view>
 #include <vector>
 
@@ -49,6 +51,17 @@ inline StreamStats SS(const Engine& engine, std::string_view name) {
 inline std::string H(const Event& e, std::string_view name) {
   auto v = e.headers.Get(name);
   return v ? std::string(*v) : std::string("<absent>");
+}
+
+// Polls `done` (real time) until it holds or 30 s pass; whether it held. For work
+// that engine threads finish after a call returns (a handler after Close).
+template <class Pred>
+bool Eventually(Pred done) {
+  for (int i = 0; i < 30'000; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return done();
 }
 
 // Drains a member without waiting; returns the msg_ids (acks each when asked).

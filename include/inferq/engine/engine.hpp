@@ -106,6 +106,7 @@
 // member order, but any number of threads may call Next on it safely.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -139,6 +140,7 @@ struct StoredMessage;
 struct ConsumerState;
 struct Lane;
 struct StreamState;
+struct FunctionState;
 }  // namespace engine_internal
 
 enum class DiscardPolicy { kOld, kNew };
@@ -159,6 +161,10 @@ enum class OverflowPolicy { kBlock, kReject, kDropOldest };
 // of its lane once).
 enum class TimeoutAction { kReject, kDelay };
 
+// Longest Event::msg_id Publish accepts, in bytes (InvalidArgument above it): ids are
+// kept in duplicate windows, so their size is bounded.
+inline constexpr std::size_t kMaxMsgIdBytes = 1024;
+
 // Headers of a dead letter: the engine publishes a copy of the event (same payload,
 // attributes and headers) to the consumer's dead_letter_subject with these added.
 inline constexpr std::string_view kDeadLetterReasonHeader = "Inferq-Dead-Letter-Reason";
@@ -170,6 +176,14 @@ inline constexpr std::string_view kStreamHeader = "Inferq-Stream";
 inline constexpr std::string_view kConsumerHeader = "Inferq-Consumer";
 inline constexpr std::string_view kStreamSeqHeader = "Inferq-Stream-Seq";        // decimal
 inline constexpr std::string_view kOriginalSubjectHeader = "Inferq-Original-Subject";
+// A dead letter is a new message: the original's ttl and deadline, which no longer
+// apply to it (it must reach its consumer however late that consumer pulls), are
+// kept as information in these headers (absent when the original had none), and the
+// dead letter's own ttl is zero and its deadline absl::InfiniteFuture(). Every other
+// attribute (created, msg_id, trace, ...) is kept as it was.
+inline constexpr std::string_view kOriginalTtlHeader = "Inferq-Original-Ttl";  // decimal ns
+// RFC 3339 in UTC with fractional seconds (absl::RFC3339_full).
+inline constexpr std::string_view kOriginalDeadlineHeader = "Inferq-Original-Deadline";
 // Set by Engine::Call on the call event (decimal call id).
 inline constexpr std::string_view kCallIdHeader = "Inferq-Call-Id";
 
@@ -200,12 +214,21 @@ struct StreamConfig {
   // the first acceptance; duplicates do not extend it. Zero = off; at most 365 days.
   // Events with an empty msg_id are never duplicates.
   absl::Duration duplicate_window = absl::Minutes(2);
+  // Most ids the duplicate window holds, 1..2^26. When a new id would exceed it, the
+  // oldest id is forgotten before its window ends (a later publish with it is stored
+  // again) and StreamStats::duplicate_window_evicted counts it. The default holds
+  // 2,000 distinct ids a second over the default 2-minute window; at about 100 bytes
+  // an id (short ids; a longer id adds its length) that is 24 MiB per stream.
+  std::size_t duplicate_window_max_entries = 240'000;
 };
 
 struct ConsumerConfig {
   std::string stream{};               // an existing stream
   std::string name{};                 // 1..64 of [A-Za-z0-9_-], unique in its stream
-  std::string filter_subject{};       // pattern; empty = every event of the stream
+  // Pattern; empty = every event of the stream. Must overlap one of the stream's
+  // subjects (SubjectPattern::Overlaps): a filter no captured subject can match is
+  // refused.
+  std::string filter_subject{};
   // Further condition on the event (headers, semantic tag, JSON content, JSON Schema;
   // routing/predicate.hpp); default = none. Evaluated by the publishing thread
   // under the stream's mutex; a payload that is not JSON does not match.
@@ -288,7 +311,13 @@ struct PublishAck {
   double weight_scale = 1;
 };
 
-// One delivery of one stored event to one consumer member. Move-only.
+// One delivery of one stored event to one consumer member. Move-only. The settle
+// methods (Ack, Nak, Term, InProgress) may be called from any thread, also two at
+// once on the same Message: exactly one settle succeeds, the others get
+// FailedPrecondition. Moving or destroying a Message while another thread uses it is
+// a data race, as for any object. The Engine must outlive every Message it handed
+// out: a debug build (no NDEBUG) aborts in ~Engine, naming the consumer, when one is
+// still alive.
 class Message {
  public:
   Message() noexcept;
@@ -307,7 +336,8 @@ class Message {
   // Engine clock (ns) when the event was stored.
   std::int64_t publish_time_ns() const;
   bool empty() const { return msg_ == nullptr; }
-  bool acked() const { return acked_; }
+  // True once a settle (Ack, Nak, Term) of this delivery succeeded.
+  bool acked() const { return acked_.load(std::memory_order_acquire); }
 
   // Which delivery of this message to its consumer this is: 1 for the first, more
   // after redeliveries (Event::attempt is the publisher's and is not changed).
@@ -346,15 +376,20 @@ class Message {
   std::uint32_t member_ = 0;
   std::uint32_t attempt_ = 0;
   bool shadow_ = false;
-  bool acked_ = false;
+  // Set by the one settle that wins (an exchange), so that two threads settling the
+  // same delivery cannot both succeed.
+  std::atomic<bool> acked_{false};
+  // Gives up this delivery's handle (its reference to the engine's pools).
+  void Release() noexcept;
 };
 
 // A member of a consumer group: the puller of one lane.
 class Member {
  public:
   // Waits up to `timeout` (absl::InfiniteDuration() = forever; zero = just try) for
-  // the next message. DeadlineExceeded on timeout; Cancelled once the engine is
-  // closed and the lane is drained.
+  // the next message. DeadlineExceeded on timeout (never with an infinite timeout);
+  // Cancelled once the engine is closed and the lane is drained, or at once after
+  // Close when the consumer is at max_ack_pending.
   absl::StatusOr<Message> Next(absl::Duration timeout);
 
   // Waits up to `timeout` for a first message, then gathers more until the batch
@@ -432,6 +467,8 @@ struct StreamStats {
   std::uint64_t rejected = 0;    // publishes refused (discard new, max_msg_size)
   std::uint64_t acked_out = 0;   // removed because every interested consumer acked
   std::uint64_t duplicates = 0;  // publishes found in the duplicate window (not stored)
+  // Ids forgotten before their window ended (StreamConfig::duplicate_window_max_entries).
+  std::uint64_t duplicate_window_evicted = 0;
 };
 
 struct MemberStats {
@@ -487,10 +524,13 @@ struct NodeMemoryStats {
 };
 
 struct EngineStats {
-  std::uint64_t published = 0;   // publishes stored by at least one stream
-  std::uint64_t unrouted = 0;    // publishes no stream captured (NotFound)
-  std::uint64_t rejected = 0;    // publishes every capturing stream refused
-  std::uint64_t invalid = 0;     // publishes with an invalid subject, attribute or payload
+  // The application's publishes (Publish, TryPublish, Call); the engine's own dead
+  // letters are counted per consumer (ConsumerStats::dead_letters,
+  // dead_letters_lost), and duplicates per stream (StreamStats::duplicates).
+  std::uint64_t published = 0;   // stored by at least one stream (not only duplicates)
+  std::uint64_t unrouted = 0;    // no stream captured the subject (NotFound)
+  std::uint64_t rejected = 0;    // every capturing stream refused (and none found a duplicate)
+  std::uint64_t invalid = 0;     // an invalid subject, attribute or payload
   // Payloads converted for consumers (ConsumerConfig::accept_codecs): one per publish
   // and target codec, however many consumers and streams share the result.
   std::uint64_t codec_conversions = 0;
@@ -561,13 +601,17 @@ class Engine {
 
   // InvalidArgument for a bad name, filter, member count, lane capacity, group
   // options, an accept_codecs entry that is not a PayloadCodec or is repeated, a
-  // negative or infinite ack_wait, or a selection policy already used by
+  // negative or infinite ack_wait, a filter_subject that no subject of the stream
+  // can match, a setting that needs explicit acks (ack_wait, backoff, max_deliver,
+  // max_ack_pending, dead_letter_subject) with AckPolicy::kNone (the message names
+  // the field), or a selection policy already used by
   // another consumer or built for another group size; NotFound
   // for an unknown stream; AlreadyExists for a taken name; Cancelled after Close().
   absl::StatusOr<Consumer> AddConsumer(const ConsumerConfig& config);
 
   // Stores `event` in every stream that captures its subject and queues it for each
   // of their matching consumers. InvalidArgument for an invalid subject, ttl or qos,
+  // a msg_id longer than kMaxMsgIdBytes,
   // an Event::codec that is not a PayloadCodec, or codec kNone with a dictionary_id;
   // NotFound when no stream captures it; ResourceExhausted (or InvalidArgument for
   // max_msg_size) when every capturing stream refused it, with the first refusal's
@@ -587,7 +631,11 @@ class Engine {
 
   // Publish that never waits: a full lane of a consumer with OverflowPolicy::kBlock
   // refuses the publish for that stream as kReject does (ResourceExhausted naming the
-  // consumer and member; nothing stored there). Otherwise as Publish.
+  // consumer and member; nothing stored there), and so does a stream whose mutex a
+  // Publish blocked on a full lane holds (ResourceExhausted: "a Publish is blocked
+  // on a full lane"). It may spin (yielding) while another publisher holds a
+  // stream's mutex for its short critical section, never for a lane to drain.
+  // Otherwise as Publish.
   absl::StatusOr<PublishAck> TryPublish(Event event);
 
   // Function-in-flight (DESIGN.md §3.8). RegisterFunction serves `fn_id` on
@@ -608,11 +656,21 @@ class Engine {
   // "expired"). InvalidArgument for a timeout not in (0, 365 days]; NotFound for an
   // unknown function; Cancelled when the engine closes first. The timeout runs on
   // the engine clock and its timers (RunTimers with manual_timers).
+  // Call never waits: a call that finds its function's queue full (every worker's
+  // queue_capacity taken) waits off the caller's thread, in arrival order, for
+  // room, at most until its timeout; then its future ends DeadlineExceeded
+  // ("queued", 0 tries) and the handler never sees it.
   std::future<absl::StatusOr<Buffer>> Call(std::string_view fn_id, Buffer payload,
                                            absl::Duration timeout);
 
   // Closes every lane: blocked publishers and pullers wake; pulls drain what is
-  // queued and then return Cancelled; later publishes return Cancelled. Idempotent.
+  // queued and then return Cancelled; later publishes return Cancelled. A pull of a
+  // consumer at max_ack_pending returns Cancelled at once (a closed engine hands out
+  // no more than its limit, and waiting for acks that may never come would keep
+  // workers from ending); what is still queued for it is not delivered. Open calls
+  // (Engine::Call) end Cancelled before Close returns. Close does not wait for
+  // function handlers still running: their late results are dropped, and ~Engine
+  // waits for them to return (a handler must not block forever). Idempotent.
   void Close();
 
   // Runs due timers now: redelivers deliveries whose ack_wait expired, moves work
@@ -637,6 +695,9 @@ class Engine {
                                      engine_internal::StreamState* only = nullptr);
   // Publishes the dead letters that found their stream's mutex taken.
   void FlushOutbox();
+  // Publishes the calls of a function that wait for room in its queue, in order,
+  // until one finds it full (Engine::Call never waits).
+  void FlushCalls(engine_internal::FunctionState& fn);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,0 +1,101 @@
+// Memory bounds of the engine (issue 14 items 8 and 9): the route table grows linearly
+// with the streams' patterns and old tables are freed; the duplicate window is bounded
+// and gives its memory back. This binary replaces the global operator new to count the
+// bytes held (tests/alloc_counter.hpp), so it does not run under the sanitizers.
+#include <cstdint>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "../alloc_counter.hpp"
+
+#include "inferq/engine/engine.hpp"
+#include "inferq/sched/duplicate_window.hpp"
+
+using namespace inferq;
+
+namespace {
+std::int64_t Live() { return live_bytes.load(std::memory_order_relaxed); }
+}  // namespace
+
+// 14.8: every AddStream built a whole new route table (a subject index with its match
+// cache) and kept every old one: 8,000 streams took 11.3 GB.
+TEST_CASE("14.8 streams cost memory linear in their patterns; old route tables are freed",
+          "[issue14][memory]") {
+  constexpr int kStreams = 2000;
+  Engine engine{{.manual_timers = true}};
+  // The first stream pays for the fixed parts (the match caches).
+  REQUIRE(engine.AddStream({.name = "T0", .subjects = {"t0.a.*", "t0.b.>"}}).ok());
+  const std::int64_t base = Live();
+  for (int i = 1; i <= kStreams; ++i) {
+    const std::string t = "t" + std::to_string(i);
+    REQUIRE(engine.AddStream({.name = "T" + std::to_string(i),
+                              .subjects = {t + ".a.*", t + ".b.>"}}).ok());
+  }
+  const std::int64_t per_stream = (Live() - base) / kStreams;
+  INFO("bytes per stream of two patterns: " << per_stream);
+  // A StreamState with its config, duplicate window and queue, plus two patterns in
+  // the route index (two copies: readers never wait for AddStream).
+  CHECK(per_stream < 4096);
+  // Routing still works for the first and the last stream.
+  CHECK(engine.Publish([] { Event e; e.subject = "t1.a.x"; return e; }()).ok());
+  CHECK(engine.Publish([] { Event e; e.subject = "t2000.b.x.y"; return e; }()).ok());
+
+  const std::int64_t before_functions = Live();
+  for (int i = 0; i < 100; ++i) {
+    REQUIRE(engine.RegisterFunction("f" + std::to_string(i), [](const Event&) -> absl::StatusOr<Buffer> {
+      return Buffer();
+    }, {.workers = 1, .queue_capacity = 4}).ok());
+  }
+  const std::int64_t per_function = (Live() - before_functions) / 100;
+  INFO("bytes per function (two streams, a consumer, a thread): " << per_function);
+  CHECK(per_function < 64 * 1024);
+}
+
+// 14.9: the duplicate window kept every id of its window however many, and its hash
+// table kept its peak size after the ids expired.
+TEST_CASE("14.9 the duplicate window gives its memory back when its ids expire",
+          "[issue14][memory][dedup]") {
+  const std::int64_t base = Live();
+  DuplicateWindow w(absl::Seconds(1));
+  for (std::uint64_t i = 0; i < 200'000; ++i) {
+    REQUIRE(w.Insert("id-" + std::to_string(i), i + 1, 0));
+  }
+  const std::int64_t peak = Live() - base;
+  INFO("peak " << peak);
+  REQUIRE(peak > 4'000'000);
+  CHECK(w.Expire(absl::ToInt64Nanoseconds(absl::Seconds(1))) == 200'000);
+  const std::int64_t left = Live() - base;
+  INFO("left after expiry " << left);
+  CHECK(left < peak / 20);
+}
+
+TEST_CASE("14.9 a stream's duplicate window holds at most duplicate_window_max_entries ids",
+          "[issue14][memory][dedup]") {
+  Engine engine{{.manual_timers = true}};
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"s"}, .max_msgs = 1000,
+                            .duplicate_window_max_entries = 1000}).ok());
+  const std::int64_t base = Live();
+  for (int i = 0; i < 100'000; ++i) {
+    Event e;
+    e.subject = "s";
+    e.msg_id = "msg-id-that-is-not-short-" + std::to_string(i);
+    REQUIRE(engine.Publish(std::move(e)).ok());
+  }
+  const std::int64_t grown = Live() - base;
+  INFO("grown " << grown);
+  CHECK(grown < 1'000'000);
+  const EngineStats st = engine.Stats();
+  CHECK(st.stream("S")->duplicate_window_evicted == 99'000);
+  // An id forgotten early is new again; one still held is a duplicate.
+  Event old_id;
+  old_id.subject = "s";
+  old_id.msg_id = "msg-id-that-is-not-short-0";
+  auto ack = engine.Publish(old_id);
+  REQUIRE(ack.ok());
+  CHECK(!ack->duplicate);
+  old_id.msg_id = "msg-id-that-is-not-short-99999";
+  ack = engine.Publish(old_id);
+  REQUIRE(ack.ok());
+  CHECK(ack->duplicate);
+}

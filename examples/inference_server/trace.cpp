@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "inferq/base/error.hpp"
 #include "inferq/event/codec.hpp"
 
 namespace inferq::example {
@@ -21,8 +22,8 @@ std::string At(std::string_view source, std::size_t line) {
 
 absl::Status FieldError(std::string_view source, std::size_t line, std::string_view field,
                         std::string_view value, std::string_view why) {
-  return absl::InvalidArgumentError(At(source, line) + "field " + std::string(field) + " '" +
-                                    std::string(value) + "' " + std::string(why));
+  return absl::InvalidArgumentError(At(source, line) + "field " + std::string(field) + " " +
+                                    QuoteValue(value) + " " + std::string(why));
 }
 
 // Exactly "YYYY-MM-DD HH:MM:SS" with an optional "." and 1..9 digits. absl::ParseTime
@@ -76,8 +77,8 @@ absl::StatusOr<std::vector<TraceRequest>> ParseTrace(std::string_view csv, std::
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (line_no == 1) {
       if (line != kHeader) {
-        return absl::InvalidArgumentError(At(source, 1) + "header '" + std::string(line) +
-                                          "' is not '" + std::string(kHeader) + "'");
+        return absl::InvalidArgumentError(At(source, 1) + "header " + QuoteValue(line) +
+                                          " is not " + QuoteValue(kHeader));
       }
       continue;
     }
@@ -89,7 +90,7 @@ absl::StatusOr<std::vector<TraceRequest>> ParseTrace(std::string_view csv, std::
       if (i == line.size() || line[i] == ',') {
         if (n == 3) {
           return absl::InvalidArgumentError(At(source, line_no) +
-                                            "has more than 3 fields: '" + std::string(line) + "'");
+                                            "has more than 3 fields: " + QuoteValue(line));
         }
         fields[n++] = line.substr(start, i - start);
         start = i + 1;
@@ -98,7 +99,7 @@ absl::StatusOr<std::vector<TraceRequest>> ParseTrace(std::string_view csv, std::
     if (n < 3) {
       static constexpr const char* kNames[] = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"};
       return absl::InvalidArgumentError(At(source, line_no) + "field " + kNames[n] +
-                                        " is missing: '" + std::string(line) + "'");
+                                        " is missing: " + QuoteValue(line));
     }
     absl::Time t;
     std::string err;

@@ -25,7 +25,9 @@ struct TraceRequest {
 // (UTC, up to 9 fractional digits) and never earlier than the row before; both token
 // counts are integers in 1..1,000,000. CRLF line ends and a missing final newline
 // are accepted; blank lines are not. InvalidArgument on any violation, e.g.
-// "trace.csv line 7: field GeneratedTokens 'x1' is not an integer".
+// "trace.csv line 7: field GeneratedTokens 'x1' is not an integer"; the value (or
+// line) is quoted as inferq::QuoteValue does: control bytes, 0x7f and ' as \xNN
+// ("'1\x00x'"), so a NUL or a newline in the input never cuts the message.
 absl::StatusOr<std::vector<TraceRequest>> ParseTrace(std::string_view csv, std::string_view source);
 
 // Reads `path` (zstd-compressed when it starts with the zstd magic number) and parses

@@ -10,6 +10,7 @@
 
 #include <flatbuffers/idl.h>
 
+#include "inferq/base/error.hpp"
 #include "inferq/state/state_store.hpp"
 
 namespace inferq {
@@ -109,6 +110,20 @@ std::string MetaValue(Compatibility mode, std::uint32_t latest) {
   return "mode=" + std::string(CompatibilityName(mode)) + "\nlatest=" + std::to_string(latest);
 }
 
+// OK for a subject of 1 to kMaxSchemaSubjectBytes bytes. A longer one is named by its
+// first 64 bytes at most, cut before a UTF-8 continuation byte so that the quoted
+// start is not half a character.
+absl::Status ValidateSubject(std::string_view subject) {
+  if (subject.empty()) return absl::InvalidArgumentError("schema subject is empty");
+  if (subject.size() <= kMaxSchemaSubjectBytes) return absl::OkStatus();
+  std::size_t cut = 64;
+  while (cut > 0 && (static_cast<unsigned char>(subject[cut]) & 0xC0) == 0x80) --cut;
+  return absl::InvalidArgumentError(
+      "schema subject starting " + QuoteValue(subject.substr(0, cut)) + " has " +
+      std::to_string(subject.size()) + " bytes; subjects have 1 to " +
+      std::to_string(kMaxSchemaSubjectBytes) + " bytes");
+}
+
 }  // namespace
 
 std::string_view CompatibilityName(Compatibility mode) {
@@ -177,7 +192,7 @@ class SchemaRegistry::Impl {
   explicit Impl(StateStore* store) : store_(store) {}
 
   absl::StatusOr<SchemaRef> Register(std::string_view subject, std::string_view text) {
-    if (subject.empty()) return absl::InvalidArgumentError("schema subject is empty");
+    if (absl::Status valid = ValidateSubject(subject); !valid.ok()) return valid;
     std::lock_guard<std::mutex> lock(mu_);
     auto it = subjects_.find(subject);
     if (it != subjects_.end()) {
@@ -241,7 +256,7 @@ class SchemaRegistry::Impl {
   }
 
   absl::Status SetCompatibility(std::string_view subject, Compatibility mode) {
-    if (subject.empty()) return absl::InvalidArgumentError("schema subject is empty");
+    if (absl::Status valid = ValidateSubject(subject); !valid.ok()) return valid;
     std::lock_guard<std::mutex> lock(mu_);
     auto it = subjects_.find(subject);
     const auto latest =

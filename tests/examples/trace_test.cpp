@@ -66,7 +66,7 @@ TEST_CASE("malformed rows name the line and the field") {
   CHECK(Err("") == "t.csv is empty");
   // Shapes absl::ParseTime alone would accept (found by an adversarial run).
   for (const char* bad : {"infinite-future", "infinite-past", " 2023-11-16 18:15:47",
-                          "2023-11-16 18:15:47 ", "2023-11-16\t18:15:47", "2023-1-16 18:15:47",
+                          "2023-11-16 18:15:47 ", "2023-1-16 18:15:47",
                           "2023-11-16 18:15:47.123456789012", "-005-11-16 18:15:47",
                           "2023-11-16 23:59:60", "99999999-11-16 18:15:47",
                           "2023-11-16 18:15:47.", "2023-11-16 18:15:47.5x"}) {
@@ -75,12 +75,36 @@ TEST_CASE("malformed rows name the line and the field") {
           "t.csv line 2: field TIMESTAMP '" + std::string(bad) +
               "' is not a time 'YYYY-MM-DD HH:MM:SS' with up to 9 fractional digits");
   }
+  CHECK(Err(std::string(kHeader) + "2023-11-16\t18:15:47,12,5\n") ==
+        "t.csv line 2: field TIMESTAMP '2023-11-16\\x0918:15:47' is not a time "
+        "'YYYY-MM-DD HH:MM:SS' with up to 9 fractional digits");
   std::string with_nul = std::string(kHeader) + "2023-11-16 18:15:47";
   with_nul += '\0';
   with_nul += "junk,12,5\n";
   CHECK(Err(with_nul).rfind("t.csv line 2: field TIMESTAMP", 0) == 0);
   const std::string bad_time = Err(std::string(kHeader) + "2023-13-16 18:15:47,12,5\n");
   CHECK(bad_time.rfind("t.csv line 2: field TIMESTAMP '2023-13-16 18:15:47' is not a time", 0) == 0);
+}
+
+TEST_CASE("unprintable bytes in a row are quoted as \\xNN, not cut at a NUL") {
+  const std::string header = kHeader;
+  const std::string row = "2023-11-16 18:15:46.0,374,";
+  CHECK(Err(header + row + std::string("1\0x", 3) + "\n") ==
+        "t.csv line 2: field GeneratedTokens '1\\x00x' is not an integer");
+  CHECK(Err(header + "2023-11-16 18:15:46.0," + std::string("\0", 1) + ",1\n") ==
+        "t.csv line 2: field ContextTokens '\\x00' is not an integer");
+  CHECK(Err(header + std::string("2023-11-16 18:15:47\0junk", 24) + ",12,5\n") ==
+        "t.csv line 2: field TIMESTAMP '2023-11-16 18:15:47\\x00junk' is not a time "
+        "'YYYY-MM-DD HH:MM:SS' with up to 9 fractional digits");
+  CHECK(Err(header + row + "1'\n") ==
+        "t.csv line 2: field GeneratedTokens '1\\x27' is not an integer");
+  CHECK(Err("TIMESTAMP\x01,ContextTokens,GeneratedTokens\n") ==
+        "t.csv line 1: header 'TIMESTAMP\\x01,ContextTokens,GeneratedTokens' is not "
+        "'TIMESTAMP,ContextTokens,GeneratedTokens'");
+  CHECK(Err(header + "2023-11-16 18:15:47,1\t2\n") ==
+        "t.csv line 2: field GeneratedTokens is missing: '2023-11-16 18:15:47,1\\x092'");
+  CHECK(Err(header + row + "1,\x1b[2J\n") ==
+        "t.csv line 2: has more than 3 fields: '2023-11-16 18:15:46.0,374,1,\\x1b[2J'");
 }
 
 TEST_CASE("LoadTrace reads zstd and plain files and reports a missing one") {

@@ -274,6 +274,45 @@ TEST_CASE("bad schema text is InvalidArgument with the parser's error", "[schema
   CHECK(std::string(pair.message()).rfind("new schema does not parse: ", 0) == 0);
 }
 
+TEST_CASE("a subject longer than the limit is InvalidArgument naming it, before the store",
+          "[schema]") {
+  const std::string too_long = "tensor." + std::string(70'000 - 7, 'x');
+  const std::string expected = "schema subject starting 'tensor." + std::string(57, 'x') +
+                               "' has 70000 bytes; subjects have 1 to 65000 bytes";
+  state_test::TempDir dir;
+  inferq::StateStoreOptions options;
+  options.dir = dir.path();
+  auto store = inferq::StateStore::Open(options);
+  REQUIRE(store.ok());
+  auto durable = SchemaRegistry::Open(**store);
+  REQUIRE(durable.ok());
+  SchemaRegistry in_memory;
+  for (SchemaRegistry* registry : {durable->get(), &in_memory}) {
+    const absl::Status registered = registry->Register(too_long, kV1).status();
+    CHECK(registered.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(registered.message()) == expected);
+    const absl::Status mode = registry->SetCompatibility(too_long, Compatibility::kNone);
+    CHECK(mode.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(mode.message()) == expected);
+    CHECK(registry->Subjects().empty());
+    // At the limit: registered, and durable (its longest key fits the store's keys).
+    const std::string at_limit(65'000, 's');
+    CHECK(*registry->Register(at_limit, kV1) == SchemaRef{1, 1});
+    CHECK(registry->SetCompatibility(at_limit, Compatibility::kFull).ok());
+  }
+  std::vector<std::string> keys;
+  (*store)->Scan("schema.", [&keys](std::string_view k, std::string_view) {
+    keys.push_back(std::string(k.substr(0, 9)) + "..." + std::to_string(k.size()));
+  });
+  CHECK(keys == std::vector<std::string>{"schema.ss...65009", "schema.ss...65012"});
+  // A multi-byte UTF-8 character is not cut in the message: 63 bytes + "é" would
+  // cross the 64-byte mark, so the quoted start stops before it.
+  const std::string utf8 = std::string(63, 'u') + "\xc3\xa9" + std::string(65'000, 'u');
+  CHECK(std::string(in_memory.Register(utf8, kV1).status().message()) ==
+        "schema subject starting '" + std::string(63, 'u') +
+            "' has 65065 bytes; subjects have 1 to 65000 bytes");
+}
+
 TEST_CASE("compatibility mode names round-trip", "[schema]") {
   for (Compatibility mode : kModes) {
     auto parsed = inferq::ParseCompatibility(inferq::CompatibilityName(mode));

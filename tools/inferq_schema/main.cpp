@@ -5,28 +5,66 @@
 //
 // backward (the default, as in the registry): NEW conforms to OLD; forward: OLD
 // conforms to NEW; full: both. Exit status: 0 compatible (and for --help), 1 not
-// compatible (the reason on stderr), 2 a file that cannot be read or parsed (the
-// parser's error on stderr) or bad usage.
+// compatible (the reason on stderr), 2 bad usage or a file that cannot be read
+// ("cannot read 'F': Is a directory"), is not schema text ("'F' is not a schema: it
+// is binary (a NUL byte at offset 1)", e.g. what `flatc -b --schema` writes) or does
+// not parse (the parser's error), on stderr naming the file.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
-#include <optional>
-#include <sstream>
+#include <cstring>
 #include <string>
 #include <string_view>
 
+#include "absl/status/statusor.h"
 #include "inferq/schema/registry.hpp"
 
 namespace {
 
 constexpr char kUsage[] = "usage: inferq-schema check OLD.fbs NEW.fbs [--mode backward|forward|full]\n";
 
-std::optional<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream out;
-  out << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return out.str();
+// The whole file; the error names the path and what is wrong (open(2) and read(2)
+// report a directory only when read, so it is checked first).
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  auto error = [&path](int err) {
+    return absl::InvalidArgumentError("cannot read '" + path + "': " + std::strerror(err));
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return error(errno);
+  struct stat st {};
+  std::string text;
+  int err = 0;
+  if (::fstat(fd, &st) != 0) {
+    err = errno;
+  } else if (S_ISDIR(st.st_mode)) {
+    err = EISDIR;
+  } else {
+    char buf[1 << 16];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n > 0) {
+        text.append(buf, static_cast<std::size_t>(n));
+      } else if (n == 0) {
+        break;
+      } else if (errno != EINTR) {
+        err = errno;
+        break;
+      }
+    }
+  }
+  ::close(fd);
+  if (err != 0) return error(err);
+  // FlatBuffers' parser reads a NUL-terminated string: it would see only the text
+  // before the first NUL ("input file is empty" when that is the first byte).
+  if (const std::size_t nul = text.find('\0'); nul != std::string::npos) {
+    return absl::InvalidArgumentError("'" + path +
+                                      "' is not a schema: it is binary (a NUL byte at offset " +
+                                      std::to_string(nul) + ")");
+  }
+  return text;
 }
 
 int Usage(const std::string& problem) {
@@ -70,9 +108,9 @@ int main(int argc, char** argv) {
   if (n_files != 2) return Usage("expected OLD.fbs and NEW.fbs");
   std::string texts[2];
   for (int i = 0; i < 2; ++i) {
-    std::optional<std::string> text = ReadFile(files[i]);
-    if (!text) {
-      std::fprintf(stderr, "inferq-schema: cannot read '%s'\n", files[i].c_str());
+    absl::StatusOr<std::string> text = ReadFile(files[i]);
+    if (!text.ok()) {
+      std::fprintf(stderr, "inferq-schema: %s\n", std::string(text.status().message()).c_str());
       return 2;
     }
     texts[i] = std::move(*text);

@@ -174,7 +174,8 @@ class Lifecycle {
   // kFailedPrecondition when the current state does not allow the transition (the
   // message names the model or message and its state, e.g.
   // "message 'r1' is pending; Complete needs processing"); the store's own error
-  // when Commit fails (then nothing changed, in memory or in the store).
+  // when Commit fails (then nothing changed, in memory or in the store). Enqueue
+  // adds kAlreadyExists naming the msg_id (see there).
 
   // (new) | Evicted -> Warmup; the generation goes up by one.
   absl::Status BeginWarmup(std::string_view model);
@@ -188,8 +189,9 @@ class Lifecycle {
 
   // (new) -> Pending on `model`, which must be in Warmup or Inference
   // (kFailedPrecondition otherwise, kNotFound when it has no record).
-  // kAlreadyExists when `msg_id` has a record (in any state: Forget it first) or is
-  // being enqueued by another thread.
+  // kAlreadyExists when `msg_id` has a record (in any state: Forget it first; e.g.
+  // "message 'r1' is completed on model 'm'; Enqueue needs a new msg_id") or is being
+  // enqueued by another thread ("message 'r1' is being enqueued by another call").
   absl::Status Enqueue(std::string_view msg_id, std::string_view model);
   // Pending -> Processing; its model must be in Inference.
   absl::Status StartProcessing(std::string_view msg_id);

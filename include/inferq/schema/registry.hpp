@@ -32,6 +32,7 @@
 // order their commits complete).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -61,6 +62,12 @@ enum class Compatibility {
 
 // The default mode of a subject, as in Confluent Schema Registry.
 inline constexpr Compatibility kDefaultCompatibility = Compatibility::kBackward;
+
+// A subject is 1 to 65,000 bytes, in memory as on a StateStore: its longest key,
+// `schema.<subject>.<version>`, is at most 18 bytes longer and so fits the
+// StateStore's 65,536-byte keys. Register and SetCompatibility refuse a longer one
+// (kInvalidArgument) before they touch the store.
+inline constexpr std::size_t kMaxSchemaSubjectBytes = 65'000;
 
 // "none", "backward", "forward", "full", "backward_transitive", ... (lower case).
 std::string_view CompatibilityName(Compatibility mode);
@@ -114,14 +121,18 @@ class SchemaRegistry {
   // Registers `fbs_text` as the subject's next version, after checking it against the
   // earlier version(s) per the subject's mode. Idempotent: a text identical (byte for
   // byte) to one of the subject's versions returns that version's ref, unchecked and
-  // unwritten. Errors: kInvalidArgument for an empty subject or a text that does not
-  // parse (the parser's error) or uses `include`; kFailedPrecondition when it does
+  // unwritten. Errors: kInvalidArgument for an empty subject, one longer than
+  // kMaxSchemaSubjectBytes ("schema subject starting 'tensor.xx' has 70000 bytes;
+  // subjects have 1 to 65000 bytes", the subject cut to its first 64 bytes at most),
+  // or a text that does not parse (the parser's error) or uses `include`;
+  // kFailedPrecondition when it does
   // not conform, with the checker's reason, the direction and the versions compared;
   // the StateStore's error when the commit fails (nothing is registered then).
   absl::StatusOr<SchemaRef> Register(std::string_view subject, std::string_view fbs_text);
 
   // Sets the subject's mode (the subject need not have versions yet); applies to later
   // registrations only. Durable when the registry has a store (its commit error).
+  // kInvalidArgument for a subject that Register refuses for its length.
   absl::Status SetCompatibility(std::string_view subject, Compatibility mode);
   Compatibility GetCompatibility(std::string_view subject) const;
 

@@ -52,6 +52,12 @@ bool StartsWithInclude(std::string_view text) {
 
 // Parses one schema text; `what` names it in the error ("old schema", "subject 'x'").
 absl::StatusOr<ParserPtr> ParseSchema(std::string_view text, const std::string& what) {
+  // The parser reads a NUL-terminated string: text after a NUL would be stored but
+  // never checked.
+  if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return absl::InvalidArgumentError(what + " is not schema text: it has a NUL byte at offset " +
+                                      std::to_string(nul));
+  }
   if (StartsWithInclude(text)) {
     return absl::InvalidArgumentError(
         what + ": include statements are not supported (register a self-contained schema)");

@@ -269,6 +269,14 @@ TEST_CASE("bad schema text is InvalidArgument with the parser's error", "[schema
         "self-contained schema)");
   CHECK(registry.Register("", kV1).status().code() == absl::StatusCode::kInvalidArgument);
 
+  // Text after a NUL byte would be stored unchecked (the parser stops at the NUL).
+  using namespace std::string_literals;
+  auto nul = registry.Register("s", "table T { a:int; }\0junk"s);
+  REQUIRE(nul.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(nul.status().message()) ==
+        "subject 's' schema is not schema text: it has a NUL byte at offset 18");
+  CHECK(registry.Versions("s").empty());
+
   const absl::Status pair = inferq::CheckCompatibility(kV1, "table T {", Compatibility::kFull);
   CHECK(pair.code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(pair.message()).rfind("new schema does not parse: ", 0) == 0);

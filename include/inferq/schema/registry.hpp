@@ -124,7 +124,8 @@ class SchemaRegistry {
   // unwritten. Errors: kInvalidArgument for an empty subject, one longer than
   // kMaxSchemaSubjectBytes ("schema subject starting 'tensor.xx' has 70000 bytes;
   // subjects have 1 to 65000 bytes", the subject cut to its first 64 bytes at most),
-  // or a text that does not parse (the parser's error) or uses `include`;
+  // or a text that does not parse (the parser's error), has a NUL byte, or uses
+  // `include`;
   // kFailedPrecondition when it does
   // not conform, with the checker's reason, the direction and the versions compared;
   // the StateStore's error when the commit fails (nothing is registered then).

@@ -391,3 +391,37 @@ TEST_CASE("a debug build aborts, naming the mistake, when an Engine dies before 
                  "are alive") != std::string::npos);
 #endif
 }
+
+// 14.8 under contention: publishers route through the index while AddStream changes
+// it (Left-Right: they never wait for it, and every stream added is routed to once
+// AddStream has returned).
+TEST_CASE("14.8 publishes route correctly while streams are added", "[issue14][concurrency]") {
+  Engine engine{{.manual_timers = true}};
+  REQUIRE(engine.AddStream({.name = "BASE", .subjects = {"base.>"}}).ok());
+  constexpr int kStreams = 300;
+  std::atomic<int> added{0};
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> publishers;
+  for (int t = 0; t < 2; ++t) {
+    publishers.emplace_back([&, t] {
+      for (std::uint64_t i = 0; !stop.load(); ++i) {
+        if (!engine.Publish(Ev("base.t" + std::to_string(t))).ok()) wrong.fetch_add(1);
+        const int n = added.load(std::memory_order_acquire);  // streams 0..n-1 exist
+        if (n == 0) continue;
+        const int k = static_cast<int>(i % static_cast<std::uint64_t>(n));
+        auto ack = engine.Publish(Ev("new." + std::to_string(k) + ".x"));
+        if (!ack.ok() || ack->streams_stored != 1) wrong.fetch_add(1);
+      }
+    });
+  }
+  for (int k = 0; k < kStreams; ++k) {
+    REQUIRE(engine.AddStream({.name = "N" + std::to_string(k),
+                              .subjects = {"new." + std::to_string(k) + ".*"}}).ok());
+    added.store(k + 1, std::memory_order_release);
+  }
+  stop.store(true);
+  for (auto& p : publishers) p.join();
+  CHECK(wrong.load() == 0);
+  CHECK(SS(engine, "BASE").stored > 0);
+}

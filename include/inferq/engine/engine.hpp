@@ -100,8 +100,9 @@
 // second settle of one delivery; Cancelled after Close().
 //
 // Thread safety: every method may be called from any thread at once. Publish takes
-// the mutex of each capturing stream (never a global lock) and reads the route table
-// with one acquire load. Consumer, Member and Message refer into the Engine, which
+// the mutex of each capturing stream (never a global lock) and reads the streams'
+// subject index without waiting for AddStream (a Left-Right pair of indexes: memory
+// linear in the streams' patterns). Consumer, Member and Message refer into the Engine, which
 // must outlive them. A Member should be drained by one thread at a time for per-
 // member order, but any number of threads may call Next on it safely.
 #pragma once

@@ -1,7 +1,9 @@
 #include "recovery.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
+#include <thread>
 
 #include "inferq/base/error.hpp"
 
@@ -189,6 +191,19 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     }
   }
 
+  if (options.snapshot_tx) {
+    if (*options.snapshot_tx == 0) {
+      out.snapshot_hash = Hash{};  // the empty chain
+    } else if (auto it = checkpoint_hash.find(*options.snapshot_tx); it != checkpoint_hash.end()) {
+      out.snapshot_hash = it->second;
+    }
+  }
+  // A torn tail after the reader's snapshot is a write still under way (see
+  // RecoverOptions::snapshot_tx), not damage.
+  auto newer_than_snapshot = [&](std::uint64_t read_to_tx) {
+    return options.snapshot_tx && std::max(read_to_tx, out.base_tx) >= *options.snapshot_tx;
+  };
+
   // ---- the log ----
   std::uint64_t seen_tx = 0;  // last record read (0: none yet)
   Hash seen_hash{};
@@ -218,7 +233,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
       const bool torn =
           last && LastNonZero(*data, std::min<std::size_t>(data->size(), kSegmentHeaderBytes)) <=
                       kSegmentHeaderBytes;
-      if (!torn || options.strict) {
+      if (!torn || (options.strict && !newer_than_snapshot(seen_tx))) {
         return absl::DataLossError(At(name, 0) + " (after tx_id " + std::to_string(seen_tx) +
                                    "): " + std::string(header.status().message()));
       }
@@ -280,7 +295,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
         }
         const auto later = FindNextFrame(bytes, off + 1, header->salt);
         if (last && !later) {
-          if (options.strict) {
+          if (options.strict && !newer_than_snapshot(seen_tx)) {
             return absl::DataLossError("torn tail in " + At(name, off) + " after tx_id " +
                                        std::to_string(seen_tx) + ": " + f.why +
                                        " (strict recovery)");
@@ -326,6 +341,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
         return absl::DataLossError("checkpoint at tx_id " + std::to_string(tx) +
                                    " does not match the log's hash chain (" + At(name, off) + ")");
       }
+      if (options.snapshot_tx && tx == *options.snapshot_tx) out.snapshot_hash = f.hash;
       if (tx > out.base_tx) {
         if (options.build_state) {
           Apply(out.state, f.record);
@@ -353,5 +369,78 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
   }
   return out;
 }
+
+bool MayBeMidChange(const absl::Status& st) {
+  return st.code() == absl::StatusCode::kNotFound || st.code() == absl::StatusCode::kDataLoss;
+}
+
+void WaitBeforePass(int pass) {
+  if (pass > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1 << (pass - 1)));
+}
+
+absl::StatusOr<Recovered> RecoverReadOnly(FileSystem& fs, const std::string& dir,
+                                          const RecoverOptions& options) {
+  RecoverOptions ro = options;
+  ro.modify = false;
+  absl::StatusOr<Recovered> r = Recover(fs, dir, ro);
+  for (int pass = 1; pass < kReadOnlyPasses && !r.ok() && MayBeMidChange(r.status()); ++pass) {
+    WaitBeforePass(pass);
+    r = Recover(fs, dir, ro);
+  }
+  return r;
+}
+
+// ---- PinnedDirectory ----
+
+absl::StatusOr<std::unique_ptr<PinnedDirectory>> PinnedDirectory::Make(FileSystem& fs,
+                                                                       const std::string& dir) {
+  auto names = fs.List(dir);
+  if (!names.ok()) return names.status();
+  std::string newest;
+  std::uint64_t newest_tx = 0;
+  for (const std::string& name : *names) {
+    if (auto first = ParseSegmentName(name); first && (newest.empty() || *first > newest_tx)) {
+      newest = name;
+      newest_tx = *first;
+    }
+  }
+  const std::string newest_path = newest.empty() ? std::string() : JoinPath(dir, newest);
+  return std::unique_ptr<PinnedDirectory>(
+      new PinnedDirectory(fs, dir, std::move(*names), newest_path));
+}
+
+absl::StatusOr<std::vector<std::string>> PinnedDirectory::List(const std::string& dir) {
+  if (dir != dir_) return fs_.List(dir);
+  return names_;
+}
+
+absl::StatusOr<std::string> PinnedDirectory::Read(const std::string& path) {
+  if (newest_segment_.empty() || path != newest_segment_) return fs_.Read(path);
+  if (!newest_bytes_) newest_bytes_ = fs_.Read(path);
+  return *newest_bytes_;
+}
+
+namespace {
+absl::Status Refused(const std::string& path) {
+  return absl::FailedPreconditionError("a pinned view of a state directory only reads (asked to change " +
+                                       QuoteValue(path) + ")");
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FileLock>> PinnedDirectory::Lock(const std::string& path) {
+  return Refused(path);
+}
+absl::StatusOr<std::unique_ptr<WritableFile>> PinnedDirectory::Create(const std::string& path) {
+  return Refused(path);
+}
+absl::StatusOr<std::unique_ptr<WritableFile>> PinnedDirectory::OpenForWrite(const std::string& path) {
+  return Refused(path);
+}
+absl::Status PinnedDirectory::CreateDir(const std::string& dir) { return Refused(dir); }
+absl::Status PinnedDirectory::Rename(const std::string& from, const std::string&) {
+  return Refused(from);
+}
+absl::Status PinnedDirectory::Remove(const std::string& path) { return Refused(path); }
+absl::Status PinnedDirectory::SyncDir(const std::string& dir) { return Refused(dir); }
 
 }  // namespace inferq::state_internal

@@ -103,8 +103,11 @@ struct StateStoreOptions {
   int max_incremental_chain = 16;
   // Recover and serve reads without changing any file (no torn-tail truncation, no
   // commits, no checkpoints): for inspection tools. Allowed next to an open writer:
-  // it sees a consistent prefix of the committed transactions (a file the writer
-  // retires while it reads is listed and read again).
+  // it serves one consistent cut, a prefix of the committed transactions. A pass
+  // that catches the files mid-change — a file the writer retires after the
+  // listing, a listing taken during a checkpoint swap, the record the writer is
+  // writing (a torn tail, in kStrict) — is listed and read again, up to 5 passes
+  // (1+2+4+8 ms apart); damage still there on the last pass is reported.
   bool read_only = false;
   // File layer (null: PosixFileSystem()); tests inject failures through it.
   std::shared_ptr<FileSystem> file_system;
@@ -203,7 +206,11 @@ class StateStore {
   // file operation.
   static absl::StatusOr<std::unique_ptr<StateStore>> Open(StateStoreOptions options);
 
-  // Reads the files of `dir` without changing them (see StateDirReport).
+  // Reads the files of `dir` without changing them (see StateDirReport). Allowed
+  // next to an open writer: the report describes one cut of the directory (one
+  // listing; the newest segment read once); a report that shows a problem is taken
+  // again, up to 5 passes as for read_only, and the last one is returned. Errors:
+  // the I/O error of listing `dir`.
   static absl::StatusOr<StateDirReport> Inspect(const std::string& dir,
                                                 std::shared_ptr<FileSystem> fs = nullptr);
 
@@ -230,7 +237,12 @@ class StateStore {
   // Re-reads the log and checkpoints on disk and checks tx_id continuity, every
   // frame checksum and the hash chain up to last_tx_id(), and that each checkpoint's
   // chain hash matches the log. kDataLoss naming file, offset and tx_id on a break.
-  // Commits wait while it reads.
+  // Commits wait while it reads. On a read-only store the files may have moved on
+  // since Open (a writer committed, checkpointed, retired files): they must still
+  // hold the chain up to last_tx_id() with the same record there, and be intact
+  // after it up to a torn tail (a write under way, newer than the store's cut, so
+  // not an error); kDataLoss when they end before last_tx_id() or hold another
+  // record at it.
   absl::Status VerifyChain() const;
 
   // Newest durable tx_id (0 when nothing was ever committed).

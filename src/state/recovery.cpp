@@ -204,6 +204,28 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     return options.snapshot_tx && std::max(read_to_tx, out.base_tx) >= *options.snapshot_tx;
   };
 
+  // The log the fallback checkpoint needs: Retire keeps the checkpoint P just before
+  // the newest full one and the log from P's tx_id + 1 on (whichever checkpoint
+  // turns out usable). A log that starts later lost a segment that was kept.
+  for (std::size_t i = out.checkpoints.size(); i-- > 0;) {
+    if (out.checkpoints[i].kind != CheckpointKind::kFull) continue;
+    if (i == 0) break;  // no checkpoint before it: nothing was retired for it
+    const CheckpointOnDisk& fallback = out.checkpoints[i - 1];
+    const std::string needs = "the log after the fallback checkpoint " + QuoteValue(fallback.name);
+    if (segments.empty()) {
+      return absl::DataLossError("state directory " + QuoteValue(dir) +
+                                 " holds no log segment: tx_ids from " +
+                                 std::to_string(fallback.tx + 1) + " (" + needs + ") are missing");
+    }
+    if (segments.front().first > fallback.tx + 1) {
+      return absl::DataLossError("tx_id gap in " + At(segments.front().second, kSegmentHeaderBytes) +
+                                 ": expected tx_id " + std::to_string(fallback.tx + 1) +
+                                 " or earlier (" + needs + "), found " +
+                                 std::to_string(segments.front().first));
+    }
+    break;
+  }
+
   // ---- the log ----
   std::uint64_t seen_tx = 0;  // last record read (0: none yet)
   Hash seen_hash{};
@@ -213,16 +235,10 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     const std::string& name = segments[i].second;
     const bool last = i + 1 == segments.size();
     const std::string path = JoinPath(dir, name);
-    // A segment whose records the checkpoints cover entirely is not read: it adds
-    // nothing to the state, and the next checkpoint retires it. (VerifyChain and
-    // Inspect read it.)
-    // (The last one is always read; if it turns out torn and goes, the one before
-    // it is read after all, since it receives the appends.)
-    if (!options.check_all_checkpoints && i + 1 < segments.size() &&
-        segments[i + 1].first - 1 <= out.base_tx) {
-      out.segments.push_back(SegmentFile{name, name_tx, 0, 0, 0, 0});
-      continue;
-    }
+    // Every segment is read, also one whose records the checkpoints cover entirely:
+    // it adds nothing to the state, but it is the way back if the newest checkpoint
+    // is found damaged later, so damage in it (or its absence) is reported now,
+    // while the fallback still exists. Covered records cost a checksum each (below).
     auto data = fs.Read(path);
     if (!data.ok()) return data.status();
     auto header = DecodeSegmentHeader(*data);
@@ -242,12 +258,9 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
         if (auto st = fs.Remove(path); !st.ok()) return st;
         out.notes.push_back("removed " + name + ", whose header was never written");
         removed = true;
+        // The one before it (read whole; synced before this one was created) now
+        // takes the appends.
         segments.pop_back();
-        if (!out.segments.empty() && out.segments.back().salt == 0) {  // skipped unread
-          out.segments.pop_back();
-          i -= 2;  // read it now: it is the last
-          continue;
-        }
       }
       break;
     }

@@ -1287,3 +1287,110 @@ TEST_CASE("a live writer never makes a read-only open, its VerifyChain or Inspec
   t.join();
   CHECK(writer_errors == 0);
 }
+
+TEST_CASE("damage in a retained segment older than the newest checkpoint fails Open in both modes") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.segment_bytes = 4096;
+  o.checkpoint_mode = CheckpointMode::kFull;
+  {
+    auto s = OpenOk(o);
+    for (int round = 0; round < 3; ++round) {
+      Commits(*s, 100);
+      REQUIRE(s->Checkpoint().ok());  // full at 100, 200, 300; 200 is the fallback
+    }
+    Commits(*s, 5);  // 301..305: only in the log
+  }
+  // Kept: checkpoints 200 and 300, and the log from 201 on (for the fallback).
+  REQUIRE(Files(d.path(), "ckpt-") ==
+          std::vector<std::string>{si::CheckpointName(200, si::CheckpointKind::kFull),
+                                   si::CheckpointName(300, si::CheckpointKind::kFull)});
+  const auto segs = Files(d.path(), "wal-");
+  REQUIRE(segs.size() >= 3);
+  std::vector<std::uint64_t> first;
+  for (const auto& s : segs) first.push_back(*si::ParseSegmentName(s));
+  REQUIRE(first[0] <= 201);
+  REQUIRE(first[1] > 201);
+  REQUIRE(first[2] - 1 <= 300);  // segments 0 and 1 are older than checkpoint 300
+  std::string expect;
+  SECTION("a flipped byte in the first retained segment") {
+    const std::string path = d / segs[0];
+    std::string bytes = ReadFile(path);
+    const auto frames = FrameOffsets(bytes);
+    const std::size_t k = frames.size() / 2;
+    bytes[frames[k].first + 40] ^= 0x01;
+    WriteFile(path, bytes);
+    expect = "damaged record in log segment '" + segs[0] + "' at offset " +
+             std::to_string(frames[k].first) + " after tx_id " + std::to_string(first[0] + k - 1) +
+             ": frame checksum mismatch; valid records follow at offset " +
+             std::to_string(frames[k].second);
+  }
+  SECTION("a flipped byte in a later retained segment") {
+    const std::string path = d / segs[1];
+    std::string bytes = ReadFile(path);
+    const auto frames = FrameOffsets(bytes);
+    bytes[frames[0].first + 30] ^= 0x10;
+    WriteFile(path, bytes);
+    expect = "damaged record in log segment '" + segs[1] + "' at offset " +
+             std::to_string(frames[0].first) + " after tx_id " + std::to_string(first[1] - 1) +
+             ": frame checksum mismatch; valid records follow at offset " +
+             std::to_string(frames[0].second);
+  }
+  SECTION("a middle retained segment deleted") {
+    std::filesystem::remove(d / segs[1]);
+    expect = "tx_id gap in log segment '" + segs[2] + "' at offset 40: expected tx_id " +
+             std::to_string(first[1]) + ", found " + std::to_string(first[2]);
+  }
+  SECTION("the first retained segment deleted") {
+    std::filesystem::remove(d / segs[0]);
+    expect = "tx_id gap in log segment '" + segs[1] + "' at offset 40: expected tx_id 201 or " +
+             "earlier (the log after the fallback checkpoint '" +
+             si::CheckpointName(200, si::CheckpointKind::kFull) + "'), found " +
+             std::to_string(first[1]);
+  }
+  for (RecoveryMode m : {RecoveryMode::kStrict, RecoveryMode::kPointInTime}) {
+    INFO((m == RecoveryMode::kStrict ? "strict" : "point-in-time"));
+    o.recovery = m;
+    auto r = StateStore::Open(o);  // was: OK (and VerifyChain then found the damage)
+    REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(r.status().message() == expect);
+    o.read_only = true;
+    CHECK(StateStore::Open(o).status().message() == expect);
+    o.read_only = false;
+  }
+  CHECK(Files(d.path(), "ckpt-").size() == 2);  // nothing set aside or removed
+}
+
+TEST_CASE("a torn tail after retained segments is still cut off in point-in-time mode") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.segment_bytes = 4096;
+  o.checkpoint_mode = CheckpointMode::kFull;
+  {
+    auto s = OpenOk(o);
+    for (int round = 0; round < 3; ++round) {
+      Commits(*s, 100);
+      REQUIRE(s->Checkpoint().ok());
+    }
+    Commits(*s, 5);
+  }
+  const std::string last = d / Files(d.path(), "wal-").back();
+  std::string bytes = ReadFile(last);
+  const auto frames = FrameOffsets(bytes);
+  const auto [a, b] = frames.back();
+  std::fill(bytes.begin() + static_cast<std::ptrdiff_t>((a + b) / 2),
+            bytes.begin() + static_cast<std::ptrdiff_t>(b), '\0');  // record 305 torn
+  WriteFile(last, bytes);
+  const std::size_t torn = NonZeroEnd(bytes, a, b) - a;
+  REQUIRE(torn > 0);
+  o.recovery = RecoveryMode::kStrict;
+  auto strict = StateStore::Open(o);
+  REQUIRE(strict.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(strict.status(), "torn tail in log segment '" + Files(d.path(), "wal-").back() +
+                                      "' at offset " + std::to_string(a) + " after tx_id 304"));
+  o.recovery = RecoveryMode::kPointInTime;
+  auto s = OpenOk(o);
+  CHECK(s->last_tx_id() == 304);
+  CHECK(s->Stats().torn_tail_bytes == torn);
+  CHECK(s->VerifyChain().ok());
+}

@@ -37,10 +37,16 @@
 // continuity and the hash chain. kPointInTime stops at a torn tail (an incomplete
 // last frame, as a crash leaves it) and cuts it off; kStrict fails on it. A gap in
 // tx_ids, a broken chain, or damage anywhere before the tail is kDataLoss naming the
-// file, the byte offset and the tx_id, in both modes. A damaged (e.g. torn)
-// checkpoint file is skipped for the one before it in kPointInTime and is an error
-// in kStrict. An I/O error reading a file is returned as it is, never taken for
-// damage.
+// file, the byte offset and the tx_id, in both modes. That includes the segments
+// older than the newest checkpoint that are kept for the fallback (see Directory):
+// Open reads every segment (records the checkpoints cover by frame checksum and
+// tx_id only; VerifyChain also checks their hash chain), and a log that starts
+// after the tx_id following the checkpoint before the newest full one lost a kept
+// segment (a tx_id gap): a broken fallback log is found while the newest checkpoint
+// still stands. (The fallback checkpoint file itself is decoded only when needed,
+// and by VerifyChain.) A damaged (e.g. torn) checkpoint file is skipped for the one
+// before it in kPointInTime and is an error in kStrict. An I/O error reading a file
+// is returned as it is, never taken for damage.
 //
 // Directory: IDENTITY (the store id every segment and checkpoint carries, so files
 // from another store's directory are refused), LOCK (held by the open store),

@@ -51,6 +51,11 @@ std::string JoinPath(const std::string& dir, const std::string& name) {
 absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
                                   const RecoverOptions& options) {
   Recovered out;
+  // "(store id <file's>; the IDENTITY file of state directory '<dir>' says <its>)"
+  auto other_store = [&](std::uint64_t file_store_id) {
+    return "(store id " + StoreIdHex(file_store_id) + "; the IDENTITY file of state directory " +
+           QuoteValue(dir) + " says " + StoreIdHex(out.store_id) + ")";
+  };
   auto names = fs.List(dir);
   if (!names.ok()) return names.status();
   std::sort(names->begin(), names->end());
@@ -76,7 +81,10 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     auto bytes = fs.Read(JoinPath(dir, "IDENTITY"));
     if (!bytes.ok()) return bytes.status();
     auto id = DecodeIdentity(*bytes);
-    if (!id.ok()) return id.status();
+    if (!id.ok()) {
+      return absl::DataLossError("state directory " + QuoteValue(dir) + ": " +
+                                 std::string(id.status().message()));
+    }
     out.store_id = *id;
   } else if (!segments.empty() || !out.checkpoints.empty()) {
     return absl::DataLossError("state directory " + QuoteValue(dir) +
@@ -103,9 +111,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     }
     if (decoded->store_id != out.store_id) {
       return absl::DataLossError("checkpoint " + QuoteValue(c.name) +
-                                 " belongs to another store (store id " +
-                                 std::to_string(decoded->store_id) + ", this directory's is " +
-                                 std::to_string(out.store_id) + ")");
+                                 " belongs to another store " + other_store(decoded->store_id));
     }
     if (decoded->tx != c.tx || decoded->kind != c.kind) {
       return absl::DataLossError("checkpoint " + QuoteValue(c.name) + " holds tx_id " +
@@ -265,9 +271,8 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
       break;
     }
     if (header->store_id != out.store_id) {
-      return absl::DataLossError(At(name, 0) + " belongs to another store (store id " +
-                                 std::to_string(header->store_id) + ", this directory's is " +
-                                 std::to_string(out.store_id) + ")");
+      return absl::DataLossError(At(name, 0) + " belongs to another store " +
+                                 other_store(header->store_id));
     }
     if (header->first_tx != name_tx) {
       return absl::DataLossError(At(name, 0) + ": header says first tx_id " +

@@ -80,6 +80,16 @@ absl::Status ValidateOptions(const StateStoreOptions& o) {
 
 std::chrono::nanoseconds ToChrono(absl::Duration d) { return absl::ToChronoNanoseconds(d); }
 
+// A writer's open of a directory it may not write (a read-only mount, EROFS; or no
+// permission, EACCES/EPERM): kPermissionDenied naming the directory, and the way
+// to read it anyway. Other errors are returned as they are.
+absl::Status NotWritable(const std::string& dir, absl::Status st) {
+  if (st.code() != absl::StatusCode::kPermissionDenied) return st;
+  return absl::PermissionDeniedError("state directory " + QuoteValue(dir) +
+                                     " is not writable (read_only = true opens it for reading): " +
+                                     std::string(st.message()));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------
@@ -933,11 +943,11 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(StateStoreOptions o
   FileSystem& fs = *options.file_system;
   std::unique_ptr<FileLock> lock;
   if (!options.read_only) {
-    if (auto st = fs.CreateDir(options.dir); !st.ok()) return st;
+    if (auto st = fs.CreateDir(options.dir); !st.ok()) return NotWritable(options.dir, st);
     // One writer per directory (RocksDB's LOCK file): a second store on the same
     // files would interleave records and break the chain.
     auto l = fs.Lock(JoinPath(options.dir, "LOCK"));
-    if (!l.ok()) return l.status();
+    if (!l.ok()) return NotWritable(options.dir, l.status());
     lock = std::move(*l);
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -947,12 +957,12 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(StateStoreOptions o
   // A read-only open may run next to a writer and catch its files mid-change: it
   // lists and reads again (RecoverReadOnly).
   auto r = options.read_only ? RecoverReadOnly(fs, options.dir, ro) : Recover(fs, options.dir, ro);
-  if (!r.ok()) return r.status();
+  if (!r.ok()) return NotWritable(options.dir, r.status());
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   auto impl = std::make_unique<Impl>(std::move(options));
   impl->dir_lock_ = std::move(lock);
-  if (auto st = impl->Start(std::move(*r), ms); !st.ok()) return st;
+  if (auto st = impl->Start(std::move(*r), ms); !st.ok()) return NotWritable(options.dir, st);
   return std::unique_ptr<StateStore>(new StateStore(std::move(impl)));
 }
 

@@ -1394,3 +1394,89 @@ TEST_CASE("a torn tail after retained segments is still cut off in point-in-time
   CHECK(s->Stats().torn_tail_bytes == torn);
   CHECK(s->VerifyChain().ok());
 }
+
+TEST_CASE("a state directory on a read-only file system is refused naming it") {
+  TempDir d;
+  {
+    auto s = OpenOk(Options(d.path()));
+    Put(*s, "a", "1");
+  }
+  auto hooked = std::make_shared<HookedFileSystem>();
+  // What the POSIX layer returns on a read-only mount (see inferq/state/file_system.hpp):
+  // mkdir of the existing directory is fine, anything that writes fails with EROFS.
+  hooked->refuse = [](const std::string& op, const std::string& path) {
+    if (op == "createdir") return absl::OkStatus();
+    return absl::PermissionDeniedError("open " + inferq::QuoteValue(path) + ": Read-only file system");
+  };
+  StateStoreOptions o = Options(d.path());
+  o.file_system = hooked;
+  auto r = StateStore::Open(o);
+  REQUIRE(r.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(r.status().message() ==
+        "state directory '" + d.path() + "' is not writable (read_only = true opens it for "
+        "reading): open '" + d.path() + "/LOCK': Read-only file system");
+  o.read_only = true;  // reading needs no write
+  auto reader = OpenOk(o);
+  CHECK(reader->Get("a") == "1");
+}
+
+TEST_CASE("the POSIX file system reports EROFS and EACCES as PERMISSION_DENIED") {
+  const absl::Status rofs = inferq::FileSystemError(EROFS, "open", "/srv/state/LOCK");
+  CHECK(rofs.code() == absl::StatusCode::kPermissionDenied);
+  CHECK(rofs.message() == "open '/srv/state/LOCK': Read-only file system");
+  CHECK(inferq::FileSystemError(EACCES, "mkdir", "/srv").code() ==
+        absl::StatusCode::kPermissionDenied);
+  CHECK(inferq::FileSystemError(EIO, "read", "/x").code() == absl::StatusCode::kDataLoss);
+  CHECK(inferq::FileSystemError(ENOSPC, "write", "/x").code() ==
+        absl::StatusCode::kResourceExhausted);
+  CHECK(inferq::FileSystemError(ENOENT, "open", "/x").code() == absl::StatusCode::kNotFound);
+  CHECK(inferq::FileSystemError(EBADF, "close", "/x").code() == absl::StatusCode::kInternal);
+}
+
+// Needs a read-only mount, so ctest does not run it:
+//   mount -t tmpfs -o ro tmpfs /mnt/ro
+//   INFERQ_TEST_READONLY_DIR=/mnt/ro state_store_test '[erofs]'
+TEST_CASE("Open on a real read-only mount is PERMISSION_DENIED naming the directory", "[.][erofs]") {
+  const char* dir = std::getenv("INFERQ_TEST_READONLY_DIR");
+  REQUIRE(dir != nullptr);
+  auto r = StateStore::Open(Options(dir));
+  REQUIRE(r.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(Contains(r.status(), "state directory '" + std::string(dir) + "' is not writable"));
+  CHECK(Contains(r.status(), "Read-only file system"));
+}
+
+TEST_CASE("files of another store name this directory and both store ids") {
+  TempDir a, b;
+  {
+    auto sa = OpenOk(Options(a.path()));
+    Put(*sa, "mine", "1");
+    auto sb = OpenOk(Options(b.path()));
+    Put(*sb, "theirs", "1");
+    REQUIRE(sb->Checkpoint().ok());
+  }
+  auto id = [](const TempDir& t) {  // "inferq-state <16 hex digits>\n"
+    const std::string f = ReadFile(t / "IDENTITY");
+    return f.substr(f.size() - 17, 16);
+  };
+  std::string expect;
+  SECTION("a segment") {
+    std::filesystem::copy_file(b / si::SegmentName(1), a / si::SegmentName(2));
+    expect = "log segment '" + si::SegmentName(2) + "' at offset 0 belongs to another store (store id " +
+             id(b) + "; the IDENTITY file of state directory '" + a.path() + "' says " + id(a) + ")";
+  }
+  SECTION("a checkpoint") {
+    const std::string name = si::CheckpointName(1, si::CheckpointKind::kFull);
+    std::filesystem::copy_file(b / name, a / name);
+    expect = "checkpoint '" + name + "' belongs to another store (store id " + id(b) +
+             "; the IDENTITY file of state directory '" + a.path() + "' says " + id(a) + ")";
+  }
+  SECTION("a damaged IDENTITY file") {
+    WriteFile(a / "IDENTITY", "inferq-state 12\n");
+    expect = "state directory '" + a.path() + "': IDENTITY file is not 'inferq-state <16 hex digits>'";
+  }
+  StateStoreOptions o = Options(a.path());
+  o.recovery = RecoveryMode::kStrict;
+  auto r = StateStore::Open(o);
+  REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(r.status().message() == expect);
+}

@@ -207,9 +207,14 @@ class StateStore {
   // Opens (creating the directory if absent) and recovers. Unless read-only, takes
   // an exclusive lock on `dir`/LOCK for the store's lifetime. Errors:
   // kInvalidArgument for bad options (naming the field), kFailedPrecondition when
-  // another store (in any process) has the directory open, kDataLoss for damage
-  // recovery must not skip (naming file, offset, tx_id), the I/O error of a failed
-  // file operation.
+  // another store (in any process) has the directory open, kPermissionDenied when
+  // a writer may not write `dir` — on a read-only file system (EROFS) or without
+  // permission (EACCES, EPERM) — naming the directory and the failed call ("state
+  // directory '/d' is not writable (read_only = true opens it for reading): open
+  // '/d/LOCK': Read-only file system"; a read_only open writes nothing and works
+  // there), kDataLoss for damage recovery must not skip (naming file, offset,
+  // tx_id) and for files of another store (naming the directory and both store
+  // ids), the I/O error of a failed file operation.
   static absl::StatusOr<std::unique_ptr<StateStore>> Open(StateStoreOptions options);
 
   // Reads the files of `dir` without changing them (see StateDirReport). Allowed

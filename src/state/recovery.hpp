@@ -89,6 +89,7 @@ absl::StatusOr<Recovered> RecoverReadOnly(FileSystem& fs, const std::string& dir
 // in it — the only file a writer still appends to — is read once and served from
 // memory afterwards. Other files are read through (checkpoints and older segments
 // never change; a retired one is kNotFound). Calls that change files are refused.
+// One thread at a time (it caches without a lock).
 class PinnedDirectory final : public FileSystem {
  public:
   static absl::StatusOr<std::unique_ptr<PinnedDirectory>> Make(FileSystem& fs,

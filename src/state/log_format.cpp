@@ -92,10 +92,14 @@ std::string HashHex(const Hash& h) {
 
 std::uint64_t Xxh3(std::string_view bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
 
-std::string EncodeIdentity(std::uint64_t store_id) {
+std::string StoreIdHex(std::uint64_t store_id) {
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016" PRIx64, store_id);
-  return std::string(kIdentityPrefix) + hex + "\n";
+  return hex;
+}
+
+std::string EncodeIdentity(std::uint64_t store_id) {
+  return std::string(kIdentityPrefix) + StoreIdHex(store_id) + "\n";
 }
 
 absl::StatusOr<std::uint64_t> DecodeIdentity(std::string_view file) {

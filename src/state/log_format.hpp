@@ -71,6 +71,8 @@ std::uint64_t Xxh3(std::string_view bytes);
 
 // The IDENTITY file.
 std::string EncodeIdentity(std::uint64_t store_id);
+// A store id as the IDENTITY file writes it: 16 lowercase hex digits.
+std::string StoreIdHex(std::uint64_t store_id);
 // kDataLoss naming what is wrong when `file` is not an IDENTITY file.
 absl::StatusOr<std::uint64_t> DecodeIdentity(std::string_view file);
 

@@ -12,9 +12,8 @@
 #include "inferq/state/file_system.hpp"
 
 namespace inferq {
-namespace {
 
-absl::Status ErrnoStatus(int err, const std::string& call, const std::string& path) {
+absl::Status FileSystemError(int err, const std::string& call, const std::string& path) {
   const std::string msg = call + " " + QuoteValue(path) + ": " + std::strerror(err);
   switch (err) {
     case EIO:
@@ -26,10 +25,16 @@ absl::Status ErrnoStatus(int err, const std::string& call, const std::string& pa
       return absl::NotFoundError(msg);
     case EEXIST:
       return absl::AlreadyExistsError(msg);
+    case EROFS:  // a read-only mount: no write can succeed, whoever asks
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(msg);
     default:
       return absl::InternalError(msg);
   }
 }
+
+namespace {
 
 class PosixWritableFile final : public WritableFile {
  public:
@@ -43,7 +48,7 @@ class PosixWritableFile final : public WritableFile {
       const ssize_t n = ::pwrite(fd_, data.data(), data.size(), static_cast<off_t>(offset));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return ErrnoStatus(errno, "write", path_);
+        return FileSystemError(errno, "write", path_);
       }
       data.remove_prefix(static_cast<std::size_t>(n));
       offset += static_cast<std::uint64_t>(n);
@@ -52,14 +57,14 @@ class PosixWritableFile final : public WritableFile {
   }
   absl::Status Sync() override {
     if (fd_ < 0) return absl::FailedPreconditionError("sync of closed file " + QuoteValue(path_));
-    if (::fdatasync(fd_) != 0) return ErrnoStatus(errno, "fdatasync", path_);
+    if (::fdatasync(fd_) != 0) return FileSystemError(errno, "fdatasync", path_);
     return absl::OkStatus();
   }
   absl::Status Close() override {
     if (fd_ < 0) return absl::OkStatus();
     const int rc = ::close(fd_);
     fd_ = -1;
-    if (rc != 0) return ErrnoStatus(errno, "close", path_);
+    if (rc != 0) return FileSystemError(errno, "close", path_);
     return absl::OkStatus();
   }
 
@@ -81,7 +86,7 @@ class Posix final : public FileSystem {
  public:
   absl::StatusOr<std::unique_ptr<FileLock>> Lock(const std::string& path) override {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return ErrnoStatus(errno, "open", path);
+    if (fd < 0) return FileSystemError(errno, "open", path);
     // flock: held per open file description, so a second open in this process
     // conflicts too (fcntl locks would not).
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -91,23 +96,23 @@ class Posix final : public FileSystem {
         return absl::FailedPreconditionError(QuoteValue(path) +
                                              " is locked: another StateStore has this directory open");
       }
-      return ErrnoStatus(err, "flock", path);
+      return FileSystemError(err, "flock", path);
     }
     return std::unique_ptr<FileLock>(new PosixFileLock(fd));
   }
   absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path) override {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) return ErrnoStatus(errno, "create", path);
+    if (fd < 0) return FileSystemError(errno, "create", path);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(fd, path));
   }
   absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path) override {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus(errno, "open", path);
+    if (fd < 0) return FileSystemError(errno, "open", path);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(fd, path));
   }
   absl::StatusOr<std::string> Read(const std::string& path) override {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus(errno, "open", path);
+    if (fd < 0) return FileSystemError(errno, "open", path);
     std::string out;
     struct stat st;
     if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<std::size_t>(st.st_size));
@@ -118,7 +123,7 @@ class Posix final : public FileSystem {
         if (errno == EINTR) continue;
         const int err = errno;
         ::close(fd);
-        return ErrnoStatus(err, "read", path);
+        return FileSystemError(err, "read", path);
       }
       if (n == 0) break;
       out.append(buf, static_cast<std::size_t>(n));
@@ -128,7 +133,7 @@ class Posix final : public FileSystem {
   }
   absl::StatusOr<std::vector<std::string>> List(const std::string& dir) override {
     DIR* d = ::opendir(dir.c_str());
-    if (d == nullptr) return ErrnoStatus(errno, "opendir", dir);
+    if (d == nullptr) return FileSystemError(errno, "opendir", dir);
     std::vector<std::string> names;
     while (const dirent* e = ::readdir(d)) {
       const std::string name = e->d_name;
@@ -146,31 +151,31 @@ class Posix final : public FileSystem {
       prefix = dir.substr(0, pos);
       if (prefix.empty()) continue;
       if (::mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST) {
-        return ErrnoStatus(errno, "mkdir", prefix);
+        return FileSystemError(errno, "mkdir", prefix);
       }
     }
     struct stat st;
-    if (::stat(dir.c_str(), &st) != 0) return ErrnoStatus(errno, "stat", dir);
+    if (::stat(dir.c_str(), &st) != 0) return FileSystemError(errno, "stat", dir);
     if (!S_ISDIR(st.st_mode)) {
       return absl::FailedPreconditionError(QuoteValue(dir) + " exists and is not a directory");
     }
     return absl::OkStatus();
   }
   absl::Status Rename(const std::string& from, const std::string& to) override {
-    if (::rename(from.c_str(), to.c_str()) != 0) return ErrnoStatus(errno, "rename", from);
+    if (::rename(from.c_str(), to.c_str()) != 0) return FileSystemError(errno, "rename", from);
     return absl::OkStatus();
   }
   absl::Status Remove(const std::string& path) override {
-    if (::unlink(path.c_str()) != 0) return ErrnoStatus(errno, "unlink", path);
+    if (::unlink(path.c_str()) != 0) return FileSystemError(errno, "unlink", path);
     return absl::OkStatus();
   }
   absl::Status SyncDir(const std::string& dir) override {
     const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus(errno, "open", dir);
+    if (fd < 0) return FileSystemError(errno, "open", dir);
     const int rc = ::fsync(fd);
     const int err = errno;
     ::close(fd);
-    if (rc != 0) return ErrnoStatus(err, "fsync", dir);
+    if (rc != 0) return FileSystemError(err, "fsync", dir);
     return absl::OkStatus();
   }
 };

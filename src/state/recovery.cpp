@@ -1,7 +1,9 @@
 #include "recovery.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
+#include <thread>
 
 #include "inferq/base/error.hpp"
 
@@ -49,6 +51,11 @@ std::string JoinPath(const std::string& dir, const std::string& name) {
 absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
                                   const RecoverOptions& options) {
   Recovered out;
+  // "(store id <file's>; the IDENTITY file of state directory '<dir>' says <its>)"
+  auto other_store = [&](std::uint64_t file_store_id) {
+    return "(store id " + StoreIdHex(file_store_id) + "; the IDENTITY file of state directory " +
+           QuoteValue(dir) + " says " + StoreIdHex(out.store_id) + ")";
+  };
   auto names = fs.List(dir);
   if (!names.ok()) return names.status();
   std::sort(names->begin(), names->end());
@@ -74,7 +81,10 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     auto bytes = fs.Read(JoinPath(dir, "IDENTITY"));
     if (!bytes.ok()) return bytes.status();
     auto id = DecodeIdentity(*bytes);
-    if (!id.ok()) return id.status();
+    if (!id.ok()) {
+      return absl::DataLossError("state directory " + QuoteValue(dir) + ": " +
+                                 std::string(id.status().message()));
+    }
     out.store_id = *id;
   } else if (!segments.empty() || !out.checkpoints.empty()) {
     return absl::DataLossError("state directory " + QuoteValue(dir) +
@@ -101,9 +111,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     }
     if (decoded->store_id != out.store_id) {
       return absl::DataLossError("checkpoint " + QuoteValue(c.name) +
-                                 " belongs to another store (store id " +
-                                 std::to_string(decoded->store_id) + ", this directory's is " +
-                                 std::to_string(out.store_id) + ")");
+                                 " belongs to another store " + other_store(decoded->store_id));
     }
     if (decoded->tx != c.tx || decoded->kind != c.kind) {
       return absl::DataLossError("checkpoint " + QuoteValue(c.name) + " holds tx_id " +
@@ -189,6 +197,41 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     }
   }
 
+  if (options.snapshot_tx) {
+    if (*options.snapshot_tx == 0) {
+      out.snapshot_hash = Hash{};  // the empty chain
+    } else if (auto it = checkpoint_hash.find(*options.snapshot_tx); it != checkpoint_hash.end()) {
+      out.snapshot_hash = it->second;
+    }
+  }
+  // A torn tail after the reader's snapshot is a write still under way (see
+  // RecoverOptions::snapshot_tx), not damage.
+  auto newer_than_snapshot = [&](std::uint64_t read_to_tx) {
+    return options.snapshot_tx && std::max(read_to_tx, out.base_tx) >= *options.snapshot_tx;
+  };
+
+  // The log the fallback checkpoint needs: Retire keeps the checkpoint P just before
+  // the newest full one and the log from P's tx_id + 1 on (whichever checkpoint
+  // turns out usable). A log that starts later lost a segment that was kept.
+  for (std::size_t i = out.checkpoints.size(); i-- > 0;) {
+    if (out.checkpoints[i].kind != CheckpointKind::kFull) continue;
+    if (i == 0) break;  // no checkpoint before it: nothing was retired for it
+    const CheckpointOnDisk& fallback = out.checkpoints[i - 1];
+    const std::string needs = "the log after the fallback checkpoint " + QuoteValue(fallback.name);
+    if (segments.empty()) {
+      return absl::DataLossError("state directory " + QuoteValue(dir) +
+                                 " holds no log segment: tx_ids from " +
+                                 std::to_string(fallback.tx + 1) + " (" + needs + ") are missing");
+    }
+    if (segments.front().first > fallback.tx + 1) {
+      return absl::DataLossError("tx_id gap in " + At(segments.front().second, kSegmentHeaderBytes) +
+                                 ": expected tx_id " + std::to_string(fallback.tx + 1) +
+                                 " or earlier (" + needs + "), found " +
+                                 std::to_string(segments.front().first));
+    }
+    break;
+  }
+
   // ---- the log ----
   std::uint64_t seen_tx = 0;  // last record read (0: none yet)
   Hash seen_hash{};
@@ -198,16 +241,10 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
     const std::string& name = segments[i].second;
     const bool last = i + 1 == segments.size();
     const std::string path = JoinPath(dir, name);
-    // A segment whose records the checkpoints cover entirely is not read: it adds
-    // nothing to the state, and the next checkpoint retires it. (VerifyChain and
-    // Inspect read it.)
-    // (The last one is always read; if it turns out torn and goes, the one before
-    // it is read after all, since it receives the appends.)
-    if (!options.check_all_checkpoints && i + 1 < segments.size() &&
-        segments[i + 1].first - 1 <= out.base_tx) {
-      out.segments.push_back(SegmentFile{name, name_tx, 0, 0, 0, 0});
-      continue;
-    }
+    // Every segment is read, also one whose records the checkpoints cover entirely:
+    // it adds nothing to the state, but it is the way back if the newest checkpoint
+    // is found damaged later, so damage in it (or its absence) is reported now,
+    // while the fallback still exists. Covered records cost a checksum each (below).
     auto data = fs.Read(path);
     if (!data.ok()) return data.status();
     auto header = DecodeSegmentHeader(*data);
@@ -218,7 +255,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
       const bool torn =
           last && LastNonZero(*data, std::min<std::size_t>(data->size(), kSegmentHeaderBytes)) <=
                       kSegmentHeaderBytes;
-      if (!torn || options.strict) {
+      if (!torn || (options.strict && !newer_than_snapshot(seen_tx))) {
         return absl::DataLossError(At(name, 0) + " (after tx_id " + std::to_string(seen_tx) +
                                    "): " + std::string(header.status().message()));
       }
@@ -227,19 +264,15 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
         if (auto st = fs.Remove(path); !st.ok()) return st;
         out.notes.push_back("removed " + name + ", whose header was never written");
         removed = true;
+        // The one before it (read whole; synced before this one was created) now
+        // takes the appends.
         segments.pop_back();
-        if (!out.segments.empty() && out.segments.back().salt == 0) {  // skipped unread
-          out.segments.pop_back();
-          i -= 2;  // read it now: it is the last
-          continue;
-        }
       }
       break;
     }
     if (header->store_id != out.store_id) {
-      return absl::DataLossError(At(name, 0) + " belongs to another store (store id " +
-                                 std::to_string(header->store_id) + ", this directory's is " +
-                                 std::to_string(out.store_id) + ")");
+      return absl::DataLossError(At(name, 0) + " belongs to another store " +
+                                 other_store(header->store_id));
     }
     if (header->first_tx != name_tx) {
       return absl::DataLossError(At(name, 0) + ": header says first tx_id " +
@@ -280,7 +313,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
         }
         const auto later = FindNextFrame(bytes, off + 1, header->salt);
         if (last && !later) {
-          if (options.strict) {
+          if (options.strict && !newer_than_snapshot(seen_tx)) {
             return absl::DataLossError("torn tail in " + At(name, off) + " after tx_id " +
                                        std::to_string(seen_tx) + ": " + f.why +
                                        " (strict recovery)");
@@ -326,6 +359,7 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
         return absl::DataLossError("checkpoint at tx_id " + std::to_string(tx) +
                                    " does not match the log's hash chain (" + At(name, off) + ")");
       }
+      if (options.snapshot_tx && tx == *options.snapshot_tx) out.snapshot_hash = f.hash;
       if (tx > out.base_tx) {
         if (options.build_state) {
           Apply(out.state, f.record);
@@ -353,5 +387,78 @@ absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
   }
   return out;
 }
+
+bool MayBeMidChange(const absl::Status& st) {
+  return st.code() == absl::StatusCode::kNotFound || st.code() == absl::StatusCode::kDataLoss;
+}
+
+void WaitBeforePass(int pass) {
+  if (pass > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1 << (pass - 1)));
+}
+
+absl::StatusOr<Recovered> RecoverReadOnly(FileSystem& fs, const std::string& dir,
+                                          const RecoverOptions& options) {
+  RecoverOptions ro = options;
+  ro.modify = false;
+  absl::StatusOr<Recovered> r = Recover(fs, dir, ro);
+  for (int pass = 1; pass < kReadOnlyPasses && !r.ok() && MayBeMidChange(r.status()); ++pass) {
+    WaitBeforePass(pass);
+    r = Recover(fs, dir, ro);
+  }
+  return r;
+}
+
+// ---- PinnedDirectory ----
+
+absl::StatusOr<std::unique_ptr<PinnedDirectory>> PinnedDirectory::Make(FileSystem& fs,
+                                                                       const std::string& dir) {
+  auto names = fs.List(dir);
+  if (!names.ok()) return names.status();
+  std::string newest;
+  std::uint64_t newest_tx = 0;
+  for (const std::string& name : *names) {
+    if (auto first = ParseSegmentName(name); first && (newest.empty() || *first > newest_tx)) {
+      newest = name;
+      newest_tx = *first;
+    }
+  }
+  const std::string newest_path = newest.empty() ? std::string() : JoinPath(dir, newest);
+  return std::unique_ptr<PinnedDirectory>(
+      new PinnedDirectory(fs, dir, std::move(*names), newest_path));
+}
+
+absl::StatusOr<std::vector<std::string>> PinnedDirectory::List(const std::string& dir) {
+  if (dir != dir_) return fs_.List(dir);
+  return names_;
+}
+
+absl::StatusOr<std::string> PinnedDirectory::Read(const std::string& path) {
+  if (newest_segment_.empty() || path != newest_segment_) return fs_.Read(path);
+  if (!newest_bytes_) newest_bytes_ = fs_.Read(path);
+  return *newest_bytes_;
+}
+
+namespace {
+absl::Status Refused(const std::string& path) {
+  return absl::FailedPreconditionError("a pinned view of a state directory only reads (asked to change " +
+                                       QuoteValue(path) + ")");
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FileLock>> PinnedDirectory::Lock(const std::string& path) {
+  return Refused(path);
+}
+absl::StatusOr<std::unique_ptr<WritableFile>> PinnedDirectory::Create(const std::string& path) {
+  return Refused(path);
+}
+absl::StatusOr<std::unique_ptr<WritableFile>> PinnedDirectory::OpenForWrite(const std::string& path) {
+  return Refused(path);
+}
+absl::Status PinnedDirectory::CreateDir(const std::string& dir) { return Refused(dir); }
+absl::Status PinnedDirectory::Rename(const std::string& from, const std::string&) {
+  return Refused(from);
+}
+absl::Status PinnedDirectory::Remove(const std::string& path) { return Refused(path); }
+absl::Status PinnedDirectory::SyncDir(const std::string& dir) { return Refused(dir); }
 
 }  // namespace inferq::state_internal

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,10 @@ struct RecoverOptions {
   bool build_state = true;      // replay into `state`
   bool check_all_checkpoints = false;  // decode every checkpoint and match it to the log
   std::uint64_t max_checkpoint_raw_bytes = kMaxCheckpointRawBytes;
+  // The tx_id a read-only store read at Open (its VerifyChain): a torn tail after it
+  // is newer than that cut (a writer is writing it), not damage, in kStrict too; and
+  // Recovered::snapshot_hash gets the hash at that tx_id if the files still hold it.
+  std::optional<std::uint64_t> snapshot_tx;
 };
 
 struct Recovered {
@@ -57,10 +63,58 @@ struct Recovered {
   std::uint64_t torn_tail_bytes = 0;  // in the last segment, after segments.back().bytes
   std::vector<std::string> notes;     // checkpoints skipped, files removed
   absl::flat_hash_set<std::string> changed_since_base;  // keys of replayed records
+  std::optional<Hash> snapshot_hash;  // see RecoverOptions::snapshot_tx
 };
 
 absl::StatusOr<Recovered> Recover(FileSystem& fs, const std::string& dir,
                                   const RecoverOptions& options);
+
+// A reader next to a live writer (read-only opens, Inspect) can catch the directory
+// mid-change: a file the writer retires after the listing (kNotFound), a listing
+// taken while a checkpoint swap renames and removes files (a tx_id gap), the tail
+// record while the writer's pwrite(2) of it is under way (a torn or damaged tail).
+// Each of these is gone on a later pass, while real damage stays. Readers therefore
+// list and read again, up to kReadOnlyPasses passes in all (waiting 1, 2, 4, ... ms
+// between them), and report what the last pass found.
+inline constexpr int kReadOnlyPasses = 5;
+bool MayBeMidChange(const absl::Status& st);  // kNotFound or kDataLoss
+void WaitBeforePass(int pass);                // before pass 1, 2, ... (0-based)
+
+// Recover with options.modify == false, in up to kReadOnlyPasses passes.
+absl::StatusOr<Recovered> RecoverReadOnly(FileSystem& fs, const std::string& dir,
+                                          const RecoverOptions& options);
+
+// A view of a state directory for several passes over one cut of it (Inspect):
+// every List of `dir` returns the listing taken by Make, and the newest log segment
+// in it — the only file a writer still appends to — is read once and served from
+// memory afterwards. Other files are read through (checkpoints and older segments
+// never change; a retired one is kNotFound). Calls that change files are refused.
+// One thread at a time (it caches without a lock).
+class PinnedDirectory final : public FileSystem {
+ public:
+  static absl::StatusOr<std::unique_ptr<PinnedDirectory>> Make(FileSystem& fs,
+                                                               const std::string& dir);
+  absl::StatusOr<std::unique_ptr<FileLock>> Lock(const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path) override;
+  absl::StatusOr<std::string> Read(const std::string& path) override;
+  absl::StatusOr<std::vector<std::string>> List(const std::string& dir) override;
+  absl::Status CreateDir(const std::string& dir) override;
+  absl::Status Rename(const std::string& from, const std::string& to) override;
+  absl::Status Remove(const std::string& path) override;
+  absl::Status SyncDir(const std::string& dir) override;
+
+ private:
+  PinnedDirectory(FileSystem& fs, std::string dir, std::vector<std::string> names,
+                  std::string newest_segment)
+      : fs_(fs), dir_(std::move(dir)), names_(std::move(names)),
+        newest_segment_(std::move(newest_segment)) {}
+  FileSystem& fs_;
+  const std::string dir_;
+  const std::vector<std::string> names_;
+  const std::string newest_segment_;  // path; empty when the listing has none
+  std::optional<absl::StatusOr<std::string>> newest_bytes_;
+};
 
 std::string JoinPath(const std::string& dir, const std::string& name);
 

@@ -80,6 +80,16 @@ absl::Status ValidateOptions(const StateStoreOptions& o) {
 
 std::chrono::nanoseconds ToChrono(absl::Duration d) { return absl::ToChronoNanoseconds(d); }
 
+// A writer's open of a directory it may not write (a read-only mount, EROFS; or no
+// permission, EACCES/EPERM): kPermissionDenied naming the directory, and the way
+// to read it anyway. Other errors are returned as they are.
+absl::Status NotWritable(const std::string& dir, absl::Status st) {
+  if (st.code() != absl::StatusCode::kPermissionDenied) return st;
+  return absl::PermissionDeniedError("state directory " + QuoteValue(dir) +
+                                     " is not writable (read_only = true opens it for reading): " +
+                                     std::string(st.message()));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------
@@ -298,6 +308,7 @@ class StateStore::Impl {
   // ---- verification ----
 
   absl::Status VerifyChain() const {
+    if (opt_.read_only) return VerifyReadOnlyCut();
     std::lock_guard c(ckpt_mu_);  // no checkpoint retires files meanwhile
     std::uint64_t tx;
     Hash hash;
@@ -338,6 +349,43 @@ class StateStore::Impl {
                                  "...) but the store has committed up to tx_id " +
                                  std::to_string(tx) + " (hash " + HashHex(hash).substr(0, 16) +
                                  "...)");
+    }
+    return absl::OkStatus();
+  }
+
+  // A read-only store holds the cut of the files it read at Open, while a writer
+  // (in another process, say) may have committed, checkpointed and retired files
+  // since. The files must still hold that cut — the chain intact up to the tx_id it
+  // read, with the same record there — and be intact after it, up to a torn tail,
+  // which is the writer's write under way. Retired files and a listing taken
+  // mid-swap are read again (RecoverReadOnly).
+  absl::Status VerifyReadOnlyCut() const {
+    const std::uint64_t tx = durable_tx_.load(std::memory_order_acquire);
+    Hash hash;
+    {
+      std::lock_guard lock(mu_);
+      hash = durable_hash_;
+    }
+    RecoverOptions ro;
+    ro.strict = true;
+    ro.build_state = false;
+    ro.check_all_checkpoints = true;
+    ro.snapshot_tx = tx;
+    auto r = RecoverReadOnly(*fs_, opt_.dir, ro);
+    if (!r.ok()) return r.status();
+    if (r->last_tx < tx) {
+      return absl::DataLossError("the files of " + QuoteValue(opt_.dir) + " end at tx_id " +
+                                 std::to_string(r->last_tx) + " (hash " +
+                                 HashHex(r->last_hash).substr(0, 16) +
+                                 "...) but the store read up to tx_id " + std::to_string(tx) +
+                                 " (hash " + HashHex(hash).substr(0, 16) + "...) when it was opened");
+    }
+    if (r->snapshot_hash && *r->snapshot_hash != hash) {
+      return absl::DataLossError("the files of " + QuoteValue(opt_.dir) + " hold another record at tx_id " +
+                                 std::to_string(tx) + " (hash " +
+                                 HashHex(*r->snapshot_hash).substr(0, 16) +
+                                 "...) than the store read when it was opened (hash " +
+                                 HashHex(hash).substr(0, 16) + "...)");
     }
     return absl::OkStatus();
   }
@@ -895,30 +943,26 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(StateStoreOptions o
   FileSystem& fs = *options.file_system;
   std::unique_ptr<FileLock> lock;
   if (!options.read_only) {
-    if (auto st = fs.CreateDir(options.dir); !st.ok()) return st;
+    if (auto st = fs.CreateDir(options.dir); !st.ok()) return NotWritable(options.dir, st);
     // One writer per directory (RocksDB's LOCK file): a second store on the same
     // files would interleave records and break the chain.
     auto l = fs.Lock(JoinPath(options.dir, "LOCK"));
-    if (!l.ok()) return l.status();
+    if (!l.ok()) return NotWritable(options.dir, l.status());
     lock = std::move(*l);
   }
   const auto t0 = std::chrono::steady_clock::now();
   RecoverOptions ro;
   ro.strict = options.recovery == RecoveryMode::kStrict;
   ro.modify = !options.read_only;
-  auto r = Recover(fs, options.dir, ro);
-  // A read-only open next to a writing store can list a segment or checkpoint that
-  // the writer retires before it is read: list and read again (a few times).
-  for (int retry = 0; options.read_only && retry < 3 && r.status().code() == absl::StatusCode::kNotFound;
-       ++retry) {
-    r = Recover(fs, options.dir, ro);
-  }
-  if (!r.ok()) return r.status();
+  // A read-only open may run next to a writer and catch its files mid-change: it
+  // lists and reads again (RecoverReadOnly).
+  auto r = options.read_only ? RecoverReadOnly(fs, options.dir, ro) : Recover(fs, options.dir, ro);
+  if (!r.ok()) return NotWritable(options.dir, r.status());
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   auto impl = std::make_unique<Impl>(std::move(options));
   impl->dir_lock_ = std::move(lock);
-  if (auto st = impl->Start(std::move(*r), ms); !st.ok()) return st;
+  if (auto st = impl->Start(std::move(*r), ms); !st.ok()) return NotWritable(options.dir, st);
   return std::unique_ptr<StateStore>(new StateStore(std::move(impl)));
 }
 
@@ -944,12 +988,12 @@ StateStoreStats StateStore::Stats() const {
   return s;
 }
 
-absl::StatusOr<StateDirReport> StateStore::Inspect(const std::string& dir,
-                                                   std::shared_ptr<FileSystem> fs_ptr) {
-  if (!fs_ptr) fs_ptr = PosixFileSystem();
-  FileSystem& fs = *fs_ptr;
-  auto names = fs.List(dir);
-  if (!names.ok()) return names.status();
+namespace {
+
+// One pass of Inspect over `fs`, a PinnedDirectory: every part of the report is
+// read from the same cut of the directory.
+StateDirReport InspectPass(FileSystem& fs, const std::string& dir) {
+  auto names = fs.List(dir);  // pinned: cannot fail
   std::sort(names->begin(), names->end());
   StateDirReport rep;
   for (const std::string& name : *names) {
@@ -1020,6 +1064,35 @@ absl::StatusOr<StateDirReport> StateStore::Inspect(const std::string& dir,
   auto p = Recover(fs, dir, pit);
   rep.point_in_time = p.status();
   rep.last_tx = p.ok() ? p->last_tx : 0;
+  return rep;
+}
+
+bool Clean(const StateDirReport& rep) {
+  for (const auto& s : rep.segments) {
+    if (!s.problem.empty()) return false;
+  }
+  for (const auto& c : rep.checkpoints) {
+    if (!c.problem.empty()) return false;
+  }
+  return rep.chain.ok() && rep.point_in_time.ok();
+}
+
+}  // namespace
+
+absl::StatusOr<StateDirReport> StateStore::Inspect(const std::string& dir,
+                                                   std::shared_ptr<FileSystem> fs_ptr) {
+  if (!fs_ptr) fs_ptr = PosixFileSystem();
+  // Next to a live writer a pass can catch the directory mid-change (see
+  // RecoverReadOnly); a report that shows a problem is taken again from a new
+  // listing, and the last one is returned.
+  StateDirReport rep;
+  for (int pass = 0; pass < kReadOnlyPasses; ++pass) {
+    WaitBeforePass(pass);
+    auto pinned = PinnedDirectory::Make(*fs_ptr, dir);
+    if (!pinned.ok()) return pinned.status();
+    rep = InspectPass(**pinned, dir);
+    if (Clean(rep)) break;
+  }
   return rep;
 }
 

@@ -2,12 +2,14 @@
 
 #include <errno.h>
 
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <thread>
 
 #include <catch2/catch.hpp>
 
+#include "inferq/base/error.hpp"
 #include "state/log_format.hpp"
 #include "state_test_util.hpp"
 
@@ -1089,4 +1091,392 @@ TEST_CASE("a read-only open lists again when a file it listed is gone before it 
   auto s = OpenOk(o);  // was: NOT_FOUND now and then next to a writer
   CHECK(s->Get("a") == "1");
   CHECK(fs->reads == 2);
+}
+
+// ---- regressions from an outside tester ----
+
+namespace {
+
+// Commits `n` records (keys k0..k9) after the last one.
+void Commits(StateStore& s, int n) {
+  for (int i = 0; i < n; ++i) {
+    const std::uint64_t tx = s.last_tx_id() + 1;
+    Put(s, "k" + std::to_string(tx % 10), std::to_string(tx));
+  }
+}
+
+StateStoreOptions ReadOnly(StateStoreOptions o, RecoveryMode mode) {
+  o.read_only = true;
+  o.recovery = mode;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a read-only store's VerifyChain accepts what the writer committed and retired after its open") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.segment_bytes = 4096;
+  o.checkpoint_mode = CheckpointMode::kFull;
+  auto writer = OpenOk(o);
+  Commits(*writer, 100);
+  auto hooked = std::make_shared<HookedFileSystem>();
+  StateStoreOptions ro = ReadOnly(o, RecoveryMode::kStrict);  // as inferq-state verify opens
+  ro.file_system = hooked;
+  auto reader = OpenOk(ro);
+  REQUIRE(reader->last_tx_id() == 100);
+  SECTION("commits after the open") {
+    Commits(*writer, 15);
+  }
+  SECTION("checkpoints that retire the segments the reader read") {
+    for (int round = 0; round < 3; ++round) {
+      Commits(*writer, 100);
+      REQUIRE(writer->Checkpoint().ok());
+    }
+    REQUIRE_FALSE(std::filesystem::exists(d / si::SegmentName(1)));
+  }
+  SECTION("a segment retired between VerifyChain's listing and its read of it") {
+    Commits(*writer, 100);
+    REQUIRE(writer->Checkpoint().ok());  // full at 200
+    Commits(*writer, 100);
+    REQUIRE(writer->Checkpoint().ok());  // full at 300
+    Commits(*writer, 100);
+    bool retired = false;
+    hooked->before_read = [&](const std::string& path) {
+      if (retired || path.find("/wal-") == std::string::npos) return;
+      retired = true;
+      REQUIRE(writer->Checkpoint().ok());  // full at 400: the log up to 300 goes
+      REQUIRE_FALSE(std::filesystem::exists(path));
+    };
+  }
+  const absl::Status st = reader->VerifyChain();  // was: DATA_LOSS, files end at 115 but
+  INFO(st.ToString());                            // the store has committed up to 100
+  CHECK(st.ok());
+  CHECK(reader->last_tx_id() == 100);  // the reader's cut stays where it was read
+  CHECK(reader->Get("k0") == "100");
+}
+
+TEST_CASE("a read-only store's VerifyChain still reports records it read that are gone") {
+  TempDir d;
+  {
+    auto writer = OpenOk(Options(d.path()));
+    Commits(*writer, 10);
+  }
+  auto reader = OpenOk(ReadOnly(Options(d.path()), RecoveryMode::kStrict));
+  const std::string seg = d / si::SegmentName(1);
+  std::string bytes = ReadFile(seg);
+  const auto frames = FrameOffsets(bytes);
+  std::fill(bytes.begin() + static_cast<std::ptrdiff_t>(frames[6].first), bytes.end(), '\0');
+  WriteFile(seg, bytes);  // records 7..10 gone
+  const absl::Status st = reader->VerifyChain();
+  CHECK(st.code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(st, "the files of '" + d.path() + "' end at tx_id 6 "));
+}
+
+TEST_CASE("a read-only open that reads the tail while the writer writes it reads it again") {
+  TempDir d;
+  auto writer = OpenOk(Options(d.path()));
+  Commits(*writer, 5);
+  const std::string seg = d / si::SegmentName(1);
+  const auto frames = FrameOffsets(ReadFile(seg));
+  REQUIRE(frames.size() == 5);
+  auto hooked = std::make_shared<HookedFileSystem>();
+  int reads = 0;
+  bool always = false;
+  RecoveryMode mode = RecoveryMode::kStrict;
+  std::size_t zero_from = 0, zero_to = 0;
+  SECTION("the last record half written (strict: a torn tail)") {
+    zero_from = (frames[4].first + frames[4].second) / 2;
+    zero_to = frames[4].second;
+  }
+  SECTION("a read(2) that saw the later part of a write and not its start") {
+    mode = RecoveryMode::kPointInTime;  // damage before the tail: an error in both modes
+    zero_from = frames[2].first;
+    zero_to = frames[2].first + 16;
+  }
+  SECTION("the same torn tail on every read is reported") {
+    zero_from = (frames[4].first + frames[4].second) / 2;
+    zero_to = frames[4].second;
+    always = true;
+  }
+  hooked->after_read = [&](const std::string& path, std::string& bytes) {
+    if (path != seg || (reads++ > 0 && !always)) return;
+    std::fill(bytes.begin() + static_cast<std::ptrdiff_t>(zero_from),
+              bytes.begin() + static_cast<std::ptrdiff_t>(zero_to), '\0');
+  };
+  StateStoreOptions ro = ReadOnly(Options(d.path()), mode);
+  ro.file_system = hooked;
+  auto r = StateStore::Open(ro);
+  if (always) {
+    REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(Contains(r.status(), "torn tail in log segment '" + si::SegmentName(1) + "' at offset " +
+                                   std::to_string(frames[4].first) + " after tx_id 4"));
+  } else {
+    INFO(r.status().ToString());  // was: DATA_LOSS torn tail / damaged record, valid records follow
+    REQUIRE(r.ok());
+    CHECK((*r)->last_tx_id() == 5);
+    CHECK((*r)->Get("k5") == "5");
+    CHECK(reads == 2);
+  }
+}
+
+TEST_CASE("Inspect next to a writer that retires a segment after the listing reports one cut") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.segment_bytes = 4096;
+  o.checkpoint_mode = CheckpointMode::kFull;
+  auto writer = OpenOk(o);
+  Commits(*writer, 100);
+  REQUIRE(writer->Checkpoint().ok());  // full at 100
+  Commits(*writer, 100);
+  REQUIRE(writer->Checkpoint().ok());  // full at 200
+  Commits(*writer, 100);
+  auto hooked = std::make_shared<HookedFileSystem>();
+  bool retired = false;
+  hooked->before_read = [&](const std::string& path) {
+    if (retired || path.find("/wal-") == std::string::npos) return;
+    retired = true;
+    REQUIRE(writer->Checkpoint().ok());  // full at 300: checkpoint 100 and the log up to 200 go
+    REQUIRE_FALSE(std::filesystem::exists(path));
+  };
+  auto rep = StateStore::Inspect(d.path(), hooked);
+  REQUIRE(rep.ok());
+  INFO(rep->chain.ToString());  // was: NOT_FOUND "open '.../wal-...': No such file or directory"
+  CHECK(rep->chain.ok());
+  CHECK(rep->point_in_time.ok());
+  CHECK(rep->last_tx == 300);
+  std::vector<std::string> segments, checkpoints;
+  for (const auto& s : rep->segments) {
+    CHECK(s.problem == "");
+    segments.push_back(s.name);
+  }
+  for (const auto& c : rep->checkpoints) checkpoints.push_back(c.name);
+  CHECK(segments == Files(d.path(), "wal-"));  // the directory as it is after the retirement
+  CHECK(checkpoints == Files(d.path(), "ckpt-"));
+}
+
+TEST_CASE("a live writer never makes a read-only open, its VerifyChain or Inspect report damage",
+          "[concurrency]") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.segment_bytes = 4096;
+  o.max_incremental_chain = 2;
+  auto writer = OpenOk(o);
+  Commits(*writer, 50);
+  std::atomic<bool> stop{false};
+  std::atomic<int> writer_errors{0};
+  std::thread t([&] {
+    for (int i = 1; !stop.load(); ++i) {
+      auto tx = writer->Begin();
+      tx.Put("k" + std::to_string(i % 10), std::to_string(i));
+      if (!tx.Commit().ok()) ++writer_errors;
+      if (i % 40 == 0 && !writer->Checkpoint().ok()) ++writer_errors;
+    }
+  });
+  for (int round = 0; round < 30; ++round) {
+    INFO("round " << round);
+    auto reader = StateStore::Open(ReadOnly(o, RecoveryMode::kStrict));
+    CHECK(reader.status().ToString() == "OK");
+    if (reader.ok()) CHECK((*reader)->VerifyChain().ToString() == "OK");
+    auto rep = StateStore::Inspect(d.path());
+    REQUIRE(rep.ok());
+    CHECK(rep->chain.ToString() == "OK");
+    CHECK(rep->point_in_time.ToString() == "OK");
+  }
+  stop = true;
+  t.join();
+  CHECK(writer_errors == 0);
+}
+
+TEST_CASE("damage in a retained segment older than the newest checkpoint fails Open in both modes") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.segment_bytes = 4096;
+  o.checkpoint_mode = CheckpointMode::kFull;
+  {
+    auto s = OpenOk(o);
+    for (int round = 0; round < 3; ++round) {
+      Commits(*s, 100);
+      REQUIRE(s->Checkpoint().ok());  // full at 100, 200, 300; 200 is the fallback
+    }
+    Commits(*s, 5);  // 301..305: only in the log
+  }
+  // Kept: checkpoints 200 and 300, and the log from 201 on (for the fallback).
+  REQUIRE(Files(d.path(), "ckpt-") ==
+          std::vector<std::string>{si::CheckpointName(200, si::CheckpointKind::kFull),
+                                   si::CheckpointName(300, si::CheckpointKind::kFull)});
+  const auto segs = Files(d.path(), "wal-");
+  REQUIRE(segs.size() >= 3);
+  std::vector<std::uint64_t> first;
+  for (const auto& s : segs) first.push_back(*si::ParseSegmentName(s));
+  REQUIRE(first[0] <= 201);
+  REQUIRE(first[1] > 201);
+  REQUIRE(first[2] - 1 <= 300);  // segments 0 and 1 are older than checkpoint 300
+  std::string expect;
+  SECTION("a flipped byte in the first retained segment") {
+    const std::string path = d / segs[0];
+    std::string bytes = ReadFile(path);
+    const auto frames = FrameOffsets(bytes);
+    const std::size_t k = frames.size() / 2;
+    bytes[frames[k].first + 40] ^= 0x01;
+    WriteFile(path, bytes);
+    expect = "damaged record in log segment '" + segs[0] + "' at offset " +
+             std::to_string(frames[k].first) + " after tx_id " + std::to_string(first[0] + k - 1) +
+             ": frame checksum mismatch; valid records follow at offset " +
+             std::to_string(frames[k].second);
+  }
+  SECTION("a flipped byte in a later retained segment") {
+    const std::string path = d / segs[1];
+    std::string bytes = ReadFile(path);
+    const auto frames = FrameOffsets(bytes);
+    bytes[frames[0].first + 30] ^= 0x10;
+    WriteFile(path, bytes);
+    expect = "damaged record in log segment '" + segs[1] + "' at offset " +
+             std::to_string(frames[0].first) + " after tx_id " + std::to_string(first[1] - 1) +
+             ": frame checksum mismatch; valid records follow at offset " +
+             std::to_string(frames[0].second);
+  }
+  SECTION("a middle retained segment deleted") {
+    std::filesystem::remove(d / segs[1]);
+    expect = "tx_id gap in log segment '" + segs[2] + "' at offset 40: expected tx_id " +
+             std::to_string(first[1]) + ", found " + std::to_string(first[2]);
+  }
+  SECTION("the first retained segment deleted") {
+    std::filesystem::remove(d / segs[0]);
+    expect = "tx_id gap in log segment '" + segs[1] + "' at offset 40: expected tx_id 201 or " +
+             "earlier (the log after the fallback checkpoint '" +
+             si::CheckpointName(200, si::CheckpointKind::kFull) + "'), found " +
+             std::to_string(first[1]);
+  }
+  for (RecoveryMode m : {RecoveryMode::kStrict, RecoveryMode::kPointInTime}) {
+    INFO((m == RecoveryMode::kStrict ? "strict" : "point-in-time"));
+    o.recovery = m;
+    auto r = StateStore::Open(o);  // was: OK (and VerifyChain then found the damage)
+    REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(r.status().message() == expect);
+    o.read_only = true;
+    CHECK(StateStore::Open(o).status().message() == expect);
+    o.read_only = false;
+  }
+  CHECK(Files(d.path(), "ckpt-").size() == 2);  // nothing set aside or removed
+}
+
+TEST_CASE("a torn tail after retained segments is still cut off in point-in-time mode") {
+  TempDir d;
+  StateStoreOptions o = Options(d.path());
+  o.segment_bytes = 4096;
+  o.checkpoint_mode = CheckpointMode::kFull;
+  {
+    auto s = OpenOk(o);
+    for (int round = 0; round < 3; ++round) {
+      Commits(*s, 100);
+      REQUIRE(s->Checkpoint().ok());
+    }
+    Commits(*s, 5);
+  }
+  const std::string last = d / Files(d.path(), "wal-").back();
+  std::string bytes = ReadFile(last);
+  const auto frames = FrameOffsets(bytes);
+  const auto [a, b] = frames.back();
+  std::fill(bytes.begin() + static_cast<std::ptrdiff_t>((a + b) / 2),
+            bytes.begin() + static_cast<std::ptrdiff_t>(b), '\0');  // record 305 torn
+  WriteFile(last, bytes);
+  const std::size_t torn = NonZeroEnd(bytes, a, b) - a;
+  REQUIRE(torn > 0);
+  o.recovery = RecoveryMode::kStrict;
+  auto strict = StateStore::Open(o);
+  REQUIRE(strict.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(Contains(strict.status(), "torn tail in log segment '" + Files(d.path(), "wal-").back() +
+                                      "' at offset " + std::to_string(a) + " after tx_id 304"));
+  o.recovery = RecoveryMode::kPointInTime;
+  auto s = OpenOk(o);
+  CHECK(s->last_tx_id() == 304);
+  CHECK(s->Stats().torn_tail_bytes == torn);
+  CHECK(s->VerifyChain().ok());
+}
+
+TEST_CASE("a state directory on a read-only file system is refused naming it") {
+  TempDir d;
+  {
+    auto s = OpenOk(Options(d.path()));
+    Put(*s, "a", "1");
+  }
+  auto hooked = std::make_shared<HookedFileSystem>();
+  // What the POSIX layer returns on a read-only mount (see inferq/state/file_system.hpp):
+  // mkdir of the existing directory is fine, anything that writes fails with EROFS.
+  hooked->refuse = [](const std::string& op, const std::string& path) {
+    if (op == "createdir") return absl::OkStatus();
+    return absl::PermissionDeniedError("open " + inferq::QuoteValue(path) + ": Read-only file system");
+  };
+  StateStoreOptions o = Options(d.path());
+  o.file_system = hooked;
+  auto r = StateStore::Open(o);
+  REQUIRE(r.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(r.status().message() ==
+        "state directory '" + d.path() + "' is not writable (read_only = true opens it for "
+        "reading): open '" + d.path() + "/LOCK': Read-only file system");
+  o.read_only = true;  // reading needs no write
+  auto reader = OpenOk(o);
+  CHECK(reader->Get("a") == "1");
+}
+
+TEST_CASE("the POSIX file system reports EROFS and EACCES as PERMISSION_DENIED") {
+  const absl::Status rofs = inferq::FileSystemError(EROFS, "open", "/srv/state/LOCK");
+  CHECK(rofs.code() == absl::StatusCode::kPermissionDenied);
+  CHECK(rofs.message() == "open '/srv/state/LOCK': Read-only file system");
+  CHECK(inferq::FileSystemError(EACCES, "mkdir", "/srv").code() ==
+        absl::StatusCode::kPermissionDenied);
+  CHECK(inferq::FileSystemError(EIO, "read", "/x").code() == absl::StatusCode::kDataLoss);
+  CHECK(inferq::FileSystemError(ENOSPC, "write", "/x").code() ==
+        absl::StatusCode::kResourceExhausted);
+  CHECK(inferq::FileSystemError(ENOENT, "open", "/x").code() == absl::StatusCode::kNotFound);
+  CHECK(inferq::FileSystemError(EBADF, "close", "/x").code() == absl::StatusCode::kInternal);
+}
+
+// Needs a read-only mount, so ctest does not run it:
+//   mount -t tmpfs -o ro tmpfs /mnt/ro
+//   INFERQ_TEST_READONLY_DIR=/mnt/ro state_store_test '[erofs]'
+TEST_CASE("Open on a real read-only mount is PERMISSION_DENIED naming the directory", "[.][erofs]") {
+  const char* dir = std::getenv("INFERQ_TEST_READONLY_DIR");
+  REQUIRE(dir != nullptr);
+  auto r = StateStore::Open(Options(dir));
+  REQUIRE(r.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(Contains(r.status(), "state directory '" + std::string(dir) + "' is not writable"));
+  CHECK(Contains(r.status(), "Read-only file system"));
+}
+
+TEST_CASE("files of another store name this directory and both store ids") {
+  TempDir a, b;
+  {
+    auto sa = OpenOk(Options(a.path()));
+    Put(*sa, "mine", "1");
+    auto sb = OpenOk(Options(b.path()));
+    Put(*sb, "theirs", "1");
+    REQUIRE(sb->Checkpoint().ok());
+  }
+  auto id = [](const TempDir& t) {  // "inferq-state <16 hex digits>\n"
+    const std::string f = ReadFile(t / "IDENTITY");
+    return f.substr(f.size() - 17, 16);
+  };
+  std::string expect;
+  SECTION("a segment") {
+    std::filesystem::copy_file(b / si::SegmentName(1), a / si::SegmentName(2));
+    expect = "log segment '" + si::SegmentName(2) + "' at offset 0 belongs to another store (store id " +
+             id(b) + "; the IDENTITY file of state directory '" + a.path() + "' says " + id(a) + ")";
+  }
+  SECTION("a checkpoint") {
+    const std::string name = si::CheckpointName(1, si::CheckpointKind::kFull);
+    std::filesystem::copy_file(b / name, a / name);
+    expect = "checkpoint '" + name + "' belongs to another store (store id " + id(b) +
+             "; the IDENTITY file of state directory '" + a.path() + "' says " + id(a) + ")";
+  }
+  SECTION("a damaged IDENTITY file") {
+    WriteFile(a / "IDENTITY", "inferq-state 12\n");
+    expect = "state directory '" + a.path() + "': IDENTITY file is not 'inferq-state <16 hex digits>'";
+  }
+  StateStoreOptions o = Options(a.path());
+  o.recovery = RecoveryMode::kStrict;
+  auto r = StateStore::Open(o);
+  REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(r.status().message() == expect);
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <random>
@@ -198,6 +199,63 @@ class FaultyFileSystem final : public inferq::FileSystem {
   int err_ = EIO;
   bool hold_ = false;
   int waiting_ = 0;
+};
+
+// Forwards to the POSIX file system, with hooks a test sets before handing it to a
+// store: `before_read(path)` runs before each Read (a test acts there as a writer
+// would between two steps of a reader), `after_read(path, bytes)` may change what a
+// Read returns (a file as read(2) can see it halfway through a pwrite(2)), and
+// `refuse(op, path)` may fail a call that changes the directory (op: "lock",
+// "create", "open", "createdir", "rename", "remove", "syncdir").
+class HookedFileSystem final : public inferq::FileSystem {
+ public:
+  std::function<void(const std::string& path)> before_read;
+  std::function<void(const std::string& path, std::string& bytes)> after_read;
+  std::function<absl::Status(const std::string& op, const std::string& path)> refuse;
+
+  absl::StatusOr<std::unique_ptr<inferq::FileLock>> Lock(const std::string& p) override {
+    if (auto st = Refused("lock", p); !st.ok()) return st;
+    return base_->Lock(p);
+  }
+  absl::StatusOr<std::unique_ptr<inferq::WritableFile>> Create(const std::string& p) override {
+    if (auto st = Refused("create", p); !st.ok()) return st;
+    return base_->Create(p);
+  }
+  absl::StatusOr<std::unique_ptr<inferq::WritableFile>> OpenForWrite(const std::string& p) override {
+    if (auto st = Refused("open", p); !st.ok()) return st;
+    return base_->OpenForWrite(p);
+  }
+  absl::StatusOr<std::string> Read(const std::string& p) override {
+    if (before_read) before_read(p);
+    auto bytes = base_->Read(p);
+    if (bytes.ok() && after_read) after_read(p, *bytes);
+    return bytes;
+  }
+  absl::StatusOr<std::vector<std::string>> List(const std::string& d) override {
+    return base_->List(d);
+  }
+  absl::Status CreateDir(const std::string& d) override {
+    if (auto st = Refused("createdir", d); !st.ok()) return st;
+    return base_->CreateDir(d);
+  }
+  absl::Status Rename(const std::string& a, const std::string& b) override {
+    if (auto st = Refused("rename", a); !st.ok()) return st;
+    return base_->Rename(a, b);
+  }
+  absl::Status Remove(const std::string& p) override {
+    if (auto st = Refused("remove", p); !st.ok()) return st;
+    return base_->Remove(p);
+  }
+  absl::Status SyncDir(const std::string& d) override {
+    if (auto st = Refused("syncdir", d); !st.ok()) return st;
+    return base_->SyncDir(d);
+  }
+
+ private:
+  absl::Status Refused(const std::string& op, const std::string& path) {
+    return refuse ? refuse(op, path) : absl::OkStatus();
+  }
+  std::shared_ptr<inferq::FileSystem> base_ = inferq::PosixFileSystem();
 };
 
 }  // namespace state_test

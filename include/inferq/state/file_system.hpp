@@ -11,8 +11,11 @@
 //   o.file_system = std::make_shared<MyFaultyFileSystem>(inferq::PosixFileSystem());
 //
 // Errors: every call returns the errno of the failed system call as an absl::Status
-// (EIO -> kDataLoss, ENOSPC -> kResourceExhausted, ENOENT -> kNotFound, others ->
-// kInternal) whose message names the path and the call.
+// (EIO -> kDataLoss, ENOSPC and EDQUOT -> kResourceExhausted, ENOENT -> kNotFound,
+// EEXIST -> kAlreadyExists, EROFS (a read-only mount), EACCES and EPERM ->
+// kPermissionDenied, as absl::ErrnoToStatusCode maps them; others -> kInternal)
+// whose message names the call and the path, then strerror: "open '/d/LOCK':
+// Read-only file system". FileSystemError() builds it, for other implementations.
 //
 // Thread safety: a FileSystem may be called from several threads at once; one
 // WritableFile is used by one thread at a time.
@@ -75,5 +78,9 @@ class FileSystem {
 
 // The process-wide POSIX file system.
 std::shared_ptr<FileSystem> PosixFileSystem();
+
+// The status PosixFileSystem returns when `call` (e.g. "open") on `path` failed with
+// errno `err` (see Errors above).
+absl::Status FileSystemError(int err, const std::string& call, const std::string& path);
 
 }  // namespace inferq

@@ -37,10 +37,16 @@
 // continuity and the hash chain. kPointInTime stops at a torn tail (an incomplete
 // last frame, as a crash leaves it) and cuts it off; kStrict fails on it. A gap in
 // tx_ids, a broken chain, or damage anywhere before the tail is kDataLoss naming the
-// file, the byte offset and the tx_id, in both modes. A damaged (e.g. torn)
-// checkpoint file is skipped for the one before it in kPointInTime and is an error
-// in kStrict. An I/O error reading a file is returned as it is, never taken for
-// damage.
+// file, the byte offset and the tx_id, in both modes. That includes the segments
+// older than the newest checkpoint that are kept for the fallback (see Directory):
+// Open reads every segment (records the checkpoints cover by frame checksum and
+// tx_id only; VerifyChain also checks their hash chain), and a log that starts
+// after the tx_id following the checkpoint before the newest full one lost a kept
+// segment (a tx_id gap): a broken fallback log is found while the newest checkpoint
+// still stands. (The fallback checkpoint file itself is decoded only when needed,
+// and by VerifyChain.) A damaged (e.g. torn) checkpoint file is skipped for the one
+// before it in kPointInTime and is an error in kStrict. An I/O error reading a file
+// is returned as it is, never taken for damage.
 //
 // Directory: IDENTITY (the store id every segment and checkpoint carries, so files
 // from another store's directory are refused), LOCK (held by the open store),
@@ -103,8 +109,11 @@ struct StateStoreOptions {
   int max_incremental_chain = 16;
   // Recover and serve reads without changing any file (no torn-tail truncation, no
   // commits, no checkpoints): for inspection tools. Allowed next to an open writer:
-  // it sees a consistent prefix of the committed transactions (a file the writer
-  // retires while it reads is listed and read again).
+  // it serves one consistent cut, a prefix of the committed transactions. A pass
+  // that catches the files mid-change — a file the writer retires after the
+  // listing, a listing taken during a checkpoint swap, the record the writer is
+  // writing (a torn tail, in kStrict) — is listed and read again, up to 5 passes
+  // (1+2+4+8 ms apart); damage still there on the last pass is reported.
   bool read_only = false;
   // File layer (null: PosixFileSystem()); tests inject failures through it.
   std::shared_ptr<FileSystem> file_system;
@@ -198,12 +207,21 @@ class StateStore {
   // Opens (creating the directory if absent) and recovers. Unless read-only, takes
   // an exclusive lock on `dir`/LOCK for the store's lifetime. Errors:
   // kInvalidArgument for bad options (naming the field), kFailedPrecondition when
-  // another store (in any process) has the directory open, kDataLoss for damage
-  // recovery must not skip (naming file, offset, tx_id), the I/O error of a failed
-  // file operation.
+  // another store (in any process) has the directory open, kPermissionDenied when
+  // a writer may not write `dir` — on a read-only file system (EROFS) or without
+  // permission (EACCES, EPERM) — naming the directory and the failed call ("state
+  // directory '/d' is not writable (read_only = true opens it for reading): open
+  // '/d/LOCK': Read-only file system"; a read_only open writes nothing and works
+  // there), kDataLoss for damage recovery must not skip (naming file, offset,
+  // tx_id) and for files of another store (naming the directory and both store
+  // ids), the I/O error of a failed file operation.
   static absl::StatusOr<std::unique_ptr<StateStore>> Open(StateStoreOptions options);
 
-  // Reads the files of `dir` without changing them (see StateDirReport).
+  // Reads the files of `dir` without changing them (see StateDirReport). Allowed
+  // next to an open writer: the report describes one cut of the directory (one
+  // listing; the newest segment read once); a report that shows a problem is taken
+  // again, up to 5 passes as for read_only, and the last one is returned. Errors:
+  // the I/O error of listing `dir`.
   static absl::StatusOr<StateDirReport> Inspect(const std::string& dir,
                                                 std::shared_ptr<FileSystem> fs = nullptr);
 
@@ -230,7 +248,12 @@ class StateStore {
   // Re-reads the log and checkpoints on disk and checks tx_id continuity, every
   // frame checksum and the hash chain up to last_tx_id(), and that each checkpoint's
   // chain hash matches the log. kDataLoss naming file, offset and tx_id on a break.
-  // Commits wait while it reads.
+  // Commits wait while it reads. On a read-only store the files may have moved on
+  // since Open (a writer committed, checkpointed, retired files): they must still
+  // hold the chain up to last_tx_id() with the same record there, and be intact
+  // after it up to a torn tail (a write under way, newer than the store's cut, so
+  // not an error); kDataLoss when they end before last_tx_id() or hold another
+  // record at it.
   absl::Status VerifyChain() const;
 
   // Newest durable tx_id (0 when nothing was ever committed).

@@ -118,7 +118,7 @@ class RouteIndex {
     WaitEmpty(prev);
   }
 
-  std::array<SubjectIndex<V>, 2> index_{};
+  std::array<SubjectIndex<V>, 2> index_;  // default-constructed (explicit constructor)
   alignas(kCacheLineSize) std::atomic<unsigned> left_right_{0};
   std::atomic<unsigned> version_{0};
   mutable std::array<ReadSlot, kSlots> slots_{};

@@ -596,8 +596,8 @@ TEST_CASE("stress: Close during publishes, pulls, naks, slot waits and timers re
 
 TEST_CASE("stress: concurrent Calls with failing, throwing and slow handlers all complete",
           "[stress][call]") {
+  std::atomic<int> running{0};  // outlives the engine: handlers may run after Close
   Engine engine;
-  std::atomic<int> running{0};
   REQUIRE(engine.RegisterFunction(
       "f",
       [&](const Event& e) -> absl::StatusOr<Buffer> {

@@ -103,8 +103,8 @@ TEST_CASE("a handler exception fails the try as internal") {
 
 TEST_CASE("call timeouts fire when they pass, queued or running, and land in the dead-letter subject") {
   ManualClock clock(1);
+  Gate gate;  // outlives the engine: a handler may still wait on it after Close
   Engine engine({.clock = &clock, .manual_timers = true});
-  Gate gate;
   REQUIRE(engine.RegisterFunction("slow", [&](const Event&) -> absl::StatusOr<Buffer> {
     ++gate.entered;
     gate.opened.wait();
@@ -161,8 +161,8 @@ TEST_CASE("call and registration errors") {
 }
 
 TEST_CASE("closing the engine fails open calls with Cancelled") {
+  Gate gate;  // outlives the engine: a handler may still wait on it after Close
   Engine engine;
-  Gate gate;
   REQUIRE(engine.RegisterFunction("stuck", [&](const Event&) -> absl::StatusOr<Buffer> {
     ++gate.entered;
     gate.opened.wait();

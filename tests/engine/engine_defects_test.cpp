@@ -207,8 +207,8 @@ TEST_CASE("14.5 Call returns at once; a call that finds the queue full ends Dead
           "after its timeout",
           "[issue14][call][concurrency]") {
   ManualClock clock{1'000'000'000};
+  Gate gate;  // outlives the engine: a handler may still wait on it after Close
   Engine engine{{.clock = &clock, .manual_timers = true}};
-  Gate gate;
   REQUIRE(engine.RegisterFunction("slow", [&](const Event& e) -> absl::StatusOr<Buffer> {
     gate.entered.fetch_add(1);
     gate.opened.wait();

@@ -191,7 +191,8 @@ inline constexpr std::string_view kCallIdHeader = "Inferq-Call-Id";
 // A function served on engine threads (Engine::RegisterFunction). Gets the call
 // event (payload, headers, ttl = the call's timeout) and returns the reply payload or
 // an error; an error (or an exception, taken as kInternal) fails this try. Runs on
-// one of the function's worker threads; may block.
+// one of the function's worker threads; may block. Close() does not wait for a
+// running handler, ~Engine does: what a handler uses must outlive the Engine.
 using FunctionHandler = std::function<absl::StatusOr<Buffer>(const Event& call)>;
 
 struct FunctionOptions {

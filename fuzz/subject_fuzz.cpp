@@ -4,7 +4,8 @@
 // a pattern, inserted with its line number as the value (invalid ones are rejected
 // and must change nothing). Match must return exactly the values whose patterns
 // SubjectPattern::Matches accepts, each once, in insertion order — with the cache
-// on (matched twice: a miss, then a hit) and off.
+// on (matched twice: a miss, then a hit) and off. And SubjectPattern::Overlaps is
+// symmetric and holds for every two patterns that both match the subject.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -30,8 +31,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   inferq::SubjectIndex<int> cached({.cache_entries = 8});
   inferq::SubjectIndex<int> uncached({.cache_entries = 0});
   std::vector<int> expected;
+  std::vector<inferq::SubjectPattern> parsed;
+  std::vector<bool> matches;
   for (std::size_t i = 1; i < lines.size(); ++i) {
     auto p = inferq::SubjectPattern::Parse(lines[i]);
+    if (p.ok()) {
+      parsed.push_back(*p);
+      matches.push_back(p->Matches(subject));
+    }
     const absl::Status a = cached.Insert(lines[i], static_cast<int>(i));
     const absl::Status b = uncached.Insert(lines[i], static_cast<int>(i));
     if (a.ok() != p.ok() || b.ok() != p.ok()) std::abort();  // validation agrees with Parse
@@ -45,5 +52,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<int> got;
   uncached.Match(subject, &got);
   if (got != expected) std::abort();
+  for (std::size_t i = 0; i < parsed.size(); ++i) {
+    for (std::size_t j = 0; j < parsed.size(); ++j) {
+      const bool overlap = parsed[i].Overlaps(parsed[j]);
+      if (overlap != parsed[j].Overlaps(parsed[i])) std::abort();
+      if (matches[i] && matches[j] && !overlap) std::abort();
+    }
+  }
   return 0;
 }

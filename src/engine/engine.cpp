@@ -1111,6 +1111,7 @@ struct Engine::Impl {
 
   std::mutex config_mu;  // serializes AddStream / AddConsumer / Close
   std::vector<std::unique_ptr<StreamState>> streams;         // guarded by config_mu
+  absl::flat_hash_map<std::string, StreamState*> stream_by_name;  // guarded by config_mu
   std::vector<std::unique_ptr<ConsumerState>> consumers;     // guarded by config_mu
 
   std::atomic<std::uint64_t> published{0}, unrouted{0}, rejected{0}, invalid{0};
@@ -1256,11 +1257,10 @@ struct Engine::Impl {
     return true;
   }
 
+  // Requires config_mu. O(1): one stream per tenant or model is a normal layout.
   StreamState* FindStream(std::string_view name) {
-    for (auto& s : streams) {
-      if (s->config.name == name) return s.get();
-    }
-    return nullptr;
+    auto it = stream_by_name.find(absl::string_view(name.data(), name.size()));
+    return it == stream_by_name.end() ? nullptr : it->second;
   }
 };
 
@@ -1436,6 +1436,7 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
     return absl::AlreadyExistsError("stream '" + config.name + "' already exists");
   }
   StreamState* raw = state.get();
+  impl_->stream_by_name.emplace(config.name, raw);
   impl_->streams.push_back(std::move(state));
   // A publisher that finds the stream in the index sees it fully built (the index's
   // switch is seq_cst, after this thread built it).

@@ -570,7 +570,8 @@ struct FunctionState {
   std::mutex mu;
   std::deque<std::uint64_t> backlog;  // guarded by mu
   std::atomic<bool> has_backlog{false};
-  std::mutex flush_mu;                // held by the flushing thread
+  std::atomic<bool> flushing{false};  // a thread is in FlushCallsOnce
+  std::atomic<std::uint64_t> flush_requests{0};
 };
 
 }  // namespace engine_internal
@@ -1239,11 +1240,10 @@ struct Engine::Impl {
   // The functions' worker threads; Close leaves them to finish their handler, and
   // ~Engine joins them.
   std::vector<std::thread> function_workers;                   // guarded by config_mu
-  Function* FindFunction(std::string_view id) {  // requires config_mu
-    for (auto& f : functions) {
-      if (f->id == id) return f.get();
-    }
-    return nullptr;
+  absl::flat_hash_map<std::string, Function*> function_by_id;  // guarded by config_mu
+  Function* FindFunction(std::string_view id) {  // requires config_mu; O(1) (Call uses it)
+    auto it = function_by_id.find(absl::string_view(id.data(), id.size()));
+    return it == function_by_id.end() ? nullptr : it->second;
   }
 
   // Completes call `id` with `result` if it is still open; false when it was not.
@@ -1756,6 +1756,10 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
   const auto count = [counted](std::atomic<std::uint64_t>& counter) {
     if (counted) counter.fetch_add(1, std::memory_order_relaxed);
   };
+  // TryPublish and a call waiting for room never wait. A call's refusal for want of
+  // room is not counted as a rejection: the call waits and tries again (FlushCalls).
+  const bool no_wait = mode == PublishMode::kTry || mode == PublishMode::kCall;
+  const bool count_refusals = mode != PublishMode::kCall;
   if (absl::Status s = ValidateSubject(event.subject); !s.ok()) {
     count(impl_->invalid);
     return s;
@@ -1821,7 +1825,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
       std::array<const ConsumerState*, kPayloadCodecs> needs{};  // first consumer per codec
       {
         std::unique_lock lock(stream->mu, std::defer_lock);
-        if (mode == PublishMode::kTry) {
+        if (no_wait) {
           // Held by a blocked publisher: the stream refuses below.
           if (!stream->LockUnlessBlocked(lock)) continue;
         } else {
@@ -1862,9 +1866,9 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
     std::unique_lock lock(stream->mu, std::defer_lock);
     if (mode == PublishMode::kWait) {
       lock.lock();
-    } else if (mode == PublishMode::kTry) {
+    } else if (no_wait) {
       if (!stream->LockUnlessBlocked(lock)) {
-        stream->rejected.fetch_add(1, std::memory_order_relaxed);
+        if (count_refusals) stream->rejected.fetch_add(1, std::memory_order_relaxed);
         ++ack.streams_rejected;
         if (first_refusal.ok()) {
           first_refusal = absl::ResourceExhaustedError(
@@ -1964,10 +1968,10 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
       for (const Target& t : targets) {
         const OverflowPolicy overflow = t.consumer->config.overflow;
         const bool refuses = overflow == OverflowPolicy::kReject ||
-                             (overflow == OverflowPolicy::kBlock && mode == PublishMode::kTry);
+                             (overflow == OverflowPolicy::kBlock && no_wait);
         Lane& lane = *t.consumer->lanes[t.member];
         if (!refuses || lane.ring.WouldAccept(QosKey::Of(ev))) continue;
-        t.consumer->overflow_rejected.fetch_add(1, std::memory_order_relaxed);
+        if (count_refusals) t.consumer->overflow_rejected.fetch_add(1, std::memory_order_relaxed);
         refusal = absl::ResourceExhaustedError(
             "stream '" + cfg.name + "': lane of consumer '" + t.consumer->config.name +
             "' member " + std::to_string(t.member) + " is full (" +
@@ -1979,7 +1983,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
       }
       if (!refusal.ok()) {
         lock.unlock();
-        stream->rejected.fetch_add(1, std::memory_order_relaxed);
+        if (count_refusals) stream->rejected.fetch_add(1, std::memory_order_relaxed);
         ++ack.streams_rejected;
         if (first_refusal.ok()) first_refusal = std::move(refusal);
         continue;
@@ -2140,15 +2144,15 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
     FlushOutbox();  // no stream mutex is held here
   }
   if (ack.streams_stored == 0 && ack.streams_duplicate == 0 && deferred == 0) {
-    count(impl_->rejected);
+    if (count_refusals) count(impl_->rejected);
     return first_refusal;
   }
-  if (undelivered > 0) {
+  if (ack.streams_stored > 0) count(impl_->published);  // not a duplicate everywhere
+  if (undelivered > 0) {  // stored (and counted), but not queued for every consumer
     return absl::CancelledError("engine closed during publish: stored as sequence " +
                                 std::to_string(ack.seq) + " but not queued for " +
                                 std::to_string(undelivered) + " consumer(s)");
   }
-  if (ack.streams_stored > 0) count(impl_->published);  // not a duplicate everywhere
   if (impl_->flow != nullptr) {
     ack.throttle = impl_->flow->Throttle();
     ack.weight_scale = impl_->flow->WeightScale();
@@ -2277,6 +2281,7 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
   impl_->functions.push_back(std::make_unique<Impl::Function>());
   Impl::Function* fn = impl_->functions.back().get();
   fn->id = id;
+  impl_->function_by_id.emplace(id, fn);
   for (std::uint32_t i = 0; i < options.workers; ++i) {
     impl_->function_workers.emplace_back([this, impl, fn, member = *consumer->member(i),
                                           handler]() mutable {
@@ -2312,13 +2317,19 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
           impl->CompleteCall(call, std::move(reply));
           continue;
         }
+        bool open;
         {
           std::lock_guard calls_lock(impl->calls_mu);
           auto it = impl->calls.find(call);
-          if (it != impl->calls.end()) {
+          open = it != impl->calls.end();
+          if (open) {
             it->second.running = false;
             it->second.last_error = reply.status();
           }
+        }
+        if (!open) {  // timed out (already dead-lettered) or cancelled: no more tries
+          (void)m->Ack();
+          continue;
         }
         (void)m->Nak();  // redelivered, or after max_deliver dead-lettered (on_dead_letter)
       }
@@ -2377,10 +2388,23 @@ std::future<absl::StatusOr<Buffer>> Engine::Call(std::string_view fn_id, Buffer 
 }
 
 void Engine::FlushCalls(engine_internal::FunctionState& fn) {
-  // One flusher at a time keeps the arrival order; a thread that finds another
-  // flushing leaves it to that one (which sees this thread's call in the backlog).
-  std::unique_lock flushing(fn.flush_mu, std::try_to_lock);
-  if (!flushing.owns_lock()) return;
+  // One flusher at a time keeps the arrival order. A thread that finds another
+  // flushing leaves the work to it, but first counts a request: the flusher, once
+  // done, flushes again when a request came meanwhile (a worker's pull may have made
+  // room after the flusher found the queue full). All seq_cst: the request counted
+  // before the claim attempt, the flag cleared before the requests are read.
+  fn.flush_requests.fetch_add(1, std::memory_order_seq_cst);
+  for (;;) {
+    bool idle = false;
+    if (!fn.flushing.compare_exchange_strong(idle, true, std::memory_order_seq_cst)) return;
+    const std::uint64_t seen = fn.flush_requests.load(std::memory_order_seq_cst);
+    FlushCallsOnce(fn);
+    fn.flushing.store(false, std::memory_order_seq_cst);
+    if (fn.flush_requests.load(std::memory_order_seq_cst) == seen) return;
+  }
+}
+
+void Engine::FlushCallsOnce(engine_internal::FunctionState& fn) {
   for (;;) {
     std::uint64_t id;
     {
@@ -2407,7 +2431,7 @@ void Engine::FlushCalls(engine_internal::FunctionState& fn) {
     }
     absl::Status failed;
     if (open) {
-      absl::StatusOr<PublishAck> ack = Publish(std::move(e), PublishMode::kTry);
+      absl::StatusOr<PublishAck> ack = Publish(std::move(e), PublishMode::kCall);
       // Full (the function's queue, or its stream held by a blocked Publish): it
       // stays first; the next pull of a worker or the next timer run retries.
       if (ack.status().code() == absl::StatusCode::kResourceExhausted &&

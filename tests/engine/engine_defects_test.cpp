@@ -425,3 +425,59 @@ TEST_CASE("14.8 publishes route correctly while streams are added", "[issue14][c
   CHECK(wrong.load() == 0);
   CHECK(SS(engine, "BASE").stored > 0);
 }
+
+// 14.5, found after its fix: a worker's pull-time flush gave up when another thread
+// held the flush, which then found the queue full and left: waiting calls sat while
+// the function was idle (forever with manual timers).
+TEST_CASE("14.5 calls waiting for room are served once workers make room, whoever flushes",
+          "[issue14][call][concurrency]") {
+  ManualClock clock;
+  Engine engine{{.clock = &clock, .manual_timers = true}};
+  REQUIRE(engine.RegisterFunction("f", [](const Event&) -> absl::StatusOr<Buffer> {
+    return Buffer();
+  }, {.workers = 1, .queue_capacity = 1}).ok());
+  std::atomic<int> stuck{0};
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 4; ++t) {
+    callers.emplace_back([&] {
+      for (int i = 0; i < 1500 && stuck.load() == 0; ++i) {
+        auto f = engine.Call("f", Buffer(), absl::Hours(1));
+        // Hang detector: no timer runs, so only the workers' flushes serve it.
+        if (f.wait_for(20s) != std::future_status::ready) stuck.fetch_add(1);
+      }
+    });
+  }
+  for (auto& c : callers) c.join();
+  CHECK(stuck.load() == 0);
+  const EngineStats st = engine.Stats();
+  // A call that waited for room is one publish, never a rejected one (14.3).
+  CHECK(st.published == st.consumer("FN_f", "handler")->acked);
+  CHECK(st.rejected == 0);
+  CHECK(st.stream("FN_f")->rejected == 0);
+  CHECK(st.consumer("FN_f", "handler")->overflow_rejected == 0);
+}
+
+// Found after the fix of 14.5: a call that timed out while running and whose handler
+// then failed was dead-lettered twice (expired, then max_deliver).
+TEST_CASE("14.5 a call that timed out while running is dead-lettered once",
+          "[issue14][call][concurrency]") {
+  Gate gate;  // outlives the engine
+  ManualClock clock{1'000'000'000};
+  Engine engine{{.clock = &clock, .manual_timers = true}};
+  REQUIRE(engine.RegisterFunction("f", [&](const Event&) -> absl::StatusOr<Buffer> {
+    gate.entered.fetch_add(1);
+    gate.opened.wait();
+    return absl::UnavailableError("too late anyway");
+  }).ok());
+  auto call = engine.Call("f", Buffer::FromString("x"), absl::Milliseconds(10));
+  gate.WaitEntered(1);
+  clock.Advance(absl::Milliseconds(10));
+  engine.RunTimers();
+  REQUIRE(call.wait_for(0s) == std::future_status::ready);
+  CHECK(call.get().status().code() == absl::StatusCode::kDeadlineExceeded);
+  gate.open.set_value();
+  REQUIRE(Eventually([&] { return CS(engine, "FN_f", "handler").ack_pending == 0; }));
+  engine.RunTimers();
+  CHECK(SS(engine, "FN_f_DLQ").stored == 1);
+  CHECK(CS(engine, "FN_f", "handler").dead_letters == 0);
+}

@@ -303,7 +303,9 @@ struct PublishAck {
   std::uint32_t streams_rejected = 0; // capturing streams whose limits rejected it
   std::uint32_t deliveries = 0;       // lanes the event was queued on
   // The event's msg_id was accepted within a capturing stream's duplicate window:
-  // nothing was stored again; `seq` is the original sequence.
+  // that stream (streams_duplicate counts them) did not store it again. Another
+  // capturing stream may have stored it (streams_stored). `seq` is the original
+  // sequence when the first capturing stream found the duplicate.
   bool duplicate = false;
   std::uint32_t streams_duplicate = 0;  // capturing streams that found it a duplicate
   // EngineOptions::flow_control: min(1, 0.6·bp + 0.4·rt), 0 = full speed, 1 = stop
@@ -689,9 +691,10 @@ class Engine {
 
  private:
   struct Impl;
-  // kWait: Publish; kTry: TryPublish; kInternal: dead letters (never waits, never
-  // refuses for a full lane: parks the delivery).
-  enum class PublishMode { kWait, kTry, kInternal };
+  // kWait: Publish; kTry: TryPublish; kCall: a call's event (FlushCalls: as kTry,
+  // but a refusal for want of room is not counted, the call waits); kInternal: dead
+  // letters (never waits, never refuses for a full lane: parks the delivery).
+  enum class PublishMode { kWait, kTry, kCall, kInternal };
   // `only`: publish into that stream alone (a deferred dead letter, FlushOutbox).
   absl::StatusOr<PublishAck> Publish(Event event, PublishMode mode,
                                      engine_internal::StreamState* only = nullptr);
@@ -700,6 +703,7 @@ class Engine {
   // Publishes the calls of a function that wait for room in its queue, in order,
   // until one finds it full (Engine::Call never waits).
   void FlushCalls(engine_internal::FunctionState& fn);
+  void FlushCallsOnce(engine_internal::FunctionState& fn);  // by the one flusher
   std::unique_ptr<Impl> impl_;
 };
 

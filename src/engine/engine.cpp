@@ -761,7 +761,8 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
           c.group->OnDone(member_, how == Settlement::kTerm ? Outcome::kDropped : Outcome::kFailure,
                           latency);
           engine_internal::DeadLetter(c, msg_, attempt_,
-                                      how == Settlement::kTerm ? "term" : "max_deliver", description);
+                                      how == Settlement::kTerm ? "term" : "max_deliver",
+                                      how == Settlement::kTerm ? description : "nak");
           return absl::OkStatus();
         }
         // Queued again for the next attempt; an ack of this delivery still wins.
@@ -792,7 +793,8 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
                       latency);
       if (how == Settlement::kTerm || c.LastAttempt(attempt_)) {
         engine_internal::DeadLetter(c, msg_, attempt_,
-                                    how == Settlement::kTerm ? "term" : "max_deliver", description);
+                                    how == Settlement::kTerm ? "term" : "max_deliver",
+                                      how == Settlement::kTerm ? description : "nak");
         return absl::OkStatus();
       }
       engine_internal::Delivery next{msg_, attempt_ + 1, false};

@@ -481,3 +481,47 @@ TEST_CASE("14.5 a call that timed out while running is dead-lettered once",
   CHECK(SS(engine, "FN_f_DLQ").stored == 1);
   CHECK(CS(engine, "FN_f", "handler").dead_letters == 0);
 }
+
+// Found by the fresh-user trial of issue 14's fixes: a dead letter after a nak on the
+// last delivery had no description, unlike every other reason.
+TEST_CASE("a dead letter of a nak'ed last delivery is described as nak", "[issue14][dead-letter]") {
+  Fixture f;
+  Member c = f.Add({.max_deliver = 1, .dead_letter_subject = "dead.c"});
+  REQUIRE(f.engine.Publish(Ev("work.a", "1")).ok());
+  auto m = c.Next(absl::ZeroDuration());
+  REQUIRE(m.ok());
+  REQUIRE(m->Nak().ok());
+  auto d = f.dlq.Next(absl::ZeroDuration());
+  REQUIRE(d.ok());
+  CHECK(H(d->event(), kDeadLetterReasonHeader) == "max_deliver");
+  CHECK(H(d->event(), kDeadLetterDescriptionHeader) == "nak");
+}
+
+// The README and engine.hpp: after Close, a pull at max_ack_pending is Cancelled, and
+// once an ack brings the consumer under its limit the queued events still drain.
+TEST_CASE("after Close, acks under max_ack_pending let the queued events drain",
+          "[issue14][close]") {
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto c = engine.AddConsumer({.stream = "S", .name = "c", .max_ack_pending = 1});
+  REQUIRE(c.ok());
+  for (int i = 0; i < 3; ++i) REQUIRE(engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  Member m = *c->member(0);
+  auto held = m.Next(absl::ZeroDuration());
+  REQUIRE(held.ok());
+  engine.Close();
+  CHECK(m.Next(absl::InfiniteDuration()).status().code() == absl::StatusCode::kCancelled);
+  REQUIRE(held->Ack().ok());
+  std::vector<std::string> got;
+  for (;;) {
+    auto r = m.Next(absl::InfiniteDuration());
+    if (!r.ok()) {
+      CHECK(r.status().code() == absl::StatusCode::kCancelled);
+      CHECK(Msg(r.status()) == "engine closed: consumer 'c' member 0 is drained");
+      break;
+    }
+    got.push_back(r->event().msg_id);
+    REQUIRE(r->Ack().ok());
+  }
+  CHECK(got == std::vector<std::string>{"1", "2"});
+}

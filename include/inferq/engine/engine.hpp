@@ -171,6 +171,9 @@ inline constexpr std::size_t kMaxMsgIdBytes = 1024;
 inline constexpr std::string_view kDeadLetterReasonHeader = "Inferq-Dead-Letter-Reason";
 //   values: "max_deliver" (delivery max_deliver failed: nak or ack_wait expiry),
 //           "term" (Message::Term), "expired" (ttl / queue timeout, action reject)
+// Set with every reason: "nak" or "ack_wait expired" (max_deliver), the text given
+// to Message::Term (absent when it was empty), "queue timeout" (expired), or for a
+// call "call timeout while queued" / "call timeout while running".
 inline constexpr std::string_view kDeadLetterDescriptionHeader = "Inferq-Dead-Letter-Description";
 inline constexpr std::string_view kDeliveryCountHeader = "Inferq-Delivery-Count";  // decimal
 inline constexpr std::string_view kStreamHeader = "Inferq-Stream";
@@ -393,7 +396,7 @@ class Member {
   // Waits up to `timeout` (absl::InfiniteDuration() = forever; zero = just try) for
   // the next message. DeadlineExceeded on timeout (never with an infinite timeout);
   // Cancelled once the engine is closed and the lane is drained, or at once after
-  // Close when the consumer is at max_ack_pending.
+  // Close while the consumer is at max_ack_pending.
   absl::StatusOr<Message> Next(absl::Duration timeout);
 
   // Waits up to `timeout` for a first message, then gathers more until the batch
@@ -671,7 +674,8 @@ class Engine {
   // queued and then return Cancelled; later publishes return Cancelled. A pull of a
   // consumer at max_ack_pending returns Cancelled at once (a closed engine hands out
   // no more than its limit, and waiting for acks that may never come would keep
-  // workers from ending); what is still queued for it is not delivered. Open calls
+  // workers from ending), naming how many events are still queued; once acks bring
+  // the consumer under its limit, pulls drain those as well. Open calls
   // (Engine::Call) end Cancelled before Close returns. Close does not wait for
   // function handlers still running: their late results are dropped, and ~Engine
   // waits for them to return (a handler must not block forever). Idempotent.

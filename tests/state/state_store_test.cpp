@@ -1125,6 +1125,7 @@ TEST_CASE("a read-only store's VerifyChain accepts what the writer committed and
   ro.file_system = hooked;
   auto reader = OpenOk(ro);
   REQUIRE(reader->last_tx_id() == 100);
+  bool retired = false;  // outlives the sections: the read hook runs after them
   SECTION("commits after the open") {
     Commits(*writer, 15);
   }
@@ -1141,7 +1142,6 @@ TEST_CASE("a read-only store's VerifyChain accepts what the writer committed and
     Commits(*writer, 100);
     REQUIRE(writer->Checkpoint().ok());  // full at 300
     Commits(*writer, 100);
-    bool retired = false;
     hooked->before_read = [&](const std::string& path) {
       if (retired || path.find("/wal-") == std::string::npos) return;
       retired = true;

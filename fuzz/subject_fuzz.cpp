@@ -4,7 +4,8 @@
 // a pattern, inserted with its line number as the value (invalid ones are rejected
 // and must change nothing). Match must return exactly the values whose patterns
 // SubjectPattern::Matches accepts, each once, in insertion order — with the cache
-// on (matched twice: a miss, then a hit) and off. And SubjectPattern::Overlaps is
+// on (matched twice: a miss, then a hit) and off. ValidateSubject agrees with
+// Parse + Matches on the subject line. And SubjectPattern::Overlaps is
 // symmetric and holds for every two patterns that both match the subject.
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +29,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   if (lines.size() < 2 || lines.size() > 64) return 0;
   const std::string_view subject = lines[0];
+  // Publish's check of a subject agrees with Parse + Matches, which validate it in
+  // their own passes: a valid subject is a literal pattern that matches itself.
+  const absl::Status valid = inferq::ValidateSubject(subject);
+  if (valid.code() == absl::StatusCode::kInternal) std::abort();
+  const auto self = inferq::SubjectPattern::Parse(subject);
+  if (valid.ok() != (self.ok() && self->Matches(subject))) std::abort();
   inferq::SubjectIndex<int> cached({.cache_entries = 8});
   inferq::SubjectIndex<int> uncached({.cache_entries = 0});
   std::vector<int> expected;
@@ -35,6 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::vector<bool> matches;
   for (std::size_t i = 1; i < lines.size(); ++i) {
     auto p = inferq::SubjectPattern::Parse(lines[i]);
+    if (p.status().code() == absl::StatusCode::kInternal) std::abort();
     if (p.ok()) {
       parsed.push_back(*p);
       matches.push_back(p->Matches(subject));

@@ -16,11 +16,12 @@ namespace memory_internal {
 struct ThreadCache;
 struct PoolCore;
 
-// The fast path (pool_fast_path.hpp): the cache of the pool this thread used last.
-thread_local constinit PoolCore* tls_last_core = nullptr;
-thread_local constinit CacheHead* tls_last_cache = nullptr;
+// The fast path (pool_fast_path.hpp): this thread's caches by pool slot.
+thread_local constinit CacheSlot tls_cache_slots[kCacheSlots] = {};
+std::atomic<std::size_t> next_slot{0};  // FixedPool::slot_ of the next pool
 
 struct PoolCore {
+  std::size_t slot = 0;  // the FixedPool's slot_
   std::size_t block_size = 0;
   std::size_t per_chunk = 0;
   std::size_t batch = 0;
@@ -115,7 +116,7 @@ struct ThreadCaches {
       if ((*it)->core->dead.load(std::memory_order_acquire)) {
         (*it)->Retire();
         if (last == it->get()) last_core = nullptr, last = nullptr;
-        if (tls_last_cache == it->get()) tls_last_core = nullptr, tls_last_cache = nullptr;
+        Forget(it->get());
         it = caches.erase(it);
       } else {
         ++it;
@@ -135,6 +136,7 @@ struct ThreadCaches {
     return last;
   }
   static void Remember(PoolCore* core, ThreadCache* cache);
+  static void Forget(ThreadCache* cache);
 };
 
 // Trivially destructible, so still readable while (and after) other thread_local
@@ -143,8 +145,12 @@ thread_local bool tls_caches_gone = false;
 thread_local ThreadCaches tls_caches;
 
 void ThreadCaches::Remember(PoolCore* core, ThreadCache* cache) {
-  tls_last_core = core;
-  tls_last_cache = cache;
+  tls_cache_slots[core->slot] = {core, cache};
+}
+
+void ThreadCaches::Forget(ThreadCache* cache) {
+  CacheSlot& s = tls_cache_slots[cache->core->slot];
+  if (s.cache == cache) s = {};
 }
 
 ThreadCache* ThreadCaches::Find(PoolCore* core) {
@@ -165,7 +171,9 @@ ThreadCache* ThreadCaches::Find(PoolCore* core) {
 
 // The calling thread's cache for `core`, creating it; nullptr while the thread exits.
 ThreadCache* CacheFor(const std::shared_ptr<PoolCore>& core) {
-  if (tls_last_core == core.get()) return static_cast<ThreadCache*>(tls_last_cache);
+  if (const CacheSlot& s = tls_cache_slots[core->slot]; s.core == core.get()) {
+    return static_cast<ThreadCache*>(s.cache);
+  }
   if (tls_caches_gone) return nullptr;
   ThreadCache* c = tls_caches.Find(core.get());
   return c != nullptr ? c : tls_caches.Create(core);
@@ -173,8 +181,7 @@ ThreadCache* CacheFor(const std::shared_ptr<PoolCore>& core) {
 
 ThreadCaches::~ThreadCaches() {
   tls_caches_gone = true;
-  tls_last_core = nullptr;
-  tls_last_cache = nullptr;
+  for (CacheSlot& s : tls_cache_slots) s = {};
   for (auto& c : caches) c->Retire();
   caches.clear();
 }
@@ -205,6 +212,9 @@ FixedPool::FixedPool(std::size_t block_size, Options options) {
   core_->batch = options.thread_cache_blocks;
   core_->arena = options.arena;
   core_raw_ = core_.get();
+  // relaxed: the number only spreads pools over the slots; it orders nothing.
+  slot_ = memory_internal::next_slot.fetch_add(1, std::memory_order_relaxed) % memory_internal::kCacheSlots;
+  core_->slot = slot_;
 }
 
 FixedPool::~FixedPool() {
@@ -215,11 +225,10 @@ FixedPool::~FixedPool() {
     auto& tls = memory_internal::tls_caches;
     if (ThreadCache* c = tls.Find(core_.get())) {
       c->Retire();
+      memory_internal::ThreadCaches::Forget(c);
       std::erase_if(tls.caches, [&](const auto& p) { return p.get() == c; });
       tls.last_core = nullptr;
       tls.last = nullptr;
-      memory_internal::tls_last_core = nullptr;
-      memory_internal::tls_last_cache = nullptr;
     }
   }
 }

@@ -185,6 +185,8 @@ MemberGroup::MemberGroup(std::uint32_t members, GroupOptions options, const Cloc
       options_(std::move(options)),
       clock_(clock != nullptr ? clock : SteadyClock::Default()),
       members_(new Member[members]),
+      peak_ewma_decay_ns_(static_cast<double>(absl::ToInt64Nanoseconds(options_.peak_ewma_decay))),
+      latency_floor_ms_(absl::ToDoubleMilliseconds(options_.outlier.latency_floor)),
       weights_(members, 1.0),
       rng_(options_.seed == 0 ? 1 : options_.seed) {
   scratch_.reserve(members);  // Refresh then never allocates (engine_alloc_test)
@@ -201,11 +203,11 @@ std::uint64_t MemberGroup::NextRandom() const {
   return rng_ * 0x2545F4914F6CDD1DULL;
 }
 
-void MemberGroup::OnDone(std::uint32_t m, Outcome outcome, std::int64_t latency_ns) {
+void MemberGroup::OnDone(std::uint32_t m, Outcome outcome, std::int64_t latency_ns,
+                         std::int64_t now) {
   Member& mem = members_[m];
   mem.outstanding.fetch_sub(1, std::memory_order_relaxed);
   if (outcome == Outcome::kDropped) return;
-  const std::int64_t now = clock_->NowNanos();
   std::lock_guard lock(mem.mu);
   if (outcome == Outcome::kFailure) {
     Failure(mem, m, now);
@@ -219,8 +221,8 @@ void MemberGroup::OnDone(std::uint32_t m, Outcome outcome, std::int64_t latency_
   if (lat > cost || mem.last_ack_ns == 0) {
     cost = lat;
   } else {
-    const double tau = static_cast<double>(absl::ToInt64Nanoseconds(options_.peak_ewma_decay));
-    const double w = std::exp(-static_cast<double>(std::max<std::int64_t>(0, now - mem.last_ack_ns)) / tau);
+    const double w = std::exp(-static_cast<double>(std::max<std::int64_t>(0, now - mem.last_ack_ns)) /
+                              peak_ewma_decay_ns_);
     cost = cost * w + lat * (1 - w);
   }
   mem.peak_ewma_ns.store(cost, std::memory_order_relaxed);
@@ -234,7 +236,7 @@ void MemberGroup::OnDone(std::uint32_t m, Outcome outcome, std::int64_t latency_
   const OutlierOptions& o = options_.outlier;
   const double median = median_latency_ms_.load(std::memory_order_relaxed);
   if (o.enabled && o.latency_factor > 0 && median > 0 &&
-      lat_ms > std::max(o.latency_factor * median, absl::ToDoubleMilliseconds(o.latency_floor))) {
+      lat_ms > std::max(o.latency_factor * median, latency_floor_ms_)) {
     Failure(mem, m, now);
     return;
   }
@@ -466,8 +468,7 @@ void MemberGroup::RecomputeWeights(std::int64_t now) {
   all_healthy_ = panic_ || healthy == size_;
 }
 
-Selection MemberGroup::Select(SelectionPolicy& policy, const Event& event) {
-  const std::int64_t now = clock_->NowNanos();
+Selection MemberGroup::Select(SelectionPolicy& policy, const Event& event, std::int64_t now) {
   selections_.store(selections_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   if (now >= next_refresh_ns_) Refresh(now);
   if (sick_.load(std::memory_order_relaxed) == 0) {

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -205,4 +207,48 @@ TEST_CASE("pool: a full arena spills chunks to operator new, counted") {
   CHECK(s.chunks_outside_arena >= 2);
   CHECK(s.allocations == 48);  // every one succeeded and was counted once
   for (void* p : blocks) pool.Deallocate(p);
+}
+
+TEST_CASE("pool: pools that share a thread's cache slot keep their blocks apart") {
+  // 33 pools over 16 cache slots: most slots serve two or three pools, and each
+  // round touches every pool, so every slot changes hands all the time.
+  constexpr int kPools = 33;
+  constexpr int kPerPool = 40;
+  std::vector<std::unique_ptr<FixedPool>> pools;
+  for (int i = 0; i < kPools; ++i) {
+    pools.push_back(std::make_unique<FixedPool>(
+        48, FixedPool::Options{.blocks_per_chunk = 64, .thread_cache_blocks = 8}));
+  }
+  std::map<void*, int> owner;  // every block handed out, and the pool that gave it
+  auto round = [&] {
+    std::vector<std::vector<void*>> held(kPools);
+    for (int k = 0; k < kPerPool; ++k) {
+      for (int i = 0; i < kPools; ++i) {
+        void* b = pools[static_cast<std::size_t>(i)]->Allocate();
+        std::memset(b, i, 48);
+        held[static_cast<std::size_t>(i)].push_back(b);
+        // A block is only ever handed out by the pool it belongs to.
+        const auto [it, fresh] = owner.emplace(b, i);
+        if (!fresh) CHECK(it->second == i);
+      }
+    }
+    // Freed from another thread, in reverse pool order: the blocks travel through
+    // that thread's caches (other slots' contents) back to their pools.
+    std::thread([&] {
+      for (int i = kPools; i-- > 0;) {
+        for (void* b : held[static_cast<std::size_t>(i)]) {
+          CHECK(*static_cast<unsigned char*>(b) == static_cast<unsigned char>(i));
+          pools[static_cast<std::size_t>(i)]->Deallocate(b);
+        }
+      }
+    }).join();
+  };
+  for (int r = 0; r < 3; ++r) round();
+  REQUIRE(owner.size() >= static_cast<std::size_t>(kPools * kPerPool));
+  for (int i = 0; i < kPools; ++i) {
+    const inferq::FixedPoolStats s = pools[static_cast<std::size_t>(i)]->Stats();
+    CHECK(s.allocations == 3 * kPerPool);
+    CHECK(s.frees == 3 * kPerPool);
+    CHECK(s.blocks_in_use == 0);
+  }
 }

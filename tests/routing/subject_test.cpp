@@ -2,8 +2,11 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <catch2/catch.hpp>
+
+#include "inferq/base/error.hpp"
 
 using inferq::IsValidSubject;
 using inferq::SubjectPattern;
@@ -164,4 +167,60 @@ TEST_CASE("patterns overlap when some subject matches both") {
     CHECK(P(c.a).Overlaps(P(c.b)) == c.overlap);
     CHECK(P(c.b).Overlaps(P(c.a)) == c.overlap);
   }
+}
+
+// The rules of DESIGN.md §3.5, written out plainly: the reference for the checks,
+// whose quick path (one pass, nothing built) must agree with them on every string.
+static bool ReferenceValid(std::string_view s, bool pattern) {
+  std::vector<std::string_view> tokens;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i <= s.size(); ++i) {
+    if (i == s.size() || s[i] == '.') {
+      tokens.push_back(s.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    const std::string_view tok = tokens[t];
+    if (tok.empty()) return false;
+    if (tok.find_first_of(" \t\n\v\f\r") != std::string_view::npos) return false;
+    if (tok == "*" || tok == ">") {
+      if (!pattern) return false;
+      if (tok == ">" && t + 1 != tokens.size()) return false;
+    }
+  }
+  return true;
+}
+
+TEST_CASE("subject and pattern checks agree with the rules on every string of up to 6 bytes") {
+  const std::string alphabet = "a.*> \t";
+  std::vector<std::string> strings = {""};
+  for (std::size_t len = 1, from = 0; len <= 6; ++len) {
+    const std::size_t to = strings.size();
+    for (std::size_t i = from; i < to; ++i) {
+      for (char c : alphabet) strings.push_back(strings[i] + c);
+    }
+    from = to;
+  }
+  REQUIRE(strings.size() == 55987);  // 1 + 6 + 6^2 + ... + 6^6
+  std::size_t valid_subjects = 0, valid_patterns = 0;
+  for (const std::string& s : strings) {
+    const absl::Status subject = inferq::ValidateSubject(s);
+    const auto pattern = inferq::SubjectPattern::Parse(s);
+    INFO(inferq::QuoteValue(s) << ": " << subject << " / " << pattern.status());
+    CHECK(subject.code() != absl::StatusCode::kInternal);
+    CHECK(pattern.status().code() != absl::StatusCode::kInternal);
+    CHECK(subject.ok() == ReferenceValid(s, false));
+    CHECK(pattern.ok() == ReferenceValid(s, true));
+    valid_subjects += subject.ok();
+    valid_patterns += pattern.ok();
+  }
+  CHECK(valid_subjects == 1920);  // as the reference counts them
+  CHECK(valid_patterns == 2406);
+  // And by hand: a wildcard inside a longer token is a literal character.
+  CHECK(inferq::ValidateSubject("a*.>a").ok());
+  CHECK_FALSE(inferq::ValidateSubject("a.>").ok());
+  CHECK(SubjectPattern::Parse("a.>").ok());
+  CHECK_FALSE(SubjectPattern::Parse(">.a").ok());
+  CHECK_FALSE(SubjectPattern::Parse("a.\t").ok());
 }

@@ -68,8 +68,8 @@ class FixedPool {
   // Inline fast path: the calling thread's cache of this pool, if it has a block.
   void* Allocate() {
     using namespace memory_internal;
-    if (tls_last_core == core_raw_) {
-      CacheHead* c = tls_last_cache;
+    if (const CacheSlot& s = tls_cache_slots[slot_]; s.core == core_raw_) {
+      CacheHead* c = s.cache;
       if (FreeNode* n = c->head) {
         c->head = n->next;
         --c->count;
@@ -83,8 +83,8 @@ class FixedPool {
   // Returns a block obtained from this pool's Allocate, from any thread.
   void Deallocate(void* block) noexcept {
     using namespace memory_internal;
-    if (block != nullptr && tls_last_core == core_raw_) {
-      CacheHead* c = tls_last_cache;
+    if (const CacheSlot& s = tls_cache_slots[slot_]; block != nullptr && s.core == core_raw_) {
+      CacheHead* c = s.cache;
       if (c->count < c->limit) {
         auto* n = static_cast<FreeNode*>(block);
         n->next = c->head;
@@ -105,6 +105,7 @@ class FixedPool {
   void DeallocateSlow(void* block) noexcept;
   std::shared_ptr<memory_internal::PoolCore> core_;
   memory_internal::PoolCore* core_raw_ = nullptr;  // core_.get(), for the fast paths
+  std::size_t slot_ = 0;  // index into memory_internal::tls_cache_slots
 };
 
 }  // namespace inferq

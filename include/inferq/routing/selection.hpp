@@ -204,7 +204,12 @@ class MemberGroup {
   const Clock& clock() const { return *clock_; }
 
   // Selects a member for `event` through `policy` (one thread at a time).
-  Selection Select(SelectionPolicy& policy, const Event& event);
+  Selection Select(SelectionPolicy& policy, const Event& event) {
+    return Select(policy, event, clock_->NowNanos());
+  }
+  // The same at `now_ns`, a reading of clock() the caller already took (the engine
+  // reads its clock once per publish).
+  Selection Select(SelectionPolicy& policy, const Event& event, std::int64_t now_ns);
 
   // One more unit of work was queued for member m.
   void OnQueued(std::uint32_t m) {
@@ -212,7 +217,15 @@ class MemberGroup {
   }
   // A unit of work of member m ended; `latency_ns` is its delivery-to-ack time
   // (ignored unless kSuccess). Updates health and the latency estimates.
-  void OnDone(std::uint32_t m, Outcome outcome, std::int64_t latency_ns);
+  void OnDone(std::uint32_t m, Outcome outcome, std::int64_t latency_ns) {
+    if (outcome == Outcome::kDropped) {
+      OnDone(m, outcome, latency_ns, 0);  // no time needed
+    } else {
+      OnDone(m, outcome, latency_ns, clock_->NowNanos());
+    }
+  }
+  // The same at `now_ns`, a reading of clock() the caller already took.
+  void OnDone(std::uint32_t m, Outcome outcome, std::int64_t latency_ns, std::int64_t now_ns);
   // Reported load for TopologyScorePolicy. InvalidArgument for m out of range or a
   // negative / non-finite value, or cpu above 1.
   absl::Status ReportLoad(std::uint32_t m, const MemberLoadReport& report);
@@ -263,6 +276,9 @@ class MemberGroup {
   const GroupOptions options_;
   const Clock* clock_;
   std::unique_ptr<Member[]> members_;
+  // From options_, converted once (OnDone runs on every ack).
+  const double peak_ewma_decay_ns_;
+  const double latency_floor_ms_;
 
   // Select's thread only.
   std::vector<double> weights_;

@@ -25,6 +25,13 @@
 //     itself under a version the writer waits to see empty.
 //  3. Writers are serialised by the caller (Change must not run concurrently with
 //     itself); `change` must do the same to both copies (it is called twice).
+//  4. In front of the two copies, each thread keeps its last results for a few
+//     subjects (tls_cache_), tagged with the generation they were read at. Change
+//     sets a new generation after both copies are changed, so a result tagged with
+//     the current generation was read from copies that held every change before it;
+//     one read during a Change carries the older tag and is not used again.
+//     Generations are unique across every RouteIndex of the process. A hit costs a
+//     load and a string compare: no read indicator, no lock.
 //
 // Memory orders: the reader's announce (fetch_add) and its load of left_right_, and
 // the writer's store of left_right_ and its loads of the indicators, are seq_cst: a
@@ -40,8 +47,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <thread>
+
+#include "absl/container/inlined_vector.h"
 
 #include "inferq/base/cache_line.hpp"
 #include "inferq/routing/subject_index.hpp"
@@ -55,15 +65,27 @@ class RouteIndex {
   RouteIndex(const RouteIndex&) = delete;
   RouteIndex& operator=(const RouteIndex&) = delete;
 
-  // SubjectIndex::Match on the copy readers use now. Never waits.
+  // SubjectIndex::Match on the copy readers use now. Never waits. Allocates only to
+  // grow *out, or the first time a thread caches a subject of a new length.
   template <class Out>
   std::size_t Match(std::string_view subject, Out* out) const {
-    ReadSlot& slot = slots_[ThisThreadSlot()];
-    const unsigned version = version_.load(std::memory_order_seq_cst);
-    slot.readers[version].fetch_add(1, std::memory_order_seq_cst);     // invariant 1
-    const unsigned lr = left_right_.load(std::memory_order_seq_cst);
-    const std::size_t n = index_[lr].Match(subject, out);
-    slot.readers[version].fetch_sub(1, std::memory_order_release);
+    // invariant 4: a thread's recent results, valid while the generation stands.
+    // acquire: pairs with Change's release, so a thread that sees the generation a
+    // Change set also sees both copies changed.
+    const std::uint64_t generation = generation_.load(std::memory_order_acquire);
+    ThreadCacheEntry& e = tls_cache_[CacheWay(subject)];
+    if (e.generation == generation && e.subject == subject) {
+      out->insert(out->end(), e.values.begin(), e.values.end());
+      return e.values.size();
+    }
+    const std::size_t before = out->size();
+    const std::size_t n = MatchShared(subject, out);
+    if (subject.size() <= kMaxCachedSubjectBytes && n <= kMaxCachedValues) {
+      e.generation = 0;  // a fill interrupted by bad_alloc leaves no valid entry
+      e.subject.assign(subject.data(), subject.size());
+      e.values.assign(out->begin() + static_cast<std::ptrdiff_t>(before), out->end());
+      e.generation = generation;
+    }
     return n;
   }
 
@@ -77,6 +99,8 @@ class RouteIndex {
     left_right_.store(1 - lr, std::memory_order_seq_cst);
     ToggleVersionAndWait();
     (void)change(index_[lr]);  // now no reader on this one
+    // invariant 4: last, once both copies are changed (release: see Match).
+    generation_.store(NextGeneration(), std::memory_order_release);
     return result;
   }
 
@@ -86,6 +110,40 @@ class RouteIndex {
   }
 
  private:
+  static constexpr std::size_t kCacheWays = 4;
+  static constexpr std::size_t kMaxCachedSubjectBytes = 256;
+  static constexpr std::size_t kMaxCachedValues = 16;
+  struct ThreadCacheEntry {
+    std::uint64_t generation = 0;  // 0: empty (generations start at 1)
+    std::string subject;
+    absl::InlinedVector<V, 4> values;
+  };
+  static std::size_t CacheWay(std::string_view subject) {
+    if (subject.empty()) return 0;
+    const auto mix = subject.size() ^ static_cast<unsigned char>(subject.front()) ^
+                     (static_cast<std::size_t>(static_cast<unsigned char>(subject.back())) << 1);
+    return mix % kCacheWays;
+  }
+  // Generations of every RouteIndex of this V come from one counter: an entry of a
+  // destroyed index (or another engine's) never matches.
+  static std::uint64_t NextGeneration() {
+    static std::atomic<std::uint64_t> counter{0};
+    return counter.fetch_add(1, std::memory_order_relaxed) + 1;  // relaxed: unique only
+  }
+  static thread_local std::array<ThreadCacheEntry, kCacheWays> tls_cache_;
+
+  // The Left-Right read of the shared copies.
+  template <class Out>
+  std::size_t MatchShared(std::string_view subject, Out* out) const {
+    ReadSlot& slot = slots_[ThisThreadSlot()];
+    const unsigned version = version_.load(std::memory_order_seq_cst);
+    slot.readers[version].fetch_add(1, std::memory_order_seq_cst);     // invariant 1
+    const unsigned lr = left_right_.load(std::memory_order_seq_cst);
+    const std::size_t n = index_[lr].Match(subject, out);
+    slot.readers[version].fetch_sub(1, std::memory_order_release);
+    return n;
+  }
+
   static constexpr std::size_t kSlots = 32;  // readers spread over this many lines
   struct alignas(kCacheLineSize) ReadSlot {
     std::array<std::atomic<std::uint64_t>, 2> readers{};  // by version
@@ -122,6 +180,11 @@ class RouteIndex {
   alignas(kCacheLineSize) std::atomic<unsigned> left_right_{0};
   std::atomic<unsigned> version_{0};
   mutable std::array<ReadSlot, kSlots> slots_{};
+  std::atomic<std::uint64_t> generation_{NextGeneration()};
 };
+
+template <class V>
+thread_local std::array<typename RouteIndex<V>::ThreadCacheEntry, RouteIndex<V>::kCacheWays>
+    RouteIndex<V>::tls_cache_;
 
 }  // namespace inferq::engine_internal

@@ -1,4 +1,5 @@
 // Selection policies, health and redelivery inside the engine.
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <thread>
@@ -438,4 +439,45 @@ TEST_CASE("a policy built for another group size and an ack_wait beyond a year a
   aw.ack_wait = absl::Hours(24 * 366);
   CHECK(Msg(engine.AddConsumer(aw).status()) ==
         "consumer 'h': ack_wait 8784h is invalid (zero for none, or up to 365 days)");
+}
+
+// Publish keeps each thread's recent routes (src/engine/route_index.hpp, invariant
+// 4); a stream added after them captures the next publish, on that thread and on one
+// that learns of the AddStream from the thread that made it.
+TEST_CASE("a stream added after a thread published on a subject captures its next publish",
+          "[concurrency]") {
+  Engine engine({.manual_timers = true});
+  REQUIRE(engine.AddStream({.name = "ALL", .subjects = {"route.>"}}).ok());
+  const std::vector<std::string> subjects = {"route.a", "route.bb", "route.ccc", "route.a.b",
+                                             "route.x", "route.yy", "route.zzz", "route.q.r.s"};
+  auto stored = [&](const std::string& subject) {
+    Event e;
+    e.subject = subject;
+    absl::StatusOr<PublishAck> ack = engine.Publish(std::move(e));
+    REQUIRE(ack.ok());
+    return ack->streams_stored;
+  };
+  for (int round = 0; round < 3; ++round) {
+    for (const std::string& s : subjects) CHECK(stored(s) == 1);
+  }
+  REQUIRE(engine.AddStream({.name = "SOME", .subjects = {"route.*"}}).ok());
+  for (const std::string& s : subjects) {
+    INFO(s);
+    CHECK(stored(s) == (std::count(s.begin(), s.end(), '.') == 1 ? 2u : 1u));
+  }
+
+  std::atomic<bool> added{false};
+  std::atomic<bool> seen_before{false};
+  std::uint32_t after = 0;
+  std::thread publisher([&] {
+    while (!added.load(std::memory_order_acquire)) {
+      if (stored("route.late.one") == 1) seen_before.store(true, std::memory_order_relaxed);
+    }
+    after = stored("route.late.one");  // after the AddStream, which happened before
+  });
+  while (!seen_before.load(std::memory_order_relaxed)) std::this_thread::yield();
+  REQUIRE(engine.AddStream({.name = "LATE", .subjects = {"route.late.>"}}).ok());
+  added.store(true, std::memory_order_release);
+  publisher.join();
+  CHECK(after == 2);
 }

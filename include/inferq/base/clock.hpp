@@ -50,9 +50,10 @@ class SteadyClock final : public Clock {
 inline constexpr std::int64_t kNoDeadline = INT64_MAX;  // wait forever
 
 // The deadline `timeout` from now. Saturating: a timeout too long for int64
-// nanoseconds (hours::max(), ...) gives kNoDeadline; zero or negative gives now
-// ("just try"). Converted through double so that no duration_cast can overflow;
-// below 2^53 ns (104 days) the conversion is exact.
+// nanoseconds (hours::max(), ...) gives kNoDeadline; zero or negative gives 0, a
+// deadline already passed ("just try"), without reading the clock (a pull with a
+// zero timeout is a hot path). Converted through double so that no duration_cast
+// can overflow; below 2^53 ns (104 days) the conversion is exact.
 template <class Rep, class Period>
 std::int64_t DeadlineAfter(std::chrono::duration<Rep, Period> timeout);
 
@@ -75,9 +76,9 @@ class ManualClock final : public Clock {
 
 template <class Rep, class Period>
 std::int64_t DeadlineAfter(std::chrono::duration<Rep, Period> timeout) {
-  const std::int64_t now = SteadyClock::Now();
   const double ns = std::chrono::duration<double, std::nano>(timeout).count();
-  if (!(ns > 0)) return now;  // also NaN
+  if (!(ns > 0)) return 0;  // also NaN
+  const std::int64_t now = SteadyClock::Now();
   if (ns >= static_cast<double>(kNoDeadline - now)) return kNoDeadline;
   return now + static_cast<std::int64_t>(ns);
 }
@@ -85,6 +86,7 @@ std::int64_t DeadlineAfter(std::chrono::duration<Rep, Period> timeout) {
 // The same for an absl::Duration (absl::InfiniteDuration() gives kNoDeadline).
 inline std::int64_t DeadlineAfter(absl::Duration timeout) {
   if (timeout == absl::InfiniteDuration()) return kNoDeadline;
+  if (timeout <= absl::ZeroDuration()) return 0;
   return DeadlineAfter(absl::ToChronoNanoseconds(timeout));
 }
 

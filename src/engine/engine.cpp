@@ -726,7 +726,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
   const std::int64_t now = c.clock->NowNanos();
   const std::int64_t latency = std::max<std::int64_t>(0, now - deliver_ns_);
   if (shadow_) {
-    c.group->OnDone(member_, Outcome::kSuccess, latency);
+    c.group->OnDone(member_, Outcome::kSuccess, latency, now);
     c.shadow_acked.fetch_add(1, std::memory_order_relaxed);
     return absl::OkStatus();
   }
@@ -774,17 +774,17 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
           const std::int64_t due = engine_internal::SatAdd(now, delay_ns);
           c.AddTimer({due, msg_->seq, attempt_ + 1, std::move(next)});
           lock.unlock();
-          c.group->OnDone(member_, Outcome::kFailure, latency);
+          c.group->OnDone(member_, Outcome::kFailure, latency, now);
           if (c.wake_timer) c.wake_timer(due);
           return absl::OkStatus();
         }
         lock.unlock();
-        c.group->OnDone(member_, Outcome::kFailure, latency);
+        c.group->OnDone(member_, Outcome::kFailure, latency, now);
         engine_internal::Redeliver(c, std::move(next), member_);
         return absl::OkStatus();
       }
       c.pending.erase(it);
-      c.group->OnDone(member_, Outcome::kSuccess, latency);
+      c.group->OnDone(member_, Outcome::kSuccess, latency, now);
     }
   } else {
     c.Unsettle();
@@ -810,7 +810,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
       engine_internal::Redeliver(c, std::move(next), member_);
       return absl::OkStatus();
     }
-    c.group->OnDone(member_, Outcome::kSuccess, latency);
+    c.group->OnDone(member_, Outcome::kSuccess, latency, now);
   }
   c.acked.fetch_add(1, std::memory_order_relaxed);
   c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
@@ -967,7 +967,7 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
     lane.delay_ewma_ns.store(ewma == 0 ? delay : ewma + (delay - ewma) / 8,
                              std::memory_order_relaxed);
     if (c.config.ack == AckPolicy::kNone) {
-      c.group->OnDone(index_, Outcome::kSuccess, 0);
+      c.group->OnDone(index_, Outcome::kSuccess, 0, now);
     } else if (!d.shadow) {
       if (slot.held) {
         slot.held = false;  // the reserved slot is this delivery's
@@ -1748,7 +1748,7 @@ absl::StatusOr<PublishAck> Engine::TryPublish(Event event) {
   return Publish(std::move(event), PublishMode::kTry);
 }
 
-absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, StreamState* only) {
+absl::StatusOr<PublishAck> Engine::Publish(Event&& event, PublishMode mode, StreamState* only) {
   if (impl_->closed.load(std::memory_order_acquire)) {
     return absl::CancelledError("engine is closed");
   }
@@ -1762,9 +1762,15 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
   // room is not counted as a rejection: the call waits and tries again (FlushCalls).
   const bool no_wait = mode == PublishMode::kTry || mode == PublishMode::kCall;
   const bool count_refusals = mode != PublishMode::kCall;
-  if (absl::Status s = ValidateSubject(event.subject); !s.ok()) {
-    count(impl_->invalid);
-    return s;
+  // The streams that capture the subject. A subject this thread routed since the last
+  // AddStream was checked then (RouteIndex::MatchCached); any other is checked first.
+  absl::InlinedVector<StreamState*, 4> capturing;
+  if (!impl_->routes.MatchCached(event.subject, &capturing)) {
+    if (absl::Status s = ValidateSubject(event.subject); !s.ok()) {
+      count(impl_->invalid);
+      return s;
+    }
+    impl_->routes.Match(event.subject, &capturing);
   }
   if (event.msg_id.size() > kMaxMsgIdBytes) {
     count(impl_->invalid);
@@ -1802,8 +1808,6 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
         event_limit_ns,
         std::max<std::int64_t>(0, absl::ToInt64Nanoseconds(event.deadline - absl::Now())));
   }
-  absl::InlinedVector<StreamState*, 4> capturing;
-  impl_->routes.Match(event.subject, &capturing);
   if (only != nullptr) {
     const bool captures = std::find(capturing.begin(), capturing.end(), only) != capturing.end();
     capturing.clear();
@@ -1957,7 +1961,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
       Selection sel;
       {
         std::lock_guard select_lock(c->select_mu);
-        sel = c->group->Select(*c->policy, ev);
+        sel = c->group->Select(*c->policy, ev, now);
       }
       targets.push_back({c, sel.member, false});
       if (sel.mirror != kNoMember) targets.push_back({c, sel.mirror, true});

@@ -69,15 +69,11 @@ class RouteIndex {
   // grow *out, or the first time a thread caches a subject of a new length.
   template <class Out>
   std::size_t Match(std::string_view subject, Out* out) const {
-    // invariant 4: a thread's recent results, valid while the generation stands.
-    // acquire: pairs with Change's release, so a thread that sees the generation a
-    // Change set also sees both copies changed.
+    if (std::size_t n = 0; MatchCached(subject, out, &n)) return n;
+    // invariant 4: acquire pairs with Change's release, so a thread that sees the
+    // generation a Change set also sees both copies changed.
     const std::uint64_t generation = generation_.load(std::memory_order_acquire);
     ThreadCacheEntry& e = tls_cache_[CacheWay(subject)];
-    if (e.generation == generation && e.subject == subject) {
-      out->insert(out->end(), e.values.begin(), e.values.end());
-      return e.values.size();
-    }
     const std::size_t before = out->size();
     const std::size_t n = MatchShared(subject, out);
     if (subject.size() <= kMaxCachedSubjectBytes && n <= kMaxCachedValues) {
@@ -87,6 +83,21 @@ class RouteIndex {
       e.generation = generation;
     }
     return n;
+  }
+
+  // Only this thread's cache (invariant 4): when this thread matched `subject` since
+  // the last Change, appends the values, sets *n to their count and returns true;
+  // else false, nothing appended. A hit means Match ran on `subject` before, so a
+  // caller that checks every subject before Match may skip the check on a hit.
+  template <class Out>
+  bool MatchCached(std::string_view subject, Out* out, std::size_t* n = nullptr) const {
+    // acquire: as in Match.
+    const std::uint64_t generation = generation_.load(std::memory_order_acquire);
+    const ThreadCacheEntry& e = tls_cache_[CacheWay(subject)];
+    if (e.generation != generation || e.subject != subject) return false;
+    out->insert(out->end(), e.values.begin(), e.values.end());
+    if (n != nullptr) *n = e.values.size();
+    return true;
   }
 
   // Applies `change` (a callable taking SubjectIndex<V>&) to both copies, readers

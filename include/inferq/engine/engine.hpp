@@ -700,7 +700,7 @@ class Engine {
   // letters (never waits, never refuses for a full lane: parks the delivery).
   enum class PublishMode { kWait, kTry, kCall, kInternal };
   // `only`: publish into that stream alone (a deferred dead letter, FlushOutbox).
-  absl::StatusOr<PublishAck> Publish(Event event, PublishMode mode,
+  absl::StatusOr<PublishAck> Publish(Event&& event, PublishMode mode,
                                      engine_internal::StreamState* only = nullptr);
   // Publishes the dead letters that found their stream's mutex taken.
   void FlushOutbox();

@@ -826,7 +826,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
 // ---------------------------------------------------------------------------------
 // Member and Consumer
 
-absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
+absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns) {
   ConsumerState& c = *consumer_;
   Lane& lane = *c.lanes[index_];
   // max_ack_pending: take a slot before pulling, so that no more than the limit is
@@ -876,7 +876,9 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out) {
     }
     Handle& h = d.h;
     StreamState& stream = *h->stream;
-    const std::int64_t now = c.clock->NowNanos();
+    // The caller's reading stands for an item that was there at once; one that came
+    // after a wait gets its own.
+    const std::int64_t now = now_ns >= 0 ? now_ns : c.clock->NowNanos();
     // A consumer never receives what its stream has discarded (limits, max_age);
     // an event that aged out while queued is discarded here.
     if (h->state.load(std::memory_order_acquire) == engine_internal::kLive &&
@@ -1049,7 +1051,9 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(absl::Duration timeout) {
     if (d.take > 0 || waited_out) {
       while (batch.size() < d.take) {
         Message m;
-        if (!PopOne(SteadyClock::Now(), m).ok()) break;  // others took them: go with what is here
+        // Deadline 0: only what is queued now (others took the rest: go with what is
+        // here), delivered at this batch's `now`.
+        if (!PopOne(0, m, now).ok()) break;
         batch.push_back(std::move(m));
       }
       return batch;

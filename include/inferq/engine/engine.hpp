@@ -431,7 +431,9 @@ class Member {
   Member(engine_internal::ConsumerState* c, std::uint32_t i) : consumer_(c), index_(i) {}
   // Pops until a deliverable message or the deadline (steady ns). Returns OK, or
   // DeadlineExceeded / Cancelled.
-  absl::Status PopOne(std::int64_t deadline_ns, Message& out);
+  // `now_ns`: a reading of the engine clock the caller took for this pull (a batch
+  // reads it once); -1 = read it here.
+  absl::Status PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns = -1);
   engine_internal::ConsumerState* consumer_;
   std::uint32_t index_;
 };

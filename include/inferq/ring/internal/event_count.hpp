@@ -34,7 +34,8 @@
 //     active (spinning or yielding, not asleep): that waiter takes the change, or
 //     passes it on. Every waiter, when it leaves the active phase and when it
 //     returns from WaitUntil, leaves active_ first (a seq_cst read-modify-write and
-//     fence) and then checks whether more is available; if so it calls NotifyOne.
+//     fence) and then checks whether anyone sleeps and more is available; if so it
+//     calls NotifyOne.
 //     The same pairing as in 3 makes that safe: either the notifier sees the waiter
 //     gone from active_ (and wakes a sleeper itself), or the leaving waiter sees the
 //     change (and wakes one). So while anything is available, some waiter is awake

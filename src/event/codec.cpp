@@ -274,13 +274,17 @@ absl::StatusOr<std::string> ZstdDecompress(std::string_view input,
                                  ": " + ZSTD_getErrorName(r));
     }
   }
-  // Fast path: one frame that records its content size, within the limit, is
-  // decompressed in one call straight into an output of that size. libzstd checks
-  // that the frame really produces that many bytes. On any error the streaming
-  // path below decodes the input again from a reset context; it reports errors
-  // precisely (and the limit is checked on what is produced, not on the header).
+  // Fast path: one frame that records a content size of at most kOneShotMaxBytes
+  // (and within the limit) is decompressed in one call straight into an output of
+  // that size. libzstd checks that the frame really produces that many bytes. The
+  // bound keeps a lying header of a few bytes from making us allocate up to
+  // `max_output` before libzstd finds the lie; larger frames stream, as before. On
+  // any error the streaming path below decodes the input again from a reset
+  // context; it reports errors precisely and checks the limit on what it produces.
+  constexpr unsigned long long kOneShotMaxBytes = 1 << 20;
   if (const unsigned long long size = ZSTD_getFrameContentSize(input.data(), input.size());
-      size != ZSTD_CONTENTSIZE_UNKNOWN && size != ZSTD_CONTENTSIZE_ERROR && size <= max_output &&
+      size != ZSTD_CONTENTSIZE_UNKNOWN && size != ZSTD_CONTENTSIZE_ERROR &&
+      size <= kOneShotMaxBytes && size <= max_output &&
       ZSTD_findFrameCompressedSize(input.data(), input.size()) == input.size()) {
     std::string out(static_cast<std::size_t>(size), '\0');
     const std::size_t n = ZSTD_decompressDCtx(ctx, out.data(), out.size(), input.data(),

@@ -17,6 +17,7 @@
 #include <benchmark/benchmark.h>
 #include <pthread.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
@@ -586,6 +587,139 @@ const int kRegistered = [] {
 }();
 
 }  // namespace e2e
+
+// ---------------------------------------------------------------------------------
+// Idle: M member threads blocked in a pull with nothing published (issue 15, speed
+// target 4: 16 members use under 1 % of one core in total over 5 s).
+//
+//   BM_Idle/<impl>/members:M  M threads each block in their implementation's pull
+//                             (inferq: Member::Next(60 s) on one consumer of M
+//                             members of one stream; the peers: their blocking pop);
+//                             after a 0.5 s settling period (thread start-up, the
+//                             active part of each wait), the process's CPU time
+//                             (getrusage(RUSAGE_SELF) user + sys, every thread incl.
+//                             the engine's own) is read over 5 s of wall time.
+//                             cpu_pct_one_core = CPU s / wall s x 100;
+//                             context_switches_per_s = voluntary + involuntary, per s
+//                             (each wake-up of a sleeping thread is at least one).
+//                             Nothing may be delivered: a message aborts the run.
+
+namespace idle {
+
+constexpr std::int64_t kSettleNs = 500'000'000;
+constexpr std::int64_t kMeasureNs = 5'000'000'000;
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "bench_engine BM_Idle: %s\n", what.c_str());
+  std::abort();
+}
+
+struct InferqIdle {
+  explicit InferqIdle(int members) {
+    inferq::StreamConfig sc{.name = "IDLE", .subjects = {"idle.>"}};
+    if (absl::Status st = engine_.AddStream(sc); !st.ok()) Die(std::string(st.message()));
+    inferq::ConsumerConfig cc{.stream = "IDLE", .name = "workers"};
+    cc.members = static_cast<std::uint32_t>(members);
+    absl::StatusOr<inferq::Consumer> c = engine_.AddConsumer(cc);
+    if (!c.ok()) Die(std::string(c.status().message()));
+    for (int i = 0; i < members; ++i) {
+      absl::StatusOr<inferq::Member> m = c->member(static_cast<std::uint32_t>(i));
+      if (!m.ok()) Die(std::string(m.status().message()));
+      members_.push_back(*m);
+    }
+  }
+  // Pulls until the engine closes.
+  void Wait(int member) {
+    for (;;) {
+      absl::StatusOr<inferq::Message> m =
+          members_[static_cast<std::size_t>(member)].Next(absl::Seconds(60));
+      if (m.ok()) Die("an idle member received a message");
+      if (m.status().code() == absl::StatusCode::kCancelled) return;
+      if (m.status().code() != absl::StatusCode::kDeadlineExceeded) {
+        Die(std::string(m.status().message()));
+      }
+    }
+  }
+  void Stop() { engine_.Close(); }
+
+  inferq::Engine engine_;
+  std::vector<inferq::Member> members_;
+};
+
+// The end-to-end peers, blocked in their Pull until Finish().
+template <class Impl>
+struct PeerIdle {
+  explicit PeerIdle(int members) : impl_(members, 0, false) {}
+  void Wait(int member) {
+    while (impl_.Pull(member, [](const e2e::Payload&) { Die("an idle worker got an item"); })) {
+    }
+  }
+  void Stop() { impl_.Finish(); }
+  Impl impl_;
+};
+
+struct Usage {
+  double cpu_s;
+  long switches;
+};
+
+Usage Now() {
+  rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return {static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+              static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6,
+          ru.ru_nvcsw + ru.ru_nivcsw};
+}
+
+template <class Impl>
+void BM_Idle(benchmark::State& state, int members) {
+  double cpu_s = 0, wall_s = 0;
+  long switches = 0;
+  for (auto _ : state) {
+    Impl impl(members);
+    std::vector<std::thread> threads;
+    for (int m = 0; m < members; ++m) {
+      threads.emplace_back([&impl, m] {
+        pthread_setname_np(pthread_self(), ("idle" + std::to_string(m)).c_str());
+        impl.Wait(m);
+      });
+    }
+    e2e::SleepUntilNs(e2e::NowNs() + kSettleNs);
+    const Usage u0 = Now();
+    const std::int64_t t0 = e2e::NowNs();
+    e2e::SleepUntilNs(t0 + kMeasureNs);
+    const Usage u1 = Now();
+    const std::int64_t t1 = e2e::NowNs();
+    impl.Stop();
+    for (std::thread& t : threads) t.join();
+    cpu_s += u1.cpu_s - u0.cpu_s;
+    switches += u1.switches - u0.switches;
+    const double wall = static_cast<double>(t1 - t0) / 1e9;
+    wall_s += wall;
+    state.SetIterationTime(wall);
+  }
+  state.counters["cpu_pct_one_core"] = wall_s > 0 ? 100.0 * cpu_s / wall_s : 0;
+  state.counters["cpu_ms"] = cpu_s * 1e3;
+  state.counters["context_switches_per_s"] = wall_s > 0 ? static_cast<double>(switches) / wall_s : 0;
+}
+
+template <class Impl>
+void RegisterIdle(const std::string& impl, int members) {
+  benchmark::RegisterBenchmark(("BM_Idle/" + impl + "/members:" + std::to_string(members)).c_str(),
+                               [members](benchmark::State& s) { BM_Idle<Impl>(s, members); })
+      ->UseManualTime()
+      ->Iterations(1)
+      ->Unit(benchmark::kMillisecond);
+}
+
+const int kRegistered = [] {
+  RegisterIdle<InferqIdle>("inferq", 16);
+  RegisterIdle<PeerIdle<e2e::MutexDequeImpl>>("mutex_deque", 16);
+  RegisterIdle<PeerIdle<e2e::TbbBoundedImpl>>("tbb_bounded", 16);
+  return 0;
+}();
+
+}  // namespace idle
 
 }  // namespace
 

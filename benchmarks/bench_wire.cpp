@@ -15,10 +15,12 @@
 //                    ZSTD_CCtx / ZSTD_DCtx kept across calls (zstd codecs only): the
 //                    floor for a compressed event.
 //   zstd_codec       inferq::ZstdCompress / ZstdDecompress alone on the payload (no
-//                    framing): a new libzstd context per call, as Encode uses it.
+//                    framing), as Encode uses them: the calling thread's libzstd
+//                    contexts, reset to defaults at every call (until commit 7a56628
+//                    a new context per call).
 //   zstd_ctx_reused  libzstd directly with one ZSTD_CCtx / ZSTD_DCtx kept across calls
-//                    (ZSTD_compressCCtx / ZSTD_decompressDCtx): what the per-call
-//                    context costs.
+//                    (ZSTD_compressCCtx / ZSTD_decompressDCtx), no reset: the floor
+//                    for zstd_codec.
 // No other serializer is installed on the machine of record (Debian 12 has only the
 // runtime libraries of protobuf and libcbor there, no headers or compilers).
 //

@@ -34,6 +34,55 @@ std::string Hex4(std::string_view b) {
   return out;
 }
 
+// One compression and one decompression context per thread, created on first use
+// and reused by every later call on that thread (creating a context costs about
+// 20 µs: BENCHMARKS.md, bench_wire). Every call starts with
+// ZSTD_{C,D}Ctx_reset(ZSTD_reset_session_and_parameters), which also drops a
+// referenced CDict/DDict, and then sets what it needs: nothing one call sets (level,
+// dictionary, a half-finished frame after an error) reaches the next.
+// A context keeps the largest workspace it has needed (libzstd shrinks it again
+// after many calls that need far less): see codec.hpp's thread-safety note.
+struct ThreadContexts {
+  ZSTD_CCtx* cctx = nullptr;
+  ZSTD_DCtx* dctx = nullptr;
+  std::string chunk;  // streaming decompression's output window (ZSTD_DStreamOutSize)
+  ThreadContexts() = default;
+  ThreadContexts(const ThreadContexts&) = delete;
+  ThreadContexts& operator=(const ThreadContexts&) = delete;
+  ~ThreadContexts() {
+    ZSTD_freeCCtx(cctx);
+    ZSTD_freeDCtx(dctx);
+  }
+};
+
+ThreadContexts& Contexts() {
+  thread_local ThreadContexts contexts;
+  return contexts;
+}
+
+// This thread's compression context, reset to defaults; nullptr when libzstd cannot
+// allocate one.
+ZSTD_CCtx* FreshCCtx() {
+  ThreadContexts& t = Contexts();
+  if (t.cctx == nullptr) t.cctx = ZSTD_createCCtx();
+  if (t.cctx == nullptr) return nullptr;
+  // Cannot fail between frames; a frame left unfinished by an error is dropped.
+  ZSTD_CCtx_reset(t.cctx, ZSTD_reset_session_and_parameters);
+  return t.cctx;
+}
+
+ZSTD_DCtx* FreshDCtx() {
+  ThreadContexts& t = Contexts();
+  if (t.dctx == nullptr) t.dctx = ZSTD_createDCtx();
+  if (t.dctx == nullptr) return nullptr;
+  ZSTD_DCtx_reset(t.dctx, ZSTD_reset_session_and_parameters);
+  return t.dctx;
+}
+
+absl::Status ContextError() {
+  return absl::ResourceExhaustedError("cannot allocate a zstd context");
+}
+
 }  // namespace
 
 ZstdDictionary::~ZstdDictionary() {
@@ -134,11 +183,15 @@ const ZstdDictionary* ZstdDictionaries::Find(std::uint32_t id) const {
 }
 
 absl::StatusOr<std::string> ZstdCompress(std::string_view input, const ZstdDictionary& dictionary) {
-  std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> ctx(ZSTD_createCCtx(), &ZSTD_freeCCtx);
-  if (!ctx) return absl::ResourceExhaustedError("cannot allocate a zstd context");
+  ZSTD_CCtx* ctx = FreshCCtx();
+  if (ctx == nullptr) return ContextError();
   std::string out(ZSTD_compressBound(input.size()), '\0');
-  const std::size_t n = ZSTD_compress_usingCDict(ctx.get(), out.data(), out.size(), input.data(),
-                                                 input.size(), dictionary.cdict());
+  // The CDict brings its level; the reset left content size on and the dictionary id
+  // in the frame header (libzstd's defaults), as ZSTD_compress_usingCDict writes them.
+  std::size_t n = ZSTD_CCtx_refCDict(ctx, dictionary.cdict());
+  if (!ZSTD_isError(n)) {
+    n = ZSTD_compress2(ctx, out.data(), out.size(), input.data(), input.size());
+  }
   if (ZSTD_isError(n)) {
     return absl::InternalError("zstd compression with dictionary " +
                                std::to_string(dictionary.id()) +
@@ -183,8 +236,13 @@ absl::StatusOr<ZstdFrameInfo> ZstdFrameHeaders(std::string_view input) {
 
 absl::StatusOr<std::string> ZstdCompress(std::string_view input, int level) {
   if (absl::Status s = CheckLevel(level); !s.ok()) return s;
+  ZSTD_CCtx* ctx = FreshCCtx();
+  if (ctx == nullptr) return ContextError();
   std::string out(ZSTD_compressBound(input.size()), '\0');
-  const std::size_t n = ZSTD_compress(out.data(), out.size(), input.data(), input.size(), level);
+  std::size_t n = ZSTD_CCtx_setParameter(ctx, ZSTD_c_compressionLevel, level);
+  if (!ZSTD_isError(n)) {
+    n = ZSTD_compress2(ctx, out.data(), out.size(), input.data(), input.size());
+  }
   if (ZSTD_isError(n)) {
     return absl::InternalError(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
   }
@@ -199,8 +257,8 @@ absl::StatusOr<std::string> ZstdDecompress(std::string_view input,
     return absl::InvalidArgumentError("input of " + std::to_string(input.size()) +
                                       " bytes is too short to be zstd data");
   }
-  std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> ctx(ZSTD_createDCtx(), &ZSTD_freeDCtx);
-  if (!ctx) return absl::ResourceExhaustedError("cannot allocate a zstd context");
+  ZSTD_DCtx* ctx = FreshDCtx();
+  if (ctx == nullptr) return ContextError();
   // The dictionary id the first frame's header names (0: none, or no valid header).
   const unsigned frame_dictionary = ZSTD_getDictID_fromFrame(input.data(), input.size());
   if (const unsigned id = frame_dictionary; id != 0 && dictionaries != nullptr) {
@@ -210,20 +268,40 @@ absl::StatusOr<std::string> ZstdDecompress(std::string_view input,
                                  std::to_string(id) + ", which is not in the dictionary set (" +
                                  std::to_string(dictionaries->size()) + " dictionaries)");
     }
-    const std::size_t r = ZSTD_DCtx_refDDict(ctx.get(), d->ddict());
+    const std::size_t r = ZSTD_DCtx_refDDict(ctx, d->ddict());
     if (ZSTD_isError(r)) {
       return absl::InternalError(std::string("zstd cannot use dictionary ") + std::to_string(id) +
                                  ": " + ZSTD_getErrorName(r));
     }
   }
+  // Fast path: one frame that records a content size of at most kOneShotMaxBytes
+  // (and within the limit) is decompressed in one call straight into an output of
+  // that size. libzstd checks that the frame really produces that many bytes. The
+  // bound keeps a lying header of a few bytes from making us allocate up to
+  // `max_output` before libzstd finds the lie; larger frames stream, as before. On
+  // any error the streaming path below decodes the input again from a reset
+  // context; it reports errors precisely and checks the limit on what it produces.
+  constexpr unsigned long long kOneShotMaxBytes = 1 << 20;
+  if (const unsigned long long size = ZSTD_getFrameContentSize(input.data(), input.size());
+      size != ZSTD_CONTENTSIZE_UNKNOWN && size != ZSTD_CONTENTSIZE_ERROR &&
+      size <= kOneShotMaxBytes && size <= max_output &&
+      ZSTD_findFrameCompressedSize(input.data(), input.size()) == input.size()) {
+    std::string out(static_cast<std::size_t>(size), '\0');
+    const std::size_t n = ZSTD_decompressDCtx(ctx, out.data(), out.size(), input.data(),
+                                              input.size());
+    if (!ZSTD_isError(n) && n == out.size()) return out;
+    // The error left the context mid-frame: start it over, with the same dictionary.
+    ZSTD_DCtx_reset(ctx, ZSTD_reset_session_only);
+  }
   std::string out;
-  std::string chunk(ZSTD_DStreamOutSize(), '\0');
+  std::string& chunk = Contexts().chunk;
+  if (chunk.size() != ZSTD_DStreamOutSize()) chunk.assign(ZSTD_DStreamOutSize(), '\0');
   ZSTD_inBuffer in{input.data(), input.size(), 0};
   std::size_t last = 0;  // 0 when the last call finished a frame
   while (in.pos < in.size) {
     ZSTD_outBuffer ob{chunk.data(), chunk.size(), 0};
     const std::size_t before = in.pos;
-    last = ZSTD_decompressStream(ctx.get(), &ob, &in);
+    last = ZSTD_decompressStream(ctx, &ob, &in);
     if (ZSTD_isError(last)) {
       // libzstd does not say which byte was bad, only which call failed: name the
       // input range that call was reading.
@@ -247,7 +325,7 @@ absl::StatusOr<std::string> ZstdDecompress(std::string_view input,
   // Flush what the decoder still holds for the current frame.
   while (last != 0) {
     ZSTD_outBuffer ob{chunk.data(), chunk.size(), 0};
-    last = ZSTD_decompressStream(ctx.get(), &ob, &in);
+    last = ZSTD_decompressStream(ctx, &ob, &in);
     if (ZSTD_isError(last)) {
       return absl::InvalidArgumentError(std::string("zstd data is corrupt at its end: ") +
                                         ZSTD_getErrorName(last));

@@ -2,12 +2,15 @@
 // paths of ZstdCompress / ZstdDecompress / ZstdFrameHeaders.
 #include "inferq/event/codec.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <zstd.h>
 
 #include "absl/status/status.h"
 #include "token_samples.hpp"
@@ -19,6 +22,35 @@ using inferq::ZstdDictionary;
 
 using inferq_test::TokenSamples;
 using inferq_test::TrainOrDie;
+
+// What a fresh libzstd context makes of `input`: the reference the per-thread
+// contexts of ZstdCompress must match byte for byte.
+std::string FreshCompress(const std::string& input, int level) {
+  std::string out(ZSTD_compressBound(input.size()), '\0');
+  const std::size_t n = ZSTD_compress(out.data(), out.size(), input.data(), input.size(), level);
+  REQUIRE(!ZSTD_isError(n));
+  out.resize(n);
+  return out;
+}
+
+std::string FreshCompress(const std::string& input, const ZstdDictionary& dictionary) {
+  ZSTD_CCtx* ctx = ZSTD_createCCtx();
+  REQUIRE(ctx != nullptr);
+  std::string out(ZSTD_compressBound(input.size()), '\0');
+  const std::size_t n = ZSTD_compress_usingCDict(ctx, out.data(), out.size(), input.data(),
+                                                 input.size(), dictionary.cdict());
+  ZSTD_freeCCtx(ctx);
+  REQUIRE(!ZSTD_isError(n));
+  out.resize(n);
+  return out;
+}
+
+// A few KiB of token-id text: large enough that levels 1 and 19 give different frames.
+std::string LongPayload(std::uint32_t seed) {
+  std::string s;
+  for (const std::string& t : TokenSamples(seed, 64)) s += t;
+  return s;
+}
 
 }  // namespace
 
@@ -322,4 +354,127 @@ TEST_CASE("TranscodePayload rejects an inconsistent event, naming the value") {
     CHECK(r->bytes.empty());
     CHECK(r->codec == inferq::PayloadCodec::kNone);
   }
+}
+
+// The codec keeps one libzstd context per thread; each call must start from
+// defaults, so neither a level nor a dictionary of one call reaches the next.
+TEST_CASE("one thread alternating dictionaries, levels and no dictionary gets fresh-context results") {
+  std::shared_ptr<const ZstdDictionary> a = TrainOrDie(30);
+  std::shared_ptr<const ZstdDictionary> b = TrainOrDie(31);
+  REQUIRE(a->id() != b->id());
+  ZstdDictionaries set;
+  REQUIRE(set.Add(a).ok());
+  REQUIRE(set.Add(b).ok());
+  const std::string small = TokenSamples(32, 1)[0];
+  const std::string big = LongPayload(33);
+  // Otherwise a leaked level could not show in the bytes.
+  REQUIRE(FreshCompress(big, 1) != FreshCompress(big, 19));
+
+  struct Step {
+    const std::string* input;
+    const ZstdDictionary* dict;  // nullptr: plain zstd at `level`
+    int level;
+  };
+  const Step steps[] = {
+      {&big, nullptr, 19}, {&big, nullptr, 1},  {&small, a.get(), 0}, {&small, nullptr, 3},
+      {&small, b.get(), 0}, {&small, a.get(), 0}, {&big, nullptr, 1},  {&big, b.get(), 0},
+      {&big, nullptr, 19}, {&small, nullptr, 1},
+  };
+  for (int round = 0; round < 2; ++round) {
+    for (const Step& step : steps) {
+      INFO("round " << round << ", " << step.input->size() << " bytes, dictionary "
+                    << (step.dict ? step.dict->id() : 0) << ", level " << step.level);
+      absl::StatusOr<std::string> z = step.dict != nullptr
+                                          ? inferq::ZstdCompress(*step.input, *step.dict)
+                                          : inferq::ZstdCompress(*step.input, step.level);
+      REQUIRE(z.ok());
+      CHECK(*z == (step.dict != nullptr ? FreshCompress(*step.input, *step.dict)
+                                        : FreshCompress(*step.input, step.level)));
+      absl::StatusOr<inferq::ZstdFrameInfo> info = inferq::ZstdFrameHeaders(*z);
+      REQUIRE(info.ok());
+      CHECK(info->dictionary_id == (step.dict != nullptr ? step.dict->id() : 0));
+      absl::StatusOr<std::string> back = inferq::ZstdDecompress(*z, &set);
+      REQUIRE(back.ok());
+      CHECK(*back == *step.input);
+      if (step.dict != nullptr) {
+        // The dictionary the last call referenced must not be left on the context:
+        // without a set the frame cannot be decoded.
+        absl::StatusOr<std::string> none = inferq::ZstdDecompress(*z);
+        CHECK(none.status().code() == absl::StatusCode::kInvalidArgument);
+      }
+    }
+  }
+}
+
+TEST_CASE("a failed decompression leaves this thread's context usable") {
+  const std::string payload = LongPayload(34);
+  absl::StatusOr<std::string> z = inferq::ZstdCompress(payload, 3);
+  REQUIRE(z.ok());
+  SECTION("truncated mid-frame") {
+    auto r = inferq::ZstdDecompress(z->substr(0, z->size() / 2));
+    CHECK(r.status().code() == absl::StatusCode::kDataLoss);
+  }
+  SECTION("corrupt block") {
+    std::string bad = *z;
+    for (std::size_t i = bad.size() / 2; i < bad.size() / 2 + 16; ++i) bad[i] ^= 0x5a;
+    auto r = inferq::ZstdDecompress(bad);
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  }
+  SECTION("over the output limit") {
+    auto r = inferq::ZstdDecompress(*z, payload.size() - 1);
+    CHECK(r.status().code() == absl::StatusCode::kResourceExhausted);
+  }
+  auto again = inferq::ZstdDecompress(*z);
+  REQUIRE(again.ok());
+  CHECK(*again == payload);
+}
+
+// Threads each compress and decompress with their own contexts while sharing the
+// dictionaries and decoding one another's frames. Runs under ThreadSanitizer.
+TEST_CASE("the codec used from several threads at once round-trips every payload") {
+  std::shared_ptr<const ZstdDictionary> a = TrainOrDie(35);
+  std::shared_ptr<const ZstdDictionary> b = TrainOrDie(36);
+  ZstdDictionaries set;
+  REQUIRE(set.Add(a).ok());
+  REQUIRE(set.Add(b).ok());
+  const std::vector<std::string> payloads = TokenSamples(37, 16);
+  // Frames made on this thread, decoded on the others.
+  std::vector<std::string> frames;
+  for (std::size_t i = 0; i < payloads.size(); ++i) {
+    auto z = i % 3 == 0   ? inferq::ZstdCompress(payloads[i], *a)
+             : i % 3 == 1 ? inferq::ZstdCompress(payloads[i], *b)
+                          : inferq::ZstdCompress(payloads[i], 1 + static_cast<int>(i % 5));
+    REQUIRE(z.ok());
+    frames.push_back(*std::move(z));
+  }
+  constexpr int kThreads = 4;
+  constexpr int kIterations = 200;
+  std::atomic<int> failures{0};
+  std::atomic<int> round_trips{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kIterations; ++i) {
+        const std::size_t k = static_cast<std::size_t>(t * 7 + i) % payloads.size();
+        const int kind = (t + i) % 4;
+        auto z = kind == 0   ? inferq::ZstdCompress(payloads[k], *a)
+                 : kind == 1 ? inferq::ZstdCompress(payloads[k], *b)
+                             : inferq::ZstdCompress(payloads[k], kind == 2 ? 1 : 9);
+        if (!z.ok()) {
+          failures.fetch_add(1);
+          continue;
+        }
+        auto own = inferq::ZstdDecompress(*z, &set);
+        auto other = inferq::ZstdDecompress(frames[k], &set);
+        if (own.ok() && *own == payloads[k] && other.ok() && *other == payloads[k]) {
+          round_trips.fetch_add(1);
+        } else {
+          failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  CHECK(failures.load() == 0);
+  CHECK(round_trips.load() == kThreads * kIterations);
 }

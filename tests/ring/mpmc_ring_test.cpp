@@ -703,3 +703,103 @@ TEST_CASE("single pops while some producers spin and others sleep reach every pr
     }
   }
 }
+
+namespace {
+// Every blocking call that does not succeed at once goes straight to sleep: no
+// active phase (kMaxActive 0), so each hand-off runs the sleep/notify protocol of
+// internal/event_count.hpp (invariants 1-3) and races with the notifier's check.
+struct SleepAtOnce {
+  static constexpr int kSpins = 0;
+  static constexpr long kActiveNs = 0;
+  static constexpr int kMaxActive = 0;
+  static constexpr bool kSleeps = true;
+};
+
+// Closes `rings` when `progress` stops moving for 10 s, and says so: a lost
+// wake-up then fails the test instead of hanging it. Not a timing assertion: any
+// working run moves on within microseconds.
+template <class... Rings>
+class Watchdog {
+ public:
+  Watchdog(const std::atomic<std::uint64_t>& progress, Rings&... rings)
+      : thread_([this, &progress, &rings...] {
+          std::uint64_t last = progress.load();
+          int idle_s = 0;
+          while (!done_.load()) {
+            std::this_thread::sleep_for(10ms);
+            if (++ticks_ % 100 != 0) continue;
+            const std::uint64_t now = progress.load();
+            idle_s = now == last ? idle_s + 1 : 0;
+            last = now;
+            if (idle_s == 10) {
+              stalled_ = true;
+              (rings.close(), ...);
+              return;
+            }
+          }
+        }) {}
+  ~Watchdog() { Stop(); }
+  void Stop() {
+    done_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  bool stalled() const { return stalled_.load(); }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::atomic<bool> stalled_{false};
+  int ticks_ = 0;
+  std::thread thread_;
+};
+
+// `pairs` threads push into `there` and pop from `back`; as many echo threads pop
+// from `there` and push into `back`. Each item makes the round trip once.
+template <class Ring>
+void PingPong(int pairs, int items_per_pair) {
+  Ring there(2), back(2);
+  std::atomic<std::uint64_t> progress{0};
+  Watchdog watchdog(progress, there, back);
+  std::atomic<std::uint64_t> sum{0};
+  std::vector<std::thread> threads;
+  for (int p = 0; p < pairs; ++p) {
+    threads.emplace_back([&, p] {
+      for (int i = 1; i <= items_per_pair; ++i) {
+        if (!there.push(static_cast<std::uint64_t>(p) * 1'000'000 + i)) return;
+        std::uint64_t v;
+        if (!back.pop(v)) return;
+        sum.fetch_add(v);
+        progress.fetch_add(1);
+      }
+    });
+    threads.emplace_back([&] {
+      for (int i = 0; i < items_per_pair; ++i) {
+        std::uint64_t v;
+        if (!there.pop(v) || !back.push(v)) return;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  watchdog.Stop();
+  CHECK_FALSE(watchdog.stalled());
+  const auto n = static_cast<std::uint64_t>(items_per_pair);
+  CHECK(progress.load() == static_cast<std::uint64_t>(pairs) * n);
+  CHECK(sum.load() == static_cast<std::uint64_t>(pairs) *
+                          (static_cast<std::uint64_t>(pairs - 1) * 1'000'000 * n / 2 +
+                           n * (n + 1) / 2));
+}
+}  // namespace
+
+// The notifier's side of the event count has no fence: a push or pop relies on its
+// own seq_cst claim of head_/tail_ (event_count.hpp, invariants 2 and 3). If that
+// pairing were wrong a sleeper would miss the item pushed as it fell asleep, and a
+// ping-pong, where every hand-off wakes a sleeper, would stall.
+TEST_CASE("a waiter falling asleep as the other side moves is always woken") {
+#if defined(__SANITIZE_THREAD__)
+  constexpr int kItems = 2'000;
+#else
+  constexpr int kItems = 20'000;
+#endif
+  SECTION("every wait sleeps, one pair") { PingPong<MpmcRing<std::uint64_t, SleepAtOnce>>(1, kItems); }
+  SECTION("every wait sleeps, 3 pairs") { PingPong<MpmcRing<std::uint64_t, SleepAtOnce>>(3, kItems); }
+  SECTION("HybridWait, 3 pairs") { PingPong<MpmcRing<std::uint64_t>>(3, kItems); }
+}

@@ -159,3 +159,64 @@ TEST_CASE("spsc: a blocking push cut off by close gives the item back") {
   }
   CHECK(lost == 0);
 }
+
+namespace {
+// As in mpmc_ring_test.cpp: every blocking call that does not succeed at once
+// sleeps, so each hand-off runs the sleep/notify protocol.
+struct SleepAtOnce {
+  static constexpr int kSpins = 0;
+  static constexpr long kActiveNs = 0;
+  static constexpr int kMaxActive = 0;
+  static constexpr bool kSleeps = true;
+};
+}  // namespace
+
+// The notifier has no fence of its own: the producer's seq_cst CAS of head_ and the
+// consumer's seq_cst store of tail_ pair with the sleeper's (event_count.hpp,
+// invariants 2 and 3). A wake-up lost there stalls this ping-pong; a watchdog then
+// closes the rings so that the test fails instead of hanging.
+TEST_CASE("spsc: a waiter falling asleep as the other side moves is always woken") {
+#if defined(__SANITIZE_THREAD__)
+  constexpr int kItems = 2'000;
+#else
+  constexpr int kItems = 20'000;
+#endif
+  SpscRing<int, SleepAtOnce> there(1), back(1);
+  std::atomic<int> progress{0};
+  std::atomic<bool> done{false}, stalled{false};
+  std::thread watchdog([&] {
+    int last = -1, idle_ticks = 0;
+    while (!done.load()) {
+      std::this_thread::sleep_for(10ms);
+      const int now = progress.load();
+      idle_ticks = now == last ? idle_ticks + 1 : 0;
+      last = now;
+      if (idle_ticks == 1000) {  // 10 s without a round trip
+        stalled = true;
+        there.close();
+        back.close();
+        return;
+      }
+    }
+  });
+  std::thread echo([&] {
+    int v;
+    while (there.pop(v)) {
+      if (!back.push(v + 1)) return;
+    }
+  });
+  long long sum = 0;
+  for (int i = 0; i < kItems; ++i) {
+    int v;
+    if (!there.push(i) || !back.pop(v)) break;
+    sum += v;
+    progress.fetch_add(1);
+  }
+  there.close();
+  echo.join();
+  done = true;
+  watchdog.join();
+  CHECK_FALSE(stalled.load());
+  CHECK(progress.load() == kItems);
+  CHECK(sum == static_cast<long long>(kItems) * (kItems + 1) / 2);
+}

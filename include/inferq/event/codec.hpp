@@ -17,7 +17,15 @@
 //   auto small = inferq::ZstdCompress(token_ids, **dict);          // frame names dict id
 //   auto raw2 = inferq::ZstdDecompress(*small, &dicts);
 //
-// Thread safety: the free functions share no state. A ZstdDictionary is immutable
+// Thread safety: the free functions share no state between threads. Each thread
+// keeps one libzstd compression and one decompression context, created at its first
+// call and freed when it exits, and every call resets them to libzstd's defaults
+// before setting its own level or dictionary (a context costs about 20 µs to create,
+// more than compressing a small payload: BENCHMARKS.md, bench_wire). A context keeps
+// the largest workspace it has needed (libzstd shrinks it after many calls that need
+// far less), so a thread that compressed a large input at a high level holds up to
+// ZSTD_estimateCCtxSize(level) bytes: 1.2 MiB at level 3, 81 MiB at 19, 649 MiB at
+// 22 (libzstd 1.5.4); small inputs need far less. A ZstdDictionary is immutable
 // after creation: any number of threads may compress and decompress with it at once
 // (libzstd's CDict/DDict are read-only). ZstdDictionaries: const methods may be
 // called from any number of threads at once; Add must not run concurrently with

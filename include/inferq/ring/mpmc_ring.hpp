@@ -25,8 +25,10 @@
 //     the producer of ticket t + capacity).
 //  2. A ticket is claimed by a successful CAS on head_/tail_; only its owner touches
 //     the slot's storage until it publishes the next `seq` with a release store, and
-//     the next owner acquires that store before touching the storage. The CAS itself
-//     is relaxed: it publishes no data, the slot's seq does.
+//     the next owner acquires that store before touching the storage. The CAS
+//     publishes no data, the slot's seq does; it is seq_cst (kClaim) only because
+//     the wake-up protocol pairs with it (internal/event_count.hpp, invariants 2
+//     and 3), relaxed for a Wait that never sleeps.
 //  3. A bulk call claims n consecutive tickets with one CAS, after seeing all n slots
 //     ready; a ready slot stays ready until its ticket is claimed, so the claim holds.
 //  4. Bit 63 of head_ is the closed flag, set by close() with one atomic OR: a push
@@ -153,7 +155,8 @@ class MpmcRing {
       // acquire (at least): pairs with the producer's store of t + 1 (invariant 2).
       const std::int64_t diff = Distance(s.seq.load(kObserve), (t + 1) & kTicketMask);
       if (diff == 0) {
-        if (tail_.compare_exchange_weak(t, (t + 1) & kTicketMask, std::memory_order_relaxed)) {
+        if (tail_.compare_exchange_weak(t, (t + 1) & kTicketMask, kClaim,
+                                        std::memory_order_relaxed)) {
           TakeFrom(s, t, out);
           NotifyNotFull();
           return true;
@@ -182,7 +185,8 @@ class MpmcRing {
         ++n;
       }
       if (n == 0) return try_pop(out[0]) ? 1 : 0;
-      if (tail_.compare_exchange_weak(t, (t + n) & kTicketMask, std::memory_order_relaxed)) {
+      if (tail_.compare_exchange_weak(t, (t + n) & kTicketMask, kClaim,
+                                      std::memory_order_relaxed)) {
         for (std::size_t i = 0; i < n; ++i) {
           const std::uint64_t ti = (t + i) & kTicketMask;
           TakeFrom(SlotAt(ti), ti, out[i]);
@@ -212,7 +216,8 @@ class MpmcRing {
       // Constructs from *first only after claiming a ticket, so a full ring leaves
       // the caller's item untouched even when it converts to T.
       if (n == 0) return try_emplace_nothrow(std::move(*first)) ? 1 : 0;
-      if (head_.compare_exchange_weak(h, (h + n) & kTicketMask, std::memory_order_relaxed)) {
+      if (head_.compare_exchange_weak(h, (h + n) & kTicketMask, kClaim,
+                                      std::memory_order_relaxed)) {
         It it = first;
         for (std::size_t i = 0; i < n; ++i, ++it) {
           const std::uint64_t hi = (h + i) & kTicketMask;
@@ -270,7 +275,8 @@ class MpmcRing {
   // Closes the ring: later pushes fail, pops drain what is left and then fail; every
   // blocked producer and consumer wakes. Idempotent.
   void close() {
-    head_.fetch_or(kClosedBit, std::memory_order_seq_cst);  // a seq_cst change: inv. 3
+    // seq_cst: the change a sleeper's give_up() re-check reads (event_count.hpp, inv. 2).
+    head_.fetch_or(kClosedBit, std::memory_order_seq_cst);
     not_empty_.NotifyAll();
     not_full_.NotifyAll();
   }
@@ -293,10 +299,15 @@ class MpmcRing {
   friend struct MpmcRingTestAccess;
   static constexpr std::uint64_t kClosedBit = std::uint64_t{1} << 63;
   static constexpr std::uint64_t kTicketMask = kClosedBit - 1;
-  // Slot publication and observation (invariant 2); the wake-up protocol adds its
-  // own barriers (internal/event_count.hpp).
+  // Slot publication and observation (invariant 2).
   static constexpr std::memory_order kPublish = std::memory_order_release;
   static constexpr std::memory_order kObserve = std::memory_order_acquire;
+  // A successful claim of tickets on head_/tail_ (and close()'s OR) is the change a
+  // sleeping waiter's re-check reads: seq_cst, so that the notify after it needs no
+  // fence (internal/event_count.hpp, invariant 2). On x86 a CAS is a locked
+  // instruction whatever its order, so this costs nothing there.
+  static constexpr std::memory_order kClaim =
+      Wait::kSleeps ? std::memory_order_seq_cst : std::memory_order_relaxed;
 
   // A slot is the sequence and the item's storage. Small slots are packed several to
   // a cache line and the tickets remapped (invariant 7); a slot of more than half a
@@ -362,7 +373,8 @@ class MpmcRing {
       // acquire (at least): pairs with the consumer's store of h (invariant 2).
       const std::int64_t diff = Distance(s.seq.load(kObserve), h);
       if (diff == 0) {
-        if (head_.compare_exchange_weak(h, (h + 1) & kTicketMask, std::memory_order_relaxed)) {
+        if (head_.compare_exchange_weak(h, (h + 1) & kTicketMask, kClaim,
+                                        std::memory_order_relaxed)) {
           ::new (static_cast<void*>(s.storage)) T(std::forward<A>(a)...);
           // release (at least): the consumer of ticket h sees the constructed item.
           s.seq.store((h + 1) & kTicketMask, kPublish);

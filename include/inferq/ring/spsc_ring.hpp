@@ -19,8 +19,9 @@
 //  1. head_ (written by the producer, and by close() for bit 63) and tail_ (written
 //     by the consumer) count items pushed and popped; 63 bits never wrap in practice
 //     (2^63 items). Items live in slots [tail_, head_) modulo capacity.
-//  2. The producer writes a slot, then publishes head_ + 1 with a release store; the
-//     consumer acquires head_ before reading the slot. Symmetrically for tail_.
+//  2. The producer writes a slot, then publishes head_ + 1 with a release (or, see
+//     kPublish, seq_cst) CAS; the consumer acquires head_ before reading the slot.
+//     Symmetrically for tail_, with a store.
 //  3. Each side's cached copy of the other index is only ever behind the real value,
 //     so it can make a call see the ring fuller/emptier than it is (then the real
 //     index is reloaded), never the opposite.
@@ -132,9 +133,14 @@ class SpscRing {
 
  private:
   static constexpr std::uint64_t kClosedBit = std::uint64_t{1} << 63;
-  // Publication and observation (invariant 2); the wake-up protocol adds its own
-  // barriers (internal/event_count.hpp).
-  static constexpr std::memory_order kPublish = std::memory_order_release;
+  // Publication and observation (invariant 2). With a Wait that sleeps, head_ and
+  // tail_ are published seq_cst instead: each is the change a sleeping waiter's
+  // re-check reads, and the notify after it relies on that order instead of a fence
+  // (internal/event_count.hpp, invariant 2). On x86 the CAS on head_ costs the same
+  // either way; the store of tail_ becomes an exchange (a locked instruction, about
+  // what the fence it replaces cost).
+  static constexpr std::memory_order kPublish =
+      Wait::kSleeps ? std::memory_order_seq_cst : std::memory_order_release;
   static constexpr std::memory_order kObserve = std::memory_order_acquire;
 
   // Constructs the item in the next slot, then publishes it with a CAS on head_ that
@@ -151,7 +157,7 @@ class SpscRing {
     }
     T* p = ::new (static_cast<void*>(slots_[h & mask_].storage)) T(std::forward<A>(a)...);
     std::uint64_t expected = h;
-    // release: publishes the item (invariant 2).
+    // release (at least): publishes the item (invariant 2).
     if (!head_.compare_exchange_strong(expected, h + 1, kPublish,
                                        std::memory_order_relaxed)) {
       restore(*p);

@@ -16,7 +16,9 @@
 //               costs 15 µs of CPU and then nothing. Waking a sleeper costs a futex
 //               syscall (~20 µs of latency on the 2-vCPU machines measured), and a
 //               producer makes that call only when no consumer waits actively
-//               (internal/event_count.hpp, invariant 4).
+//               (internal/event_count.hpp, invariant 4). While nobody sleeps, a
+//               push or pop pays one load of a line that rarely changes for the
+//               possibility (invariant 2): no fence, no read-modify-write.
 //
 // The constants were chosen by measurement (BENCHMARKS.md: bench_rings, variants of
 // the active window and of the number of active waiters): 5, 15 and 50 µs gave the

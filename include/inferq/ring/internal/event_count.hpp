@@ -12,35 +12,39 @@
 // std::atomic::wait and timed ones poll with short sleeps.
 //
 // Protocol (the invariants the ring relies on):
-//  1. Waiter: PrepareWait() (sleepers_ += 1, then a heavy barrier, then reads the
-//     epoch key), then re-checks its condition; if still false Wait(key, deadline),
-//     else CancelWait().
-//  2. Notifier: makes the change visible (a release store), then NotifyOne/All(),
-//     which starts with a light barrier and reads sleepers_.
-//  3. The barriers order the store-load pairs on both sides: if the waiter's barrier
-//     comes first, the notifier sees sleepers_ > 0 and bumps epoch_, so the futex
-//     wait returns at once (value changed) or is woken; otherwise the waiter's
-//     re-check sees the change. Either way no wake-up is lost.
+//  1. Waiter: PrepareWait() (sleepers_ += 1 with a seq_cst read-modify-write, then a
+//     seq_cst fence, then reads the epoch key), then re-checks its condition; if
+//     still false Wait(key, deadline), else CancelWait().
+//  2. Notifier: makes its change with a seq_cst read-modify-write (or store) of the
+//     word the waiter's re-check reads — the ring's head_ or tail_ — and then calls
+//     NotifyOne/Many/All, which read sleepers_ (and active_) with seq_cst loads. No
+//     fence: on x86 the ring's CAS on head_/tail_ is a locked instruction whatever
+//     its order and a seq_cst load is a plain load, so a push or pop with nobody
+//     asleep pays nothing for the protocol but one load of a line that changes only
+//     when a waiter falls asleep or wakes (sleepers_ and epoch_ share it; active_,
+//     which waiters write on every wait, has a line of its own).
+//  3. Why no wake-up is lost: all four operations of 1 and 2 are in the single total
+//     order S of seq_cst operations. If the notifier's load of sleepers_ does not see
+//     the waiter's increment, the load precedes the increment in S, so the
+//     notifier's change precedes the waiter's fence in S, and the waiter's re-check
+//     (after that fence) reads the change or a later value ([atomics.order]/4.3):
+//     it does not sleep. Otherwise the notifier sees sleepers_ > 0 and bumps epoch_,
+//     so the futex wait returns at once (value changed) or is woken.
 //  4. A notifier of one change (NotifyOne) skips the wake-up while a waiter is
 //     active (spinning or yielding, not asleep): that waiter takes the change, or
 //     passes it on. Every waiter, when it leaves the active phase and when it
 //     returns from WaitUntil, leaves active_ first (a seq_cst read-modify-write and
-//     fence) and then checks whether more is available; if so it calls NotifyOne.
-//     The same store-load pairing as in 3 makes that safe: either the notifier sees
-//     the waiter gone from active_ (and wakes a sleeper itself), or the leaving
-//     waiter sees the change (and wakes one). So while anything is available, some
-//     waiter is awake or about to be, and a push with an active consumer costs no
-//     futex call (the rule Go's scheduler applies to its spinning threads).
-// By default both barriers are seq_cst fences: a push or pop with nobody asleep
-// pays one fence (the cost of a locked instruction) and two loads of one line.
-// With the environment variable INFERQ_MEMBARRIER set (read once) and Linux
-// membarrier(2) available, the barriers are asymmetric (the technique of folly's
-// asymmetricLightBarrier and of Linux RCU): the notifier's light barrier is only a
-// compiler barrier, and the waiter, which is about to sleep anyway, pays for
-// MEMBARRIER_CMD_PRIVATE_EXPEDITED, which runs a full fence on every CPU running
-// this process. That is opt-in because those fences are inter-processor
-// interrupts: on the 2-vCPU VMs measured (BENCHMARKS.md, BM_Paced) they doubled the
-// run time of a paced load and raised its median hand-off from 0.5 to 38 µs.
+//     fence) and then checks whether anyone sleeps and more is available; if so it
+//     calls NotifyOne.
+//     The same pairing as in 3 makes that safe: either the notifier sees the waiter
+//     gone from active_ (and wakes a sleeper itself), or the leaving waiter sees the
+//     change (and wakes one). So while anything is available, some waiter is awake
+//     or about to be, and a push with an active consumer costs no futex call (the
+//     rule Go's scheduler applies to its spinning threads).
+// An earlier version put a seq_cst fence on the notifier's side too (and offered
+// Linux membarrier(2) to make it cheap); with the ring's own seq_cst CAS it is not
+// needed, and it was the hybrid wait's main cost under load (BENCHMARKS.md,
+// bench_rings: the profile of BM_Throughput).
 // Under ThreadSanitizer, which models no fences, both sides use seq_cst
 // read-modify-writes of sleepers_ instead (ordered in its modification order: the
 // later one synchronizes with the earlier).
@@ -92,71 +96,43 @@ inline void CpuRelax() {
 #endif
 }
 
-// membarrier(2) registered for this process? Decided once, at first use.
-inline bool HaveMembarrier() {
-#if defined(__linux__) && defined(SYS_membarrier)
-  static const bool ok = getenv("INFERQ_MEMBARRIER") != nullptr && [] {
-    constexpr int kRegisterPrivateExpedited = 1 << 4;  // MEMBARRIER_CMD_REGISTER_...
-    return syscall(SYS_membarrier, kRegisterPrivateExpedited, 0, 0) == 0;
-  }();
-  return ok;
-#else
-  return false;
-#endif
-}
-
-inline void LightBarrier() {
-  if (HaveMembarrier()) {
-    std::atomic_signal_fence(std::memory_order_seq_cst);  // compiler barrier only
-  } else {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-  }
-}
-
-inline void HeavyBarrier() {
-#if defined(__linux__) && defined(SYS_membarrier)
-  if (HaveMembarrier()) {
-    constexpr int kPrivateExpedited = 1 << 3;  // MEMBARRIER_CMD_PRIVATE_EXPEDITED
-    if (syscall(SYS_membarrier, kPrivateExpedited, 0, 0) == 0) return;
-  }
-#endif
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-}
-
 class EventCount {
  public:
   // Step 1 of the protocol. Returns the key to pass to Wait.
   std::uint32_t PrepareWait() {
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
 #if !defined(__SANITIZE_THREAD__)
-    HeavyBarrier();  // invariant 3
+    // Invariant 3: orders the increment before the re-check's loads, which need
+    // not be seq_cst themselves (the ring's try_ calls use acquire).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
 #endif
     return epoch_.load(std::memory_order_acquire);
   }
 
-  // Invariant 3, notifier side.
+  // Invariants 2 and 3, notifier side (after a seq_cst change of the ring).
   bool HasSleepers() {
 #if defined(__SANITIZE_THREAD__)
     return sleepers_.fetch_add(0, std::memory_order_seq_cst) != 0;
 #else
-    LightBarrier();
-    return sleepers_.load(std::memory_order_relaxed) != 0;
+    return sleepers_.load(std::memory_order_seq_cst) != 0;
 #endif
   }
 
-  // Invariants 3 and 4, notifier side: a sleeper exists and no waiter is active.
+  // Invariants 2, 3 and 4, notifier side: a sleeper exists and no waiter is active.
   bool NeedsWake() {
 #if defined(__SANITIZE_THREAD__)
     if (sleepers_.fetch_add(0, std::memory_order_seq_cst) == 0) return false;
     return active_.fetch_add(0, std::memory_order_seq_cst) == 0;
 #else
-    LightBarrier();
-    return sleepers_.load(std::memory_order_relaxed) != 0 &&
-           active_.load(std::memory_order_relaxed) == 0;
+    return sleepers_.load(std::memory_order_seq_cst) != 0 &&
+           active_.load(std::memory_order_seq_cst) == 0;
 #endif
   }
 
-  // Active (spinning/yielding) waiters: at most `max` at a time.
+  // Active (spinning/yielding) waiters: at most `max` at a time. relaxed: the count
+  // only gates wake-ups through NeedsWake, whose safety rests on LeaveActive
+  // (invariant 4); a notifier that misses a new active waiter only wakes a sleeper
+  // it did not have to.
   bool TryBecomeActive(int max) {
     int n = active_.load(std::memory_order_relaxed);
     while (n < max) {
@@ -168,7 +144,7 @@ class EventCount {
   void LeaveActive() {
     active_.fetch_sub(1, std::memory_order_seq_cst);
 #if !defined(__SANITIZE_THREAD__)
-    HeavyBarrier();
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // as in PrepareWait
 #endif
   }
 
@@ -251,9 +227,12 @@ class EventCount {
   static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
   static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 #endif
+  // Read by every notify: changes only when a waiter falls asleep or wakes.
   std::atomic<std::uint32_t> epoch_{0};
   std::atomic<std::uint32_t> sleepers_{0};
-  std::atomic<int> active_{0};
+  // Written by every waiter on entry and exit; read by a notify only while someone
+  // sleeps (invariant 2).
+  alignas(kCacheLineSize) std::atomic<int> active_{0};
 };
 
 // Waits as `Strategy` says (see inferq/ring/wait_strategy.hpp): spin, then yield,
@@ -268,10 +247,15 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
   auto expired = [&] {
     return deadline_ns != inferq::kNoDeadline && MonotonicNowNs() >= deadline_ns;
   };
-  // Invariant 4: whoever leaves may owe the next waiter a wake-up.
+  // Invariant 4: whoever leaves may owe the next waiter a wake-up. Only a sleeper
+  // can be owed one, so sleepers_ (a line that rarely changes) is read before
+  // more(), which reads the ring's contended head_ and tail_. Reading it first is
+  // safe by the argument of invariant 3: a waiter that falls asleep after this read
+  // (its increment later in S) re-checks the ring after its fence and sees what
+  // more() would have seen.
   auto pass_on = [&](bool result) {
     if constexpr (Strategy::kSleeps) {
-      if (more()) ec.NotifyOne();
+      if (ec.HasSleepers() && more()) ec.NotifyOne();
     }
     return result;
   };

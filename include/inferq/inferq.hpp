@@ -21,5 +21,6 @@
 #include "inferq/sched/batcher.hpp"
 #include "inferq/sched/qos_scheduler.hpp"
 #include "inferq/schema/registry.hpp"
+#include "inferq/state/state_schema_store.hpp"
 #include "inferq/state/state_store.hpp"
 #include "inferq/version.hpp"

@@ -11,14 +11,13 @@
 #include <flatbuffers/idl.h>
 
 #include "inferq/base/error.hpp"
-#include "inferq/state/state_store.hpp"
 
 namespace inferq {
 namespace {
 
 using ParserPtr = std::unique_ptr<flatbuffers::Parser>;
 
-constexpr std::string_view kKeyPrefix = "schema.";
+constexpr std::string_view kKeyPrefix = kSchemaStoreKeyPrefix;
 constexpr std::string_view kMetaToken = "meta";
 
 bool IsIdentChar(char c) {
@@ -195,7 +194,7 @@ class SchemaRegistry::Impl {
     std::vector<Version> versions;
   };
 
-  explicit Impl(StateStore* store) : store_(store) {}
+  explicit Impl(std::unique_ptr<SchemaStore> store) : store_(std::move(store)) {}
 
   absl::StatusOr<SchemaRef> Register(std::string_view subject, std::string_view text) {
     if (absl::Status valid = ValidateSubject(subject); !valid.ok()) return valid;
@@ -247,11 +246,10 @@ class SchemaRegistry::Impl {
     const std::uint64_t id = id_it != ids_by_text_.end() ? id_it->second : next_id_;
     const SchemaRef ref{id, next_version};
     if (store_ != nullptr) {
-      Transaction tx = store_->Begin();
-      tx.Put(VersionKey(subject, next_version), std::to_string(id) + "\n" + std::string(text));
-      tx.Put(MetaKey(subject), MetaValue(mode, next_version));
-      absl::StatusOr<std::uint64_t> committed = tx.Commit();
-      if (!committed.ok()) return committed.status();
+      absl::Status written = store_->Write(
+          {{VersionKey(subject, next_version), std::to_string(id) + "\n" + std::string(text)},
+           {MetaKey(subject), MetaValue(mode, next_version)}});
+      if (!written.ok()) return written;
     }
     if (id == next_id_) ++next_id_;
     ids_by_text_.emplace(std::string(text), id);
@@ -268,10 +266,8 @@ class SchemaRegistry::Impl {
     const auto latest =
         static_cast<std::uint32_t>(it == subjects_.end() ? 0 : it->second.versions.size());
     if (store_ != nullptr) {
-      Transaction tx = store_->Begin();
-      tx.Put(MetaKey(subject), MetaValue(mode, latest));
-      absl::StatusOr<std::uint64_t> committed = tx.Commit();
-      if (!committed.ok()) return committed.status();
+      absl::Status written = store_->Write({{MetaKey(subject), MetaValue(mode, latest)}});
+      if (!written.ok()) return written;
     }
     if (it == subjects_.end()) it = subjects_.emplace(std::string(subject), Subject{}).first;
     it->second.mode = mode;
@@ -322,12 +318,13 @@ class SchemaRegistry::Impl {
     return out;  // std::map: already sorted
   }
 
-  // Rebuilds from the store's `schema.` keys (called before the registry is shared).
+  // Rebuilds from the store's `schema.` records (called before the registry is shared).
   absl::Status Load() {
     std::map<std::string, std::string> kv;
-    store_->Scan(kKeyPrefix, [&kv](std::string_view k, std::string_view v) {
-      kv.emplace(std::string(k), std::string(v));
+    absl::Status read = store_->ReadAll([&kv](std::string_view k, std::string_view v) {
+      kv.insert_or_assign(std::string(k), std::string(v));
     });
+    if (!read.ok()) return read;
     struct Loaded {
       bool has_meta = false;
       Compatibility mode = kDefaultCompatibility;
@@ -338,6 +335,10 @@ class SchemaRegistry::Impl {
     for (const auto& entry : kv) {
       const std::string& key = entry.first;
       const std::string& value = entry.second;
+      if (std::string_view(key).substr(0, kKeyPrefix.size()) != kKeyPrefix) {
+        return absl::DataLossError("schema registry key " + QuoteValue(key) +
+                                   " does not start with '" + std::string(kKeyPrefix) + "'");
+      }
       const std::string_view rest = std::string_view(key).substr(kKeyPrefix.size());
       const std::size_t dot = rest.rfind('.');
       if (dot == std::string_view::npos || dot == 0) {
@@ -409,7 +410,7 @@ class SchemaRegistry::Impl {
 
  private:
   mutable std::mutex mu_;
-  StateStore* store_;  // null: in memory only
+  std::unique_ptr<SchemaStore> store_;  // null: in memory only
   std::map<std::string, Subject, std::less<>> subjects_;
   std::map<std::string, std::uint64_t, std::less<>> ids_by_text_;
   std::uint64_t next_id_ = 1;
@@ -419,8 +420,12 @@ SchemaRegistry::SchemaRegistry() : impl_(std::make_unique<Impl>(nullptr)) {}
 SchemaRegistry::SchemaRegistry(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 SchemaRegistry::~SchemaRegistry() = default;
 
-absl::StatusOr<std::unique_ptr<SchemaRegistry>> SchemaRegistry::Open(StateStore& store) {
-  auto impl = std::make_unique<Impl>(&store);
+absl::StatusOr<std::unique_ptr<SchemaRegistry>> SchemaRegistry::Open(
+    std::unique_ptr<SchemaStore> store) {
+  if (store == nullptr) {
+    return absl::InvalidArgumentError("SchemaRegistry::Open: the SchemaStore is null");
+  }
+  auto impl = std::make_unique<Impl>(std::move(store));
   absl::Status loaded = impl->Load();
   if (!loaded.ok()) return loaded;
   return std::unique_ptr<SchemaRegistry>(new SchemaRegistry(std::move(impl)));

@@ -1,9 +1,12 @@
 // SchemaRegistry: the compatibility matrix as FlatBuffers 2.0.8's Parser::ConformTo
-// decides it, transitive checks, idempotent registration, errors, durability.
+// decides it, transitive checks, idempotent registration, errors, durability (on a
+// StateStore through StateSchemaStore, and on a SchemaStore written for the test).
 #include "inferq/schema/registry.hpp"
 
 #include <array>
 #include <cctype>
+#include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -11,6 +14,7 @@
 #include <catch2/catch.hpp>
 
 #include "../state/state_test_util.hpp"
+#include "inferq/state/state_schema_store.hpp"
 #include "inferq/state/state_store.hpp"
 
 namespace {
@@ -292,7 +296,7 @@ TEST_CASE("a subject longer than the limit is InvalidArgument naming it, before 
   options.dir = dir.path();
   auto store = inferq::StateStore::Open(options);
   REQUIRE(store.ok());
-  auto durable = SchemaRegistry::Open(**store);
+  auto durable = inferq::OpenSchemaRegistry(**store);
   REQUIRE(durable.ok());
   SchemaRegistry in_memory;
   for (SchemaRegistry* registry : {durable->get(), &in_memory}) {
@@ -340,7 +344,7 @@ TEST_CASE("a registry on a StateStore is rebuilt when reopened", "[schema]") {
   {
     auto store = inferq::StateStore::Open(options);
     REQUIRE(store.ok());
-    auto registry = SchemaRegistry::Open(**store);
+    auto registry = inferq::OpenSchemaRegistry(**store);
     REQUIRE(registry.ok());
     REQUIRE((*registry)->Register("tensor.events", kV1).ok());
     REQUIRE((*registry)->Register("tensor.events", v2).ok());
@@ -353,7 +357,7 @@ TEST_CASE("a registry on a StateStore is rebuilt when reopened", "[schema]") {
   }
   auto store = inferq::StateStore::Open(options);
   REQUIRE(store.ok());
-  auto registry = SchemaRegistry::Open(**store);
+  auto registry = inferq::OpenSchemaRegistry(**store);
   REQUIRE(registry.ok());
   SchemaRegistry& r = **registry;
   CHECK(r.Versions("tensor.events") == std::vector<std::uint32_t>{1, 2});
@@ -380,7 +384,7 @@ TEST_CASE("damaged registry keys in the store are DataLoss naming the key", "[sc
   SECTION("a version gap") {
     REQUIRE((*store)->Begin().Put("schema.s.2", "1\n" + kV1).Put("schema.s.meta",
                                                                  "mode=backward\nlatest=2").Commit().ok());
-    auto r = SchemaRegistry::Open(**store);
+    auto r = inferq::OpenSchemaRegistry(**store);
     CHECK(r.status().code() == absl::StatusCode::kDataLoss);
     CHECK(std::string(r.status().message()) ==
           "schema registry subject 's' records latest 2 but holds 1 version keys (versions must "
@@ -389,13 +393,13 @@ TEST_CASE("damaged registry keys in the store are DataLoss naming the key", "[sc
   SECTION("a text that does not parse") {
     REQUIRE((*store)->Begin().Put("schema.s.1", "1\ntable {").Put("schema.s.meta",
                                                                   "mode=backward\nlatest=1").Commit().ok());
-    auto r = SchemaRegistry::Open(**store);
+    auto r = inferq::OpenSchemaRegistry(**store);
     CHECK(r.status().code() == absl::StatusCode::kDataLoss);
     CHECK(std::string(r.status().message()).rfind("schema registry key 'schema.s.1' does not parse: ", 0) == 0);
   }
   SECTION("an unknown mode") {
     REQUIRE((*store)->Begin().Put("schema.s.meta", "mode=sideways\nlatest=0").Commit().ok());
-    auto r = SchemaRegistry::Open(**store);
+    auto r = inferq::OpenSchemaRegistry(**store);
     CHECK(r.status().code() == absl::StatusCode::kDataLoss);
     CHECK(std::string(r.status().message()).rfind("schema registry key 'schema.s.meta': compatibility mode 'sideways'", 0) == 0);
   }
@@ -429,4 +433,104 @@ TEST_CASE("concurrent registrations number versions without gaps", "[schema]") {
   for (const auto& per_thread : refs) {
     for (std::size_t i = 0; i < per_thread.size(); i += 2) CHECK(per_thread[i] == refs[0][0]);
   }
+}
+
+namespace {
+
+// A SchemaStore in memory that records every Write and fails on request.
+class FakeSchemaStore : public inferq::SchemaStore {
+ public:
+  struct Shared {
+    std::map<std::string, std::string> records;
+    std::vector<std::vector<inferq::SchemaStoreRecord>> writes;
+    absl::Status read_error;   // ReadAll's result when not OK
+    absl::Status write_error;  // Write's result when not OK (nothing stored then)
+  };
+  explicit FakeSchemaStore(Shared& shared) : shared_(shared) {}
+  absl::Status ReadAll(
+      absl::FunctionRef<void(std::string_view, std::string_view)> fn) override {
+    if (!shared_.read_error.ok()) return shared_.read_error;
+    for (const auto& [key, value] : shared_.records) fn(key, value);
+    return absl::OkStatus();
+  }
+  absl::Status Write(const std::vector<inferq::SchemaStoreRecord>& records) override {
+    shared_.writes.push_back(records);
+    if (!shared_.write_error.ok()) return shared_.write_error;
+    for (const inferq::SchemaStoreRecord& r : records) shared_.records[r.key] = r.value;
+    return absl::OkStatus();
+  }
+
+ private:
+  Shared& shared_;
+};
+
+std::vector<std::string> Keys(const std::vector<inferq::SchemaStoreRecord>& records) {
+  std::vector<std::string> out;
+  for (const inferq::SchemaStoreRecord& r : records) out.push_back(r.key);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a registry writes a version and its meta record in one SchemaStore write",
+          "[schema]") {
+  FakeSchemaStore::Shared shared;
+  auto registry = SchemaRegistry::Open(std::make_unique<FakeSchemaStore>(shared));
+  REQUIRE(registry.ok());
+  CHECK(shared.writes.empty());  // opening reads only
+  REQUIRE((*registry)->Register("s", kV1).ok());
+  REQUIRE(shared.writes.size() == 1);
+  CHECK(Keys(shared.writes[0]) == std::vector<std::string>{"schema.s.1", "schema.s.meta"});
+  CHECK(shared.writes[0][0].value == "1\n" + kV1);
+  CHECK(shared.writes[0][1].value == "mode=backward\nlatest=1");
+  REQUIRE((*registry)->SetCompatibility("s", Compatibility::kFull).ok());
+  REQUIRE(shared.writes.size() == 2);
+  CHECK(Keys(shared.writes[1]) == std::vector<std::string>{"schema.s.meta"});
+  CHECK(shared.writes[1][0].value == "mode=full\nlatest=1");
+  CHECK(*(*registry)->Register("s", kV1) == SchemaRef{1, 1});  // idempotent: no write
+  CHECK(shared.writes.size() == 2);
+  // Reopened on the same records: the same content.
+  auto reopened = SchemaRegistry::Open(std::make_unique<FakeSchemaStore>(shared));
+  REQUIRE(reopened.ok());
+  CHECK((*reopened)->Versions("s") == std::vector<std::uint32_t>{1});
+  CHECK((*reopened)->GetCompatibility("s") == Compatibility::kFull);
+}
+
+TEST_CASE("a failed SchemaStore write is returned and keeps nothing", "[schema]") {
+  FakeSchemaStore::Shared shared;
+  auto registry = SchemaRegistry::Open(std::make_unique<FakeSchemaStore>(shared));
+  REQUIRE(registry.ok());
+  shared.write_error = absl::UnavailableError("disk 'd0' is gone");
+  const absl::Status registered = (*registry)->Register("s", kV1).status();
+  CHECK(registered == absl::UnavailableError("disk 'd0' is gone"));
+  CHECK((*registry)->Versions("s").empty());
+  CHECK((*registry)->Subjects().empty());
+  CHECK((*registry)->SetCompatibility("s", Compatibility::kNone) ==
+        absl::UnavailableError("disk 'd0' is gone"));
+  CHECK((*registry)->GetCompatibility("s") == inferq::kDefaultCompatibility);
+  CHECK(shared.writes.size() == 2);
+  shared.write_error = absl::OkStatus();
+  CHECK(*(*registry)->Register("s", kV1) == SchemaRef{1, 1});  // id 1 was not used up
+}
+
+TEST_CASE("opening a registry returns the SchemaStore's read error", "[schema]") {
+  FakeSchemaStore::Shared shared;
+  shared.read_error = absl::PermissionDeniedError("cannot read 'registry.db'");
+  auto registry = SchemaRegistry::Open(std::make_unique<FakeSchemaStore>(shared));
+  CHECK(registry.status() == absl::PermissionDeniedError("cannot read 'registry.db'"));
+}
+
+TEST_CASE("opening a registry on a null SchemaStore is InvalidArgument", "[schema]") {
+  auto registry = SchemaRegistry::Open(nullptr);
+  CHECK(registry.status() ==
+        absl::InvalidArgumentError("SchemaRegistry::Open: the SchemaStore is null"));
+}
+
+TEST_CASE("a stored record without the schema. prefix is DataLoss naming its key",
+          "[schema]") {
+  FakeSchemaStore::Shared shared;
+  shared.records["s.1"] = "1\n" + kV1;
+  auto registry = SchemaRegistry::Open(std::make_unique<FakeSchemaStore>(shared));
+  CHECK(registry.status() ==
+        absl::DataLossError("schema registry key 's.1' does not start with 'schema.'"));
 }

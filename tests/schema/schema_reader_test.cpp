@@ -19,6 +19,7 @@
 
 #include "../state/state_test_util.hpp"
 #include "inferq/schema/registry.hpp"
+#include "inferq/state/state_schema_store.hpp"
 #include "inferq/state/state_store.hpp"
 
 namespace {
@@ -380,14 +381,14 @@ TEST_CASE("a registry reopened from its StateStore keeps the binary schemas",
   {
     auto store = inferq::StateStore::Open(options);
     REQUIRE(store.ok());
-    auto registry = SchemaRegistry::Open(**store);
+    auto registry = inferq::OpenSchemaRegistry(**store);
     REQUIRE(registry.ok());
     RegisterAll(**registry);
     bfbs2 = (*registry)->Get(kSubject, 2)->bfbs;
   }
   auto store = inferq::StateStore::Open(options);
   REQUIRE(store.ok());
-  auto registry = SchemaRegistry::Open(**store);
+  auto registry = inferq::OpenSchemaRegistry(**store);
   REQUIRE(registry.ok());
   CHECK((*registry)->Get(kSubject, 2)->bfbs == bfbs2);
   auto r = (*registry)->Reader(kSubject, 2)->Read(Bytes(Build(Fbs(1), "{id: 8}")), 1);

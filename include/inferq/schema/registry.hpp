@@ -9,7 +9,8 @@
 //
 // Usage:
 //   inferq::SchemaRegistry registry;                        // in memory
-//   // or: auto r = inferq::SchemaRegistry::Open(store);    // durable, rebuilt from it
+//   // or durable, rebuilt from a SchemaStore (schema_store.hpp), e.g. a StateStore's:
+//   //   auto r = inferq::OpenSchemaRegistry(state_store);  // state/state_schema_store.hpp
 //   absl::StatusOr<inferq::SchemaRef> v1 = registry.Register("tensor.events", fbs_v1);
 //   registry.SetCompatibility("tensor.events", inferq::Compatibility::kFull);
 //   absl::StatusOr<inferq::SchemaRef> v2 = registry.Register("tensor.events", fbs_v2);
@@ -28,8 +29,8 @@
 // version reuses (only the transitive modes compare against the versions before).
 //
 // Thread safety: every member may be called from many threads at once (one mutex;
-// Register holds it across its StateStore commit, so versions are numbered in the
-// order their commits complete).
+// Register holds it across its SchemaStore write, so versions are numbered in the
+// order their writes complete).
 #pragma once
 
 #include <cstddef>
@@ -42,10 +43,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "inferq/schema/schema_reader.hpp"
+#include "inferq/schema/schema_store.hpp"
 
 namespace inferq {
-
-class StateStore;
 
 // Compatibility modes, as Confluent Schema Registry names them. "Conforms to" is
 // `Parser::ConformTo`: the schema on the left is a valid evolution of the one on the
@@ -63,9 +63,9 @@ enum class Compatibility {
 // The default mode of a subject, as in Confluent Schema Registry.
 inline constexpr Compatibility kDefaultCompatibility = Compatibility::kBackward;
 
-// A subject is 1 to 65,000 bytes, in memory as on a StateStore: its longest key,
-// `schema.<subject>.<version>`, is at most 18 bytes longer and so fits the
-// StateStore's 65,536-byte keys. Register and SetCompatibility refuse a longer one
+// A subject is 1 to 65,000 bytes, in memory as on a SchemaStore: its longest key,
+// `schema.<subject>.<version>`, is at most 18 bytes longer and so fits a StateStore's
+// 65,536-byte keys. Register and SetCompatibility refuse a longer one
 // (kInvalidArgument) before they touch the store.
 inline constexpr std::size_t kMaxSchemaSubjectBytes = 65'000;
 
@@ -107,12 +107,15 @@ class SchemaRegistry {
  public:
   // An in-memory registry.
   SchemaRegistry();
-  // A registry whose content lives in `store` (which must outlive it), rebuilt from
-  // the keys it holds: `schema.<subject>.<version>` (value: "<id>\n<fbs text>") and
-  // `schema.<subject>.meta` (value: "mode=<name>\nlatest=<version>"), written in one
-  // transaction per Register. Errors: kDataLoss naming the key when the stored
-  // content is malformed (a gap in versions, a text that no longer parses, ...).
-  static absl::StatusOr<std::unique_ptr<SchemaRegistry>> Open(StateStore& store);
+  // A registry whose content lives in `store`, rebuilt from the records it holds
+  // (schema_store.hpp gives their format): one Write per Register (the version and
+  // the subject's meta record) and per SetCompatibility. On a StateStore:
+  // OpenSchemaRegistry (inferq/state/state_schema_store.hpp). Errors:
+  // kInvalidArgument when `store` is null; the error of the store's ReadAll;
+  // kDataLoss naming the key when the stored content is malformed (a key without the
+  // `schema.` prefix, a gap in versions, a text that no longer parses, ...).
+  static absl::StatusOr<std::unique_ptr<SchemaRegistry>> Open(
+      std::unique_ptr<SchemaStore> store);
 
   ~SchemaRegistry();
   SchemaRegistry(const SchemaRegistry&) = delete;
@@ -128,11 +131,11 @@ class SchemaRegistry {
   // `include`;
   // kFailedPrecondition when it does
   // not conform, with the checker's reason, the direction and the versions compared;
-  // the StateStore's error when the commit fails (nothing is registered then).
+  // the SchemaStore's error when its Write fails (nothing is registered then).
   absl::StatusOr<SchemaRef> Register(std::string_view subject, std::string_view fbs_text);
 
   // Sets the subject's mode (the subject need not have versions yet); applies to later
-  // registrations only. Durable when the registry has a store (its commit error).
+  // registrations only. Durable when the registry has a store (its Write error).
   // kInvalidArgument for a subject that Register refuses for its length.
   absl::Status SetCompatibility(std::string_view subject, Compatibility mode);
   Compatibility GetCompatibility(std::string_view subject) const;

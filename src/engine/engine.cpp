@@ -24,6 +24,7 @@
 #include "lane_queue.hpp"
 #include "route_index.hpp"
 #include "inferq/base/error.hpp"
+#include "inferq/base/limits.hpp"
 #include "inferq/engine/lifecycle.hpp"
 #include "inferq/memory/fixed_pool.hpp"
 #include "inferq/memory/numa_arena.hpp"
@@ -582,40 +583,6 @@ using engine_internal::Lane;
 using engine_internal::StoredMessage;
 using engine_internal::StreamState;
 
-namespace {
-
-// Lane slots one consumer may hold in all (64 bytes each: 1 GiB).
-constexpr std::size_t kMaxConsumerSlots = std::size_t{1} << 24;
-
-absl::Status ValidateName(std::string_view what, std::string_view name) {
-  if (name.empty() || name.size() > 64) {
-    return absl::InvalidArgumentError(std::string(what) + " name " + QuoteValue(name) +
-                                      " must have 1 to 64 characters");
-  }
-  for (std::size_t i = 0; i < name.size(); ++i) {
-    const char c = name[i];
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '_' || c == '-';
-    if (!ok) {
-      return absl::InvalidArgumentError(std::string(what) + " name " + QuoteValue(name) +
-                                        " has the character " + QuoteByte(c) +
-                                        " at byte " + std::to_string(i) +
-                                        "; only A-Z a-z 0-9 _ - are allowed");
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateLimit(const std::string& stream, const char* field, std::int64_t v) {
-  if (v == -1 || v > 0) return absl::OkStatus();
-  return absl::InvalidArgumentError("stream '" + stream + "': " + field + " " +
-                                    std::to_string(v) +
-                                    " is invalid (use -1 for no limit or a positive value)");
-}
-
-
-}  // namespace
-
 // ---------------------------------------------------------------------------------
 // Message
 
@@ -664,7 +631,7 @@ std::int64_t Message::publish_time_ns() const { return msg_ ? msg_->publish_ns :
 absl::Status Message::Ack() { return Settle(Settlement::kAck, 0, {}); }
 
 absl::Status Message::Nak(absl::Duration delay) {
-  if (delay < absl::ZeroDuration() || delay > absl::Hours(24 * 365)) {
+  if (delay < absl::ZeroDuration() || delay > kMaxDuration) {
     return absl::InvalidArgumentError("Nak delay " + absl::FormatDuration(delay) +
                                       " is invalid (zero for at once, or up to 365 days)");
   }
@@ -1376,54 +1343,11 @@ Engine::~Engine() {
 }
 
 absl::Status Engine::AddStream(const StreamConfig& config) {
-  if (absl::Status s = ValidateName("stream", config.name); !s.ok()) return s;
-  if (config.subjects.empty()) {
-    return absl::InvalidArgumentError("stream '" + config.name + "' has no subjects");
-  }
+  if (absl::Status s = StreamConfig::Validate(config); !s.ok()) return s;
   auto state = std::make_unique<StreamState>();
   for (const std::string& subject : config.subjects) {
-    absl::StatusOr<SubjectPattern> p = SubjectPattern::Parse(subject);
-    if (!p.ok()) {
-      return absl::InvalidArgumentError("stream '" + config.name + "': " +
-                                        std::string(p.status().message()));
-    }
-    state->patterns.push_back(*std::move(p));
-  }
-  for (auto [field, v] : {std::pair{"max_msgs", config.max_msgs},
-                          std::pair{"max_bytes", config.max_bytes},
-                          std::pair{"max_msg_size", config.max_msg_size}}) {
-    if (absl::Status s = ValidateLimit(config.name, field, v); !s.ok()) return s;
-  }
-  if (config.max_age < absl::ZeroDuration() || config.max_age == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError("stream '" + config.name + "': max_age " +
-                                      absl::FormatDuration(config.max_age) +
-                                      " is invalid (use zero for no limit or a positive, "
-                                      "finite duration)");
-  }
-  if (config.discard != DiscardPolicy::kOld && config.discard != DiscardPolicy::kNew) {
-    return absl::InvalidArgumentError("stream '" + config.name + "': discard policy " +
-                                      std::to_string(static_cast<int>(config.discard)) +
-                                      " is not a valid DiscardPolicy");
-  }
-  if (config.retention != RetentionPolicy::kLimits &&
-      config.retention != RetentionPolicy::kInterest) {
-    return absl::InvalidArgumentError("stream '" + config.name + "': retention policy " +
-                                      std::to_string(static_cast<int>(config.retention)) +
-                                      " is not a valid RetentionPolicy");
-  }
-  if (config.duplicate_window < absl::ZeroDuration() ||
-      config.duplicate_window > absl::Hours(24 * 365)) {
-    return absl::InvalidArgumentError("stream '" + config.name + "': duplicate_window " +
-                                      absl::FormatDuration(config.duplicate_window) +
-                                      " is invalid (zero for off, or up to 365 days)");
-  }
-  if (config.duplicate_window_max_entries < 1 ||
-      config.duplicate_window_max_entries > DuplicateWindow::kMaxEntries) {
-    return absl::InvalidArgumentError("stream '" + config.name +
-                                      "': duplicate_window_max_entries " +
-                                      std::to_string(config.duplicate_window_max_entries) +
-                                      " is outside 1.." +
-                                      std::to_string(DuplicateWindow::kMaxEntries));
+    // Cannot fail: Validate parsed every pattern.
+    state->patterns.push_back(*SubjectPattern::Parse(subject));
   }
   state->config = config;
   state->clock = impl_->clock;
@@ -1454,164 +1378,22 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
 }
 
 absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
-  if (absl::Status s = ValidateName("consumer", config.name); !s.ok()) return s;
-  if (config.members == 0 || config.members > 4096) {
-    return absl::InvalidArgumentError("consumer '" + config.name + "': members " +
-                                      std::to_string(config.members) +
-                                      " is outside 1..4096");
-  }
-  if (config.lane_capacity == 0 || config.lane_capacity > kMaxConsumerSlots) {
-    return absl::InvalidArgumentError("consumer '" + config.name + "': lane_capacity " +
-                                      std::to_string(config.lane_capacity) +
-                                      " is outside 1.." + std::to_string(kMaxConsumerSlots));
-  }
-  // Lanes hold capacity rounded up to a power of two; bound the whole group.
-  const std::size_t slots = std::bit_ceil(config.lane_capacity) * config.members;
-  if (slots > kMaxConsumerSlots) {
-    return absl::InvalidArgumentError(
-        "consumer '" + config.name + "': members " + std::to_string(config.members) +
-        " x lane_capacity " + std::to_string(config.lane_capacity) + " = " +
-        std::to_string(slots) + " lane slots (after rounding up to powers of two) exceed " +
-        std::to_string(kMaxConsumerSlots));
-  }
-  if (!config.member_nodes.empty()) {
-    if (config.member_nodes.size() != config.members) {
+  if (absl::Status s = ConsumerConfig::Validate(config); !s.ok()) return s;
+  for (std::size_t i = 0; i < config.member_nodes.size(); ++i) {
+    const int n = config.member_nodes[i];
+    if (n < 0 || static_cast<std::size_t>(n) >= impl_->topology.node_count()) {
       return absl::InvalidArgumentError(
-          "consumer '" + config.name + "': member_nodes has " +
-          std::to_string(config.member_nodes.size()) + " entries for " +
-          std::to_string(config.members) + " members");
-    }
-    for (std::size_t i = 0; i < config.member_nodes.size(); ++i) {
-      const int n = config.member_nodes[i];
-      if (n < 0 || static_cast<std::size_t>(n) >= impl_->topology.node_count()) {
-        return absl::InvalidArgumentError(
-            "consumer '" + config.name + "': member_nodes[" + std::to_string(i) + "] = " +
-            std::to_string(n) + " is not a node of this machine (0.." +
-            std::to_string(impl_->topology.node_count() - 1) + ")");
-      }
+          "consumer '" + config.name + "': member_nodes[" + std::to_string(i) + "] = " +
+          std::to_string(n) + " is not a node of this machine (0.." +
+          std::to_string(impl_->topology.node_count() - 1) + ")");
     }
   }
-  for (std::size_t i = 0; i < config.accept_codecs.size(); ++i) {
-    const PayloadCodec c = config.accept_codecs[i];
-    if (c != PayloadCodec::kNone && c != PayloadCodec::kZstd) {
-      return absl::InvalidArgumentError("consumer '" + config.name + "': accept_codecs[" +
-                                        std::to_string(i) + "] = " +
-                                        std::to_string(static_cast<int>(c)) +
-                                        " is not a PayloadCodec (0 none, 1 zstd)");
-    }
-    for (std::size_t j = 0; j < i; ++j) {
-      if (config.accept_codecs[j] == c) {
-        return absl::InvalidArgumentError(
-            "consumer '" + config.name + "': accept_codecs[" + std::to_string(i) + "] = " +
-            std::to_string(static_cast<int>(c)) + " repeats accept_codecs[" +
-            std::to_string(j) + "]");
-      }
-    }
-  }
-  if (config.ack != AckPolicy::kExplicit && config.ack != AckPolicy::kNone) {
-    return absl::InvalidArgumentError("consumer '" + config.name + "': ack policy " +
-                                      std::to_string(static_cast<int>(config.ack)) +
-                                      " is not a valid AckPolicy");
-  }
-  if (absl::Status s = MemberGroup::Validate(config.members, config.group); !s.ok()) {
-    return absl::InvalidArgumentError("consumer '" + config.name + "': " + std::string(s.message()));
-  }
-  if (config.ack_wait < absl::ZeroDuration() || config.ack_wait > absl::Hours(24 * 365)) {
-    return absl::InvalidArgumentError("consumer '" + config.name + "': ack_wait " +
-                                      absl::FormatDuration(config.ack_wait) +
-                                      " is invalid (zero for none, or up to 365 days)");
-  }
-  if (config.backoff.size() > 64) {
-    return absl::InvalidArgumentError("consumer '" + config.name + "': backoff has " +
-                                      std::to_string(config.backoff.size()) +
-                                      " entries; at most 64 are allowed");
-  }
-  for (std::size_t i = 0; i < config.backoff.size(); ++i) {
-    const absl::Duration b = config.backoff[i];
-    if (b <= absl::ZeroDuration() || b > absl::Hours(24 * 365)) {
-      return absl::InvalidArgumentError("consumer '" + config.name + "': backoff[" +
-                                        std::to_string(i) + "] = " + absl::FormatDuration(b) +
-                                        " is invalid (each entry > 0 and at most 365 days)");
-    }
-  }
-  for (auto [field, v] : {std::pair{"max_deliver", config.max_deliver},
-                          std::pair{"max_ack_pending", config.max_ack_pending}}) {
-    if (v != -1 && v < 1) {
-      return absl::InvalidArgumentError("consumer '" + config.name + "': " + field + " " +
-                                        std::to_string(v) +
-                                        " is invalid (use -1 for no limit or a value >= 1)");
-    }
-  }
-  if (config.ack == AckPolicy::kNone) {
-    // Each of these would be ignored without acks: refuse, naming the first one set.
-    std::string field;
-    if (config.ack_wait > absl::ZeroDuration()) {
-      field = "ack_wait " + absl::FormatDuration(config.ack_wait);
-    } else if (!config.backoff.empty()) {
-      field = "backoff";
-    } else if (config.max_deliver != -1) {
-      field = "max_deliver " + std::to_string(config.max_deliver);
-    } else if (config.max_ack_pending != -1) {
-      field = "max_ack_pending " + std::to_string(config.max_ack_pending);
-    } else if (!config.dead_letter_subject.empty()) {
-      field = "dead_letter_subject " + QuoteValue(config.dead_letter_subject);
-    }
-    if (!field.empty()) {
-      return absl::InvalidArgumentError("consumer '" + config.name + "': " + field +
-                                        " needs explicit acks (ack policy is none)");
-    }
-  }
-  if (!config.dead_letter_subject.empty()) {
-    if (absl::Status s = ValidateSubject(config.dead_letter_subject); !s.ok()) {
-      return absl::InvalidArgumentError("consumer '" + config.name + "': dead_letter_subject: " +
-                                        std::string(s.message()));
-    }
-  }
-  if (config.overflow != OverflowPolicy::kBlock && config.overflow != OverflowPolicy::kReject &&
-      config.overflow != OverflowPolicy::kDropOldest) {
-    return absl::InvalidArgumentError("consumer '" + config.name + "': overflow policy " +
-                                      std::to_string(static_cast<int>(config.overflow)) +
-                                      " is not a valid OverflowPolicy");
-  }
-  if (config.queue_timeout < absl::ZeroDuration() || config.queue_timeout > absl::Hours(24 * 365)) {
-    return absl::InvalidArgumentError("consumer '" + config.name + "': queue_timeout " +
-                                      absl::FormatDuration(config.queue_timeout) +
-                                      " is invalid (zero for none, or up to 365 days)");
-  }
-  if (config.timeout_action != TimeoutAction::kReject &&
-      config.timeout_action != TimeoutAction::kDelay) {
-    return absl::InvalidArgumentError("consumer '" + config.name + "': timeout action " +
-                                      std::to_string(static_cast<int>(config.timeout_action)) +
-                                      " is not a valid TimeoutAction");
-  }
-  if (config.qos && config.overflow == OverflowPolicy::kDropOldest) {
-    return absl::InvalidArgumentError(
-        "consumer '" + config.name + "': overflow drop-oldest needs a FIFO lane; with qos "
-        "use reject, block, or QosConfig::preemption (a higher priority evicts the lowest)");
-  }
-  if (config.qos) {
-    QosConfig qc = *config.qos;
-    qc.capacity = static_cast<std::uint32_t>(std::min<std::size_t>(config.lane_capacity, 1u << 24));
-    if (absl::Status s = QosConfig::Validate(qc); !s.ok()) {
-      return absl::InvalidArgumentError("consumer '" + config.name + "': " + std::string(s.message()));
-    }
-  }
-  if (absl::Status s = BatchPolicy::Validate(config.batch); !s.ok()) {
-    return absl::InvalidArgumentError("consumer '" + config.name + "': " + std::string(s.message()));
-  }
-  if (config.selection != nullptr) {
-    if (absl::Status s = config.selection->CheckGroupSize(config.members); !s.ok()) {
-      return absl::InvalidArgumentError("consumer '" + config.name + "': " + std::string(s.message()));
-    }
-  }
+  // Lanes hold capacity rounded up to a power of two (Validate bounded the total).
+  const std::size_t slots = std::bit_ceil(config.lane_capacity) * config.members;
   auto state = std::make_unique<ConsumerState>();
   if (!config.filter_subject.empty()) {
-    absl::StatusOr<SubjectPattern> p = SubjectPattern::Parse(config.filter_subject);
-    if (!p.ok()) {
-      return absl::InvalidArgumentError("consumer '" + config.name + "': filter " +
-                                        std::string(p.status().message()));
-    }
-    state->filter = *std::move(p);
+    // Cannot fail: Validate parsed it.
+    state->filter = *SubjectPattern::Parse(config.filter_subject);
   }
   state->config = config;
   state->clock = impl_->clock;
@@ -1772,7 +1554,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event event, PublishMode mode, Stream
                                       " bytes is longer than the limit of " +
                                       std::to_string(kMaxMsgIdBytes) + " bytes");
   }
-  if (event.ttl < absl::ZeroDuration() || event.ttl > absl::Hours(24 * 365)) {
+  if (event.ttl < absl::ZeroDuration() || event.ttl > kMaxDuration) {
     count(impl_->invalid);
     return absl::InvalidArgumentError("event ttl " + absl::FormatDuration(event.ttl) +
                                       " is invalid (zero for none, or up to 365 days)");
@@ -2219,12 +2001,12 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
   // Everything that can fail is checked before anything is added: a refused
   // registration leaves no streams behind.
   const std::size_t slots = std::bit_ceil(options.queue_capacity) * options.workers;
-  if (slots > kMaxConsumerSlots) {
+  if (slots > ConsumerConfig::kMaxLaneSlots) {
     return absl::InvalidArgumentError(
         "function '" + id + "': workers " + std::to_string(options.workers) +
         " x queue_capacity " + std::to_string(options.queue_capacity) + " = " +
         std::to_string(slots) + " queue slots (after rounding up to powers of two) exceed " +
-        std::to_string(kMaxConsumerSlots));
+        std::to_string(ConsumerConfig::kMaxLaneSlots));
   }
   {
     std::lock_guard lock(impl_->config_mu);
@@ -2345,7 +2127,7 @@ std::future<absl::StatusOr<Buffer>> Engine::Call(std::string_view fn_id, Buffer 
   std::promise<absl::StatusOr<Buffer>> promise;
   std::future<absl::StatusOr<Buffer>> future = promise.get_future();
   const std::string fn(fn_id);
-  if (timeout <= absl::ZeroDuration() || timeout > absl::Hours(24 * 365)) {
+  if (timeout <= absl::ZeroDuration() || timeout > kMaxDuration) {
     promise.set_value(absl::InvalidArgumentError("call to function " + QuoteValue(fn) +
                                                  ": timeout " + absl::FormatDuration(timeout) +
                                                  " is invalid (> 0 and up to 365 days)"));

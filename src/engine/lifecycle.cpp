@@ -8,29 +8,17 @@
 
 #include <charconv>
 #include "inferq/base/error.hpp"
+#include "inferq/base/limits.hpp"
 
 namespace inferq {
 
 namespace {
 
-constexpr std::size_t kMaxName = 256;
 constexpr std::size_t kMaxReason = 256;
 constexpr std::size_t kMaxPrefix = 64;
 constexpr std::string_view kVersion = "v1";
 
 enum MessageOp { kStart = 0, kComplete = 1, kExpire = 2, kForget = 3 };
-
-absl::Status ValidateName(std::string_view what, std::string_view name) {
-  bool ok = !name.empty() && name.size() <= kMaxName;
-  for (char c : name) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x21 || u > 0x7e) ok = false;
-  }
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(std::string(what) + " " + QuoteValue(name) +
-                                    " must be 1 to 256 visible ASCII characters "
-                                    "(0x21 to 0x7e)");
-}
 
 absl::Status ValidateReason(std::string_view reason) {
   bool ok = !reason.empty() && reason.size() <= kMaxReason;
@@ -163,7 +151,7 @@ absl::Status DecodeMessage(std::string_view key, std::string_view v, MessageInfo
   if (!SplitFields(v, 6, &f)) return Malformed(key, v, "expected 6 fields");
   if (f[0] != kVersion) return Malformed(key, v, "unknown version");
   if (!ParseMessageState(f[1], &m->state)) return Malformed(key, v, "unknown message state");
-  if (!ValidateName("model", f[2]).ok()) return Malformed(key, v, "bad model name");
+  if (!ValidateId("model", f[2]).ok()) return Malformed(key, v, "bad model name");
   m->model = std::string(f[2]);
   if (!ParseInt(f[3], &m->enqueued_ns)) return Malformed(key, v, "bad enqueued_ns");
   if (!ParseInt(f[4], &m->since_ns)) return Malformed(key, v, "bad since_ns");
@@ -285,7 +273,7 @@ absl::Status Lifecycle::Load() {
     std::string_view key = k;
     if (key.rfind(model_prefix, 0) == 0) {
       const std::string_view name = key.substr(model_prefix.size());
-      if (!ValidateName("model", name).ok()) {
+      if (!ValidateId("model", name).ok()) {
         return absl::DataLossError("lifecycle key " + QuoteValue(key) + " has a bad model name");
       }
       auto slot = std::make_unique<Slot>();
@@ -303,7 +291,7 @@ absl::Status Lifecycle::Load() {
   }
   for (const auto& [key, v] : msgs) {
     const std::string_view id = key.substr(msg_prefix.size());
-    if (!ValidateName("msg_id", id).ok()) {
+    if (!ValidateId("msg_id", id).ok()) {
       return absl::DataLossError("lifecycle key " + QuoteValue(key) + " has a bad msg_id");
     }
     MessageRec rec;
@@ -340,7 +328,7 @@ absl::Status Lifecycle::Load() {
 }
 
 absl::Status Lifecycle::BeginWarmup(std::string_view model) {
-  if (auto st = ValidateName("model", model); !st.ok()) return st;
+  if (auto st = ValidateId("model", model); !st.ok()) return st;
   Slot* slot;
   {
     std::lock_guard lock(mu_);
@@ -386,7 +374,7 @@ absl::StatusOr<Lifecycle::Slot*> Lifecycle::FindSlot(std::string_view model) {
 }
 
 absl::Status Lifecycle::ModelReady(std::string_view model) {
-  if (auto st = ValidateName("model", model); !st.ok()) return st;
+  if (auto st = ValidateId("model", model); !st.ok()) return st;
   absl::StatusOr<Slot*> found = FindSlot(model);
   if (!found.ok()) return found.status();
   Slot* slot = *found;
@@ -422,7 +410,7 @@ absl::Status Lifecycle::ModelReady(std::string_view model) {
 
 absl::StatusOr<std::vector<std::string>> Lifecycle::Evict(std::string_view model,
                                                           std::string_view reason) {
-  if (auto st = ValidateName("model", model); !st.ok()) return st;
+  if (auto st = ValidateId("model", model); !st.ok()) return st;
   if (auto st = ValidateReason(reason); !st.ok()) return st;
   std::vector<std::string> expired;
   auto r = EvictImpl(model, reason, /*if_timed_out=*/false, &expired);
@@ -497,8 +485,8 @@ absl::StatusOr<bool> Lifecycle::EvictImpl(std::string_view model, std::string_vi
 }
 
 absl::Status Lifecycle::Enqueue(std::string_view msg_id, std::string_view model) {
-  if (auto st = ValidateName("msg_id", msg_id); !st.ok()) return st;
-  if (auto st = ValidateName("model", model); !st.ok()) return st;
+  if (auto st = ValidateId("msg_id", msg_id); !st.ok()) return st;
+  if (auto st = ValidateId("model", model); !st.ok()) return st;
   // Checked under mu_, both before taking the model's tx_mu (to fail fast) and
   // after (the state may have changed while waiting).
   auto check = [&](Slot* slot) -> absl::Status {
@@ -553,23 +541,23 @@ absl::Status Lifecycle::Enqueue(std::string_view msg_id, std::string_view model)
 }
 
 absl::Status Lifecycle::StartProcessing(std::string_view msg_id) {
-  if (auto st = ValidateName("msg_id", msg_id); !st.ok()) return st;
+  if (auto st = ValidateId("msg_id", msg_id); !st.ok()) return st;
   return MessageTransition(msg_id, kStart, {}, false).status();
 }
 
 absl::Status Lifecycle::Complete(std::string_view msg_id) {
-  if (auto st = ValidateName("msg_id", msg_id); !st.ok()) return st;
+  if (auto st = ValidateId("msg_id", msg_id); !st.ok()) return st;
   return MessageTransition(msg_id, kComplete, {}, false).status();
 }
 
 absl::Status Lifecycle::Expire(std::string_view msg_id, std::string_view reason) {
-  if (auto st = ValidateName("msg_id", msg_id); !st.ok()) return st;
+  if (auto st = ValidateId("msg_id", msg_id); !st.ok()) return st;
   if (auto st = ValidateReason(reason); !st.ok()) return st;
   return MessageTransition(msg_id, kExpire, reason, false).status();
 }
 
 absl::Status Lifecycle::Forget(std::string_view msg_id) {
-  if (auto st = ValidateName("msg_id", msg_id); !st.ok()) return st;
+  if (auto st = ValidateId("msg_id", msg_id); !st.ok()) return st;
   return MessageTransition(msg_id, kForget, {}, false).status();
 }
 

@@ -392,6 +392,10 @@ TEST_CASE("configuration errors name the bad value and change nothing") {
     const absl::Status s = engine.AddStream(cfg);
     CHECK(s.code() == code);
     CHECK(Msg(s) == msg);
+    // Every InvalidArgument of AddStream is a check of the config alone.
+    const absl::Status v = StreamConfig::Validate(cfg);
+    CHECK(v.ok() == (code != absl::StatusCode::kInvalidArgument));
+    if (!v.ok()) CHECK(Msg(v) == msg);
   };
   check({.name = "", .subjects = {"x"}}, absl::StatusCode::kInvalidArgument,
         "stream name '' must have 1 to 64 characters");
@@ -419,6 +423,10 @@ TEST_CASE("configuration errors name the bad value and change nothing") {
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == code);
     CHECK(Msg(r.status()) == msg);
+    // These InvalidArgument cases are all checks of the config alone.
+    const absl::Status v = ConsumerConfig::Validate(cfg);
+    CHECK(v.ok() == (code != absl::StatusCode::kInvalidArgument));
+    if (!v.ok()) CHECK(Msg(v) == msg);
   };
   bad({.stream = "NOPE", .name = "c"}, absl::StatusCode::kNotFound,
       "consumer 'c': stream 'NOPE' does not exist");
@@ -434,6 +442,21 @@ TEST_CASE("configuration errors name the bad value and change nothing") {
   bad({.stream = "S", .name = "c"}, absl::StatusCode::kAlreadyExists,
       "consumer 'c' of stream 'S' already exists");
   CHECK(engine.Stats().consumers.size() == 1);
+}
+
+TEST_CASE("config Validate passes what needs the engine to AddConsumer") {
+  // A filter no subject of the stream can match, and a member_nodes entry that is
+  // not a node, are refused by AddConsumer; the config alone is valid.
+  const ConsumerConfig far{.stream = "S", .name = "c", .filter_subject = "y"};
+  CHECK(ConsumerConfig::Validate(far).ok());
+  const ConsumerConfig node{.stream = "S", .name = "d", .member_nodes = {999}};
+  CHECK(ConsumerConfig::Validate(node).ok());
+  Engine engine;
+  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
+  CHECK(Msg(engine.AddConsumer(far).status()) ==
+        "consumer 'c': filter_subject 'y' matches no subject of stream 'S' (subjects 'x')");
+  CHECK(engine.AddConsumer(node).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(StreamConfig::Validate({.name = "S", .subjects = {"x"}}).ok());
 }
 
 TEST_CASE("close wakes pullers and refuses later publishes") {

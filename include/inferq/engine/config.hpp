@@ -1,15 +1,23 @@
 // File: inferq/engine/config.hpp
 //
 // StreamConfig and ConsumerConfig: what Engine::AddStream and Engine::AddConsumer
-// take (DESIGN.md §3.8), and the policy enums they use.
+// take (DESIGN.md §3.8), the policy enums they use, and their Validate checks.
 //
 // Usage:
 //   inferq::StreamConfig s{.name = "REQUESTS", .subjects = {"infer.*.request"}};
 //   inferq::ConsumerConfig c{.stream = "REQUESTS", .name = "replicas", .members = 4};
+//   if (absl::Status st = inferq::ConsumerConfig::Validate(c); !st.ok()) { ... }
 //   engine->AddStream(s);
 //   engine->AddConsumer(c);
 //
-// Thread safety: plain values.
+// Validate checks a configuration alone: names (base/limits.hpp ValidateName),
+// patterns, ranges (durations up to kMaxDuration, 365 days) and combinations of
+// fields. AddStream / AddConsumer call it first, then check what needs the engine:
+// the stream exists, the name is free, the filter overlaps the stream's subjects,
+// member_nodes are nodes of the engine's topology, the selection policy object is
+// not another consumer's.
+//
+// Thread safety: plain values; Validate is a pure function.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "inferq/event/codec.hpp"
 #include "inferq/routing/predicate.hpp"
@@ -67,6 +76,10 @@ struct StreamConfig {
   // 2,000 distinct ids a second over the default 2-minute window; at about 100 bytes
   // an id (short ids; a longer id adds its length) that is 24 MiB per stream.
   std::size_t duplicate_window_max_entries = 240'000;
+
+  // InvalidArgument naming the stream and the field for a bad name, no subjects, a
+  // pattern that does not parse, or a value outside the range its field documents.
+  static absl::Status Validate(const StreamConfig& config);
 };
 
 struct ConsumerConfig {
@@ -140,6 +153,20 @@ struct ConsumerConfig {
   // max_queue_delay, preferred sizes, adaptive window. With `adaptive`, the observed
   // round-trip time is each acked message's deliver -> ack time.
   BatchPolicy batch{};
+
+  // Lane slots (lane_capacity rounded up to a power of two, times members) one
+  // consumer may hold in all: 2^24, 64 bytes each (1 GiB).
+  static constexpr std::size_t kMaxLaneSlots = std::size_t{1} << 24;
+
+  // InvalidArgument naming the consumer and the field for a bad name, filter
+  // pattern, member count, lane capacity (or members x lane slots over
+  // kMaxLaneSlots), member_nodes count, group options, accept_codecs entry (not a
+  // PayloadCodec, or repeated), policy enum value, ack_wait / backoff /
+  // queue_timeout outside their ranges, max_deliver / max_ack_pending below -1 or 0,
+  // a setting that needs explicit acks with AckPolicy::kNone, a bad
+  // dead_letter_subject, drop-oldest with qos, bad qos or batch settings, or a
+  // selection policy built for another group size.
+  static absl::Status Validate(const ConsumerConfig& config);
 };
 
 }  // namespace inferq

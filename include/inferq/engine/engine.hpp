@@ -226,18 +226,21 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // InvalidArgument for a bad name, no subjects, a bad pattern, or a bad limit;
-  // AlreadyExists for a taken name; Cancelled after Close().
+  // InvalidArgument for a bad name, no subjects, a bad pattern, or a bad limit
+  // (StreamConfig::Validate, checked first); AlreadyExists for a taken name;
+  // Cancelled after Close().
   absl::Status AddStream(const StreamConfig& config);
 
-  // InvalidArgument for a bad name, filter, member count, lane capacity, group
-  // options, an accept_codecs entry that is not a PayloadCodec or is repeated, a
-  // negative or infinite ack_wait, a filter_subject that no subject of the stream
-  // can match, a setting that needs explicit acks (ack_wait, backoff, max_deliver,
+  // InvalidArgument for what ConsumerConfig::Validate refuses (checked first: a bad
+  // name, filter, member count, lane capacity, group options, an accept_codecs
+  // entry that is not a PayloadCodec or is repeated, a negative or too long
+  // ack_wait, a setting that needs explicit acks (ack_wait, backoff, max_deliver,
   // max_ack_pending, dead_letter_subject) with AckPolicy::kNone (the message names
-  // the field), or a selection policy already used by
-  // another consumer or built for another group size; NotFound
-  // for an unknown stream; AlreadyExists for a taken name; Cancelled after Close().
+  // the field), a selection policy built for another group size), and for a
+  // filter_subject that no subject of the stream can match, a member_nodes entry
+  // that is not a node of EngineOptions::topology, or a selection policy already
+  // used by another consumer; NotFound for an unknown stream; AlreadyExists for a
+  // taken name; Cancelled after Close().
   absl::StatusOr<Consumer> AddConsumer(const ConsumerConfig& config);
 
   // Stores `event` in every stream that captures its subject and queues it for each

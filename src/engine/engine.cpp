@@ -11,7 +11,6 @@
 #include <deque>
 #include <functional>
 #include <optional>
-#include <stdexcept>
 #include <thread>
 #include <tuple>
 #include <mutex>
@@ -1264,32 +1263,52 @@ NumaArena* ProcessArena(const Topology& topology, int node_index, std::string* w
 
 }  // namespace
 
+namespace {
+
+// What Engine::Create refuses (see engine.hpp).
+absl::Status ValidateOptions(const EngineOptions& options) {
+  const EngineCodecOptions& c = options.codecs;
+  if (c.zstd_level < 1 || c.zstd_level > 22) {
+    return absl::InvalidArgumentError("EngineOptions::codecs.zstd_level " +
+                                      std::to_string(c.zstd_level) + " is outside 1..22");
+  }
+  if (c.max_payload_bytes == 0) {
+    return absl::InvalidArgumentError("EngineOptions::codecs.max_payload_bytes is 0");
+  }
+  if (c.compress_dictionary_id != 0 &&
+      (c.dictionaries == nullptr || c.dictionaries->Find(c.compress_dictionary_id) == nullptr)) {
+    return absl::InvalidArgumentError("EngineOptions::codecs.compress_dictionary_id " +
+                                      std::to_string(c.compress_dictionary_id) +
+                                      " is not in codecs.dictionaries");
+  }
+  if (options.flow_control) {
+    if (absl::Status s = DualChannelController::Validate(*options.flow_control); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
+  // Checked first: a refusal leaves nothing started.
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  return std::unique_ptr<Engine>(new Engine(std::move(options)));
+}
+
 Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>()) {
-  {  // checked first: a throw here leaves nothing started
-    const EngineCodecOptions& c = options.codecs;
-    if (c.zstd_level < 1 || c.zstd_level > 22) {
-      throw std::invalid_argument("EngineOptions::codecs.zstd_level " +
-                                  std::to_string(c.zstd_level) + " is outside 1..22");
-    }
-    if (c.max_payload_bytes == 0) {
-      throw std::invalid_argument("EngineOptions::codecs.max_payload_bytes is 0");
-    }
-    if (c.compress_dictionary_id != 0) {
-      impl_->compress_dictionary =
-          c.dictionaries != nullptr ? c.dictionaries->Find(c.compress_dictionary_id) : nullptr;
-      if (impl_->compress_dictionary == nullptr) {
-        throw std::invalid_argument("EngineOptions::codecs.compress_dictionary_id " +
-                                    std::to_string(c.compress_dictionary_id) +
-                                    " is not in codecs.dictionaries");
-      }
-    }
-    impl_->codecs = c;
+  impl_->codecs = options.codecs;
+  if (options.codecs.compress_dictionary_id != 0) {  // found: Create checked it
+    impl_->compress_dictionary =
+        options.codecs.dictionaries->Find(options.codecs.compress_dictionary_id);
   }
   impl_->clock = options.clock ? options.clock : SteadyClock::Default();
   impl_->manual_timers = options.manual_timers;
   impl_->call_wheel = std::make_unique<TimerWheel<std::uint64_t>>(impl_->clock->NowNanos());
   if (options.flow_control) {
-    impl_->flow = std::make_unique<DualChannelController>(*options.flow_control);  // throws
+    // Cannot throw: Create checked the config.
+    impl_->flow = std::make_unique<DualChannelController>(*options.flow_control);
   }
   impl_->lifecycle = options.lifecycle;
   if (impl_->flow != nullptr || impl_->lifecycle != nullptr) {

@@ -12,12 +12,12 @@
 // The payload is never copied: all deliveries share one Event.
 //
 // Usage:
-//   inferq::Engine engine;
-//   engine.AddStream({.name = "REQUESTS", .subjects = {"infer.*.request"}});
-//   auto replicas = engine.AddConsumer(
+//   absl::StatusOr<std::unique_ptr<inferq::Engine>> engine = inferq::Engine::Create();
+//   (*engine)->AddStream({.name = "REQUESTS", .subjects = {"infer.*.request"}});
+//   auto replicas = (*engine)->AddConsumer(
 //       {.stream = "REQUESTS", .name = "replicas", .members = 4});
 //   inferq::Event e;  e.subject = "infer.llama.request";
-//   absl::StatusOr<inferq::PublishAck> ack = engine.Publish(std::move(e));
+//   absl::StatusOr<inferq::PublishAck> ack = (*engine)->Publish(std::move(e));
 //   // on replica thread i:
 //   auto batch = replicas->member(i)->NextBatch(8, absl::Milliseconds(2));
 //   for (inferq::Message& m : *batch) { ...; m.Ack(); }
@@ -207,21 +207,26 @@ struct EngineOptions {
   // channel is the bytes all streams keep, the response-time channel the highest
   // recent publish -> deliver delay of any lane (an EWMA, alpha 1/8, per lane). The
   // timer updates them; every PublishAck carries the throttle and weight scale.
-  // nullopt = off (throttle 0, weight scale 1). InvalidArgument-level values make
-  // the constructor throw std::invalid_argument.
+  // nullopt = off (throttle 0, weight scale 1). Values DualChannelController::Validate
+  // refuses make Engine::Create return its InvalidArgument.
   std::optional<FlowControlConfig> flow_control{};
   // When set, the engine's timer also calls lifecycle->RunTimeouts() (warmup and
   // inference timeouts of engine/lifecycle.hpp). Must outlive the Engine.
   Lifecycle* lifecycle = nullptr;
-  // Payload conversion for consumers' accept_codecs. The constructor throws
-  // std::invalid_argument (naming the value) for a zstd_level outside 1..22, a
+  // Payload conversion for consumers' accept_codecs. Engine::Create returns
+  // InvalidArgument (naming the value) for a zstd_level outside 1..22, a
   // max_payload_bytes of 0, or a compress_dictionary_id not in `dictionaries`.
   EngineCodecOptions codecs{};
 };
 
 class Engine {
  public:
-  explicit Engine(EngineOptions options = {});
+  // Checks `options` and starts an engine (and its timer thread when flow control or
+  // a lifecycle needs one). InvalidArgument naming the field and value for a
+  // codecs.zstd_level outside 1..22, a codecs.max_payload_bytes of 0, a
+  // codecs.compress_dictionary_id not in codecs.dictionaries, or a flow_control
+  // that DualChannelController::Validate refuses.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(EngineOptions options = {});
   ~Engine();  // Close()s, then frees everything
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -321,6 +326,7 @@ class Engine {
   absl::Status SetReward(double reward);
 
  private:
+  explicit Engine(EngineOptions options);  // `options` checked by Create
   struct Impl;
   // kWait: Publish; kTry: TryPublish; kCall: a call's event (FlushCalls: as kTry,
   // but a refusal for want of room is not counted, the call waits); kInternal: dead

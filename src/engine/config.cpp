@@ -29,79 +29,26 @@ absl::Status ValidateLimit(const std::string& stream, const char* field, std::in
                                     " is invalid (use -1 for no limit or a positive value)");
 }
 
-}  // namespace
-
-absl::Status StreamConfig::Validate(const StreamConfig& config) {
-  if (absl::Status s = ValidateName("stream", config.name); !s.ok()) return s;
-  if (config.subjects.empty()) {
-    return absl::InvalidArgumentError("stream '" + config.name + "' has no subjects");
-  }
-  for (const std::string& subject : config.subjects) {
-    absl::StatusOr<SubjectPattern> p = SubjectPattern::Parse(subject);
-    if (!p.ok()) {
-      return absl::InvalidArgumentError("stream '" + config.name + "': " +
-                                        std::string(p.status().message()));
-    }
-  }
-  for (auto [field, v] : {std::pair{"max_msgs", config.max_msgs},
-                          std::pair{"max_bytes", config.max_bytes},
-                          std::pair{"max_msg_size", config.max_msg_size}}) {
-    if (absl::Status s = ValidateLimit(config.name, field, v); !s.ok()) return s;
-  }
-  if (config.max_age < absl::ZeroDuration() || config.max_age == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError("stream '" + config.name + "': max_age " +
-                                      absl::FormatDuration(config.max_age) +
-                                      " is invalid (use zero for no limit or a positive, "
-                                      "finite duration)");
-  }
-  if (config.discard != DiscardPolicy::kOld && config.discard != DiscardPolicy::kNew) {
-    return absl::InvalidArgumentError("stream '" + config.name + "': discard policy " +
-                                      std::to_string(static_cast<int>(config.discard)) +
-                                      " is not a valid DiscardPolicy");
-  }
-  if (config.retention != RetentionPolicy::kLimits &&
-      config.retention != RetentionPolicy::kInterest) {
-    return absl::InvalidArgumentError("stream '" + config.name + "': retention policy " +
-                                      std::to_string(static_cast<int>(config.retention)) +
-                                      " is not a valid RetentionPolicy");
-  }
-  if (config.duplicate_window < absl::ZeroDuration() ||
-      config.duplicate_window > kMaxDuration) {
-    return absl::InvalidArgumentError("stream '" + config.name + "': duplicate_window " +
-                                      absl::FormatDuration(config.duplicate_window) +
-                                      " is invalid (zero for off, or up to 365 days)");
-  }
-  if (config.duplicate_window_max_entries < 1 ||
-      config.duplicate_window_max_entries > DuplicateWindow::kMaxEntries) {
-    return absl::InvalidArgumentError("stream '" + config.name +
-                                      "': duplicate_window_max_entries " +
-                                      std::to_string(config.duplicate_window_max_entries) +
-                                      " is outside 1.." +
-                                      std::to_string(DuplicateWindow::kMaxEntries));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ConsumerConfig::Validate(const ConsumerConfig& config) {
-  if (absl::Status s = ValidateName("consumer", config.name); !s.ok()) return s;
+// Members, lane capacity and their product, member_nodes count.
+absl::Status ValidateLanes(const ConsumerConfig& config) {
   if (config.members == 0 || config.members > 4096) {
     return absl::InvalidArgumentError("consumer '" + config.name + "': members " +
                                       std::to_string(config.members) +
                                       " is outside 1..4096");
   }
-  if (config.lane_capacity == 0 || config.lane_capacity > kMaxLaneSlots) {
+  if (config.lane_capacity == 0 || config.lane_capacity > ConsumerConfig::kMaxLaneSlots) {
     return absl::InvalidArgumentError("consumer '" + config.name + "': lane_capacity " +
                                       std::to_string(config.lane_capacity) +
-                                      " is outside 1.." + std::to_string(kMaxLaneSlots));
+                                      " is outside 1.." + std::to_string(ConsumerConfig::kMaxLaneSlots));
   }
   // Lanes hold capacity rounded up to a power of two; bound the whole group.
   const std::size_t slots = std::bit_ceil(config.lane_capacity) * config.members;
-  if (slots > kMaxLaneSlots) {
+  if (slots > ConsumerConfig::kMaxLaneSlots) {
     return absl::InvalidArgumentError(
         "consumer '" + config.name + "': members " + std::to_string(config.members) +
         " x lane_capacity " + std::to_string(config.lane_capacity) + " = " +
         std::to_string(slots) + " lane slots (after rounding up to powers of two) exceed " +
-        std::to_string(kMaxLaneSlots));
+        std::to_string(ConsumerConfig::kMaxLaneSlots));
   }
   if (!config.member_nodes.empty() && config.member_nodes.size() != config.members) {
     return absl::InvalidArgumentError(
@@ -109,6 +56,11 @@ absl::Status ConsumerConfig::Validate(const ConsumerConfig& config) {
         std::to_string(config.member_nodes.size()) + " entries for " +
         std::to_string(config.members) + " members");
   }
+  return absl::OkStatus();
+}
+
+// accept_codecs: each a PayloadCodec, none repeated.
+absl::Status ValidateCodecs(const ConsumerConfig& config) {
   for (std::size_t i = 0; i < config.accept_codecs.size(); ++i) {
     const PayloadCodec c = config.accept_codecs[i];
     if (c != PayloadCodec::kNone && c != PayloadCodec::kZstd) {
@@ -126,6 +78,12 @@ absl::Status ConsumerConfig::Validate(const ConsumerConfig& config) {
       }
     }
   }
+  return absl::OkStatus();
+}
+
+// Ack policy, group options, ack_wait, backoff, max_deliver, max_ack_pending, what
+// needs explicit acks, dead_letter_subject.
+absl::Status ValidateAcks(const ConsumerConfig& config) {
   if (config.ack != AckPolicy::kExplicit && config.ack != AckPolicy::kNone) {
     return absl::InvalidArgumentError("consumer '" + config.name + "': ack policy " +
                                       std::to_string(static_cast<int>(config.ack)) +
@@ -185,6 +143,11 @@ absl::Status ConsumerConfig::Validate(const ConsumerConfig& config) {
                                         std::string(s.message()));
     }
   }
+  return absl::OkStatus();
+}
+
+// Overflow, queue timeout, QoS, batch policy, selection policy group size.
+absl::Status ValidateScheduling(const ConsumerConfig& config) {
   if (config.overflow != OverflowPolicy::kBlock && config.overflow != OverflowPolicy::kReject &&
       config.overflow != OverflowPolicy::kDropOldest) {
     return absl::InvalidArgumentError("consumer '" + config.name + "': overflow policy " +
@@ -221,6 +184,68 @@ absl::Status ConsumerConfig::Validate(const ConsumerConfig& config) {
     if (absl::Status s = config.selection->CheckGroupSize(config.members); !s.ok()) {
       return absl::InvalidArgumentError("consumer '" + config.name + "': " + std::string(s.message()));
     }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status StreamConfig::Validate(const StreamConfig& config) {
+  if (absl::Status s = ValidateName("stream", config.name); !s.ok()) return s;
+  if (config.subjects.empty()) {
+    return absl::InvalidArgumentError("stream '" + config.name + "' has no subjects");
+  }
+  for (const std::string& subject : config.subjects) {
+    absl::StatusOr<SubjectPattern> p = SubjectPattern::Parse(subject);
+    if (!p.ok()) {
+      return absl::InvalidArgumentError("stream '" + config.name + "': " +
+                                        std::string(p.status().message()));
+    }
+  }
+  for (auto [field, v] : {std::pair{"max_msgs", config.max_msgs},
+                          std::pair{"max_bytes", config.max_bytes},
+                          std::pair{"max_msg_size", config.max_msg_size}}) {
+    if (absl::Status s = ValidateLimit(config.name, field, v); !s.ok()) return s;
+  }
+  if (config.max_age < absl::ZeroDuration() || config.max_age == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError("stream '" + config.name + "': max_age " +
+                                      absl::FormatDuration(config.max_age) +
+                                      " is invalid (use zero for no limit or a positive, "
+                                      "finite duration)");
+  }
+  if (config.discard != DiscardPolicy::kOld && config.discard != DiscardPolicy::kNew) {
+    return absl::InvalidArgumentError("stream '" + config.name + "': discard policy " +
+                                      std::to_string(static_cast<int>(config.discard)) +
+                                      " is not a valid DiscardPolicy");
+  }
+  if (config.retention != RetentionPolicy::kLimits &&
+      config.retention != RetentionPolicy::kInterest) {
+    return absl::InvalidArgumentError("stream '" + config.name + "': retention policy " +
+                                      std::to_string(static_cast<int>(config.retention)) +
+                                      " is not a valid RetentionPolicy");
+  }
+  if (config.duplicate_window < absl::ZeroDuration() ||
+      config.duplicate_window > kMaxDuration) {
+    return absl::InvalidArgumentError("stream '" + config.name + "': duplicate_window " +
+                                      absl::FormatDuration(config.duplicate_window) +
+                                      " is invalid (zero for off, or up to 365 days)");
+  }
+  if (config.duplicate_window_max_entries < 1 ||
+      config.duplicate_window_max_entries > DuplicateWindow::kMaxEntries) {
+    return absl::InvalidArgumentError("stream '" + config.name +
+                                      "': duplicate_window_max_entries " +
+                                      std::to_string(config.duplicate_window_max_entries) +
+                                      " is outside 1.." +
+                                      std::to_string(DuplicateWindow::kMaxEntries));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConsumerConfig::Validate(const ConsumerConfig& config) {
+  if (absl::Status s = ValidateName("consumer", config.name); !s.ok()) return s;
+  for (absl::Status (*check)(const ConsumerConfig&) :
+       {ValidateLanes, ValidateCodecs, ValidateAcks, ValidateScheduling}) {
+    if (absl::Status s = check(config); !s.ok()) return s;
   }
   if (!config.filter_subject.empty()) {
     absl::StatusOr<SubjectPattern> p = SubjectPattern::Parse(config.filter_subject);

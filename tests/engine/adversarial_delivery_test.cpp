@@ -28,7 +28,7 @@ using namespace inferq::engine_test;
 
 // ---------------------------------------------------------------------------------
 // Was bug 0 (fixed; this test keeps it fixed) (most severe): moving work off a stalled member loops forever when the work
-// can only go back to the same lane. RunTimers (engine.cpp ~2103) pops the stalled
+// can only go back to the same lane. RunTimers (now timers.cpp, MoveOffStalledMembers) pops the stalled
 // lane with `while (lane.ring.try_pop(d)) Redeliver(*c, d, m)`, and Redeliver falls
 // back to `exclude` itself (pass 1) when no other lane takes the item: with one
 // member, or with every other lane full, the item is pushed back onto the lane the

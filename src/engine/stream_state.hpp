@@ -43,8 +43,9 @@ struct StreamState {
   HandleQueue<Handle> messages;             // guarded by mu; ascending seq
   std::uint64_t next_seq = 1;               // guarded by mu
   std::vector<ConsumerState*> consumers;    // guarded by mu
-  // Consumers with a non-empty accept_codecs (Publish's conversion pre-pass runs only
-  // for streams that have one). Written under mu; relaxed reads outside it.
+  // Consumers with a non-empty accept_codecs (Publish's conversion pre-pass,
+  // Engine::Impl::ConvertBeforeStore, runs only for streams that have one). Written
+  // under mu; relaxed reads outside it.
   std::atomic<std::uint32_t> codec_restricted{0};
 
   // Read by Stats() without mu; written under mu or by acks.

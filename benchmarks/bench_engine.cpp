@@ -283,7 +283,7 @@ struct InferqImpl {
   InferqImpl(int members, std::int64_t total, bool qos) : total_(total) {
     inferq::StreamConfig sc{.name = "E2E", .subjects = {"e2e.>"}};
     sc.retention = inferq::RetentionPolicy::kInterest;
-    if (absl::Status st = engine_.AddStream(sc); !st.ok()) Die(std::string(st.message()));
+    if (absl::Status st = engine_->AddStream(sc); !st.ok()) Die(std::string(st.message()));
     inferq::ConsumerConfig cc{.stream = "E2E", .name = "workers"};
     cc.members = static_cast<std::uint32_t>(members);
     cc.lane_capacity = kLaneCapacity;
@@ -291,7 +291,7 @@ struct InferqImpl {
     cc.batch.max_batch = kMaxBatch;
     cc.batch.max_queue_delay = absl::ZeroDuration();
     if (qos) cc.qos = inferq::QosConfig{};
-    absl::StatusOr<inferq::Consumer> c = engine_.AddConsumer(cc);
+    absl::StatusOr<inferq::Consumer> c = engine_->AddConsumer(cc);
     if (!c.ok()) Die(std::string(c.status().message()));
     for (int i = 0; i < members; ++i) {
       absl::StatusOr<inferq::Member> m = c->member(static_cast<std::uint32_t>(i));
@@ -309,7 +309,7 @@ struct InferqImpl {
       e.tenant = kTenants[static_cast<std::size_t>(i % 4)];
     }
     e.payload = inferq::Buffer::Copy(std::as_bytes(std::span(&p, 1)));
-    absl::StatusOr<inferq::PublishAck> a = engine_.Publish(std::move(e));
+    absl::StatusOr<inferq::PublishAck> a = engine_->Publish(std::move(e));
     if (!a.ok()) Die(std::string(a.status().message()));
   }
   void Finish() {}
@@ -337,7 +337,7 @@ struct InferqImpl {
     return true;
   }
 
-  inferq::Engine engine_;
+  std::unique_ptr<inferq::Engine> engine_ = inferq::Engine::Create().value();
   std::vector<inferq::Member> members_;
   std::int64_t total_;
   bool qos_ = false;

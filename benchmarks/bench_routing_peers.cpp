@@ -171,7 +171,7 @@ struct InferqImpl {
       inferq::StreamConfig s{.name = std::move(name), .subjects = {std::move(subject)}};
       s.retention = c.retention;
       if (c.retention == inferq::RetentionPolicy::kLimits) s.max_msgs = kLimitsMaxMsgs;
-      if (absl::Status st = engine.AddStream(s); !st.ok()) Die(std::string(st.message()));
+      if (absl::Status st = engine->AddStream(s); !st.ok()) Die(std::string(st.message()));
     };
     if (c.streams == Streams::kOne) {
       add_stream("BENCH", "bench.>");
@@ -181,7 +181,7 @@ struct InferqImpl {
       }
     }
     for (int i = 0; i < kSubscribers; ++i) {
-      absl::StatusOr<inferq::Consumer> consumer = engine.AddConsumer(
+      absl::StatusOr<inferq::Consumer> consumer = engine->AddConsumer(
           {.stream = c.streams == Streams::kOne ? "BENCH" : "BENCH_" + std::to_string(i),
            .name = "sub" + std::to_string(i),
            .filter_subject = std::string(kSubjectNames[i]),
@@ -197,7 +197,7 @@ struct InferqImpl {
     inferq::Event e;
     e.subject = kSubjectNames[static_cast<std::size_t>(subject)];
     e.payload = inferq::Buffer::Copy(std::as_bytes(std::span(&p, 1)));
-    return engine.Publish(std::move(e)).ok();
+    return engine->Publish(std::move(e)).ok();
   }
 
   class Subscriber {
@@ -237,7 +237,7 @@ struct InferqImpl {
   };
 
   Config config;
-  inferq::Engine engine;
+  std::unique_ptr<inferq::Engine> engine = inferq::Engine::Create().value();
   std::vector<inferq::Consumer> consumers;
 };
 

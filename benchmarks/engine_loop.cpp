@@ -14,7 +14,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "engine_loop: event count %s must be a positive integer\n", argv[1]);
     return 2;
   }
-  inferq::Engine engine({.manual_timers = true});
+  absl::StatusOr<std::unique_ptr<inferq::Engine>> created =
+      inferq::Engine::Create({.manual_timers = true});
+  if (!created.ok()) return 1;
+  inferq::Engine& engine = **created;
   if (!engine.AddStream({.name = "S", .subjects = {"infer.*.req"}, .max_msgs = 1000}).ok()) return 1;
   auto c = engine.AddConsumer({.stream = "S", .name = "c", .lane_capacity = 64});
   if (!c.ok()) return 1;

@@ -87,8 +87,10 @@ RULES = [
                                                    "statusor_internal.h", "status.h"),
      r"std::vector|InlinedVector|StatusOr|absl::.*Status|operator new|operator delete|^free$|"
      r"^malloc$|mi_free|mi_malloc"),
-    ("engine.cpp: Publish / PopOne / NextBatch own code", ("engine.cpp",),
-     r"Engine::Publish|Member::PopOne|Member::NextBatch|Member::Next"),
+    ("engine: Publish / PopOne / NextBatch own code",
+     ("engine.cpp", "publish.cpp", "stream_store.cpp", "pull.cpp"),
+     r"Engine::Publish|Engine::Impl::|StreamState::Admit|StreamState::Append|"
+     r"Member::PopOne|Member::NextBatch|Member::Next"),
     ("benchmark harness (payload, checks, own histogram)", ("bench_routing_peers.cpp",),
      r"pubsub_peers"),
     ("libzmq", (), r"zmq"),

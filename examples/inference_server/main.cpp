@@ -728,7 +728,9 @@ int main(int argc, char** argv) {
          " s; at --speed " + std::to_string(opt.speed) + " the replay would take over a year", 1);
   }
 
-  inferq::Engine engine;
+  absl::StatusOr<std::unique_ptr<inferq::Engine>> created = inferq::Engine::Create();
+  if (!created.ok()) Fail(std::string(created.status().message()), 1);
+  inferq::Engine& engine = **created;
   auto check = [](const absl::Status& s) {
     if (!s.ok()) Fail(std::string(s.message()), 1);
   };

@@ -298,7 +298,8 @@ int main(int argc, char** argv) {
 
   // One consumer group: member 0 is the primary, member 1 the shadow, which gets a
   // mirrored copy of a fraction of the events.
-  inferq::Engine engine;
+  std::unique_ptr<inferq::Engine> owned_engine = Must(inferq::Engine::Create(), "engine");
+  inferq::Engine& engine = *owned_engine;
   if (!engine.AddStream({.name = "REQUESTS", .subjects = {kSubject}}).ok()) return 1;
   auto policy = Must(inferq::WeightedShadowPolicy::Create(
                          2, {.weights = {1, 0}, .shadows = {1}, .mirror_fraction = opt.mirror}),

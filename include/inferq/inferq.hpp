@@ -3,7 +3,7 @@
 // Umbrella header: everything a host program needs to embed inferq.
 //
 //   #include "inferq/inferq.hpp"
-//   inferq::Engine engine;
+//   auto engine = inferq::Engine::Create();  // absl::StatusOr<std::unique_ptr<Engine>>
 #pragma once
 
 #include "inferq/base/cache_line.hpp"

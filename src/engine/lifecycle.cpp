@@ -8,55 +8,22 @@
 
 #include <charconv>
 #include "inferq/base/error.hpp"
+#include "inferq/base/limits.hpp"
+#include "lifecycle_records.hpp"
 
 namespace inferq {
 
+using lifecycle_internal::DecodeMessage;
+using lifecycle_internal::DecodeModel;
+using lifecycle_internal::EncodeMessage;
+using lifecycle_internal::EncodeModel;
+using lifecycle_internal::Malformed;
+using lifecycle_internal::ValidatePrefix;
+using lifecycle_internal::ValidateReason;
+
 namespace {
 
-constexpr std::size_t kMaxName = 256;
-constexpr std::size_t kMaxReason = 256;
-constexpr std::size_t kMaxPrefix = 64;
-constexpr std::string_view kVersion = "v1";
-
 enum MessageOp { kStart = 0, kComplete = 1, kExpire = 2, kForget = 3 };
-
-absl::Status ValidateName(std::string_view what, std::string_view name) {
-  bool ok = !name.empty() && name.size() <= kMaxName;
-  for (char c : name) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x21 || u > 0x7e) ok = false;
-  }
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(std::string(what) + " " + QuoteValue(name) +
-                                    " must be 1 to 256 visible ASCII characters "
-                                    "(0x21 to 0x7e)");
-}
-
-absl::Status ValidateReason(std::string_view reason) {
-  bool ok = !reason.empty() && reason.size() <= kMaxReason;
-  for (char c : reason) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u > 0x7e) ok = false;
-  }
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError("reason " + QuoteValue(reason) +
-                                    " must be 1 to 256 printable ASCII characters "
-                                    "(0x20 to 0x7e)");
-}
-
-absl::Status ValidatePrefix(std::string_view p) {
-  bool ok = !p.empty() && p.size() <= kMaxPrefix && p.front() != '.' && p.back() != '.' &&
-            p.find("..") == std::string_view::npos;
-  for (char c : p) {
-    const bool good = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                      (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
-    if (!good) ok = false;
-  }
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      "LifecycleOptions.key_prefix " + QuoteValue(p) +
-      " must be 1 to 64 characters of A-Z a-z 0-9 _ - . (no '.' first, last or doubled)");
-}
 
 std::int64_t TimeoutNs(absl::Duration d) {
   if (d == absl::InfiniteDuration()) return INT64_MAX;
@@ -70,109 +37,6 @@ bool TimedOut(std::int64_t now, std::int64_t start, std::int64_t timeout_ns) {
   std::int64_t age = 0;
   if (__builtin_sub_overflow(now, start, &age)) return true;  // older than any timeout
   return age >= timeout_ns;
-}
-
-// Splits `v` at its first n-1 spaces into n fields; false if there are fewer.
-bool SplitFields(std::string_view v, std::size_t n, std::vector<std::string_view>* f) {
-  f->clear();
-  while (f->size() + 1 < n) {
-    const std::size_t sp = v.find(' ');
-    if (sp == std::string_view::npos) return false;
-    f->push_back(v.substr(0, sp));
-    v.remove_prefix(sp + 1);
-  }
-  f->push_back(v);
-  return true;
-}
-
-// A whole decimal field ("-" allowed for signed types; no '+', no spaces).
-template <class T>
-bool ParseInt(std::string_view s, T* out) {
-  const std::string_view digits = !s.empty() && s[0] == '-' ? s.substr(1) : s;
-  if (digits.empty() || (digits.size() > 1 && digits[0] == '0')) return false;
-  const auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return ec == std::errc() && p == s.data() + s.size();
-}
-
-std::string EncodeModel(const ModelInfo& m) {
-  std::string out(kVersion);
-  out += ' ';
-  out += ModelStateName(m.state);
-  out += ' ' + std::to_string(m.since_ns) + ' ' + std::to_string(m.generation) + ' ';
-  out += m.reason;
-  return out;
-}
-
-std::string EncodeMessage(const MessageInfo& m) {
-  std::string out(kVersion);
-  out += ' ';
-  out += MessageStateName(m.state);
-  out += ' ' + m.model + ' ' + std::to_string(m.enqueued_ns) + ' ' +
-         std::to_string(m.since_ns) + ' ';
-  out += m.reason;
-  return out;
-}
-
-bool ParseModelState(std::string_view s, ModelState* out) {
-  for (ModelState m : {ModelState::kWarmup, ModelState::kInference, ModelState::kEvicted}) {
-    if (s == ModelStateName(m)) {
-      *out = m;
-      return true;
-    }
-  }
-  return false;
-}
-
-bool ParseMessageState(std::string_view s, MessageState* out) {
-  for (MessageState m : {MessageState::kPending, MessageState::kProcessing,
-                         MessageState::kCompleted, MessageState::kExpired}) {
-    if (s == MessageStateName(m)) {
-      *out = m;
-      return true;
-    }
-  }
-  return false;
-}
-
-absl::Status Malformed(std::string_view key, std::string_view value, std::string_view what) {
-  std::string shown(value.substr(0, 300));
-  return absl::DataLossError("lifecycle key " + QuoteValue(key) + " has a malformed value " +
-                             QuoteValue(shown) + (value.size() > 300 ? "..." : "") + ": " +
-                             std::string(what));
-}
-
-absl::Status DecodeModel(std::string_view key, std::string_view v, ModelInfo* m) {
-  std::vector<std::string_view> f;
-  if (!SplitFields(v, 5, &f)) return Malformed(key, v, "expected 5 fields");
-  if (f[0] != kVersion) return Malformed(key, v, "unknown version");
-  if (!ParseModelState(f[1], &m->state)) return Malformed(key, v, "unknown model state");
-  if (!ParseInt(f[2], &m->since_ns)) return Malformed(key, v, "bad since_ns");
-  if (!ParseInt(f[3], &m->generation) || m->generation == 0) {
-    return Malformed(key, v, "bad generation");
-  }
-  m->reason = std::string(f[4]);
-  if ((m->state == ModelState::kEvicted) != !m->reason.empty() ||
-      (!m->reason.empty() && !ValidateReason(m->reason).ok())) {
-    return Malformed(key, v, "a reason must be given exactly when evicted");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status DecodeMessage(std::string_view key, std::string_view v, MessageInfo* m) {
-  std::vector<std::string_view> f;
-  if (!SplitFields(v, 6, &f)) return Malformed(key, v, "expected 6 fields");
-  if (f[0] != kVersion) return Malformed(key, v, "unknown version");
-  if (!ParseMessageState(f[1], &m->state)) return Malformed(key, v, "unknown message state");
-  if (!ValidateName("model", f[2]).ok()) return Malformed(key, v, "bad model name");
-  m->model = std::string(f[2]);
-  if (!ParseInt(f[3], &m->enqueued_ns)) return Malformed(key, v, "bad enqueued_ns");
-  if (!ParseInt(f[4], &m->since_ns)) return Malformed(key, v, "bad since_ns");
-  m->reason = std::string(f[5]);
-  if ((m->state == MessageState::kExpired) != !m->reason.empty() ||
-      (!m->reason.empty() && !ValidateReason(m->reason).ok())) {
-    return Malformed(key, v, "a reason must be given exactly when expired");
-  }
-  return absl::OkStatus();
 }
 
 bool Live(MessageState s) { return s == MessageState::kPending || s == MessageState::kProcessing; }
@@ -285,7 +149,7 @@ absl::Status Lifecycle::Load() {
     std::string_view key = k;
     if (key.rfind(model_prefix, 0) == 0) {
       const std::string_view name = key.substr(model_prefix.size());
-      if (!ValidateName("model", name).ok()) {
+      if (!ValidateId("model", name).ok()) {
         return absl::DataLossError("lifecycle key " + QuoteValue(key) + " has a bad model name");
       }
       auto slot = std::make_unique<Slot>();
@@ -303,7 +167,7 @@ absl::Status Lifecycle::Load() {
   }
   for (const auto& [key, v] : msgs) {
     const std::string_view id = key.substr(msg_prefix.size());
-    if (!ValidateName("msg_id", id).ok()) {
+    if (!ValidateId("msg_id", id).ok()) {
       return absl::DataLossError("lifecycle key " + QuoteValue(key) + " has a bad msg_id");
     }
     MessageRec rec;
@@ -340,7 +204,7 @@ absl::Status Lifecycle::Load() {
 }
 
 absl::Status Lifecycle::BeginWarmup(std::string_view model) {
-  if (auto st = ValidateName("model", model); !st.ok()) return st;
+  if (auto st = ValidateId("model", model); !st.ok()) return st;
   Slot* slot;
   {
     std::lock_guard lock(mu_);
@@ -386,7 +250,7 @@ absl::StatusOr<Lifecycle::Slot*> Lifecycle::FindSlot(std::string_view model) {
 }
 
 absl::Status Lifecycle::ModelReady(std::string_view model) {
-  if (auto st = ValidateName("model", model); !st.ok()) return st;
+  if (auto st = ValidateId("model", model); !st.ok()) return st;
   absl::StatusOr<Slot*> found = FindSlot(model);
   if (!found.ok()) return found.status();
   Slot* slot = *found;
@@ -422,7 +286,7 @@ absl::Status Lifecycle::ModelReady(std::string_view model) {
 
 absl::StatusOr<std::vector<std::string>> Lifecycle::Evict(std::string_view model,
                                                           std::string_view reason) {
-  if (auto st = ValidateName("model", model); !st.ok()) return st;
+  if (auto st = ValidateId("model", model); !st.ok()) return st;
   if (auto st = ValidateReason(reason); !st.ok()) return st;
   std::vector<std::string> expired;
   auto r = EvictImpl(model, reason, /*if_timed_out=*/false, &expired);
@@ -497,8 +361,8 @@ absl::StatusOr<bool> Lifecycle::EvictImpl(std::string_view model, std::string_vi
 }
 
 absl::Status Lifecycle::Enqueue(std::string_view msg_id, std::string_view model) {
-  if (auto st = ValidateName("msg_id", msg_id); !st.ok()) return st;
-  if (auto st = ValidateName("model", model); !st.ok()) return st;
+  if (auto st = ValidateId("msg_id", msg_id); !st.ok()) return st;
+  if (auto st = ValidateId("model", model); !st.ok()) return st;
   // Checked under mu_, both before taking the model's tx_mu (to fail fast) and
   // after (the state may have changed while waiting).
   auto check = [&](Slot* slot) -> absl::Status {
@@ -553,23 +417,23 @@ absl::Status Lifecycle::Enqueue(std::string_view msg_id, std::string_view model)
 }
 
 absl::Status Lifecycle::StartProcessing(std::string_view msg_id) {
-  if (auto st = ValidateName("msg_id", msg_id); !st.ok()) return st;
+  if (auto st = ValidateId("msg_id", msg_id); !st.ok()) return st;
   return MessageTransition(msg_id, kStart, {}, false).status();
 }
 
 absl::Status Lifecycle::Complete(std::string_view msg_id) {
-  if (auto st = ValidateName("msg_id", msg_id); !st.ok()) return st;
+  if (auto st = ValidateId("msg_id", msg_id); !st.ok()) return st;
   return MessageTransition(msg_id, kComplete, {}, false).status();
 }
 
 absl::Status Lifecycle::Expire(std::string_view msg_id, std::string_view reason) {
-  if (auto st = ValidateName("msg_id", msg_id); !st.ok()) return st;
+  if (auto st = ValidateId("msg_id", msg_id); !st.ok()) return st;
   if (auto st = ValidateReason(reason); !st.ok()) return st;
   return MessageTransition(msg_id, kExpire, reason, false).status();
 }
 
 absl::Status Lifecycle::Forget(std::string_view msg_id) {
-  if (auto st = ValidateName("msg_id", msg_id); !st.ok()) return st;
+  if (auto st = ValidateId("msg_id", msg_id); !st.ok()) return st;
   return MessageTransition(msg_id, kForget, {}, false).status();
 }
 

@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "inferq/base/error.hpp"
+#include "inferq/base/limits.hpp"
 #include "predicate_internal.hpp"
 
 namespace inferq {
@@ -160,15 +161,15 @@ absl::Status MemberGroup::Validate(std::uint32_t members, const GroupOptions& o)
     return bad("peak_ewma_decay " + absl::FormatDuration(o.peak_ewma_decay) +
                " must be positive and finite");
   }
-  // Times are added to clock readings in int64 ns: keep every one far from overflow.
-  const absl::Duration kMax = absl::Hours(24 * 365);
+  // Times are added to clock readings in int64 ns: kMaxDuration keeps every one far
+  // from overflow.
   for (auto [name, d] : {std::pair{"outlier latency_floor", x.latency_floor},
                          std::pair{"outlier base_ejection_time", x.base_ejection_time},
                          std::pair{"outlier max_ejection_time", x.max_ejection_time},
                          std::pair{"outlier slow_start", x.slow_start},
                          std::pair{"refresh_interval", o.refresh_interval},
                          std::pair{"peak_ewma_decay", o.peak_ewma_decay}}) {
-    if (d > kMax) return bad(std::string(name) + " " + absl::FormatDuration(d) + " is above 365 days");
+    if (d > kMaxDuration) return bad(std::string(name) + " " + absl::FormatDuration(d) + " is above 365 days");
   }
   return absl::OkStatus();
 }

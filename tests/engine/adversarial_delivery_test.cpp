@@ -28,7 +28,7 @@ using namespace inferq::engine_test;
 
 // ---------------------------------------------------------------------------------
 // Was bug 0 (fixed; this test keeps it fixed) (most severe): moving work off a stalled member loops forever when the work
-// can only go back to the same lane. RunTimers (engine.cpp ~2103) pops the stalled
+// can only go back to the same lane. RunTimers (now timers.cpp, MoveOffStalledMembers) pops the stalled
 // lane with `while (lane.ring.try_pop(d)) Redeliver(*c, d, m)`, and Redeliver falls
 // back to `exclude` itself (pass 1) when no other lane takes the item: with one
 // member, or with every other lane full, the item is pushed back onto the lane the
@@ -40,17 +40,17 @@ using namespace inferq::engine_test;
 TEST_CASE("regression: RunTimers never returns when a stalled member's work can only go back to its "
           "own lane (single member)", "[bug][stall][livelock]") {
   ManualClock clock{1'000'000'000};
-  Engine engine{{.clock = &clock, .manual_timers = true}};
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .ack_wait = absl::Seconds(1)});
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .ack_wait = absl::Seconds(1)});
   REQUIRE(c.ok());
-  REQUIRE(engine.Publish(Ev("work.a", "1")).ok());  // queued; the member does not pull
-  engine.RunTimers();                                // marks the lane
+  REQUIRE(engine->Publish(Ev("work.a", "1")).ok());  // queued; the member does not pull
+  engine->RunTimers();                                // marks the lane
   clock.Advance(absl::Seconds(1));
-  auto run = std::async(std::launch::async, [&] { engine.RunTimers(); });  // stalled now
+  auto run = std::async(std::launch::async, [&] { engine->RunTimers(); });  // stalled now
   const bool finished = run.wait_for(3s) == std::future_status::ready;
-  const std::uint64_t moved = CS(engine, "S", "c").moved;
-  engine.Close();  // closed lanes refuse the push back, so the loop drains and ends
+  const std::uint64_t moved = CS(*engine, "S", "c").moved;
+  engine->Close();  // closed lanes refuse the push back, so the loop drains and ends
   run.get();
   INFO("moved " << moved);
   CHECK(finished);
@@ -60,17 +60,17 @@ TEST_CASE("regression: RunTimers never returns when a stalled member's work can 
 TEST_CASE("regression: RunTimers never returns when every other member's lane is full",
           "[bug][stall][livelock]") {
   ManualClock clock{1'000'000'000};
-  Engine engine{{.clock = &clock, .manual_timers = true}};
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .members = 2, .lane_capacity = 2,
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .members = 2, .lane_capacity = 2,
                                .ack_wait = absl::Seconds(1)});
   REQUIRE(c.ok());
-  for (int i = 0; i < 4; ++i) REQUIRE(engine.Publish(Ev("work.a", std::to_string(i))).ok());
-  engine.RunTimers();
+  for (int i = 0; i < 4; ++i) REQUIRE(engine->Publish(Ev("work.a", std::to_string(i))).ok());
+  engine->RunTimers();
   clock.Advance(absl::Seconds(1));
-  auto run = std::async(std::launch::async, [&] { engine.RunTimers(); });
+  auto run = std::async(std::launch::async, [&] { engine->RunTimers(); });
   const bool finished = run.wait_for(3s) == std::future_status::ready;
-  engine.Close();
+  engine->Close();
   run.get();
   CHECK(finished);
 }
@@ -86,22 +86,22 @@ TEST_CASE("regression: Term deadlocks when the dead-letter subject is captured b
           "stream and a publisher is blocked on the consumer's full lane",
           "[bug][deadlock]") {
   ManualClock clock{1'000'000'000};
-  Engine engine{{.clock = &clock, .manual_timers = true}};
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .filter_subject = "work.in",
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .filter_subject = "work.in",
                                .lane_capacity = 2, .dead_letter_subject = "work.dead"});
   REQUIRE(c.ok());
   Member m = *c->member(0);
-  REQUIRE(engine.Publish(Ev("work.in", "1")).ok());
+  REQUIRE(engine->Publish(Ev("work.in", "1")).ok());
   auto held = m.Next(absl::ZeroDuration());
   REQUIRE(held.ok());
-  REQUIRE(engine.Publish(Ev("work.in", "2")).ok());
-  REQUIRE(engine.Publish(Ev("work.in", "3")).ok());  // the lane (2) is full now
-  std::thread publisher([&] { (void)engine.Publish(Ev("work.in", "4")); });  // blocks
+  REQUIRE(engine->Publish(Ev("work.in", "2")).ok());
+  REQUIRE(engine->Publish(Ev("work.in", "3")).ok());  // the lane (2) is full now
+  std::thread publisher([&] { (void)engine->Publish(Ev("work.in", "4")); });  // blocks
   std::this_thread::sleep_for(200ms);
   auto term = std::async(std::launch::async, [&] { return held->Term("bad input"); });
   const bool finished = term.wait_for(3s) == std::future_status::ready;
-  engine.Close();  // releases the publisher, and with it the Term
+  engine->Close();  // releases the publisher, and with it the Term
   publisher.join();
   (void)term.get();
   CHECK(finished);
@@ -111,24 +111,24 @@ TEST_CASE("regression: the ack_wait timer deadlocks on a max_deliver dead letter
           "own stream while a publisher is blocked on its full lane",
           "[bug][deadlock]") {
   ManualClock clock{1'000'000'000};
-  Engine engine{{.clock = &clock, .manual_timers = true}};
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .filter_subject = "work.in",
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .filter_subject = "work.in",
                                .lane_capacity = 2, .ack_wait = absl::Seconds(1),
                                .max_deliver = 1, .dead_letter_subject = "work.dead"});
   REQUIRE(c.ok());
   Member m = *c->member(0);
-  REQUIRE(engine.Publish(Ev("work.in", "1")).ok());
+  REQUIRE(engine->Publish(Ev("work.in", "1")).ok());
   auto held = m.Next(absl::ZeroDuration());  // never acked
   REQUIRE(held.ok());
-  REQUIRE(engine.Publish(Ev("work.in", "2")).ok());
-  REQUIRE(engine.Publish(Ev("work.in", "3")).ok());
-  std::thread publisher([&] { (void)engine.Publish(Ev("work.in", "4")); });  // blocks
+  REQUIRE(engine->Publish(Ev("work.in", "2")).ok());
+  REQUIRE(engine->Publish(Ev("work.in", "3")).ok());
+  std::thread publisher([&] { (void)engine->Publish(Ev("work.in", "4")); });  // blocks
   std::this_thread::sleep_for(200ms);
   clock.Advance(absl::Seconds(2));
-  auto timers = std::async(std::launch::async, [&] { engine.RunTimers(); });
+  auto timers = std::async(std::launch::async, [&] { engine->RunTimers(); });
   const bool finished = timers.wait_for(3s) == std::future_status::ready;
-  engine.Close();
+  engine->Close();
   publisher.join();
   timers.get();
   CHECK(finished);
@@ -171,22 +171,22 @@ TEST_CASE("regression: dead letters of one message from two consumers: the secon
 TEST_CASE("regression: a dead letter captured by the original stream is dropped as a duplicate of "
           "the original event", "[bug][dead-letter]") {
   ManualClock clock{1'000'000'000};
-  Engine engine{{.clock = &clock, .manual_timers = true}};
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .filter_subject = "work.in",
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .filter_subject = "work.in",
                                .dead_letter_subject = "work.dead"});
-  auto d = engine.AddConsumer({.stream = "S", .name = "dead", .filter_subject = "work.dead"});
+  auto d = engine->AddConsumer({.stream = "S", .name = "dead", .filter_subject = "work.dead"});
   REQUIRE(c.ok());
   REQUIRE(d.ok());
-  REQUIRE(engine.Publish(Ev("work.in", "job-1")).ok());
+  REQUIRE(engine->Publish(Ev("work.in", "job-1")).ok());
   auto r = c->member(0)->Next(absl::ZeroDuration());
   REQUIRE(r.ok());
   REQUIRE(r->Term("poison").ok());
-  CHECK(CS(engine, "S", "c").dead_letters == 1);
-  CHECK(CS(engine, "S", "c").dead_letters_lost == 0);
+  CHECK(CS(*engine, "S", "c").dead_letters == 1);
+  CHECK(CS(*engine, "S", "c").dead_letters_lost == 0);
   auto dl = d->member(0)->Next(absl::ZeroDuration());
   CHECK(dl.ok());
-  CHECK(SS(engine, "S").duplicates == 0);
+  CHECK(SS(*engine, "S").duplicates == 0);
 }
 
 // ---------------------------------------------------------------------------------
@@ -198,22 +198,22 @@ TEST_CASE("regression: a dead letter captured by the original stream is dropped 
 TEST_CASE("regression: a message discarded by the stream is still dead-lettered as expired by its "
           "queue timeout", "[bug][queue-timeout]") {
   ManualClock clock{1'000'000'000};
-  Engine engine{{.clock = &clock, .manual_timers = true}};
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}, .max_msgs = 1}).ok());
-  REQUIRE(engine.AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
-  auto dq = engine.AddConsumer({.stream = "DLQ", .name = "dlq"});
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .dead_letter_subject = "dead.c",
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}, .max_msgs = 1}).ok());
+  REQUIRE(engine->AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
+  auto dq = engine->AddConsumer({.stream = "DLQ", .name = "dlq"});
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .dead_letter_subject = "dead.c",
                                .queue_timeout = absl::Milliseconds(100)});
   REQUIRE(dq.ok());
   REQUIRE(c.ok());
   Member m = *c->member(0);
-  REQUIRE(engine.Publish(Ev("work.a", "A")).ok());
-  REQUIRE(engine.Publish(Ev("work.a", "B")).ok());  // max_msgs 1: A is discarded
+  REQUIRE(engine->Publish(Ev("work.a", "A")).ok());
+  REQUIRE(engine->Publish(Ev("work.a", "B")).ok());  // max_msgs 1: A is discarded
   CHECK(Drain(m) == std::vector<std::string>{"B"});
-  CHECK(CS(engine, "S", "c").skipped == 1);
+  CHECK(CS(*engine, "S", "c").skipped == 1);
   clock.Advance(absl::Milliseconds(200));
-  engine.RunTimers();
-  const ConsumerStats cs = CS(engine, "S", "c");
+  engine->RunTimers();
+  const ConsumerStats cs = CS(*engine, "S", "c");
   CHECK(cs.expired == 0);
   CHECK(cs.dead_letters == 0);
   Member dm = *dq->member(0);
@@ -261,21 +261,21 @@ TEST_CASE("regression: overflow reject on a QoS lane whose tier is at max_items 
 // ---------------------------------------------------------------------------------
 TEST_CASE("regression: a RegisterFunction that fails leaves its streams behind and the id unusable",
           "[bug][call]") {
-  Engine engine;
+  auto engine = Engine::Create().value();
   auto h = [](const Event&) -> absl::StatusOr<Buffer> { return Buffer(); };
-  absl::Status s = engine.RegisterFunction("f", h, {.workers = 256, .queue_capacity = 1 << 20});
+  absl::Status s = engine->RegisterFunction("f", h, {.workers = 256, .queue_capacity = 1 << 20});
   REQUIRE(!s.ok());
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
   INFO(Msg(s));
   CHECK(Msg(s).find("workers") != std::string::npos);
-  CHECK(engine.Stats().streams.empty());
-  absl::Status again = engine.RegisterFunction("f", h);     // valid options now
+  CHECK(engine->Stats().streams.empty());
+  absl::Status again = engine->RegisterFunction("f", h);     // valid options now
   INFO(Msg(again));
   CHECK(again.ok());
 
-  REQUIRE(engine.AddStream({.name = "FN_g_DLQ", .subjects = {"other.g"}}).ok());
-  CHECK(!engine.RegisterFunction("g", h).ok());
-  const EngineStats st = engine.Stats();
+  REQUIRE(engine->AddStream({.name = "FN_g_DLQ", .subjects = {"other.g"}}).ok());
+  CHECK(!engine->RegisterFunction("g", h).ok());
+  const EngineStats st = engine->Stats();
   CHECK(st.stream("FN_g") == nullptr);
 }
 
@@ -316,18 +316,18 @@ TEST_CASE("regression: a member held back by max_ack_pending is treated as stall
 TEST_CASE("stress: ack/nak/term/InProgress/expiry/backoff/max_deliver with the timer running: "
           "every message ends acked or dead-lettered once, and the accounting returns to 0",
           "[stress]") {
-  Engine engine;  // steady clock, background timer
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"},
+  auto engine = Engine::Create().value();  // steady clock, background timer
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"},
                             .retention = RetentionPolicy::kInterest}).ok());
-  REQUIRE(engine.AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .members = 4, .lane_capacity = 64,
+  REQUIRE(engine->AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .members = 4, .lane_capacity = 64,
                                .ack_wait = absl::Milliseconds(20),
                                .backoff = {absl::Milliseconds(5), absl::Milliseconds(10),
                                            absl::Milliseconds(15)},
                                .max_deliver = 4, .max_ack_pending = 48,
                                .dead_letter_subject = "dead.c"});
   REQUIRE(c.ok());
-  auto d = engine.AddConsumer({.stream = "DLQ", .name = "d", .lane_capacity = 1 << 16});
+  auto d = engine->AddConsumer({.stream = "DLQ", .name = "d", .lane_capacity = 1 << 16});
   REQUIRE(d.ok());
   constexpr int kPublishers = 4, kPer = 1500, kN = kPublishers * kPer;
   std::atomic<bool> stop{false};
@@ -379,7 +379,7 @@ TEST_CASE("stress: ack/nak/term/InProgress/expiry/backoff/max_deliver with the t
   for (int p = 0; p < kPublishers; ++p) {
     pubs.emplace_back([&, p] {
       for (int i = 0; i < kPer; ++i) {
-        if (!engine.Publish(Ev("work.x", std::to_string(p) + "-" + std::to_string(i))).ok()) {
+        if (!engine->Publish(Ev("work.x", std::to_string(p) + "-" + std::to_string(i))).ok()) {
           pub_failed.fetch_add(1);
         }
       }
@@ -389,7 +389,7 @@ TEST_CASE("stress: ack/nak/term/InProgress/expiry/backoff/max_deliver with the t
   ConsumerStats cs;
   bool converged = false;
   for (;;) {
-    cs = CS(engine, "S", "c");
+    cs = CS(*engine, "S", "c");
     if (cs.acked + cs.dead_letters >= kN) converged = true;
     if (converged || std::chrono::steady_clock::now() > until) break;
     std::this_thread::sleep_for(10ms);
@@ -400,7 +400,7 @@ TEST_CASE("stress: ack/nak/term/InProgress/expiry/backoff/max_deliver with the t
   // Close() breaks the loop so that the test fails instead of hanging.
   INFO("moved " << cs.moved);
   CHECK(converged);
-  if (!converged) engine.Close();
+  if (!converged) engine->Close();
   for (auto& t : pubs) t.join();
   CHECK(pub_failed.load() == 0);
   // Let the DLQ drain.
@@ -415,7 +415,7 @@ TEST_CASE("stress: ack/nak/term/InProgress/expiry/backoff/max_deliver with the t
   stop.store(true);
   for (auto& t : members) t.join();
   drainer.join();
-  cs = CS(engine, "S", "c");
+  cs = CS(*engine, "S", "c");
   INFO("acked " << cs.acked << " dead " << cs.dead_letters << " lost " << cs.dead_letters_lost
                 << " naks " << cs.naks << " timeouts " << cs.ack_timeouts << " late "
                 << cs.late_acks << " skipped " << cs.skipped << " parked " << cs.parked);
@@ -426,15 +426,15 @@ TEST_CASE("stress: ack/nak/term/InProgress/expiry/backoff/max_deliver with the t
   CHECK(dead.size() == cs.dead_letters);
   std::set<std::string> unique(dead.begin(), dead.end());
   CHECK(unique.size() == dead.size());
-  CHECK(SS(engine, "S").messages == 0);
-  engine.Close();
+  CHECK(SS(*engine, "S").messages == 0);
+  engine->Close();
 }
 
 TEST_CASE("stress: max_ack_pending is never exceeded by several pullers", "[stress]") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
   constexpr std::int64_t kLimit = 5;
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .members = 6, .lane_capacity = 32,
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .members = 6, .lane_capacity = 32,
                                .max_ack_pending = kLimit});
   REQUIRE(c.ok());
   std::atomic<int> held{0}, peak{0}, done{0};
@@ -473,20 +473,20 @@ TEST_CASE("stress: max_ack_pending is never exceeded by several pullers", "[stre
       }
     });
   }
-  for (int i = 0; i < kN; ++i) REQUIRE(engine.Publish(Ev("work.a")).ok());
+  for (int i = 0; i < kN; ++i) REQUIRE(engine->Publish(Ev("work.a")).ok());
   for (auto& t : members) t.join();
   CHECK(peak.load() <= kLimit);
-  const ConsumerStats cs = CS(engine, "S", "c");
+  const ConsumerStats cs = CS(*engine, "S", "c");
   CHECK(cs.ack_pending == 0);
   CHECK(cs.acked == static_cast<std::uint64_t>(kN));
 }
 
 TEST_CASE("stress: the same msg_ids published from 8 threads are stored exactly once",
           "[stress]") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
-  REQUIRE(engine.AddStream({.name = "T", .subjects = {"work.>"}}).ok());  // its own window
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .lane_capacity = 1 << 14});
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  REQUIRE(engine->AddStream({.name = "T", .subjects = {"work.>"}}).ok());  // its own window
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 1 << 14});
   REQUIRE(c.ok());
   constexpr int kIds = 2000, kThreads = 8;
   std::atomic<int> dup_acks{0};
@@ -495,7 +495,7 @@ TEST_CASE("stress: the same msg_ids published from 8 threads are stored exactly 
     pubs.emplace_back([&, t] {
       for (int i = 0; i < kIds; ++i) {
         const int id = (i + t * 97) % kIds;
-        auto r = engine.Publish(Ev("work.a", "id-" + std::to_string(id)));
+        auto r = engine->Publish(Ev("work.a", "id-" + std::to_string(id)));
         REQUIRE(r.ok());
         // Streams are locked one at a time, so a racing publish may find the id in S
         // and store it in T first: per stream, still exactly one is stored.
@@ -505,10 +505,10 @@ TEST_CASE("stress: the same msg_ids published from 8 threads are stored exactly 
     });
   }
   for (auto& t : pubs) t.join();
-  CHECK(SS(engine, "S").stored == kIds);
-  CHECK(SS(engine, "T").stored == kIds);
-  CHECK(SS(engine, "S").duplicates == kIds * (kThreads - 1));
-  CHECK(SS(engine, "T").duplicates == kIds * (kThreads - 1));
+  CHECK(SS(*engine, "S").stored == kIds);
+  CHECK(SS(*engine, "T").stored == kIds);
+  CHECK(SS(*engine, "S").duplicates == kIds * (kThreads - 1));
+  CHECK(SS(*engine, "T").duplicates == kIds * (kThreads - 1));
   CHECK(dup_acks.load() == 2 * kIds * (kThreads - 1));
   Member m = *c->member(0);
   std::set<std::string> got;
@@ -519,7 +519,7 @@ TEST_CASE("stress: the same msg_ids published from 8 threads are stored exactly 
 TEST_CASE("stress: Close during publishes, pulls, naks, slot waits and timers returns and "
           "wakes everyone", "[stress]") {
   for (int round = 0; round < 5; ++round) {
-    auto engine = std::make_unique<Engine>();
+    auto engine = Engine::Create().value();
     REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"},
                                .retention = RetentionPolicy::kInterest}).ok());
     REQUIRE(engine->AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
@@ -597,8 +597,8 @@ TEST_CASE("stress: Close during publishes, pulls, naks, slot waits and timers re
 TEST_CASE("stress: concurrent Calls with failing, throwing and slow handlers all complete",
           "[stress][call]") {
   std::atomic<int> running{0};  // outlives the engine: handlers may run after Close
-  Engine engine;
-  REQUIRE(engine.RegisterFunction(
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->RegisterFunction(
       "f",
       [&](const Event& e) -> absl::StatusOr<Buffer> {
         running.fetch_add(1);
@@ -626,7 +626,7 @@ TEST_CASE("stress: concurrent Calls with failing, throwing and slow handlers all
       for (int i = 0; i < kPer; ++i) {
         const int k = t * kPer + i;
         const std::string s = std::to_string(k);
-        fs.emplace_back(k, engine.Call("f", Buffer::FromString(s),
+        fs.emplace_back(k, engine->Call("f", Buffer::FromString(s),
                                        absl::Milliseconds(2 + k % 20)));
       }
       for (auto& [k, f] : fs) {
@@ -656,8 +656,8 @@ TEST_CASE("stress: concurrent Calls with failing, throwing and slow handlers all
   for (std::size_t i = 0; i < others.size() && i < 5; ++i) UNSCOPED_INFO(others[i]);
   CHECK(other.load() == 0);
   CHECK(ok + deadline + failed == kThreads * kPer);
-  engine.Close();  // a handler may still run: Close does not wait for it
-  CHECK(Eventually([&] { return CS(engine, "FN_f", "handler").ack_pending == 0; }));
+  engine->Close();  // a handler may still run: Close does not wait for it
+  CHECK(Eventually([&] { return CS(*engine, "FN_f", "handler").ack_pending == 0; }));
 }
 
 // ---------------------------------------------------------------------------------
@@ -690,7 +690,7 @@ TEST_CASE("regression: TryPublish of a higher priority is refused by a full pree
 // ---------------------------------------------------------------------------------
 TEST_CASE("regression: Close from a handler, then destroying the engine, is a use-after-free in the "
           "detached worker", "[bug][call][use-after-free]") {
-  auto engine = std::make_unique<Engine>();
+  auto engine = Engine::Create().value();
   Engine* raw = engine.get();
   std::atomic<bool> returned{false};
   REQUIRE(engine->RegisterFunction("f", [raw, &returned](const Event& e) -> absl::StatusOr<Buffer> {

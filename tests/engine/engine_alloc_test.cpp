@@ -40,15 +40,15 @@ TEST_CASE("steady-state publish -> deliver -> ack makes zero general-heap alloca
   for (RetentionPolicy retention : {RetentionPolicy::kInterest, RetentionPolicy::kLimits})
   for (bool negotiates : {false, true}) {
     INFO("retention " << static_cast<int>(retention) << ", negotiates " << negotiates);
-    Engine engine;
-    REQUIRE(engine.AddStream({.name = "S", .subjects = {"infer.*.req"}, .max_msgs = 1000,
+    auto engine = Engine::Create().value();
+    REQUIRE(engine->AddStream({.name = "S", .subjects = {"infer.*.req"}, .max_msgs = 1000,
                               .retention = retention}).ok());
-    auto first = engine.AddConsumer({.stream = "S", .name = "a", .lane_capacity = 64});
+    auto first = engine->AddConsumer({.stream = "S", .name = "a", .lane_capacity = 64});
     // A consumer that declares accept_codecs, for raw events it accepts: the
     // conversion pre-pass runs and finds nothing to convert.
     std::vector<PayloadCodec> accept;
     if (negotiates) accept = {PayloadCodec::kNone};
-    auto second = engine.AddConsumer(
+    auto second = engine->AddConsumer(
         {.stream = "S", .name = "b", .lane_capacity = 64, .accept_codecs = accept});
     REQUIRE(first.ok());
     REQUIRE(second.ok());
@@ -57,11 +57,11 @@ TEST_CASE("steady-state publish -> deliver -> ack makes zero general-heap alloca
     bool ok = true;
     // Warm-up: pools carve their chunks, thread caches fill, the stream's queue and
     // limits reach their steady size.
-    for (std::uint64_t i = 0; i < 5000; ++i) Round(engine, a, b, i, &ok);
+    for (std::uint64_t i = 0; i < 5000; ++i) Round(*engine, a, b, i, &ok);
     REQUIRE(ok);
     allocations = 0;
     counting = true;
-    for (std::uint64_t i = 5000; i < 25000; ++i) Round(engine, a, b, i, &ok);
+    for (std::uint64_t i = 5000; i < 25000; ++i) Round(*engine, a, b, i, &ok);
     counting = false;
     CHECK(ok);
     CHECK(allocations.load() == 0);
@@ -71,7 +71,7 @@ TEST_CASE("steady-state publish -> deliver -> ack makes zero general-heap alloca
     std::string big(100, 'x');
     counting = false;
     CHECK(allocations.load() == 1);
-    const EngineStats st = engine.Stats();
+    const EngineStats st = engine->Stats();
     REQUIRE(st.memory.size() >= 1);
     CHECK(st.memory[0].pools[0].allocations >= 25000);  // stream records from the pool
     CHECK(st.memory[0].pools[1].allocations >= 25000);  // events from the pool

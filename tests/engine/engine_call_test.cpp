@@ -35,34 +35,34 @@ struct Gate {
 }  // namespace
 
 TEST_CASE("a call returns the handler's reply") {
-  Engine engine;
-  REQUIRE(engine.RegisterFunction("echo", [](const Event& e) -> absl::StatusOr<Buffer> {
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->RegisterFunction("echo", [](const Event& e) -> absl::StatusOr<Buffer> {
     return Buffer::FromString(std::string(e.payload.view()) + "!");
   }, {.workers = 2}).ok());
   std::vector<std::future<absl::StatusOr<Buffer>>> calls;
   for (int i = 0; i < 50; ++i) {
-    calls.push_back(engine.Call("echo", Buffer::FromString(std::to_string(i)), absl::Seconds(30)));
+    calls.push_back(engine->Call("echo", Buffer::FromString(std::to_string(i)), absl::Seconds(30)));
   }
   for (int i = 0; i < 50; ++i) {
     absl::StatusOr<Buffer> r = Get(calls[i]);
     REQUIRE(r.ok());
     CHECK(r->view() == std::to_string(i) + "!");
   }
-  const EngineStats st = engine.Stats();
+  const EngineStats st = engine->Stats();
   CHECK(st.consumer("FN_echo", "handler")->acked == 50);
   CHECK(st.stream("FN_echo")->messages == 0);  // interest retention: acked calls leave
 }
 
 TEST_CASE("a failing call is retried up to max_deliver, then fails with the last error and is dead-lettered") {
-  Engine engine;
+  auto engine = Engine::Create().value();
   std::atomic<int> tries{0};
-  REQUIRE(engine.RegisterFunction("flaky", [&](const Event&) -> absl::StatusOr<Buffer> {
+  REQUIRE(engine->RegisterFunction("flaky", [&](const Event&) -> absl::StatusOr<Buffer> {
     ++tries;
     return absl::InvalidArgumentError("bad input #" + std::to_string(tries.load()));
   }, {.max_deliver = 3}).ok());
-  auto dlq = engine.AddConsumer({.stream = "FN_flaky_DLQ", .name = "watch"});
+  auto dlq = engine->AddConsumer({.stream = "FN_flaky_DLQ", .name = "watch"});
   REQUIRE(dlq.ok());
-  auto f = engine.Call("flaky", Buffer::FromString("x"), absl::Seconds(30));
+  auto f = engine->Call("flaky", Buffer::FromString("x"), absl::Seconds(30));
   absl::StatusOr<Buffer> r = Get(f);
   CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Msg(r.status()) == "function 'flaky' failed after 3 tries (max_deliver): bad input #3");
@@ -77,13 +77,13 @@ TEST_CASE("a failing call is retried up to max_deliver, then fails with the last
 }
 
 TEST_CASE("a call whose first try fails succeeds on the second") {
-  Engine engine;
+  auto engine = Engine::Create().value();
   std::atomic<int> tries{0};
-  REQUIRE(engine.RegisterFunction("second", [&](const Event&) -> absl::StatusOr<Buffer> {
+  REQUIRE(engine->RegisterFunction("second", [&](const Event&) -> absl::StatusOr<Buffer> {
     if (++tries == 1) throw std::runtime_error("boom");
     return Buffer::FromString("ok");
   }, {.max_deliver = 2}).ok());
-  auto f = engine.Call("second", Buffer(), absl::Seconds(30));
+  auto f = engine->Call("second", Buffer(), absl::Seconds(30));
   absl::StatusOr<Buffer> r = Get(f);
   REQUIRE(r.ok());
   CHECK(r->view() == "ok");
@@ -91,11 +91,11 @@ TEST_CASE("a call whose first try fails succeeds on the second") {
 }
 
 TEST_CASE("a handler exception fails the try as internal") {
-  Engine engine;
-  REQUIRE(engine.RegisterFunction("throws", [](const Event&) -> absl::StatusOr<Buffer> {
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->RegisterFunction("throws", [](const Event&) -> absl::StatusOr<Buffer> {
     throw std::runtime_error("boom");
   }).ok());
-  auto f = engine.Call("throws", Buffer(), absl::Seconds(30));
+  auto f = engine->Call("throws", Buffer(), absl::Seconds(30));
   absl::StatusOr<Buffer> r = Get(f);
   CHECK(r.status().code() == absl::StatusCode::kInternal);
   CHECK(Msg(r.status()) == "function 'throws' failed after 1 try (max_deliver): handler threw: boom");
@@ -104,23 +104,23 @@ TEST_CASE("a handler exception fails the try as internal") {
 TEST_CASE("call timeouts fire when they pass, queued or running, and land in the dead-letter subject") {
   ManualClock clock(1);
   Gate gate;  // outlives the engine: a handler may still wait on it after Close
-  Engine engine({.clock = &clock, .manual_timers = true});
-  REQUIRE(engine.RegisterFunction("slow", [&](const Event&) -> absl::StatusOr<Buffer> {
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->RegisterFunction("slow", [&](const Event&) -> absl::StatusOr<Buffer> {
     ++gate.entered;
     gate.opened.wait();
     return Buffer::FromString("late");
   }).ok());
-  auto dlq = engine.AddConsumer({.stream = "FN_slow_DLQ", .name = "watch"});
+  auto dlq = engine->AddConsumer({.stream = "FN_slow_DLQ", .name = "watch"});
   REQUIRE(dlq.ok());
-  auto running = engine.Call("slow", Buffer::FromString("a"), absl::Milliseconds(100));
+  auto running = engine->Call("slow", Buffer::FromString("a"), absl::Milliseconds(100));
   gate.WaitEntered(1);  // the one worker is busy with call 1
-  auto queued = engine.Call("slow", Buffer::FromString("b"), absl::Milliseconds(100));
+  auto queued = engine->Call("slow", Buffer::FromString("b"), absl::Milliseconds(100));
   clock.Advance(absl::Milliseconds(99));
-  engine.RunTimers();
+  engine->RunTimers();
   CHECK(running.wait_for(std::chrono::milliseconds(0)) == std::future_status::timeout);
   CHECK(queued.wait_for(std::chrono::milliseconds(0)) == std::future_status::timeout);
   clock.Advance(absl::Milliseconds(1));
-  engine.RunTimers();
+  engine->RunTimers();
   absl::StatusOr<Buffer> r1 = Get(running);
   absl::StatusOr<Buffer> r2 = Get(queued);
   CHECK(r1.status().code() == absl::StatusCode::kDeadlineExceeded);
@@ -137,41 +137,41 @@ TEST_CASE("call timeouts fire when they pass, queued or running, and land in the
   CHECK(d2->event().payload.view() == "b");
   CHECK(H(d2->event(), kDeadLetterDescriptionHeader) == "call timeout while queued");
   gate.open.set_value();  // the late reply is dropped; the queued call is skipped
-  engine.Close();         // does not wait for the handler
+  engine->Close();         // does not wait for the handler
   CHECK(inferq::engine_test::Eventually(
-      [&] { return inferq::engine_test::CS(engine, "FN_slow", "handler").acked == 2; }));
+      [&] { return inferq::engine_test::CS(*engine, "FN_slow", "handler").acked == 2; }));
 }
 
 TEST_CASE("call and registration errors") {
-  Engine engine;
+  auto engine = Engine::Create().value();
   auto handler = [](const Event&) -> absl::StatusOr<Buffer> { return Buffer(); };
-  CHECK(Msg(engine.RegisterFunction("a.b", handler)) ==
+  CHECK(Msg(engine->RegisterFunction("a.b", handler)) ==
         "function name 'a.b' has the character '.' at byte 1; only A-Z a-z 0-9 _ - are allowed");
-  CHECK(Msg(engine.RegisterFunction("f", handler, {.workers = 0})) ==
+  CHECK(Msg(engine->RegisterFunction("f", handler, {.workers = 0})) ==
         "function 'f': workers 0 is outside 1..256");
-  CHECK(Msg(engine.RegisterFunction("f", handler, {.max_deliver = 0})) ==
+  CHECK(Msg(engine->RegisterFunction("f", handler, {.max_deliver = 0})) ==
         "function 'f': max_deliver 0 is outside 1..100");
-  REQUIRE(engine.RegisterFunction("f", handler).ok());
-  CHECK(engine.RegisterFunction("f", handler).code() == absl::StatusCode::kAlreadyExists);
-  auto unknown = engine.Call("g", Buffer(), absl::Seconds(1));
+  REQUIRE(engine->RegisterFunction("f", handler).ok());
+  CHECK(engine->RegisterFunction("f", handler).code() == absl::StatusCode::kAlreadyExists);
+  auto unknown = engine->Call("g", Buffer(), absl::Seconds(1));
   CHECK(Msg(unknown.get().status()) == "function 'g' is not registered");
-  auto bad = engine.Call("f", Buffer(), absl::ZeroDuration());
+  auto bad = engine->Call("f", Buffer(), absl::ZeroDuration());
   CHECK(Msg(bad.get().status()) ==
         "call to function 'f': timeout 0 is invalid (> 0 and up to 365 days)");
 }
 
 TEST_CASE("closing the engine fails open calls with Cancelled") {
   Gate gate;  // outlives the engine: a handler may still wait on it after Close
-  Engine engine;
-  REQUIRE(engine.RegisterFunction("stuck", [&](const Event&) -> absl::StatusOr<Buffer> {
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->RegisterFunction("stuck", [&](const Event&) -> absl::StatusOr<Buffer> {
     ++gate.entered;
     gate.opened.wait();
     return absl::UnavailableError("closing");
   }).ok());
-  auto first = engine.Call("stuck", Buffer(), absl::Seconds(60));
+  auto first = engine->Call("stuck", Buffer(), absl::Seconds(60));
   gate.WaitEntered(1);
-  auto second = engine.Call("stuck", Buffer(), absl::Seconds(60));
-  std::thread closer([&] { engine.Close(); });
+  auto second = engine->Call("stuck", Buffer(), absl::Seconds(60));
+  std::thread closer([&] { engine->Close(); });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   gate.open.set_value();
   closer.join();
@@ -180,6 +180,6 @@ TEST_CASE("closing the engine fails open calls with Cancelled") {
     CHECK((r.status().code() == absl::StatusCode::kCancelled ||
            r.status().code() == absl::StatusCode::kUnavailable));
   }
-  CHECK(engine.Call("stuck", Buffer(), absl::Seconds(1)).get().status().code() ==
+  CHECK(engine->Call("stuck", Buffer(), absl::Seconds(1)).get().status().code() ==
         absl::StatusCode::kCancelled);
 }

@@ -2,7 +2,6 @@
 // accept an event's codec gets it converted, once per publish and target codec
 // however many consumers and streams need it (EngineStats::codec_conversions).
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -59,19 +58,19 @@ Message Take(Member& m) {
 
 TEST_CASE("three consumers wanting raw from a zstd event share one conversion") {
   Codecs k;
-  Engine engine({.codecs = {.dictionaries = k.dicts}});
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
+  auto engine = Engine::Create({.codecs = {.dictionaries = k.dicts}}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
   std::vector<Member> raw;
-  for (const char* n : {"r1", "r2", "r3"}) raw.push_back(AddC(engine, "S", n, {PayloadCodec::kNone}));
-  Member any = AddC(engine, "S", "any", {});
+  for (const char* n : {"r1", "r2", "r3"}) raw.push_back(AddC(*engine, "S", n, {PayloadCodec::kNone}));
+  Member any = AddC(*engine, "S", "any", {});
   const std::string text = inferq_test::TokenSamples(42, 1)[0];
   Event e = Zstd("tok.a", text, k.dict.get());
   const Buffer published = e.payload;
 
-  auto ack = engine.Publish(std::move(e));
+  auto ack = engine->Publish(std::move(e));
   REQUIRE(ack.ok());
   CHECK(ack->deliveries == 4);
-  CHECK(engine.Stats().codec_conversions == 1);
+  CHECK(engine->Stats().codec_conversions == 1);
 
   std::vector<Message> got;
   for (Member& m : raw) got.push_back(Take(m));
@@ -86,25 +85,25 @@ TEST_CASE("three consumers wanting raw from a zstd event share one conversion") 
   CHECK(as_stored.event().codec == PayloadCodec::kZstd);
   CHECK(as_stored.event().dictionary_id == k.dict->id());
   CHECK(as_stored.event().payload.data() == published.data());  // not copied
-  CHECK(engine.Stats().codec_conversions == 1);
+  CHECK(engine->Stats().codec_conversions == 1);
 
   // A second publish converts again: once per publish.
-  REQUIRE(engine.Publish(Zstd("tok.a", text, k.dict.get())).ok());
-  CHECK(engine.Stats().codec_conversions == 2);
+  REQUIRE(engine->Publish(Zstd("tok.a", text, k.dict.get())).ok());
+  CHECK(engine->Stats().codec_conversions == 2);
 }
 
 TEST_CASE("two consumers wanting zstd and one raw from a raw event: one conversion") {
   Codecs k;
-  Engine engine({.codecs = {.dictionaries = k.dicts, .compress_dictionary_id = k.dict->id()}});
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
-  Member z1 = AddC(engine, "S", "z1", {PayloadCodec::kZstd});
-  Member z2 = AddC(engine, "S", "z2", {PayloadCodec::kZstd});
-  Member r = AddC(engine, "S", "r", {PayloadCodec::kNone});
+  auto engine = Engine::Create({.codecs = {.dictionaries = k.dicts, .compress_dictionary_id = k.dict->id()}}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
+  Member z1 = AddC(*engine, "S", "z1", {PayloadCodec::kZstd});
+  Member z2 = AddC(*engine, "S", "z2", {PayloadCodec::kZstd});
+  Member r = AddC(*engine, "S", "r", {PayloadCodec::kNone});
   const std::string text = inferq_test::TokenSamples(43, 1)[0];
   Event e = Raw("tok.b", text);
   const Buffer published = e.payload;
-  REQUIRE(engine.Publish(std::move(e)).ok());
-  CHECK(engine.Stats().codec_conversions == 1);
+  REQUIRE(engine->Publish(std::move(e)).ok());
+  CHECK(engine->Stats().codec_conversions == 1);
 
   Message m1 = Take(z1);
   Message m2 = Take(z2);
@@ -120,15 +119,15 @@ TEST_CASE("two consumers wanting zstd and one raw from a raw event: one conversi
 }
 
 TEST_CASE("streams capturing the same event share its conversion") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "A", .subjects = {"tok.>"}}).ok());
-  REQUIRE(engine.AddStream({.name = "B", .subjects = {"tok.*"}}).ok());
-  Member a = AddC(engine, "A", "ra", {PayloadCodec::kNone});
-  Member b = AddC(engine, "B", "rb", {PayloadCodec::kNone});
-  auto ack = engine.Publish(Zstd("tok.c", "shared by two streams", nullptr));
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "A", .subjects = {"tok.>"}}).ok());
+  REQUIRE(engine->AddStream({.name = "B", .subjects = {"tok.*"}}).ok());
+  Member a = AddC(*engine, "A", "ra", {PayloadCodec::kNone});
+  Member b = AddC(*engine, "B", "rb", {PayloadCodec::kNone});
+  auto ack = engine->Publish(Zstd("tok.c", "shared by two streams", nullptr));
   REQUIRE(ack.ok());
   CHECK(ack->streams_stored == 2);
-  CHECK(engine.Stats().codec_conversions == 1);
+  CHECK(engine->Stats().codec_conversions == 1);
   Message ma = Take(a);
   Message mb = Take(b);
   CHECK(&ma.event() == &mb.event());
@@ -136,21 +135,21 @@ TEST_CASE("streams capturing the same event share its conversion") {
 }
 
 TEST_CASE("no conversion when every matching consumer accepts the stored codec") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
-  Member both = AddC(engine, "S", "both", {PayloadCodec::kNone, PayloadCodec::kZstd});
-  Member other = AddC(engine, "S", "other", {PayloadCodec::kNone}, "tok.other");
-  REQUIRE(engine.Publish(Zstd("tok.d", "kept compressed", nullptr)).ok());
-  CHECK(engine.Stats().codec_conversions == 0);  // "other"'s filter does not match
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
+  Member both = AddC(*engine, "S", "both", {PayloadCodec::kNone, PayloadCodec::kZstd});
+  Member other = AddC(*engine, "S", "other", {PayloadCodec::kNone}, "tok.other");
+  REQUIRE(engine->Publish(Zstd("tok.d", "kept compressed", nullptr)).ok());
+  CHECK(engine->Stats().codec_conversions == 0);  // "other"'s filter does not match
   Message m = Take(both);
   CHECK(m.event().codec == PayloadCodec::kZstd);
   CHECK(*ZstdDecompress(m.event().payload.view()) == "kept compressed");
   CHECK(other.queued() == 0);
 
   SECTION("an empty payload is never converted") {
-    Member z = AddC(engine, "S", "z", {PayloadCodec::kZstd});
-    REQUIRE(engine.Publish(Raw("tok.e", "")).ok());
-    CHECK(engine.Stats().codec_conversions == 0);
+    Member z = AddC(*engine, "S", "z", {PayloadCodec::kZstd});
+    REQUIRE(engine->Publish(Raw("tok.e", "")).ok());
+    CHECK(engine->Stats().codec_conversions == 0);
     Message mz = Take(z);
     CHECK(mz.event().codec == PayloadCodec::kNone);
     CHECK(mz.event().payload.empty());
@@ -159,14 +158,14 @@ TEST_CASE("no conversion when every matching consumer accepts the stored codec")
 
 TEST_CASE("a payload that cannot be converted is refused and nothing is stored") {
   Codecs k;
-  Engine engine({.codecs = {.dictionaries = k.dicts}});
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
-  Member r = AddC(engine, "S", "r", {PayloadCodec::kNone});
+  auto engine = Engine::Create({.codecs = {.dictionaries = k.dicts}}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
+  Member r = AddC(*engine, "S", "r", {PayloadCodec::kNone});
 
   SECTION("corrupt zstd") {
     Event e = Raw("tok.f", "this is not zstd data");
     e.codec = PayloadCodec::kZstd;
-    auto ack = engine.Publish(std::move(e));
+    auto ack = engine->Publish(std::move(e));
     REQUIRE(ack.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(Msg(ack.status()) ==
           "consumer 'r' of stream 'S' needs the payload of subject 'tok.f' as none, but "
@@ -175,12 +174,12 @@ TEST_CASE("a payload that cannot be converted is refused and nothing is stored")
   }
   SECTION("a dictionary the engine lacks") {
     std::shared_ptr<const ZstdDictionary> other = inferq_test::TrainOrDie(44);
-    auto ack = engine.Publish(Zstd("tok.g", "needs another dictionary", other.get()));
+    auto ack = engine->Publish(Zstd("tok.g", "needs another dictionary", other.get()));
     REQUIRE(ack.status().code() == absl::StatusCode::kFailedPrecondition);
     CHECK(Msg(ack.status()).find("needs zstd dictionary " + std::to_string(other->id()) +
                                  ", which is not in the dictionary set") != std::string::npos);
   }
-  const EngineStats st = engine.Stats();
+  const EngineStats st = engine->Stats();
   CHECK(st.invalid == 1);
   CHECK(st.published == 0);
   CHECK(st.codec_conversions == 0);
@@ -191,12 +190,12 @@ TEST_CASE("a payload that cannot be converted is refused and nothing is stored")
 }
 
 TEST_CASE("a consumer that accepts any codec takes a payload that could not be converted") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
-  Member any = AddC(engine, "S", "any", {});
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
+  Member any = AddC(*engine, "S", "any", {});
   Event e = Raw("tok.h", "not zstd, but nobody decompresses it");
   e.codec = PayloadCodec::kZstd;
-  REQUIRE(engine.Publish(std::move(e)).ok());
+  REQUIRE(engine->Publish(std::move(e)).ok());
   CHECK(Take(any).event().payload.view() == "not zstd, but nobody decompresses it");
 }
 
@@ -215,17 +214,17 @@ TEST_CASE("a redelivery gets the converted event again, without converting again
 }
 
 TEST_CASE("codec settings are validated, naming the bad value") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
   SECTION("an accept_codecs entry that is not a codec") {
-    auto c = engine.AddConsumer(
+    auto c = engine->AddConsumer(
         {.stream = "S", .name = "c", .accept_codecs = {PayloadCodec::kZstd, static_cast<PayloadCodec>(9)}});
     REQUIRE(c.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(Msg(c.status()) ==
           "consumer 'c': accept_codecs[1] = 9 is not a PayloadCodec (0 none, 1 zstd)");
   }
   SECTION("a repeated codec") {
-    auto c = engine.AddConsumer(
+    auto c = engine->AddConsumer(
         {.stream = "S", .name = "c", .accept_codecs = {PayloadCodec::kNone, PayloadCodec::kNone}});
     REQUIRE(c.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(Msg(c.status()) == "consumer 'c': accept_codecs[1] = 0 repeats accept_codecs[0]");
@@ -233,24 +232,29 @@ TEST_CASE("codec settings are validated, naming the bad value") {
   SECTION("an event whose codec is not a codec") {
     Event e = Raw("tok.a", "x");
     e.codec = static_cast<PayloadCodec>(5);
-    auto ack = engine.Publish(std::move(e));
+    auto ack = engine->Publish(std::move(e));
     REQUIRE(ack.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(Msg(ack.status()) == "event payload codec 5 is not one of none (0), zstd (1)");
   }
   SECTION("a raw event with a dictionary id") {
     Event e = Raw("tok.a", "x");
     e.dictionary_id = 3;
-    auto ack = engine.Publish(std::move(e));
+    auto ack = engine->Publish(std::move(e));
     REQUIRE(ack.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(Msg(ack.status()) == "event payload has codec none but dictionary_id 3 (must be 0)");
-    CHECK(engine.Stats().invalid == 1);
+    CHECK(engine->Stats().invalid == 1);
   }
   SECTION("engine options") {
-    CHECK_THROWS_WITH(Engine({.codecs = {.zstd_level = 0}}),
-                      "EngineOptions::codecs.zstd_level 0 is outside 1..22");
-    CHECK_THROWS_WITH(Engine({.codecs = {.compress_dictionary_id = 77}}),
-                      "EngineOptions::codecs.compress_dictionary_id 77 is not in "
-                      "codecs.dictionaries");
-    CHECK_THROWS_AS(Engine({.codecs = {.max_payload_bytes = 0}}), std::invalid_argument);
+    const auto refused = [](EngineOptions o) { return Engine::Create(std::move(o)).status(); };
+    CHECK(refused({.codecs = {.zstd_level = 0}}) ==
+          absl::InvalidArgumentError("EngineOptions::codecs.zstd_level 0 is outside 1..22"));
+    CHECK(refused({.codecs = {.compress_dictionary_id = 77}}) ==
+          absl::InvalidArgumentError("EngineOptions::codecs.compress_dictionary_id 77 is not in "
+                                     "codecs.dictionaries"));
+    CHECK(refused({.codecs = {.max_payload_bytes = 0}}) ==
+          absl::InvalidArgumentError("EngineOptions::codecs.max_payload_bytes is 0"));
+    CHECK(refused({.flow_control = FlowControlConfig{.memory_budget_bytes = 0}}) ==
+          absl::InvalidArgumentError("FlowControlConfig.memory_budget_bytes = 0 must be > 0"));
+    CHECK(Engine::Create({.codecs = {.zstd_level = 22}}).ok());
   }
 }

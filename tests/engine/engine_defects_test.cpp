@@ -110,18 +110,18 @@ TEST_CASE("14.1 a dead letter of an expired event reaches its consumer however l
 TEST_CASE("14.2 two threads settling the same Message: exactly one succeeds",
           "[issue14][ack][concurrency]") {
   constexpr int kMessages = 4000;
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
   std::int64_t max_ack_pending = -1;
   SECTION("untracked consumer") {}
   SECTION("max_ack_pending") { max_ack_pending = kMessages; }
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .lane_capacity = kMessages,
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .lane_capacity = kMessages,
                                .max_ack_pending = max_ack_pending});
   REQUIRE(c.ok());
   Member m = *c->member(0);
   std::vector<Message> msgs;
   for (int i = 0; i < kMessages; ++i) {
-    REQUIRE(engine.Publish(Ev("work.a", std::to_string(i))).ok());
+    REQUIRE(engine->Publish(Ev("work.a", std::to_string(i))).ok());
     auto r = m.Next(absl::ZeroDuration());
     REQUIRE(r.ok());
     msgs.push_back(*std::move(r));
@@ -145,7 +145,7 @@ TEST_CASE("14.2 two threads settling the same Message: exactly one succeeds",
   b.join();
   CHECK(ok.load() == kMessages);
   CHECK(refused.load() == kMessages);
-  const ConsumerStats st = CS(engine, "S", "c");
+  const ConsumerStats st = CS(*engine, "S", "c");
   CHECK(st.acked + st.terminated == kMessages);
   CHECK(st.ack_pending == 0);
   for (const Message& msg : msgs) CHECK(msg.acked());
@@ -175,16 +175,16 @@ TEST_CASE("14.3 EngineStats::published counts publishes stored, not duplicates o
 // kBlock lane of that stream.
 TEST_CASE("14.4 TryPublish never waits for a Publish blocked on a full lane of the same stream",
           "[issue14][backpressure][concurrency]") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .lane_capacity = 1});
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 1});
   REQUIRE(c.ok());
-  REQUIRE(engine.Publish(Ev("work.a", "1")).ok());
-  REQUIRE(engine.Publish(Ev("work.a", "2")).ok());  // the lane (capacity 2) is full
-  auto blocked = std::async(std::launch::async, [&] { return engine.Publish(Ev("work.a", "3")); });
+  REQUIRE(engine->Publish(Ev("work.a", "1")).ok());
+  REQUIRE(engine->Publish(Ev("work.a", "2")).ok());  // the lane (capacity 2) is full
+  auto blocked = std::async(std::launch::async, [&] { return engine->Publish(Ev("work.a", "3")); });
   // Wait until the publisher is blocked inside the stream (its event has a sequence).
-  while (SS(engine, "S").last_seq < 3) std::this_thread::sleep_for(1ms);
-  auto tried = std::async(std::launch::async, [&] { return engine.TryPublish(Ev("work.a", "4")); });
+  while (SS(*engine, "S").last_seq < 3) std::this_thread::sleep_for(1ms);
+  auto tried = std::async(std::launch::async, [&] { return engine->TryPublish(Ev("work.a", "4")); });
   // A hang detector, not a timing assertion: before the fix TryPublish returned only
   // when the blocked publisher did, which here is never until the member pulls.
   REQUIRE(tried.wait_for(10s) == std::future_status::ready);
@@ -193,7 +193,7 @@ TEST_CASE("14.4 TryPublish never waits for a Publish blocked on a full lane of t
   CHECK(Msg(r.status()) ==
         "stream 'S': a Publish is blocked on a full lane (overflow block) and holds the "
         "stream; TryPublish does not wait");
-  CHECK(SS(engine, "S").last_seq == 3);  // nothing stored for the refused publish
+  CHECK(SS(*engine, "S").last_seq == 3);  // nothing stored for the refused publish
   Member m = *c->member(0);
   auto first = m.Next(absl::ZeroDuration());
   REQUIRE(first.ok());
@@ -208,18 +208,18 @@ TEST_CASE("14.5 Call returns at once; a call that finds the queue full ends Dead
           "[issue14][call][concurrency]") {
   ManualClock clock{1'000'000'000};
   Gate gate;  // outlives the engine: a handler may still wait on it after Close
-  Engine engine{{.clock = &clock, .manual_timers = true}};
-  REQUIRE(engine.RegisterFunction("slow", [&](const Event& e) -> absl::StatusOr<Buffer> {
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->RegisterFunction("slow", [&](const Event& e) -> absl::StatusOr<Buffer> {
     gate.entered.fetch_add(1);
     gate.opened.wait();
     return Buffer::FromString(std::string(e.payload.view()));
   }, {.workers = 1, .queue_capacity = 1}).ok());
   std::vector<std::future<absl::StatusOr<Buffer>>> calls;
-  calls.push_back(engine.Call("slow", Buffer::FromString("0"), absl::Milliseconds(20)));
+  calls.push_back(engine->Call("slow", Buffer::FromString("0"), absl::Milliseconds(20)));
   gate.WaitEntered(1);  // call 0 runs; the queue (capacity 2 after rounding) holds 1, 2
   auto issue = std::async(std::launch::async, [&] {
     for (int i = 1; i < 5; ++i) {
-      calls.push_back(engine.Call("slow", Buffer::FromString(std::to_string(i)),
+      calls.push_back(engine->Call("slow", Buffer::FromString(std::to_string(i)),
                                   absl::Milliseconds(20)));
     }
   });
@@ -228,7 +228,7 @@ TEST_CASE("14.5 Call returns at once; a call that finds the queue full ends Dead
   issue.get();
   for (auto& f : calls) CHECK(f.wait_for(0s) == std::future_status::timeout);
   clock.Advance(absl::Milliseconds(20));
-  engine.RunTimers();
+  engine->RunTimers();
   for (int i = 0; i < 5; ++i) {
     INFO("call " << i);
     REQUIRE(calls[i].wait_for(0s) == std::future_status::ready);
@@ -237,17 +237,17 @@ TEST_CASE("14.5 Call returns at once; a call that finds the queue full ends Dead
     CHECK(Msg(r.status()).find(i == 0 ? "(running, 1 try)" : "(queued, 0 tries)") !=
           std::string::npos);
   }
-  CHECK(SS(engine, "FN_slow_DLQ").stored == 5);
+  CHECK(SS(*engine, "FN_slow_DLQ").stored == 5);
   gate.open.set_value();
   // The calls that timed out while waiting for room never reach the handler.
-  engine.Close();
+  engine->Close();
   CHECK(gate.entered.load() == 1);
 }
 
 // 14.6: Close() joined the function workers, so it waited for a blocked handler.
 TEST_CASE("14.6 Close returns while a handler blocks; open calls end Cancelled at once",
           "[issue14][call][close][concurrency]") {
-  auto engine = std::make_unique<Engine>();
+  auto engine = Engine::Create().value();
   Gate gate;
   REQUIRE(engine->RegisterFunction("slow", [&](const Event&) -> absl::StatusOr<Buffer> {
     gate.entered.fetch_add(1);
@@ -274,15 +274,15 @@ TEST_CASE("14.6 Close returns while a handler blocks; open calls end Cancelled a
 // once, even with an infinite timeout, and never Cancelled.
 TEST_CASE("14.7 after Close a pull held back by max_ack_pending returns Cancelled",
           "[issue14][close]") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .members = 2, .max_ack_pending = 1});
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .members = 2, .max_ack_pending = 1});
   REQUIRE(c.ok());
-  for (int i = 0; i < 4; ++i) REQUIRE(engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  for (int i = 0; i < 4; ++i) REQUIRE(engine->Publish(Ev("work.a", std::to_string(i))).ok());
   Member m0 = *c->member(0), m1 = *c->member(1);
   auto held = m0.Next(absl::ZeroDuration());  // the one slot; events wait on both lanes
   REQUIRE(held.ok());
-  engine.Close();
+  engine->Close();
   int calls = 0;
   absl::Status last;
   for (; calls < 1000; ++calls) {
@@ -308,28 +308,28 @@ TEST_CASE("14.7 after Close a pull held back by max_ack_pending returns Cancelle
 TEST_CASE("14.12 AddConsumer refuses ack_wait without explicit acks and a filter outside "
           "the stream",
           "[issue14][config]") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a.>", "b.*.c"}}).ok());
-  auto r = engine.AddConsumer({.stream = "S", .name = "c", .ack = AckPolicy::kNone,
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"a.>", "b.*.c"}}).ok());
+  auto r = engine->AddConsumer({.stream = "S", .name = "c", .ack = AckPolicy::kNone,
                                .ack_wait = absl::Seconds(1)});
   REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Msg(r.status()) ==
         "consumer 'c': ack_wait 1s needs explicit acks (ack policy is none)");
-  r = engine.AddConsumer({.stream = "S", .name = "c", .filter_subject = "zzz"});
+  r = engine->AddConsumer({.stream = "S", .name = "c", .filter_subject = "zzz"});
   REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Msg(r.status()) ==
         "consumer 'c': filter_subject 'zzz' matches no subject of stream 'S' "
         "(subjects 'a.>', 'b.*.c')");
-  r = engine.AddConsumer({.stream = "S", .name = "c", .filter_subject = "a"});
+  r = engine->AddConsumer({.stream = "S", .name = "c", .filter_subject = "a"});
   CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
-  r = engine.AddConsumer({.stream = "S", .name = "c", .filter_subject = "b.x.d"});
+  r = engine->AddConsumer({.stream = "S", .name = "c", .filter_subject = "b.x.d"});
   CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(engine.Stats().consumers.empty());  // nothing was added
+  CHECK(engine->Stats().consumers.empty());  // nothing was added
   // Overlapping filters are accepted.
   int n = 0;
   for (const char* ok : {"a.b", "a.*", "a.>", ">", "*.x.c", "b.>", "*.*.*", "a.b.c.d"}) {
     INFO(ok);
-    auto a = engine.AddConsumer({.stream = "S", .name = "ok" + std::to_string(n++),
+    auto a = engine->AddConsumer({.stream = "S", .name = "ok" + std::to_string(n++),
                                  .filter_subject = ok});
     CHECK(a.ok());
   }
@@ -339,17 +339,17 @@ TEST_CASE("14.12 AddConsumer refuses ack_wait without explicit acks and a filter
 // duplicate window.
 TEST_CASE("14.9 a msg_id longer than kMaxMsgIdBytes is refused and changes nothing",
           "[issue14][dedup]") {
-  Engine engine{{.manual_timers = true}};
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"s"}}).ok());
+  auto engine = Engine::Create({.manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"s"}}).ok());
   Event e = Ev("s", std::string(kMaxMsgIdBytes + 1, 'x'));
-  auto r = engine.Publish(e);
+  auto r = engine->Publish(e);
   REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Msg(r.status()) == "event msg_id of 1025 bytes is longer than the limit of 1024 bytes");
-  CHECK(engine.Stats().invalid == 1);
-  CHECK(SS(engine, "S").stored == 0);
+  CHECK(engine->Stats().invalid == 1);
+  CHECK(SS(*engine, "S").stored == 0);
   e.msg_id.pop_back();
-  CHECK(engine.Publish(e).ok());
-  auto bad = engine.AddStream({.name = "T", .subjects = {"t"}, .duplicate_window_max_entries = 0});
+  CHECK(engine->Publish(e).ok());
+  auto bad = engine->AddStream({.name = "T", .subjects = {"t"}, .duplicate_window_max_entries = 0});
   REQUIRE(bad.code() == absl::StatusCode::kInvalidArgument);
   CHECK(Msg(bad) ==
         "stream 'T': duplicate_window_max_entries 0 is outside 1..67108864");
@@ -369,7 +369,7 @@ TEST_CASE("a debug build aborts, naming the mistake, when an Engine dies before 
   if (pid == 0) {
     dup2(err[1], 2);
     signal(SIGABRT, SIG_DFL);  // not Catch's handler: the parent reads the signal
-    auto* engine = new Engine({.manual_timers = true});
+    Engine* engine = Engine::Create({.manual_timers = true}).value().release();
     (void)engine->AddStream({.name = "S", .subjects = {"s"}});
     auto c = engine->AddConsumer({.stream = "S", .name = "c"});
     (void)engine->Publish(Ev("s"));
@@ -396,8 +396,8 @@ TEST_CASE("a debug build aborts, naming the mistake, when an Engine dies before 
 // it (Left-Right: they never wait for it, and every stream added is routed to once
 // AddStream has returned).
 TEST_CASE("14.8 publishes route correctly while streams are added", "[issue14][concurrency]") {
-  Engine engine{{.manual_timers = true}};
-  REQUIRE(engine.AddStream({.name = "BASE", .subjects = {"base.>"}}).ok());
+  auto engine = Engine::Create({.manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "BASE", .subjects = {"base.>"}}).ok());
   constexpr int kStreams = 300;
   std::atomic<int> added{0};
   std::atomic<bool> stop{false};
@@ -406,24 +406,24 @@ TEST_CASE("14.8 publishes route correctly while streams are added", "[issue14][c
   for (int t = 0; t < 2; ++t) {
     publishers.emplace_back([&, t] {
       for (std::uint64_t i = 0; !stop.load(); ++i) {
-        if (!engine.Publish(Ev("base.t" + std::to_string(t))).ok()) wrong.fetch_add(1);
+        if (!engine->Publish(Ev("base.t" + std::to_string(t))).ok()) wrong.fetch_add(1);
         const int n = added.load(std::memory_order_acquire);  // streams 0..n-1 exist
         if (n == 0) continue;
         const int k = static_cast<int>(i % static_cast<std::uint64_t>(n));
-        auto ack = engine.Publish(Ev("new." + std::to_string(k) + ".x"));
+        auto ack = engine->Publish(Ev("new." + std::to_string(k) + ".x"));
         if (!ack.ok() || ack->streams_stored != 1) wrong.fetch_add(1);
       }
     });
   }
   for (int k = 0; k < kStreams; ++k) {
-    REQUIRE(engine.AddStream({.name = "N" + std::to_string(k),
+    REQUIRE(engine->AddStream({.name = "N" + std::to_string(k),
                               .subjects = {"new." + std::to_string(k) + ".*"}}).ok());
     added.store(k + 1, std::memory_order_release);
   }
   stop.store(true);
   for (auto& p : publishers) p.join();
   CHECK(wrong.load() == 0);
-  CHECK(SS(engine, "BASE").stored > 0);
+  CHECK(SS(*engine, "BASE").stored > 0);
 }
 
 // 14.5, found after its fix: a worker's pull-time flush gave up when another thread
@@ -432,8 +432,8 @@ TEST_CASE("14.8 publishes route correctly while streams are added", "[issue14][c
 TEST_CASE("14.5 calls waiting for room are served once workers make room, whoever flushes",
           "[issue14][call][concurrency]") {
   ManualClock clock;
-  Engine engine{{.clock = &clock, .manual_timers = true}};
-  REQUIRE(engine.RegisterFunction("f", [](const Event&) -> absl::StatusOr<Buffer> {
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->RegisterFunction("f", [](const Event&) -> absl::StatusOr<Buffer> {
     return Buffer();
   }, {.workers = 1, .queue_capacity = 1}).ok());
   std::atomic<int> stuck{0};
@@ -441,7 +441,7 @@ TEST_CASE("14.5 calls waiting for room are served once workers make room, whoeve
   for (int t = 0; t < 4; ++t) {
     callers.emplace_back([&] {
       for (int i = 0; i < 1500 && stuck.load() == 0; ++i) {
-        auto f = engine.Call("f", Buffer(), absl::Hours(1));
+        auto f = engine->Call("f", Buffer(), absl::Hours(1));
         // Hang detector: no timer runs, so only the workers' flushes serve it.
         if (f.wait_for(20s) != std::future_status::ready) stuck.fetch_add(1);
       }
@@ -449,7 +449,7 @@ TEST_CASE("14.5 calls waiting for room are served once workers make room, whoeve
   }
   for (auto& c : callers) c.join();
   CHECK(stuck.load() == 0);
-  const EngineStats st = engine.Stats();
+  const EngineStats st = engine->Stats();
   // A call that waited for room is one publish, never a rejected one (14.3).
   CHECK(st.published == st.consumer("FN_f", "handler")->acked);
   CHECK(st.rejected == 0);
@@ -463,23 +463,23 @@ TEST_CASE("14.5 a call that timed out while running is dead-lettered once",
           "[issue14][call][concurrency]") {
   Gate gate;  // outlives the engine
   ManualClock clock{1'000'000'000};
-  Engine engine{{.clock = &clock, .manual_timers = true}};
-  REQUIRE(engine.RegisterFunction("f", [&](const Event&) -> absl::StatusOr<Buffer> {
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->RegisterFunction("f", [&](const Event&) -> absl::StatusOr<Buffer> {
     gate.entered.fetch_add(1);
     gate.opened.wait();
     return absl::UnavailableError("too late anyway");
   }).ok());
-  auto call = engine.Call("f", Buffer::FromString("x"), absl::Milliseconds(10));
+  auto call = engine->Call("f", Buffer::FromString("x"), absl::Milliseconds(10));
   gate.WaitEntered(1);
   clock.Advance(absl::Milliseconds(10));
-  engine.RunTimers();
+  engine->RunTimers();
   REQUIRE(call.wait_for(0s) == std::future_status::ready);
   CHECK(call.get().status().code() == absl::StatusCode::kDeadlineExceeded);
   gate.open.set_value();
-  REQUIRE(Eventually([&] { return CS(engine, "FN_f", "handler").ack_pending == 0; }));
-  engine.RunTimers();
-  CHECK(SS(engine, "FN_f_DLQ").stored == 1);
-  CHECK(CS(engine, "FN_f", "handler").dead_letters == 0);
+  REQUIRE(Eventually([&] { return CS(*engine, "FN_f", "handler").ack_pending == 0; }));
+  engine->RunTimers();
+  CHECK(SS(*engine, "FN_f_DLQ").stored == 1);
+  CHECK(CS(*engine, "FN_f", "handler").dead_letters == 0);
 }
 
 // Found by the fresh-user trial of issue 14's fixes: a dead letter after a nak on the
@@ -501,15 +501,15 @@ TEST_CASE("a dead letter of a nak'ed last delivery is described as nak", "[issue
 // once an ack brings the consumer under its limit the queued events still drain.
 TEST_CASE("after Close, acks under max_ack_pending let the queued events drain",
           "[issue14][close]") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .max_ack_pending = 1});
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .max_ack_pending = 1});
   REQUIRE(c.ok());
-  for (int i = 0; i < 3; ++i) REQUIRE(engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  for (int i = 0; i < 3; ++i) REQUIRE(engine->Publish(Ev("work.a", std::to_string(i))).ok());
   Member m = *c->member(0);
   auto held = m.Next(absl::ZeroDuration());
   REQUIRE(held.ok());
-  engine.Close();
+  engine->Close();
   CHECK(m.Next(absl::InfiniteDuration()).status().code() == absl::StatusCode::kCancelled);
   REQUIRE(held->Ack().ok());
   std::vector<std::string> got;

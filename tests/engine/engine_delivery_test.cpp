@@ -40,12 +40,12 @@ TEST_CASE("nak with a delay redelivers only when the delay has passed") {
 }
 
 TEST_CASE("nak with a delay works without ack_wait, and with the background timer") {
-  Engine engine;  // steady clock, timer thread
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  auto engine = Engine::Create().value();  // steady clock, timer thread
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c"});
   REQUIRE(c.ok());
   Member m = *c->member(0);
-  REQUIRE(engine.Publish(Ev("work.a", "x")).ok());
+  REQUIRE(engine->Publish(Ev("work.a", "x")).ok());
   auto first = m.Next(absl::Seconds(5));
   REQUIRE(first.ok());
   REQUIRE(first->Nak(absl::Milliseconds(20)).ok());
@@ -277,15 +277,15 @@ TEST_CASE("overflow drop-oldest keeps the newest and counts the dropped") {
 
 TEST_CASE("drop-oldest under interest retention retires what no consumer will ack") {
   ManualClock clock(1);
-  Engine engine({.clock = &clock, .manual_timers = true});
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"},
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"},
                             .retention = RetentionPolicy::kInterest}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2,
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2,
                                .overflow = OverflowPolicy::kDropOldest});
   REQUIRE(c.ok());
-  for (int i = 1; i <= 4; ++i) REQUIRE(engine.Publish(Ev("work.a", std::to_string(i))).ok());
-  CHECK(SS(engine, "S").messages == 2);
-  CHECK(SS(engine, "S").acked_out == 2);
+  for (int i = 1; i <= 4; ++i) REQUIRE(engine->Publish(Ev("work.a", std::to_string(i))).ok());
+  CHECK(SS(*engine, "S").messages == 2);
+  CHECK(SS(*engine, "S").acked_out == 2);
 }
 
 TEST_CASE("TryPublish refuses a full blocking lane instead of waiting") {
@@ -549,21 +549,21 @@ TEST_CASE("duplicate window is fixed from the first acceptance; duplicates do no
 
 TEST_CASE("duplicate window per stream, and off when zero") {
   ManualClock clock(1);
-  Engine engine({.clock = &clock, .manual_timers = true});
-  REQUIRE(engine.AddStream({.name = "A", .subjects = {"x.>"}}).ok());
-  REQUIRE(engine.AddStream({.name = "B", .subjects = {"x.>"},
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "A", .subjects = {"x.>"}}).ok());
+  REQUIRE(engine->AddStream({.name = "B", .subjects = {"x.>"},
                             .duplicate_window = absl::ZeroDuration()}).ok());
-  auto first = engine.Publish(Ev("x.1", "id"));
+  auto first = engine->Publish(Ev("x.1", "id"));
   REQUIRE(first.ok());
   CHECK(first->streams_stored == 2);
-  auto second = engine.Publish(Ev("x.1", "id"));
+  auto second = engine->Publish(Ev("x.1", "id"));
   REQUIRE(second.ok());
   CHECK(second->duplicate);
   CHECK(second->seq == 1);            // stream A's original
   CHECK(second->streams_duplicate == 1);
   CHECK(second->streams_stored == 1); // stream B keeps no window
-  CHECK(SS(engine, "B").stored == 2);
-  CHECK(Msg(engine.AddStream({.name = "C", .subjects = {"y"},
+  CHECK(SS(*engine, "B").stored == 2);
+  CHECK(Msg(engine->AddStream({.name = "C", .subjects = {"y"},
                               .duplicate_window = absl::Seconds(-5)})) ==
         "stream 'C': duplicate_window -5s is invalid (zero for off, or up to 365 days)");
 }
@@ -681,44 +681,45 @@ TEST_CASE("a QoS lane under a bronze backlog serves queued gold within its weigh
 
 TEST_CASE("flow control: publishes carry the throttle from memory and delay, and the reward's weight scale") {
   ManualClock clock(1);
-  Engine engine({.clock = &clock,
-                 .manual_timers = true,
-                 .flow_control = FlowControlConfig{.memory_budget_bytes = 1000,
-                                                   .latency_sla = absl::Milliseconds(10)}});
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  auto engine = Engine::Create({.clock = &clock,
+                                .manual_timers = true,
+                                .flow_control = FlowControlConfig{.memory_budget_bytes = 1000,
+                                                                  .latency_sla = absl::Milliseconds(10)}})
+                    .value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c"});
   REQUIRE(c.ok());
   auto publish = [&](int i) {
     Event e = Ev("work.a", std::to_string(i));
     e.payload = Buffer::FromString(std::string(594, 'x'));  // 600 bytes with the subject
-    return engine.Publish(std::move(e));
+    return engine->Publish(std::move(e));
   };
   for (int i = 0; i < 3; ++i) {
     auto ack = publish(i);
     REQUIRE(ack.ok());
     CHECK(ack->throttle == 0);  // the timer has not looked yet
   }
-  engine.RunTimers();  // 1800 bytes kept: bp = 0.8, no delay yet: rt = 0
+  engine->RunTimers();  // 1800 bytes kept: bp = 0.8, no delay yet: rt = 0
   auto ack = publish(3);
   REQUIRE(ack.ok());
   CHECK(ack->throttle == Approx(0.6 * 0.8));
   CHECK(ack->weight_scale == 1);
   clock.Advance(absl::Milliseconds(30));
   REQUIRE(c->member(0)->Next(absl::ZeroDuration()).ok());  // waited 30 ms: rt = 1
-  engine.RunTimers();  // 2400 bytes kept: bp = 1
+  engine->RunTimers();  // 2400 bytes kept: bp = 1
   ack = publish(4);
   REQUIRE(ack.ok());
   CHECK(ack->throttle == 1);
-  REQUIRE(engine.SetReward(0.5).ok());
+  REQUIRE(engine->SetReward(0.5).ok());
   CHECK(publish(5)->weight_scale == Approx(1.15));
-  CHECK(std::string(engine.SetReward(2).message()).find("2") != std::string::npos);
-  CHECK(engine.SetReward(2).code() == absl::StatusCode::kInvalidArgument);
-  const EngineStats st = engine.Stats();
+  CHECK(std::string(engine->SetReward(2).message()).find("2") != std::string::npos);
+  CHECK(engine->SetReward(2).code() == absl::StatusCode::kInvalidArgument);
+  const EngineStats st = engine->Stats();
   REQUIRE(st.flow.has_value());
   CHECK(st.flow->throttle == 1);
 
-  Engine plain;
-  CHECK(plain.SetReward(0).code() == absl::StatusCode::kFailedPrecondition);
+  auto plain = Engine::Create().value();
+  CHECK(plain->SetReward(0).code() == absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_CASE("InProgress many times with a long ack_wait keeps the timer heap bounded") {

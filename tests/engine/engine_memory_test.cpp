@@ -23,13 +23,13 @@ std::int64_t Live() { return live_bytes.load(std::memory_order_relaxed); }
 TEST_CASE("14.8 streams cost memory linear in their patterns; old route tables are freed",
           "[issue14][memory]") {
   constexpr int kStreams = 10'000;
-  Engine engine{{.manual_timers = true}};
+  auto engine = Engine::Create({.manual_timers = true}).value();
   // The first stream pays for the fixed parts (the match caches).
-  REQUIRE(engine.AddStream({.name = "T0", .subjects = {"t0.a.*", "t0.b.>"}}).ok());
+  REQUIRE(engine->AddStream({.name = "T0", .subjects = {"t0.a.*", "t0.b.>"}}).ok());
   const std::int64_t base = Live();
   for (int i = 1; i <= kStreams; ++i) {
     const std::string t = "t" + std::to_string(i);
-    REQUIRE(engine.AddStream({.name = "T" + std::to_string(i),
+    REQUIRE(engine->AddStream({.name = "T" + std::to_string(i),
                               .subjects = {t + ".a.*", t + ".b.>"}}).ok());
   }
   const std::int64_t per_stream = (Live() - base) / kStreams;
@@ -38,12 +38,12 @@ TEST_CASE("14.8 streams cost memory linear in their patterns; old route tables a
   // the route index (two copies: readers never wait for AddStream).
   CHECK(per_stream < 4096);
   // Routing still works for the first and the last stream.
-  CHECK(engine.Publish([] { Event e; e.subject = "t1.a.x"; return e; }()).ok());
-  CHECK(engine.Publish([] { Event e; e.subject = "t10000.b.x.y"; return e; }()).ok());
+  CHECK(engine->Publish([] { Event e; e.subject = "t1.a.x"; return e; }()).ok());
+  CHECK(engine->Publish([] { Event e; e.subject = "t10000.b.x.y"; return e; }()).ok());
 
   const std::int64_t before_functions = Live();
   for (int i = 0; i < 100; ++i) {
-    REQUIRE(engine.RegisterFunction("f" + std::to_string(i), [](const Event&) -> absl::StatusOr<Buffer> {
+    REQUIRE(engine->RegisterFunction("f" + std::to_string(i), [](const Event&) -> absl::StatusOr<Buffer> {
       return Buffer();
     }, {.workers = 1, .queue_capacity = 4}).ok());
   }
@@ -72,30 +72,30 @@ TEST_CASE("14.9 the duplicate window gives its memory back when its ids expire",
 
 TEST_CASE("14.9 a stream's duplicate window holds at most duplicate_window_max_entries ids",
           "[issue14][memory][dedup]") {
-  Engine engine{{.manual_timers = true}};
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"s"}, .max_msgs = 1000,
+  auto engine = Engine::Create({.manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"s"}, .max_msgs = 1000,
                             .duplicate_window_max_entries = 1000}).ok());
   const std::int64_t base = Live();
   for (int i = 0; i < 100'000; ++i) {
     Event e;
     e.subject = "s";
     e.msg_id = "msg-id-that-is-not-short-" + std::to_string(i);
-    REQUIRE(engine.Publish(std::move(e)).ok());
+    REQUIRE(engine->Publish(std::move(e)).ok());
   }
   const std::int64_t grown = Live() - base;
   INFO("grown " << grown);
   CHECK(grown < 1'000'000);
-  const EngineStats st = engine.Stats();
+  const EngineStats st = engine->Stats();
   CHECK(st.stream("S")->duplicate_window_evicted == 99'000);
   // An id forgotten early is new again; one still held is a duplicate.
   Event old_id;
   old_id.subject = "s";
   old_id.msg_id = "msg-id-that-is-not-short-0";
-  auto ack = engine.Publish(old_id);
+  auto ack = engine->Publish(old_id);
   REQUIRE(ack.ok());
   CHECK(!ack->duplicate);
   old_id.msg_id = "msg-id-that-is-not-short-99999";
-  ack = engine.Publish(old_id);
+  ack = engine->Publish(old_id);
   REQUIRE(ack.ok());
   CHECK(ack->duplicate);
 }

@@ -32,8 +32,8 @@ std::uint64_t Kept(const Engine& engine) {
 // is acked by a healthy member; when it comes back, its share returns gradually.
 TEST_CASE("a member that stops acking is routed around within 10 ms and nothing is lost") {
   ManualClock clock(1'000'000'000);
-  Engine engine({.clock = &clock, .manual_timers = true});
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
   ConsumerConfig cc{.stream = "S", .name = "g", .members = 4, .lane_capacity = 4096};
   const std::string policy = GENERATE(as<std::string>{}, "round_robin", "least_loaded",
                                       "peak_ewma", "topology_score");
@@ -44,7 +44,7 @@ TEST_CASE("a member that stops acking is routed around within 10 ms and nothing 
   cc.group.outlier.base_ejection_time = absl::Milliseconds(200);
   cc.group.outlier.ejection_jitter = 0;
   cc.group.outlier.slow_start = absl::Milliseconds(40);
-  auto c = engine.AddConsumer(cc);
+  auto c = engine->AddConsumer(cc);
   REQUIRE(c.ok());
   std::vector<Member> members;
   for (std::uint32_t i = 0; i < 4; ++i) members.push_back(*c->member(i));
@@ -64,7 +64,7 @@ TEST_CASE("a member that stops acking is routed around within 10 ms and nothing 
     const std::size_t queued_before = members[2].queued();
     for (int k = 0; k < 4; ++k) {
       const std::string id = "e" + std::to_string(n++);
-      REQUIRE(engine.Publish(Ev("work.item", id)).ok());
+      REQUIRE(engine->Publish(Ev("work.item", id)).ok());
       published.insert(id);
     }
     if (down && members[2].queued() > queued_before) last_new_work_while_down = now;
@@ -83,7 +83,7 @@ TEST_CASE("a member that stops acking is routed around within 10 ms and nothing 
       }
       if (m == 2 && down) crashed = true;
     }
-    engine.RunTimers();
+    engine->RunTimers();
     clock.Advance(kTick);
   }
   // Let the last ack_waits expire and everything settle.
@@ -96,14 +96,14 @@ TEST_CASE("a member that stops acking is routed around within 10 ms and nothing 
         REQUIRE(msg->Ack().ok());
       }
     }
-    engine.RunTimers();
+    engine->RunTimers();
     clock.Advance(kTick);
   }
 
   INFO("member 2 got new work until " << (last_new_work_while_down - t0) / 1000 << " us after it stopped");
   CHECK(last_new_work_while_down - t0 <= 10'000'000);
   CHECK(acked == published);  // nothing lost
-  const ConsumerStats cs = CS(engine, "S", "g");
+  const ConsumerStats cs = CS(*engine, "S", "g");
   CHECK(cs.ack_timeouts + cs.moved >= held.size());
   // Round robin is blind to load: only ejection stops its sends. The load-aware
   // policies stop on the growing backlog first and may never need to eject.
@@ -132,11 +132,11 @@ TEST_CASE("a member that stops acking is routed around within 10 ms and nothing 
 
 TEST_CASE("nak redelivers to another member and counts against the member") {
   ManualClock clock(1);
-  Engine engine({.clock = &clock, .manual_timers = true});
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "g", .members = 2});
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"a"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "g", .members = 2});
   REQUIRE(c.ok());
-  REQUIRE(engine.Publish(Ev("a", "x")).ok());
+  REQUIRE(engine->Publish(Ev("a", "x")).ok());
   auto m0 = *c->member(0);
   auto m1 = *c->member(1);
   auto first = m0.Next(absl::ZeroDuration());
@@ -149,7 +149,7 @@ TEST_CASE("nak redelivers to another member and counts against the member") {
   CHECK(again->event().msg_id == "x");
   CHECK(again->attempt() == 2);
   REQUIRE(again->Ack().ok());
-  const ConsumerStats cs = CS(engine, "S", "g");
+  const ConsumerStats cs = CS(*engine, "S", "g");
   CHECK(cs.naks == 1);
   CHECK(cs.redelivered == 1);
   CHECK(cs.acked == 1);
@@ -161,46 +161,46 @@ TEST_CASE("nak redelivers to another member and counts against the member") {
 
 TEST_CASE("ack_wait expiry redelivers; a late ack of the old delivery wins once") {
   ManualClock clock(1);
-  Engine engine({.clock = &clock, .manual_timers = true});
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}, .retention = RetentionPolicy::kInterest}).ok());
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"a"}, .retention = RetentionPolicy::kInterest}).ok());
   ConsumerConfig cc{.stream = "S", .name = "g", .members = 2};
   cc.ack_wait = absl::Milliseconds(5);
-  auto c = engine.AddConsumer(cc);
+  auto c = engine->AddConsumer(cc);
   REQUIRE(c.ok());
-  REQUIRE(engine.Publish(Ev("a", "x")).ok());
+  REQUIRE(engine->Publish(Ev("a", "x")).ok());
   auto old = c->member(0)->Next(absl::ZeroDuration());
   REQUIRE(old.ok());
   clock.Advance(absl::Milliseconds(4));
-  engine.RunTimers();
+  engine->RunTimers();
   CHECK(c->member(1)->queued() == 0);
   clock.Advance(absl::Milliseconds(1));
-  engine.RunTimers();
+  engine->RunTimers();
   REQUIRE(c->member(1)->queued() == 1);
   auto fresh = c->member(1)->Next(absl::ZeroDuration());
   REQUIRE(fresh.ok());
   CHECK(fresh->attempt() == 2);
   REQUIRE(old->Ack().ok());   // late, but the first ack: it counts
   REQUIRE(fresh->Ack().ok()); // the second is a no-op
-  const ConsumerStats cs = CS(engine, "S", "g");
+  const ConsumerStats cs = CS(*engine, "S", "g");
   CHECK(cs.ack_timeouts == 1);
   CHECK(cs.acked == 1);
   CHECK(cs.late_acks == 1);
   CHECK(cs.group.members[0].outstanding == 0);
   CHECK(cs.group.members[1].outstanding == 0);
-  CHECK(Kept(engine) == 0);  // interest: acked once, gone
+  CHECK(Kept(*engine) == 0);  // interest: acked once, gone
 }
 
 TEST_CASE("consistent hash in a consumer keeps a seq_id on one member") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"tok.>"}}).ok());
   auto policy = ConsistentHashPolicy::Create(HashKey::SeqId(), 4);
   REQUIRE(policy.ok());
   ConsumerConfig cc{.stream = "S", .name = "g", .members = 4, .ack = AckPolicy::kNone};
   cc.selection = std::shared_ptr<SelectionPolicy>(std::move(*policy));
-  auto c = engine.AddConsumer(cc);
+  auto c = engine->AddConsumer(cc);
   REQUIRE(c.ok());
   for (int i = 0; i < 400; ++i) {
-    REQUIRE(engine.Publish(Ev("tok.x", "", "gen-" + std::to_string(i % 20))).ok());
+    REQUIRE(engine->Publish(Ev("tok.x", "", "gen-" + std::to_string(i % 20))).ok());
   }
   std::map<std::string, std::set<std::uint32_t>> where;
   for (std::uint32_t m = 0; m < 4; ++m) {
@@ -212,39 +212,39 @@ TEST_CASE("consistent hash in a consumer keeps a seq_id on one member") {
   }
   REQUIRE(where.size() == 20);
   for (const auto& [seq, ms] : where) CHECK(ms.size() == 1);
-  CHECK(CS(engine, "S", "g").policy == "consistent_hash");
+  CHECK(CS(*engine, "S", "g").policy == "consistent_hash");
 
   SECTION("a policy object serves one consumer only") {
     ConsumerConfig again{.stream = "S", .name = "h", .members = 4};
     again.selection = cc.selection;
-    CHECK(Msg(engine.AddConsumer(again).status()) ==
+    CHECK(Msg(engine->AddConsumer(again).status()) ==
           "consumer 'h': its selection policy object is already used by consumer 'g' of "
           "stream 'S' (policies keep per-group state: give each consumer its own)");
   }
   SECTION("bad ack_wait and group options are rejected") {
     ConsumerConfig bad{.stream = "S", .name = "h"};
     bad.ack_wait = absl::Milliseconds(-1);
-    CHECK(Msg(engine.AddConsumer(bad).status()) ==
+    CHECK(Msg(engine->AddConsumer(bad).status()) ==
           "consumer 'h': ack_wait -1ms is invalid (zero for none, or up to 365 days)");
     bad.ack_wait = absl::ZeroDuration();
     bad.group.outlier.consecutive_failures = 0;
-    CHECK(Msg(engine.AddConsumer(bad).status()) ==
+    CHECK(Msg(engine->AddConsumer(bad).status()) ==
           "consumer 'h': outlier consecutive_failures 0 is invalid (>= 1)");
   }
 }
 
 TEST_CASE("consumer predicates select events by header, tag and JSON content") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"req.>"}}).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"req.>"}}).ok());
   auto header = Predicate::HeadersAll({{"model", std::string("llama")}});
   auto json = Predicate::Json("/params/temperature", JsonOp::kLt, "0.5");
   REQUIRE(header.ok());
   REQUIRE(json.ok());
   ConsumerConfig cc{.stream = "S", .name = "cold_llama", .ack = AckPolicy::kNone};
   cc.predicate = Predicate::All({*header, *json});
-  auto c = engine.AddConsumer(cc);
+  auto c = engine->AddConsumer(cc);
   REQUIRE(c.ok());
-  auto all = engine.AddConsumer({.stream = "S", .name = "all", .ack = AckPolicy::kNone});
+  auto all = engine->AddConsumer({.stream = "S", .name = "all", .ack = AckPolicy::kNone});
   REQUIRE(all.ok());
   auto ev = [](std::string model, std::string payload) {
     Event e;
@@ -254,11 +254,11 @@ TEST_CASE("consumer predicates select events by header, tag and JSON content") {
     e.payload = Buffer::FromString(payload);
     return e;
   };
-  REQUIRE(engine.Publish(ev("llama", R"({"params": {"temperature": 0.2}})")).ok());
-  REQUIRE(engine.Publish(ev("llama", R"({"params": {"temperature": 0.9}})")).ok());
-  REQUIRE(engine.Publish(ev("mistral", R"({"params": {"temperature": 0.2}})")).ok());
-  REQUIRE(engine.Publish(ev("", R"({"params": {"temperature": 0.2}})")).ok());
-  REQUIRE(engine.Publish(ev("llama", "not json {")).ok());
+  REQUIRE(engine->Publish(ev("llama", R"({"params": {"temperature": 0.2}})")).ok());
+  REQUIRE(engine->Publish(ev("llama", R"({"params": {"temperature": 0.9}})")).ok());
+  REQUIRE(engine->Publish(ev("mistral", R"({"params": {"temperature": 0.2}})")).ok());
+  REQUIRE(engine->Publish(ev("", R"({"params": {"temperature": 0.2}})")).ok());
+  REQUIRE(engine->Publish(ev("llama", "not json {")).ok());
   CHECK(c->member(0)->queued() == 1);
   CHECK(all->member(0)->queued() == 5);
   auto m = c->member(0)->Next(absl::ZeroDuration());
@@ -269,16 +269,16 @@ TEST_CASE("consumer predicates select events by header, tag and JSON content") {
 
 TEST_CASE("weighted shadow mirrors copies whose acks do not count for the message") {
   ManualClock clock(1);
-  Engine engine({.clock = &clock, .manual_timers = true});
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}, .retention = RetentionPolicy::kInterest}).ok());
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"a"}, .retention = RetentionPolicy::kInterest}).ok());
   auto policy = WeightedShadowPolicy::Create(
       3, {.weights = {1, 1, 0}, .shadows = {2}, .mirror_fraction = 1.0});
   REQUIRE(policy.ok());
   ConsumerConfig cc{.stream = "S", .name = "g", .members = 3};
   cc.selection = std::shared_ptr<SelectionPolicy>(std::move(*policy));
-  auto c = engine.AddConsumer(cc);
+  auto c = engine->AddConsumer(cc);
   REQUIRE(c.ok());
-  for (int i = 0; i < 10; ++i) REQUIRE(engine.Publish(Ev("a", std::to_string(i))).ok());
+  for (int i = 0; i < 10; ++i) REQUIRE(engine->Publish(Ev("a", std::to_string(i))).ok());
   CHECK(c->member(2)->queued() == 10);
   CHECK(c->member(0)->queued() + c->member(1)->queued() == 10);
   // Shadow acks: counted for the shadow member, not for the messages.
@@ -291,7 +291,7 @@ TEST_CASE("weighted shadow mirrors copies whose acks do not count for the messag
                                "not nak'ed");
     REQUIRE(m->Ack().ok());
   }
-  CHECK(Kept(engine) == 10);
+  CHECK(Kept(*engine) == 10);
   for (std::uint32_t p = 0; p < 2; ++p) {
     for (;;) {
       auto m = c->member(p)->Next(absl::ZeroDuration());
@@ -300,25 +300,25 @@ TEST_CASE("weighted shadow mirrors copies whose acks do not count for the messag
       REQUIRE(m->Ack().ok());
     }
   }
-  const ConsumerStats cs = CS(engine, "S", "g");
+  const ConsumerStats cs = CS(*engine, "S", "g");
   CHECK(cs.mirrored == 10);
   CHECK(cs.shadow_acked == 10);
   CHECK(cs.acked == 10);
-  CHECK(Kept(engine) == 0);
+  CHECK(Kept(*engine) == 0);
 }
 
 // Regressions found by the adversarial pass, each its smallest input.
 
 TEST_CASE("a nak while a publisher is blocked on the same full lane returns") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "g", .members = 1, .lane_capacity = 2});
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"a"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "g", .members = 1, .lane_capacity = 2});
   REQUIRE(c.ok());
-  REQUIRE(engine.Publish(Ev("a", "1")).ok());
+  REQUIRE(engine->Publish(Ev("a", "1")).ok());
   auto held = c->member(0)->Next(absl::ZeroDuration());
   REQUIRE(held.ok());
   std::thread publisher([&] {
-    for (int i = 2; i <= 5; ++i) (void)engine.Publish(Ev("a", std::to_string(i)));
+    for (int i = 2; i <= 5; ++i) (void)engine->Publish(Ev("a", std::to_string(i)));
   });
   while (c->member(0)->queued() < 2) std::this_thread::yield();  // lane full, publisher blocked
   REQUIRE(held->Nak().ok());  // used to wait for the stream mutex the publisher held
@@ -334,11 +334,11 @@ TEST_CASE("a nak while a publisher is blocked on the same full lane returns") {
 }
 
 TEST_CASE("a member that never pulls does not block publishing for good") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}}).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"a"}}).ok());
   ConsumerConfig cc{.stream = "S", .name = "g", .members = 2, .lane_capacity = 2};
   cc.ack_wait = absl::Milliseconds(20);
-  auto c = engine.AddConsumer(cc);
+  auto c = engine->AddConsumer(cc);
   REQUIRE(c.ok());
   std::atomic<int> acked{0};
   std::atomic<bool> stop{false};
@@ -349,42 +349,42 @@ TEST_CASE("a member that never pulls does not block publishing for good") {
       if (m.ok() && m->Ack().ok()) ++acked;
     }
   });
-  for (int i = 0; i < 60; ++i) REQUIRE(engine.Publish(Ev("a", std::to_string(i))).ok());
+  for (int i = 0; i < 60; ++i) REQUIRE(engine->Publish(Ev("a", std::to_string(i))).ok());
   while (acked.load() < 60) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   stop = true;
   puller.join();
   CHECK(acked.load() == 60);
-  CHECK(CS(engine, "S", "g").moved > 0);
+  CHECK(CS(*engine, "S", "g").moved > 0);
 }
 
 TEST_CASE("ack_pending counts deliveries out, and an old member's late ack wins over a queued copy") {
   ManualClock clock(1);
-  Engine engine({.clock = &clock, .manual_timers = true});
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}, .retention = RetentionPolicy::kInterest}).ok());
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"a"}, .retention = RetentionPolicy::kInterest}).ok());
   ConsumerConfig cc{.stream = "S", .name = "g", .members = 2};
   cc.ack_wait = absl::Milliseconds(5);
-  auto c = engine.AddConsumer(cc);
+  auto c = engine->AddConsumer(cc);
   REQUIRE(c.ok());
-  REQUIRE(engine.Publish(Ev("a", "x")).ok());
+  REQUIRE(engine->Publish(Ev("a", "x")).ok());
   auto old = c->member(0)->Next(absl::ZeroDuration());
   REQUIRE(old.ok());
-  CHECK(CS(engine, "S", "g").ack_pending == 1);
+  CHECK(CS(*engine, "S", "g").ack_pending == 1);
   clock.Advance(absl::Milliseconds(5));
-  engine.RunTimers();  // expired: attempt 2 queued on member 1
-  CHECK(CS(engine, "S", "g").ack_pending == 0);
+  engine->RunTimers();  // expired: attempt 2 queued on member 1
+  CHECK(CS(*engine, "S", "g").ack_pending == 0);
   REQUIRE(c->member(1)->queued() == 1);
   REQUIRE(old->Ack().ok());  // the first ack: it settles the message
   CHECK(c->member(1)->Next(absl::ZeroDuration()).status().code() ==
         absl::StatusCode::kDeadlineExceeded);  // the queued copy is skipped
-  const ConsumerStats cs = CS(engine, "S", "g");
+  const ConsumerStats cs = CS(*engine, "S", "g");
   CHECK(cs.acked == 1);
   CHECK(cs.late_acks == 0);
   CHECK(cs.ack_pending == 0);
-  CHECK(Kept(engine) == 0);
+  CHECK(Kept(*engine) == 0);
   CHECK(cs.group.members[1].outstanding == 0);
 
   SECTION("after a nak and an ack elsewhere, nothing is pending") {
-    REQUIRE(engine.Publish(Ev("a", "y")).ok());
+    REQUIRE(engine->Publish(Ev("a", "y")).ok());
     auto first = c->member(0)->Next(absl::ZeroDuration());
     if (!first.ok()) first = c->member(1)->Next(absl::ZeroDuration());
     REQUIRE(first.ok());
@@ -393,23 +393,23 @@ TEST_CASE("ack_pending counts deliveries out, and an old member's late ack wins 
       auto again = c->member(m)->Next(absl::ZeroDuration());
       if (again.ok()) REQUIRE(again->Ack().ok());
     }
-    CHECK(CS(engine, "S", "g").ack_pending == 0);
-    CHECK(CS(engine, "S", "g").acked == 2);
+    CHECK(CS(*engine, "S", "g").ack_pending == 0);
+    CHECK(CS(*engine, "S", "g").acked == 2);
   }
 }
 
 TEST_CASE("a nak is not redelivered to an ejected member") {
   ManualClock clock(1);
-  Engine engine({.clock = &clock, .manual_timers = true});
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}}).ok());
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"a"}}).ok());
   ConsumerConfig cc{.stream = "S", .name = "g", .members = 2};
   cc.group.outlier.consecutive_failures = 1;
   cc.group.outlier.max_ejected_percent = 100;
-  auto c = engine.AddConsumer(cc);
+  auto c = engine->AddConsumer(cc);
   REQUIRE(c.ok());
   // Member 1 naks everything it gets: degraded, then (once it gets work again) ejected.
-  for (int i = 0; i < 1000 && CS(engine, "S", "g").group.members[1].health != MemberHealth::kEjected; ++i) {
-    REQUIRE(engine.Publish(Ev("a")).ok());
+  for (int i = 0; i < 1000 && CS(*engine, "S", "g").group.members[1].health != MemberHealth::kEjected; ++i) {
+    REQUIRE(engine->Publish(Ev("a")).ok());
     for (std::uint32_t m = 0; m < 2; ++m) {
       auto msg = c->member(m)->Next(absl::ZeroDuration());
       if (msg.ok()) REQUIRE((m == 1 ? msg->Nak() : msg->Ack()).ok());
@@ -419,8 +419,8 @@ TEST_CASE("a nak is not redelivered to an ejected member") {
       if (msg.ok()) REQUIRE(msg->Ack().ok());
     }
   }
-  REQUIRE(CS(engine, "S", "g").group.members[1].health == MemberHealth::kEjected);
-  REQUIRE(engine.Publish(Ev("a", "z")).ok());
+  REQUIRE(CS(*engine, "S", "g").group.members[1].health == MemberHealth::kEjected);
+  REQUIRE(engine->Publish(Ev("a", "z")).ok());
   auto msg = c->member(0)->Next(absl::ZeroDuration());
   REQUIRE(msg.ok());
   REQUIRE(msg->Nak().ok());
@@ -429,15 +429,15 @@ TEST_CASE("a nak is not redelivered to an ejected member") {
 }
 
 TEST_CASE("a policy built for another group size and an ack_wait beyond a year are rejected") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a"}}).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"a"}}).ok());
   ConsumerConfig cc{.stream = "S", .name = "g", .members = 8};
   cc.selection = std::shared_ptr<SelectionPolicy>(*ConsistentHashPolicy::Create(HashKey::SeqId(), 4));
-  CHECK(Msg(engine.AddConsumer(cc).status()) ==
+  CHECK(Msg(engine->AddConsumer(cc).status()) ==
         "consumer 'g': consistent hash policy built for 4 members cannot serve a group of 8");
   ConsumerConfig aw{.stream = "S", .name = "h"};
   aw.ack_wait = absl::Hours(24 * 366);
-  CHECK(Msg(engine.AddConsumer(aw).status()) ==
+  CHECK(Msg(engine->AddConsumer(aw).status()) ==
         "consumer 'h': ack_wait 8784h is invalid (zero for none, or up to 365 days)");
 }
 
@@ -446,21 +446,21 @@ TEST_CASE("a policy built for another group size and an ack_wait beyond a year a
 // that learns of the AddStream from the thread that made it.
 TEST_CASE("a stream added after a thread published on a subject captures its next publish",
           "[concurrency]") {
-  Engine engine({.manual_timers = true});
-  REQUIRE(engine.AddStream({.name = "ALL", .subjects = {"route.>"}}).ok());
+  auto engine = Engine::Create({.manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "ALL", .subjects = {"route.>"}}).ok());
   const std::vector<std::string> subjects = {"route.a", "route.bb", "route.ccc", "route.a.b",
                                              "route.x", "route.yy", "route.zzz", "route.q.r.s"};
   auto stored = [&](const std::string& subject) {
     Event e;
     e.subject = subject;
-    absl::StatusOr<PublishAck> ack = engine.Publish(std::move(e));
+    absl::StatusOr<PublishAck> ack = engine->Publish(std::move(e));
     REQUIRE(ack.ok());
     return ack->streams_stored;
   };
   for (int round = 0; round < 3; ++round) {
     for (const std::string& s : subjects) CHECK(stored(s) == 1);
   }
-  REQUIRE(engine.AddStream({.name = "SOME", .subjects = {"route.*"}}).ok());
+  REQUIRE(engine->AddStream({.name = "SOME", .subjects = {"route.*"}}).ok());
   for (const std::string& s : subjects) {
     INFO(s);
     CHECK(stored(s) == (std::count(s.begin(), s.end(), '.') == 1 ? 2u : 1u));
@@ -476,7 +476,7 @@ TEST_CASE("a stream added after a thread published on a subject captures its nex
     after = stored("route.late.one");  // after the AddStream, which happened before
   });
   while (!seen_before.load(std::memory_order_relaxed)) std::this_thread::yield();
-  REQUIRE(engine.AddStream({.name = "LATE", .subjects = {"route.late.>"}}).ok());
+  REQUIRE(engine->AddStream({.name = "LATE", .subjects = {"route.late.>"}}).ok());
   added.store(true, std::memory_order_release);
   publisher.join();
   CHECK(after == 2);

@@ -60,20 +60,20 @@ std::vector<std::uint64_t> Drain(Member m) {
 }  // namespace
 
 TEST_CASE("fan-out: one publish reaches two streams and shares the event") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "ALL", .subjects = {"orders.>"}}).ok());
-  REQUIRE(engine.AddStream({.name = "EU", .subjects = {"orders.eu.*"}}).ok());
-  auto all = engine.AddConsumer({.stream = "ALL", .name = "audit"});
-  auto eu = engine.AddConsumer({.stream = "EU", .name = "billing"});
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "ALL", .subjects = {"orders.>"}}).ok());
+  REQUIRE(engine->AddStream({.name = "EU", .subjects = {"orders.eu.*"}}).ok());
+  auto all = engine->AddConsumer({.stream = "ALL", .name = "audit"});
+  auto eu = engine->AddConsumer({.stream = "EU", .name = "billing"});
 
-  auto ack = engine.Publish(Ev("orders.eu.1", "payload-bytes"));
+  auto ack = engine->Publish(Ev("orders.eu.1", "payload-bytes"));
   REQUIRE(ack.ok());
   CHECK(ack->streams_stored == 2);
   CHECK(ack->streams_rejected == 0);
   CHECK(ack->deliveries == 2);
   CHECK(ack->seq == 1);
 
-  auto ack2 = engine.Publish(Ev("orders.us.1"));
+  auto ack2 = engine->Publish(Ev("orders.us.1"));
   REQUIRE(ack2.ok());
   CHECK(ack2->streams_stored == 1);
   CHECK(ack2->seq == 2);
@@ -92,34 +92,34 @@ TEST_CASE("fan-out: one publish reaches two streams and shares the event") {
 }
 
 TEST_CASE("a publish no stream captures is reported, not dropped in silence") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"a.*"}}).ok());
-  auto r = engine.Publish(Ev("b.c"));
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"a.*"}}).ok());
+  auto r = engine->Publish(Ev("b.c"));
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == absl::StatusCode::kNotFound);
   CHECK(Msg(r.status()) == "no stream captures subject 'b.c'");
-  CHECK(engine.Stats().unrouted == 1);
+  CHECK(engine->Stats().unrouted == 1);
 }
 
 TEST_CASE("an invalid subject is rejected and names the subject") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {">"}}).ok());
-  auto r = engine.Publish(Ev("a..b"));
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {">"}}).ok());
+  auto r = engine->Publish(Ev("a..b"));
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Msg(r.status()) == "subject 'a..b' has an empty token at position 2");
-  const EngineStats st = engine.Stats();
+  const EngineStats st = engine->Stats();
   CHECK(st.invalid == 1);
   CHECK(st.stream("S")->stored == 0);
 }
 
 TEST_CASE("a consumer group splits the stream round robin over its members") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"jobs.>"}}).ok());
-  auto group = engine.AddConsumer({.stream = "S", .name = "workers", .members = 3});
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"jobs.>"}}).ok());
+  auto group = engine->AddConsumer({.stream = "S", .name = "workers", .members = 3});
   REQUIRE(group.ok());
   CHECK(group->members() == 3);
-  for (int i = 0; i < 9; ++i) REQUIRE(engine.Publish(Ev("jobs.x")).ok());
+  for (int i = 0; i < 9; ++i) REQUIRE(engine->Publish(Ev("jobs.x")).ok());
   CHECK(Drain(M(group, 0)) == std::vector<std::uint64_t>{1, 4, 7});
   CHECK(Drain(M(group, 1)) == std::vector<std::uint64_t>{2, 5, 8});
   CHECK(Drain(M(group, 2)) == std::vector<std::uint64_t>{3, 6, 9});
@@ -127,7 +127,7 @@ TEST_CASE("a consumer group splits the stream round robin over its members") {
   REQUIRE_FALSE(out.ok());
   CHECK(out.status().code() == absl::StatusCode::kOutOfRange);
   CHECK(Msg(out.status()) == "consumer 'workers' has 3 members; index 3 is out of range");
-  const ConsumerStats cs = CS(engine, "S", "workers");
+  const ConsumerStats cs = CS(*engine, "S", "workers");
     CHECK(cs.delivered == 9);
   CHECK(cs.acked == 9);
   CHECK(cs.ack_pending == 0);
@@ -137,36 +137,36 @@ TEST_CASE("a consumer group splits the stream round robin over its members") {
 }
 
 TEST_CASE("a consumer filter selects part of the stream") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"infer.>"}}).ok());
-  auto llama = engine.AddConsumer({.stream = "S", .name = "llama", .filter_subject = "infer.llama.*"});
-  auto all = engine.AddConsumer({.stream = "S", .name = "all"});
-  REQUIRE(engine.Publish(Ev("infer.llama.request")).ok());
-  REQUIRE(engine.Publish(Ev("infer.mistral.request")).ok());
-  REQUIRE(engine.Publish(Ev("infer.llama.cancel")).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"infer.>"}}).ok());
+  auto llama = engine->AddConsumer({.stream = "S", .name = "llama", .filter_subject = "infer.llama.*"});
+  auto all = engine->AddConsumer({.stream = "S", .name = "all"});
+  REQUIRE(engine->Publish(Ev("infer.llama.request")).ok());
+  REQUIRE(engine->Publish(Ev("infer.mistral.request")).ok());
+  REQUIRE(engine->Publish(Ev("infer.llama.cancel")).ok());
   CHECK(Drain(M(llama)) == std::vector<std::uint64_t>{1, 3});
   CHECK(Drain(M(all)) == std::vector<std::uint64_t>{1, 2, 3});
 }
 
 TEST_CASE("limits with discard old: the oldest make room and are never delivered") {
-  Engine engine;
+  auto engine = Engine::Create().value();
   SECTION("max_msgs") {
-    REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_msgs = 3}).ok());
-    auto c = engine.AddConsumer({.stream = "S", .name = "c"});
-    for (int i = 0; i < 5; ++i) REQUIRE(engine.Publish(Ev("x")).ok());
-    const StreamStats s = SS(engine, "S");
+    REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}, .max_msgs = 3}).ok());
+    auto c = engine->AddConsumer({.stream = "S", .name = "c"});
+    for (int i = 0; i < 5; ++i) REQUIRE(engine->Publish(Ev("x")).ok());
+    const StreamStats s = SS(*engine, "S");
     CHECK(s.messages == 3);
     CHECK(s.discarded == 2);
     CHECK(s.last_seq == 5);
     CHECK(Drain(M(c)) == std::vector<std::uint64_t>{3, 4, 5});
-    CHECK(CS(engine, "S", "c").skipped == 2);
+    CHECK(CS(*engine, "S", "c").skipped == 2);
   }
   SECTION("max_bytes") {
     // Each event is 1 (subject) + 9 (payload) = 10 bytes; 25 bytes keep two.
-    REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_bytes = 25}).ok());
-    auto c = engine.AddConsumer({.stream = "S", .name = "c"});
-    for (int i = 0; i < 4; ++i) REQUIRE(engine.Publish(Ev("x", "123456789")).ok());
-    const StreamStats s = SS(engine, "S");
+    REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}, .max_bytes = 25}).ok());
+    auto c = engine->AddConsumer({.stream = "S", .name = "c"});
+    for (int i = 0; i < 4; ++i) REQUIRE(engine->Publish(Ev("x", "123456789")).ok());
+    const StreamStats s = SS(*engine, "S");
     CHECK(s.messages == 2);
     CHECK(s.bytes == 20);
     CHECK(s.discarded == 2);
@@ -175,17 +175,17 @@ TEST_CASE("limits with discard old: the oldest make room and are never delivered
 }
 
 TEST_CASE("limits with discard new: the publish is refused and nothing is lost") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_msgs = 2,
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}, .max_msgs = 2,
                             .discard = DiscardPolicy::kNew}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
-  REQUIRE(engine.Publish(Ev("x")).ok());
-  REQUIRE(engine.Publish(Ev("x")).ok());
-  auto r = engine.Publish(Ev("x"));
+  auto c = engine->AddConsumer({.stream = "S", .name = "c"});
+  REQUIRE(engine->Publish(Ev("x")).ok());
+  REQUIRE(engine->Publish(Ev("x")).ok());
+  auto r = engine->Publish(Ev("x"));
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(Msg(r.status()) == "stream 'S' is full: max_msgs 2 reached (discard new)");
-  const EngineStats st = engine.Stats();
+  const EngineStats st = engine->Stats();
   CHECK(st.stream("S")->messages == 2);
   CHECK(st.stream("S")->rejected == 1);
   CHECK(st.rejected == 1);
@@ -193,30 +193,30 @@ TEST_CASE("limits with discard new: the publish is refused and nothing is lost")
 }
 
 TEST_CASE("discard new on max_bytes names the sizes") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_bytes = 15,
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}, .max_bytes = 15,
                             .discard = DiscardPolicy::kNew}).ok());
-  REQUIRE(engine.Publish(Ev("x", "123456789")).ok());
-  auto r = engine.Publish(Ev("x", "123456789"));
+  REQUIRE(engine->Publish(Ev("x", "123456789")).ok());
+  auto r = engine->Publish(Ev("x", "123456789"));
   REQUIRE_FALSE(r.ok());
   CHECK(Msg(r.status()) ==
         "stream 'S' is full: 10 + 10 bytes would exceed max_bytes 15 (discard new)");
 }
 
 TEST_CASE("max_msg_size refuses a large event") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_msg_size = 4}).ok());
-  auto r = engine.Publish(Ev("x", "12345"));
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}, .max_msg_size = 4}).ok());
+  auto r = engine->Publish(Ev("x", "12345"));
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Msg(r.status()) == "stream 'S': message of 6 bytes exceeds max_msg_size 4");
 }
 
 TEST_CASE("a refusal by one of two streams is counted in the ack") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "A", .subjects = {"x"}}).ok());
-  REQUIRE(engine.AddStream({.name = "B", .subjects = {"x"}, .max_msg_size = 2}).ok());
-  auto r = engine.Publish(Ev("x", "12345"));
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "A", .subjects = {"x"}}).ok());
+  REQUIRE(engine->AddStream({.name = "B", .subjects = {"x"}, .max_msg_size = 2}).ok());
+  auto r = engine->Publish(Ev("x", "12345"));
   REQUIRE(r.ok());
   CHECK(r->streams_stored == 1);
   CHECK(r->streams_rejected == 1);
@@ -224,65 +224,65 @@ TEST_CASE("a refusal by one of two streams is counted in the ack") {
 
 TEST_CASE("max_age removes old messages, also while they wait in a lane") {
   ManualClock clock;
-  Engine engine({.clock = &clock});
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}, .max_age = absl::Seconds(10)}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
-  REQUIRE(engine.Publish(Ev("x")).ok());
-  REQUIRE(engine.Publish(Ev("x")).ok());
+  auto engine = Engine::Create({.clock = &clock}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}, .max_age = absl::Seconds(10)}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c"});
+  REQUIRE(engine->Publish(Ev("x")).ok());
+  REQUIRE(engine->Publish(Ev("x")).ok());
   clock.Advance(absl::Seconds(11));
-  REQUIRE(engine.Publish(Ev("x")).ok());
-  const StreamStats s = SS(engine, "S");
+  REQUIRE(engine->Publish(Ev("x")).ok());
+  const StreamStats s = SS(*engine, "S");
   CHECK(s.messages == 1);
   CHECK(s.discarded == 2);
   CHECK(Drain(M(c)) == std::vector<std::uint64_t>{3});
 
-  REQUIRE(engine.Publish(Ev("x")).ok());  // seq 4, queued
+  REQUIRE(engine->Publish(Ev("x")).ok());  // seq 4, queued
   clock.Advance(absl::Seconds(11));       // ages out in the lane, no publish since
   CHECK(Drain(M(c)).empty());             // seq 4 is discarded when pulled
-  CHECK(CS(engine, "S", "c").skipped == 3);
+  CHECK(CS(*engine, "S", "c").skipped == 3);
   // Seq 3 (delivered) has aged out too; on an idle stream it goes at the next write.
-  CHECK(SS(engine, "S").messages == 1);
-  REQUIRE(engine.Publish(Ev("x")).ok());  // seq 5
-  const StreamStats after = SS(engine, "S");
+  CHECK(SS(*engine, "S").messages == 1);
+  REQUIRE(engine->Publish(Ev("x")).ok());  // seq 5
+  const StreamStats after = SS(*engine, "S");
   CHECK(after.messages == 1);
   CHECK(after.discarded == 4);
 }
 
 TEST_CASE("interest retention removes a message once every consumer acked it") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"},
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"},
                             .retention = RetentionPolicy::kInterest}).ok());
-  auto a = engine.AddConsumer({.stream = "S", .name = "a"});
-  auto b = engine.AddConsumer({.stream = "S", .name = "b"});
-  for (int i = 0; i < 3; ++i) REQUIRE(engine.Publish(Ev("x")).ok());
+  auto a = engine->AddConsumer({.stream = "S", .name = "a"});
+  auto b = engine->AddConsumer({.stream = "S", .name = "b"});
+  for (int i = 0; i < 3; ++i) REQUIRE(engine->Publish(Ev("x")).ok());
   auto m1 = M(a).Next(absl::Seconds(1));
   REQUIRE(m1.ok());
   REQUIRE(m1->Ack().ok());
-  CHECK(SS(engine, "S").messages == 3);  // b has not acked seq 1
+  CHECK(SS(*engine, "S").messages == 3);  // b has not acked seq 1
   auto m2 = M(b).Next(absl::Seconds(1));
   REQUIRE(m2.ok());
   REQUIRE(m2->Ack().ok());
-  CHECK(SS(engine, "S").messages == 2);
-  CHECK(SS(engine, "S").acked_out == 1);
+  CHECK(SS(*engine, "S").messages == 2);
+  CHECK(SS(*engine, "S").acked_out == 1);
 }
 
 TEST_CASE("interest retention keeps nothing no consumer takes") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"},
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"},
                             .retention = RetentionPolicy::kInterest}).ok());
-  REQUIRE(engine.Publish(Ev("x")).ok());
-  const StreamStats s = SS(engine, "S");
+  REQUIRE(engine->Publish(Ev("x")).ok());
+  const StreamStats s = SS(*engine, "S");
   CHECK(s.stored == 1);
   CHECK(s.messages == 0);
   CHECK(s.acked_out == 1);
 }
 
 TEST_CASE("ack errors") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
-  auto none = engine.AddConsumer({.stream = "S", .name = "fire", .ack = AckPolicy::kNone});
-  REQUIRE(engine.Publish(Ev("x")).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c"});
+  auto none = engine->AddConsumer({.stream = "S", .name = "fire", .ack = AckPolicy::kNone});
+  REQUIRE(engine->Publish(Ev("x")).ok());
   auto m = M(c).Next(absl::Seconds(1));
   REQUIRE(m.ok());
   CHECK(m->Ack().ok());
@@ -295,22 +295,22 @@ TEST_CASE("ack errors") {
   CHECK(Msg(n->Ack()) == "consumer 'fire' of stream 'S' has ack policy none");
   Message empty;
   CHECK(Msg(empty.Ack()) == "cannot ack an empty Message");
-  const ConsumerStats fs = CS(engine, "S", "fire");
+  const ConsumerStats fs = CS(*engine, "S", "fire");
   CHECK(fs.delivered == 1);
   CHECK(fs.ack_pending == 0);
 }
 
 TEST_CASE("unacked deliveries are counted as pending") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
-  for (int i = 0; i < 3; ++i) REQUIRE(engine.Publish(Ev("x")).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c"});
+  for (int i = 0; i < 3; ++i) REQUIRE(engine->Publish(Ev("x")).ok());
   auto a = M(c).Next(absl::Seconds(1));
   auto b = M(c).Next(absl::Seconds(1));
   REQUIRE(a.ok());
   REQUIRE(b.ok());
   REQUIRE(a->Ack().ok());
-  const ConsumerStats cs = CS(engine, "S", "c");
+  const ConsumerStats cs = CS(*engine, "S", "c");
   CHECK(cs.delivered == 2);
   CHECK(cs.acked == 1);
   CHECK(cs.ack_pending == 1);
@@ -319,10 +319,10 @@ TEST_CASE("unacked deliveries are counted as pending") {
 }
 
 TEST_CASE("NextBatch returns at once when the batch is full") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
-  for (int i = 0; i < 6; ++i) REQUIRE(engine.Publish(Ev("x")).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c"});
+  for (int i = 0; i < 6; ++i) REQUIRE(engine->Publish(Ev("x")).ok());
   // With a one-hour max_queue_delay this only finishes if a full batch returns early.
   auto batch = M(c).NextBatch(4, absl::Hours(1));
   REQUIRE(batch.ok());
@@ -338,12 +338,12 @@ TEST_CASE("NextBatch returns at once when the batch is full") {
 }
 
 TEST_CASE("NextBatch returns a partial batch after max_queue_delay") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c"});
   const auto start = std::chrono::steady_clock::now();
-  REQUIRE(engine.Publish(Ev("x")).ok());
-  REQUIRE(engine.Publish(Ev("x")).ok());
+  REQUIRE(engine->Publish(Ev("x")).ok());
+  REQUIRE(engine->Publish(Ev("x")).ok());
   auto batch = M(c).NextBatch(8, absl::Milliseconds(30));
   const auto waited = std::chrono::steady_clock::now() - start;
   REQUIRE(batch.ok());
@@ -353,15 +353,15 @@ TEST_CASE("NextBatch returns a partial batch after max_queue_delay") {
 }
 
 TEST_CASE("NextBatch gathers events that arrive while it waits") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
-  REQUIRE(engine.Publish(Ev("x")).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c"});
+  REQUIRE(engine->Publish(Ev("x")).ok());
   std::atomic<int> failed{0};
   std::thread late([&] {
     std::this_thread::sleep_for(5ms);
     for (int i = 0; i < 3; ++i) {
-      if (!engine.Publish(Ev("x")).ok()) failed.fetch_add(1);
+      if (!engine->Publish(Ev("x")).ok()) failed.fetch_add(1);
     }
   });
   // Full at 4 within an hour-long delay: returns as soon as the 4th arrives.
@@ -373,9 +373,9 @@ TEST_CASE("NextBatch gathers events that arrive while it waits") {
 }
 
 TEST_CASE("NextBatch and Next argument and timeout errors") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c"});
   auto zero = M(c).NextBatch(0, absl::Milliseconds(1));
   CHECK(Msg(zero.status()) == "NextBatch max_batch 0 is invalid; it must be > 0");
   auto neg = M(c).NextBatch(4, absl::Milliseconds(-1));
@@ -387,11 +387,15 @@ TEST_CASE("NextBatch and Next argument and timeout errors") {
 }
 
 TEST_CASE("configuration errors name the bad value and change nothing") {
-  Engine engine;
+  auto engine = Engine::Create().value();
   auto check = [&](const StreamConfig& cfg, absl::StatusCode code, const std::string& msg) {
-    const absl::Status s = engine.AddStream(cfg);
+    const absl::Status s = engine->AddStream(cfg);
     CHECK(s.code() == code);
     CHECK(Msg(s) == msg);
+    // Every InvalidArgument of AddStream is a check of the config alone.
+    const absl::Status v = StreamConfig::Validate(cfg);
+    CHECK(v.ok() == (code != absl::StatusCode::kInvalidArgument));
+    if (!v.ok()) CHECK(Msg(v) == msg);
   };
   check({.name = "", .subjects = {"x"}}, absl::StatusCode::kInvalidArgument,
         "stream name '' must have 1 to 64 characters");
@@ -408,17 +412,21 @@ TEST_CASE("configuration errors name the bad value and change nothing") {
         absl::StatusCode::kInvalidArgument,
         "stream 'S': max_age -1s is invalid (use zero for no limit or a positive, finite "
         "duration)");
-  CHECK(engine.Stats().streams.empty());
+  CHECK(engine->Stats().streams.empty());
 
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
   check({.name = "S", .subjects = {"y"}}, absl::StatusCode::kAlreadyExists,
         "stream 'S' already exists");
 
   auto bad = [&](const ConsumerConfig& cfg, absl::StatusCode code, const std::string& msg) {
-    auto r = engine.AddConsumer(cfg);
+    auto r = engine->AddConsumer(cfg);
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == code);
     CHECK(Msg(r.status()) == msg);
+    // These InvalidArgument cases are all checks of the config alone.
+    const absl::Status v = ConsumerConfig::Validate(cfg);
+    CHECK(v.ok() == (code != absl::StatusCode::kInvalidArgument));
+    if (!v.ok()) CHECK(Msg(v) == msg);
   };
   bad({.stream = "NOPE", .name = "c"}, absl::StatusCode::kNotFound,
       "consumer 'c': stream 'NOPE' does not exist");
@@ -430,17 +438,32 @@ TEST_CASE("configuration errors name the bad value and change nothing") {
       absl::StatusCode::kInvalidArgument,
       "consumer 'c': filter subject pattern 'a.>.b' has '>' at position 2; '>' is valid "
       "only as the last token");
-  REQUIRE(engine.AddConsumer({.stream = "S", .name = "c"}).ok());
+  REQUIRE(engine->AddConsumer({.stream = "S", .name = "c"}).ok());
   bad({.stream = "S", .name = "c"}, absl::StatusCode::kAlreadyExists,
       "consumer 'c' of stream 'S' already exists");
-  CHECK(engine.Stats().consumers.size() == 1);
+  CHECK(engine->Stats().consumers.size() == 1);
+}
+
+TEST_CASE("config Validate passes what needs the engine to AddConsumer") {
+  // A filter no subject of the stream can match, and a member_nodes entry that is
+  // not a node, are refused by AddConsumer; the config alone is valid.
+  const ConsumerConfig far{.stream = "S", .name = "c", .filter_subject = "y"};
+  CHECK(ConsumerConfig::Validate(far).ok());
+  const ConsumerConfig node{.stream = "S", .name = "d", .member_nodes = {999}};
+  CHECK(ConsumerConfig::Validate(node).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  CHECK(Msg(engine->AddConsumer(far).status()) ==
+        "consumer 'c': filter_subject 'y' matches no subject of stream 'S' (subjects 'x')");
+  CHECK(engine->AddConsumer(node).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(StreamConfig::Validate({.name = "S", .subjects = {"x"}}).ok());
 }
 
 TEST_CASE("close wakes pullers and refuses later publishes") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .members = 2});
-  REQUIRE(engine.Publish(Ev("x")).ok());  // queued on member 0
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .members = 2});
+  REQUIRE(engine->Publish(Ev("x")).ok());  // queued on member 0
   std::atomic<int> cancelled{0};
   Member second = M(c, 1);
   std::thread waiter([&] {
@@ -448,7 +471,7 @@ TEST_CASE("close wakes pullers and refuses later publishes") {
     if (r.status().code() == absl::StatusCode::kCancelled) ++cancelled;
   });
   std::this_thread::sleep_for(20ms);
-  engine.Close();
+  engine->Close();
   waiter.join();
   CHECK(cancelled == 1);
   auto drained = M(c, 0).Next(absl::InfiniteDuration());
@@ -456,19 +479,19 @@ TEST_CASE("close wakes pullers and refuses later publishes") {
   CHECK(drained->stream_seq() == 1);
   CHECK(M(c, 0).Next(absl::InfiniteDuration()).status().code() ==
         absl::StatusCode::kCancelled);
-  CHECK(engine.Publish(Ev("x")).status().code() == absl::StatusCode::kCancelled);
+  CHECK(engine->Publish(Ev("x")).status().code() == absl::StatusCode::kCancelled);
 }
 
 TEST_CASE("a full lane holds the publisher back until the member pulls") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2});
-  REQUIRE(engine.Publish(Ev("x")).ok());
-  REQUIRE(engine.Publish(Ev("x")).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2});
+  REQUIRE(engine->Publish(Ev("x")).ok());
+  REQUIRE(engine->Publish(Ev("x")).ok());
   std::atomic<bool> third_done{false};
   std::atomic<bool> third_ok{false};
   std::thread publisher([&] {
-    third_ok = engine.Publish(Ev("x")).ok();
+    third_ok = engine->Publish(Ev("x")).ok();
     third_done = true;
   });
   std::this_thread::sleep_for(30ms);
@@ -478,7 +501,7 @@ TEST_CASE("a full lane holds the publisher back until the member pulls") {
   CHECK(third_done.load());
   CHECK(third_ok.load());
   (void)Drain(M(c));
-  CHECK(CS(engine, "S", "c").delivered == 3);
+  CHECK(CS(*engine, "S", "c").delivered == 3);
 }
 
 TEST_CASE("concurrent publishers and pullers: every event once, per-publisher order") {
@@ -489,10 +512,10 @@ TEST_CASE("concurrent publishers and pullers: every event once, per-publisher or
 #endif
   constexpr int kPublishers = 4;
   constexpr std::uint32_t kMembers = 3;
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"p.*"},
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"p.*"},
                             .retention = RetentionPolicy::kInterest}).ok());
-  auto group = engine.AddConsumer({.stream = "S", .name = "g", .members = kMembers,
+  auto group = engine->AddConsumer({.stream = "S", .name = "g", .members = kMembers,
                                    .lane_capacity = 64});
   REQUIRE(group.ok());
   std::vector<std::vector<std::pair<int, int>>> got(kMembers);
@@ -527,17 +550,17 @@ TEST_CASE("concurrent publishers and pullers: every event once, per-publisher or
         Event e;
         e.subject = "p." + std::to_string(p);
         e.seq_no = static_cast<std::uint64_t>(i);
-        if (!engine.Publish(std::move(e)).ok()) failures.fetch_add(1);
+        if (!engine->Publish(std::move(e)).ok()) failures.fetch_add(1);
       }
     });
   }
   for (auto& t : publishers) t.join();
   // Wait until everything is acked, then close to release the pullers.
   for (int spins = 0; spins < 100000; ++spins) {
-    if (CS(engine, "S", "g").acked == kPublishers * kPerPublisher) break;
+    if (CS(*engine, "S", "g").acked == kPublishers * kPerPublisher) break;
     std::this_thread::sleep_for(1ms);
   }
-  engine.Close();
+  engine->Close();
   for (auto& t : pullers) t.join();
 
   CHECK(failures == 0);
@@ -557,7 +580,7 @@ TEST_CASE("concurrent publishers and pullers: every event once, per-publisher or
   CHECK(total == kPublishers * kPerPublisher);
   CHECK(seen.size() == kPublishers * kPerPublisher);
   CHECK(order_violations == 0);
-  const EngineStats st = engine.Stats();
+  const EngineStats st = engine->Stats();
   CHECK(st.stream("S")->messages == 0);  // interest retention: all acked out
   CHECK(st.stream("S")->acked_out == kPublishers * kPerPublisher);
 }
@@ -565,25 +588,25 @@ TEST_CASE("concurrent publishers and pullers: every event once, per-publisher or
 // ---- regressions from an adversarial run (smallest inputs that showed each bug) ----
 
 TEST_CASE("Close and Stats are not blocked by AddConsumer waiting behind a full lane") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2});
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2});
   REQUIRE(c.ok());
-  REQUIRE(engine.Publish(Ev("x")).ok());
-  REQUIRE(engine.Publish(Ev("x")).ok());  // fills the lane
+  REQUIRE(engine->Publish(Ev("x")).ok());
+  REQUIRE(engine->Publish(Ev("x")).ok());  // fills the lane
   std::atomic<int> publish_code{-1};
   std::thread publisher([&] {  // blocks on the full lane, holding the stream
-    publish_code = static_cast<int>(engine.Publish(Ev("x")).status().code());
+    publish_code = static_cast<int>(engine->Publish(Ev("x")).status().code());
   });
   std::this_thread::sleep_for(20ms);
   std::atomic<bool> added{false};
   std::thread adder([&] {  // waits for the stream behind the blocked publisher
-    (void)engine.AddConsumer({.stream = "S", .name = "late"});
+    (void)engine->AddConsumer({.stream = "S", .name = "late"});
     added = true;
   });
   std::this_thread::sleep_for(20ms);
-  CHECK(engine.Stats().consumers.size() == 2);  // returns although both are blocked
-  engine.Close();  // a deadlock here hangs the test (ctest timeout)
+  CHECK(engine->Stats().consumers.size() == 2);  // returns although both are blocked
+  engine->Close();  // a deadlock here hangs the test (ctest timeout)
   publisher.join();
   adder.join();
   CHECK(added.load());
@@ -591,16 +614,16 @@ TEST_CASE("Close and Stats are not blocked by AddConsumer waiting behind a full 
 }
 
 TEST_CASE("a publish cut off by Close is reported and does not pin interest retention") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"},
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"},
                             .retention = RetentionPolicy::kInterest}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2});
-  REQUIRE(engine.Publish(Ev("x")).ok());
-  REQUIRE(engine.Publish(Ev("x")).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2});
+  REQUIRE(engine->Publish(Ev("x")).ok());
+  REQUIRE(engine->Publish(Ev("x")).ok());
   absl::Status second;
-  std::thread publisher([&] { second = engine.Publish(Ev("x")).status(); });
+  std::thread publisher([&] { second = engine->Publish(Ev("x")).status(); });
   std::this_thread::sleep_for(20ms);
-  engine.Close();
+  engine->Close();
   publisher.join();
   CHECK(second.code() == absl::StatusCode::kCancelled);
   CHECK(Msg(second) ==
@@ -610,22 +633,22 @@ TEST_CASE("a publish cut off by Close is reported and does not pin interest rete
     REQUIRE(m.ok());
     REQUIRE(m->Ack().ok());
   }
-  const StreamStats s = SS(engine, "S");
+  const StreamStats s = SS(*engine, "S");
   CHECK(s.messages == 0);  // seq 3 no longer waits for an ack that cannot come
   CHECK(s.acked_out == 3);
 }
 
 TEST_CASE("interest retention frees acked messages behind an unacked one") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"},
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"},
                             .retention = RetentionPolicy::kInterest}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
+  auto c = engine->AddConsumer({.stream = "S", .name = "c"});
   const Buffer payload = Buffer::FromString(std::string(1000, 'p'));
   auto publish = [&] {
     Event e;
     e.subject = "x";
     e.payload = payload;
-    REQUIRE(engine.Publish(std::move(e)).ok());
+    REQUIRE(engine->Publish(std::move(e)).ok());
   };
   publish();
   auto held = M(c).Next(absl::ZeroDuration());  // never acked
@@ -636,7 +659,7 @@ TEST_CASE("interest retention frees acked messages behind an unacked one") {
     REQUIRE(m.ok());
     REQUIRE(m->Ack().ok());
   }
-  CHECK(SS(engine, "S").messages == 1);
+  CHECK(SS(*engine, "S").messages == 1);
   // The payload is shared by every event still referenced. Before the fix all 1001
   // stayed in the stream; now the stream keeps at most 64 retired entries around
   // the live one (plus this test's own reference).
@@ -644,15 +667,15 @@ TEST_CASE("interest retention frees acked messages behind an unacked one") {
 }
 
 TEST_CASE("NextBatch with an infinite max_queue_delay waits for a full batch") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
-  auto c = engine.AddConsumer({.stream = "S", .name = "c"});
-  REQUIRE(engine.Publish(Ev("x")).ok());
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c"});
+  REQUIRE(engine->Publish(Ev("x")).ok());
   std::atomic<int> failed{0};
   std::thread late([&] {
     for (int i = 0; i < 3; ++i) {
       std::this_thread::sleep_for(5ms);
-      if (!engine.Publish(Ev("x")).ok()) ++failed;
+      if (!engine->Publish(Ev("x")).ok()) ++failed;
     }
   });
   auto batch = M(c).NextBatch(4, absl::InfiniteDuration(), absl::Seconds(30));
@@ -663,35 +686,35 @@ TEST_CASE("NextBatch with an infinite max_queue_delay waits for a full batch") {
 }
 
 TEST_CASE("out-of-range enum values are configuration errors") {
-  Engine engine;
-  CHECK(Msg(engine.AddStream({.name = "S", .subjects = {"x"},
+  auto engine = Engine::Create().value();
+  CHECK(Msg(engine->AddStream({.name = "S", .subjects = {"x"},
                               .discard = static_cast<DiscardPolicy>(7)})) ==
         "stream 'S': discard policy 7 is not a valid DiscardPolicy");
-  CHECK(Msg(engine.AddStream({.name = "S", .subjects = {"x"},
+  CHECK(Msg(engine->AddStream({.name = "S", .subjects = {"x"},
                               .retention = static_cast<RetentionPolicy>(9)})) ==
         "stream 'S': retention policy 9 is not a valid RetentionPolicy");
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
-  auto r = engine.AddConsumer({.stream = "S", .name = "c", .ack = static_cast<AckPolicy>(5)});
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto r = engine->AddConsumer({.stream = "S", .name = "c", .ack = static_cast<AckPolicy>(5)});
   CHECK(Msg(r.status()) == "consumer 'c': ack policy 5 is not a valid AckPolicy");
 }
 
 TEST_CASE("a consumer's lanes are bounded in all and not allocated for a bad stream") {
-  Engine engine;
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x"}}).ok());
-  auto big = engine.AddConsumer(
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto big = engine->AddConsumer(
       {.stream = "S", .name = "c", .members = 2, .lane_capacity = std::size_t{1} << 24});
   CHECK(Msg(big.status()) ==
         "consumer 'c': members 2 x lane_capacity 16777216 = 33554432 lane slots (after "
         "rounding up to powers of two) exceed 16777216");
   // Was: 1 GiB allocated and touched before the stream was looked up.
-  auto missing = engine.AddConsumer(
+  auto missing = engine->AddConsumer(
       {.stream = "NOPE", .name = "c", .lane_capacity = std::size_t{1} << 24});
   CHECK(missing.status().code() == absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("a non-ASCII byte in a name is escaped in the error") {
-  Engine engine;
-  CHECK(Msg(engine.AddStream({.name = "caf\xc3\xa9", .subjects = {"x"}})) ==
+  auto engine = Engine::Create().value();
+  CHECK(Msg(engine->AddStream({.name = "caf\xc3\xa9", .subjects = {"x"}})) ==
         "stream name 'caf\xc3\xa9' has the character '\\xc3' at byte 3; only A-Z a-z 0-9 _ - "
         "are allowed");
 }
@@ -699,35 +722,35 @@ TEST_CASE("a non-ASCII byte in a name is escaped in the error") {
 TEST_CASE("events are allocated on the NUMA node of the lane that drains them") {
   auto topo = Topology::Synthetic("numa:2 core:2 pu:1");
   REQUIRE(topo.ok());
-  Engine engine({.topology = &*topo});
-  REQUIRE(engine.AddStream({.name = "S", .subjects = {"x.*"}}).ok());
-  auto on1 = engine.AddConsumer({.stream = "S", .name = "gpu1", .filter_subject = "x.one",
+  auto engine = Engine::Create({.topology = &*topo}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x.*"}}).ok());
+  auto on1 = engine->AddConsumer({.stream = "S", .name = "gpu1", .filter_subject = "x.one",
                                  .members = 2, .member_nodes = {1, 1}});
-  auto on0 = engine.AddConsumer({.stream = "S", .name = "gpu0", .filter_subject = "x.zero",
+  auto on0 = engine->AddConsumer({.stream = "S", .name = "gpu0", .filter_subject = "x.zero",
                                  .member_nodes = {0}});
   REQUIRE(on1.ok());
   REQUIRE(on0.ok());
-  for (int i = 0; i < 3; ++i) REQUIRE(engine.Publish(Ev("x.one")).ok());
-  REQUIRE(engine.Publish(Ev("x.zero")).ok());
-  const EngineStats st = engine.Stats();
+  for (int i = 0; i < 3; ++i) REQUIRE(engine->Publish(Ev("x.one")).ok());
+  REQUIRE(engine->Publish(Ev("x.zero")).ok());
+  const EngineStats st = engine->Stats();
   REQUIRE(st.memory.size() == 2);
   CHECK(st.memory[1].pools[1].allocations == 3);  // events for node-1 lanes
   CHECK(st.memory[1].pools[0].allocations == 3);  // their stream records
   CHECK(st.memory[0].pools[1].allocations == 1);
   CHECK(st.memory[0].arena == "synthetic topology: operator new");
 
-  auto bad = engine.AddConsumer({.stream = "S", .name = "bad", .members = 2,
+  auto bad = engine->AddConsumer({.stream = "S", .name = "bad", .members = 2,
                                  .member_nodes = {0, 2}});
   CHECK(Msg(bad.status()) ==
         "consumer 'bad': member_nodes[1] = 2 is not a node of this machine (0..1)");
-  auto count = engine.AddConsumer({.stream = "S", .name = "bad", .members = 2,
+  auto count = engine->AddConsumer({.stream = "S", .name = "bad", .members = 2,
                                    .member_nodes = {0}});
   CHECK(Msg(count.status()) == "consumer 'bad': member_nodes has 1 entries for 2 members");
 }
 
 TEST_CASE("memory stats: one node on this machine says how its arena is placed") {
-  Engine engine;
-  const EngineStats st = engine.Stats();
+  auto engine = Engine::Create().value();
+  const EngineStats st = engine->Stats();
   REQUIRE_FALSE(st.memory.empty());
   for (const auto& m : st.memory) {
     CHECK_FALSE(m.arena.empty());

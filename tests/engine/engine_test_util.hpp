@@ -80,7 +80,9 @@ inline std::vector<std::string> Drain(Member& m, bool ack = true) {
 // dead-letter stream DLQ (dead.>) read by `dlq`.
 struct Fixture {
   ManualClock clock{1'000'000'000};
-  Engine engine{{.clock = &clock, .manual_timers = true}};
+  std::unique_ptr<Engine> owned_engine =
+      Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  Engine& engine = *owned_engine;
   Member dlq = Init();
   Member Init() {
     REQUIRE(engine.AddStream({.name = "S", .subjects = {"work.>"}}).ok());

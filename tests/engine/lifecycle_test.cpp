@@ -800,14 +800,14 @@ TEST_CASE("SIGKILL during random transitions: acknowledged states survive, invar
 
 TEST_CASE("the engine's timer applies the lifecycle's timeouts") {
   Env env;
-  inferq::Engine engine({.clock = &env.clock, .manual_timers = true, .lifecycle = env.lc.get()});
+  auto engine = inferq::Engine::Create({.clock = &env.clock, .manual_timers = true, .lifecycle = env.lc.get()}).value();
   REQUIRE(env.lc->BeginWarmup("llama").ok());
   REQUIRE(env.lc->Enqueue("m1", "llama").ok());
   env.clock.Advance(absl::Seconds(30) - absl::Nanoseconds(1));
-  engine.RunTimers();
+  engine->RunTimers();
   CHECK(env.lc->GetModel("llama")->state == inferq::ModelState::kWarmup);
   env.clock.Advance(absl::Nanoseconds(1));
-  engine.RunTimers();
+  engine->RunTimers();
   CHECK(env.lc->GetModel("llama")->state == inferq::ModelState::kEvicted);
   CHECK(env.lc->GetModel("llama")->reason == "warmup timeout");
   CHECK(env.lc->GetMessage("m1")->state == inferq::MessageState::kExpired);

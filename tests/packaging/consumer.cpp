@@ -7,7 +7,9 @@
 #include "inferq/inferq.hpp"
 
 int main() {
-  inferq::Engine engine;
+  absl::StatusOr<std::unique_ptr<inferq::Engine>> created = inferq::Engine::Create();
+  if (!created.ok()) return 4;
+  inferq::Engine& engine = **created;
   if (!engine.AddStream({.name = "S", .subjects = {"hello.>"}}).ok()) return 1;
   auto consumer = engine.AddConsumer({.stream = "S", .name = "c"});
   if (!consumer.ok()) return 2;

@@ -169,7 +169,7 @@ class Lifecycle {
 
   // Every transition below is one StateStore transaction. Errors, common to all:
   // kInvalidArgument for a model name or msg_id that is not 1 to 256 visible ASCII
-  // characters (0x21 to 0x7e), or a reason that is not 1 to 256 printable ASCII
+  // characters (0x21 to 0x7e; base/limits.hpp ValidateId), or a reason that is not 1 to 256 printable ASCII
   // characters (0x20 to 0x7e); kNotFound for an unknown model or message;
   // kFailedPrecondition when the current state does not allow the transition (the
   // message names the model or message and its state, e.g.

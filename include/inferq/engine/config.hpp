@@ -1,0 +1,172 @@
+// File: inferq/engine/config.hpp
+//
+// StreamConfig and ConsumerConfig: what Engine::AddStream and Engine::AddConsumer
+// take (DESIGN.md §3.8), the policy enums they use, and their Validate checks.
+//
+// Usage:
+//   inferq::StreamConfig s{.name = "REQUESTS", .subjects = {"infer.*.request"}};
+//   inferq::ConsumerConfig c{.stream = "REQUESTS", .name = "replicas", .members = 4};
+//   if (absl::Status st = inferq::ConsumerConfig::Validate(c); !st.ok()) { ... }
+//   engine->AddStream(s);
+//   engine->AddConsumer(c);
+//
+// Validate checks a configuration alone: names (base/limits.hpp ValidateName),
+// patterns, ranges (durations up to kMaxDuration, 365 days) and combinations of
+// fields. AddStream / AddConsumer call it first, then check what needs the engine:
+// the stream exists, the name is free, the filter overlaps the stream's subjects,
+// member_nodes are nodes of the engine's topology, the selection policy object is
+// not another consumer's.
+//
+// Thread safety: plain values; Validate is a pure function.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "inferq/event/codec.hpp"
+#include "inferq/routing/predicate.hpp"
+#include "inferq/routing/selection.hpp"
+#include "inferq/sched/batcher.hpp"
+#include "inferq/sched/qos_scheduler.hpp"
+
+namespace inferq {
+
+enum class DiscardPolicy { kOld, kNew };
+enum class RetentionPolicy { kLimits, kInterest };
+enum class AckPolicy { kExplicit, kNone };
+// What Publish does when the lane chosen for a consumer is full (DESIGN.md §3.6).
+//  kBlock       wait until the member pulls (backpressure on the publisher);
+//               TryPublish refuses instead (ResourceExhausted, nothing stored).
+//  kReject      refuse the publish for that stream: ResourceExhausted naming the
+//               consumer and member; nothing is stored in that stream.
+//  kDropOldest  drop the oldest delivery queued on that lane to make room (counted in
+//               ConsumerStats::dropped; the dropped delivery is settled, not redelivered).
+enum class OverflowPolicy { kBlock, kReject, kDropOldest };
+
+// What a consumer does with an event whose queue timeout passed before a member took
+// it (Triton's timeout_action): kReject gives it up (dead letter, reason "expired");
+// kDelay keeps it, behind what was queued when it expired (it is moved to the back
+// of its lane once).
+enum class TimeoutAction { kReject, kDelay };
+
+struct StreamConfig {
+  std::string name{};                 // 1..64 of [A-Za-z0-9_-], unique in the engine
+  std::vector<std::string> subjects{};  // subject patterns; at least one
+  std::int64_t max_msgs = -1;         // messages kept; -1 = no limit, else > 0
+  std::int64_t max_bytes = -1;        // bytes kept (Event::StoredSize); -1 or > 0
+  absl::Duration max_age = absl::ZeroDuration();  // zero = no limit; never negative
+  std::int64_t max_msg_size = -1;     // bytes per message; -1 or > 0
+  DiscardPolicy discard = DiscardPolicy::kOld;
+  RetentionPolicy retention = RetentionPolicy::kLimits;
+  // Duplicate window (JetStream's): a publish whose Event::msg_id (exact bytes) this
+  // stream accepted less than this long ago is acknowledged with the original
+  // sequence and PublishAck::duplicate, and not stored again. The window runs from
+  // the first acceptance; duplicates do not extend it. Zero = off; at most 365 days.
+  // Events with an empty msg_id are never duplicates.
+  absl::Duration duplicate_window = absl::Minutes(2);
+  // Most ids the duplicate window holds, 1..2^26. When a new id would exceed it, the
+  // oldest id is forgotten before its window ends (a later publish with it is stored
+  // again) and StreamStats::duplicate_window_evicted counts it. The default holds
+  // 2,000 distinct ids a second over the default 2-minute window; at about 100 bytes
+  // an id (short ids; a longer id adds its length) that is 24 MiB per stream.
+  std::size_t duplicate_window_max_entries = 240'000;
+
+  // InvalidArgument naming the stream and the field for a bad name, no subjects, a
+  // pattern that does not parse, or a value outside the range its field documents.
+  static absl::Status Validate(const StreamConfig& config);
+};
+
+struct ConsumerConfig {
+  std::string stream{};               // an existing stream
+  std::string name{};                 // 1..64 of [A-Za-z0-9_-], unique in its stream
+  // Pattern; empty = every event of the stream. Must overlap one of the stream's
+  // subjects (SubjectPattern::Overlaps): a filter no captured subject can match is
+  // refused.
+  std::string filter_subject{};
+  // Further condition on the event (headers, semantic tag, JSON content, JSON Schema;
+  // routing/predicate.hpp); default = none. Evaluated by the publishing thread
+  // under the stream's mutex; a payload that is not JSON does not match.
+  Predicate predicate{};
+  std::uint32_t members = 1;          // lanes in the group, 1..4096
+  std::size_t lane_capacity = 1024;   // items per lane, 1..2^24 (rounded up to 2^k, min 2)
+  AckPolicy ack = AckPolicy::kExplicit;
+  // NUMA node (index into Topology::nodes()) of the thread that drains each member's
+  // lane: events queued for it are allocated from that node's pools. Empty = unknown
+  // (the publishing thread's node); else exactly `members` entries.
+  std::vector<int> member_nodes{};
+  // Which member serves each event. nullptr = RoundRobinPolicy. One policy object
+  // per consumer: AddConsumer rejects a policy already used by another consumer.
+  std::shared_ptr<SelectionPolicy> selection{};
+  // Outlier ejection and load-metric settings of the member group.
+  GroupOptions group{};
+  // Redeliver a delivery not acked within this time (explicit ack only); zero =
+  // never; at most 365 days.
+  absl::Duration ack_wait = absl::ZeroDuration();
+  // JetStream's BackOff: the ack wait of delivery k (1-based) is
+  // backoff[min(k, size) - 1], so redeliveries can wait longer each time; replaces
+  // ack_wait when not empty. Each entry > 0 and at most 365 days; at most 64 entries.
+  std::vector<absl::Duration> backoff{};
+  // Deliveries of one message (first + redeliveries) before it is given up: when
+  // delivery max_deliver fails (nak or ack_wait expiry) the message goes to the
+  // dead-letter subject instead of being redelivered. -1 = no limit, else >= 1.
+  // Counted per message: a nak of one message never counts against its neighbours.
+  std::int64_t max_deliver = -1;
+  // Deliveries handed out and not yet settled, over all members; a pull waits while
+  // the consumer is at this limit (JetStream's MaxAckPending). -1 = no limit, else
+  // >= 1. Explicit ack only.
+  std::int64_t max_ack_pending = -1;
+  // Literal subject that dead letters are published to (see kDeadLetterReasonHeader);
+  // empty = dead letters are counted (ConsumerStats::dead_letters) and dropped. A
+  // dead letter is published without waiting: a full lane of its consumer keeps it
+  // parked until that lane has room.
+  std::string dead_letter_subject{};
+  OverflowPolicy overflow = OverflowPolicy::kBlock;
+  // Longest an event may wait in a lane for its first delivery (Triton's
+  // default_timeout_microseconds); zero = no default. An event's ttl or deadline
+  // can only lower it, never raise it (with no default they apply as given).
+  // Enforced by a timer wheel when it passes, not only when the event is pulled.
+  // At most 365 days.
+  absl::Duration queue_timeout = absl::ZeroDuration();
+  TimeoutAction timeout_action = TimeoutAction::kReject;
+  // QoS tiers in each member's lane (sched/qos_scheduler.hpp): which queued event a
+  // pull gets next is decided by the tier's assured share, the tiers' weights and
+  // DRR between tenants (Event::qos, tenant, priority) instead of arrival order.
+  // nullopt = a FIFO lock-free ring. The lane holds lane_capacity events (the
+  // config's `capacity` is replaced by it); a scheduled lane takes a mutex.
+  std::optional<QosConfig> qos{};
+  // Payload codecs this consumer accepts, in order of preference (DESIGN.md §3.3:
+  // "ask for raw, accept compressed"). Empty = any: every event is delivered with its
+  // payload as stored. Otherwise an event whose Event::codec is not in the list is
+  // delivered converted to accept_codecs[0]: to kNone by decompressing (the stored
+  // dictionary must be in EngineOptions::codecs.dictionaries), to kZstd by
+  // compressing (EngineOptions::codecs: level and dictionary). A consumer that
+  // accepts kZstd accepts it with any dictionary (it decompresses with its own set).
+  // Each entry a PayloadCodec, none repeated.
+  std::vector<PayloadCodec> accept_codecs{};
+  // How Member::NextBatch(timeout) forms batches (sched/batcher.hpp): max_batch,
+  // max_queue_delay, preferred sizes, adaptive window. With `adaptive`, the observed
+  // round-trip time is each acked message's deliver -> ack time.
+  BatchPolicy batch{};
+
+  // Lane slots (lane_capacity rounded up to a power of two, times members) one
+  // consumer may hold in all: 2^24, 64 bytes each (1 GiB).
+  static constexpr std::size_t kMaxLaneSlots = std::size_t{1} << 24;
+
+  // InvalidArgument naming the consumer and the field for a bad name, filter
+  // pattern, member count, lane capacity (or members x lane slots over
+  // kMaxLaneSlots), member_nodes count, group options, accept_codecs entry (not a
+  // PayloadCodec, or repeated), policy enum value, ack_wait / backoff /
+  // queue_timeout outside their ranges, max_deliver / max_ack_pending below -1 or 0,
+  // a setting that needs explicit acks with AckPolicy::kNone, a bad
+  // dead_letter_subject, drop-oldest with qos, bad qos or batch settings, or a
+  // selection policy built for another group size.
+  static absl::Status Validate(const ConsumerConfig& config);
+};
+
+}  // namespace inferq

@@ -1,0 +1,281 @@
+// File: src/engine/consumer_state.hpp (not API)
+//
+// What a consumer holds: the stored message every delivery shares (StoredMessage),
+// one queued delivery (Delivery), a member's lane (Lane), the deliveries awaiting an
+// ack and their timers (Pending, Timer), and ConsumerState itself: configuration,
+// selection, ack tracking, queue timeouts, max_ack_pending slots and counters.
+//
+// Thread safety: each field says what guards it (pending_mu, select_mu, slot_mu, or
+// an atomic).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "inferq/base/cache_line.hpp"
+#include "inferq/base/clock.hpp"
+#include "inferq/base/histogram.hpp"
+#include "inferq/engine/engine.hpp"
+#include "inferq/routing/selection.hpp"
+#include "inferq/routing/subject.hpp"
+#include "inferq/sched/batcher.hpp"
+#include "inferq/sched/qos_scheduler.hpp"
+#include "inferq/sched/timer_wheel.hpp"
+#include "lane_queue.hpp"
+
+namespace inferq {
+namespace engine_internal {
+
+struct StreamState;
+
+// Lifecycle of a stored message in its stream.
+enum MsgState : std::uint8_t {
+  kLive = 0,       // kept by the stream
+  kDiscarded = 1,  // removed by a limit or max_age: queued deliveries are skipped
+  kDone = 2,       // interest retention: every interested consumer acked it
+};
+
+// An event with its payload converted to each codec c, null where none is needed.
+using ConvertedEvents = std::array<std::shared_ptr<const Event>, kPayloadCodecs>;
+
+struct StoredMessage {
+  std::shared_ptr<const Event> event;
+  // The event with its payload converted to codec c (ConsumerConfig::accept_codecs),
+  // for the consumers that do not accept event->codec; null where no consumer needs
+  // c. Made once per publish and target codec, shared by every stream and consumer.
+  ConvertedEvents converted{};
+  StreamState* stream = nullptr;
+  std::uint64_t seq = 0;
+  std::int64_t publish_ns = 0;
+  std::uint64_t bytes = 0;
+  // Interest retention: explicit-ack deliveries not yet acked.
+  std::atomic<std::uint32_t> pending_acks{0};
+  std::atomic<std::uint8_t> state{kLive};
+};
+
+using Handle = std::shared_ptr<StoredMessage>;
+
+// One queued delivery: the shared message plus what is particular to this copy.
+struct Delivery {
+  Handle h;
+  std::uint32_t attempt = 1;  // 1 = first delivery to this consumer
+  bool shadow = false;        // a mirrored copy (WeightedShadowPolicy)
+};
+
+struct Lane {
+  Lane(std::size_t capacity, int node_index) : ring(capacity), node(node_index) {}
+  Lane(std::unique_ptr<QosScheduler<Delivery>> qos, LaneQueue<Delivery>::OnEvict on_evict,
+       int node_index)
+      : ring(std::move(qos), [](const Delivery& d) { return QosKey::Of(*d.h->event); },
+             std::move(on_evict)),
+        node(node_index) {}
+  // A lock-free ring, or a QoS scheduler (ConsumerConfig::qos); named for the former.
+  LaneQueue<Delivery> ring;
+  int node;  // index into the engine's topology nodes; -1 = the publisher's node
+  alignas(kCacheLineSize) std::atomic<std::uint64_t> delivered{0};
+  std::atomic<std::int64_t> last_pop_ns{0};  // engine clock; for stall detection
+  // Recent publish -> deliver delay, ns: EWMA with alpha 1/8, written by pullers
+  // (a lost update between two pullers only loses one sample); flow control reads it.
+  std::atomic<std::int64_t> delay_ewma_ns{0};
+  Histogram deliver_latency_ns;  // written by this lane's puller(s) only
+};
+
+// Deadline `ns` from `now`, saturating at INT64_MAX.
+inline std::int64_t SatAdd(std::int64_t now, std::int64_t ns) {
+  return ns > INT64_MAX - now ? INT64_MAX : now + ns;
+}
+
+// A message of a tracked consumer (ack_wait > 0) not yet acked: either out with
+// `member` (delivery `attempt`), or queued again for delivery `attempt` (member ==
+// kNoMember) after an expiry or a nak.
+struct Pending {
+  Handle h;
+  std::uint32_t member = 0;
+  std::uint32_t attempt = 1;
+  std::int64_t deadline_ns = 0;
+};
+
+// A timer of a consumer: an ack_wait expiry of delivery `attempt` of message `seq`
+// (tracked consumers), or a delayed redelivery (Nak with a delay) of `d`.
+struct Timer {
+  std::int64_t due_ns = 0;
+  std::uint64_t seq = 0;
+  std::uint32_t attempt = 0;
+  std::optional<Delivery> redeliver;  // set: a delayed redelivery
+};
+struct TimerLater {
+  bool operator()(const Timer& a, const Timer& b) const { return a.due_ns > b.due_ns; }
+};
+
+struct ConsumerState {
+  ConsumerConfig config;
+  // ConsumerConfig::accept_codecs: bit c set = accepts PayloadCodec c (all bits for
+  // an empty list), and the codec an event in another codec is converted to.
+  std::uint32_t accept_mask = ~std::uint32_t{0};
+  PayloadCodec convert_to = PayloadCodec::kNone;
+  bool Accepts(PayloadCodec c) const {
+    return (accept_mask >> static_cast<unsigned>(c) & 1u) != 0;
+  }
+  std::optional<SubjectPattern> filter;  // nullopt: every event of the stream
+  StreamState* stream = nullptr;
+  const Clock* clock = nullptr;
+  std::vector<std::unique_ptr<Lane>> lanes;
+  // MemberGroup::Select runs one call at a time: select_mu. Publish takes it inside
+  // the stream's mutex; redelivery takes it alone, never the stream's mutex, because
+  // a publisher blocked on a full lane holds that one (and the member that would
+  // drain the lane may be the one redelivering).
+  std::mutex select_mu;
+  std::shared_ptr<SelectionPolicy> policy;
+  std::unique_ptr<MemberGroup> group;
+  bool tracked = false;                     // explicit acks with ack_wait or backoff
+  std::int64_t ack_wait_ns = 0;
+  std::vector<std::int64_t> backoff_ns;     // empty: ack_wait_ns for every delivery
+  std::int64_t max_deliver = -1;
+  std::int64_t max_ack_pending = -1;
+  // Publishes a dead letter without waiting (set by the Engine).
+  std::function<absl::Status(Event)> publish_dead_letter;
+  // Asks the timer thread to run by `due_ns` (engine clock); set by the Engine.
+  std::function<void(std::int64_t)> wake_timer;
+  // Publishes deferred dead letters (Engine::FlushOutbox) when *outbox_pending.
+  std::function<void()> flush_outbox;
+  const std::atomic<bool>* outbox_pending = nullptr;
+  // Told of every message this consumer gives up, before its dead letter goes out
+  // (Engine::Call completes the caller's future); may be empty.
+  std::function<void(const Event&, std::uint32_t attempt, std::string_view reason)> on_dead_letter;
+
+  // The ack wait of delivery `attempt` (1-based): ack_wait, or the backoff list.
+  std::int64_t AckWaitFor(std::uint32_t attempt) const {
+    if (backoff_ns.empty()) return ack_wait_ns;
+    return backoff_ns[std::min<std::size_t>(attempt, backoff_ns.size()) - 1];
+  }
+  // True when a failure of delivery `attempt` ends the message (max_deliver).
+  bool LastAttempt(std::uint32_t attempt) const {
+    return max_deliver > 0 && static_cast<std::int64_t>(attempt) >= max_deliver;
+  }
+
+  // Deliveries awaiting an ack (tracked consumers), keyed by stream sequence, and
+  // timers (ack_wait deadlines and delayed redeliveries) in a min-heap by due time;
+  // timers whose delivery was settled or restarted are skipped when they come due.
+  std::mutex pending_mu;
+  absl::flat_hash_map<std::uint64_t, Pending> pending;       // guarded by pending_mu
+  std::vector<Timer> timers;                                 // heap; pending_mu
+  std::deque<Delivery> parked;  // redeliveries every lane refused (full); pending_mu
+  std::atomic<bool> has_parked{false};  // parked is not empty (read without the lock)
+  std::atomic<bool> has_timers{false};  // timers is not empty (read without the lock)
+
+  void AddTimer(Timer t) {  // requires pending_mu
+    timers.push_back(std::move(t));
+    std::push_heap(timers.begin(), timers.end(), TimerLater{});
+    has_timers.store(true, std::memory_order_relaxed);
+    // Settled deliveries and restarted timers leave entries behind until they come
+    // due (with a long ack_wait, much later): drop them once they outnumber the
+    // live ones, so the heap stays within a constant factor of `pending`
+    // (amortized O(1) per timer).
+    if (tracked && timers.size() > 4 * (pending.size() + 256)) {
+      std::erase_if(timers, [&](const Timer& x) { return !Live(x); });
+      std::make_heap(timers.begin(), timers.end(), TimerLater{});
+    }
+  }
+  // Whether timer `t` still stands for something (requires pending_mu).
+  bool Live(const Timer& t) const {
+    if (t.redeliver && !tracked) return true;  // untracked delayed naks have no entry
+    auto it = pending.find(t.seq);
+    if (it == pending.end() || it->second.attempt != t.attempt) return false;
+    return t.redeliver ? it->second.member == kNoMember : it->second.deadline_ns == t.due_ns;
+  }
+
+  // Queue timeouts (ConsumerConfig::queue_timeout, Event::ttl / deadline) of first
+  // deliveries still in a lane, by stream sequence; the wheel fires them when they
+  // pass. A popped delivery cancels its timer. Guarded by pending_mu.
+  enum WaitState : std::uint8_t { kQueued, kExpired, kDelayed, kRequeued };
+  struct Waiting {
+    Handle h;
+    std::int64_t expiry_ns = 0;
+    TimerId timer{};
+    WaitState state = kQueued;
+  };
+  std::int64_t queue_timeout_ns = 0;
+  bool enforce_event_ttl = true;  // false for Engine::Call's functions (their own timer)
+  absl::flat_hash_map<std::uint64_t, Waiting> waiting;
+  std::unique_ptr<TimerWheel<std::uint64_t>> wheel;
+  std::atomic<bool> has_waiting{false};
+
+  // The queue expiry (engine ns) of an event published at `publish_ns` whose own
+  // limit is `event_limit_ns` (ttl / deadline; INT64_MAX = none); INT64_MAX = none.
+  std::int64_t ExpiryFor(std::int64_t publish_ns, std::int64_t event_limit_ns) const {
+    std::int64_t limit = queue_timeout_ns > 0 ? queue_timeout_ns : INT64_MAX;
+    if (enforce_event_ttl) limit = std::min(limit, event_limit_ns);
+    return limit == INT64_MAX ? INT64_MAX : SatAdd(publish_ns, limit);
+  }
+
+  // max_ack_pending: pullers wait on slot_cv while `unsettled` is at the limit.
+  std::mutex slot_mu;
+  std::condition_variable slot_cv;
+  std::atomic<bool> closing{false};
+
+  alignas(kCacheLineSize) std::atomic<std::uint64_t> acked{0};
+  std::atomic<std::uint64_t> skipped{0};
+  std::atomic<std::uint64_t> redelivered{0}, ack_timeouts{0}, naks{0}, moved{0},
+      late_acks{0}, mirrored{0}, shadow_acked{0}, terminated{0}, dead_letters{0},
+      dead_letters_lost{0}, dropped{0}, overflow_rejected{0}, parked_total{0}, expired{0},
+      delayed{0}, evicted{0};
+  // Member::NextBatch(timeout): one batcher per member (ConsumerConfig::batch).
+  std::vector<std::unique_ptr<Batcher>> batchers;
+  // Explicit-ack deliveries handed out and not yet settled (ack, nak, expiry).
+  std::atomic<std::int64_t> unsettled{0};
+  Histogram ack_latency_ns;
+
+  // Messages handed out by this consumer's members and not yet destroyed; kept in
+  // debug builds only (~Engine checks that none outlives the engine).
+  std::atomic<std::int64_t> live_messages{0};
+
+  enum class Slot { kTaken, kTimeout, kClosed };
+  // Takes one max_ack_pending slot, waiting until `deadline_ns` (steady) for one.
+  // kClosed once the engine is closing and no slot is free (Close: a closed engine
+  // hands out no more than the limit, and does not wait for acks).
+  Slot ReserveSlot(std::int64_t deadline_ns) {
+    std::int64_t cur = unsettled.load(std::memory_order_relaxed);
+    for (;;) {
+      while (cur < max_ack_pending) {
+        if (unsettled.compare_exchange_weak(cur, cur + 1, std::memory_order_acq_rel)) {
+          return Slot::kTaken;
+        }
+      }
+      std::unique_lock lock(slot_mu);
+      cur = unsettled.load(std::memory_order_acquire);
+      if (cur < max_ack_pending) continue;
+      if (closing.load(std::memory_order_acquire)) return Slot::kClosed;
+      if (deadline_ns <= SteadyClock::Now()) return Slot::kTimeout;
+      if (deadline_ns == kNoDeadline) {
+        slot_cv.wait(lock);
+      } else {
+        slot_cv.wait_for(lock, std::chrono::nanoseconds(deadline_ns - SteadyClock::Now()));
+      }
+      cur = unsettled.load(std::memory_order_acquire);
+    }
+  }
+  // A delivery was settled (or a reserved slot not used).
+  void Unsettle() {
+    unsettled.fetch_sub(1, std::memory_order_acq_rel);
+    if (max_ack_pending > 0) {
+      std::lock_guard lock(slot_mu);  // no lost wake-up between check and wait
+      slot_cv.notify_all();
+    }
+  }
+};
+
+}  // namespace engine_internal
+}  // namespace inferq

@@ -1,0 +1,68 @@
+// File: src/engine/dead_letter.cpp
+//
+// The one builder of dead letters: a copy of the event with the reason headers
+// (kDeadLetterReasonHeader ...), published to the consumer's dead_letter_subject
+// through ConsumerState::publish_dead_letter (Engine::Publish, PublishMode::kInternal).
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "engine_impl.hpp"
+#include "inferq/base/error.hpp"
+#include "inferq/base/limits.hpp"
+#include "inferq/engine/engine.hpp"
+#include "absl/time/time.h"
+
+namespace inferq {
+namespace engine_internal {
+
+// Gives message `h` up after delivery `attempt`: a copy goes to the consumer's
+// dead-letter subject with the reason headers (kDeadLetterReasonHeader, ...).
+void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
+                std::string_view reason, std::string_view description) {
+  c.dead_letters.fetch_add(1, std::memory_order_relaxed);
+  SettleWithoutAck(c, *h);
+  if (c.on_dead_letter) c.on_dead_letter(*h->event, attempt, reason);
+  if (c.config.dead_letter_subject.empty() || !c.publish_dead_letter) {
+    c.dead_letters_lost.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  Event e = *h->event;  // shares the payload Buffer
+  e.headers.Set(std::string(kOriginalSubjectHeader), std::move(e.subject));
+  e.subject = c.config.dead_letter_subject;
+  e.headers.Set(std::string(kDeadLetterReasonHeader), std::string(reason));
+  if (!description.empty()) {
+    e.headers.Set(std::string(kDeadLetterDescriptionHeader), std::string(description));
+  }
+  e.headers.Set(std::string(kDeliveryCountHeader), std::to_string(attempt));
+  e.headers.Set(std::string(kStreamHeader), c.config.stream);
+  e.headers.Set(std::string(kConsumerHeader), c.config.name);
+  e.headers.Set(std::string(kStreamSeqHeader), std::to_string(h->seq));
+  // A dead letter is a new message: the original's expiry no longer applies (it
+  // would expire again in the dead-letter consumer's lane); it is kept as information.
+  if (e.ttl > absl::ZeroDuration()) {
+    e.headers.Set(std::string(kOriginalTtlHeader), std::to_string(absl::ToInt64Nanoseconds(e.ttl)));
+    e.ttl = absl::ZeroDuration();
+  }
+  if (e.deadline != absl::InfiniteFuture()) {
+    e.headers.Set(std::string(kOriginalDeadlineHeader),
+                  absl::FormatTime(absl::RFC3339_full, e.deadline, absl::UTCTimeZone()));
+    e.deadline = absl::InfiniteFuture();
+  }
+  e.attempt = attempt;
+  if (!c.publish_dead_letter(std::move(e)).ok()) {
+    c.dead_letters_lost.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace engine_internal
+
+
+
+}  // namespace inferq

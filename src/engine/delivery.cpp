@@ -1,0 +1,129 @@
+// File: src/engine/delivery.cpp
+//
+// Lanes: putting a delivery back on a lane of its consumer (Redeliver, TryMove off a
+// stalled member, RetryParked) and a queued delivery dropped to make room
+// (DropQueued). Publish places first deliveries (publish.cpp, EnqueueTargets).
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "engine_impl.hpp"
+#include "inferq/base/error.hpp"
+#include "inferq/base/limits.hpp"
+#include "inferq/engine/engine.hpp"
+
+namespace inferq {
+namespace engine_internal {
+
+// Queues `d` again for consumer `c` on a member chosen by its policy, not on
+// `exclude` when another lane takes it. Never blocks: a full lane is skipped and,
+// when every lane is full, the delivery is parked until the next timer run.
+void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
+  if (d.h->state.load(std::memory_order_acquire) == kDiscarded) {
+    c.skipped.fetch_add(1, std::memory_order_relaxed);
+    if (c.tracked && !d.shadow) {  // its pending entry (and the event it holds) goes too
+      std::lock_guard lock(c.pending_mu);
+      if (auto it = c.pending.find(d.h->seq);
+          it != c.pending.end() && it->second.attempt == d.attempt && it->second.member == kNoMember) {
+        c.pending.erase(it);
+      }
+    }
+    return;
+  }
+  const auto n = static_cast<std::uint32_t>(c.lanes.size());
+  std::uint32_t target;
+  {
+    std::lock_guard lock(c.select_mu);
+    target = c.group->Select(*c.policy, *d.h->event).member;
+  }
+  // Preference: the policy's pick or the next members after it that are neither
+  // `exclude` nor ejected; then `exclude` if it is not ejected; then any lane.
+  std::vector<bool> ejected(n);
+  for (std::uint32_t m = 0; m < n; ++m) ejected[m] = c.group->Health(m) == MemberHealth::kEjected;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (std::uint32_t k = 0; k < n; ++k) {
+      const std::uint32_t m = (target + k) % n;
+      const bool ok = pass == 0 ? (m != exclude && !ejected[m]) : pass == 1 ? !ejected[m] : true;
+      if (!ok) continue;
+      c.group->OnQueued(m);
+      const bool redelivery = d.attempt > 1;  // else a first delivery that was parked
+      if (c.lanes[m]->ring.try_push(std::move(d))) {
+        if (redelivery) c.redelivered.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      c.group->OnDone(m, Outcome::kDropped, 0);
+    }
+  }
+  if (c.lanes.front()->ring.closed()) return;  // the engine is closing: nobody will pull
+  std::lock_guard lock(c.pending_mu);
+  c.parked.push_back(std::move(d));
+  c.parked_total.fetch_add(1, std::memory_order_relaxed);
+  c.has_parked.store(true, std::memory_order_release);
+}
+
+// Moves `d` off stalled member `from` to another member that is not ejected and has
+// room (the policy's pick first). False, with `d` untouched, when none has.
+bool TryMove(ConsumerState& c, Delivery& d, std::uint32_t from) {
+  const auto n = static_cast<std::uint32_t>(c.lanes.size());
+  std::uint32_t target;
+  {
+    std::lock_guard lock(c.select_mu);
+    target = c.group->Select(*c.policy, *d.h->event).member;
+  }
+  for (std::uint32_t k = 0; k < n; ++k) {
+    const std::uint32_t m = (target + k) % n;
+    if (m == from || c.group->Health(m) == MemberHealth::kEjected) continue;
+    c.group->OnQueued(m);
+    if (c.lanes[m]->ring.try_push(std::move(d))) return true;
+    c.group->OnDone(m, Outcome::kDropped, 0);
+  }
+  return false;
+}
+
+// Retries parked redeliveries: by the timer, and by a member right after a pull has
+// made room (a consumer without ack_wait has no timer).
+void RetryParked(ConsumerState& c) {
+  if (!c.has_parked.load(std::memory_order_acquire)) return;  // (a std::deque allocates)
+  std::deque<Delivery> parked;
+  {
+    std::lock_guard lock(c.pending_mu);
+    parked.swap(c.parked);
+    c.has_parked.store(false, std::memory_order_release);
+  }
+  for (Delivery& d : parked) Redeliver(c, std::move(d), kNoMember);
+}
+
+// A delivery queued on lane `m` was dropped to make room (OverflowPolicy::kDropOldest).
+void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d, bool evicted) {
+  c.group->OnDone(m, Outcome::kDropped, 0);
+  (evicted ? c.evicted : c.dropped).fetch_add(1, std::memory_order_relaxed);
+  if (d.shadow) return;
+  if (d.attempt == 1 && c.has_waiting.load(std::memory_order_acquire)) {
+    std::lock_guard lock(c.pending_mu);
+    if (auto it = c.waiting.find(d.h->seq); it != c.waiting.end()) {
+      const bool dead_lettered = it->second.state == ConsumerState::kExpired;
+      c.wheel->Cancel(it->second.timer);
+      c.waiting.erase(it);
+      if (dead_lettered) return;  // already settled when it expired
+    }
+  }
+  if (c.tracked && d.attempt > 1) {
+    std::lock_guard lock(c.pending_mu);
+    auto it = c.pending.find(d.h->seq);
+    if (it == c.pending.end() || it->second.attempt != d.attempt) return;  // settled already
+    c.pending.erase(it);
+  }
+  SettleWithoutAck(c, *d.h);
+}
+
+}  // namespace engine_internal
+
+
+
+}  // namespace inferq

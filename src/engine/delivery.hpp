@@ -1,0 +1,44 @@
+// File: src/engine/delivery.hpp (not API)
+//
+// The functions that move a delivery between a consumer's lanes (delivery.cpp:
+// Redeliver, TryMove, RetryParked, DropQueued) and that end a message for a
+// consumer without an ack (settle.cpp: SettleWithoutAck; dead_letter.cpp:
+// DeadLetter).
+//
+// Thread safety: each takes the consumer's locks it needs (select_mu, pending_mu);
+// none takes a stream's mutex.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "consumer_state.hpp"
+
+namespace inferq {
+namespace engine_internal {
+
+// Queues `d` again for consumer `c` on a member chosen by its policy, not on
+// `exclude` when another lane takes it. Never blocks: a full lane is skipped and,
+// when every lane is full, the delivery is parked until the next timer run.
+void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude);
+// Moves `d` off stalled member `from` to another member that is not ejected and has
+// room (the policy's pick first). False, with `d` untouched, when none has.
+bool TryMove(ConsumerState& c, Delivery& d, std::uint32_t from);
+// Retries parked redeliveries: by the timer, and by a member right after a pull has
+// made room (a consumer without ack_wait has no timer).
+void RetryParked(ConsumerState& c);
+
+// A delivery queued on lane `m` was dropped to make room (OverflowPolicy::kDropOldest).
+void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d, bool evicted = false);
+
+// Message `h` is done for consumer `c` without an ack (dead-lettered, or dropped by
+// drop-oldest): under interest retention the stream stops waiting for this consumer.
+void SettleWithoutAck(ConsumerState& c, StoredMessage& h);
+
+// Gives message `h` up after delivery `attempt`: a copy goes to the consumer's
+// dead-letter subject with the reason headers (kDeadLetterReasonHeader, ...).
+void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
+                std::string_view reason, std::string_view description);
+
+}  // namespace engine_internal
+}  // namespace inferq

@@ -1,0 +1,484 @@
+// File: src/engine/publish.cpp
+//
+// The publish pipeline (Engine::Publish): check the event, route it to the
+// capturing streams, convert its payload for consumers that need another codec,
+// admit it to each stream (limits, duplicate window), select a member of each
+// matching consumer, and enqueue it on their lanes. FlushOutbox publishes the dead
+// letters that found their stream's mutex taken.
+#include <algorithm>
+#include <array>
+#include <deque>
+#include <new>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "engine_impl.hpp"
+#include "inferq/base/error.hpp"
+#include "inferq/base/limits.hpp"
+#include "inferq/engine/engine.hpp"
+#include "inferq/routing/subject.hpp"
+#include "inferq/sched/timer_wheel.hpp"
+
+namespace inferq {
+
+absl::StatusOr<PublishAck> Engine::Publish(Event event) {
+  return Publish(std::move(event), PublishMode::kWait);
+}
+
+absl::StatusOr<PublishAck> Engine::TryPublish(Event event) {
+  return Publish(std::move(event), PublishMode::kTry);
+}
+
+absl::StatusOr<PublishAck> Engine::Publish(Event&& event, PublishMode mode, StreamState* only) {
+  if (impl_->closed.load(std::memory_order_acquire)) {
+    return absl::CancelledError("engine is closed");
+  }
+  const Impl::PublishFlags flags = Impl::FlagsOf(mode);
+  // A subject this thread routed since the last AddStream was checked then
+  // (RouteIndex::MatchCached): the check below skips it.
+  absl::InlinedVector<StreamState*, 4> capturing;
+  const bool routed_before = impl_->routes.MatchCached(event.subject, &capturing);
+  if (absl::Status s = Impl::CheckEvent(event, !routed_before); !s.ok()) {
+    impl_->Count(impl_->invalid, flags);
+    return s;
+  }
+  const std::int64_t event_limit_ns = Impl::EventLimitNs(event);
+  // route: the capturing streams.
+  if (!impl_->Route(event.subject, only, routed_before, &capturing)) {
+    impl_->Count(impl_->unrouted, flags);
+    return absl::NotFoundError("no stream captures subject " + QuoteValue(event.subject));
+  }
+  // convert: payloads for consumers that need another codec, before anything is stored.
+  Impl::Converted converted{};
+  if (absl::Status s = impl_->ConvertBeforeStore(event, capturing, flags, &converted); !s.ok()) {
+    impl_->Count(impl_->invalid, flags);
+    return s;
+  }
+  // admit -> select -> enqueue, stream by stream. One Event is shared by every stream
+  // and every delivery, made when the first stream stores it, from the pools of the
+  // node of the first lane that will drain it.
+  Impl::PublishTally tally;
+  Impl::PublishedEvent published{event, nullptr, event.StoredSize(), event_limit_ns};
+  for (StreamState* stream : capturing) {
+    impl_->PublishToStream(*stream, published, converted, flags, tally);
+  }
+  if (!flags.internal && impl_->has_outbox.load(std::memory_order_acquire)) {
+    FlushOutbox();  // no stream mutex is held here
+  }
+  return impl_->FinishPublish(tally, flags);
+}
+
+Engine::Impl::PublishFlags Engine::Impl::FlagsOf(PublishMode mode) {
+  PublishFlags f;
+  f.wait = mode == PublishMode::kWait;
+  // TryPublish and a call waiting for room never wait.
+  f.no_wait = mode == PublishMode::kTry || mode == PublishMode::kCall;
+  f.internal = mode == PublishMode::kInternal;
+  // EngineStats counts the application's publishes only, not the engine's own dead
+  // letters (counted per consumer).
+  f.counted = !f.internal;
+  // A call's refusal for want of room is not counted as a rejection: the call waits
+  // and tries again (FlushCalls).
+  f.count_refusals = mode != PublishMode::kCall;
+  return f;
+}
+
+void Engine::Impl::Count(std::atomic<std::uint64_t>& counter, const PublishFlags& flags) {
+  if (flags.counted) counter.fetch_add(1, std::memory_order_relaxed);
+}
+
+absl::Status Engine::Impl::CheckEvent(const Event& event, bool check_subject) {
+  if (check_subject) {
+    if (absl::Status s = ValidateSubject(event.subject); !s.ok()) return s;
+  }
+  if (event.msg_id.size() > kMaxMsgIdBytes) {
+    return absl::InvalidArgumentError("event msg_id of " + std::to_string(event.msg_id.size()) +
+                                      " bytes is longer than the limit of " +
+                                      std::to_string(kMaxMsgIdBytes) + " bytes");
+  }
+  if (event.ttl < absl::ZeroDuration() || event.ttl > kMaxDuration) {
+    return absl::InvalidArgumentError("event ttl " + absl::FormatDuration(event.ttl) +
+                                      " is invalid (zero for none, or up to 365 days)");
+  }
+  if (static_cast<std::uint8_t>(event.qos) > static_cast<std::uint8_t>(Qos::kBronze)) {
+    return absl::InvalidArgumentError("event qos " +
+                                      std::to_string(static_cast<int>(event.qos)) +
+                                      " is not a tier (0 gold, 1 silver, 2 bronze)");
+  }
+  if (event.codec != PayloadCodec::kNone && event.codec != PayloadCodec::kZstd) {
+    return absl::InvalidArgumentError("event payload codec " +
+                                      std::to_string(static_cast<int>(event.codec)) +
+                                      " is not one of none (0), zstd (1)");
+  }
+  if (event.codec == PayloadCodec::kNone && event.dictionary_id != 0) {
+    return absl::InvalidArgumentError("event payload has codec none but dictionary_id " +
+                                      std::to_string(event.dictionary_id) + " (must be 0)");
+  }
+  return absl::OkStatus();
+}
+
+std::int64_t Engine::Impl::EventLimitNs(const Event& event) {
+  std::int64_t limit_ns = INT64_MAX;
+  if (event.ttl > absl::ZeroDuration()) limit_ns = absl::ToInt64Nanoseconds(event.ttl);
+  if (event.deadline != absl::InfiniteFuture()) {
+    limit_ns = std::min(
+        limit_ns,
+        std::max<std::int64_t>(0, absl::ToInt64Nanoseconds(event.deadline - absl::Now())));
+  }
+  return limit_ns;
+}
+
+bool Engine::Impl::Route(std::string_view subject, StreamState* only, bool matched,
+                         absl::InlinedVector<StreamState*, 4>* capturing) {
+  if (!matched) routes.Match(subject, capturing);
+  if (only != nullptr) {
+    const bool captures = std::find(capturing->begin(), capturing->end(), only) != capturing->end();
+    capturing->clear();
+    if (captures) capturing->push_back(only);
+  }
+  return !capturing->empty();
+}
+
+absl::Status Engine::Impl::ConvertBeforeStore(const Event& event,
+                                              const absl::InlinedVector<StreamState*, 4>& capturing,
+                                              const PublishFlags& flags, Converted* converted) {
+  // Once per target codec, shared by every stream and consumer. Made before anything
+  // is stored and outside the streams' mutexes (held only to read each stream's
+  // consumers), so that a payload that cannot be converted changes nothing. Internal
+  // publishes (dead letters) never wait for a stream's mutex: theirs are made under
+  // it (ConvertUnderLock).
+  if (event.payload.empty() || flags.internal) return absl::OkStatus();
+  for (StreamState* stream : capturing) {
+    // relaxed: a consumer added concurrently is handled under the mutex (ConvertUnderLock).
+    if (stream->codec_restricted.load(std::memory_order_relaxed) == 0) continue;
+    std::array<const ConsumerState*, kPayloadCodecs> needs{};  // first consumer per codec
+    {
+      std::unique_lock lock(stream->mu, std::defer_lock);
+      if (flags.no_wait) {
+        // Held by a blocked publisher: the stream refuses in PublishToStream.
+        if (!stream->LockUnlessBlocked(lock)) continue;
+      } else {
+        lock.lock();
+      }
+      for (const ConsumerState* c : stream->consumers) {
+        const auto i = static_cast<std::size_t>(c->convert_to);
+        if (c->Accepts(event.codec) || needs[i] != nullptr || (*converted)[i] != nullptr) continue;
+        if (c->filter && !c->filter->Matches(event.subject)) continue;
+        if (!c->config.predicate.is_trivial() && !c->config.predicate.Matches(event)) continue;
+        needs[i] = c;
+      }
+    }
+    for (std::size_t i = 0; i < kPayloadCodecs; ++i) {
+      if (needs[i] == nullptr) continue;
+      absl::StatusOr<std::shared_ptr<const Event>> r =
+          Convert(event, static_cast<PayloadCodec>(i), *needs[i]);
+      if (!r.ok()) return r.status();
+      (*converted)[i] = *std::move(r);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Engine::Impl::Refuse(StreamState& stream, absl::Status why, bool count,
+                          PublishTally& tally) {
+  if (count) stream.rejected.fetch_add(1, std::memory_order_relaxed);
+  ++tally.ack.streams_rejected;
+  if (tally.first_refusal.ok()) tally.first_refusal = std::move(why);
+}
+
+bool Engine::Impl::LockForPublish(StreamState& stream, std::unique_lock<std::mutex>& lock,
+                                  const Event& incoming, const PublishFlags& flags,
+                                  PublishTally& tally) {
+  if (flags.wait) {
+    lock.lock();
+    return true;
+  }
+  if (flags.no_wait) {
+    if (stream.LockUnlessBlocked(lock)) return true;
+    Refuse(stream,
+           absl::ResourceExhaustedError(
+               "stream '" + stream.config.name + "': a Publish is blocked on a full lane "
+               "(overflow block) and holds the stream; TryPublish does not wait"),
+           flags.count_refusals, tally);
+    return false;
+  }
+  if (lock.try_lock()) return true;
+  // A dead letter never waits for a stream's mutex: its holder may be a publisher
+  // blocked on a full lane that only the member publishing this dead letter (or the
+  // timer thread) would drain. It is published into this stream later (FlushOutbox:
+  // after the next publish, pull or timer run).
+  {
+    std::lock_guard outbox_lock(outbox_mu);
+    outbox.emplace_back(&stream, Event(incoming));
+    has_outbox.store(true, std::memory_order_release);
+  }
+  ++tally.deferred;
+  return false;
+}
+
+void Engine::Impl::SelectTargets(StreamState& stream, const Event& ev, std::int64_t now,
+                                 Targets* targets, std::uint32_t* explicit_acks) {
+  // Under the stream's mutex: the consumer's selection policy picks the member, plus
+  // a shadow copy (WeightedShadowPolicy).
+  for (ConsumerState* c : stream.consumers) {
+    if (c->filter && !c->filter->Matches(ev.subject)) continue;
+    if (!c->config.predicate.is_trivial() && !c->config.predicate.Matches(ev)) continue;
+    Selection sel;
+    {
+      std::lock_guard select_lock(c->select_mu);
+      sel = c->group->Select(*c->policy, ev, now);
+    }
+    targets->push_back({c, sel.member, false});
+    if (sel.mirror != kNoMember) targets->push_back({c, sel.mirror, true});
+    if (c->config.ack == AckPolicy::kExplicit) ++*explicit_acks;
+  }
+}
+
+absl::Status Engine::Impl::CheckLanes(const StreamConfig& cfg, const Event& ev,
+                                      const Targets& targets, const PublishFlags& flags) {
+  // kReject (and kBlock for a publish that must not wait) refuse the publish for this
+  // stream before anything changes.
+  for (const Target& t : targets) {
+    const OverflowPolicy overflow = t.consumer->config.overflow;
+    const bool refuses = overflow == OverflowPolicy::kReject ||
+                         (overflow == OverflowPolicy::kBlock && flags.no_wait);
+    Lane& lane = *t.consumer->lanes[t.member];
+    if (!refuses || lane.ring.WouldAccept(QosKey::Of(ev))) continue;
+    if (flags.count_refusals) t.consumer->overflow_rejected.fetch_add(1, std::memory_order_relaxed);
+    return absl::ResourceExhaustedError(
+        "stream '" + cfg.name + "': lane of consumer '" + t.consumer->config.name +
+        "' member " + std::to_string(t.member) + " is full (" +
+        std::to_string(lane.ring.size_approx()) + " queued" +
+        (lane.ring.scheduled() ? " or its tier at max_items" : "") + "; overflow " +
+        (overflow == OverflowPolicy::kReject ? "reject" : "block, and TryPublish does not wait") +
+        ")");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::Impl::ConvertUnderLock(const Event& ev, const Targets& targets,
+                                            Converted* converted) {
+  // The conversions ConvertBeforeStore did not make: a consumer added since, or a
+  // dead letter.
+  if (ev.payload.empty()) return absl::OkStatus();
+  for (const Target& t : targets) {
+    const auto i = static_cast<std::size_t>(t.consumer->convert_to);
+    if (t.consumer->Accepts(ev.codec) || (*converted)[i] != nullptr) continue;
+    absl::StatusOr<std::shared_ptr<const Event>> r = Convert(ev, t.consumer->convert_to, *t.consumer);
+    if (!r.ok()) return r.status();
+    (*converted)[i] = *std::move(r);
+  }
+  return absl::OkStatus();
+}
+
+std::shared_ptr<StoredMessage> Engine::Impl::AllocateRecord(StreamState& stream,
+                                                            PublishedEvent& pe,
+                                                            const Targets& targets) {
+  engine_internal::NodePools& pools = PoolsFor(
+      targets.empty() ? -1 : targets.front().consumer->lanes[targets.front().member]->node);
+  // Everything that can fail for want of memory happens before the stream changes
+  // (before discard-old makes room), so a failure changes nothing.
+  try {
+    if (!pe.shared) {
+      pe.shared = std::allocate_shared<const Event>(
+          engine_internal::PoolAllocator<const Event>(&pools), std::move(pe.event));
+    }
+    std::shared_ptr<StoredMessage> stored = std::allocate_shared<StoredMessage>(
+        engine_internal::PoolAllocator<StoredMessage>(&pools));
+    stream.messages.ReserveOne();
+    return stored;
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+
+std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
+                                           const std::shared_ptr<StoredMessage>& stored,
+                                           const Targets& targets, std::int64_t now,
+                                           std::int64_t event_limit_ns,
+                                           const PublishFlags& flags, PublishTally& tally) {
+  // Queued while holding the stream's mutex, so every member sees the stream's order.
+  // A full lane blocks here: that is the backpressure on publishers.
+  std::uint32_t undelivered_acks = 0;
+  for (const Target& t : targets) {
+    ConsumerState* consumer = t.consumer;
+    // Counted before the push, so that a fast pull and ack never see it negative.
+    consumer->group->OnQueued(t.member);
+    auto& ring = consumer->lanes[t.member]->ring;
+    engine_internal::Delivery d{stored, 1, t.shadow};
+    // A queue timeout is registered before the push, so that a fast pull finds it.
+    std::int64_t expiry = INT64_MAX;
+    if (!t.shadow) expiry = consumer->ExpiryFor(now, event_limit_ns);
+    if (expiry != INT64_MAX) {
+      {
+        std::lock_guard wl(consumer->pending_mu);
+        const TimerId id = consumer->wheel->Schedule(expiry, stored->seq);
+        consumer->waiting.insert_or_assign(
+            stored->seq, ConsumerState::Waiting{stored, expiry, id, ConsumerState::kQueued});
+        consumer->has_waiting.store(true, std::memory_order_release);
+      }
+      WakeTimer(expiry);
+    }
+    bool queued;
+    if (consumer->config.overflow == OverflowPolicy::kBlock && flags.wait) {
+      queued = ring.try_push(std::move(d));  // on failure d is untouched
+      if (!queued && !ring.closed()) {
+        // Backpressure: wait for the member, holding mu (every member sees the
+        // stream's order). release: a TryPublish that fails to take mu sees this.
+        stream.blocked_publishers.fetch_add(1, std::memory_order_release);
+        queued = ring.push(std::move(d));
+        stream.blocked_publishers.fetch_sub(1, std::memory_order_release);
+      }
+    } else {
+      queued = ring.try_push(std::move(d));
+      while (!queued && consumer->config.overflow == OverflowPolicy::kDropOldest &&
+             !ring.closed()) {
+        engine_internal::Delivery oldest;
+        if (ring.try_pop(oldest)) engine_internal::DropQueued(*consumer, t.member, oldest);
+        queued = ring.try_push(std::move(d));
+      }
+      if (!queued && !ring.closed()) {
+        // Full although checked by CheckLanes (a redelivery took the room), or an
+        // internal publish: park it; the next pull or timer run queues it.
+        consumer->group->OnDone(t.member, Outcome::kDropped, 0);
+        if (t.shadow) continue;
+        std::lock_guard park_lock(consumer->pending_mu);
+        consumer->parked.push_back(std::move(d));
+        consumer->parked_total.fetch_add(1, std::memory_order_relaxed);
+        consumer->has_parked.store(true, std::memory_order_release);
+        ++tally.ack.deliveries;
+        continue;
+      }
+    }
+    if (queued) {
+      ++tally.ack.deliveries;
+      if (t.shadow) consumer->mirrored.fetch_add(1, std::memory_order_relaxed);
+    } else {  // closed while waiting: that consumer will never ack it
+      consumer->group->OnDone(t.member, Outcome::kDropped, 0);
+      if (t.shadow) continue;
+      ++tally.undelivered;
+      if (consumer->config.ack == AckPolicy::kExplicit) ++undelivered_acks;
+      if (expiry != INT64_MAX) {
+        std::lock_guard wl(consumer->pending_mu);
+        if (auto it = consumer->waiting.find(stored->seq); it != consumer->waiting.end()) {
+          consumer->wheel->Cancel(it->second.timer);
+          consumer->waiting.erase(it);
+        }
+      }
+    }
+  }
+  return undelivered_acks;
+}
+
+void Engine::Impl::PublishToStream(StreamState& stream, PublishedEvent& pe,
+                                   Converted& converted, const PublishFlags& flags,
+                                   PublishTally& tally) {
+  const StreamConfig& cfg = stream.config;
+  std::unique_lock lock(stream.mu, std::defer_lock);
+  if (!LockForPublish(stream, lock, pe.current(), flags, tally)) return;
+  const std::int64_t now = clock->NowNanos();
+  const Event& ev = pe.current();
+  // admit: limits and the duplicate window. Dead letters keep the original msg_id
+  // (for correlation) but are not subject to the duplicate window: two consumers'
+  // dead letters of one message, or a dead letter in the stream of its original, are
+  // all kept.
+  engine_internal::Admission admission = stream.Admit(ev, pe.bytes, now, !flags.internal);
+  if (admission.duplicate_of) {
+    lock.unlock();
+    stream.duplicates.fetch_add(1, std::memory_order_relaxed);
+    if (tally.ack.streams_stored == 0 && tally.ack.streams_duplicate == 0) {
+      tally.ack.seq = *admission.duplicate_of;
+    }
+    tally.ack.duplicate = true;
+    ++tally.ack.streams_duplicate;
+    return;
+  }
+  if (!admission.refusal.ok()) {
+    lock.unlock();
+    Refuse(stream, std::move(admission.refusal), true, tally);
+    return;
+  }
+  // select: the consumers that take this event, and which member of each.
+  Targets targets;
+  std::uint32_t explicit_acks = 0;
+  SelectTargets(stream, ev, now, &targets, &explicit_acks);
+  // Full lanes refuse before anything changes. Internal publishes (dead letters) never
+  // wait and never refuse: a full lane parks them (EnqueueTargets).
+  if (!flags.internal) {
+    if (absl::Status full = CheckLanes(cfg, ev, targets, flags); !full.ok()) {
+      lock.unlock();
+      Refuse(stream, std::move(full), flags.count_refusals, tally);
+      return;
+    }
+  }
+  // A failed conversion refuses the event for this stream only, before it changes.
+  if (absl::Status conversion = ConvertUnderLock(ev, targets, &converted); !conversion.ok()) {
+    lock.unlock();
+    Refuse(stream, std::move(conversion), true, tally);
+    return;
+  }
+  std::shared_ptr<StoredMessage> stored = AllocateRecord(stream, pe, targets);
+  if (stored == nullptr) {
+    lock.unlock();
+    Refuse(stream,
+           absl::ResourceExhaustedError("stream '" + cfg.name +
+                                        "': out of memory storing a message of " +
+                                        std::to_string(pe.bytes) + " bytes"),
+           true, tally);
+    return;
+  }
+  stream.Append(stored, pe.shared, converted, now, pe.bytes, explicit_acks, !flags.internal);
+  // enqueue: one delivery per target lane.
+  const std::uint32_t undelivered_acks =
+      EnqueueTargets(stream, stored, targets, now, pe.event_limit_ns, flags, tally);
+  if (undelivered_acks > 0 && cfg.retention == RetentionPolicy::kInterest &&
+      stored->pending_acks.fetch_sub(undelivered_acks, std::memory_order_acq_rel) ==
+          undelivered_acks) {
+    stream.Retire(*stored, engine_internal::kDone);
+  }
+  lock.unlock();
+
+  if (tally.ack.streams_stored == 0 && tally.ack.streams_duplicate == 0) {
+    tally.ack.seq = stored->seq;
+  }
+  ++tally.ack.streams_stored;
+}
+
+absl::StatusOr<PublishAck> Engine::Impl::FinishPublish(PublishTally& tally,
+                                                       const PublishFlags& flags) {
+  PublishAck& ack = tally.ack;
+  if (ack.streams_stored == 0 && ack.streams_duplicate == 0 && tally.deferred == 0) {
+    if (flags.count_refusals) Count(rejected, flags);
+    return tally.first_refusal;
+  }
+  if (ack.streams_stored > 0) Count(published, flags);  // not a duplicate everywhere
+  if (tally.undelivered > 0) {  // stored (and counted), but not queued for every consumer
+    return absl::CancelledError("engine closed during publish: stored as sequence " +
+                                std::to_string(ack.seq) + " but not queued for " +
+                                std::to_string(tally.undelivered) + " consumer(s)");
+  }
+  if (flow != nullptr) {
+    ack.throttle = flow->Throttle();
+    ack.weight_scale = flow->WeightScale();
+  }
+  return ack;
+}
+
+void Engine::FlushOutbox() {
+  std::deque<std::pair<StreamState*, Event>> items;
+  {
+    std::lock_guard lock(impl_->outbox_mu);
+    items.swap(impl_->outbox);
+    impl_->has_outbox.store(false, std::memory_order_release);
+  }
+  for (auto& [stream, e] : items) (void)Publish(std::move(e), PublishMode::kInternal, stream);
+}
+
+}  // namespace inferq

@@ -1,0 +1,327 @@
+// File: src/engine/pull.cpp
+//
+// Pulls: Member::PopOne (one deliverable message off the lane), Next, NextBatch,
+// and the Consumer handle.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "engine_impl.hpp"
+#include "inferq/base/error.hpp"
+#include "inferq/base/limits.hpp"
+#include "inferq/engine/engine.hpp"
+
+namespace inferq {
+
+// ---------------------------------------------------------------------------------
+// Member and Consumer
+
+namespace {
+
+// Why a pull of member `m` got no max_ack_pending slot: the engine closed
+// (Cancelled) or the deadline passed (DeadlineExceeded).
+absl::Status NoSlot(const ConsumerState& c, const Lane& lane, std::uint32_t m,
+                    ConsumerState::Slot slot) {
+  if (slot == ConsumerState::Slot::kClosed) {
+    const std::size_t left = lane.ring.size_approx();
+    if (left == 0) {
+      return absl::CancelledError("engine closed: consumer '" + c.config.name +
+                                  "' member " + std::to_string(m) + " is drained");
+    }
+    return absl::CancelledError("engine closed: consumer '" + c.config.name +
+                                "' is at max_ack_pending " + std::to_string(c.max_ack_pending) +
+                                "; member " + std::to_string(m) +
+                                " gets no more messages (" + std::to_string(left) +
+                                " left queued)");
+  }
+  return absl::DeadlineExceededError(
+      "consumer '" + c.config.name + "' has max_ack_pending " +
+      std::to_string(c.max_ack_pending) + " deliveries unacknowledged; member " +
+      std::to_string(m) + " got no message before the timeout");
+}
+
+// A consumer never receives what its stream has discarded (limits, max_age); an
+// event that aged out while queued is discarded here. True when `d` was discarded:
+// it is skipped, and its queue timeout and pending entry go with it.
+bool SkipIfDiscarded(ConsumerState& c, std::uint32_t m, const engine_internal::Delivery& d,
+                     std::int64_t now) {
+  const Handle& h = d.h;
+  StreamState& stream = *h->stream;
+  if (h->state.load(std::memory_order_acquire) == engine_internal::kLive &&
+      stream.Expired(*h, now)) {
+    stream.Retire(*h, engine_internal::kDiscarded);
+  }
+  if (h->state.load(std::memory_order_acquire) != engine_internal::kDiscarded) return false;
+  c.skipped.fetch_add(1, std::memory_order_relaxed);
+  c.group->OnDone(m, Outcome::kDropped, 0);
+  if (d.attempt == 1 && !d.shadow && c.has_waiting.load(std::memory_order_acquire)) {
+    std::lock_guard lock(c.pending_mu);  // its queue timeout goes with it
+    if (auto it = c.waiting.find(h->seq); it != c.waiting.end()) {
+      c.wheel->Cancel(it->second.timer);
+      c.waiting.erase(it);
+    }
+  }
+  if (c.tracked && !d.shadow) {
+    std::lock_guard lock(c.pending_mu);
+    if (auto it = c.pending.find(h->seq); it != c.pending.end() && it->second.attempt == d.attempt) {
+      c.pending.erase(it);
+    }
+  }
+  return true;
+}
+
+// The queue timeout of a first delivery: given up when it passed (reject), or moved
+// behind what is queued now, once (delay). True when `d` is not to be delivered now
+// (dead-lettered, already dead-lettered by the timer, or pushed back on `lane`).
+bool ApplyQueueTimeout(ConsumerState& c, Lane& lane, std::uint32_t m,
+                       engine_internal::Delivery& d, std::int64_t now) {
+  if (d.attempt != 1 || d.shadow || !c.has_waiting.load(std::memory_order_acquire)) return false;
+  const Handle& h = d.h;
+  std::unique_lock lock(c.pending_mu);
+  auto it = c.waiting.find(h->seq);
+  if (it == c.waiting.end()) return false;
+  ConsumerState::Waiting& w = it->second;
+  if (w.state == ConsumerState::kQueued && now >= w.expiry_ns) {
+    c.wheel->Cancel(w.timer);
+    if (c.config.timeout_action == TimeoutAction::kReject) {
+      c.waiting.erase(it);
+      lock.unlock();
+      c.expired.fetch_add(1, std::memory_order_relaxed);
+      c.group->OnDone(m, Outcome::kDropped, 0);
+      engine_internal::DeadLetter(c, h, 0, "expired", "queue timeout");
+      return true;
+    }
+    w.state = ConsumerState::kDelayed;
+    c.delayed.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (w.state == ConsumerState::kExpired) {  // dead-lettered when it expired
+    c.waiting.erase(it);
+    lock.unlock();
+    c.group->OnDone(m, Outcome::kDropped, 0);
+    return true;
+  }
+  if (w.state == ConsumerState::kDelayed && lane.ring.size_approx() > 0) {
+    w.state = ConsumerState::kRequeued;
+    lock.unlock();
+    if (lane.ring.try_push(std::move(d))) return true;
+    lock.lock();
+    it = c.waiting.find(h->seq);
+  }
+  if (it != c.waiting.end()) {
+    c.wheel->Cancel(it->second.timer);
+    c.waiting.erase(it);
+  }
+  return false;
+}
+
+// Ack tracking of a delivery handed to member `m` (tracked consumers): its pending
+// entry and ack_wait timer. False when a redelivery is no longer wanted (an ack of an
+// older delivery settled the message meanwhile): it is skipped.
+bool TrackDelivery(ConsumerState& c, std::uint32_t m, const engine_internal::Delivery& d,
+                   std::int64_t now) {
+  if (!c.tracked || d.shadow) return true;
+  const Handle& h = d.h;
+  std::lock_guard lock(c.pending_mu);
+  const std::int64_t deadline = engine_internal::SatAdd(now, c.AckWaitFor(d.attempt));
+  if (d.attempt == 1) {
+    c.pending.insert_or_assign(h->seq, engine_internal::Pending{h, m, 1, deadline});
+  } else {
+    auto it = c.pending.find(h->seq);
+    if (it == c.pending.end() || it->second.attempt != d.attempt ||
+        it->second.member != kNoMember) {
+      c.skipped.fetch_add(1, std::memory_order_relaxed);
+      c.group->OnDone(m, Outcome::kDropped, 0);
+      return false;
+    }
+    it->second.member = m;
+    it->second.deadline_ns = deadline;
+  }
+  c.AddTimer({deadline, h->seq, d.attempt, std::nullopt});
+  return true;
+}
+
+// The lane's delivery counters: count, publish -> deliver latency, and its EWMA
+// (alpha 1/8) for flow control.
+void RecordDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns) {
+  lane.delivered.fetch_add(1, std::memory_order_relaxed);
+  const std::int64_t delay = std::max<std::int64_t>(0, now - publish_ns);
+  lane.deliver_latency_ns.Record(static_cast<std::uint64_t>(delay));
+  const std::int64_t ewma = lane.delay_ewma_ns.load(std::memory_order_relaxed);
+  lane.delay_ewma_ns.store(ewma == 0 ? delay : ewma + (delay - ewma) / 8,
+                           std::memory_order_relaxed);
+}
+
+}  // namespace
+
+absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns) {
+  ConsumerState& c = *consumer_;
+  Lane& lane = *c.lanes[index_];
+  // max_ack_pending: take a slot before pulling, so that no more than the limit is
+  // ever out; it is given back when the pull ends without a countable delivery.
+  const bool limited = c.max_ack_pending > 0 && c.config.ack == AckPolicy::kExplicit;
+  if (const ConsumerState::Slot slot = limited ? c.ReserveSlot(deadline_ns)
+                                               : ConsumerState::Slot::kTaken;
+      slot != ConsumerState::Slot::kTaken) {
+    return NoSlot(c, lane, index_, slot);
+  }
+  struct SlotGuard {
+    ConsumerState* c;
+    bool held;
+    ~SlotGuard() {
+      if (held) c->Unsettle();
+    }
+  } slot{&c, limited};
+  engine_internal::Delivery d;
+  for (;;) {
+    if (!lane.ring.pop_until(d, deadline_ns)) {
+      if (lane.ring.closed() && lane.ring.size_approx() == 0) {
+        return absl::CancelledError("engine closed: consumer '" + consumer_->config.name +
+                                    "' member " + std::to_string(index_) + " is drained");
+      }
+      return absl::DeadlineExceededError("no message for consumer '" +
+                                         consumer_->config.name + "' member " +
+                                         std::to_string(index_) + " before the timeout");
+    }
+    if (c.has_parked.load(std::memory_order_acquire)) engine_internal::RetryParked(c);
+    if (c.outbox_pending != nullptr && c.outbox_pending->load(std::memory_order_acquire)) {
+      c.flush_outbox();  // this pull made room: deferred dead letters may go now
+    }
+    // The caller's reading stands for an item that was there at once; one that came
+    // after a wait gets its own.
+    const std::int64_t now = now_ns >= 0 ? now_ns : c.clock->NowNanos();
+    if (SkipIfDiscarded(c, index_, d, now)) continue;
+    if (ApplyQueueTimeout(c, lane, index_, d, now)) continue;
+    if (!TrackDelivery(c, index_, d, now)) continue;
+    Handle& h = d.h;
+    RecordDelivery(lane, now, h->publish_ns);
+    if (c.config.ack == AckPolicy::kNone) {
+      c.group->OnDone(index_, Outcome::kSuccess, 0, now);
+    } else if (!d.shadow) {
+      if (slot.held) {
+        slot.held = false;  // the reserved slot is this delivery's
+      } else {
+        c.unsettled.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    out.Release();
+#ifndef NDEBUG
+    c.live_messages.fetch_add(1, std::memory_order_relaxed);
+#endif
+    out.msg_ = std::move(h);
+    out.consumer_ = consumer_;
+    out.deliver_ns_ = now;
+    out.member_ = index_;
+    out.attempt_ = d.attempt;
+    out.shadow_ = d.shadow;
+    out.acked_.store(false, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<Message> Member::Next(absl::Duration timeout) {
+  Message m;
+  if (absl::Status s = PopOne(DeadlineAfter(timeout), m); !s.ok()) return s;
+  return m;
+}
+
+absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
+                                                       absl::Duration max_queue_delay,
+                                                       absl::Duration timeout) {
+  if (max_batch == 0) {
+    return absl::InvalidArgumentError("NextBatch max_batch 0 is invalid; it must be > 0");
+  }
+  if (max_queue_delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("NextBatch max_queue_delay " +
+                                      absl::FormatDuration(max_queue_delay) +
+                                      " is negative");
+  }
+  std::vector<Message> batch;
+  batch.reserve(std::min<std::size_t>(max_batch, 256));
+  Message first;
+  if (absl::Status s = PopOne(DeadlineAfter(timeout), first); !s.ok()) return s;
+  // The batch closes max_queue_delay after its oldest event was published. Convert
+  // that point from the engine clock to a steady-clock deadline for waiting.
+  // ToInt64Nanoseconds saturates (an infinite delay gives INT64_MAX), so this
+  // subtracts first and saturates the sum.
+  const std::int64_t age_ns = std::max<std::int64_t>(
+      0, consumer_->clock->NowNanos() - first.publish_time_ns());
+  const std::int64_t delay_ns = absl::ToInt64Nanoseconds(max_queue_delay);
+  const std::int64_t remaining_ns = delay_ns > age_ns ? delay_ns - age_ns : 0;
+  const std::int64_t now = SteadyClock::Now();
+  const std::int64_t deadline = remaining_ns >= kNoDeadline - now
+                                    ? kNoDeadline
+                                    : now + remaining_ns;
+  batch.push_back(std::move(first));
+  while (batch.size() < max_batch) {
+    Message m;
+    if (!PopOne(deadline, m).ok()) break;
+    batch.push_back(std::move(m));
+  }
+  return batch;
+}
+
+absl::StatusOr<std::vector<Message>> Member::NextBatch(absl::Duration timeout) {
+  ConsumerState& c = *consumer_;
+  Batcher& batcher = *c.batchers[index_];
+  Lane& lane = *c.lanes[index_];
+  std::vector<Message> batch;
+  batch.reserve(std::min<std::size_t>(c.config.batch.max_batch, 256));
+  Message first;
+  if (absl::Status s = PopOne(DeadlineAfter(timeout), first); !s.ok()) return s;
+  const std::int64_t oldest = first.publish_time_ns();
+  batch.push_back(std::move(first));
+  bool waited_out = false;
+  for (;;) {
+    const std::int64_t now = c.clock->NowNanos();
+    const BatchDecision d = batcher.Decide(batch.size() + lane.ring.size_approx(), oldest, now);
+    if (d.take > 0 || waited_out) {
+      while (batch.size() < d.take) {
+        Message m;
+        // Deadline 0: only what is queued now (others took the rest: go with what is
+        // here), delivered at this batch's `now`.
+        if (!PopOne(0, m, now).ok()) break;
+        batch.push_back(std::move(m));
+      }
+      return batch;
+    }
+    // Wait for one more message, at most until the batch's delay runs out (the
+    // wait is on the engine clock, converted to a steady-clock deadline).
+    const std::int64_t wait_ns = d.wait_until_ns == INT64_MAX ? INT64_MAX : d.wait_until_ns - now;
+    const std::int64_t steady = SteadyClock::Now();
+    const std::int64_t deadline = wait_ns >= kNoDeadline - steady ? kNoDeadline : steady + wait_ns;
+    Message m;
+    if (!PopOne(deadline, m).ok()) {  // the delay ran out (or the engine closed)
+      waited_out = true;
+      continue;
+    }
+    batch.push_back(std::move(m));
+  }
+}
+
+absl::Status Member::ReportLoad(const MemberLoadReport& report) {
+  return consumer_->group->ReportLoad(index_, report);
+}
+
+std::size_t Member::queued() const { return consumer_->lanes[index_]->ring.size_approx(); }
+
+absl::StatusOr<Member> Consumer::member(std::uint32_t i) const {
+  if (i >= state_->lanes.size()) {
+    return absl::OutOfRangeError("consumer '" + state_->config.name + "' has " +
+                                 std::to_string(state_->lanes.size()) + " members; index " +
+                                 std::to_string(i) + " is out of range");
+  }
+  return Member(state_, i);
+}
+std::uint32_t Consumer::members() const {
+  return static_cast<std::uint32_t>(state_->lanes.size());
+}
+const std::string& Consumer::name() const { return state_->config.name; }
+const std::string& Consumer::stream() const { return state_->config.stream; }
+
+}  // namespace inferq

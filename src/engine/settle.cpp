@@ -1,0 +1,243 @@
+// File: src/engine/settle.cpp
+//
+// Settlement: Message (Ack, Nak, Term, InProgress and the one Settle they share),
+// and SettleWithoutAck for a message done for a consumer without an ack.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "engine_impl.hpp"
+#include "inferq/base/error.hpp"
+#include "inferq/base/limits.hpp"
+#include "inferq/engine/engine.hpp"
+
+namespace inferq {
+namespace engine_internal {
+
+// Message `h` is done for consumer `c` without an ack (dead-lettered, or dropped by
+// drop-oldest): under interest retention the stream stops waiting for this consumer.
+void SettleWithoutAck(ConsumerState& c, StoredMessage& h) {
+  StreamState* stream = h.stream;
+  if (c.config.ack == AckPolicy::kExplicit &&
+      stream->config.retention == RetentionPolicy::kInterest &&
+      h.pending_acks.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    stream->Retire(h, kDone);
+  }
+}
+
+}  // namespace engine_internal
+
+// ---------------------------------------------------------------------------------
+// Message
+
+Message::Message() noexcept = default;
+Message::Message(Message&& o) noexcept
+    : msg_(std::move(o.msg_)),
+      consumer_(o.consumer_),
+      deliver_ns_(o.deliver_ns_),
+      member_(o.member_),
+      attempt_(o.attempt_),
+      shadow_(o.shadow_),
+      acked_(o.acked_.load(std::memory_order_relaxed)) {}
+Message& Message::operator=(Message&& o) noexcept {
+  if (this == &o) return *this;
+  Release();
+  msg_ = std::move(o.msg_);
+  consumer_ = o.consumer_;
+  deliver_ns_ = o.deliver_ns_;
+  member_ = o.member_;
+  attempt_ = o.attempt_;
+  shadow_ = o.shadow_;
+  acked_.store(o.acked_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  return *this;
+}
+Message::~Message() { Release(); }
+
+void Message::Release() noexcept {
+  if (msg_ == nullptr) return;
+#ifndef NDEBUG
+  consumer_->live_messages.fetch_sub(1, std::memory_order_relaxed);
+#endif
+  msg_.reset();
+}
+
+const Event& Message::event() const {
+  const Event& e = *msg_->event;
+  if (consumer_ == nullptr || consumer_->Accepts(e.codec)) return e;
+  // Converted at publish; null only for an empty payload (never converted).
+  const std::shared_ptr<const Event>& converted =
+      msg_->converted[static_cast<std::size_t>(consumer_->convert_to)];
+  return converted != nullptr ? *converted : e;
+}
+std::uint64_t Message::stream_seq() const { return msg_ ? msg_->seq : 0; }
+std::int64_t Message::publish_time_ns() const { return msg_ ? msg_->publish_ns : 0; }
+
+absl::Status Message::Ack() { return Settle(Settlement::kAck, 0, {}); }
+
+absl::Status Message::Nak(absl::Duration delay) {
+  if (delay < absl::ZeroDuration() || delay > kMaxDuration) {
+    return absl::InvalidArgumentError("Nak delay " + absl::FormatDuration(delay) +
+                                      " is invalid (zero for at once, or up to 365 days)");
+  }
+  return Settle(Settlement::kNak, absl::ToInt64Nanoseconds(delay), {});
+}
+
+absl::Status Message::Term(std::string_view description) {
+  return Settle(Settlement::kTerm, 0, description);
+}
+
+absl::Status Message::InProgress() {
+  if (msg_ == nullptr) return absl::FailedPreconditionError("cannot mark an empty Message in progress");
+  ConsumerState& c = *consumer_;
+  if (c.config.ack == AckPolicy::kNone) {
+    return absl::FailedPreconditionError("consumer '" + c.config.name + "' of stream '" +
+                                         c.config.stream + "' has ack policy none");
+  }
+  if (acked_.load(std::memory_order_acquire)) {
+    return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) + " of stream '" +
+                                         c.config.stream + "' was already settled by consumer '" +
+                                         c.config.name + "'");
+  }
+  if (!c.tracked || shadow_) return absl::OkStatus();
+  const std::int64_t deadline =
+      engine_internal::SatAdd(c.clock->NowNanos(), c.AckWaitFor(attempt_));
+  std::lock_guard lock(c.pending_mu);
+  auto it = c.pending.find(msg_->seq);
+  if (it == c.pending.end() || it->second.attempt != attempt_) return absl::OkStatus();  // already redelivered
+  if (it->second.deadline_ns == deadline) return absl::OkStatus();  // that timer is set already
+  it->second.deadline_ns = deadline;
+  c.AddTimer({deadline, msg_->seq, attempt_, std::nullopt});
+  return absl::OkStatus();
+}
+
+absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_view description) {
+  const char* verb = how == Settlement::kAck ? "ack" : how == Settlement::kNak ? "nak" : "term";
+  if (msg_ == nullptr) {
+    return absl::FailedPreconditionError(std::string("cannot ") + verb + " an empty Message");
+  }
+  ConsumerState& c = *consumer_;
+  const ConsumerConfig& cfg = c.config;
+  if (cfg.ack == AckPolicy::kNone) {
+    return absl::FailedPreconditionError("consumer '" + cfg.name + "' of stream '" +
+                                         cfg.stream + "' has ack policy none");
+  }
+  if (how != Settlement::kAck && shadow_) {
+    return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) +
+                                         " is a shadow copy for consumer '" + cfg.name +
+                                         "'; shadow copies are acked, not " + verb + "'ed");
+  }
+  // One settle wins, whichever threads race (acq_rel: the winner's effects on the
+  // message are ordered after any earlier settle attempt's reads).
+  if (acked_.exchange(true, std::memory_order_acq_rel)) {
+    return absl::FailedPreconditionError("message " + std::to_string(msg_->seq) +
+                                         " of stream '" + cfg.stream +
+                                         "' was already settled (ack, nak or term) by consumer '" +
+                                         cfg.name + "'");
+  }
+  const std::int64_t now = c.clock->NowNanos();
+  const std::int64_t latency = std::max<std::int64_t>(0, now - deliver_ns_);
+  if (shadow_) {
+    c.group->OnDone(member_, Outcome::kSuccess, latency, now);
+    c.shadow_acked.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  if (how == Settlement::kNak) c.naks.fetch_add(1, std::memory_order_relaxed);
+  if (how == Settlement::kTerm) c.terminated.fetch_add(1, std::memory_order_relaxed);
+  if (c.tracked) {
+    std::unique_lock lock(c.pending_mu);
+    auto it = c.pending.find(msg_->seq);
+    if (it == c.pending.end()) {
+      // Settled by another delivery of the same message: the first ack won, and
+      // this delivery's work was already accounted for when it timed out.
+      c.late_acks.fetch_add(how == Settlement::kAck ? 1 : 0, std::memory_order_relaxed);
+      return absl::OkStatus();
+    }
+    if (it->second.attempt != attempt_) {
+      // An older delivery that timed out answers while a newer one is queued or
+      // out: the first ack wins. A queued copy is skipped when pulled; one that is
+      // out is dropped from its member's load and its later ack is a no-op. A nak or
+      // term of the old delivery changes nothing: the newer one decides.
+      if (how != Settlement::kAck) return absl::OkStatus();
+      if (it->second.member != kNoMember) {
+        c.group->OnDone(it->second.member, Outcome::kDropped, 0);
+        c.Unsettle();
+      }
+      c.pending.erase(it);
+    } else {
+      c.Unsettle();
+      if (how != Settlement::kAck) {
+        if (how == Settlement::kTerm || c.LastAttempt(attempt_)) {
+          c.pending.erase(it);
+          lock.unlock();
+          c.group->OnDone(member_, how == Settlement::kTerm ? Outcome::kDropped : Outcome::kFailure,
+                          latency);
+          engine_internal::DeadLetter(c, msg_, attempt_,
+                                      how == Settlement::kTerm ? "term" : "max_deliver",
+                                      how == Settlement::kTerm ? description : "nak");
+          return absl::OkStatus();
+        }
+        // Queued again for the next attempt; an ack of this delivery still wins.
+        it->second.member = kNoMember;
+        it->second.attempt = attempt_ + 1;
+        it->second.deadline_ns = INT64_MAX;
+        engine_internal::Delivery next{msg_, attempt_ + 1, false};
+        if (delay_ns > 0) {
+          const std::int64_t due = engine_internal::SatAdd(now, delay_ns);
+          c.AddTimer({due, msg_->seq, attempt_ + 1, std::move(next)});
+          lock.unlock();
+          c.group->OnDone(member_, Outcome::kFailure, latency, now);
+          if (c.wake_timer) c.wake_timer(due);
+          return absl::OkStatus();
+        }
+        lock.unlock();
+        c.group->OnDone(member_, Outcome::kFailure, latency, now);
+        engine_internal::Redeliver(c, std::move(next), member_);
+        return absl::OkStatus();
+      }
+      c.pending.erase(it);
+      c.group->OnDone(member_, Outcome::kSuccess, latency, now);
+    }
+  } else {
+    c.Unsettle();
+    if (how != Settlement::kAck) {
+      c.group->OnDone(member_, how == Settlement::kTerm ? Outcome::kDropped : Outcome::kFailure,
+                      latency);
+      if (how == Settlement::kTerm || c.LastAttempt(attempt_)) {
+        engine_internal::DeadLetter(c, msg_, attempt_,
+                                    how == Settlement::kTerm ? "term" : "max_deliver",
+                                      how == Settlement::kTerm ? description : "nak");
+        return absl::OkStatus();
+      }
+      engine_internal::Delivery next{msg_, attempt_ + 1, false};
+      if (delay_ns > 0) {
+        const std::int64_t due = engine_internal::SatAdd(now, delay_ns);
+        {
+          std::lock_guard lock(c.pending_mu);
+          c.AddTimer({due, msg_->seq, attempt_ + 1, std::move(next)});
+        }
+        if (c.wake_timer) c.wake_timer(due);
+        return absl::OkStatus();
+      }
+      engine_internal::Redeliver(c, std::move(next), member_);
+      return absl::OkStatus();
+    }
+    c.group->OnDone(member_, Outcome::kSuccess, latency, now);
+  }
+  c.acked.fetch_add(1, std::memory_order_relaxed);
+  c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
+  if (c.config.batch.adaptive) c.batchers[member_]->ObserveRtt(latency);
+  StreamState* stream = msg_->stream;
+  if (stream->config.retention == RetentionPolicy::kInterest &&
+      msg_->pending_acks.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    stream->Retire(*msg_, engine_internal::kDone);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace inferq

@@ -1,0 +1,131 @@
+// File: src/engine/stats.cpp
+//
+// Engine::Stats: the snapshot of every counter (engine/stats.hpp).
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "engine_impl.hpp"
+#include "inferq/base/error.hpp"
+#include "inferq/base/limits.hpp"
+#include "inferq/engine/engine.hpp"
+
+namespace inferq {
+
+EngineStats Engine::Stats() const {
+  EngineStats out;
+  out.published = impl_->published.load(std::memory_order_relaxed);
+  out.unrouted = impl_->unrouted.load(std::memory_order_relaxed);
+  out.rejected = impl_->rejected.load(std::memory_order_relaxed);
+  out.invalid = impl_->invalid.load(std::memory_order_relaxed);
+  out.codec_conversions = impl_->codec_conversions.load(std::memory_order_relaxed);
+  std::lock_guard lock(impl_->config_mu);
+  for (const auto& s : impl_->streams) {
+    StreamStats st;
+    st.name = s->config.name;
+    st.messages = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->live_msgs.load()));
+    st.bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->live_bytes.load()));
+    st.last_seq = s->last_seq.load();
+    st.stored = s->stored.load();
+    st.discarded = s->discarded.load();
+    st.rejected = s->rejected.load();
+    st.acked_out = s->acked_out.load();
+    st.duplicates = s->duplicates.load();
+    st.duplicate_window_evicted = s->dedup_evicted.load(std::memory_order_relaxed);
+    out.streams.push_back(std::move(st));
+  }
+  for (const auto& c : impl_->consumers) {
+    ConsumerStats cs;
+    cs.stream = c->config.stream;
+    cs.name = c->config.name;
+    for (std::uint32_t i = 0; i < c->lanes.size(); ++i) {
+      const Lane& lane = *c->lanes[i];
+      MemberStats ms;
+      ms.index = i;
+      ms.delivered = lane.delivered.load(std::memory_order_relaxed);
+      ms.queued = lane.ring.size_approx();
+      cs.delivered += ms.delivered;
+      cs.deliver_latency_ns.Merge(lane.deliver_latency_ns.Snapshot());
+      cs.members.push_back(ms);
+    }
+    cs.acked = c->acked.load(std::memory_order_relaxed);
+    cs.ack_pending = static_cast<std::uint64_t>(
+        std::max<std::int64_t>(0, c->unsettled.load(std::memory_order_relaxed)));
+    cs.skipped = c->skipped.load(std::memory_order_relaxed);
+    cs.redelivered = c->redelivered.load(std::memory_order_relaxed);
+    cs.ack_timeouts = c->ack_timeouts.load(std::memory_order_relaxed);
+    cs.naks = c->naks.load(std::memory_order_relaxed);
+    cs.moved = c->moved.load(std::memory_order_relaxed);
+    cs.late_acks = c->late_acks.load(std::memory_order_relaxed);
+    cs.mirrored = c->mirrored.load(std::memory_order_relaxed);
+    cs.shadow_acked = c->shadow_acked.load(std::memory_order_relaxed);
+    cs.terminated = c->terminated.load(std::memory_order_relaxed);
+    cs.dead_letters = c->dead_letters.load(std::memory_order_relaxed);
+    cs.dead_letters_lost = c->dead_letters_lost.load(std::memory_order_relaxed);
+    cs.dropped = c->dropped.load(std::memory_order_relaxed);
+    cs.overflow_rejected = c->overflow_rejected.load(std::memory_order_relaxed);
+    cs.parked = c->parked_total.load(std::memory_order_relaxed);
+    cs.expired = c->expired.load(std::memory_order_relaxed);
+    cs.evicted = c->evicted.load(std::memory_order_relaxed);
+    {
+      std::lock_guard lock(c->pending_mu);
+      cs.timers = c->timers.size();
+    }
+    for (std::uint32_t i = 0; i < c->lanes.size(); ++i) {
+      const BatcherStats b = c->batchers[i]->Stats();
+      for (std::size_t k = 0; k < kBatchSizeBuckets; ++k) {
+        cs.batches_by_size[k] += b.batches_by_size[k];
+        cs.batches += b.batches_by_size[k];
+      }
+      if (c->lanes[i]->ring.scheduled()) {
+        const QosStats q = c->lanes[i]->ring.QosStatsSnapshot();
+        for (std::size_t t = 0; t < kQosTiers; ++t) {
+          cs.qos_tiers[t].queued += q.tiers[t].queued;
+          cs.qos_tiers[t].served += q.tiers[t].served;
+          cs.qos_tiers[t].served_cost += q.tiers[t].served_cost;
+          cs.qos_tiers[t].floor_picks += q.tiers[t].floor_picks;
+          cs.qos_tiers[t].evicted += q.tiers[t].evicted;
+          cs.qos_tiers[t].refused += q.tiers[t].refused;
+        }
+      }
+    }
+    cs.delayed = c->delayed.load(std::memory_order_relaxed);
+    cs.policy = std::string(c->policy->name());
+    cs.group = c->group->Stats();
+    cs.ack_latency_ns = c->ack_latency_ns.Snapshot();
+    out.consumers.push_back(std::move(cs));
+  }
+  for (std::size_t i = 0; i < impl_->node_pools.size(); ++i) {
+    NodeMemoryStats m;
+    m.node = impl_->topology.nodes()[i].index;
+    m.arena = impl_->node_binding[i];
+    const engine_internal::NodePools& p = *impl_->node_pools[i];
+    m.pools = {p.small.Stats(), p.medium.Stats(), p.large.Stats()};
+    out.memory.push_back(std::move(m));
+  }
+  if (impl_->flow != nullptr) out.flow = impl_->flow->Snapshot();
+  return out;
+}
+
+const StreamStats* EngineStats::stream(std::string_view name) const& {
+  for (const auto& s : streams) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+const ConsumerStats* EngineStats::consumer(std::string_view stream,
+                                           std::string_view name) const& {
+  for (const auto& c : consumers) {
+    if (c.stream == stream && c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+}  // namespace inferq

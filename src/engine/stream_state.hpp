@@ -1,0 +1,154 @@
+// File: src/engine/stream_state.hpp (not API)
+//
+// StreamState: one stream's messages (in sequence order), its consumers, limits,
+// duplicate window and counters, and the operations on them that need its mutex
+// (TrimFront, CompactIfSparse, MakeRoom).
+//
+// Thread safety: `mu` guards the messages, the sequence, the consumer list and the
+// duplicate window; the counters are atomics read by Stats() without it.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "consumer_state.hpp"
+#include "handle_queue.hpp"
+#include "inferq/engine/engine.hpp"
+#include "inferq/routing/subject.hpp"
+#include "inferq/sched/duplicate_window.hpp"
+
+namespace inferq {
+namespace engine_internal {
+
+// What StreamState::Admit decided for one event: a duplicate (its original
+// sequence), a refusal by a limit, or neither (the event may be stored).
+struct Admission {
+  std::optional<std::uint64_t> duplicate_of;
+  absl::Status refusal;
+};
+
+struct StreamState {
+  StreamConfig config;
+  std::vector<SubjectPattern> patterns;
+  const Clock* clock = nullptr;
+
+  std::mutex mu;
+  HandleQueue<Handle> messages;             // guarded by mu; ascending seq
+  std::uint64_t next_seq = 1;               // guarded by mu
+  std::vector<ConsumerState*> consumers;    // guarded by mu
+  // Consumers with a non-empty accept_codecs (Publish's conversion pre-pass,
+  // Engine::Impl::ConvertBeforeStore, runs only for streams that have one). Written
+  // under mu; relaxed reads outside it.
+  std::atomic<std::uint32_t> codec_restricted{0};
+
+  // Read by Stats() without mu; written under mu or by acks.
+  std::atomic<std::int64_t> live_msgs{0};
+  std::atomic<std::int64_t> live_bytes{0};
+  std::atomic<std::uint64_t> last_seq{0};
+  std::atomic<std::uint64_t> stored{0};
+  std::atomic<std::uint64_t> discarded{0};
+  std::atomic<std::uint64_t> rejected{0};
+  std::atomic<std::uint64_t> acked_out{0};
+  std::atomic<std::uint64_t> duplicates{0};
+  std::atomic<std::uint64_t> dedup_evicted{0};  // DuplicateWindow::evicted(), copied under mu
+  std::unique_ptr<DuplicateWindow> dedup;   // guarded by mu; nullptr = off
+  // Publishes waiting in a blocking push on a full lane while they hold mu. TryPublish
+  // reads it to refuse instead of waiting for mu (it never waits for a lane).
+  std::atomic<std::uint32_t> blocked_publishers{0};
+
+  // Locks mu for a publish that must not wait: spins (yielding) while a publisher
+  // holds mu for its short critical section; false, with mu not held, when the
+  // holder is blocked on a full lane.
+  bool LockUnlessBlocked(std::unique_lock<std::mutex>& lock) {
+    while (!lock.try_lock()) {
+      // acquire: pairs with the increment the blocked publisher makes before waiting.
+      if (blocked_publishers.load(std::memory_order_acquire) > 0) return false;
+      std::this_thread::yield();
+    }
+    return true;
+  }
+
+  // Moves a live message to `to` (kDiscarded or kDone) exactly once; the winner
+  // takes it out of the live counts.
+  bool Retire(StoredMessage& m, MsgState to) {
+    std::uint8_t expected = kLive;
+    if (!m.state.compare_exchange_strong(expected, to, std::memory_order_acq_rel)) return false;
+    live_msgs.fetch_sub(1, std::memory_order_relaxed);
+    live_bytes.fetch_sub(static_cast<std::int64_t>(m.bytes), std::memory_order_relaxed);
+    (to == kDiscarded ? discarded : acked_out).fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  bool Expired(const StoredMessage& m, std::int64_t now_ns) const {
+    return config.max_age > absl::ZeroDuration() &&
+           now_ns - m.publish_ns > absl::ToInt64Nanoseconds(config.max_age);
+  }
+
+  // Drops retired messages and enforces max_age at the front. Requires mu.
+  void TrimFront(std::int64_t now_ns) {
+    while (!messages.empty()) {
+      StoredMessage& m = *messages.front();
+      if (m.state.load(std::memory_order_acquire) == kLive) {
+        if (!Expired(m, now_ns)) break;
+        Retire(m, kDiscarded);
+      }
+      messages.pop_front();
+    }
+  }
+
+  // Interest retention retires messages out of order (acks), and TrimFront only
+  // drops them from the front: one old unacked message would pin every later,
+  // already acked one. When retired entries outnumber live ones, drop them all:
+  // amortized O(1) per publish, and memory stays within twice the live messages.
+  // Requires mu.
+  void CompactIfSparse() {
+    const auto live = static_cast<std::size_t>(
+        std::max<std::int64_t>(0, live_msgs.load(std::memory_order_relaxed)));
+    if (messages.size() < 64 || messages.size() <= 2 * live) return;
+    messages.erase_if([](const Handle& h) {
+      return h->state.load(std::memory_order_acquire) != kLive;
+    });
+  }
+
+  // Discard-old: removes the oldest live messages until `bytes_needed` more bytes and
+  // one more message fit. Requires mu.
+  void MakeRoom(std::uint64_t bytes_needed) {
+    auto over = [&] {
+      const std::int64_t n = live_msgs.load(std::memory_order_relaxed);
+      const std::int64_t b = live_bytes.load(std::memory_order_relaxed);
+      return (config.max_msgs > 0 && n + 1 > config.max_msgs) ||
+             (config.max_bytes > 0 &&
+              b + static_cast<std::int64_t>(bytes_needed) > config.max_bytes);
+    };
+    while (over() && !messages.empty()) {
+      Retire(*messages.front(), kDiscarded);
+      messages.pop_front();
+    }
+  }
+
+  // The stream store's admit call (stream_store.cpp), at `now` for an event of
+  // `bytes` (Event::StoredSize): trims the front (max_age), then finds a duplicate
+  // (when `check_duplicates`; dead letters are not checked) or a limit that refuses
+  // it (max_msg_size: InvalidArgument; discard new, max_bytes: ResourceExhausted,
+  // naming the stream). Changes nothing else. Requires mu.
+  Admission Admit(const Event& incoming, std::uint64_t bytes, std::int64_t now,
+                  bool check_duplicates);
+  // Stores an admitted event as `record` (allocated by the caller): discard old
+  // makes room, the record gets the next sequence, the counters and (when
+  // `record_duplicate`) the duplicate window learn it, and it is kept unless interest
+  // retention has nobody to wait for. Requires mu.
+  void Append(const std::shared_ptr<StoredMessage>& record,
+              const std::shared_ptr<const Event>& shared, const ConvertedEvents& converted,
+              std::int64_t now, std::uint64_t bytes, std::uint32_t explicit_acks,
+              bool record_duplicate);
+};
+
+}  // namespace engine_internal
+}  // namespace inferq

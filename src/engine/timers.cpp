@@ -1,0 +1,281 @@
+// File: src/engine/timers.cpp
+//
+// The timer run (Engine::RunTimers): ack_wait expiries and delayed naks, queue
+// timeouts on the consumers' timer wheels, stalled members, call timeouts, flow
+// control and lifecycle timeouts.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "engine_impl.hpp"
+#include "inferq/base/error.hpp"
+#include "inferq/base/limits.hpp"
+#include "inferq/engine/engine.hpp"
+#include "absl/time/time.h"
+
+namespace inferq {
+
+namespace {
+
+// Due timers of consumer `c`: deliveries whose ack wait expired (a failure of their
+// member, redelivered or, after max_deliver, dead-lettered) and delayed redeliveries.
+void RunAckTimers(ConsumerState& c, std::int64_t now) {
+  struct Expired {
+    engine_internal::Delivery d;
+    std::uint32_t member;
+    bool give_up;
+  };
+  std::vector<Expired> expired;
+  std::vector<engine_internal::Delivery> delayed;
+  if (c.has_timers.load(std::memory_order_relaxed)) {
+    std::lock_guard lock(c.pending_mu);
+    while (!c.timers.empty() && c.timers.front().due_ns <= now) {
+      std::pop_heap(c.timers.begin(), c.timers.end(), engine_internal::TimerLater{});
+      engine_internal::Timer t = std::move(c.timers.back());
+      c.timers.pop_back();
+      if (t.redeliver) {
+        if (c.tracked) {
+          // Still waiting for this attempt (an ack of an older delivery may have won).
+          auto it = c.pending.find(t.seq);
+          if (it == c.pending.end() || it->second.attempt != t.attempt ||
+              it->second.member != kNoMember) {
+            continue;
+          }
+        }
+        delayed.push_back(std::move(*t.redeliver));
+        continue;
+      }
+      auto it = c.pending.find(t.seq);
+      // Settled, or its timer was restarted (InProgress: a later timer holds it).
+      if (it == c.pending.end() || it->second.attempt != t.attempt ||
+          it->second.deadline_ns != t.due_ns) {
+        continue;
+      }
+      const std::uint32_t member = it->second.member;
+      if (c.LastAttempt(t.attempt)) {
+        expired.push_back({{it->second.h, t.attempt, false}, member, true});
+        c.pending.erase(it);
+        continue;
+      }
+      expired.push_back({{it->second.h, t.attempt + 1, false}, member, false});
+      // Queued again for the next attempt; an ack of the expired delivery still wins.
+      it->second.member = kNoMember;
+      it->second.attempt = t.attempt + 1;
+      it->second.deadline_ns = INT64_MAX;
+    }
+    c.has_timers.store(!c.timers.empty(), std::memory_order_relaxed);
+  }
+  for (Expired& e : expired) {
+    c.ack_timeouts.fetch_add(1, std::memory_order_relaxed);
+    c.Unsettle();
+    c.group->OnDone(e.member, Outcome::kFailure, 0);
+    if (e.give_up) {
+      engine_internal::DeadLetter(c, e.d.h, e.d.attempt, "max_deliver", "ack_wait expired");
+    } else {
+      engine_internal::Redeliver(c, std::move(e.d), e.member);
+    }
+  }
+  for (engine_internal::Delivery& d : delayed) {
+    engine_internal::Redeliver(c, std::move(d), kNoMember);
+  }
+}
+
+// Queue timeouts of consumer `c` that passed while the event waited in a lane.
+void RunQueueTimeouts(ConsumerState& c, std::int64_t now) {
+  if (!c.has_waiting.load(std::memory_order_acquire)) return;
+  std::vector<Handle> timed_out;
+  {
+    std::lock_guard lock(c.pending_mu);
+    c.wheel->Advance(now, [&](std::uint64_t seq, std::int64_t due) {
+      auto it = c.waiting.find(seq);
+      if (it == c.waiting.end() || it->second.state != ConsumerState::kQueued ||
+          it->second.expiry_ns != due) {
+        return;
+      }
+      if (it->second.h->state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
+        c.waiting.erase(it);  // the stream dropped it: skipped when pulled, not expired
+        return;
+      }
+      if (c.config.timeout_action == TimeoutAction::kReject) {
+        it->second.state = ConsumerState::kExpired;  // skipped when pulled
+        timed_out.push_back(it->second.h);
+      } else {
+        it->second.state = ConsumerState::kDelayed;
+        c.delayed.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  // The wheel fires a slot's timers in no particular order: dead letters go out
+  // in stream order.
+  std::sort(timed_out.begin(), timed_out.end(),
+            [](const Handle& a, const Handle& b) { return a->seq < b->seq; });
+  for (const Handle& h : timed_out) {
+    c.expired.fetch_add(1, std::memory_order_relaxed);
+    engine_internal::DeadLetter(c, h, 0, "expired", "queue timeout");
+  }
+}
+
+}  // namespace
+
+void Engine::RunTimers() {
+  if (impl_->has_outbox.load(std::memory_order_acquire)) FlushOutbox();
+  {
+    // Calls waiting for room in their function's queue (its workers also retry).
+    std::vector<Impl::Function*> waiting;
+    {
+      std::lock_guard lock(impl_->config_mu);
+      for (auto& f : impl_->functions) {
+        if (f->has_backlog.load(std::memory_order_acquire)) waiting.push_back(f.get());
+      }
+    }
+    for (Impl::Function* f : waiting) FlushCalls(*f);
+  }
+  std::lock_guard run_lock(impl_->run_timers_mu);
+  // Reused between runs: a run with nothing due allocates nothing.
+  std::vector<ConsumerState*>& consumers = impl_->timer_consumers;
+  consumers.clear();
+  {
+    std::lock_guard lock(impl_->config_mu);
+    if (impl_->closed.load(std::memory_order_acquire)) return;
+    for (auto& c : impl_->consumers) consumers.push_back(c.get());
+  }
+  if (impl_->has_calls.load(std::memory_order_acquire)) {
+    for (Event& e : impl_->ExpireCalls()) (void)Publish(std::move(e), PublishMode::kInternal);
+  }
+  if (impl_->flow != nullptr) impl_->UpdateFlowControl(consumers);
+  if (impl_->lifecycle != nullptr) (void)impl_->lifecycle->RunTimeouts();
+  for (ConsumerState* c : consumers) {
+    const std::int64_t now = impl_->clock->NowNanos();
+    // 1. Due timers (ack waits, delayed naks), queue timeouts, parked deliveries.
+    RunAckTimers(*c, now);
+    RunQueueTimeouts(*c, now);
+    engine_internal::RetryParked(*c);
+    // 2. Work moved off stalled members.
+    if (c->tracked) impl_->MoveOffStalledMembers(*c, now);
+  }
+  impl_->WakeForNextTimer(consumers);
+}
+
+std::vector<Event> Engine::Impl::ExpireCalls() {
+  // Calls whose timeout passed (queued or running): the caller gets DeadlineExceeded
+  // and the call goes to its function's dead-letter subject.
+  std::vector<Event> dead;
+  std::lock_guard lock(calls_mu);
+  call_wheel->Advance(clock->NowNanos(), [&](std::uint64_t id, std::int64_t) {
+    auto it = calls.find(id);
+    if (it == calls.end()) return;
+    CallState& call = it->second;
+    const char* where = call.running ? "running" : "queued";
+    call.promise.set_value(absl::DeadlineExceededError(
+        "call " + std::to_string(id) + " to function '" + call.fn + "' timed out after " +
+        absl::FormatDuration(call.timeout) + " (" + where + ", " +
+        std::to_string(call.attempts) + (call.attempts == 1 ? " try)" : " tries)")));
+    Event e;
+    e.subject = "fn." + call.fn + ".dead";
+    e.msg_id = "call-" + std::to_string(id);
+    e.payload = std::move(call.payload);
+    e.attempt = call.attempts;
+    e.headers.Set(std::string(kCallIdHeader), std::to_string(id));
+    e.headers.Set(std::string(kDeadLetterReasonHeader), "expired");
+    e.headers.Set(std::string(kDeadLetterDescriptionHeader),
+                  std::string("call timeout while ") + where);
+    e.headers.Set(std::string(kDeliveryCountHeader), std::to_string(call.attempts));
+    e.headers.Set(std::string(kOriginalSubjectHeader), "fn." + call.fn);
+    e.headers.Set(std::string(kOriginalTtlHeader),
+                  std::to_string(absl::ToInt64Nanoseconds(call.timeout)));
+    dead.push_back(std::move(e));
+    calls.erase(it);
+  });
+  has_calls.store(!calls.empty(), std::memory_order_release);
+  return dead;
+}
+
+void Engine::Impl::UpdateFlowControl(const std::vector<ConsumerState*>& consumers) {
+  std::uint64_t bytes = 0;
+  std::int64_t delay = 0;
+  {
+    std::lock_guard lock(config_mu);
+    for (const auto& st : streams) {
+      bytes += static_cast<std::uint64_t>(std::max<std::int64_t>(0, st->live_bytes.load()));
+    }
+  }
+  for (ConsumerState* c : consumers) {
+    for (const auto& lane : c->lanes) {
+      // A lane with nothing queued has no delay now, whatever its last samples.
+      if (lane->ring.size_approx() == 0) continue;
+      delay = std::max(delay, lane->delay_ewma_ns.load(std::memory_order_relaxed));
+    }
+  }
+  flow->Update(bytes, delay);
+}
+
+void Engine::Impl::MoveOffStalledMembers(ConsumerState& c, std::int64_t now) {
+  // Lanes whose member pulled nothing for ack_wait while work waited (stalled: each
+  // moved item is a failure). An ejected member that still pulls keeps its queue (in
+  // panic mode it is even given work).
+  for (std::uint32_t m = 0; m < c.lanes.size(); ++m) {
+    Lane& lane = *c.lanes[m];
+    const std::uint64_t delivered = lane.delivered.load(std::memory_order_relaxed);
+    auto& [mark_delivered, mark_ns] = stall_marks[&lane];
+    bool stalled = false;
+    // A consumer at max_ack_pending refuses its members new pulls: not a stall.
+    const bool held_back = c.max_ack_pending > 0 &&
+                           c.unsettled.load(std::memory_order_relaxed) >= c.max_ack_pending;
+    if (lane.ring.size_approx() == 0 || delivered != mark_delivered || mark_ns == 0 ||
+        held_back) {
+      mark_delivered = delivered;
+      mark_ns = lane.ring.size_approx() == 0 ? 0 : now;
+    } else {
+      stalled = now - mark_ns >= c.AckWaitFor(1);
+    }
+    if (!stalled || c.lanes.size() == 1) continue;  // one member: nowhere to move
+    // At most what is queued now, and only while another member has room: what
+    // cannot move stays (the loop must not push work back onto the lane it pops).
+    engine_internal::Delivery d;
+    for (std::size_t left = lane.ring.size_approx(); left > 0 && lane.ring.try_pop(d); --left) {
+      if (d.shadow) {
+        c.group->OnDone(m, Outcome::kDropped, 0);
+        continue;
+      }
+      if (engine_internal::TryMove(c, d, m)) {
+        c.moved.fetch_add(1, std::memory_order_relaxed);
+        c.group->OnDone(m, Outcome::kFailure, 0);
+        continue;
+      }
+      // Nobody has room: back onto its lane (or parked if that filled meanwhile).
+      if (!lane.ring.try_push(std::move(d))) {
+        c.group->OnDone(m, Outcome::kDropped, 0);
+        engine_internal::Redeliver(c, std::move(d), m);
+      }
+      break;
+    }
+    mark_ns = 0;
+  }
+}
+
+void Engine::Impl::WakeForNextTimer(const std::vector<ConsumerState*>& consumers) {
+  // The timer thread cleared its wake-up before this run: ask for the earliest timer
+  // still pending (an ack wait, a delayed nak, a queue or call timeout), so that one
+  // is not left to the next interval run (up to 100 ms late).
+  std::int64_t next_due = INT64_MAX;
+  for (ConsumerState* c : consumers) {
+    std::lock_guard lock(c->pending_mu);
+    if (!c->timers.empty()) next_due = std::min(next_due, c->timers.front().due_ns);
+    if (!c->wheel->empty()) next_due = std::min(next_due, c->wheel->NextDeadline().value_or(INT64_MAX));
+  }
+  {
+    std::lock_guard lock(calls_mu);
+    if (!call_wheel->empty()) {
+      next_due = std::min(next_due, call_wheel->NextDeadline().value_or(INT64_MAX));
+    }
+  }
+  if (next_due != INT64_MAX) WakeTimer(next_due);
+}
+
+}  // namespace inferq

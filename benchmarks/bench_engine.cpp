@@ -617,10 +617,10 @@ constexpr std::int64_t kMeasureNs = 5'000'000'000;
 struct InferqIdle {
   explicit InferqIdle(int members) {
     inferq::StreamConfig sc{.name = "IDLE", .subjects = {"idle.>"}};
-    if (absl::Status st = engine_.AddStream(sc); !st.ok()) Die(std::string(st.message()));
+    if (absl::Status st = engine_->AddStream(sc); !st.ok()) Die(std::string(st.message()));
     inferq::ConsumerConfig cc{.stream = "IDLE", .name = "workers"};
     cc.members = static_cast<std::uint32_t>(members);
-    absl::StatusOr<inferq::Consumer> c = engine_.AddConsumer(cc);
+    absl::StatusOr<inferq::Consumer> c = engine_->AddConsumer(cc);
     if (!c.ok()) Die(std::string(c.status().message()));
     for (int i = 0; i < members; ++i) {
       absl::StatusOr<inferq::Member> m = c->member(static_cast<std::uint32_t>(i));
@@ -640,9 +640,9 @@ struct InferqIdle {
       }
     }
   }
-  void Stop() { engine_.Close(); }
+  void Stop() { engine_->Close(); }
 
-  inferq::Engine engine_;
+  std::unique_ptr<inferq::Engine> engine_ = inferq::Engine::Create({}).value();
   std::vector<inferq::Member> members_;
 };
 

@@ -423,8 +423,19 @@ absl::StatusOr<std::unique_ptr<PinnedDirectory>> PinnedDirectory::Make(FileSyste
     }
   }
   const std::string newest_path = newest.empty() ? std::string() : JoinPath(dir, newest);
-  return std::unique_ptr<PinnedDirectory>(
-      new PinnedDirectory(fs, dir, std::move(*names), newest_path));
+  auto pinned = std::unique_ptr<PinnedDirectory>(
+      new PinnedDirectory(fs, dir, *names, newest_path));
+  // Every segment and checkpoint is read now, right after the listing: a writer that
+  // retires files while the pass verifies the earlier ones (slowly: SHA-256 per
+  // record) can then only catch the short time these reads take. A file gone or
+  // unreadable now is read again (and reported) when the pass asks for it.
+  for (const std::string& name : *names) {
+    if (!ParseSegmentName(name) && !ParseCheckpointName(name)) continue;
+    const std::string path = JoinPath(dir, name);
+    absl::StatusOr<std::string> bytes = fs.Read(path);
+    if (bytes.ok()) pinned->bytes_.emplace(path, *std::move(bytes));
+  }
+  return pinned;
 }
 
 absl::StatusOr<std::vector<std::string>> PinnedDirectory::List(const std::string& dir) {
@@ -433,6 +444,7 @@ absl::StatusOr<std::vector<std::string>> PinnedDirectory::List(const std::string
 }
 
 absl::StatusOr<std::string> PinnedDirectory::Read(const std::string& path) {
+  if (auto it = bytes_.find(path); it != bytes_.end()) return it->second;
   if (newest_segment_.empty() || path != newest_segment_) return fs_.Read(path);
   if (!newest_bytes_) newest_bytes_ = fs_.Read(path);
   return *newest_bytes_;

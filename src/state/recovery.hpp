@@ -12,6 +12,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "inferq/state/file_system.hpp"
 #include "inferq/state/state_store.hpp"
@@ -85,10 +86,12 @@ absl::StatusOr<Recovered> RecoverReadOnly(FileSystem& fs, const std::string& dir
                                           const RecoverOptions& options);
 
 // A view of a state directory for several passes over one cut of it (Inspect):
-// every List of `dir` returns the listing taken by Make, and the newest log segment
-// in it — the only file a writer still appends to — is read once and served from
-// memory afterwards. Other files are read through (checkpoints and older segments
-// never change; a retired one is kNotFound). Calls that change files are refused.
+// every List of `dir` returns the listing taken by Make, and Make reads every
+// segment and checkpoint of that listing at once and serves them from memory
+// afterwards (so the view holds the retained directory in memory: Inspect is a
+// diagnostic). A file Make could not read is read through later (a retired one is
+// kNotFound); the newest segment, the only file a writer still appends to, is then
+// read once. Calls that change files are refused.
 // One thread at a time (it caches without a lock).
 class PinnedDirectory final : public FileSystem {
  public:
@@ -114,6 +117,7 @@ class PinnedDirectory final : public FileSystem {
   const std::vector<std::string> names_;
   const std::string newest_segment_;  // path; empty when the listing has none
   std::optional<absl::StatusOr<std::string>> newest_bytes_;
+  absl::flat_hash_map<std::string, std::string> bytes_;  // path -> bytes read by Make
 };
 
 std::string JoinPath(const std::string& dir, const std::string& name);

@@ -71,8 +71,13 @@ ZSTD_CCtx* FreshCCtx() {
   return t.cctx;
 }
 
-ZSTD_DCtx* FreshDCtx() {
+// `brand_new`: replace the thread's context by a newly created one first.
+ZSTD_DCtx* FreshDCtx(bool brand_new = false) {
   ThreadContexts& t = Contexts();
+  if (brand_new && t.dctx != nullptr) {
+    ZSTD_freeDCtx(t.dctx);
+    t.dctx = nullptr;
+  }
   if (t.dctx == nullptr) t.dctx = ZSTD_createDCtx();
   if (t.dctx == nullptr) return nullptr;
   ZSTD_DCtx_reset(t.dctx, ZSTD_reset_session_and_parameters);
@@ -250,14 +255,17 @@ absl::StatusOr<std::string> ZstdCompress(std::string_view input, int level) {
   return out;
 }
 
-absl::StatusOr<std::string> ZstdDecompress(std::string_view input,
-                                           const ZstdDictionaries* dictionaries,
-                                           std::size_t max_output) {
+namespace {
+
+// ZstdDecompress on this thread's context (`brand_new`: a newly created one).
+absl::StatusOr<std::string> DecompressOn(bool brand_new, std::string_view input,
+                                         const ZstdDictionaries* dictionaries,
+                                         std::size_t max_output) {
   if (input.size() < 4) {
     return absl::InvalidArgumentError("input of " + std::to_string(input.size()) +
                                       " bytes is too short to be zstd data");
   }
-  ZSTD_DCtx* ctx = FreshDCtx();
+  ZSTD_DCtx* ctx = FreshDCtx(brand_new);
   if (ctx == nullptr) return ContextError();
   // The dictionary id the first frame's header names (0: none, or no valid header).
   const unsigned frame_dictionary = ZSTD_getDictID_fromFrame(input.data(), input.size());
@@ -343,6 +351,19 @@ absl::StatusOr<std::string> ZstdDecompress(std::string_view input,
   return out;
 }
 
+}  // namespace
+
+absl::StatusOr<std::string> ZstdDecompress(std::string_view input,
+                                           const ZstdDictionaries* dictionaries,
+                                           std::size_t max_output) {
+  absl::StatusOr<std::string> r = DecompressOn(false, input, dictionaries, max_output);
+  if (r.ok()) return r;
+  // A reused context that failed once can fail the same bytes with another libzstd
+  // error the next time ("Data corruption detected", then "Destination buffer is too
+  // small", after the same reset: found by tensor_event_fuzz). An error is decided on
+  // a newly created context, so the same input always gets the same error.
+  return DecompressOn(true, input, dictionaries, max_output);
+}
 
 absl::StatusOr<CodedPayload> TranscodePayload(const Event& event, PayloadCodec target,
                                               const TranscodeOptions& options) {

@@ -1,4 +1,5 @@
-# The layers of DESIGN.md §1 as build targets.
+# inferq's layers (base, memory, ring, event, schema, routing, sched, state, engine)
+# as build targets.
 #
 # INFERQ_LAYERS lists the layers from the bottom up; a layer may use only the layers
 # before it in this list. Each layer is a target `inferq_<layer>`: an OBJECT library
@@ -41,7 +42,7 @@ function(inferq_add_layer layer)
   list(FIND INFERQ_LAYERS "${layer}" level)
   if(level EQUAL -1)
     message(FATAL_ERROR "inferq_add_layer: '${layer}' is not a layer of INFERQ_LAYERS "
-                        "(${INFERQ_LAYERS}); DESIGN.md §1 lists the layers")
+                        "(${INFERQ_LAYERS}); the layers are listed in INFERQ_LAYERS")
   endif()
   foreach(dep IN LISTS L_LAYERS)
     list(FIND INFERQ_LAYERS "${dep}" dep_level)

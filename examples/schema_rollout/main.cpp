@@ -6,7 +6,7 @@
 // Exit status 0 when every invariant held, 1 when one failed (it says which), 2 for a
 // bad flag.
 //
-// The story (DESIGN.md §3.4, shadow rollout):
+// The story (a shadow rollout of a new schema version):
 //  1. A producer writes InferRequest events with schema v1 (subject "infer.request",
 //     Event::schema_id / schema_version set from the registry). v2, which appends
 //     slo_ms with a default, is registered under BACKWARD. The consumer group has a

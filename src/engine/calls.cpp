@@ -1,6 +1,6 @@
 // File: src/engine/calls.cpp
 //
-// Function-in-flight (DESIGN.md §3.8): RegisterFunction, Call, and FlushCalls (the
+// Function-in-flight: RegisterFunction, Call, and FlushCalls (the
 // calls waiting for room in their function's queue).
 #include <algorithm>
 #include <atomic>

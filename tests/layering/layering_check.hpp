@@ -1,4 +1,4 @@
-// The layering check of DESIGN.md §1: reads the #include lines of every file under
+// The layering check: reads the #include lines of every file under
 // include/inferq/<layer>/ and src/<layer>/ and reports each include that reaches a
 // higher layer, another layer's internal/ headers or src/ files, or a folder that is
 // not a layer. The build catches most of these first (a layer target sees only the

@@ -1,4 +1,4 @@
-// The layers of DESIGN.md §1 as the #include lines show them: the source tree has no
+// inferq's layers as the #include lines show them: the source tree has no
 // include of a higher layer, of another layer's internal/ headers or src/ files; and
 // the check finds each kind of violation in a small tree written for the purpose.
 #include <atomic>
@@ -70,7 +70,7 @@ class Tree {
   fs::path root_;
 };
 
-TEST_CASE("the layer order is DESIGN.md's table", "[layering]") {
+TEST_CASE("the layer order is the documented one", "[layering]") {
   CHECK(Layers() == std::vector<std::string>{"base", "memory", "ring", "event", "schema",
                                              "routing", "sched", "state", "engine"});
 }

@@ -169,7 +169,7 @@ TEST_CASE("patterns overlap when some subject matches both") {
   }
 }
 
-// The rules of DESIGN.md §3.5, written out plainly: the reference for the checks,
+// The subject rules (routing/subject.hpp), written out plainly: the reference for the checks,
 // whose quick path (one pass, nothing built) must agree with them on every string.
 static bool ReferenceValid(std::string_view s, bool pattern) {
   std::vector<std::string_view> tokens;

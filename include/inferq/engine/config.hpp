@@ -1,7 +1,7 @@
 // File: inferq/engine/config.hpp
 //
 // StreamConfig and ConsumerConfig: what Engine::AddStream and Engine::AddConsumer
-// take (DESIGN.md §3.8), the policy enums they use, and their Validate checks.
+// take, the policy enums they use, and their Validate checks.
 //
 // Usage:
 //   inferq::StreamConfig s{.name = "REQUESTS", .subjects = {"infer.*.request"}};
@@ -40,7 +40,7 @@ namespace inferq {
 enum class DiscardPolicy { kOld, kNew };
 enum class RetentionPolicy { kLimits, kInterest };
 enum class AckPolicy { kExplicit, kNone };
-// What Publish does when the lane chosen for a consumer is full (DESIGN.md §3.6).
+// What Publish does when the lane chosen for a consumer is full.
 //  kBlock       wait until the member pulls (backpressure on the publisher);
 //               TryPublish refuses instead (ResourceExhausted, nothing stored).
 //  kReject      refuse the publish for that stream: ResourceExhausted naming the
@@ -140,8 +140,8 @@ struct ConsumerConfig {
   // nullopt = a FIFO lock-free ring. The lane holds lane_capacity events (the
   // config's `capacity` is replaced by it); a scheduled lane takes a mutex.
   std::optional<QosConfig> qos{};
-  // Payload codecs this consumer accepts, in order of preference (DESIGN.md §3.3:
-  // "ask for raw, accept compressed"). Empty = any: every event is delivered with its
+  // Payload codecs this consumer accepts, in order of preference ("ask for raw,
+  // accept compressed"). Empty = any: every event is delivered with its
   // payload as stored. Otherwise an event whose Event::codec is not in the list is
   // delivered converted to accept_codecs[0]: to kNone by decompressing (the stored
   // dictionary must be in EngineOptions::codecs.dictionaries), to kZstd by

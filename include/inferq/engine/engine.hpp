@@ -1,6 +1,6 @@
 // File: inferq/engine/engine.hpp
 //
-// Engine: streams, consumers and delivery inside one process (DESIGN.md §3.8).
+// Engine: streams, consumers and delivery inside one process.
 //
 // A *stream* captures every published event whose subject matches one of its subject
 // patterns, numbers it (sequence from 1) and keeps it under its limits. A *consumer*
@@ -22,7 +22,7 @@
 //   auto batch = replicas->member(i)->NextBatch(8, absl::Milliseconds(2));
 //   for (inferq::Message& m : *batch) { ...; m.Ack(); }
 //
-// Semantics in this version (later issues deepen them, see DESIGN.md):
+// Semantics in this version (later versions deepen them):
 //  - Retention kLimits keeps messages until a limit removes the oldest; kInterest
 //    also removes a message once every explicit-ack consumer that received it has
 //    acked it (a message no consumer matches is not kept at all).
@@ -73,7 +73,7 @@
 //    throttle rides on every PublishAck.
 //  - Function-in-flight: RegisterFunction serves a handler on engine threads;
 //    Call returns a future completed by the reply, the error, or the timeout.
-//  - Payload codecs (DESIGN.md §3.3): an event is stored as published (Event::codec,
+//  - Payload codecs: an event is stored as published (Event::codec,
 //    dictionary_id). A consumer declares the codecs it accepts
 //    (ConsumerConfig::accept_codecs; default: any, so it gets the payload as
 //    stored). When a consumer does not accept the stored codec, Message::event()
@@ -203,7 +203,7 @@ struct EngineOptions {
   // True: no background timer thread; ack_wait expiries and stalled members are
   // handled only when RunTimers() is called (tests with a ManualClock).
   bool manual_timers = false;
-  // Dual-channel flow control (sched/flow_control.hpp, DESIGN.md §3.6): the memory
+  // Dual-channel flow control (sched/flow_control.hpp): the memory
   // channel is the bytes all streams keep, the response-time channel the highest
   // recent publish -> deliver delay of any lane (an EWMA, alpha 1/8, per lane). The
   // timer updates them; every PublishAck carries the throttle and weight scale.
@@ -277,7 +277,7 @@ class Engine {
   // Otherwise as Publish.
   absl::StatusOr<PublishAck> TryPublish(Event event);
 
-  // Function-in-flight (DESIGN.md §3.8). RegisterFunction serves `fn_id` on
+  // Function-in-flight. RegisterFunction serves `fn_id` on
   // `options.workers` engine threads: it adds stream "FN_<fn_id>" (subject
   // "fn.<fn_id>"), its consumer "handler" (max_deliver from the options, dead letters
   // to "fn.<fn_id>.dead"), and stream "FN_<fn_id>_DLQ" on that subject (the last

@@ -129,7 +129,9 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
       error = last.ok() ? absl::InternalError(why)
                         : absl::Status(last.code(), why + ": " + std::string(last.message()));
     }
-    impl->CompleteCall(call, error);
+    // Moved, not copied: the caller's thread then holds the only reference to the
+    // message it reads, and frees it (see tests/tsan_suppressions.cpp).
+    impl->CompleteCall(call, std::move(error));
   };
   std::lock_guard lock(impl_->config_mu);
   impl_->functions.push_back(std::make_unique<Impl::Function>());
@@ -302,7 +304,7 @@ void Engine::FlushCallsOnce(engine_internal::FunctionState& fn) {
       std::lock_guard lock(fn.mu);
       fn.backlog.pop_front();
     }
-    if (!failed.ok()) impl_->CompleteCall(id, failed);
+    if (!failed.ok()) impl_->CompleteCall(id, std::move(failed));
   }
 }
 

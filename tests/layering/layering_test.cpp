@@ -4,6 +4,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -221,6 +222,27 @@ TEST_CASE("includes in comments and string literals are not includes", "[layerin
             "include layer state (a higher layer; schema may use base, memory, ring, event)",
             "src/schema/registry.cpp:8: #include \"inferq/state/e.hpp\": layer schema may not "
             "include layer state (a higher layer; schema may use base, memory, ring, event)"});
+}
+
+TEST_CASE("the umbrella header includes every public header", "[layering]") {
+  const fs::path include = fs::path(INFERQ_SOURCE_DIR) / "include";
+  std::ifstream in(include / "inferq" / "inferq.hpp");
+  REQUIRE(in);
+  std::string umbrella((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> missing;
+  std::size_t headers = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(include / "inferq")) {
+    const std::string rel = fs::relative(entry.path(), include).generic_string();
+    if (!entry.is_regular_file() || entry.path().extension() != ".hpp" ||
+        rel == "inferq/inferq.hpp" || rel.find("/internal/") != std::string::npos) {
+      continue;
+    }
+    ++headers;
+    if (umbrella.find("#include \"" + rel + "\"") == std::string::npos) missing.push_back(rel);
+  }
+  for (const std::string& m : missing) UNSCOPED_INFO("inferq.hpp lacks " << m);
+  CHECK(headers >= 37);  // not vacuous: 37 public headers when this test was written
+  CHECK(missing.empty());
 }
 
 TEST_CASE("includes of lower layers and third-party headers pass", "[layering]") {

@@ -1,0 +1,173 @@
+// File: tests/snippets/snippets.hpp
+//
+// Turns the C++ code blocks of Markdown files into one C++ source file that the
+// build compiles and links against libinferq (target `readme_snippets`), so that
+// an API snippet in the README that no longer compiles breaks the build.
+//
+// Every fenced block whose info string is `cpp` (or `c++`) is a snippet. A
+// snippet is the body of a function of its own. What it assumes comes from an
+// HTML comment, invisible on GitHub, on the line right before its fence:
+//
+//   <!-- snippet: returns absl::Status; given const inferq::Event& event -->
+//   ```cpp
+//   auto wire = inferq::Encode(event, {});
+//   if (!wire.ok()) return wire.status();
+//   ```
+//
+// - `returns TYPE`: the function's return type (default void); a function that
+//   returns a value ends with `return TYPE{};` after the snippet.
+// - `given PARAMETERS`: its parameter list, the names the snippet uses without
+//   declaring them.
+// Without the comment a snippet is the body of `void Run()`. Lines of a snippet
+// that begin with `#include` move to the top of the file. `#line` directives map
+// every line back to its Markdown file, so a compiler error names README.md and
+// the line a reader sees.
+//
+// Errors (absl::InvalidArgumentError, naming file and line): a ```cpp block that
+// is never closed; a snippet comment with a part other than `returns`/`given`,
+// or not followed by a ```cpp fence.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace inferq_snippets {
+
+struct Snippet {
+  std::string file;                // as given, e.g. "README.md"
+  int fence_line = 0;              // 1-based line of the opening ```cpp
+  std::vector<std::string> lines;  // the block's lines, fence indentation removed
+  std::string returns = "void";
+  std::string given;               // parameter list, may be empty
+};
+
+inline std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+inline std::string Where(std::string_view file, int line) {
+  return std::string(file) + ":" + std::to_string(line) + ": ";
+}
+
+// Parses "<!-- snippet: returns T; given P -->" into `out`. The caller has seen
+// that `comment` starts with "<!-- snippet:".
+inline absl::Status ParseSnippetComment(std::string_view file, int line,
+                                        std::string_view comment, Snippet& out) {
+  std::string_view body = Trim(comment);
+  constexpr std::string_view kOpen = "<!-- snippet:";
+  constexpr std::string_view kClose = "-->";
+  if (body.size() < kOpen.size() + kClose.size() ||
+      body.substr(body.size() - kClose.size()) != kClose) {
+    return absl::InvalidArgumentError(Where(file, line) +
+                                      "snippet comment does not end with '-->' on its line");
+  }
+  body = body.substr(kOpen.size(), body.size() - kOpen.size() - kClose.size());
+  while (!Trim(body).empty()) {
+    const std::size_t semi = body.find(';');
+    std::string_view part = Trim(body.substr(0, semi));
+    body = semi == std::string_view::npos ? std::string_view() : body.substr(semi + 1);
+    if (part.substr(0, 8) == "returns ") {
+      out.returns = std::string(Trim(part.substr(8)));
+    } else if (part.substr(0, 6) == "given ") {
+      out.given = std::string(Trim(part.substr(6)));
+    } else {
+      return absl::InvalidArgumentError(
+          Where(file, line) + "snippet comment: unknown part '" + std::string(part) +
+          "' (expected 'returns TYPE' or 'given PARAMETERS', separated by ';')");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The ```cpp blocks of one Markdown text, in order.
+inline absl::StatusOr<std::vector<Snippet>> ExtractSnippets(std::string_view file,
+                                                            std::string_view text) {
+  std::vector<std::string_view> lines;
+  for (std::size_t start = 0; start <= text.size();) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  std::vector<Snippet> out;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    const std::string_view t = Trim(lines[i]);
+    const int line_no = static_cast<int>(i) + 1;
+    const bool comment = t.substr(0, 13) == "<!-- snippet:";
+    if (t.substr(0, 3) != "```" && !comment) continue;
+    Snippet s;
+    s.file = std::string(file);
+    std::size_t fence = i;
+    if (comment) {
+      if (absl::Status st = ParseSnippetComment(file, line_no, t, s); !st.ok()) return st;
+      fence = i + 1;
+      if (fence >= lines.size() ||
+          (Trim(lines[fence]) != "```cpp" && Trim(lines[fence]) != "```c++")) {
+        return absl::InvalidArgumentError(
+            Where(file, line_no) + "a snippet comment must be followed by a ```cpp fence on " +
+            "the next line");
+      }
+    }
+    const std::string_view open = Trim(lines[fence]);
+    const std::string_view info = Trim(open.substr(3));
+    const std::size_t indent = lines[fence].find('`');
+    // Find the closing fence of this block, whatever its language.
+    std::size_t close = fence + 1;
+    while (close < lines.size() && Trim(lines[close]) != "```") ++close;
+    if (close == lines.size()) {
+      return absl::InvalidArgumentError(Where(file, static_cast<int>(fence) + 1) + "the " +
+                                        std::string(open) + " block opened here is never closed");
+    }
+    if (info == "cpp" || info == "c++") {
+      s.fence_line = static_cast<int>(fence) + 1;
+      for (std::size_t k = fence + 1; k < close; ++k) {
+        std::string_view l = lines[k];
+        std::size_t cut = 0;
+        while (cut < indent && cut < l.size() && l[cut] == ' ') ++cut;
+        l.remove_prefix(cut);
+        if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+        s.lines.emplace_back(l);
+      }
+      out.push_back(std::move(s));
+    }
+    i = close;
+  }
+  return out;
+}
+
+// One C++ source file: the umbrella header, every snippet's includes, then each
+// snippet as `RET inferq_readme_snippet_N::Run(GIVEN)`.
+inline std::string GenerateSource(const std::vector<Snippet>& snippets) {
+  std::string includes = "#include \"inferq/inferq.hpp\"\n";
+  std::string bodies;
+  for (std::size_t n = 0; n < snippets.size(); ++n) {
+    const Snippet& s = snippets[n];
+    bodies += "\n// " + s.file + ":" + std::to_string(s.fence_line) + "\nnamespace snippet_" +
+              std::to_string(n + 1) + " {\n[[maybe_unused]] " + s.returns + " Run(" + s.given +
+              ") {\n#line " + std::to_string(s.fence_line + 1) + " \"" + s.file + "\"\n";
+    for (const std::string& l : s.lines) {
+      if (Trim(l).substr(0, 8) == "#include") {
+        if (includes.find(std::string(Trim(l)) + "\n") == std::string::npos) {
+          includes += std::string(Trim(l)) + "\n";
+        }
+        bodies += "\n";  // keeps the #line mapping
+      } else {
+        bodies += l + "\n";
+      }
+    }
+    if (s.returns != "void") bodies += "  return " + s.returns + "{};\n";
+    bodies += "}\n}  // namespace snippet_" + std::to_string(n + 1) + "\n";
+  }
+  return "// Generated by tests/snippets/extract_snippets from Markdown code blocks: do not edit.\n" +
+         includes + bodies;
+}
+
+}  // namespace inferq_snippets

@@ -2,7 +2,8 @@
 //
 // What a consumer holds: the stored message every delivery shares (StoredMessage),
 // one queued delivery (Delivery), a member's lane (Lane), the deliveries awaiting an
-// ack and their timers (Pending, Timer), and ConsumerState itself: configuration,
+// ack (Pending), its timers (ConsumerTimer: ack waits, delayed redeliveries and queue
+// timeouts, all on one TimerWheel), and ConsumerState itself: configuration,
 // selection, ack tracking, queue timeouts, max_ack_pending slots and counters.
 //
 // Thread safety: each field says what guards it (pending_mu, select_mu, slot_mu, or
@@ -99,25 +100,30 @@ inline std::int64_t SatAdd(std::int64_t now, std::int64_t ns) {
 }
 
 // A message of a tracked consumer (ack_wait > 0) not yet acked: either out with
-// `member` (delivery `attempt`), or queued again for delivery `attempt` (member ==
-// kNoMember) after an expiry or a nak.
+// `member` (delivery `attempt`, its ack wait running until `deadline_ns`), or queued
+// again for delivery `attempt` (member == kNoMember) after an expiry or a nak.
+// `timer` is its one timer on the consumer's wheel: the ack wait while it is out, a
+// delayed redelivery after a nak with a delay, none while it is queued. Whoever
+// settles, restarts or erases the entry cancels it.
 struct Pending {
   Handle h;
   std::uint32_t member = 0;
   std::uint32_t attempt = 1;
   std::int64_t deadline_ns = 0;
+  TimerId timer{};
 };
 
-// A timer of a consumer: an ack_wait expiry of delivery `attempt` of message `seq`
-// (tracked consumers), or a delayed redelivery (Nak with a delay) of `d`.
-struct Timer {
-  std::int64_t due_ns = 0;
-  std::uint64_t seq = 0;
+// What a consumer's timer wheel holds, for the message of stream sequence `seq`:
+// - kQueueExpiry: the queue timeout or TTL of its first delivery, still in a lane
+//   (ConsumerState::waiting);
+// - kAckWait: the ack wait of delivery `attempt` (tracked consumers, Pending);
+// - kRedeliver: a delayed redelivery (Nak with a delay) as delivery `attempt`, of `h`.
+struct ConsumerTimer {
+  enum Kind : std::uint8_t { kQueueExpiry, kAckWait, kRedeliver };
+  Kind kind = kQueueExpiry;
   std::uint32_t attempt = 0;
-  std::optional<Delivery> redeliver;  // set: a delayed redelivery
-};
-struct TimerLater {
-  bool operator()(const Timer& a, const Timer& b) const { return a.due_ns > b.due_ns; }
+  std::uint64_t seq = 0;
+  Handle h;  // kRedeliver only: an untracked consumer keeps no Pending entry
 };
 
 struct ConsumerState {
@@ -167,39 +173,35 @@ struct ConsumerState {
   }
 
   // Deliveries awaiting an ack (tracked consumers), keyed by stream sequence, and
-  // timers (ack_wait deadlines and delayed redeliveries) in a min-heap by due time;
-  // timers whose delivery was settled or restarted are skipped when they come due.
+  // every timer of the consumer on one wheel (Varghese & Lauck; O(1) schedule and
+  // cancel): ack waits and delayed redeliveries, cancelled when their delivery is
+  // settled or restarted, and the queue timeouts of `waiting`.
   std::mutex pending_mu;
   absl::flat_hash_map<std::uint64_t, Pending> pending;       // guarded by pending_mu
-  std::vector<Timer> timers;                                 // heap; pending_mu
+  std::unique_ptr<TimerWheel<ConsumerTimer>> wheel;          // guarded by pending_mu
   std::deque<Delivery> parked;  // redeliveries every lane refused (full); pending_mu
   std::atomic<bool> has_parked{false};  // parked is not empty (read without the lock)
-  std::atomic<bool> has_timers{false};  // timers is not empty (read without the lock)
+  // The wheel is not empty (read without the lock; set under pending_mu by whoever
+  // schedules, cleared by the timer run that empties it).
+  std::atomic<bool> has_timers{false};
 
-  void AddTimer(Timer t) {  // requires pending_mu
-    timers.push_back(std::move(t));
-    std::push_heap(timers.begin(), timers.end(), TimerLater{});
-    has_timers.store(true, std::memory_order_relaxed);
-    // Settled deliveries and restarted timers leave entries behind until they come
-    // due (with a long ack_wait, much later): drop them once they outnumber the
-    // live ones, so the heap stays within a constant factor of `pending`
-    // (amortized O(1) per timer).
-    if (tracked && timers.size() > 4 * (pending.size() + 256)) {
-      std::erase_if(timers, [&](const Timer& x) { return !Live(x); });
-      std::make_heap(timers.begin(), timers.end(), TimerLater{});
-    }
+  // Schedules `t` at `due_ns` (engine clock). Requires pending_mu.
+  TimerId Schedule(std::int64_t due_ns, ConsumerTimer t) {
+    const TimerId id = wheel->Schedule(due_ns, std::move(t));
+    has_timers.store(true, std::memory_order_release);
+    return id;
   }
-  // Whether timer `t` still stands for something (requires pending_mu).
-  bool Live(const Timer& t) const {
-    if (t.redeliver && !tracked) return true;  // untracked delayed naks have no entry
-    auto it = pending.find(t.seq);
-    if (it == pending.end() || it->second.attempt != t.attempt) return false;
-    return t.redeliver ? it->second.member == kNoMember : it->second.deadline_ns == t.due_ns;
+  // Restarts the ack wait of pending entry `p` at `deadline_ns` for its delivery,
+  // cancelling the timer it had. Requires pending_mu.
+  void ArmAckWait(std::uint64_t seq, Pending& p, std::int64_t deadline_ns) {
+    wheel->Cancel(p.timer);
+    p.deadline_ns = deadline_ns;
+    p.timer = Schedule(deadline_ns, {ConsumerTimer::kAckWait, p.attempt, seq, nullptr});
   }
 
   // Queue timeouts (ConsumerConfig::queue_timeout, Event::ttl / deadline) of first
   // deliveries still in a lane, by stream sequence; the wheel fires them when they
-  // pass. A popped delivery cancels its timer. Guarded by pending_mu.
+  // pass (kQueueExpiry). A popped delivery cancels its timer. Guarded by pending_mu.
   enum WaitState : std::uint8_t { kQueued, kExpired, kDelayed, kRequeued };
   struct Waiting {
     Handle h;
@@ -210,7 +212,6 @@ struct ConsumerState {
   std::int64_t queue_timeout_ns = 0;
   bool enforce_event_ttl = true;  // false for Engine::Call's functions (their own timer)
   absl::flat_hash_map<std::uint64_t, Waiting> waiting;
-  std::unique_ptr<TimerWheel<std::uint64_t>> wheel;
   std::atomic<bool> has_waiting{false};
 
   // The queue expiry (engine ns) of an event published at `publish_ns` whose own

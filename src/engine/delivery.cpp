@@ -31,6 +31,7 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
       std::lock_guard lock(c.pending_mu);
       if (auto it = c.pending.find(d.h->seq);
           it != c.pending.end() && it->second.attempt == d.attempt && it->second.member == kNoMember) {
+        c.wheel->Cancel(it->second.timer);
         c.pending.erase(it);
       }
     }
@@ -117,6 +118,7 @@ void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d, bool evicted) {
     std::lock_guard lock(c.pending_mu);
     auto it = c.pending.find(d.h->seq);
     if (it == c.pending.end() || it->second.attempt != d.attempt) return;  // settled already
+    c.wheel->Cancel(it->second.timer);
     c.pending.erase(it);
   }
   SettleWithoutAck(c, *d.h);

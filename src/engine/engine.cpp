@@ -220,7 +220,7 @@ absl::StatusOr<std::unique_ptr<ConsumerState>> NewConsumerState(const ConsumerCo
     state->batchers.push_back(*Batcher::Create(config.batch));
   }
   state->queue_timeout_ns = absl::ToInt64Nanoseconds(config.queue_timeout);
-  state->wheel = std::make_unique<TimerWheel<std::uint64_t>>(clock->NowNanos());
+  state->wheel = std::make_unique<TimerWheel<engine_internal::ConsumerTimer>>(clock->NowNanos());
   state->max_deliver = config.max_deliver;
   if (!config.accept_codecs.empty()) {
     state->accept_mask = 0;

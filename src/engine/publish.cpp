@@ -319,7 +319,8 @@ std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
     if (expiry != INT64_MAX) {
       {
         std::lock_guard wl(consumer->pending_mu);
-        const TimerId id = consumer->wheel->Schedule(expiry, stored->seq);
+        const TimerId id = consumer->Schedule(
+            expiry, {engine_internal::ConsumerTimer::kQueueExpiry, 1, stored->seq, nullptr});
         consumer->waiting.insert_or_assign(
             stored->seq, ConsumerState::Waiting{stored, expiry, id, ConsumerState::kQueued});
         consumer->has_waiting.store(true, std::memory_order_release);

@@ -70,6 +70,7 @@ bool SkipIfDiscarded(ConsumerState& c, std::uint32_t m, const engine_internal::D
   if (c.tracked && !d.shadow) {
     std::lock_guard lock(c.pending_mu);
     if (auto it = c.pending.find(h->seq); it != c.pending.end() && it->second.attempt == d.attempt) {
+      c.wheel->Cancel(it->second.timer);
       c.pending.erase(it);
     }
   }
@@ -129,8 +130,14 @@ bool TrackDelivery(ConsumerState& c, std::uint32_t m, const engine_internal::Del
   const Handle& h = d.h;
   std::lock_guard lock(c.pending_mu);
   const std::int64_t deadline = engine_internal::SatAdd(now, c.AckWaitFor(d.attempt));
+  engine_internal::Pending* p;
   if (d.attempt == 1) {
-    c.pending.insert_or_assign(h->seq, engine_internal::Pending{h, m, 1, deadline});
+    auto [it, inserted] = c.pending.try_emplace(h->seq, engine_internal::Pending{h, m, 1, 0});
+    if (!inserted) {  // (not expected: a first delivery is pulled once)
+      c.wheel->Cancel(it->second.timer);
+      it->second = engine_internal::Pending{h, m, 1, 0};
+    }
+    p = &it->second;
   } else {
     auto it = c.pending.find(h->seq);
     if (it == c.pending.end() || it->second.attempt != d.attempt ||
@@ -140,9 +147,9 @@ bool TrackDelivery(ConsumerState& c, std::uint32_t m, const engine_internal::Del
       return false;
     }
     it->second.member = m;
-    it->second.deadline_ns = deadline;
+    p = &it->second;
   }
-  c.AddTimer({deadline, h->seq, d.attempt, std::nullopt});
+  c.ArmAckWait(h->seq, *p, deadline);
   return true;
 }
 

@@ -111,8 +111,7 @@ absl::Status Message::InProgress() {
   auto it = c.pending.find(msg_->seq);
   if (it == c.pending.end() || it->second.attempt != attempt_) return absl::OkStatus();  // already redelivered
   if (it->second.deadline_ns == deadline) return absl::OkStatus();  // that timer is set already
-  it->second.deadline_ns = deadline;
-  c.AddTimer({deadline, msg_->seq, attempt_, std::nullopt});
+  c.ArmAckWait(msg_->seq, it->second, deadline);  // the old ack wait is cancelled
   return absl::OkStatus();
 }
 
@@ -168,9 +167,12 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
         c.group->OnDone(it->second.member, Outcome::kDropped, 0);
         c.Unsettle();
       }
+      c.wheel->Cancel(it->second.timer);  // the newer delivery's ack wait or redelivery
       c.pending.erase(it);
     } else {
       c.Unsettle();
+      c.wheel->Cancel(it->second.timer);  // this delivery's ack wait
+      it->second.timer = TimerId{};
       if (how != Settlement::kAck) {
         if (how == Settlement::kTerm || c.LastAttempt(attempt_)) {
           c.pending.erase(it);
@@ -186,10 +188,10 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
         it->second.member = kNoMember;
         it->second.attempt = attempt_ + 1;
         it->second.deadline_ns = INT64_MAX;
-        engine_internal::Delivery next{msg_, attempt_ + 1, false};
         if (delay_ns > 0) {
           const std::int64_t due = engine_internal::SatAdd(now, delay_ns);
-          c.AddTimer({due, msg_->seq, attempt_ + 1, std::move(next)});
+          it->second.timer = c.Schedule(
+              due, {engine_internal::ConsumerTimer::kRedeliver, attempt_ + 1, msg_->seq, msg_});
           lock.unlock();
           c.group->OnDone(member_, Outcome::kFailure, latency, now);
           if (c.wake_timer) c.wake_timer(due);
@@ -197,7 +199,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
         }
         lock.unlock();
         c.group->OnDone(member_, Outcome::kFailure, latency, now);
-        engine_internal::Redeliver(c, std::move(next), member_);
+        engine_internal::Redeliver(c, {msg_, attempt_ + 1, false}, member_);
         return absl::OkStatus();
       }
       c.pending.erase(it);
@@ -214,17 +216,17 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
                                       how == Settlement::kTerm ? description : "nak");
         return absl::OkStatus();
       }
-      engine_internal::Delivery next{msg_, attempt_ + 1, false};
       if (delay_ns > 0) {
         const std::int64_t due = engine_internal::SatAdd(now, delay_ns);
         {
           std::lock_guard lock(c.pending_mu);
-          c.AddTimer({due, msg_->seq, attempt_ + 1, std::move(next)});
+          (void)c.Schedule(
+              due, {engine_internal::ConsumerTimer::kRedeliver, attempt_ + 1, msg_->seq, msg_});
         }
         if (c.wake_timer) c.wake_timer(due);
         return absl::OkStatus();
       }
-      engine_internal::Redeliver(c, std::move(next), member_);
+      engine_internal::Redeliver(c, {msg_, attempt_ + 1, false}, member_);
       return absl::OkStatus();
     }
     c.group->OnDone(member_, Outcome::kSuccess, latency, now);

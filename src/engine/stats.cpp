@@ -75,7 +75,7 @@ EngineStats Engine::Stats() const {
     cs.evicted = c->evicted.load(std::memory_order_relaxed);
     {
       std::lock_guard lock(c->pending_mu);
-      cs.timers = c->timers.size();
+      cs.timers = c->wheel->size();
     }
     for (std::uint32_t i = 0; i < c->lanes.size(); ++i) {
       const BatcherStats b = c->batchers[i]->Stats();

@@ -1,7 +1,7 @@
 // File: src/engine/timers.cpp
 //
-// The timer run (Engine::RunTimers): ack_wait expiries and delayed naks, queue
-// timeouts on the consumers' timer wheels, stalled members, call timeouts, flow
+// The timer run (Engine::RunTimers): each consumer's timer wheel (ack_wait
+// expiries, delayed naks, queue timeouts), stalled members, call timeouts, flow
 // control and lifecycle timeouts.
 #include <algorithm>
 #include <atomic>
@@ -23,9 +23,14 @@ namespace inferq {
 
 namespace {
 
-// Due timers of consumer `c`: deliveries whose ack wait expired (a failure of their
-// member, redelivered or, after max_deliver, dead-lettered) and delayed redeliveries.
-void RunAckTimers(ConsumerState& c, std::int64_t now) {
+// The due timers of consumer `c`, all from its one wheel: deliveries whose ack wait
+// expired (a failure of their member: redelivered or, after max_deliver,
+// dead-lettered), delayed redeliveries, and queue timeouts that passed while the
+// event waited in a lane. The wheel is advanced under pending_mu; what that decides
+// is done after the lock is released (redelivery and dead letters take other locks).
+void RunConsumerTimers(ConsumerState& c, std::int64_t now) {
+  if (!c.has_timers.load(std::memory_order_acquire)) return;
+  using engine_internal::ConsumerTimer;
   struct Expired {
     engine_internal::Delivery d;
     std::uint32_t member;
@@ -33,43 +38,70 @@ void RunAckTimers(ConsumerState& c, std::int64_t now) {
   };
   std::vector<Expired> expired;
   std::vector<engine_internal::Delivery> delayed;
-  if (c.has_timers.load(std::memory_order_relaxed)) {
+  std::vector<Handle> timed_out;
+  {
     std::lock_guard lock(c.pending_mu);
-    while (!c.timers.empty() && c.timers.front().due_ns <= now) {
-      std::pop_heap(c.timers.begin(), c.timers.end(), engine_internal::TimerLater{});
-      engine_internal::Timer t = std::move(c.timers.back());
-      c.timers.pop_back();
-      if (t.redeliver) {
-        if (c.tracked) {
-          // Still waiting for this attempt (an ack of an older delivery may have won).
-          auto it = c.pending.find(t.seq);
-          if (it == c.pending.end() || it->second.attempt != t.attempt ||
-              it->second.member != kNoMember) {
-            continue;
+    c.wheel->Advance(now, [&](ConsumerTimer&& t, std::int64_t due) {
+      switch (t.kind) {
+        case ConsumerTimer::kRedeliver: {
+          if (c.tracked) {
+            // Still waiting for this attempt (an ack of an older delivery may have won).
+            auto it = c.pending.find(t.seq);
+            if (it == c.pending.end() || it->second.attempt != t.attempt ||
+                it->second.member != kNoMember) {
+              return;
+            }
+            it->second.timer = TimerId{};  // fired
           }
+          delayed.push_back({std::move(t.h), t.attempt, false});
+          return;
         }
-        delayed.push_back(std::move(*t.redeliver));
-        continue;
+        case ConsumerTimer::kAckWait: {
+          auto it = c.pending.find(t.seq);
+          // Settling and restarting cancel the timer; this check is for the
+          // invariant, not for a timer left behind.
+          if (it == c.pending.end() || it->second.attempt != t.attempt ||
+              it->second.deadline_ns != due) {
+            return;
+          }
+          const std::uint32_t member = it->second.member;
+          if (c.LastAttempt(t.attempt)) {
+            expired.push_back({{it->second.h, t.attempt, false}, member, true});
+            c.pending.erase(it);
+            return;
+          }
+          expired.push_back({{it->second.h, t.attempt + 1, false}, member, false});
+          // Queued again for the next attempt; an ack of the expired delivery still wins.
+          it->second.member = kNoMember;
+          it->second.attempt = t.attempt + 1;
+          it->second.deadline_ns = INT64_MAX;
+          it->second.timer = TimerId{};  // fired
+          return;
+        }
+        case ConsumerTimer::kQueueExpiry: {
+          auto it = c.waiting.find(t.seq);
+          if (it == c.waiting.end() || it->second.state != ConsumerState::kQueued ||
+              it->second.expiry_ns != due) {
+            return;
+          }
+          if (it->second.h->state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
+            c.waiting.erase(it);  // the stream dropped it: skipped when pulled, not expired
+            return;
+          }
+          if (c.config.timeout_action == TimeoutAction::kReject) {
+            it->second.state = ConsumerState::kExpired;  // skipped when pulled
+            timed_out.push_back(it->second.h);
+          } else {
+            it->second.state = ConsumerState::kDelayed;
+            c.delayed.fetch_add(1, std::memory_order_relaxed);
+          }
+          return;
+        }
       }
-      auto it = c.pending.find(t.seq);
-      // Settled, or its timer was restarted (InProgress: a later timer holds it).
-      if (it == c.pending.end() || it->second.attempt != t.attempt ||
-          it->second.deadline_ns != t.due_ns) {
-        continue;
-      }
-      const std::uint32_t member = it->second.member;
-      if (c.LastAttempt(t.attempt)) {
-        expired.push_back({{it->second.h, t.attempt, false}, member, true});
-        c.pending.erase(it);
-        continue;
-      }
-      expired.push_back({{it->second.h, t.attempt + 1, false}, member, false});
-      // Queued again for the next attempt; an ack of the expired delivery still wins.
-      it->second.member = kNoMember;
-      it->second.attempt = t.attempt + 1;
-      it->second.deadline_ns = INT64_MAX;
-    }
-    c.has_timers.store(!c.timers.empty(), std::memory_order_relaxed);
+    });
+    // Cleared under the lock that every Schedule holds: a timer scheduled after this
+    // sets it again.
+    c.has_timers.store(!c.wheel->empty(), std::memory_order_release);
   }
   for (Expired& e : expired) {
     c.ack_timeouts.fetch_add(1, std::memory_order_relaxed);
@@ -84,35 +116,7 @@ void RunAckTimers(ConsumerState& c, std::int64_t now) {
   for (engine_internal::Delivery& d : delayed) {
     engine_internal::Redeliver(c, std::move(d), kNoMember);
   }
-}
-
-// Queue timeouts of consumer `c` that passed while the event waited in a lane.
-void RunQueueTimeouts(ConsumerState& c, std::int64_t now) {
-  if (!c.has_waiting.load(std::memory_order_acquire)) return;
-  std::vector<Handle> timed_out;
-  {
-    std::lock_guard lock(c.pending_mu);
-    c.wheel->Advance(now, [&](std::uint64_t seq, std::int64_t due) {
-      auto it = c.waiting.find(seq);
-      if (it == c.waiting.end() || it->second.state != ConsumerState::kQueued ||
-          it->second.expiry_ns != due) {
-        return;
-      }
-      if (it->second.h->state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
-        c.waiting.erase(it);  // the stream dropped it: skipped when pulled, not expired
-        return;
-      }
-      if (c.config.timeout_action == TimeoutAction::kReject) {
-        it->second.state = ConsumerState::kExpired;  // skipped when pulled
-        timed_out.push_back(it->second.h);
-      } else {
-        it->second.state = ConsumerState::kDelayed;
-        c.delayed.fetch_add(1, std::memory_order_relaxed);
-      }
-    });
-  }
-  // The wheel fires a slot's timers in no particular order: dead letters go out
-  // in stream order.
+  // Queue timeouts fire in deadline order; dead letters go out in stream order.
   std::sort(timed_out.begin(), timed_out.end(),
             [](const Handle& a, const Handle& b) { return a->seq < b->seq; });
   for (const Handle& h : timed_out) {
@@ -152,9 +156,8 @@ void Engine::RunTimers() {
   if (impl_->lifecycle != nullptr) (void)impl_->lifecycle->RunTimeouts();
   for (ConsumerState* c : consumers) {
     const std::int64_t now = impl_->clock->NowNanos();
-    // 1. Due timers (ack waits, delayed naks), queue timeouts, parked deliveries.
-    RunAckTimers(*c, now);
-    RunQueueTimeouts(*c, now);
+    // 1. Due timers (ack waits, delayed naks, queue timeouts), parked deliveries.
+    RunConsumerTimers(*c, now);
     engine_internal::RetryParked(*c);
     // 2. Work moved off stalled members.
     if (c->tracked) impl_->MoveOffStalledMembers(*c, now);
@@ -266,7 +269,6 @@ void Engine::Impl::WakeForNextTimer(const std::vector<ConsumerState*>& consumers
   std::int64_t next_due = INT64_MAX;
   for (ConsumerState* c : consumers) {
     std::lock_guard lock(c->pending_mu);
-    if (!c->timers.empty()) next_due = std::min(next_due, c->timers.front().due_ns);
     if (!c->wheel->empty()) next_due = std::min(next_due, c->wheel->NextDeadline().value_or(INT64_MAX));
   }
   {

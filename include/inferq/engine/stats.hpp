@@ -87,7 +87,8 @@ struct ConsumerStats {
   std::uint64_t expired = 0;      // events given up by their queue timeout (kReject)
   std::uint64_t delayed = 0;      // events whose queue timeout passed under kDelay
   std::uint64_t evicted = 0;      // queued events evicted by a higher priority (QoS preemption)
-  std::uint64_t timers = 0;       // ack-wait and delayed-nak timers held (live and stale)
+  std::uint64_t timers = 0;       // timers pending on the consumer's wheel: ack waits,
+                                  // delayed naks, queue timeouts (a settled delivery's is cancelled)
   // NextBatch(timeout) batches by size (log2 buckets, BatcherStats), all members.
   std::array<std::uint64_t, kBatchSizeBuckets> batches_by_size{};
   std::uint64_t batches = 0;

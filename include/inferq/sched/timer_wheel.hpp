@@ -2,11 +2,11 @@
 //
 // TimerWheel<T>: a hierarchical hashed timing wheel (G. Varghese and T. Lauck,
 // "Hashed and Hierarchical Timing Wheels: Data Structures for the Efficient
-// Implementation of a Timer Facility", SOSP 1987, scheme 7). The engine enforces
-// queue timeouts, event TTLs and deadlines, and call timeouts with it (DESIGN.md
-// §3.6; ack_wait expiries and delayed naks are still on a per-consumer heap,
-// ConsumerState::timers): Schedule and Cancel are O(1), Advance costs the timers it
-// fires or moves, not the time that passed.
+// Implementation of a Timer Facility", SOSP 1987, scheme 7). The engine keeps every
+// timer of a consumer on one wheel (ack waits and backoff, delayed naks, queue
+// timeouts, event TTLs and deadlines) and call timeouts on another: Schedule and
+// Cancel are O(1), Advance costs the timers it fires or moves, not the time that
+// passed.
 //
 // Time is whatever int64 nanosecond clock the caller uses (base/clock.hpp); the
 // wheel holds no clock, the caller passes `now_ns` to Advance.

@@ -42,6 +42,32 @@ namespace engine_internal {
 
 struct StreamState;
 
+// What a consumer needs from the engine that owns it, and nothing more: the dead
+// letter builder (dead_letter.cpp) publishes through it, settlement asks it for a
+// timer run, a pull lets it flush deferred dead letters. Engine::Impl implements it;
+// nothing of a consumer reaches Publish any other way.
+class ConsumerHost {
+ public:
+  // Publishes dead letter `e` without waiting (PublishMode::kInternal): a stream
+  // whose mutex is taken gets it later, from the outbox. Not OK when no stream
+  // captures it or the engine is closed (the caller counts it lost).
+  virtual absl::Status PublishDeadLetter(Event e) = 0;
+  // Asks for a timer run by `due_ns` (engine clock); no-op with manual timers.
+  virtual void WakeTimer(std::int64_t due_ns) = 0;
+  // Publishes the dead letters deferred to the outbox, if any: one atomic load, on
+  // the pull path, when there are none. Called by a member after its pull made room.
+  void FlushOutboxIfPending() {
+    if (has_outbox.load(std::memory_order_acquire)) FlushOutbox();
+  }
+  // The outbox is not empty: set by the host when it defers a dead letter, cleared
+  // when FlushOutbox takes them all.
+  std::atomic<bool> has_outbox{false};
+
+ protected:
+  virtual void FlushOutbox() = 0;
+  ~ConsumerHost() = default;
+};
+
 // Lifecycle of a stored message in its stream.
 enum MsgState : std::uint8_t {
   kLive = 0,       // kept by the stream
@@ -151,13 +177,9 @@ struct ConsumerState {
   std::vector<std::int64_t> backoff_ns;     // empty: ack_wait_ns for every delivery
   std::int64_t max_deliver = -1;
   std::int64_t max_ack_pending = -1;
-  // Publishes a dead letter without waiting (set by the Engine).
-  std::function<absl::Status(Event)> publish_dead_letter;
-  // Asks the timer thread to run by `due_ns` (engine clock); set by the Engine.
-  std::function<void(std::int64_t)> wake_timer;
-  // Publishes deferred dead letters (Engine::FlushOutbox) when *outbox_pending.
-  std::function<void()> flush_outbox;
-  const std::atomic<bool>* outbox_pending = nullptr;
+  // The engine that owns this consumer (set by AddConsumer before the consumer is
+  // reachable); dead letters and timer wake-ups go through it.
+  ConsumerHost* host = nullptr;
   // Told of every message this consumer gives up, before its dead letter goes out
   // (Engine::Call completes the caller's future); may be empty.
   std::function<void(const Event&, std::uint32_t attempt, std::string_view reason)> on_dead_letter;

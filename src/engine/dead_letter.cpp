@@ -2,7 +2,7 @@
 //
 // The one builder of dead letters: a copy of the event with the reason headers
 // (kDeadLetterReasonHeader ...), published to the consumer's dead_letter_subject
-// through ConsumerState::publish_dead_letter (Engine::Publish, PublishMode::kInternal).
+// through its ConsumerHost (Engine::Publish, PublishMode::kInternal).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -29,7 +29,7 @@ void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
   c.dead_letters.fetch_add(1, std::memory_order_relaxed);
   SettleWithoutAck(c, *h);
   if (c.on_dead_letter) c.on_dead_letter(*h->event, attempt, reason);
-  if (c.config.dead_letter_subject.empty() || !c.publish_dead_letter) {
+  if (c.config.dead_letter_subject.empty() || c.host == nullptr) {
     c.dead_letters_lost.fetch_add(1, std::memory_order_relaxed);
     return;
   }
@@ -56,7 +56,7 @@ void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
     e.deadline = absl::InfiniteFuture();
   }
   e.attempt = attempt;
-  if (!c.publish_dead_letter(std::move(e)).ok()) {
+  if (!c.host->PublishDeadLetter(std::move(e)).ok()) {
     c.dead_letters_lost.fetch_add(1, std::memory_order_relaxed);
   }
 }

@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(EngineOptions options) {
 }
 
 Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->engine = this;
   impl_->codecs = options.codecs;
   if (options.codecs.compress_dictionary_id != 0) {  // found: Create checked it
     impl_->compress_dictionary =
@@ -275,12 +276,7 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   absl::StatusOr<std::unique_ptr<ConsumerState>> made = NewConsumerState(config, impl_->clock);
   if (!made.ok()) return made.status();
   std::unique_ptr<ConsumerState> state = *std::move(made);
-  state->publish_dead_letter = [this](Event e) -> absl::Status {
-    return Publish(std::move(e), PublishMode::kInternal).status();
-  };
-  state->wake_timer = [impl = impl_.get()](std::int64_t due_ns) { impl->WakeTimer(due_ns); };
-  state->flush_outbox = [this] { FlushOutbox(); };
-  state->outbox_pending = &impl_->has_outbox;
+  state->host = impl_.get();
 
   StreamState* stream = nullptr;
   ConsumerState* raw = nullptr;

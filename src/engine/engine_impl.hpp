@@ -62,7 +62,9 @@ using engine_internal::Lane;
 using engine_internal::StoredMessage;
 using engine_internal::StreamState;
 
-struct Engine::Impl {
+struct Engine::Impl final : engine_internal::ConsumerHost {
+  Engine* engine = nullptr;  // the facade that owns this (set by its constructor)
+
   const Clock* clock;
   // Every stream's subject patterns: Match gives the capturing streams in creation
   // order, each once. Publish never waits for AddStream (Left-Right, route_index.hpp);
@@ -131,7 +133,7 @@ struct Engine::Impl {
   // Dead letters whose stream's mutex was taken (Publish kInternal never waits).
   std::mutex outbox_mu;
   std::deque<std::pair<StreamState*, Event>> outbox;  // guarded by outbox_mu
-  std::atomic<bool> has_outbox{false};
+  // (has_outbox, set when outbox is not empty, is ConsumerHost's.)
   Lifecycle* lifecycle = nullptr;
 
   // Timers (ack_wait, stalled members): a background thread unless manual_timers.
@@ -176,8 +178,13 @@ struct Engine::Impl {
     });
   }
 
+  // ConsumerHost: dead letters, timer wake-ups, the outbox.
+  absl::Status PublishDeadLetter(Event e) override {
+    return engine->Publish(std::move(e), PublishMode::kInternal).status();
+  }
+  void FlushOutbox() override { engine->FlushOutbox(); }
   // Asks the timer thread to run by `due_ns` (engine clock). No-op with manual timers.
-  void WakeTimer(std::int64_t due_ns) {
+  void WakeTimer(std::int64_t due_ns) override {
     if (manual_timers) return;
     const std::int64_t delta = std::max<std::int64_t>(0, due_ns - clock->NowNanos());
     const std::int64_t now = SteadyClock::Now();

@@ -196,8 +196,8 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
                                          std::to_string(index_) + " before the timeout");
     }
     if (c.has_parked.load(std::memory_order_acquire)) engine_internal::RetryParked(c);
-    if (c.outbox_pending != nullptr && c.outbox_pending->load(std::memory_order_acquire)) {
-      c.flush_outbox();  // this pull made room: deferred dead letters may go now
+    if (c.host != nullptr) {  // this pull made room: deferred dead letters may go now
+      c.host->FlushOutboxIfPending();
     }
     // The caller's reading stands for an item that was there at once; one that came
     // after a wait gets its own.

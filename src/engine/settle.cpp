@@ -194,7 +194,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
               due, {engine_internal::ConsumerTimer::kRedeliver, attempt_ + 1, msg_->seq, msg_});
           lock.unlock();
           c.group->OnDone(member_, Outcome::kFailure, latency, now);
-          if (c.wake_timer) c.wake_timer(due);
+          c.host->WakeTimer(due);
           return absl::OkStatus();
         }
         lock.unlock();
@@ -223,7 +223,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
           (void)c.Schedule(
               due, {engine_internal::ConsumerTimer::kRedeliver, attempt_ + 1, msg_->seq, msg_});
         }
-        if (c.wake_timer) c.wake_timer(due);
+        c.host->WakeTimer(due);
         return absl::OkStatus();
       }
       engine_internal::Redeliver(c, {msg_, attempt_ + 1, false}, member_);

@@ -1,8 +1,10 @@
 // File: src/engine/delivery.cpp
 //
-// Lanes: putting a delivery back on a lane of its consumer (Redeliver, TryMove off a
-// stalled member, RetryParked) and a queued delivery dropped to make room
-// (DropQueued). Publish places first deliveries (publish.cpp, EnqueueTargets).
+// Lanes: placing a delivery on a lane of its consumer without waiting (PlaceOnLane:
+// for a redelivery, a parked delivery and a move off a stalled member), and a queued
+// delivery dropped to make room (DropQueued). Publish places first deliveries on the
+// members it selected under the stream's mutex (publish.cpp, EnqueueTargets), with
+// the consumer's overflow policy.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -21,6 +23,29 @@
 namespace inferq {
 namespace engine_internal {
 
+std::uint32_t PlaceOnLane(ConsumerState& c, Delivery& d, std::uint32_t avoid, Placement how) {
+  const auto n = static_cast<std::uint32_t>(c.lanes.size());
+  std::uint32_t target;
+  {
+    std::lock_guard lock(c.select_mu);
+    target = c.group->Select(*c.policy, *d.h->event).member;
+  }
+  absl::InlinedVector<bool, 16> ejected(n);
+  for (std::uint32_t m = 0; m < n; ++m) ejected[m] = c.group->Health(m) == MemberHealth::kEjected;
+  const int passes = how == Placement::kRedelivery ? 3 : 1;
+  for (int pass = 0; pass < passes; ++pass) {
+    for (std::uint32_t k = 0; k < n; ++k) {
+      const std::uint32_t m = (target + k) % n;
+      const bool ok = pass == 0 ? (m != avoid && !ejected[m]) : pass == 1 ? !ejected[m] : true;
+      if (!ok) continue;
+      c.group->OnQueued(m);  // before the push, so that a fast pull never sees it negative
+      if (c.lanes[m]->ring.try_push(std::move(d))) return m;
+      c.group->OnDone(m, Outcome::kDropped, 0);
+    }
+  }
+  return kNoMember;
+}
+
 // Queues `d` again for consumer `c` on a member chosen by its policy, not on
 // `exclude` when another lane takes it. Never blocks: a full lane is skipped and,
 // when every lane is full, the delivery is parked until the next timer run.
@@ -37,29 +62,10 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
     }
     return;
   }
-  const auto n = static_cast<std::uint32_t>(c.lanes.size());
-  std::uint32_t target;
-  {
-    std::lock_guard lock(c.select_mu);
-    target = c.group->Select(*c.policy, *d.h->event).member;
-  }
-  // Preference: the policy's pick or the next members after it that are neither
-  // `exclude` nor ejected; then `exclude` if it is not ejected; then any lane.
-  std::vector<bool> ejected(n);
-  for (std::uint32_t m = 0; m < n; ++m) ejected[m] = c.group->Health(m) == MemberHealth::kEjected;
-  for (int pass = 0; pass < 3; ++pass) {
-    for (std::uint32_t k = 0; k < n; ++k) {
-      const std::uint32_t m = (target + k) % n;
-      const bool ok = pass == 0 ? (m != exclude && !ejected[m]) : pass == 1 ? !ejected[m] : true;
-      if (!ok) continue;
-      c.group->OnQueued(m);
-      const bool redelivery = d.attempt > 1;  // else a first delivery that was parked
-      if (c.lanes[m]->ring.try_push(std::move(d))) {
-        if (redelivery) c.redelivered.fetch_add(1, std::memory_order_relaxed);
-        return;
-      }
-      c.group->OnDone(m, Outcome::kDropped, 0);
-    }
+  const bool redelivery = d.attempt > 1;  // else a first delivery that was parked
+  if (PlaceOnLane(c, d, exclude, Placement::kRedelivery) != kNoMember) {
+    if (redelivery) c.redelivered.fetch_add(1, std::memory_order_relaxed);
+    return;
   }
   if (c.lanes.front()->ring.closed()) return;  // the engine is closing: nobody will pull
   std::lock_guard lock(c.pending_mu);
@@ -71,20 +77,7 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
 // Moves `d` off stalled member `from` to another member that is not ejected and has
 // room (the policy's pick first). False, with `d` untouched, when none has.
 bool TryMove(ConsumerState& c, Delivery& d, std::uint32_t from) {
-  const auto n = static_cast<std::uint32_t>(c.lanes.size());
-  std::uint32_t target;
-  {
-    std::lock_guard lock(c.select_mu);
-    target = c.group->Select(*c.policy, *d.h->event).member;
-  }
-  for (std::uint32_t k = 0; k < n; ++k) {
-    const std::uint32_t m = (target + k) % n;
-    if (m == from || c.group->Health(m) == MemberHealth::kEjected) continue;
-    c.group->OnQueued(m);
-    if (c.lanes[m]->ring.try_push(std::move(d))) return true;
-    c.group->OnDone(m, Outcome::kDropped, 0);
-  }
-  return false;
+  return PlaceOnLane(c, d, from, Placement::kMove) != kNoMember;
 }
 
 // Retries parked redeliveries: by the timer, and by a member right after a pull has

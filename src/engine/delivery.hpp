@@ -1,7 +1,7 @@
 // File: src/engine/delivery.hpp (not API)
 //
 // The functions that move a delivery between a consumer's lanes (delivery.cpp:
-// Redeliver, TryMove, RetryParked, DropQueued) and that end a message for a
+// PlaceOnLane, and Redeliver, TryMove, RetryParked on it; DropQueued) and that end a message for a
 // consumer without an ack (settle.cpp: SettleWithoutAck; dead_letter.cpp:
 // DeadLetter).
 //
@@ -16,6 +16,17 @@
 
 namespace inferq {
 namespace engine_internal {
+
+// Where PlaceOnLane may put a delivery, in order, starting at the member the
+// consumer's selection policy picks and going round the members after it.
+enum class Placement : std::uint8_t {
+  kRedelivery,  // not `avoid` and not ejected; then `avoid` if not ejected; then any
+  kMove,        // not `avoid` and not ejected, nothing else
+};
+// Places `d` on a lane of consumer `c` without waiting (a full lane is skipped),
+// counting it queued on that member (MemberGroup::OnQueued). Returns the member, or
+// kNoMember with `d` untouched when every lane `how` allows was full.
+std::uint32_t PlaceOnLane(ConsumerState& c, Delivery& d, std::uint32_t avoid, Placement how);
 
 // Queues `d` again for consumer `c` on a member chosen by its policy, not on
 // `exclude` when another lane takes it. Never blocks: a full lane is skipped and,

@@ -273,6 +273,21 @@ struct Tally {
   inferq::HistogramSnapshot latency_ns;
 };
 
+// Adds stream `sc` and consumer `cc` to `engine` and returns the consumer's members.
+std::vector<inferq::Member> AddWorkers(inferq::Engine& engine, const inferq::StreamConfig& sc,
+                                       const inferq::ConsumerConfig& cc) {
+  if (absl::Status st = engine.AddStream(sc); !st.ok()) Die(std::string(st.message()));
+  absl::StatusOr<inferq::Consumer> c = engine.AddConsumer(cc);
+  if (!c.ok()) Die(std::string(c.status().message()));
+  std::vector<inferq::Member> members;
+  for (std::uint32_t i = 0; i < cc.members; ++i) {
+    absl::StatusOr<inferq::Member> m = c->member(i);
+    if (!m.ok()) Die(std::string(m.status().message()));
+    members.push_back(*m);
+  }
+  return members;
+}
+
 // ---- implementations -----------------------------------------------------------------
 // Each has a constructor (members, total events incl. warm-up, qos); Publish(payload,
 // i) on the publisher thread; Finish() after the last publish; and Pull(member, f),
@@ -283,7 +298,6 @@ struct InferqImpl {
   InferqImpl(int members, std::int64_t total, bool qos) : total_(total) {
     inferq::StreamConfig sc{.name = "E2E", .subjects = {"e2e.>"}};
     sc.retention = inferq::RetentionPolicy::kInterest;
-    if (absl::Status st = engine_->AddStream(sc); !st.ok()) Die(std::string(st.message()));
     inferq::ConsumerConfig cc{.stream = "E2E", .name = "workers"};
     cc.members = static_cast<std::uint32_t>(members);
     cc.lane_capacity = kLaneCapacity;
@@ -291,13 +305,7 @@ struct InferqImpl {
     cc.batch.max_batch = kMaxBatch;
     cc.batch.max_queue_delay = absl::ZeroDuration();
     if (qos) cc.qos = inferq::QosConfig{};
-    absl::StatusOr<inferq::Consumer> c = engine_->AddConsumer(cc);
-    if (!c.ok()) Die(std::string(c.status().message()));
-    for (int i = 0; i < members; ++i) {
-      absl::StatusOr<inferq::Member> m = c->member(static_cast<std::uint32_t>(i));
-      if (!m.ok()) Die(std::string(m.status().message()));
-      members_.push_back(*m);
-    }
+    members_ = AddWorkers(*engine_, sc, cc);
     qos_ = qos;
   }
 
@@ -616,17 +624,9 @@ constexpr std::int64_t kMeasureNs = 5'000'000'000;
 
 struct InferqIdle {
   explicit InferqIdle(int members) {
-    inferq::StreamConfig sc{.name = "IDLE", .subjects = {"idle.>"}};
-    if (absl::Status st = engine_->AddStream(sc); !st.ok()) Die(std::string(st.message()));
     inferq::ConsumerConfig cc{.stream = "IDLE", .name = "workers"};
     cc.members = static_cast<std::uint32_t>(members);
-    absl::StatusOr<inferq::Consumer> c = engine_->AddConsumer(cc);
-    if (!c.ok()) Die(std::string(c.status().message()));
-    for (int i = 0; i < members; ++i) {
-      absl::StatusOr<inferq::Member> m = c->member(static_cast<std::uint32_t>(i));
-      if (!m.ok()) Die(std::string(m.status().message()));
-      members_.push_back(*m);
-    }
+    members_ = e2e::AddWorkers(*engine_, {.name = "IDLE", .subjects = {"idle.>"}}, cc);
   }
   // Pulls until the engine closes.
   void Wait(int member) {

@@ -13,6 +13,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "ring_test_util.hpp"
+
 using inferq::MpmcRing;
 using namespace std::chrono_literals;
 
@@ -705,52 +707,8 @@ TEST_CASE("single pops while some producers spin and others sleep reach every pr
 }
 
 namespace {
-// Every blocking call that does not succeed at once goes straight to sleep: no
-// active phase (kMaxActive 0), so each hand-off runs the sleep/notify protocol of
-// internal/event_count.hpp (invariants 1-3) and races with the notifier's check.
-struct SleepAtOnce {
-  static constexpr int kSpins = 0;
-  static constexpr long kActiveNs = 0;
-  static constexpr int kMaxActive = 0;
-  static constexpr bool kSleeps = true;
-};
-
-// Closes `rings` when `progress` stops moving for 10 s, and says so: a lost
-// wake-up then fails the test instead of hanging it. Not a timing assertion: any
-// working run moves on within microseconds.
-template <class... Rings>
-class Watchdog {
- public:
-  Watchdog(const std::atomic<std::uint64_t>& progress, Rings&... rings)
-      : thread_([this, &progress, &rings...] {
-          std::uint64_t last = progress.load();
-          int idle_s = 0;
-          while (!done_.load()) {
-            std::this_thread::sleep_for(10ms);
-            if (++ticks_ % 100 != 0) continue;
-            const std::uint64_t now = progress.load();
-            idle_s = now == last ? idle_s + 1 : 0;
-            last = now;
-            if (idle_s == 10) {
-              stalled_ = true;
-              (rings.close(), ...);
-              return;
-            }
-          }
-        }) {}
-  ~Watchdog() { Stop(); }
-  void Stop() {
-    done_ = true;
-    if (thread_.joinable()) thread_.join();
-  }
-  bool stalled() const { return stalled_.load(); }
-
- private:
-  std::atomic<bool> done_{false};
-  std::atomic<bool> stalled_{false};
-  int ticks_ = 0;
-  std::thread thread_;
-};
+using inferq::ring_test::SleepAtOnce;
+using inferq::ring_test::Watchdog;
 
 // `pairs` threads push into `there` and pop from `back`; as many echo threads pop
 // from `there` and push into `back`. Each item makes the round trip once.

@@ -10,6 +10,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "ring_test_util.hpp"
+
 using inferq::SpscRing;
 using namespace std::chrono_literals;
 
@@ -160,16 +162,8 @@ TEST_CASE("spsc: a blocking push cut off by close gives the item back") {
   CHECK(lost == 0);
 }
 
-namespace {
-// As in mpmc_ring_test.cpp: every blocking call that does not succeed at once
-// sleeps, so each hand-off runs the sleep/notify protocol.
-struct SleepAtOnce {
-  static constexpr int kSpins = 0;
-  static constexpr long kActiveNs = 0;
-  static constexpr int kMaxActive = 0;
-  static constexpr bool kSleeps = true;
-};
-}  // namespace
+using inferq::ring_test::SleepAtOnce;
+using inferq::ring_test::Watchdog;
 
 // The notifier has no fence of its own: the producer's seq_cst CAS of head_ and the
 // consumer's seq_cst store of tail_ pair with the sleeper's (event_count.hpp,
@@ -182,23 +176,8 @@ TEST_CASE("spsc: a waiter falling asleep as the other side moves is always woken
   constexpr int kItems = 20'000;
 #endif
   SpscRing<int, SleepAtOnce> there(1), back(1);
-  std::atomic<int> progress{0};
-  std::atomic<bool> done{false}, stalled{false};
-  std::thread watchdog([&] {
-    int last = -1, idle_ticks = 0;
-    while (!done.load()) {
-      std::this_thread::sleep_for(10ms);
-      const int now = progress.load();
-      idle_ticks = now == last ? idle_ticks + 1 : 0;
-      last = now;
-      if (idle_ticks == 1000) {  // 10 s without a round trip
-        stalled = true;
-        there.close();
-        back.close();
-        return;
-      }
-    }
-  });
+  std::atomic<std::uint64_t> progress{0};
+  Watchdog watchdog(progress, there, back);
   std::thread echo([&] {
     int v;
     while (there.pop(v)) {
@@ -214,9 +193,8 @@ TEST_CASE("spsc: a waiter falling asleep as the other side moves is always woken
   }
   there.close();
   echo.join();
-  done = true;
-  watchdog.join();
-  CHECK_FALSE(stalled.load());
-  CHECK(progress.load() == kItems);
+  watchdog.Stop();
+  CHECK_FALSE(watchdog.stalled());
+  CHECK(progress.load() == static_cast<std::uint64_t>(kItems));
   CHECK(sum == static_cast<long long>(kItems) * (kItems + 1) / 2);
 }

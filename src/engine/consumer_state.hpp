@@ -249,12 +249,9 @@ struct ConsumerState {
   std::condition_variable slot_cv;
   std::atomic<bool> closing{false};
 
-  alignas(kCacheLineSize) std::atomic<std::uint64_t> acked{0};
-  std::atomic<std::uint64_t> skipped{0};
-  std::atomic<std::uint64_t> redelivered{0}, ack_timeouts{0}, naks{0}, moved{0},
-      late_acks{0}, mirrored{0}, shadow_acked{0}, terminated{0}, dead_letters{0},
-      dead_letters_lost{0}, dropped{0}, overflow_rejected{0}, parked_total{0}, expired{0},
-      delayed{0}, evicted{0};
+  // The consumer's counts (ConsumerStats copies them with ForEachCount), on their
+  // own cache lines: every thread that settles or delivers writes them.
+  alignas(kCacheLineSize) ConsumerCounts<std::atomic<std::uint64_t>> counts;
   // Member::NextBatch(timeout): one batcher per member (ConsumerConfig::batch).
   std::vector<std::unique_ptr<Batcher>> batchers;
   // Explicit-ack deliveries handed out and not yet settled (ack, nak, expiry).

@@ -51,7 +51,7 @@ std::uint32_t PlaceOnLane(ConsumerState& c, Delivery& d, std::uint32_t avoid, Pl
 // when every lane is full, the delivery is parked until the next timer run.
 void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
   if (d.h->state.load(std::memory_order_acquire) == kDiscarded) {
-    c.skipped.fetch_add(1, std::memory_order_relaxed);
+    c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
     if (c.tracked && !d.shadow) {  // its pending entry (and the event it holds) goes too
       std::lock_guard lock(c.pending_mu);
       if (auto it = c.pending.find(d.h->seq);
@@ -64,13 +64,13 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
   }
   const bool redelivery = d.attempt > 1;  // else a first delivery that was parked
   if (PlaceOnLane(c, d, exclude, Placement::kRedelivery) != kNoMember) {
-    if (redelivery) c.redelivered.fetch_add(1, std::memory_order_relaxed);
+    if (redelivery) c.counts.redelivered.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   if (c.lanes.front()->ring.closed()) return;  // the engine is closing: nobody will pull
   std::lock_guard lock(c.pending_mu);
   c.parked.push_back(std::move(d));
-  c.parked_total.fetch_add(1, std::memory_order_relaxed);
+  c.counts.parked.fetch_add(1, std::memory_order_relaxed);
   c.has_parked.store(true, std::memory_order_release);
 }
 
@@ -96,7 +96,7 @@ void RetryParked(ConsumerState& c) {
 // A delivery queued on lane `m` was dropped to make room (OverflowPolicy::kDropOldest).
 void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d, bool evicted) {
   c.group->OnDone(m, Outcome::kDropped, 0);
-  (evicted ? c.evicted : c.dropped).fetch_add(1, std::memory_order_relaxed);
+  (evicted ? c.counts.evicted : c.counts.dropped).fetch_add(1, std::memory_order_relaxed);
   if (d.shadow) return;
   if (d.attempt == 1 && c.has_waiting.load(std::memory_order_acquire)) {
     std::lock_guard lock(c.pending_mu);

@@ -251,7 +251,7 @@ absl::Status Engine::Impl::CheckLanes(const StreamConfig& cfg, const Event& ev,
                          (overflow == OverflowPolicy::kBlock && flags.no_wait);
     Lane& lane = *t.consumer->lanes[t.member];
     if (!refuses || lane.ring.WouldAccept(QosKey::Of(ev))) continue;
-    if (flags.count_refusals) t.consumer->overflow_rejected.fetch_add(1, std::memory_order_relaxed);
+    if (flags.count_refusals) t.consumer->counts.overflow_rejected.fetch_add(1, std::memory_order_relaxed);
     return absl::ResourceExhaustedError(
         "stream '" + cfg.name + "': lane of consumer '" + t.consumer->config.name +
         "' member " + std::to_string(t.member) + " is full (" +
@@ -352,7 +352,7 @@ std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
         if (t.shadow) continue;
         std::lock_guard park_lock(consumer->pending_mu);
         consumer->parked.push_back(std::move(d));
-        consumer->parked_total.fetch_add(1, std::memory_order_relaxed);
+        consumer->counts.parked.fetch_add(1, std::memory_order_relaxed);
         consumer->has_parked.store(true, std::memory_order_release);
         ++tally.ack.deliveries;
         continue;
@@ -360,7 +360,7 @@ std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
     }
     if (queued) {
       ++tally.ack.deliveries;
-      if (t.shadow) consumer->mirrored.fetch_add(1, std::memory_order_relaxed);
+      if (t.shadow) consumer->counts.mirrored.fetch_add(1, std::memory_order_relaxed);
     } else {  // closed while waiting: that consumer will never ack it
       consumer->group->OnDone(t.member, Outcome::kDropped, 0);
       if (t.shadow) continue;

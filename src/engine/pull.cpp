@@ -58,7 +58,7 @@ bool SkipIfDiscarded(ConsumerState& c, std::uint32_t m, const engine_internal::D
     stream.Retire(*h, engine_internal::kDiscarded);
   }
   if (h->state.load(std::memory_order_acquire) != engine_internal::kDiscarded) return false;
-  c.skipped.fetch_add(1, std::memory_order_relaxed);
+  c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
   c.group->OnDone(m, Outcome::kDropped, 0);
   if (d.attempt == 1 && !d.shadow && c.has_waiting.load(std::memory_order_acquire)) {
     std::lock_guard lock(c.pending_mu);  // its queue timeout goes with it
@@ -93,13 +93,13 @@ bool ApplyQueueTimeout(ConsumerState& c, Lane& lane, std::uint32_t m,
     if (c.config.timeout_action == TimeoutAction::kReject) {
       c.waiting.erase(it);
       lock.unlock();
-      c.expired.fetch_add(1, std::memory_order_relaxed);
+      c.counts.expired.fetch_add(1, std::memory_order_relaxed);
       c.group->OnDone(m, Outcome::kDropped, 0);
       engine_internal::DeadLetter(c, h, 0, "expired", "queue timeout");
       return true;
     }
     w.state = ConsumerState::kDelayed;
-    c.delayed.fetch_add(1, std::memory_order_relaxed);
+    c.counts.delayed.fetch_add(1, std::memory_order_relaxed);
   }
   if (w.state == ConsumerState::kExpired) {  // dead-lettered when it expired
     c.waiting.erase(it);
@@ -142,7 +142,7 @@ bool TrackDelivery(ConsumerState& c, std::uint32_t m, const engine_internal::Del
     auto it = c.pending.find(h->seq);
     if (it == c.pending.end() || it->second.attempt != d.attempt ||
         it->second.member != kNoMember) {
-      c.skipped.fetch_add(1, std::memory_order_relaxed);
+      c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
       c.group->OnDone(m, Outcome::kDropped, 0);
       return false;
     }

@@ -143,18 +143,18 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
   const std::int64_t latency = std::max<std::int64_t>(0, now - deliver_ns_);
   if (shadow_) {
     c.group->OnDone(member_, Outcome::kSuccess, latency, now);
-    c.shadow_acked.fetch_add(1, std::memory_order_relaxed);
+    c.counts.shadow_acked.fetch_add(1, std::memory_order_relaxed);
     return absl::OkStatus();
   }
-  if (how == Settlement::kNak) c.naks.fetch_add(1, std::memory_order_relaxed);
-  if (how == Settlement::kTerm) c.terminated.fetch_add(1, std::memory_order_relaxed);
+  if (how == Settlement::kNak) c.counts.naks.fetch_add(1, std::memory_order_relaxed);
+  if (how == Settlement::kTerm) c.counts.terminated.fetch_add(1, std::memory_order_relaxed);
   if (c.tracked) {
     std::unique_lock lock(c.pending_mu);
     auto it = c.pending.find(msg_->seq);
     if (it == c.pending.end()) {
       // Settled by another delivery of the same message: the first ack won, and
       // this delivery's work was already accounted for when it timed out.
-      c.late_acks.fetch_add(how == Settlement::kAck ? 1 : 0, std::memory_order_relaxed);
+      c.counts.late_acks.fetch_add(how == Settlement::kAck ? 1 : 0, std::memory_order_relaxed);
       return absl::OkStatus();
     }
     if (it->second.attempt != attempt_) {
@@ -231,7 +231,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
     }
     c.group->OnDone(member_, Outcome::kSuccess, latency, now);
   }
-  c.acked.fetch_add(1, std::memory_order_relaxed);
+  c.counts.acked.fetch_add(1, std::memory_order_relaxed);
   c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
   if (c.config.batch.adaptive) c.batchers[member_]->ObserveRtt(latency);
   StreamState* stream = msg_->stream;

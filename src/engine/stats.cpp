@@ -54,25 +54,11 @@ EngineStats Engine::Stats() const {
       cs.deliver_latency_ns.Merge(lane.deliver_latency_ns.Snapshot());
       cs.members.push_back(ms);
     }
-    cs.acked = c->acked.load(std::memory_order_relaxed);
+    c->counts.ForEachCount(cs, [](const std::atomic<std::uint64_t>& from, std::uint64_t& to) {
+      to = from.load(std::memory_order_relaxed);
+    });
     cs.ack_pending = static_cast<std::uint64_t>(
         std::max<std::int64_t>(0, c->unsettled.load(std::memory_order_relaxed)));
-    cs.skipped = c->skipped.load(std::memory_order_relaxed);
-    cs.redelivered = c->redelivered.load(std::memory_order_relaxed);
-    cs.ack_timeouts = c->ack_timeouts.load(std::memory_order_relaxed);
-    cs.naks = c->naks.load(std::memory_order_relaxed);
-    cs.moved = c->moved.load(std::memory_order_relaxed);
-    cs.late_acks = c->late_acks.load(std::memory_order_relaxed);
-    cs.mirrored = c->mirrored.load(std::memory_order_relaxed);
-    cs.shadow_acked = c->shadow_acked.load(std::memory_order_relaxed);
-    cs.terminated = c->terminated.load(std::memory_order_relaxed);
-    cs.dead_letters = c->dead_letters.load(std::memory_order_relaxed);
-    cs.dead_letters_lost = c->dead_letters_lost.load(std::memory_order_relaxed);
-    cs.dropped = c->dropped.load(std::memory_order_relaxed);
-    cs.overflow_rejected = c->overflow_rejected.load(std::memory_order_relaxed);
-    cs.parked = c->parked_total.load(std::memory_order_relaxed);
-    cs.expired = c->expired.load(std::memory_order_relaxed);
-    cs.evicted = c->evicted.load(std::memory_order_relaxed);
     {
       std::lock_guard lock(c->pending_mu);
       cs.timers = c->wheel->size();
@@ -95,7 +81,6 @@ EngineStats Engine::Stats() const {
         }
       }
     }
-    cs.delayed = c->delayed.load(std::memory_order_relaxed);
     cs.policy = std::string(c->policy->name());
     cs.group = c->group->Stats();
     cs.ack_latency_ns = c->ack_latency_ns.Snapshot();

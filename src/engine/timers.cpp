@@ -93,7 +93,7 @@ void RunConsumerTimers(ConsumerState& c, std::int64_t now) {
             timed_out.push_back(it->second.h);
           } else {
             it->second.state = ConsumerState::kDelayed;
-            c.delayed.fetch_add(1, std::memory_order_relaxed);
+            c.counts.delayed.fetch_add(1, std::memory_order_relaxed);
           }
           return;
         }
@@ -104,7 +104,7 @@ void RunConsumerTimers(ConsumerState& c, std::int64_t now) {
     c.has_timers.store(!c.wheel->empty(), std::memory_order_release);
   }
   for (Expired& e : expired) {
-    c.ack_timeouts.fetch_add(1, std::memory_order_relaxed);
+    c.counts.ack_timeouts.fetch_add(1, std::memory_order_relaxed);
     c.Unsettle();
     c.group->OnDone(e.member, Outcome::kFailure, 0);
     if (e.give_up) {
@@ -120,7 +120,7 @@ void RunConsumerTimers(ConsumerState& c, std::int64_t now) {
   std::sort(timed_out.begin(), timed_out.end(),
             [](const Handle& a, const Handle& b) { return a->seq < b->seq; });
   for (const Handle& h : timed_out) {
-    c.expired.fetch_add(1, std::memory_order_relaxed);
+    c.counts.expired.fetch_add(1, std::memory_order_relaxed);
     engine_internal::DeadLetter(c, h, 0, "expired", "queue timeout");
   }
 }
@@ -247,7 +247,7 @@ void Engine::Impl::MoveOffStalledMembers(ConsumerState& c, std::int64_t now) {
         continue;
       }
       if (engine_internal::TryMove(c, d, m)) {
-        c.moved.fetch_add(1, std::memory_order_relaxed);
+        c.counts.moved.fetch_add(1, std::memory_order_relaxed);
         c.group->OnDone(m, Outcome::kFailure, 0);
         continue;
       }

@@ -64,29 +64,74 @@ struct MemberStats {
   std::size_t queued = 0;
 };
 
-struct ConsumerStats {
+// The monotonic counts of one consumer. A template on the type of a count: the
+// engine keeps them as ConsumerCounts<std::atomic<std::uint64_t>>, ConsumerStats
+// has them as plain numbers, and a snapshot copies one into the other with
+// ForEachCount, so that a count is declared once and copied by the same list.
+template <class Count>
+struct ConsumerCounts {
+  Count acked{};
+  Count skipped{};      // queued but discarded by the stream before delivery
+  Count redelivered{};  // deliveries after an ack_wait expiry, nak or move
+  Count ack_timeouts{}; // deliveries not acked within ack_wait
+  Count naks{};
+  Count moved{};        // queued items moved off a stalled member
+  Count late_acks{};    // acks after another delivery of the message won (no-ops)
+  Count mirrored{};     // shadow copies queued (WeightedShadowPolicy)
+  Count shadow_acked{};
+  Count terminated{};   // Term calls
+  Count dead_letters{}; // messages given up (max_deliver, term, expired)
+  Count dead_letters_lost{};  // of those: no dead_letter_subject, or no stream captured it
+  Count dropped{};      // queued deliveries dropped by OverflowPolicy::kDropOldest
+  Count overflow_rejected{};  // publishes refused for a full lane (kReject, TryPublish)
+  Count parked{};       // deliveries that found every lane full and waited off-lane
+  Count expired{};      // events given up by their queue timeout (kReject)
+  Count delayed{};      // events whose queue timeout passed under kDelay
+  Count evicted{};      // queued events evicted by a higher priority (QoS preemption)
+
+  // Calls f(this->count, other.count) for every count above, in order.
+  template <class Other, class F>
+  constexpr void ForEachCount(Other& other, F&& f) const {
+    f(acked, other.acked);
+    f(skipped, other.skipped);
+    f(redelivered, other.redelivered);
+    f(ack_timeouts, other.ack_timeouts);
+    f(naks, other.naks);
+    f(moved, other.moved);
+    f(late_acks, other.late_acks);
+    f(mirrored, other.mirrored);
+    f(shadow_acked, other.shadow_acked);
+    f(terminated, other.terminated);
+    f(dead_letters, other.dead_letters);
+    f(dead_letters_lost, other.dead_letters_lost);
+    f(dropped, other.dropped);
+    f(overflow_rejected, other.overflow_rejected);
+    f(parked, other.parked);
+    f(expired, other.expired);
+    f(delayed, other.delayed);
+    f(evicted, other.evicted);
+  }
+  // How many counts ForEachCount visits: a count declared and not listed there
+  // fails the static_assert below.
+  static constexpr std::size_t Listed() {
+    std::size_t n = 0;
+    ConsumerCounts<std::uint64_t> a, b;
+    a.ForEachCount(b, [&n](const std::uint64_t&, std::uint64_t&) { ++n; });
+    return n;
+  }
+};
+static_assert(ConsumerCounts<std::uint64_t>::Listed() * sizeof(std::uint64_t) ==
+                  sizeof(ConsumerCounts<std::uint64_t>),
+              "ConsumerCounts::ForEachCount must list every count once");
+
+struct ConsumerStats : ConsumerCounts<std::uint64_t> {
   std::string stream;
   std::string name;
   std::uint64_t delivered = 0;    // handed to members by Next / NextBatch
-  std::uint64_t acked = 0;
   std::uint64_t ack_pending = 0;  // deliveries out, not yet acked, nak'ed or expired
-  std::uint64_t skipped = 0;      // queued but discarded by the stream before delivery
-  std::uint64_t redelivered = 0;  // deliveries after an ack_wait expiry, nak or move
-  std::uint64_t ack_timeouts = 0; // deliveries not acked within ack_wait
-  std::uint64_t naks = 0;
-  std::uint64_t moved = 0;        // queued items moved off a stalled member
-  std::uint64_t late_acks = 0;    // acks after another delivery of the message won (no-ops)
-  std::uint64_t mirrored = 0;     // shadow copies queued (WeightedShadowPolicy)
-  std::uint64_t shadow_acked = 0;
-  std::uint64_t terminated = 0;   // Term calls
-  std::uint64_t dead_letters = 0; // messages given up (max_deliver, term, expired)
-  std::uint64_t dead_letters_lost = 0;  // of those: no dead_letter_subject, or no stream captured it
-  std::uint64_t dropped = 0;      // queued deliveries dropped by OverflowPolicy::kDropOldest
-  std::uint64_t overflow_rejected = 0;  // publishes refused for a full lane (kReject, TryPublish)
-  std::uint64_t parked = 0;       // deliveries that found every lane full and waited off-lane
-  std::uint64_t expired = 0;      // events given up by their queue timeout (kReject)
-  std::uint64_t delayed = 0;      // events whose queue timeout passed under kDelay
-  std::uint64_t evicted = 0;      // queued events evicted by a higher priority (QoS preemption)
+  // ...and the counts of ConsumerCounts: acked, skipped, redelivered, ack_timeouts,
+  // naks, moved, late_acks, mirrored, shadow_acked, terminated, dead_letters,
+  // dead_letters_lost, dropped, overflow_rejected, parked, expired, delayed, evicted.
   std::uint64_t timers = 0;       // timers pending on the consumer's wheel: ack waits,
                                   // delayed naks, queue timeouts (a settled delivery's is cancelled)
   // NextBatch(timeout) batches by size (log2 buckets, BatcherStats), all members.

@@ -240,7 +240,10 @@ struct Engine::Impl {
   // CheckEvent -> Route -> ConvertBeforeStore, then for each capturing stream
   // PublishToStream: LockForPublish -> StreamState::Admit -> SelectTargets ->
   // CheckLanes -> ConvertUnderLock -> AllocateRecord -> StreamState::Append ->
-  // EnqueueTargets; FinishPublish makes the PublishAck.
+  // EnqueueTargets; FinishPublish makes the PublishAck. publish.cpp, the only file that
+  // calls them, defines them `inline`, so that the compiler may fold the steps into
+  // Publish's body: as separate calls they cost more than some of the steps
+  // (BENCHMARKS.md, "The engine's data path in instructions").
   // How one publish behaves, from its Engine::PublishMode.
   struct PublishFlags {
     bool wait = false;            // kWait: waits for a stream's mutex and a full lane

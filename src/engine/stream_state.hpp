@@ -2,7 +2,8 @@
 //
 // StreamState: one stream's messages (in sequence order), its consumers, limits,
 // duplicate window and counters, and the operations on them that need its mutex
-// (TrimFront, CompactIfSparse, MakeRoom).
+// (TrimFront, CompactIfSparse, MakeRoom, and the store's Admit and Append; the
+// refusals' messages in stream_store.cpp).
 //
 // Thread safety: `mu` guards the messages, the sequence, the consumer list and the
 // duplicate window; the counters are atomics read by Stats() without it.
@@ -133,13 +134,33 @@ struct StreamState {
     }
   }
 
-  // The stream store's admit call (stream_store.cpp), at `now` for an event of
-  // `bytes` (Event::StoredSize): trims the front (max_age), then finds a duplicate
-  // (when `check_duplicates`; dead letters are not checked) or a limit that refuses
-  // it (max_msg_size: InvalidArgument; discard new, max_bytes: ResourceExhausted,
-  // naming the stream). Changes nothing else. Requires mu.
+  // The stream store's admit call, at `now` for an event of `bytes`
+  // (Event::StoredSize): trims the front (max_age), then finds a duplicate (when
+  // `check_duplicates`; dead letters are not checked) or a limit that refuses it
+  // (CheckLimits). Changes nothing else. Requires mu. Inline, with Append: both run
+  // on every publish, and a call into another translation unit per step cost more
+  // than the step (BENCHMARKS.md, "The engine's data path in instructions").
   Admission Admit(const Event& incoming, std::uint64_t bytes, std::int64_t now,
-                  bool check_duplicates);
+                  bool check_duplicates) {
+    TrimFront(now);
+    CompactIfSparse();
+    Admission a;
+    if (dedup != nullptr && !incoming.msg_id.empty() && check_duplicates) {
+      dedup->Expire(now);
+      if (std::optional<std::uint64_t> original = dedup->Find(incoming.msg_id, now)) {
+        a.duplicate_of = original;
+        return a;
+      }
+    }
+    if (config.max_msg_size > 0 || config.discard == DiscardPolicy::kNew || config.max_bytes > 0) {
+      a.refusal = CheckLimits(bytes);
+    }
+    return a;
+  }
+  // The limits that refuse an event of `bytes` (stream_store.cpp): max_msg_size
+  // (InvalidArgument), discard new or max_bytes (ResourceExhausted), naming the
+  // stream; OK when none does. Requires mu.
+  absl::Status CheckLimits(std::uint64_t bytes) const;
   // Stores an admitted event as `record` (allocated by the caller): discard old
   // makes room, the record gets the next sequence, the counters and (when
   // `record_duplicate`) the duplicate window learn it, and it is kept unless interest
@@ -147,7 +168,31 @@ struct StreamState {
   void Append(const std::shared_ptr<StoredMessage>& record,
               const std::shared_ptr<const Event>& shared, const ConvertedEvents& converted,
               std::int64_t now, std::uint64_t bytes, std::uint32_t explicit_acks,
-              bool record_duplicate);
+              bool record_duplicate) {
+    if (config.discard == DiscardPolicy::kOld) MakeRoom(bytes);
+    record->event = shared;
+    record->converted = converted;  // copies of shared_ptrs: no allocation
+    record->stream = this;
+    record->seq = next_seq++;
+    record->publish_ns = now;
+    record->bytes = bytes;
+    record->pending_acks.store(explicit_acks, std::memory_order_relaxed);
+
+    live_msgs.fetch_add(1, std::memory_order_relaxed);
+    live_bytes.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+    stored.fetch_add(1, std::memory_order_relaxed);
+    last_seq.store(record->seq, std::memory_order_relaxed);
+    if (dedup != nullptr && !shared->msg_id.empty() && record_duplicate) {
+      dedup->Insert(shared->msg_id, record->seq, now);
+      dedup_evicted.store(dedup->evicted(), std::memory_order_relaxed);
+    }
+    if (config.retention == RetentionPolicy::kInterest && explicit_acks == 0) {
+      // Nobody will ack it: under interest retention it is done once queued.
+      Retire(*record, kDone);
+    } else {
+      messages.push_back(record);
+    }
+  }
 };
 
 }  // namespace engine_internal

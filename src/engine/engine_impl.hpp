@@ -268,6 +268,9 @@ struct Engine::Impl {
     std::shared_ptr<const Event> shared;
     std::uint64_t bytes;            // Event::StoredSize
     std::int64_t event_limit_ns;    // its own queue limit (EventLimitNs)
+    // The stream being published to is the last capturing one: its record takes
+    // `shared` and the conversions instead of copying them (PublishToStream).
+    bool last = false;
     const Event& current() const { return shared ? *shared : event; }
   };
   // What the streams did with one publish so far.

@@ -66,8 +66,9 @@ absl::StatusOr<PublishAck> Engine::Publish(Event&& event, PublishMode mode, Stre
   // node of the first lane that will drain it.
   Impl::PublishTally tally;
   Impl::PublishedEvent published{event, nullptr, event.StoredSize(), event_limit_ns};
-  for (StreamState* stream : capturing) {
-    impl_->PublishToStream(*stream, published, converted, flags, tally);
+  for (std::size_t i = 0; i < capturing.size(); ++i) {
+    published.last = i + 1 == capturing.size();
+    impl_->PublishToStream(*capturing[i], published, converted, flags, tally);
   }
   if (!flags.internal && impl_->has_outbox.load(std::memory_order_acquire)) {
     FlushOutbox();  // no stream mutex is held here
@@ -434,7 +435,14 @@ inline void Engine::Impl::PublishToStream(StreamState& stream, PublishedEvent& p
            true, tally);
     return;
   }
-  stream.Append(stored, pe.shared, converted, now, pe.bytes, explicit_acks, !flags.internal);
+  if (pe.last) {  // nothing reads them after the last stream: no reference counts change
+    stored->event = std::move(pe.shared);
+    stored->converted = std::move(converted);
+  } else {
+    stored->event = pe.shared;
+    stored->converted = converted;  // copies of shared_ptrs: no allocation
+  }
+  stream.Append(stored, now, pe.bytes, explicit_acks, !flags.internal);
   // enqueue: one delivery per target lane.
   const std::uint32_t undelivered_acks =
       EnqueueTargets(stream, stored, targets, now, pe.event_limit_ns, flags, tally);

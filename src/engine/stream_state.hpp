@@ -164,14 +164,11 @@ struct StreamState {
   // Stores an admitted event as `record` (allocated by the caller): discard old
   // makes room, the record gets the next sequence, the counters and (when
   // `record_duplicate`) the duplicate window learn it, and it is kept unless interest
-  // retention has nobody to wait for. Requires mu.
-  void Append(const std::shared_ptr<StoredMessage>& record,
-              const std::shared_ptr<const Event>& shared, const ConvertedEvents& converted,
-              std::int64_t now, std::uint64_t bytes, std::uint32_t explicit_acks,
-              bool record_duplicate) {
+  // retention has nobody to wait for. The caller has set the record's event and
+  // conversions. Requires mu.
+  void Append(const std::shared_ptr<StoredMessage>& record, std::int64_t now,
+              std::uint64_t bytes, std::uint32_t explicit_acks, bool record_duplicate) {
     if (config.discard == DiscardPolicy::kOld) MakeRoom(bytes);
-    record->event = shared;
-    record->converted = converted;  // copies of shared_ptrs: no allocation
     record->stream = this;
     record->seq = next_seq++;
     record->publish_ns = now;
@@ -182,8 +179,8 @@ struct StreamState {
     live_bytes.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
     stored.fetch_add(1, std::memory_order_relaxed);
     last_seq.store(record->seq, std::memory_order_relaxed);
-    if (dedup != nullptr && !shared->msg_id.empty() && record_duplicate) {
-      dedup->Insert(shared->msg_id, record->seq, now);
+    if (dedup != nullptr && !record->event->msg_id.empty() && record_duplicate) {
+      dedup->Insert(record->event->msg_id, record->seq, now);
       dedup_evicted.store(dedup->evicted(), std::memory_order_relaxed);
     }
     if (config.retention == RetentionPolicy::kInterest && explicit_acks == 0) {

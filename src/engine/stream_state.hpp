@@ -137,11 +137,12 @@ struct StreamState {
   // The stream store's admit call, at `now` for an event of `bytes`
   // (Event::StoredSize): trims the front (max_age), then finds a duplicate (when
   // `check_duplicates`; dead letters are not checked) or a limit that refuses it
-  // (CheckLimits). Changes nothing else. Requires mu. Inline, with Append: both run
-  // on every publish, and a call into another translation unit per step cost more
-  // than the step (BENCHMARKS.md, "The engine's data path in instructions").
-  Admission Admit(const Event& incoming, std::uint64_t bytes, std::int64_t now,
-                  bool check_duplicates) {
+  // (CheckLimits). Changes nothing else. Requires mu. Always inline, with Append:
+  // both run on every publish, a call per step cost more than some steps
+  // (BENCHMARKS.md, "The engine's data path in instructions"), and GCC kept both out
+  // of PublishToStream when they were only `inline`.
+  [[gnu::always_inline]] Admission Admit(const Event& incoming, std::uint64_t bytes,
+                                         std::int64_t now, bool check_duplicates) {
     TrimFront(now);
     CompactIfSparse();
     Admission a;
@@ -166,8 +167,9 @@ struct StreamState {
   // `record_duplicate`) the duplicate window learn it, and it is kept unless interest
   // retention has nobody to wait for. The caller has set the record's event and
   // conversions. Requires mu.
-  void Append(const std::shared_ptr<StoredMessage>& record, std::int64_t now,
-              std::uint64_t bytes, std::uint32_t explicit_acks, bool record_duplicate) {
+  [[gnu::always_inline]] void Append(const std::shared_ptr<StoredMessage>& record,
+                                     std::int64_t now, std::uint64_t bytes,
+                                     std::uint32_t explicit_acks, bool record_duplicate) {
     if (config.discard == DiscardPolicy::kOld) MakeRoom(bytes);
     record->stream = this;
     record->seq = next_seq++;

@@ -23,8 +23,8 @@ absl::Status StreamState::CheckLimits(std::uint64_t bytes) const {
         " bytes exceeds max_msg_size " + std::to_string(cfg.max_msg_size));
   }
   if (cfg.discard == DiscardPolicy::kNew) {
-    const std::int64_t n = live_msgs.load(std::memory_order_relaxed);
-    const std::int64_t b = live_bytes.load(std::memory_order_relaxed);
+    const std::int64_t n = LiveMsgs();
+    const std::int64_t b = LiveBytes();
     if (cfg.max_msgs > 0 && n + 1 > cfg.max_msgs) {
       return absl::ResourceExhaustedError("stream '" + cfg.name + "' is full: max_msgs " +
                                           std::to_string(cfg.max_msgs) +

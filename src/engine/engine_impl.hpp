@@ -247,7 +247,10 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // CheckEvent -> Route -> ConvertBeforeStore, then for each capturing stream
   // PublishToStream: LockForPublish -> StreamState::Admit -> SelectTargets ->
   // CheckLanes -> ConvertUnderLock -> AllocateRecord -> StreamState::Append ->
-  // EnqueueTargets; FinishPublish makes the PublishAck.
+  // EnqueueTargets; FinishPublish makes the PublishAck. publish.cpp, the only file that
+  // calls them, defines them `inline`, so that the compiler may fold the steps into
+  // Publish's body: as separate calls they cost more than some of the steps
+  // (BENCHMARKS.md, "The engine's data path in instructions").
   // How one publish behaves, from its Engine::PublishMode.
   struct PublishFlags {
     bool wait = false;            // kWait: waits for a stream's mutex and a full lane
@@ -272,6 +275,9 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
     std::shared_ptr<const Event> shared;
     std::uint64_t bytes;            // Event::StoredSize
     std::int64_t event_limit_ns;    // its own queue limit (EventLimitNs)
+    // The stream being published to is the last capturing one: its record takes
+    // `shared` and the conversions instead of copying them (PublishToStream).
+    bool last = false;
     const Event& current() const { return shared ? *shared : event; }
   };
   // What the streams did with one publish so far.

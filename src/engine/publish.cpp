@@ -66,8 +66,9 @@ absl::StatusOr<PublishAck> Engine::Publish(Event&& event, PublishMode mode, Stre
   // node of the first lane that will drain it.
   Impl::PublishTally tally;
   Impl::PublishedEvent published{event, nullptr, event.StoredSize(), event_limit_ns};
-  for (StreamState* stream : capturing) {
-    impl_->PublishToStream(*stream, published, converted, flags, tally);
+  for (std::size_t i = 0; i < capturing.size(); ++i) {
+    published.last = i + 1 == capturing.size();
+    impl_->PublishToStream(*capturing[i], published, converted, flags, tally);
   }
   if (!flags.internal && impl_->has_outbox.load(std::memory_order_acquire)) {
     FlushOutbox();  // no stream mutex is held here
@@ -75,7 +76,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event&& event, PublishMode mode, Stre
   return impl_->FinishPublish(tally, flags);
 }
 
-Engine::Impl::PublishFlags Engine::Impl::FlagsOf(PublishMode mode) {
+inline Engine::Impl::PublishFlags Engine::Impl::FlagsOf(PublishMode mode) {
   PublishFlags f;
   f.wait = mode == PublishMode::kWait;
   // TryPublish and a call waiting for room never wait.
@@ -90,11 +91,11 @@ Engine::Impl::PublishFlags Engine::Impl::FlagsOf(PublishMode mode) {
   return f;
 }
 
-void Engine::Impl::Count(std::atomic<std::uint64_t>& counter, const PublishFlags& flags) {
+inline void Engine::Impl::Count(std::atomic<std::uint64_t>& counter, const PublishFlags& flags) {
   if (flags.counted) counter.fetch_add(1, std::memory_order_relaxed);
 }
 
-absl::Status Engine::Impl::CheckEvent(const Event& event, bool check_subject) {
+inline absl::Status Engine::Impl::CheckEvent(const Event& event, bool check_subject) {
   if (check_subject) {
     if (absl::Status s = ValidateSubject(event.subject); !s.ok()) return s;
   }
@@ -124,7 +125,7 @@ absl::Status Engine::Impl::CheckEvent(const Event& event, bool check_subject) {
   return absl::OkStatus();
 }
 
-std::int64_t Engine::Impl::EventLimitNs(const Event& event) {
+inline std::int64_t Engine::Impl::EventLimitNs(const Event& event) {
   std::int64_t limit_ns = INT64_MAX;
   if (event.ttl > absl::ZeroDuration()) limit_ns = absl::ToInt64Nanoseconds(event.ttl);
   if (event.deadline != absl::InfiniteFuture()) {
@@ -135,7 +136,7 @@ std::int64_t Engine::Impl::EventLimitNs(const Event& event) {
   return limit_ns;
 }
 
-bool Engine::Impl::Route(std::string_view subject, StreamState* only, bool matched,
+inline bool Engine::Impl::Route(std::string_view subject, StreamState* only, bool matched,
                          absl::InlinedVector<StreamState*, 4>* capturing) {
   if (!matched) routes.Match(subject, capturing);
   if (only != nullptr) {
@@ -146,7 +147,7 @@ bool Engine::Impl::Route(std::string_view subject, StreamState* only, bool match
   return !capturing->empty();
 }
 
-absl::Status Engine::Impl::ConvertBeforeStore(const Event& event,
+inline absl::Status Engine::Impl::ConvertBeforeStore(const Event& event,
                                               const absl::InlinedVector<StreamState*, 4>& capturing,
                                               const PublishFlags& flags, Converted* converted) {
   // Once per target codec, shared by every stream and consumer. Made before anything
@@ -186,14 +187,14 @@ absl::Status Engine::Impl::ConvertBeforeStore(const Event& event,
   return absl::OkStatus();
 }
 
-void Engine::Impl::Refuse(StreamState& stream, absl::Status why, bool count,
+inline void Engine::Impl::Refuse(StreamState& stream, absl::Status why, bool count,
                           PublishTally& tally) {
   if (count) stream.rejected.fetch_add(1, std::memory_order_relaxed);
   ++tally.ack.streams_rejected;
   if (tally.first_refusal.ok()) tally.first_refusal = std::move(why);
 }
 
-bool Engine::Impl::LockForPublish(StreamState& stream, std::unique_lock<std::mutex>& lock,
+inline bool Engine::Impl::LockForPublish(StreamState& stream, std::unique_lock<std::mutex>& lock,
                                   const Event& incoming, const PublishFlags& flags,
                                   PublishTally& tally) {
   if (flags.wait) {
@@ -223,7 +224,7 @@ bool Engine::Impl::LockForPublish(StreamState& stream, std::unique_lock<std::mut
   return false;
 }
 
-void Engine::Impl::SelectTargets(StreamState& stream, const Event& ev, std::int64_t now,
+inline void Engine::Impl::SelectTargets(StreamState& stream, const Event& ev, std::int64_t now,
                                  Targets* targets, std::uint32_t* explicit_acks) {
   // Under the stream's mutex: the consumer's selection policy picks the member, plus
   // a shadow copy (WeightedShadowPolicy).
@@ -241,7 +242,7 @@ void Engine::Impl::SelectTargets(StreamState& stream, const Event& ev, std::int6
   }
 }
 
-absl::Status Engine::Impl::CheckLanes(const StreamConfig& cfg, const Event& ev,
+inline absl::Status Engine::Impl::CheckLanes(const StreamConfig& cfg, const Event& ev,
                                       const Targets& targets, const PublishFlags& flags) {
   // kReject (and kBlock for a publish that must not wait) refuse the publish for this
   // stream before anything changes.
@@ -263,7 +264,7 @@ absl::Status Engine::Impl::CheckLanes(const StreamConfig& cfg, const Event& ev,
   return absl::OkStatus();
 }
 
-absl::Status Engine::Impl::ConvertUnderLock(const Event& ev, const Targets& targets,
+inline absl::Status Engine::Impl::ConvertUnderLock(const Event& ev, const Targets& targets,
                                             Converted* converted) {
   // The conversions ConvertBeforeStore did not make: a consumer added since, or a
   // dead letter.
@@ -278,7 +279,7 @@ absl::Status Engine::Impl::ConvertUnderLock(const Event& ev, const Targets& targ
   return absl::OkStatus();
 }
 
-std::shared_ptr<StoredMessage> Engine::Impl::AllocateRecord(StreamState& stream,
+inline std::shared_ptr<StoredMessage> Engine::Impl::AllocateRecord(StreamState& stream,
                                                             PublishedEvent& pe,
                                                             const Targets& targets) {
   engine_internal::NodePools& pools = PoolsFor(
@@ -299,7 +300,7 @@ std::shared_ptr<StoredMessage> Engine::Impl::AllocateRecord(StreamState& stream,
   }
 }
 
-std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
+inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
                                            const std::shared_ptr<StoredMessage>& stored,
                                            const Targets& targets, std::int64_t now,
                                            std::int64_t event_limit_ns,
@@ -378,7 +379,7 @@ std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
   return undelivered_acks;
 }
 
-void Engine::Impl::PublishToStream(StreamState& stream, PublishedEvent& pe,
+inline void Engine::Impl::PublishToStream(StreamState& stream, PublishedEvent& pe,
                                    Converted& converted, const PublishFlags& flags,
                                    PublishTally& tally) {
   const StreamConfig& cfg = stream.config;
@@ -435,7 +436,14 @@ void Engine::Impl::PublishToStream(StreamState& stream, PublishedEvent& pe,
            true, tally);
     return;
   }
-  stream.Append(stored, pe.shared, converted, now, pe.bytes, explicit_acks, !flags.internal);
+  if (pe.last) {  // nothing reads them after the last stream: no reference counts change
+    stored->event = std::move(pe.shared);
+    stored->converted = std::move(converted);
+  } else {
+    stored->event = pe.shared;
+    stored->converted = converted;  // copies of shared_ptrs: no allocation
+  }
+  stream.Append(stored, now, pe.bytes, explicit_acks, !flags.internal);
   // enqueue: one delivery per target lane.
   const std::uint32_t undelivered_acks =
       EnqueueTargets(stream, stored, targets, now, pe.event_limit_ns, flags, tally);
@@ -452,7 +460,7 @@ void Engine::Impl::PublishToStream(StreamState& stream, PublishedEvent& pe,
   ++tally.ack.streams_stored;
 }
 
-absl::StatusOr<PublishAck> Engine::Impl::FinishPublish(PublishTally& tally,
+inline absl::StatusOr<PublishAck> Engine::Impl::FinishPublish(PublishTally& tally,
                                                        const PublishFlags& flags) {
   PublishAck& ack = tally.ack;
   if (ack.streams_stored == 0 && ack.streams_duplicate == 0 && tally.deferred == 0) {

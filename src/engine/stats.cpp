@@ -29,13 +29,13 @@ EngineStats Engine::Stats() const {
   for (const auto& s : impl_->streams) {
     StreamStats st;
     st.name = s->config.name;
-    st.messages = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->live_msgs.load()));
-    st.bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->live_bytes.load()));
+    st.messages = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->LiveMsgs()));
+    st.bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->LiveBytes()));
     st.last_seq = s->last_seq.load();
     st.stored = s->stored.load();
-    st.discarded = s->discarded.load();
+    st.discarded = s->retired.discarded.load();
     st.rejected = s->rejected.load();
-    st.acked_out = s->acked_out.load();
+    st.acked_out = s->retired.acked_out.load();
     st.duplicates = s->duplicates.load();
     st.duplicate_window_evicted = s->dedup_evicted.load(std::memory_order_relaxed);
     out.streams.push_back(std::move(st));

@@ -2,7 +2,8 @@
 //
 // StreamState: one stream's messages (in sequence order), its consumers, limits,
 // duplicate window and counters, and the operations on them that need its mutex
-// (TrimFront, CompactIfSparse, MakeRoom).
+// (TrimFront, CompactIfSparse, MakeRoom, and the store's Admit and Append; the
+// refusals' messages in stream_store.cpp).
 //
 // Thread safety: `mu` guards the messages, the sequence, the consumer list and the
 // duplicate window; the counters are atomics read by Stats() without it.
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "inferq/base/cache_line.hpp"
 #include "consumer_state.hpp"
 #include "handle_queue.hpp"
 #include "inferq/engine/engine.hpp"
@@ -48,20 +50,55 @@ struct StreamState {
   // under mu; relaxed reads outside it.
   std::atomic<std::uint32_t> codec_restricted{0};
 
-  // Read by Stats() without mu; written under mu or by acks.
-  std::atomic<std::int64_t> live_msgs{0};
-  std::atomic<std::int64_t> live_bytes{0};
+  // The live messages and bytes, counted per side and read as a difference
+  // (LiveMsgs, LiveBytes), so that an ack on a member's core does not write a line
+  // the publisher writes on every publish:
+  //  1. added_msgs / added_bytes only grow, in Append, under mu.
+  //  2. RetireCounts::msgs / bytes only grow, in Retire, by the thread whose state
+  //     CAS retires the message: a publisher under mu (limits, max_age) or, under
+  //     interest retention, the member whose ack was the last (settle.cpp). They
+  //     have a cache line of their own.
+  //  3. A message is retired only after its Append (its record reaches a retiring
+  //     thread through mu or a lane), so retired <= added, and under mu the
+  //     difference is exact but for retirements not yet visible (a count read
+  //     relaxed, as the single live count was before).
+  //  4. Publish reads the retired side only when a limit or CompactIfSparse needs
+  //     the live count: a stream without max_msgs / max_bytes never reads it.
+  // Read by Stats() without mu; written under mu, except (2).
+  std::atomic<std::int64_t> added_msgs{0};
+  std::atomic<std::int64_t> added_bytes{0};
   std::atomic<std::uint64_t> last_seq{0};
   std::atomic<std::uint64_t> stored{0};
-  std::atomic<std::uint64_t> discarded{0};
   std::atomic<std::uint64_t> rejected{0};
-  std::atomic<std::uint64_t> acked_out{0};
   std::atomic<std::uint64_t> duplicates{0};
   std::atomic<std::uint64_t> dedup_evicted{0};  // DuplicateWindow::evicted(), copied under mu
   std::unique_ptr<DuplicateWindow> dedup;   // guarded by mu; nullptr = off
   // Publishes waiting in a blocking push on a full lane while they hold mu. TryPublish
   // reads it to refuse instead of waiting for mu (it never waits for a lane).
   std::atomic<std::uint32_t> blocked_publishers{0};
+  // What Retire counts (invariant 2), on a cache line of its own.
+  struct alignas(kCacheLineSize) RetireCounts {
+    std::atomic<std::int64_t> msgs{0};
+    std::atomic<std::int64_t> bytes{0};
+    std::atomic<std::uint64_t> discarded{0};
+    std::atomic<std::uint64_t> acked_out{0};
+  };
+  RetireCounts retired;
+  static_assert(sizeof(RetireCounts) == kCacheLineSize);
+
+  // Live messages and bytes (invariant 3). Exact under mu but for retirements not yet
+  // visible; Stats() reads them without mu and clamps them at 0. acquire: a message
+  // whose retirement this load sees had its Append ordered before that retirement
+  // (release, Retire), so the later load of the added count includes it: the
+  // difference is never negative.
+  std::int64_t LiveMsgs() const {
+    const std::int64_t out = retired.msgs.load(std::memory_order_acquire);
+    return added_msgs.load(std::memory_order_relaxed) - out;
+  }
+  std::int64_t LiveBytes() const {
+    const std::int64_t out = retired.bytes.load(std::memory_order_acquire);
+    return added_bytes.load(std::memory_order_relaxed) - out;
+  }
 
   // Locks mu for a publish that must not wait: spins (yielding) while a publisher
   // holds mu for its short critical section; false, with mu not held, when the
@@ -80,9 +117,11 @@ struct StreamState {
   bool Retire(StoredMessage& m, MsgState to) {
     std::uint8_t expected = kLive;
     if (!m.state.compare_exchange_strong(expected, to, std::memory_order_acq_rel)) return false;
-    live_msgs.fetch_sub(1, std::memory_order_relaxed);
-    live_bytes.fetch_sub(static_cast<std::int64_t>(m.bytes), std::memory_order_relaxed);
-    (to == kDiscarded ? discarded : acked_out).fetch_add(1, std::memory_order_relaxed);
+    // release: pairs with LiveMsgs / LiveBytes (invariant 3).
+    retired.msgs.fetch_add(1, std::memory_order_release);
+    retired.bytes.fetch_add(static_cast<std::int64_t>(m.bytes), std::memory_order_release);
+    (to == kDiscarded ? retired.discarded : retired.acked_out)
+        .fetch_add(1, std::memory_order_relaxed);
     return true;
   }
 
@@ -109,9 +148,9 @@ struct StreamState {
   // amortized O(1) per publish, and memory stays within twice the live messages.
   // Requires mu.
   void CompactIfSparse() {
-    const auto live = static_cast<std::size_t>(
-        std::max<std::int64_t>(0, live_msgs.load(std::memory_order_relaxed)));
-    if (messages.size() < 64 || messages.size() <= 2 * live) return;
+    if (messages.size() < 64) return;  // the live count only when needed (invariant 4)
+    const auto live = static_cast<std::size_t>(std::max<std::int64_t>(0, LiveMsgs()));
+    if (messages.size() <= 2 * live) return;
     messages.erase_if([](const Handle& h) {
       return h->state.load(std::memory_order_acquire) != kLive;
     });
@@ -120,12 +159,10 @@ struct StreamState {
   // Discard-old: removes the oldest live messages until `bytes_needed` more bytes and
   // one more message fit. Requires mu.
   void MakeRoom(std::uint64_t bytes_needed) {
-    auto over = [&] {
-      const std::int64_t n = live_msgs.load(std::memory_order_relaxed);
-      const std::int64_t b = live_bytes.load(std::memory_order_relaxed);
-      return (config.max_msgs > 0 && n + 1 > config.max_msgs) ||
+    auto over = [&] {  // the live counts only for a limit that is set (invariant 4)
+      return (config.max_msgs > 0 && LiveMsgs() + 1 > config.max_msgs) ||
              (config.max_bytes > 0 &&
-              b + static_cast<std::int64_t>(bytes_needed) > config.max_bytes);
+              LiveBytes() + static_cast<std::int64_t>(bytes_needed) > config.max_bytes);
     };
     while (over() && !messages.empty()) {
       Retire(*messages.front(), kDiscarded);
@@ -133,21 +170,66 @@ struct StreamState {
     }
   }
 
-  // The stream store's admit call (stream_store.cpp), at `now` for an event of
-  // `bytes` (Event::StoredSize): trims the front (max_age), then finds a duplicate
-  // (when `check_duplicates`; dead letters are not checked) or a limit that refuses
-  // it (max_msg_size: InvalidArgument; discard new, max_bytes: ResourceExhausted,
-  // naming the stream). Changes nothing else. Requires mu.
-  Admission Admit(const Event& incoming, std::uint64_t bytes, std::int64_t now,
-                  bool check_duplicates);
+  // The stream store's admit call, at `now` for an event of `bytes`
+  // (Event::StoredSize): trims the front (max_age), then finds a duplicate (when
+  // `check_duplicates`; dead letters are not checked) or a limit that refuses it
+  // (CheckLimits). Changes nothing else. Requires mu. Always inline, with Append:
+  // both run on every publish, a call per step cost more than some steps
+  // (BENCHMARKS.md, "The engine's data path in instructions"), and GCC kept both out
+  // of PublishToStream when they were only `inline`.
+  [[gnu::always_inline]] Admission Admit(const Event& incoming, std::uint64_t bytes,
+                                         std::int64_t now, bool check_duplicates) {
+    TrimFront(now);
+    CompactIfSparse();
+    Admission a;
+    if (dedup != nullptr && !incoming.msg_id.empty() && check_duplicates) {
+      dedup->Expire(now);
+      if (std::optional<std::uint64_t> original = dedup->Find(incoming.msg_id, now)) {
+        a.duplicate_of = original;
+        return a;
+      }
+    }
+    if (config.max_msg_size > 0 || config.discard == DiscardPolicy::kNew || config.max_bytes > 0) {
+      a.refusal = CheckLimits(bytes);
+    }
+    return a;
+  }
+  // The limits that refuse an event of `bytes` (stream_store.cpp): max_msg_size
+  // (InvalidArgument), discard new or max_bytes (ResourceExhausted), naming the
+  // stream; OK when none does. Requires mu.
+  absl::Status CheckLimits(std::uint64_t bytes) const;
   // Stores an admitted event as `record` (allocated by the caller): discard old
   // makes room, the record gets the next sequence, the counters and (when
   // `record_duplicate`) the duplicate window learn it, and it is kept unless interest
-  // retention has nobody to wait for. Requires mu.
-  void Append(const std::shared_ptr<StoredMessage>& record,
-              const std::shared_ptr<const Event>& shared, const ConvertedEvents& converted,
-              std::int64_t now, std::uint64_t bytes, std::uint32_t explicit_acks,
-              bool record_duplicate);
+  // retention has nobody to wait for. The caller has set the record's event and
+  // conversions. Requires mu.
+  [[gnu::always_inline]] void Append(const std::shared_ptr<StoredMessage>& record,
+                                     std::int64_t now, std::uint64_t bytes,
+                                     std::uint32_t explicit_acks, bool record_duplicate) {
+    if (config.discard == DiscardPolicy::kOld) MakeRoom(bytes);
+    record->stream = this;
+    record->seq = next_seq++;
+    record->publish_ns = now;
+    record->bytes = bytes;
+    record->pending_acks.store(explicit_acks, std::memory_order_relaxed);
+
+    // relaxed: written under mu (invariant 1); a retiring thread gets the record, and
+    // so this ordering, through mu or a lane.
+    added_msgs.fetch_add(1, std::memory_order_relaxed);
+    added_bytes.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+    stored.fetch_add(1, std::memory_order_relaxed);
+    last_seq.store(record->seq, std::memory_order_relaxed);
+    if (dedup != nullptr && !record->event->msg_id.empty() && record_duplicate) {
+      dedup->Insert(record->event->msg_id, record->seq, now);
+      dedup_evicted.store(dedup->evicted(), std::memory_order_relaxed);
+    }
+    if (config.retention == RetentionPolicy::kInterest && explicit_acks == 0) {
+      // Nobody will ack it: under interest retention it is done once queued.
+      Retire(*record, kDone);
+    } else {
+      messages.push_back(record);
+    }
+  }
 };
 
 }  // namespace engine_internal

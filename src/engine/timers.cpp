@@ -205,7 +205,7 @@ void Engine::Impl::UpdateFlowControl(const std::vector<ConsumerState*>& consumer
   {
     std::lock_guard lock(config_mu);
     for (const auto& st : streams) {
-      bytes += static_cast<std::uint64_t>(std::max<std::int64_t>(0, st->live_bytes.load()));
+      bytes += static_cast<std::uint64_t>(std::max<std::int64_t>(0, st->LiveBytes()));
     }
   }
   for (ConsumerState* c : consumers) {

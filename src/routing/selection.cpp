@@ -40,7 +40,7 @@ std::string Num(double v) {
 // SelectionView
 
 std::int64_t SelectionView::outstanding(std::uint32_t m) const {
-  return group_->members_[m].outstanding.load(std::memory_order_relaxed);
+  return group_->Outstanding(m);
 }
 double SelectionView::peak_ewma_ns(std::uint32_t m) const {
   return group_->members_[m].peak_ewma_ns.load(std::memory_order_relaxed);
@@ -207,7 +207,8 @@ std::uint64_t MemberGroup::NextRandom() const {
 void MemberGroup::OnDone(std::uint32_t m, Outcome outcome, std::int64_t latency_ns,
                          std::int64_t now) {
   Member& mem = members_[m];
-  mem.outstanding.fetch_sub(1, std::memory_order_relaxed);
+  // release: pairs with Outstanding's acquire (invariant 2 of Member).
+  mem.done.fetch_add(1, std::memory_order_release);
   if (outcome == Outcome::kDropped) return;
   std::lock_guard lock(mem.mu);
   if (outcome == Outcome::kFailure) {
@@ -347,7 +348,7 @@ void MemberGroup::Refresh(std::int64_t now) {
       x.rt_ms = mem.window_acks > 0 ? mem.window_latency_ms_sum / static_cast<double>(mem.window_acks)
                                     : mem.smoothed.rt_ms;
       x.hop = 0;
-      x.cpu = static_cast<double>(std::max<std::int64_t>(0, mem.outstanding.load(std::memory_order_relaxed)));
+      x.cpu = static_cast<double>(std::max<std::int64_t>(0, Outstanding(i)));
     }
     mem.window_acks = 0;
     mem.window_latency_ms_sum = 0;
@@ -377,7 +378,7 @@ void MemberGroup::Refresh(std::int64_t now) {
     // A member that reports qps 0 serves nothing: the worst qps term, 1. A measured
     // member with no acks yet is unknown, not slow: term 0 (else an idle member would
     // never get the work that would show its rate).
-    const bool busy = mem.outstanding.load(std::memory_order_relaxed) > 0;
+    const bool busy = Outstanding(i) > 0;
     const double inv_term =
         s.qps > 0 ? norm(1.0 / s.qps, max_inv) : (mem.report_fresh || busy ? 1.0 : 0.0);
     const double score = 0.4 * inv_term + 0.3 * norm(s.rt_ms, max_rt) +
@@ -545,7 +546,7 @@ MemberSnapshot MemberGroup::SnapshotOf(std::uint32_t i, std::int64_t now) const 
         break;
       }
     }
-    s.outstanding = mem.outstanding.load(std::memory_order_relaxed);
+    s.outstanding = Outstanding(i);
     s.successes = mem.successes;
     s.failures = mem.failures;
     s.ejections = mem.ejections;

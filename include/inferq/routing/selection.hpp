@@ -213,7 +213,8 @@ class MemberGroup {
 
   // One more unit of work was queued for member m.
   void OnQueued(std::uint32_t m) {
-    members_[m].outstanding.fetch_add(1, std::memory_order_relaxed);
+    // relaxed: a count; Outstanding's acquire load of `done` orders what it needs.
+    members_[m].queued.fetch_add(1, std::memory_order_relaxed);
   }
   // A unit of work of member m ended; `latency_ns` is its delivery-to-ack time
   // (ignored unless kSuccess). Updates health and the latency estimates.
@@ -237,8 +238,20 @@ class MemberGroup {
  private:
   friend class SelectionView;
   MemberSnapshot SnapshotOf(std::uint32_t m, std::int64_t now) const;
+  // A member's outstanding work (queued + in flight) is counted per side and read as
+  // a difference (Outstanding), so that the thread queuing work (OnQueued: in the
+  // engine, the publisher) and the one finishing it (OnDone: the member that acks,
+  // on another core) do not write one cache line per unit of work:
+  //  1. `queued` only grows, in OnQueued; `done` only grows, in OnDone, and has a
+  //     cache line of its own (with the rest OnDone writes).
+  //  2. Outstanding = queued - done. A caller that counts a unit before handing it
+  //     out (the engine does, before the push) has its OnQueued ordered before the
+  //     OnDone of that unit; Outstanding loads `done` first (acquire, pairing with
+  //     OnDone's release), so it never counts the end of a unit whose start it
+  //     missed.
   struct alignas(kCacheLineSize) Member {
-    std::atomic<std::int64_t> outstanding{0};
+    std::atomic<std::int64_t> queued{0};
+    alignas(kCacheLineSize) std::atomic<std::int64_t> done{0};
     std::atomic<double> peak_ewma_ns{0};
     std::atomic<double> score{0};
     std::mutex mu;  // guards the rest
@@ -267,6 +280,12 @@ class MemberGroup {
   };
 
   MemberGroup(std::uint32_t members, GroupOptions options, const Clock* clock);
+  // Member m's queued + in-flight units (invariant 2 of Member).
+  std::int64_t Outstanding(std::uint32_t m) const {
+    const Member& mem = members_[m];
+    const std::int64_t done = mem.done.load(std::memory_order_acquire);
+    return mem.queued.load(std::memory_order_relaxed) - done;
+  }
   void Failure(Member& mem, std::uint32_t index, std::int64_t now);  // requires mem.mu
   void RecomputeWeights(std::int64_t now);  // Select's thread
   void Refresh(std::int64_t now);           // Select's thread

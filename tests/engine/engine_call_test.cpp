@@ -1,4 +1,4 @@
-// Function-in-flight: Engine::RegisterFunction and Engine::Call (DESIGN.md §3.8).
+// Function-in-flight: Engine::RegisterFunction and Engine::Call.
 #include <atomic>
 #include <chrono>
 #include <future>

@@ -1,5 +1,5 @@
 // Delivery guarantees: nak with delay, term, backoff, max_deliver, max_ack_pending,
-// dead letters, overflow policies and TryPublish (DESIGN.md §3.6, §3.8).
+// dead letters, overflow policies and TryPublish.
 #include <atomic>
 #include <string>
 #include <thread>

@@ -1,7 +1,7 @@
 // File: inferq/engine/lifecycle.hpp
 //
-// Lifecycle: the durable state machines of models and of the messages they serve
-// (DESIGN.md §3.8 "Lifecycle"), kept in a StateStore so that model state and message
+// Lifecycle: the durable state machines of models and of the messages they serve,
+// kept in a StateStore so that model state and message
 // state never disagree, not even after a crash.
 //
 //   model:    (new) --BeginWarmup--> Warmup --ModelReady--> Inference

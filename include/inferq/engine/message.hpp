@@ -1,6 +1,6 @@
 // File: inferq/engine/message.hpp
 //
-// What a consumer's member thread holds (DESIGN.md §2 steps 5-6): Consumer, the
+// What a consumer's member thread holds (pull, then settle each message): Consumer, the
 // handle Engine::AddConsumer returns; Member, the puller of one lane (Next,
 // NextBatch); Message, one delivery, settled with Ack / Nak / Term / InProgress; and
 // the headers the engine sets on the dead letters it publishes.

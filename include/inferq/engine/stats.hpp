@@ -1,6 +1,6 @@
 // File: inferq/engine/stats.hpp
 //
-// The snapshot Engine::Stats() returns (DESIGN.md §3.8 "Stats"): counters and
+// The snapshot Engine::Stats() returns: counters and
 // latency histograms per stream, consumer and member, the memory of each NUMA node,
 // and flow control's state.
 //

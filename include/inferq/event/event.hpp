@@ -1,6 +1,6 @@
 // File: inferq/event/event.hpp
 //
-// Event: the in-process message. First-class attributes (DESIGN.md §3.3) are fields,
+// Event: the in-process message. First-class attributes are fields,
 // not entries buried in the payload, so that routing, scheduling and ordering read
 // them without parsing; anything else goes in `headers`. The payload is a Buffer:
 // refcounted and shared, never copied, between the consumers that receive the event.
@@ -31,7 +31,7 @@
 
 namespace inferq {
 
-// Quality-of-service tier (DESIGN.md §3.6). Lower value = served first.
+// Quality-of-service tier (sched/qos_scheduler.hpp). Lower value = served first.
 enum class Qos : std::uint8_t { kGold = 0, kSilver = 1, kBronze = 2 };
 
 // Element type of a tensor payload.

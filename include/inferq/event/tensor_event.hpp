@@ -1,6 +1,6 @@
 // File: inferq/event/tensor_event.hpp
 //
-// TensorEvent: the wire form of an Event (DESIGN.md §3.3) when it leaves memory
+// TensorEvent: the wire form of an Event when it leaves memory
 // (durable streams, bridges, files). A FlatBuffers table (schemas/tensor_event.fbs,
 // file identifier "IQTE") with an explicit field id for every attribute of Event;
 // the payload is stored raw or zstd-compressed (the codec is a field of the wire

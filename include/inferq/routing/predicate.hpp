@@ -1,6 +1,6 @@
 // File: inferq/routing/predicate.hpp
 //
-// Predicate: a consumer's match rule on an Event (DESIGN.md §3.5) — header match
+// Predicate: a consumer's match rule on an Event — header match
 // (all/any, exact names, presence), semantic tag set, JSON content rules (RFC 6901 JSON
 // Pointer + comparison) and JSON Schema match (valijson), composed with all/any/not.
 // A consumer receives an event only when its predicate matches.

@@ -1,7 +1,7 @@
 // File: inferq/routing/selection.hpp
 //
-// Selection: which member (lane) of a consumer group serves an event (DESIGN.md
-// §3.5). A `MemberGroup` holds what is known about each member — queued and in-flight
+// Selection: which member (lane) of a consumer group serves an event.
+// A `MemberGroup` holds what is known about each member — queued and in-flight
 // work, ack latency, reported load, health — and runs outlier ejection for every
 // policy. A `SelectionPolicy` picks one member from the group's `SelectionView`,
 // which already accounts for health (weights, ejection, panic mode). Users may
@@ -358,7 +358,7 @@ class PeakEwmaPolicy final : public SelectionPolicy {
   Selection Select(const Event& event, const SelectionView& view) override;
 };
 
-// Topology score (DESIGN.md §3.5): score = 0.4*qps^-1 + 0.3*rt + 0.2*hop + 0.1*cpu,
+// Topology score: score = 0.4*qps^-1 + 0.3*rt + 0.2*hop + 0.1*cpu,
 // each term normalised by its maximum over the group (so in [0, 1]) after each
 // metric is smoothed by an EWMA (alpha GroupOptions::ewma_alpha = 0.85), refreshed
 // every GroupOptions::refresh_interval (500 ms). Metrics come from ReportLoad, or,

@@ -1,6 +1,6 @@
 // File: inferq/routing/subject.hpp
 //
-// Subjects and subject patterns, with the grammar of NATS (DESIGN.md §3.5):
+// Subjects and subject patterns, with the grammar of NATS:
 //  - a subject is a non-empty sequence of tokens separated by '.';
 //  - empty tokens ("a..b", ".a", "a.") and white space (' ', \t, \n, \v, \f, \r)
 //    anywhere are invalid;

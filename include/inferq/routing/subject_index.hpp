@@ -1,7 +1,7 @@
 // File: inferq/routing/subject_index.hpp
 //
 // SubjectIndex<V>: subscriptions (subject pattern, value) and the question "which
-// values have a pattern matching this subject" (DESIGN.md §3.5), for 10^6
+// values have a pattern matching this subject", for 10^6
 // subscriptions and more. Patterns and subjects follow the NATS grammar of
 // inferq/routing/subject.hpp.
 //

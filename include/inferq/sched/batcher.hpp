@@ -1,7 +1,7 @@
 // File: inferq/sched/batcher.hpp
 //
 // Batcher: when a consumer member should take a batch off its queue, and how many
-// items (DESIGN.md §3.6). It follows the dynamic batcher of NVIDIA Triton Inference
+// items. It follows the dynamic batcher of NVIDIA Triton Inference
 // Server (max batch size, preferred batch sizes, max queue delay;
 // https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/user_guide/model_configuration.html#dynamic-batcher)
 // and can shrink or grow its window from the observed round-trip time of the
@@ -25,7 +25,7 @@
 // So what queued up while the member was busy leaves as one batch: five items that
 // waited past the delay leave as a batch of 5, never as 1 followed by 4.
 //
-// Adaptive window (DESIGN.md §3.6), when `adaptive` is set:
+// Adaptive window, when `adaptive` is set:
 //   observed  = EMA of ObserveRtt samples, alpha = 0.2, the first sample initialises
 //               it; in integer ns: observed' = (sample + 4 * observed + 2) / 5
 //               (rounded to the nearest ns, halves up).

@@ -1,7 +1,7 @@
 // File: inferq/sched/duplicate_window.hpp
 //
 // DuplicateWindow: the message ids a stream accepted within its duplicate window,
-// with the stream sequence each was stored under (DESIGN.md §3.6, JetStream's
+// with the stream sequence each was stored under (JetStream's
 // `Nats-Msg-Id` deduplication). A publish whose msg_id is found is acknowledged as
 // a duplicate with the original sequence and not stored again.
 //

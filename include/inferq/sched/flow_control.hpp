@@ -1,7 +1,7 @@
 // File: inferq/sched/flow_control.hpp
 //
-// DualChannelController: flow control from two backpressure channels and a reward
-// (DESIGN.md §3.6 "Flow control"). Producers read the throttle through TryPublish
+// DualChannelController: flow control from two backpressure channels and a reward.
+// Producers read the throttle through TryPublish
 // results; schedulers scale weights by the weight scale.
 //
 //   bp           = clamp(memory_used_bytes / memory_budget_bytes - 1, 0, 1)

@@ -1,7 +1,7 @@
 // File: inferq/sched/qos_scheduler.hpp
 //
 // QosScheduler<T>: the order in which one lane serves queued items of three QoS
-// tiers (gold, silver, bronze) and many tenants (DESIGN.md §3.6). Each tier has an
+// tiers (gold, silver, bronze) and many tenants. Each tier has an
 // assured share of the lane's service while it is backlogged and a weight for the
 // rest; inside a tier, tenants share by deficit round robin; inside a tenant, items
 // leave FIFO (or by priority when preemption is on). Bounded: at most `capacity`

@@ -1,8 +1,8 @@
 // File: inferq/sched/reorder_buffer.hpp
 //
 // ReorderBuffer<T>: puts the items of each sequence (a generation's tokens, keyed by
-// `seq_id`) back in `seq_no` order when several workers emit them out of order
-// (DESIGN.md §3.6). Items are released strictly in order; a number that does not
+// `seq_id`) back in `seq_no` order when several workers emit them out of order.
+// Items are released strictly in order; a number that does not
 // come within `gap_timeout_ns` is reported as missing (a gap, never hidden) and the
 // items after it are released.
 //

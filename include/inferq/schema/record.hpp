@@ -1,8 +1,8 @@
 // File: inferq/schema/record.hpp
 //
 // Record and Value: a FlatBuffers table (or struct) as a schema-on-read consumer sees
-// it — the fields of the version it reads, by name, with typed values (DESIGN.md
-// §3.4). SchemaReader (schema_reader.hpp) produces them; think of an Avro
+// it — the fields of the version it reads, by name, with typed values.
+// SchemaReader (schema_reader.hpp) produces them; think of an Avro
 // GenericRecord, resolved against the reader's schema.
 //
 // Usage:

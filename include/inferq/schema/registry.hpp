@@ -2,7 +2,7 @@
 //
 // SchemaRegistry: subjects -> ordered FlatBuffers schema versions with ids, and a
 // compatibility mode per subject that stops an incompatible producer schema before
-// it breaks consumers (DESIGN.md §3.4). Compatibility is decided by FlatBuffers' own
+// it breaks consumers. Compatibility is decided by FlatBuffers' own
 // conformance rules, `flatbuffers::Parser::ConformTo` (what `flatc --conform` runs);
 // the modes and their names follow Confluent Schema Registry
 // (https://docs.confluent.io/platform/current/schema-registry/fundamentals/schema-evolution.html).

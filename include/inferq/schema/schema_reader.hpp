@@ -1,6 +1,6 @@
 // File: inferq/schema/schema_reader.hpp
 //
-// SchemaReader: schema-on-read for FlatBuffers payloads (DESIGN.md §3.4). A consumer
+// SchemaReader: schema-on-read for FlatBuffers payloads. A consumer
 // declares the version of a subject it reads; events written with older or newer
 // versions of that subject are read through reflection, as the reader's version sees
 // them. The registry keeps each version's binary schema (a reflection::Schema: what

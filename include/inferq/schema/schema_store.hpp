@@ -1,7 +1,7 @@
 // File: inferq/schema/schema_store.hpp
 //
 // SchemaStore: where a durable SchemaRegistry keeps its versions. The schema layer
-// declares it and a higher layer implements it (DESIGN.md §1), the way
+// declares it and a higher layer implements it, the way
 // state/file_system.hpp puts the Delta-State Log's files behind an interface:
 // `StateSchemaStore` (inferq/state/state_schema_store.hpp) keeps the records in a
 // StateStore; a host may keep them anywhere else that writes a set of records

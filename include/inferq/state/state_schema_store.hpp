@@ -5,7 +5,7 @@
 // `schema.` (`schema.<subject>.<version>`, `schema.<subject>.meta`); each Write is one
 // Transaction, so a version and its subject's meta record are committed together, as
 // durable as the store's SyncPolicy makes a commit. The schema layer cannot include
-// the state layer (DESIGN.md §1): this adapter is how a registry reaches a StateStore.
+// the state layer: this adapter is how a registry reaches a StateStore.
 //
 // Usage:
 //   auto store = inferq::StateStore::Open(options);

@@ -1,6 +1,6 @@
 // File: inferq/state/state_store.hpp
 //
-// StateStore: durable key-value state over the Delta-State Log (DESIGN.md §3.7).
+// StateStore: durable key-value state over the Delta-State Log.
 // Every committed transaction is one record {tx_id, ops: (key, create/update/delete,
 // value)..., prev_hash} appended to a segmented write-ahead log; prev_hash chains the
 // records with SHA-256, so an edited, dropped or reordered record is detected.

@@ -1,10 +1,9 @@
 // File: src/engine/delivery.cpp
 //
-// Lanes: placing a delivery on a lane of its consumer without waiting (PlaceOnLane:
-// for a redelivery, a parked delivery and a move off a stalled member), and a queued
-// delivery dropped to make room (DropQueued). Publish places first deliveries on the
-// members it selected under the stream's mutex (publish.cpp, EnqueueTargets), with
-// the consumer's overflow policy.
+// Lanes: placing a delivery on a lane of its consumer (PlaceOnLane: a first delivery
+// on the member Publish selected, with the consumer's overflow policy; a redelivery,
+// a parked delivery and a move off a stalled member, without waiting), and a queued
+// delivery dropped to make room (DropQueued).
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -23,7 +22,47 @@
 namespace inferq {
 namespace engine_internal {
 
-std::uint32_t PlaceOnLane(ConsumerState& c, Delivery& d, std::uint32_t avoid, Placement how) {
+namespace {
+
+// A first delivery on the member Publish selected, with the consumer's overflow policy.
+bool PlaceFirst(ConsumerState& c, Delivery& d, std::uint32_t m, FirstDeliveryWait first) {
+  auto& ring = c.lanes[m]->ring;
+  if (ring.try_push(std::move(d))) return true;  // on failure d is untouched
+  switch (c.config.overflow) {
+    case OverflowPolicy::kBlock: {
+      if (!first.wait || ring.closed()) return false;
+      // Backpressure: wait for the member, holding the stream's mutex (every member
+      // sees the stream's order). release: a TryPublish that fails to take the mutex
+      // sees this.
+      first.blocked_publishers->fetch_add(1, std::memory_order_release);
+      const bool queued = ring.push(std::move(d));
+      first.blocked_publishers->fetch_sub(1, std::memory_order_release);
+      return queued;
+    }
+    case OverflowPolicy::kDropOldest:
+      while (!ring.closed()) {
+        Delivery oldest;
+        if (ring.try_pop(oldest)) DropQueued(c, m, oldest);
+        if (ring.try_push(std::move(d))) return true;
+      }
+      return false;
+    case OverflowPolicy::kReject:
+      return false;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::uint32_t PlaceOnLane(ConsumerState& c, Delivery& d, std::uint32_t member, Placement how,
+                          FirstDeliveryWait first) {
+  if (how == Placement::kFirst) {
+    c.group->OnQueued(member);  // before the push, so that a fast pull never sees it negative
+    if (PlaceFirst(c, d, member, first)) return member;
+    c.group->OnDone(member, Outcome::kDropped, 0);
+    return kNoMember;
+  }
+  const std::uint32_t avoid = member;
   const auto n = static_cast<std::uint32_t>(c.lanes.size());
   std::uint32_t target;
   {
@@ -38,7 +77,7 @@ std::uint32_t PlaceOnLane(ConsumerState& c, Delivery& d, std::uint32_t avoid, Pl
       const std::uint32_t m = (target + k) % n;
       const bool ok = pass == 0 ? (m != avoid && !ejected[m]) : pass == 1 ? !ejected[m] : true;
       if (!ok) continue;
-      c.group->OnQueued(m);  // before the push, so that a fast pull never sees it negative
+      c.group->OnQueued(m);
       if (c.lanes[m]->ring.try_push(std::move(d))) return m;
       c.group->OnDone(m, Outcome::kDropped, 0);
     }

@@ -1,7 +1,8 @@
 // File: src/engine/delivery.hpp (not API)
 //
-// The functions that move a delivery between a consumer's lanes (delivery.cpp:
-// PlaceOnLane, and Redeliver, TryMove, RetryParked on it; DropQueued) and that end a message for a
+// The functions that put a delivery on a consumer's lanes (delivery.cpp: PlaceOnLane,
+// for a first delivery, a redelivery and a move; Redeliver, TryMove, RetryParked on it;
+// DropQueued) and that end a message for a
 // consumer without an ack (settle.cpp: SettleWithoutAck; dead_letter.cpp:
 // DeadLetter).
 //
@@ -9,6 +10,7 @@
 // none takes a stream's mutex.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string_view>
 
@@ -17,16 +19,31 @@
 namespace inferq {
 namespace engine_internal {
 
-// Where PlaceOnLane may put a delivery, in order, starting at the member the
-// consumer's selection policy picks and going round the members after it.
+// Where PlaceOnLane may put a delivery. A first delivery goes to the member that
+// Publish selected under the stream's mutex (so that every member sees the stream's
+// order); a redelivery or a move starts at the member the consumer's selection policy
+// picks now and goes round the members after it, in passes:
 enum class Placement : std::uint8_t {
-  kRedelivery,  // not `avoid` and not ejected; then `avoid` if not ejected; then any
-  kMove,        // not `avoid` and not ejected, nothing else
+  kFirst,       // on `member` only, with the consumer's overflow policy (below)
+  kRedelivery,  // not `member` and not ejected; then `member` if not ejected; then any
+  kMove,        // not `member` and not ejected, nothing else
 };
-// Places `d` on a lane of consumer `c` without waiting (a full lane is skipped),
-// counting it queued on that member (MemberGroup::OnQueued). Returns the member, or
-// kNoMember with `d` untouched when every lane `how` allows was full.
-std::uint32_t PlaceOnLane(ConsumerState& c, Delivery& d, std::uint32_t avoid, Placement how);
+// The publisher's side of a first delivery: whether it may wait for room
+// (OverflowPolicy::kBlock), and the stream's count of publishers waiting so, which
+// TryPublish reads (StreamState::blocked_publishers).
+struct FirstDeliveryWait {
+  bool wait = false;
+  std::atomic<std::uint32_t>* blocked_publishers = nullptr;
+};
+// Places `d` on a lane of consumer `c`, counting it queued on that member
+// (MemberGroup::OnQueued). Only a first delivery on a kBlock consumer with
+// `first.wait` waits for room (holding whatever the caller holds: the stream's mutex
+// is the backpressure); on kDropOldest it drops the oldest queued deliveries of that
+// lane until `d` fits (DropQueued); every other placement skips a full lane. Returns
+// the member, or kNoMember with `d` untouched when every lane `how` allows was full
+// or closed.
+std::uint32_t PlaceOnLane(ConsumerState& c, Delivery& d, std::uint32_t member, Placement how,
+                          FirstDeliveryWait first = {});
 
 // Queues `d` again for consumer `c` on a member chosen by its policy, not on
 // `exclude` when another lane takes it. Never blocks: a full lane is skipped and,

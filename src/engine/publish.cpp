@@ -310,8 +310,6 @@ inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
   std::uint32_t undelivered_acks = 0;
   for (const Target& t : targets) {
     ConsumerState* consumer = t.consumer;
-    // Counted before the push, so that a fast pull and ack never see it negative.
-    consumer->group->OnQueued(t.member);
     auto& ring = consumer->lanes[t.member]->ring;
     engine_internal::Delivery d{stored, 1, t.shadow};
     // A queue timeout is registered before the push, so that a fast pull finds it.
@@ -328,42 +326,25 @@ inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
       }
       WakeTimer(expiry);
     }
-    bool queued;
-    if (consumer->config.overflow == OverflowPolicy::kBlock && flags.wait) {
-      queued = ring.try_push(std::move(d));  // on failure d is untouched
-      if (!queued && !ring.closed()) {
-        // Backpressure: wait for the member, holding mu (every member sees the
-        // stream's order). release: a TryPublish that fails to take mu sees this.
-        stream.blocked_publishers.fetch_add(1, std::memory_order_release);
-        queued = ring.push(std::move(d));
-        stream.blocked_publishers.fetch_sub(1, std::memory_order_release);
-      }
-    } else {
-      queued = ring.try_push(std::move(d));
-      while (!queued && consumer->config.overflow == OverflowPolicy::kDropOldest &&
-             !ring.closed()) {
-        engine_internal::Delivery oldest;
-        if (ring.try_pop(oldest)) engine_internal::DropQueued(*consumer, t.member, oldest);
-        queued = ring.try_push(std::move(d));
-      }
-      if (!queued && !ring.closed()) {
-        // Full although checked by CheckLanes (a redelivery took the room), or an
-        // internal publish: park it; the next pull or timer run queues it.
-        consumer->group->OnDone(t.member, Outcome::kDropped, 0);
-        if (t.shadow) continue;
-        std::lock_guard park_lock(consumer->pending_mu);
-        consumer->parked.push_back(std::move(d));
-        consumer->counts.parked.fetch_add(1, std::memory_order_relaxed);
-        consumer->has_parked.store(true, std::memory_order_release);
-        ++tally.ack.deliveries;
-        continue;
-      }
+    const bool queued =
+        engine_internal::PlaceOnLane(*consumer, d, t.member, engine_internal::Placement::kFirst,
+                                     {flags.wait, &stream.blocked_publishers}) != kNoMember;
+    if (!queued && !ring.closed() &&
+        (consumer->config.overflow != OverflowPolicy::kBlock || !flags.wait)) {
+      // Full although checked by CheckLanes (a redelivery took the room), or an
+      // internal publish: park it; the next pull or timer run queues it.
+      if (t.shadow) continue;
+      std::lock_guard park_lock(consumer->pending_mu);
+      consumer->parked.push_back(std::move(d));
+      consumer->counts.parked.fetch_add(1, std::memory_order_relaxed);
+      consumer->has_parked.store(true, std::memory_order_release);
+      ++tally.ack.deliveries;
+      continue;
     }
     if (queued) {
       ++tally.ack.deliveries;
       if (t.shadow) consumer->counts.mirrored.fetch_add(1, std::memory_order_relaxed);
     } else {  // closed while waiting: that consumer will never ack it
-      consumer->group->OnDone(t.member, Outcome::kDropped, 0);
       if (t.shadow) continue;
       ++tally.undelivered;
       if (consumer->config.ack == AckPolicy::kExplicit) ++undelivered_acks;

@@ -761,3 +761,70 @@ TEST_CASE("a waiter falling asleep as the other side moves is always woken") {
   SECTION("every wait sleeps, 3 pairs") { PingPong<MpmcRing<std::uint64_t, SleepAtOnce>>(3, kItems); }
   SECTION("HybridWait, 3 pairs") { PingPong<MpmcRing<std::uint64_t>>(3, kItems); }
 }
+
+// The process-wide budget of active waiters (wait_strategy.hpp; invariant 5 of internal/event_count.hpp).
+TEST_CASE("the active-waiter budget admits at most its limit and gives back every token") {
+  using inferq::ActiveWaiterBudget;
+  SECTION("the budget itself") {
+    ActiveWaiterBudget budget(2);
+    CHECK(budget.Limit() == 2);
+    CHECK(budget.TryAcquire());
+    CHECK(budget.TryAcquire());
+    CHECK_FALSE(budget.TryAcquire());
+    CHECK(budget.Active() == 2);
+    budget.Release();
+    CHECK(budget.TryAcquire());
+    budget.Release();
+    budget.Release();
+    CHECK(budget.Active() == 0);
+    CHECK(ActiveWaiterBudget(0).Limit() == 1);
+    CHECK(ActiveWaiterBudget(-3).Limit() == 1);
+  }
+  SECTION("hybrid waiters on many rings: never more active than the limit, none left") {
+    ActiveWaiterBudget& process = ActiveWaiterBudget::Process();
+    REQUIRE(process.Limit() == ActiveWaiterBudget::DefaultLimit());
+    REQUIRE(process.Active() == 0);
+    constexpr int kRings = 8;
+    constexpr int kItems = 2'000;
+    std::vector<std::unique_ptr<MpmcRing<int>>> rings;
+    for (int r = 0; r < kRings; ++r) rings.push_back(std::make_unique<MpmcRing<int>>(16));
+    std::atomic<bool> stop{false};
+    std::atomic<int> most_active{0};
+    std::thread sampler([&] {
+      while (!stop.load()) {
+        const int n = process.Active();
+        if (n > most_active.load()) most_active.store(n);
+        std::this_thread::yield();
+      }
+    });
+    std::atomic<long> received{0}, timeouts{0};
+    std::vector<std::thread> consumers;
+    for (int r = 0; r < kRings; ++r) {
+      consumers.emplace_back([&, r] {
+        int v;
+        for (;;) {
+          // Timed pops mix deadlines into the waits: each way out of WaitUntil
+          // (item, deadline, close) must give its token back.
+          if (rings[r]->pop_for(v, std::chrono::microseconds(50 + 10 * r))) {
+            ++received;
+          } else if (rings[r]->closed()) {
+            return;
+          } else {
+            ++timeouts;
+          }
+        }
+      });
+    }
+    for (int i = 0; i < kItems; ++i) {
+      REQUIRE(rings[i % kRings]->push(i));
+      if (i % 64 == 0) std::this_thread::sleep_for(std::chrono::microseconds(30));
+    }
+    for (auto& ring : rings) ring->close();
+    for (auto& t : consumers) t.join();
+    stop.store(true);
+    sampler.join();
+    CHECK(received.load() == kItems);
+    CHECK(most_active.load() <= process.Limit());
+    CHECK(process.Active() == 0);
+  }
+}

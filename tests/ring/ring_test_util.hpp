@@ -18,6 +18,7 @@ struct SleepAtOnce {
   static constexpr int kSpins = 0;
   static constexpr long kActiveNs = 0;
   static constexpr int kMaxActive = 0;
+  static constexpr bool kProcessBudget = false;
   static constexpr bool kSleeps = true;
 };
 

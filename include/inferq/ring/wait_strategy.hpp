@@ -3,7 +3,8 @@
 // How a blocking ring operation waits for room or for an item. The ring's blocking
 // calls (push, pop, push_for, pop_for) try the operation, then wait actively —
 // `kSpins` pause-spins, then yields — for up to `kActiveNs` (while at most
-// `kMaxActive` threads wait actively on the same ring side), and then, if `kSleeps`,
+// `kMaxActive` threads wait actively on the same ring side and, with `kProcessBudget`,
+// while the process-wide budget of active waiters has room), and then, if `kSleeps`,
 // sleep on the ring's event count until woken (internal/event_count.hpp); a strategy
 // that does not sleep keeps yielding.
 //
@@ -13,7 +14,10 @@
 //               waiter still uses CPU whenever others want it.
 //   HybridWait  (default) waits actively for 15 µs, then sleeps. Under load a waiter
 //               is served within the active window and never sleeps; an idle one
-//               costs 15 µs of CPU and then nothing. Waking a sleeper costs a futex
+//               costs 15 µs of CPU and then nothing. At most half the process's CPUs
+//               (at least one) wait actively at a time, over all rings: the others
+//               sleep at once, so waiters never crowd out the threads that would
+//               serve them (internal/event_count.hpp, invariant 5). Waking a sleeper costs a futex
 //               syscall (~20 µs of latency on the 2-vCPU machines measured), and a
 //               producer makes that call only when no consumer waits actively
 //               (internal/event_count.hpp, invariant 4). While nobody sleeps, a
@@ -27,10 +31,18 @@
 // Usage:
 //   inferq::MpmcRing<Job, inferq::SpinWait> ring(1024);
 //
-// Thread safety: constants only.
+// Thread safety: the strategies are constants; ActiveWaiterBudget is thread-safe.
 #pragma once
 
+#include <atomic>
 #include <climits>
+#include <thread>
+
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
+#include "inferq/base/cache_line.hpp"
 
 namespace inferq {
 
@@ -38,6 +50,7 @@ struct SpinWait {
   static constexpr int kSpins = INT_MAX;
   static constexpr long kActiveNs = 0;
   static constexpr int kMaxActive = INT_MAX;
+  static constexpr bool kProcessBudget = false;
   static constexpr bool kSleeps = false;
 };
 
@@ -45,6 +58,7 @@ struct YieldWait {
   static constexpr int kSpins = 64;
   static constexpr long kActiveNs = 0;
   static constexpr int kMaxActive = INT_MAX;
+  static constexpr bool kProcessBudget = false;
   static constexpr bool kSleeps = false;
 };
 
@@ -52,7 +66,56 @@ struct HybridWait {
   static constexpr int kSpins = 64;
   static constexpr long kActiveNs = 15'000;
   static constexpr int kMaxActive = INT_MAX;
+  static constexpr bool kProcessBudget = true;
   static constexpr bool kSleeps = true;
+};
+
+// The process-wide budget of active waiters. A thread that spins or
+// yields for an item helps only while a core is free for it: on a machine with fewer
+// cores than runnable threads, every extra spinner takes the core a producer needs,
+// and the producer's hand-off waits behind it. So strategies with
+// `kProcessBudget` wait actively only while fewer than `Limit()` threads of the
+// whole process do: half the CPUs this process may run on, at least one (after Go's
+// scheduler, which limits its spinning threads to half the busy Ps: runtime/proc.go,
+// findRunnable). The others sleep at once and are woken per item.
+// Why waiters outside the budget lose no wake-up: internal/event_count.hpp,
+// invariant 5. relaxed: the count orders nothing, and a waiter that misreads it
+// spins or sleeps once more or less.
+//
+// Thread safety: every method may be called from any thread.
+class ActiveWaiterBudget {
+ public:
+  static ActiveWaiterBudget& Process() {
+    static ActiveWaiterBudget budget(DefaultLimit());
+    return budget;
+  }
+  explicit ActiveWaiterBudget(int limit) : limit_(limit < 1 ? 1 : limit) {}
+
+  bool TryAcquire() {
+    int n = active_.load(std::memory_order_relaxed);
+    while (n < limit_) {
+      if (active_.compare_exchange_weak(n, n + 1, std::memory_order_relaxed)) return true;
+    }
+    return false;
+  }
+  void Release() { active_.fetch_sub(1, std::memory_order_relaxed); }
+  int Limit() const { return limit_; }
+  int Active() const { return active_.load(std::memory_order_relaxed); }
+
+  // Half the CPUs in this thread's affinity mask (at the first call), at least one.
+  static int DefaultLimit() {
+    int cpus = 0;
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
+#endif
+    if (cpus <= 0) cpus = static_cast<int>(std::thread::hardware_concurrency());
+    return cpus / 2 < 1 ? 1 : cpus / 2;
+  }
+
+ private:
+  alignas(kCacheLineSize) std::atomic<int> active_{0};
+  int limit_;
 };
 
 }  // namespace inferq

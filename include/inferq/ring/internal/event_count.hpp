@@ -69,6 +69,7 @@
 
 #include "inferq/base/cache_line.hpp"
 #include "inferq/base/clock.hpp"
+#include "inferq/ring/wait_strategy.hpp"
 
 namespace inferq::ring_internal {
 
@@ -235,6 +236,11 @@ class EventCount {
   alignas(kCacheLineSize) std::atomic<int> active_{0};
 };
 
+// Invariant 5 (the process-wide budget of active waiters, ActiveWaiterBudget in
+// inferq/ring/wait_strategy.hpp): the budget only decides whether a waiter enters the
+// active phase. A waiter outside it is not in its event count's active_, so a
+// notifier wakes it as it would wake any sleeper (invariant 4 unchanged).
+
 // Waits as `Strategy` says (see inferq/ring/wait_strategy.hpp): spin, then yield,
 // then sleep on `ec` (or keep yielding). `ready()` tries the operation and returns
 // true when it succeeded; `give_up()` returns true when waiting is pointless (the
@@ -263,7 +269,15 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
   // only while fewer than Strategy::kMaxActive threads wait actively on this event
   // count: one busy waiter is enough to catch the next item at once; the others sleep
   // and are woken one per item.
-  if (ec.TryBecomeActive(Strategy::kMaxActive)) {
+  // Invariant 5: with Strategy::kProcessBudget, only within the process's budget.
+  bool budgeted = false;
+  if constexpr (Strategy::kProcessBudget) {
+    budgeted = inferq::ActiveWaiterBudget::Process().TryAcquire();
+  }
+  const bool active =
+      (!Strategy::kProcessBudget || budgeted) && ec.TryBecomeActive(Strategy::kMaxActive);
+  if (budgeted && !active) inferq::ActiveWaiterBudget::Process().Release();
+  if (active) {
     const std::int64_t start = MonotonicNowNs();
     bool done = false, result = false;
     int spins = 0;
@@ -288,6 +302,7 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
       }
     }
     ec.LeaveActive();
+    if (budgeted) inferq::ActiveWaiterBudget::Process().Release();
     if (done) return pass_on(result);
   }
   if constexpr (!Strategy::kSleeps) {

@@ -219,6 +219,8 @@ BENCHMARK(BM_QosPickPriorityQueue)->Name("BM_QosPick/priority_queue");
 //   inferq_qos   the same with ConsumerConfig::qos = QosConfig{} (default tier
 //                shares; scheduled lanes take a mutex): events cycle gold / silver /
 //                bronze and 4 tenants.
+//   inferq_ack_none  the same as inferq with AckPolicy::kNone (members:1 only): a
+//                delivery is done when it is pulled, nothing is acked or tracked.
 //   mutex_deque  the obvious work queue: std::deque under a std::mutex, two
 //                condition variables (not empty / not full, bounded to the same
 //                capacity), notify_one per push; a worker takes up to 32 items per
@@ -295,13 +297,15 @@ std::vector<inferq::Member> AddWorkers(inferq::Engine& engine, const inferq::Str
 // acking it and returns false once the member should stop.
 
 struct InferqImpl {
-  InferqImpl(int members, std::int64_t total, bool qos) : total_(total) {
+  InferqImpl(int members, std::int64_t total, bool qos,
+             inferq::AckPolicy ack = inferq::AckPolicy::kExplicit)
+      : total_(total), ack_(ack) {
     inferq::StreamConfig sc{.name = "E2E", .subjects = {"e2e.>"}};
     sc.retention = inferq::RetentionPolicy::kInterest;
     inferq::ConsumerConfig cc{.stream = "E2E", .name = "workers"};
     cc.members = static_cast<std::uint32_t>(members);
     cc.lane_capacity = kLaneCapacity;
-    cc.ack = inferq::AckPolicy::kExplicit;
+    cc.ack = ack;
     cc.batch.max_batch = kMaxBatch;
     cc.batch.max_queue_delay = absl::ZeroDuration();
     if (qos) cc.qos = inferq::QosConfig{};
@@ -338,7 +342,9 @@ struct InferqImpl {
       const std::span<const std::byte> bytes = m.event().payload.span();
       if (bytes.size() != sizeof p) Die("payload size");
       std::memcpy(&p, bytes.data(), sizeof p);
-      if (absl::Status s = m.Ack(); !s.ok()) Die(std::string(s.message()));
+      if (ack_ == inferq::AckPolicy::kExplicit) {
+        if (absl::Status s = m.Ack(); !s.ok()) Die(std::string(s.message()));
+      }
       f(p);
     }
     acked_.fetch_add(static_cast<std::int64_t>(batch->size()), std::memory_order_relaxed);
@@ -348,8 +354,15 @@ struct InferqImpl {
   std::unique_ptr<inferq::Engine> engine_ = inferq::Engine::Create().value();
   std::vector<inferq::Member> members_;
   std::int64_t total_;
+  inferq::AckPolicy ack_;
   bool qos_ = false;
   alignas(64) std::atomic<std::int64_t> acked_{0};
+};
+
+// The same with AckPolicy::kNone: a delivery is done when it is pulled.
+struct InferqAckNoneImpl : InferqImpl {
+  InferqAckNoneImpl(int members, std::int64_t total, bool qos)
+      : InferqImpl(members, total, qos, inferq::AckPolicy::kNone) {}
 };
 
 struct PeerItem {
@@ -591,6 +604,7 @@ const int kRegistered = [] {
     Register<TbbBoundedImpl>("tbb_bounded", m, false);
   }
   Register<InferqImpl>("inferq_qos", 4, true);
+  Register<InferqAckNoneImpl>("inferq_ack_none", 1, false);
   return 0;
 }();
 

@@ -3,7 +3,9 @@
 // LaneQueue<T>: what a consumer member's lane holds. Without QoS it is the lock-free
 // MpmcRing (FIFO); with ConsumerConfig::qos it is a QosScheduler (tiers with assured
 // shares, DRR between tenants) behind the lane's own mutex. Both sides offer the
-// ring's interface, so the engine's delivery code does not care which it has.
+// ring's interface, so the engine's delivery code does not care which it has. Both
+// wait as BudgetedWait does (inferq/ring/wait_strategy.hpp): a member thread spins
+// for items only within the process's budget of active waiters.
 //
 // Thread safety: every method may be called from any thread (the ring is MPMC; the
 // scheduler side locks `mu_`). `on_evict` runs after the lock is released.
@@ -91,15 +93,19 @@ class LaneQueue {
   }
 
   // Waits until an item arrives or `deadline_ns` (SteadyClock) passes; false on
-  // timeout, or when closed and empty. Like the ring's HybridWait, it first waits
-  // actively (kActiveNs, yielding) and only then sleeps on the condition variable:
+  // timeout, or when closed and empty. Like the ring's BudgetedWait, it first waits
+  // actively (kActiveNs, yielding; within the process's ActiveWaiterBudget) and only
+  // then sleeps on the condition variable:
   // a publisher then rarely pays a futex wake for a puller that is about to look.
   bool pop_until(T& out, std::int64_t deadline_ns) {
     if (ring_) return ring_->pop_until(out, deadline_ns);
-    const std::int64_t active_until = std::min(deadline_ns, SteadyClock::Now() + kActiveNs);
-    while (size_.load(std::memory_order_relaxed) == 0 && SteadyClock::Now() < active_until &&
-           !closed_flag_.load(std::memory_order_relaxed)) {
-      std::this_thread::yield();
+    if (ActiveWaiterBudget& budget = ActiveWaiterBudget::Process(); budget.TryAcquire()) {
+      const std::int64_t active_until = std::min(deadline_ns, SteadyClock::Now() + kActiveNs);
+      while (size_.load(std::memory_order_relaxed) == 0 && SteadyClock::Now() < active_until &&
+             !closed_flag_.load(std::memory_order_relaxed)) {
+        std::this_thread::yield();
+      }
+      budget.Release();
     }
     bool wake;
     {
@@ -176,14 +182,14 @@ class LaneQueue {
     return true;
   }
 
-  std::optional<MpmcRing<T>> ring_;
+  std::optional<MpmcRing<T, BudgetedWait>> ring_;
   std::unique_ptr<QosScheduler<T>> qos_;
   KeyOf key_of_;
   OnEvict on_evict_;
   mutable std::mutex mu_;
   std::condition_variable not_empty_, not_full_;
   // The same active window as the ring's default wait strategy.
-  static constexpr std::int64_t kActiveNs = HybridWait::kActiveNs;
+  static constexpr std::int64_t kActiveNs = BudgetedWait::kActiveNs;
   bool closed_ = false;             // guarded by mu_
   std::atomic<bool> closed_flag_{false};  // closed_, readable without mu_
   std::uint32_t sleepers_ = 0;      // pullers blocked on not_empty_; guarded by mu_

@@ -559,6 +559,7 @@ TEST_CASE("every wait strategy keeps the contract") {
   SECTION("SpinWait") { RunContract<MpmcRing<std::uint64_t, inferq::SpinWait>>(1, 1, 64, false, 20'000); }
   SECTION("YieldWait") { RunContract<MpmcRing<std::uint64_t, inferq::YieldWait>>(4, 4, 64, false, 20'000); }
   SECTION("HybridWait") { RunContract<MpmcRing<std::uint64_t, inferq::HybridWait>>(4, 4, 64, false, 20'000); }
+  SECTION("BudgetedWait") { RunContract<MpmcRing<std::uint64_t, inferq::BudgetedWait>>(4, 4, 64, false, 20'000); }
 }
 
 TEST_CASE("timed waits end on time with every wait strategy") {
@@ -573,6 +574,11 @@ TEST_CASE("timed waits end on time with every wait strategy") {
   CHECK_FALSE(yield.push_for(3, 2ms));
   MpmcRing<int> hybrid(2);
   CHECK_FALSE(hybrid.pop_for(v, 2ms));
+  MpmcRing<int, inferq::BudgetedWait> budgeted(2);
+  CHECK_FALSE(budgeted.pop_for(v, 2ms));
+  REQUIRE(budgeted.try_push(1));
+  REQUIRE(budgeted.try_push(2));
+  CHECK_FALSE(budgeted.push_for(3, 2ms));
 }
 
 TEST_CASE("a timed-out sleeper passes its wake-up on, so no item is stranded") {
@@ -768,6 +774,10 @@ TEST_CASE("the active-waiter budget admits at most its limit and gives back ever
   SECTION("the budget itself") {
     ActiveWaiterBudget budget(2);
     CHECK(budget.Limit() == 2);
+    ActiveWaiterBudget none(0);
+    CHECK(none.Limit() == 0);
+    CHECK_FALSE(none.TryAcquire());
+    CHECK(none.Active() == 0);
     CHECK(budget.TryAcquire());
     CHECK(budget.TryAcquire());
     CHECK_FALSE(budget.TryAcquire());
@@ -777,17 +787,17 @@ TEST_CASE("the active-waiter budget admits at most its limit and gives back ever
     budget.Release();
     budget.Release();
     CHECK(budget.Active() == 0);
-    CHECK(ActiveWaiterBudget(0).Limit() == 1);
-    CHECK(ActiveWaiterBudget(-3).Limit() == 1);
+    CHECK(ActiveWaiterBudget(-3).Limit() == 0);
   }
-  SECTION("hybrid waiters on many rings: never more active than the limit, none left") {
+  SECTION("budgeted waiters on many rings: never more active than the limit, none left") {
     ActiveWaiterBudget& process = ActiveWaiterBudget::Process();
     REQUIRE(process.Limit() == ActiveWaiterBudget::DefaultLimit());
     REQUIRE(process.Active() == 0);
     constexpr int kRings = 8;
     constexpr int kItems = 2'000;
-    std::vector<std::unique_ptr<MpmcRing<int>>> rings;
-    for (int r = 0; r < kRings; ++r) rings.push_back(std::make_unique<MpmcRing<int>>(16));
+    using Lane = MpmcRing<int, inferq::BudgetedWait>;
+    std::vector<std::unique_ptr<Lane>> rings;
+    for (int r = 0; r < kRings; ++r) rings.push_back(std::make_unique<Lane>(16));
     std::atomic<bool> stop{false};
     std::atomic<int> most_active{0};
     std::thread sampler([&] {

@@ -14,15 +14,22 @@
 //               waiter still uses CPU whenever others want it.
 //   HybridWait  (default) waits actively for 15 µs, then sleeps. Under load a waiter
 //               is served within the active window and never sleeps; an idle one
-//               costs 15 µs of CPU and then nothing. At most half the process's CPUs
-//               (at least one) wait actively at a time, over all rings: the others
-//               sleep at once, so waiters never crowd out the threads that would
-//               serve them (internal/event_count.hpp, invariant 5). Waking a sleeper costs a futex
+//               costs 15 µs of CPU and then nothing. Waking a sleeper costs a futex
 //               syscall (~20 µs of latency on the 2-vCPU machines measured), and a
 //               producer makes that call only when no consumer waits actively
 //               (internal/event_count.hpp, invariant 4). While nobody sleeps, a
 //               push or pop pays one load of a line that rarely changes for the
 //               possibility (invariant 2): no fence, no read-modify-write.
+//   BudgetedWait  HybridWait whose active phase also needs a token of the
+//               process-wide ActiveWaiterBudget (below; invariant 5): at most
+//               (CPUs - 1) / 2 threads of the process wait actively at a time, over
+//               all rings, and the others sleep at once. For consumers that share
+//               the cores with their producers and do work between items, as the
+//               engine's lanes do: on 2 vCPUs no lane waiter spins, which halved the
+//               CPU per event of a paced stream and cut its p99 twentyfold, at the
+//               price of a third of the unpaced fan-out rate (BENCHMARKS.md, issue
+//               15's third round). A ring of threads that only move items wants
+//               HybridWait: there the spinning is the hand-off.
 //
 // The constants were chosen by measurement (BENCHMARKS.md: bench_rings, variants of
 // the active window and of the number of active waiters): 5, 15 and 50 µs gave the
@@ -30,6 +37,7 @@
 // 0.63), 50 µs made a consumer of a 50,000 items/s stream spin between items.
 // Usage:
 //   inferq::MpmcRing<Job, inferq::SpinWait> ring(1024);
+//   inferq::MpmcRing<Job, inferq::BudgetedWait> lane(1024);
 //
 // Thread safety: the strategies are constants; ActiveWaiterBudget is thread-safe.
 #pragma once
@@ -66,21 +74,29 @@ struct HybridWait {
   static constexpr int kSpins = 64;
   static constexpr long kActiveNs = 15'000;
   static constexpr int kMaxActive = INT_MAX;
+  static constexpr bool kProcessBudget = false;
+  static constexpr bool kSleeps = true;
+};
+
+struct BudgetedWait {
+  static constexpr int kSpins = 64;
+  static constexpr long kActiveNs = 15'000;
+  static constexpr int kMaxActive = INT_MAX;
   static constexpr bool kProcessBudget = true;
   static constexpr bool kSleeps = true;
 };
 
-// The process-wide budget of active waiters. A thread that spins or
+// The process-wide budget of active waiters (BudgetedWait). A thread that spins or
 // yields for an item helps only while a core is free for it: on a machine with fewer
 // cores than runnable threads, every extra spinner takes the core a producer needs,
-// and the producer's hand-off waits behind it. So strategies with
-// `kProcessBudget` wait actively only while fewer than `Limit()` threads of the
-// whole process do: half the CPUs this process may run on, at least one (after Go's
-// scheduler, which limits its spinning threads to half the busy Ps: runtime/proc.go,
-// findRunnable). The others sleep at once and are woken per item.
-// Why waiters outside the budget lose no wake-up: internal/event_count.hpp,
-// invariant 5. relaxed: the count orders nothing, and a waiter that misreads it
-// spins or sleeps once more or less.
+// and the producer's hand-off waits behind it. So a BudgetedWait waits actively only
+// while fewer than `Limit()` threads of the whole process do: (CPUs - 1) / 2, one
+// core left to a producer and half of the others to spinners (after Go's scheduler,
+// which limits its spinning threads to half the busy Ps: runtime/proc.go,
+// findRunnable). 0 on 1 or 2 CPUs: nobody spins, every waiter sleeps at once and is
+// woken per item. Why waiters outside the budget lose no wake-up:
+// internal/event_count.hpp, invariant 5. relaxed: the count orders nothing, and a
+// waiter that misreads it spins or sleeps once more or less.
 //
 // Thread safety: every method may be called from any thread.
 class ActiveWaiterBudget {
@@ -89,7 +105,8 @@ class ActiveWaiterBudget {
     static ActiveWaiterBudget budget(DefaultLimit());
     return budget;
   }
-  explicit ActiveWaiterBudget(int limit) : limit_(limit < 1 ? 1 : limit) {}
+  // `limit` < 0 is taken as 0.
+  explicit ActiveWaiterBudget(int limit) : limit_(limit < 0 ? 0 : limit) {}
 
   bool TryAcquire() {
     int n = active_.load(std::memory_order_relaxed);
@@ -102,7 +119,7 @@ class ActiveWaiterBudget {
   int Limit() const { return limit_; }
   int Active() const { return active_.load(std::memory_order_relaxed); }
 
-  // Half the CPUs in this thread's affinity mask (at the first call), at least one.
+  // (CPUs - 1) / 2 over the CPUs in this thread's affinity mask (at the first call).
   static int DefaultLimit() {
     int cpus = 0;
 #if defined(__linux__)
@@ -110,7 +127,7 @@ class ActiveWaiterBudget {
     if (sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
 #endif
     if (cpus <= 0) cpus = static_cast<int>(std::thread::hardware_concurrency());
-    return cpus / 2 < 1 ? 1 : cpus / 2;
+    return cpus <= 1 ? 0 : (cpus - 1) / 2;
   }
 
  private:

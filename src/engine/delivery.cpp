@@ -135,17 +135,23 @@ void RetryParked(ConsumerState& c) {
 // A delivery queued on lane `m` was dropped to make room (OverflowPolicy::kDropOldest).
 void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d, bool evicted) {
   c.group->OnDone(m, Outcome::kDropped, 0);
-  (evicted ? c.counts.evicted : c.counts.dropped).fetch_add(1, std::memory_order_relaxed);
-  if (d.shadow) return;
+  auto& count = evicted ? c.counts.evicted : c.counts.dropped;
+  if (d.shadow) {
+    count.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   if (d.attempt == 1 && c.has_waiting.load(std::memory_order_acquire)) {
     std::lock_guard lock(c.pending_mu);
     if (auto it = c.waiting.find(d.h->seq); it != c.waiting.end()) {
       const bool dead_lettered = it->second.state == ConsumerState::kExpired;
       c.wheel->Cancel(it->second.timer);
       c.waiting.erase(it);
-      if (dead_lettered) return;  // already settled when it expired
+      // Already settled, and counted as expired, when its queue timeout passed: it
+      // ends once, so it is not counted as dropped (or evicted) too.
+      if (dead_lettered) return;
     }
   }
+  count.fetch_add(1, std::memory_order_relaxed);
   if (c.tracked && d.attempt > 1) {
     std::lock_guard lock(c.pending_mu);
     auto it = c.pending.find(d.h->seq);

@@ -845,3 +845,51 @@ TEST_CASE("queue timeouts: deadline in the past, delay with everything expired, 
   CHECK(cs.ack_pending == 0);
   CHECK(cs.group.members[0].outstanding == 0);
 }
+
+// ---------------------------------------------------------------------------------
+// Was a stats defect (found by an adversarial helper; fixed in DropQueued): an event
+// whose queue timeout gave it up (counted expired, dead-lettered) while it still sat
+// in a full lane was counted again as dropped when drop-oldest made room, or as
+// evicted when a higher priority pushed it out: one event, two ends.
+// ---------------------------------------------------------------------------------
+TEST_CASE("regression: an event its queue timeout gave up is not counted again when drop-oldest "
+          "or preemption removes it from the lane", "[bug]") {
+  Fixture f;
+  SECTION("drop-oldest") {
+    Member m = f.Add({.lane_capacity = 2, .overflow = OverflowPolicy::kDropOldest,
+                      .queue_timeout = absl::Milliseconds(1)});
+    REQUIRE(f.engine.Publish(Ev("work.a", "1")).ok());
+    REQUIRE(f.engine.Publish(Ev("work.a", "2")).ok());
+    f.clock.Advance(absl::Milliseconds(5));
+    f.engine.RunTimers();
+    ConsumerStats cs = CS(f.engine, "S", "c");
+    REQUIRE(cs.expired == 2);
+    REQUIRE(cs.dead_letters == 2);
+    REQUIRE(f.engine.Publish(Ev("work.a", "3")).ok());
+    REQUIRE(f.engine.Publish(Ev("work.a", "4")).ok());
+    CHECK(Drain(m) == std::vector<std::string>{"3", "4"});
+    cs = CS(f.engine, "S", "c");
+    CHECK(cs.expired == 2);
+    CHECK(cs.dropped == 0);
+    CHECK(cs.delivered == 2);
+    CHECK(cs.delivered + cs.dropped + cs.expired + cs.skipped == 4);
+    CHECK(cs.group.members[0].outstanding == 0);
+  }
+  SECTION("QoS preemption") {
+    QosConfig qos;
+    qos.preemption = true;
+    Member m = f.Add({.lane_capacity = 2, .queue_timeout = absl::Milliseconds(1), .qos = qos});
+    REQUIRE(f.engine.Publish(Tiered("low-a", Qos::kBronze, "t", 0)).ok());
+    REQUIRE(f.engine.Publish(Tiered("low-b", Qos::kBronze, "t", 0)).ok());
+    f.clock.Advance(absl::Milliseconds(5));
+    f.engine.RunTimers();
+    REQUIRE(CS(f.engine, "S", "c").expired == 2);
+    REQUIRE(f.engine.Publish(Tiered("high", Qos::kBronze, "t", 5)).ok());
+    CHECK(Drain(m) == std::vector<std::string>{"high"});
+    const ConsumerStats cs = CS(f.engine, "S", "c");
+    CHECK(cs.expired == 2);
+    CHECK(cs.evicted == 0);
+    CHECK(cs.delivered == 1);
+    CHECK(cs.group.members[0].outstanding == 0);
+  }
+}

@@ -3,9 +3,10 @@
 // LaneQueue<T>: what a consumer member's lane holds. Without QoS it is the lock-free
 // MpmcRing (FIFO); with ConsumerConfig::qos it is a QosScheduler (tiers with assured
 // shares, DRR between tenants) behind the lane's own mutex. Both sides offer the
-// ring's interface, so the engine's delivery code does not care which it has. Both
-// wait as BudgetedWait does (inferq/ring/wait_strategy.hpp): a member thread spins
-// for items only within the process's budget of active waiters.
+// ring's interface, so the engine's delivery code does not care which it has. A
+// member thread waits actively for items only within the process's budget of active
+// waiters: the ring side as BudgetedWait does (inferq/ring/wait_strategy.hpp, with
+// its adaptive skip), the scheduler side within the budget only.
 //
 // Thread safety: every method may be called from any thread (the ring is MPMC; the
 // scheduler side locks `mu_`). `on_evict` runs after the lock is released.

@@ -20,16 +20,17 @@
 //               (internal/event_count.hpp, invariant 4). While nobody sleeps, a
 //               push or pop pays one load of a line that rarely changes for the
 //               possibility (invariant 2): no fence, no read-modify-write.
-//   BudgetedWait  HybridWait whose active phase also needs a token of the
-//               process-wide ActiveWaiterBudget (below; invariant 5): at most
-//               (CPUs - 1) / 2 threads of the process wait actively at a time, over
-//               all rings, and the others sleep at once. For consumers that share
-//               the cores with their producers and do work between items, as the
-//               engine's lanes do: on 2 vCPUs no lane waiter spins, which halved the
-//               CPU per event of a paced stream and cut its p99 twentyfold, at the
-//               price of a third of the unpaced fan-out rate (BENCHMARKS.md, issue
-//               15's third round). A ring of threads that only move items wants
-//               HybridWait: there the spinning is the hand-off.
+//   BudgetedWait  HybridWait whose active phase is rationed: a waiter spins only
+//               while it holds a token of the process-wide ActiveWaiterBudget (below;
+//               at most half the CPUs' worth of threads spin at a time, over all
+//               rings), and only while spinning pays off on this ring: after an
+//               active phase that ended without an item, the next 1, 3, 7, ... 63
+//               waits sleep at once (internal/event_count.hpp, invariants 5 and 6).
+//               For consumers that share the cores with their producers and do work
+//               between items, as the engine's lanes do. A ring of threads that only
+//               move items wants HybridWait: there the spinning is the hand-off
+//               (BENCHMARKS.md, issue 15's third round: bench_rings 2x2 and 4x4 fell
+//               2-8x under a budget).
 //
 // The constants were chosen by measurement (BENCHMARKS.md: bench_rings, variants of
 // the active window and of the number of active waiters): 5, 15 and 50 µs gave the
@@ -90,13 +91,13 @@ struct BudgetedWait {
 // yields for an item helps only while a core is free for it: on a machine with fewer
 // cores than runnable threads, every extra spinner takes the core a producer needs,
 // and the producer's hand-off waits behind it. So a BudgetedWait waits actively only
-// while fewer than `Limit()` threads of the whole process do: (CPUs - 1) / 2, one
-// core left to a producer and half of the others to spinners (after Go's scheduler,
-// which limits its spinning threads to half the busy Ps: runtime/proc.go,
-// findRunnable). 0 on 1 or 2 CPUs: nobody spins, every waiter sleeps at once and is
-// woken per item. Why waiters outside the budget lose no wake-up:
-// internal/event_count.hpp, invariant 5. relaxed: the count orders nothing, and a
-// waiter that misreads it spins or sleeps once more or less.
+// while fewer than `Limit()` threads of the whole process do: half the CPUs this
+// process may run on (after Go's scheduler, which limits its spinning threads to half
+// the busy Ps: runtime/proc.go, findRunnable); 0 on one CPU, where a spinner only
+// delays the thread it waits for. The others sleep at once and are woken per item.
+// Why waiters outside the budget lose no wake-up: internal/event_count.hpp,
+// invariant 5. relaxed: the count orders nothing, and a waiter that misreads it
+// spins or sleeps once more or less.
 //
 // Thread safety: every method may be called from any thread.
 class ActiveWaiterBudget {
@@ -119,7 +120,7 @@ class ActiveWaiterBudget {
   int Limit() const { return limit_; }
   int Active() const { return active_.load(std::memory_order_relaxed); }
 
-  // (CPUs - 1) / 2 over the CPUs in this thread's affinity mask (at the first call).
+  // Half the CPUs in this thread's affinity mask (at the first call), rounded down.
   static int DefaultLimit() {
     int cpus = 0;
 #if defined(__linux__)
@@ -127,7 +128,7 @@ class ActiveWaiterBudget {
     if (sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
 #endif
     if (cpus <= 0) cpus = static_cast<int>(std::thread::hardware_concurrency());
-    return cpus <= 1 ? 0 : (cpus - 1) / 2;
+    return cpus / 2;
   }
 
  private:

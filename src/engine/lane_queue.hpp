@@ -5,8 +5,8 @@
 // shares, DRR between tenants) behind the lane's own mutex. Both sides offer the
 // ring's interface, so the engine's delivery code does not care which it has. A
 // member thread waits actively for items only within the process's budget of active
-// waiters: the ring side as BudgetedWait does (inferq/ring/wait_strategy.hpp, with
-// its adaptive skip), the scheduler side within the budget only.
+// waiters and while that pays off (AdaptiveSpin): the ring side as BudgetedWait does
+// (inferq/ring/wait_strategy.hpp), the scheduler side with the same two rations.
 //
 // Thread safety: every method may be called from any thread (the ring is MPMC; the
 // scheduler side locks `mu_`). `on_evict` runs after the lock is released.
@@ -100,13 +100,21 @@ class LaneQueue {
   // a publisher then rarely pays a futex wake for a puller that is about to look.
   bool pop_until(T& out, std::int64_t deadline_ns) {
     if (ring_) return ring_->pop_until(out, deadline_ns);
-    if (ActiveWaiterBudget& budget = ActiveWaiterBudget::Process(); budget.TryAcquire()) {
-      const std::int64_t active_until = std::min(deadline_ns, SteadyClock::Now() + kActiveNs);
+    if (ActiveWaiterBudget& budget = ActiveWaiterBudget::Process();
+        spin_.ShouldSpin() && budget.TryAcquire()) {
+      const std::int64_t start = SteadyClock::Now();
+      const std::int64_t active_until = std::min(deadline_ns, start + kActiveNs);
       while (size_.load(std::memory_order_relaxed) == 0 && SteadyClock::Now() < active_until &&
              !closed_flag_.load(std::memory_order_relaxed)) {
         std::this_thread::yield();
       }
       budget.Release();
+      // Only a window that ran out is a miss; a deadline or close ends waiting anyway.
+      if (size_.load(std::memory_order_relaxed) != 0) {
+        spin_.Record(true);
+      } else if (active_until == start + kActiveNs && !closed_flag_.load(std::memory_order_relaxed)) {
+        spin_.Record(false);
+      }
     }
     bool wake;
     {
@@ -189,8 +197,9 @@ class LaneQueue {
   OnEvict on_evict_;
   mutable std::mutex mu_;
   std::condition_variable not_empty_, not_full_;
-  // The same active window as the ring's default wait strategy.
+  // The same active window, and the same adaptive skip, as BudgetedWait.
   static constexpr std::int64_t kActiveNs = BudgetedWait::kActiveNs;
+  AdaptiveSpin spin_;
   bool closed_ = false;             // guarded by mu_
   std::atomic<bool> closed_flag_{false};  // closed_, readable without mu_
   std::uint32_t sleepers_ = 0;      // pullers blocked on not_empty_; guarded by mu_

@@ -13,7 +13,6 @@
 
 #include <catch2/catch.hpp>
 
-#include "inferq/ring/internal/event_count.hpp"
 #include "ring_test_util.hpp"
 
 using inferq::MpmcRing;
@@ -842,7 +841,7 @@ TEST_CASE("the active-waiter budget admits at most its limit and gives back ever
 
 // Invariant 6 of internal/event_count.hpp: the adaptive skip of BudgetedWait.
 TEST_CASE("after an active phase without its item the next 1 then 3 then 7 up to 63 waits sleep at once") {
-  inferq::ring_internal::EventCount ec;
+  inferq::AdaptiveSpin ec;
   // Counts the waits that sleep at once before the next one may spin.
   auto skipped = [&] {
     int n = 0;
@@ -852,11 +851,11 @@ TEST_CASE("after an active phase without its item the next 1 then 3 then 7 up to
   CHECK(skipped() == 0);
   const int expected[] = {1, 3, 7, 15, 31, 63, 63, 63};
   for (const int e : expected) {
-    ec.SpinPaidOff(false);
+    ec.Record(false);
     CHECK(skipped() == e);
   }
-  ec.SpinPaidOff(true);  // an active phase got its item: the next miss starts at 1
+  ec.Record(true);  // an active phase got its item: the next miss starts at 1
   CHECK(skipped() == 0);
-  ec.SpinPaidOff(false);
+  ec.Record(false);
   CHECK(skipped() == 1);
 }

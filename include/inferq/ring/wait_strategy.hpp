@@ -79,12 +79,9 @@ struct HybridWait {
   static constexpr bool kSleeps = true;
 };
 
-struct BudgetedWait {
-  static constexpr int kSpins = 64;
-  static constexpr long kActiveNs = 15'000;
-  static constexpr int kMaxActive = INT_MAX;
+// HybridWait's constants, with the active phase rationed (kProcessBudget).
+struct BudgetedWait : HybridWait {
   static constexpr bool kProcessBudget = true;
-  static constexpr bool kSleeps = true;
 };
 
 // The process-wide budget of active waiters (BudgetedWait). A thread that spins or
@@ -134,6 +131,44 @@ class ActiveWaiterBudget {
  private:
   alignas(kCacheLineSize) std::atomic<int> active_{0};
   int limit_;
+};
+
+// The adaptive skip of a BudgetedWait, one per ring side (and per QoS lane): whether a
+// waiter should wait actively now, and what its active phase got. After an active
+// phase that ended without its item, the next 1, 3, 7, ... kMaxSkips waits sleep at
+// once; an active phase that got its item resets the count. Waiting actively pays
+// off only while items come faster than the active window (15 µs): on a paced stream
+// the waiter then stops spinning, on a busy one it keeps the hand-off free of futex
+// calls. Adaptive spinning before blocking, as in the HotSpot JVM's monitors and
+// glibc's PTHREAD_MUTEX_ADAPTIVE_NP. relaxed: a hint; racy updates only make a
+// waiter spin or sleep once more or less (internal/event_count.hpp, invariant 6).
+//
+// Thread safety: every method may be called from any thread.
+class AdaptiveSpin {
+ public:
+  static constexpr int kMaxSkips = 63;
+
+  bool ShouldSpin() {
+    const int skip = skips_.load(std::memory_order_relaxed);
+    if (skip == 0) return true;
+    skips_.store(skip - 1, std::memory_order_relaxed);
+    return false;
+  }
+  // `paid`: the active phase got its item (false: its window ended without one).
+  void Record(bool paid) {
+    if (paid) {
+      if (misses_.load(std::memory_order_relaxed) != 0) misses_.store(0, std::memory_order_relaxed);
+      return;
+    }
+    int m = 2 * misses_.load(std::memory_order_relaxed) + 1;
+    if (m > kMaxSkips) m = kMaxSkips;
+    misses_.store(m, std::memory_order_relaxed);
+    skips_.store(m, std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<int> misses_{0};
+  std::atomic<int> skips_{0};
 };
 
 }  // namespace inferq

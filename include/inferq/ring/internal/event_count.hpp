@@ -50,7 +50,6 @@
 // later one synchronizes with the earlier).
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <stdexcept>
@@ -150,26 +149,8 @@ class EventCount {
 #endif
   }
 
-  // Invariant 6: whether a waiter of a strategy with kProcessBudget should wait
-  // actively now (false for the next 1, 3, 7, ... kMaxSkips waits after an active
-  // phase that ended without its item), and the outcome of an active phase.
-  // relaxed: a hint; racy updates only make a waiter spin or sleep once more or less.
-  bool ShouldSpin() {
-    const int skip = skips_.load(std::memory_order_relaxed);
-    if (skip == 0) return true;
-    skips_.store(skip - 1, std::memory_order_relaxed);
-    return false;
-  }
-  void SpinPaidOff(bool paid) {
-    if (paid) {
-      if (misses_.load(std::memory_order_relaxed) != 0) misses_.store(0, std::memory_order_relaxed);
-      return;
-    }
-    const int m = std::min(2 * misses_.load(std::memory_order_relaxed) + 1, kMaxSkips);
-    misses_.store(m, std::memory_order_relaxed);
-    skips_.store(m, std::memory_order_relaxed);
-  }
-  static constexpr int kMaxSkips = 63;
+  // Invariant 6: the adaptive skip of strategies with kProcessBudget.
+  AdaptiveSpin& spin() { return spin_; }
 
   // The re-check found the condition true: withdraw the announcement.
   void CancelWait() { sleepers_.fetch_sub(1, std::memory_order_relaxed); }
@@ -257,8 +238,7 @@ class EventCount {
   // sleeps (invariant 2).
   alignas(kCacheLineSize) std::atomic<int> active_{0};
   // Invariant 6, on the waiters' line too.
-  std::atomic<int> misses_{0};
-  std::atomic<int> skips_{0};
+  AdaptiveSpin spin_;
 };
 
 // Invariants 5 and 6 (strategies with kProcessBudget, inferq/ring/wait_strategy.hpp):
@@ -266,7 +246,7 @@ class EventCount {
 //     whether a waiter enters the active phase. A waiter outside it is not in its
 //     event count's active_, so a notifier wakes it as it would wake any sleeper
 //     (invariant 4 unchanged).
-//  6. So does the adaptive skip (EventCount::ShouldSpin): after an active phase on
+//  6. So does the adaptive skip (AdaptiveSpin, EventCount::spin()): after an active phase on
 //     this event count that ended without its item, the next 1, 3, 7, ... up to 63
 //     waits sleep at once; one that gets its item while active resets the count.
 //     Waiting actively pays off only when items come faster than the active window
@@ -305,7 +285,7 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
   // Invariant 5: with Strategy::kProcessBudget, only within the process's budget.
   bool budgeted = false;
   if constexpr (Strategy::kProcessBudget) {
-    budgeted = ec.ShouldSpin() && inferq::ActiveWaiterBudget::Process().TryAcquire();
+    budgeted = ec.spin().ShouldSpin() && inferq::ActiveWaiterBudget::Process().TryAcquire();
   }
   const bool active =
       (!Strategy::kProcessBudget || budgeted) && ec.TryBecomeActive(Strategy::kMaxActive);
@@ -317,7 +297,7 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
     while (!done) {
       if (ready()) {
         done = result = true;
-        if constexpr (Strategy::kProcessBudget) ec.SpinPaidOff(true);
+        if constexpr (Strategy::kProcessBudget) ec.spin().Record(true);
       } else if (give_up()) {
         done = true;
       } else if (spins < Strategy::kSpins) {
@@ -329,7 +309,7 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
         if (deadline_ns != inferq::kNoDeadline && now >= deadline_ns) {
           done = true;
         } else if (Strategy::kSleeps && now - start >= Strategy::kActiveNs) {
-          if constexpr (Strategy::kProcessBudget) ec.SpinPaidOff(false);
+          if constexpr (Strategy::kProcessBudget) ec.spin().Record(false);
           break;
         } else {
           std::this_thread::yield();

@@ -164,6 +164,7 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
     state->patterns.push_back(*SubjectPattern::Parse(subject));
   }
   state->config = config;
+  state->keeps_index = StreamState::KeepsIndex(config);
   state->clock = impl_->clock;
   if (config.duplicate_window > absl::ZeroDuration()) {
     state->dedup = std::make_unique<DuplicateWindow>(config.duplicate_window,

@@ -293,7 +293,7 @@ inline std::shared_ptr<StoredMessage> Engine::Impl::AllocateRecord(StreamState& 
     }
     std::shared_ptr<StoredMessage> stored = std::allocate_shared<StoredMessage>(
         engine_internal::PoolAllocator<StoredMessage>(&pools));
-    stream.messages.ReserveOne();
+    if (stream.keeps_index) stream.messages.ReserveOne();
     return stored;
   } catch (const std::bad_alloc&) {
     return nullptr;

@@ -42,7 +42,10 @@ struct StreamState {
   const Clock* clock = nullptr;
 
   std::mutex mu;
-  HandleQueue<Handle> messages;             // guarded by mu; ascending seq
+  // The stored messages, in ascending seq, when the stream needs them at hand
+  // (KeepsIndex); otherwise empty, and a message lives as long as its deliveries.
+  HandleQueue<Handle> messages;             // guarded by mu
+  bool keeps_index = true;                  // KeepsIndex(config), set before first use
   std::uint64_t next_seq = 1;               // guarded by mu
   std::vector<ConsumerState*> consumers;    // guarded by mu
   // Consumers with a non-empty accept_codecs (Publish's conversion pre-pass,
@@ -123,6 +126,21 @@ struct StreamState {
     (to == kDiscarded ? retired.discarded : retired.acked_out)
         .fetch_add(1, std::memory_order_relaxed);
     return true;
+  }
+
+  // Whether a stream of `config` must hold its messages in `messages`: under limits
+  // retention they are what the stream keeps; under interest retention only a limit
+  // that removes live messages from the front reads them (max_age in TrimFront;
+  // max_msgs or max_bytes with discard old in MakeRoom). Without one, holding them
+  // only delays freeing each record until a later publish trims it, and that trim
+  // reads lines the acking member wrote last (its state and reference count): a
+  // cache miss per event on the publisher, a quarter of its samples in BM_EndToEnd
+  // (BENCHMARKS.md, fourth round). The live counts and discard new's refusals do not
+  // read `messages` (invariant 3).
+  static bool KeepsIndex(const StreamConfig& config) {
+    if (config.retention == RetentionPolicy::kLimits) return true;
+    if (config.max_age > absl::ZeroDuration()) return true;
+    return config.discard == DiscardPolicy::kOld && (config.max_msgs > 0 || config.max_bytes > 0);
   }
 
   bool Expired(const StoredMessage& m, std::int64_t now_ns) const {
@@ -226,7 +244,7 @@ struct StreamState {
     if (config.retention == RetentionPolicy::kInterest && explicit_acks == 0) {
       // Nobody will ack it: under interest retention it is done once queued.
       Retire(*record, kDone);
-    } else {
+    } else if (keeps_index) {
       messages.push_back(record);
     }
   }

@@ -786,3 +786,49 @@ TEST_CASE("InProgress many times with a long ack_wait keeps one timer") {
   f.engine.RunTimers();
   CHECK(CS(f.engine, "S", "c").ack_timeouts == 1);  // the last InProgress's deadline
 }
+
+// Under interest retention a stream without a limit that removes live messages from
+// its front (max_age; max_msgs or max_bytes with discard old) does not hold its
+// messages: an acked message's memory goes when its last delivery ends, not at the
+// next publish. With such a limit the stream holds it until a publish trims it.
+TEST_CASE("interest retention frees an acked message when its delivery ends unless a front limit holds it") {
+  struct Case {
+    const char* name;
+    StreamConfig stream;
+    std::uint32_t held_after_ack;  // Buffer::use_count once the message is acked and dropped
+  };
+  std::vector<Case> cases;
+  cases.push_back({"no limit", {.name = "W", .subjects = {"work.>"}}, 1});
+  cases.push_back({"discard new with max_msgs", {.name = "W", .subjects = {"work.>"}}, 1});
+  cases.back().stream.max_msgs = 10;
+  cases.back().stream.discard = DiscardPolicy::kNew;
+  cases.push_back({"max_age", {.name = "W", .subjects = {"work.>"}}, 2});
+  cases.back().stream.max_age = absl::Hours(1);
+  cases.push_back({"discard old with max_msgs", {.name = "W", .subjects = {"work.>"}}, 2});
+  cases.back().stream.max_msgs = 10;
+  for (Case& k : cases) {
+    SECTION(k.name) {
+      k.stream.retention = RetentionPolicy::kInterest;
+      auto engine = Engine::Create({.manual_timers = true}).value();
+      REQUIRE(engine->AddStream(k.stream).ok());
+      Consumer c = engine->AddConsumer({.stream = "W", .name = "c"}).value();
+      Member m = c.member(0).value();
+      const Buffer payload = Buffer::Copy(std::as_bytes(std::span("abc", 3)));
+      Event e = Ev("work.a");
+      e.payload = payload;
+      REQUIRE(engine->Publish(std::move(e)).ok());
+      {
+        Message msg = m.Next(absl::ZeroDuration()).value();
+        CHECK(payload.use_count() == 2);
+        REQUIRE(msg.Ack().ok());
+      }
+      CHECK(payload.use_count() == k.held_after_ack);
+      CHECK(SS(*engine, "W").messages == 0);
+      // The next publish trims it from a stream that holds it.
+      REQUIRE(engine->Publish(Ev("work.b")).ok());
+      CHECK(payload.use_count() == 1);
+      REQUIRE(m.Next(absl::ZeroDuration()).value().Ack().ok());
+      CHECK(SS(*engine, "W").messages == 0);
+    }
+  }
+}

@@ -136,6 +136,10 @@ struct Pending {
   std::uint32_t member = 0;
   std::uint32_t attempt = 1;
   std::int64_t deadline_ns = 0;
+  // The deadline `timer` is set for: <= deadline_ns. InProgress moves deadline_ns
+  // only (ExtendAckWait); the timer, when it fires early, sets itself again for
+  // deadline_ns (timers.cpp).
+  std::int64_t armed_ns = 0;
   TimerId timer{};
 };
 
@@ -218,7 +222,21 @@ struct ConsumerState {
   void ArmAckWait(std::uint64_t seq, Pending& p, std::int64_t deadline_ns) {
     wheel->Cancel(p.timer);
     p.deadline_ns = deadline_ns;
+    p.armed_ns = deadline_ns;
     p.timer = Schedule(deadline_ns, {ConsumerTimer::kAckWait, p.attempt, seq, nullptr});
+  }
+  // Moves the ack wait of `p`'s running delivery to `deadline_ns` (InProgress). A
+  // later deadline only moves deadline_ns: the timer set for the earlier one finds
+  // it moved when it fires and sets itself again, so a member that reports progress
+  // on every step of a long job costs a hash lookup, not a cancel and a schedule
+  // per report (the lazy timer of Netty's IdleStateHandler and of TCP keepalive).
+  // An earlier one re-arms. Requires pending_mu.
+  void ExtendAckWait(std::uint64_t seq, Pending& p, std::int64_t deadline_ns) {
+    if (p.timer != TimerId{} && deadline_ns >= p.armed_ns) {
+      p.deadline_ns = deadline_ns;
+      return;
+    }
+    ArmAckWait(seq, p, deadline_ns);
   }
 
   // Queue timeouts (ConsumerConfig::queue_timeout, Event::ttl / deadline) of first

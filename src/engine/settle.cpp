@@ -111,7 +111,7 @@ absl::Status Message::InProgress() {
   auto it = c.pending.find(msg_->seq);
   if (it == c.pending.end() || it->second.attempt != attempt_) return absl::OkStatus();  // already redelivered
   if (it->second.deadline_ns == deadline) return absl::OkStatus();  // that timer is set already
-  c.ArmAckWait(msg_->seq, it->second, deadline);  // the old ack wait is cancelled
+  c.ExtendAckWait(msg_->seq, it->second, deadline);
   return absl::OkStatus();
 }
 

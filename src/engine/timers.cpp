@@ -61,7 +61,12 @@ void RunConsumerTimers(ConsumerState& c, std::int64_t now) {
           // Settling and restarting cancel the timer; this check is for the
           // invariant, not for a timer left behind.
           if (it == c.pending.end() || it->second.attempt != t.attempt ||
-              it->second.deadline_ns != due) {
+              it->second.armed_ns != due) {
+            return;
+          }
+          if (it->second.deadline_ns > due) {  // InProgress moved it (ExtendAckWait)
+            it->second.armed_ns = it->second.deadline_ns;
+            it->second.timer = c.Schedule(it->second.deadline_ns, std::move(t));
             return;
           }
           const std::uint32_t member = it->second.member;

@@ -787,6 +787,40 @@ TEST_CASE("InProgress many times with a long ack_wait keeps one timer") {
   CHECK(CS(f.engine, "S", "c").ack_timeouts == 1);  // the last InProgress's deadline
 }
 
+// InProgress only moves a delivery's deadline; the timer set for the earlier one
+// fires, finds it moved, and sets itself for the new one. Redelivery comes exactly
+// ack_wait after the last InProgress, through any number of such early firings.
+TEST_CASE("InProgress moves the ack wait: the early timer sets itself again and redelivery comes at the last deadline") {
+  Fixture f;
+  Member m = f.Add({.ack_wait = absl::Seconds(1)});
+  REQUIRE(f.engine.Publish(Ev("work.a", "x")).ok());
+  auto held = m.Next(absl::ZeroDuration());
+  REQUIRE(held.ok());
+  f.clock.Advance(absl::Milliseconds(600));
+  REQUIRE(held->InProgress().ok());  // deadline 1.6 s
+  f.clock.Advance(absl::Milliseconds(400));  // 1.0 s: the first timer comes due
+  f.engine.RunTimers();
+  CHECK(CS(f.engine, "S", "c").ack_timeouts == 0);
+  CHECK(CS(f.engine, "S", "c").timers == 1);
+  f.clock.Advance(absl::Milliseconds(200));
+  REQUIRE(held->InProgress().ok());  // 1.2 s: deadline 2.2 s
+  f.clock.Advance(absl::Milliseconds(400));  // 1.6 s: the second comes due
+  f.engine.RunTimers();
+  CHECK(CS(f.engine, "S", "c").ack_timeouts == 0);
+  f.clock.Advance(absl::Milliseconds(600) - absl::Nanoseconds(1));
+  f.engine.RunTimers();
+  CHECK(CS(f.engine, "S", "c").ack_timeouts == 0);
+  CHECK(m.Next(absl::ZeroDuration()).status().code() == absl::StatusCode::kDeadlineExceeded);
+  f.clock.Advance(absl::Nanoseconds(1));  // 2.2 s
+  f.engine.RunTimers();
+  CHECK(CS(f.engine, "S", "c").ack_timeouts == 1);
+  auto again = m.Next(absl::ZeroDuration());
+  REQUIRE(again.ok());
+  CHECK(again->attempt() == 2);
+  CHECK(held->Ack().ok());  // the first delivery's ack still settles it
+  CHECK(CS(f.engine, "S", "c").acked == 1);
+}
+
 // Under interest retention a stream without a limit that removes live messages from
 // its front (max_age; max_msgs or max_bytes with discard old) does not hold its
 // messages: an acked message's memory goes when its last delivery ends, not at the

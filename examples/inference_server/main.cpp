@@ -399,6 +399,10 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
   const bool doomed = static_cast<std::int64_t>(index) == o.kill_replica;
   const double kill_at_us = o.kill_at_s * 1e6;
   const std::string from = std::to_string(index);
+  // Half the consumer's ack_wait in wall ns (its setting in main); 0 = no ack_wait.
+  const std::int64_t heartbeat_ns =
+      o.speed > 0 ? static_cast<std::int64_t>(o.ack_wait_ms * 1e6 / o.speed / 2) : 0;
+  std::int64_t last_heartbeat_ns = SteadyNs();
 
   auto classify = [&](inferq::Message& m) {
     const inferq::Event& e = m.event();
@@ -526,12 +530,20 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
       break;
     }
     // What this replica holds across steps is alive: restart its ack_wait timers
-    // (requests waiting for a slot, decode steps waiting through a prefill).
-    for (auto* held : {&active, &migrated}) {
-      for (Seq& q : *held) (void)q.msg.InProgress();
-    }
-    for (auto* held : {&future, &ready}) {
-      for (auto& [r, q] : *held) (void)q.msg.InProgress();
+    // (requests waiting for a slot, decode steps waiting through a prefill). A
+    // heartbeat every half ack_wait keeps each of them within it, as a JetStream
+    // client sends its in-progress acks; without an ack_wait (--speed 0) nothing
+    // expires and there is nothing to restart. It used to run at every step, over
+    // everything held: at --speed 0, where a replica holds thousands of requests
+    // that have not arrived in its trace time yet, half of the example's CPU.
+    if (heartbeat_ns > 0 && SteadyNs() - last_heartbeat_ns >= heartbeat_ns) {
+      last_heartbeat_ns = SteadyNs();
+      for (auto* held : {&active, &migrated}) {
+        for (Seq& q : *held) (void)q.msg.InProgress();
+      }
+      for (auto* held : {&future, &ready}) {
+        for (auto& [r, q] : *held) (void)q.msg.InProgress();
+      }
     }
     // Own decode events are in the lane already (Publish queues before returning);
     // if one is not there, the policy sent it elsewhere.

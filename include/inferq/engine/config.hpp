@@ -63,6 +63,11 @@ struct StreamConfig {
   absl::Duration max_age = absl::ZeroDuration();  // zero = no limit; never negative
   std::int64_t max_msg_size = -1;     // bytes per message; -1 or > 0
   DiscardPolicy discard = DiscardPolicy::kOld;
+  // kLimits keeps messages until a limit removes them. kInterest keeps a message
+  // until every consumer that took it has acked it (or, with AckPolicy::kNone, had it
+  // queued); its memory goes when the last delivery ends (the last Message is
+  // destroyed), except that a stream with max_age, or with max_msgs or max_bytes
+  // under discard old, frees it only when a later publish trims it from the front.
   RetentionPolicy retention = RetentionPolicy::kLimits;
   // Duplicate window (JetStream's): a publish whose Event::msg_id (exact bytes) this
   // stream accepted less than this long ago is acknowledged with the original

@@ -64,7 +64,10 @@ void RunConsumerTimers(ConsumerState& c, std::int64_t now) {
               it->second.armed_ns != due) {
             return;
           }
-          if (it->second.deadline_ns > due) {  // InProgress moved it (ExtendAckWait)
+          // InProgress moved it (ExtendAckWait) to a deadline still ahead: wait for
+          // that. A moved deadline that has passed too expires in this run (a timer
+          // set from here would fire only in a later Advance).
+          if (it->second.deadline_ns > now) {
             it->second.armed_ns = it->second.deadline_ns;
             it->second.timer = c.Schedule(it->second.deadline_ns, std::move(t));
             return;

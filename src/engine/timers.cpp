@@ -58,8 +58,9 @@ void RunConsumerTimers(ConsumerState& c, std::int64_t now) {
         }
         case ConsumerTimer::kAckWait: {
           auto it = c.pending.find(t.seq);
-          // Settling and restarting cancel the timer; this check is for the
-          // invariant, not for a timer left behind.
+          // Settling and a new delivery's ArmAckWait cancel the timer; this check is
+          // for the invariant, not for a timer left behind. InProgress does not
+          // cancel it: it moves deadline_ns, handled below.
           if (it == c.pending.end() || it->second.attempt != t.attempt ||
               it->second.armed_ns != due) {
             return;

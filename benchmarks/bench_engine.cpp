@@ -47,6 +47,8 @@
 #include "inferq/engine/engine.hpp"
 #include "inferq/event/event.hpp"
 #include "inferq/memory/buffer.hpp"
+#include "inferq/ring/mpmc_ring.hpp"
+#include "inferq/ring/wait_strategy.hpp"
 #include "inferq/sched/batcher.hpp"
 #include "inferq/sched/qos_scheduler.hpp"
 
@@ -227,6 +229,10 @@ BENCHMARK(BM_QosPickPriorityQueue)->Name("BM_QosPick/priority_queue");
 //                lock.
 //   tbb_bounded  tbb::concurrent_bounded_queue (set_capacity): the worker blocks in
 //                pop() for the first item and try_pop()s up to 31 more.
+//   floor        (members:1 only) the least an engine with explicit acks must do
+//                here: inferq's event build, a route by string compare, a sequence
+//                from an atomic, one record, a push on the lanes' ring, an ack as a
+//                store (FloorImpl says what it leaves out).
 // The peers move a struct {std::string subject; std::shared_ptr<const Payload>}
 // (one make_shared per event, as inferq allocates one payload Buffer and one Event
 // per event); they do not number, store or route events, keep no per-delivery
@@ -456,6 +462,67 @@ struct TbbBoundedImpl {
   tbb::concurrent_bounded_queue<PeerItem> q_;
 };
 
+// The floor of the explicit-ack path on this machine (issue 15, target 1): the
+// least any engine that numbers events and lets a member ack each one must do, built
+// from inferq's own parts. The publisher builds the same event as InferqImpl (a
+// subject string and a 64-byte Buffer), routes it by comparing the subject with the
+// one it routed last, takes a sequence number from an atomic, allocates one record
+// (subject, payload, sequence, the state word an ack sets) and pushes it on an
+// MpmcRing<_, BudgetedWait> of 1,024 (the lanes' ring and wait). A member pops what
+// is queued, up to 32, reads the payload and acks by a release store to the record's
+// state. It keeps no pending table, arms no ack-wait timer, checks no limit or
+// duplicate window and can never redeliver: a real engine does all of that on top,
+// so its events/s is above what any engine with inferq's promises reaches here.
+struct FloorImpl {
+  struct Record {
+    std::string subject;
+    inferq::Buffer payload;
+    std::uint64_t seq = 0;
+    std::atomic<std::uint8_t> state{0};  // 0 delivered, 1 acked
+  };
+  using Handle = std::shared_ptr<Record>;
+
+  FloorImpl(int members, std::int64_t total, bool)
+      : ring_(static_cast<std::size_t>(members) * kLaneCapacity), total_(total) {}
+
+  void Publish(const Payload& p, std::int64_t) {
+    std::string subject = "e2e.work";
+    inferq::Buffer payload = inferq::Buffer::Copy(std::as_bytes(std::span(&p, 1)));
+    if (subject != routed_) Die("floor: unrouted subject " + subject);  // route
+    Handle r = std::make_shared<Record>();
+    r->subject = std::move(subject);
+    r->payload = std::move(payload);
+    r->seq = next_seq_.fetch_add(1, std::memory_order_relaxed);
+    if (!ring_.push(std::move(r))) Die("floor: ring closed");
+  }
+  void Finish() {}
+
+  template <class F>
+  bool Pull(int, F&& f) {
+    if (acked_.load(std::memory_order_relaxed) >= total_) return false;
+    std::array<Handle, kMaxBatch> batch;
+    if (!ring_.pop_until(batch[0], NowNs() + 2'000'000)) return true;
+    const std::size_t n = 1 + ring_.try_pop_bulk(std::span(batch).subspan(1));
+    for (std::size_t i = 0; i < n; ++i) {
+      Payload p;
+      const std::span<const std::byte> bytes = batch[i]->payload.span();
+      if (bytes.size() != sizeof p) Die("payload size");
+      std::memcpy(&p, bytes.data(), sizeof p);
+      batch[i]->state.store(1, std::memory_order_release);  // the ack
+      batch[i].reset();
+      f(p);
+    }
+    acked_.fetch_add(static_cast<std::int64_t>(n), std::memory_order_relaxed);
+    return true;
+  }
+
+  inferq::MpmcRing<Handle, inferq::BudgetedWait> ring_;
+  const std::string routed_ = "e2e.work";
+  std::int64_t total_;
+  std::atomic<std::uint64_t> next_seq_{1};
+  alignas(64) std::atomic<std::int64_t> acked_{0};
+};
+
 // ---- the run ---------------------------------------------------------------------------
 
 struct RunResult {
@@ -605,6 +672,7 @@ const int kRegistered = [] {
   }
   Register<InferqImpl>("inferq_qos", 4, true);
   Register<InferqAckNoneImpl>("inferq_ack_none", 1, false);
+  Register<FloorImpl>("floor", 1, false);
   return 0;
 }();
 

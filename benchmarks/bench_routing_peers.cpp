@@ -41,6 +41,9 @@
 //           falls behind, a full queue drops messages; what it delivers is measured.
 //           Same frame layout; NNG filters at the subscriber, so every subscriber
 //           receives and discards the other 4 subjects.
+//   floor   the least a pub/sub engine on inferq's rings must do (FloorImpl says
+//           what it leaves out): inferq's event build, a route by string compare,
+//           one record, a push on the subscriber's MpmcRing<_, BudgetedWait>.
 //
 // Counters (per run): delivered, lost, dup_or_reordered, wrong_subject, publish_errors;
 // items_per_second (delivered); published_per_second (events / first publish -> last
@@ -88,6 +91,8 @@
 #include "inferq/engine/engine.hpp"
 #include "inferq/event/event.hpp"
 #include "inferq/memory/buffer.hpp"
+#include "inferq/ring/mpmc_ring.hpp"
+#include "inferq/ring/wait_strategy.hpp"
 
 namespace pubsub_peers {
 
@@ -239,6 +244,73 @@ struct InferqImpl {
   Config config;
   std::unique_ptr<inferq::Engine> engine = inferq::Engine::Create().value();
   std::vector<inferq::Consumer> consumers;
+};
+
+// The floor of the fan-out path on this machine (issue 15, target 2): the least a
+// pub/sub engine built on inferq's rings must do. The publisher builds the same event
+// as InferqImpl (subject string, 64-byte Buffer), finds the subscriber by comparing
+// the subject with the four subscribed ones, takes a sequence number from an atomic,
+// allocates one record and pushes it (blocking, BudgetedWait) on that subscriber's
+// MpmcRing of 1,024 slots; bench.none goes nowhere. A subscriber pops what is queued,
+// up to 256. No stream, no limits, no retention, no predicates, no pending state:
+// what a real engine adds costs on top.
+// Waits without an active phase: a waiter sleeps at once, as ZeroMQ's do.
+struct BlockWait : inferq::HybridWait {
+  static constexpr int kMaxActive = 0;
+};
+
+template <class Wait>
+struct FloorImpl {
+  struct Config {};
+  struct Record {
+    std::string subject;
+    inferq::Buffer payload;
+    std::uint64_t seq = 0;
+  };
+  using Handle = std::shared_ptr<Record>;
+  using Ring = inferq::MpmcRing<Handle, Wait>;
+
+  explicit FloorImpl(const Config&) {
+    for (int i = 0; i < kSubscribers; ++i) rings.push_back(std::make_unique<Ring>(1024));
+  }
+
+  bool Publish(int subject, const Payload& p) {
+    std::string name(kSubjectNames[static_cast<std::size_t>(subject)]);
+    inferq::Buffer payload = inferq::Buffer::Copy(std::as_bytes(std::span(&p, 1)));
+    const std::uint64_t seq = next_seq.fetch_add(1, std::memory_order_relaxed);
+    for (int i = 0; i < kSubscribers; ++i) {  // route
+      if (name != kSubjectNames[static_cast<std::size_t>(i)]) continue;
+      Handle r = std::make_shared<Record>();
+      r->subject = std::move(name);
+      r->payload = std::move(payload);
+      r->seq = seq;
+      return rings[static_cast<std::size_t>(i)]->push(std::move(r));
+    }
+    return true;  // bench.none: stored nowhere, as retention drops it
+  }
+
+  class Subscriber {
+   public:
+    Subscriber(FloorImpl& impl, int i) : ring_(*impl.rings[static_cast<std::size_t>(i)]) {}
+
+    template <class F>
+    std::size_t Receive(F&& f, int timeout_ms) {
+      if (!ring_.pop_until(batch_[0], inferq_bench::NowNs() + timeout_ms * 1'000'000LL)) return 0;
+      const std::size_t n = 1 + ring_.try_pop_bulk(std::span(batch_).subspan(1));
+      for (std::size_t i = 0; i < n; ++i) {
+        f(std::string_view(batch_[i]->subject), batch_[i]->payload.span());
+        batch_[i].reset();
+      }
+      return n;
+    }
+
+   private:
+    Ring& ring_;
+    std::array<Handle, 256> batch_;
+  };
+
+  std::vector<std::unique_ptr<Ring>> rings;
+  std::atomic<std::uint64_t> next_seq{1};
 };
 
 std::string UniqueInprocUrl(const char* lib) {
@@ -610,6 +682,9 @@ int RegisterPubSubBenchmarks() {
                        {.streams = Streams::kOne, .ack = AckPolicy::kExplicit});
   Register<ZmqImpl>("zmq/hwm:unlimited", {.hwm = 0});
   Register<NngImpl>("nng/buf:8192", {.buffer = 8192});
+  Register<FloorImpl<inferq::BudgetedWait>>("floor/wait:budgeted", {});
+  Register<FloorImpl<inferq::HybridWait>>("floor/wait:hybrid", {});
+  Register<FloorImpl<BlockWait>>("floor/wait:block", {});
   return 0;
 }
 

@@ -143,7 +143,7 @@ Assignment Assign(const Options& o, std::uint64_t request) {
 
 void Usage(std::FILE* f) {
   std::fprintf(f,
-               "usage: inference_server [options]\n"
+               "usage: inference_server [options]   (--option VALUE or --option=VALUE)\n"
                "  --trace PATH              trace CSV, plain or .zst (default: bundled trace)\n"
                "  --replicas N              simulated model replicas, 1..256 (default 4)\n"
                "  --speed X                 trace seconds per wall second, 0.001..1e6; 0 = as "
@@ -199,13 +199,19 @@ double ParseDouble(const std::string& flag, const std::string& v, double lo, dou
 
 std::uint64_t ParseUint(const std::string& flag, const std::string& v, std::uint64_t lo,
                         std::uint64_t hi) {
-  std::uint64_t n = 0;
+  // Parsed as a signed number first, so that '-5' is named as out of range, not as
+  // something other than an integer.
+  long long n = 0;
   const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
-    Fail(flag + " '" + v + "' is not an integer in " + std::to_string(lo) + ".." +
-         std::to_string(hi));
+  const std::string range = std::to_string(lo) + ".." + std::to_string(hi);
+  if (v.empty() || end != v.data() + v.size() || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
+    Fail(flag + " '" + v + "' is not an integer (expected " + range + ")");
   }
-  return n;
+  if (ec == std::errc::result_out_of_range || n < 0 || static_cast<std::uint64_t>(n) < lo ||
+      static_cast<std::uint64_t>(n) > hi) {
+    Fail(flag + " '" + v + "' is outside " + range);
+  }
+  return static_cast<std::uint64_t>(n);
 }
 
 // "a:b:c" -> {"a", "b", "c"}; anything else fails naming the flag and value.
@@ -226,16 +232,21 @@ std::array<std::string, 3> SplitTriple(const std::string& flag, const std::strin
 Options ParseArgs(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
+    std::string a = argv[i];
     if (a == "--help" || a == "-h") {
       Usage(stdout);
       std::exit(0);
     }
-    if (i + 1 >= argc) {
+    std::string v;
+    if (const std::size_t eq = a.find('='); a.starts_with("--") && eq != std::string::npos) {
+      v = a.substr(eq + 1);  // --flag=value
+      a.resize(eq);
+    } else if (i + 1 >= argc) {
       Usage(stderr);
       Fail("unknown option or missing value: '" + a + "'");
+    } else {
+      v = argv[++i];
     }
-    const std::string v = argv[++i];
     if (a == "--trace") o.trace = v;
     else if (a == "--json") o.json = v;
     else if (a == "--model") {
@@ -247,8 +258,8 @@ Options ParseArgs(int argc, char** argv) {
     else if (a == "--replicas") o.replicas = static_cast<std::uint32_t>(ParseUint(a, v, 1, 256));
     else if (a == "--max-batch") o.max_batch = static_cast<std::uint32_t>(ParseUint(a, v, 1, 4096));
     else if (a == "--speed") {
-      o.speed = ParseDouble(a, v, 0, 1e6);
-      if (o.speed > 0 && o.speed < 0.001) Fail("--speed '" + v + "' must be 0 or at least 0.001");
+      o.speed = ParseDouble(a, v, 0, 1e6);  // the range --help gives: 0, or 0.001..1e6
+      if (o.speed > 0 && o.speed < 0.001) Fail("--speed '" + v + "' must be 0 or 0.001..1e6");
     }
     else if (a == "--limit") o.limit = ParseUint(a, v, 1, 1'000'000'000);
     else if (a == "--prefill-base-ms") o.prefill_base_ms = ParseDouble(a, v, 0, 1e6);

@@ -85,18 +85,41 @@ struct Options {
   std::string trace = INFERQ_DEFAULT_TRACE;
 };
 
+constexpr char kUsage[] =
+    "usage: schema_rollout [--events N] [--mirror F] [--trace PATH]   (--flag=VALUE too)\n"
+    "  --events N    requests replayed from the trace, 2..1000000 (default 2000)\n"
+    "  --mirror F    share of traffic mirrored to the shadow reader, (0, 1] (default 1)\n"
+    "  --trace PATH  Azure LLM trace CSV, plain or .zst (default: the bundled trace)\n"
+    "  --help, -h    this text\n"
+    "exit status: 0 every check passed; 1 a check failed; 2 bad usage.\n";
+
 [[noreturn]] void Usage(const std::string& error) {
-  std::fprintf(stderr, "schema_rollout: %s\nusage: schema_rollout [--events N] [--mirror F] "
-                       "[--trace PATH]\n", error.c_str());
+  std::fprintf(stderr, "schema_rollout: %s\n%s", error.c_str(), kUsage);
   std::exit(2);
 }
 
 Options ParseArgs(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) Usage(flag + " needs a value");
-    const std::string v = argv[++i];
+    std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (flag != "--events" && flag != "--mirror" && flag != "--trace" &&
+        !flag.starts_with("--events=") && !flag.starts_with("--mirror=") &&
+        !flag.starts_with("--trace=")) {
+      Usage("unknown flag '" + flag + "'");
+    }
+    std::string v;
+    if (const std::size_t eq = flag.find('='); eq != std::string::npos) {
+      v = flag.substr(eq + 1);
+      flag.resize(eq);
+    } else if (i + 1 >= argc) {
+      Usage(flag + " needs a value");
+    } else {
+      v = argv[++i];
+    }
     char* end = nullptr;
     if (flag == "--events") {
       const unsigned long long n = std::strtoull(v.c_str(), &end, 10);

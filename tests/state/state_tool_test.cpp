@@ -1,7 +1,9 @@
 // inferq-state on a directory made here: exact output of each command.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -99,13 +101,99 @@ TEST_CASE("inferq-state inspect, verify and dump") {
   Run damaged = Tool("inspect " + d.path());
   CHECK(damaged.status == 1);
   CHECK(damaged.out.find("not recoverable: damaged record in log segment") != std::string::npos);
-  CHECK(Tool("frobnicate " + d.path()).status == 2);
-  CHECK(Tool("").status == 2);
+  Run unknown = Tool("frobnicate " + d.path());
+  CHECK(unknown.status == 2);
+  CHECK(unknown.out ==
+        "inferq-state: unknown command 'frobnicate' (inspect, verify or dump) (see inferq-state --help)\n");
+  Run none = Tool("");
+  CHECK(none.status == 2);
+  CHECK(none.out == "inferq-state: no command given (inspect, verify or dump) (see inferq-state --help)\n");
   Run help = Tool("--help");
   CHECK(help.status == 0);
-  CHECK(help.out == "usage: inferq-state inspect DIR\n"
-                    "       inferq-state verify DIR\n"
-                    "       inferq-state dump DIR [PREFIX]\n");
+  CHECK(help.out.rfind("usage: inferq-state inspect DIR\n"
+                       "       inferq-state verify DIR\n"
+                       "       inferq-state dump [--allow-damage] DIR [PREFIX]\n"
+                       "       inferq-state --help | --version\n", 0) == 0);
+  for (const char* part : {"\n  inspect DIR ", "\n  verify DIR ", "\n  dump DIR [PREFIX]\n",
+                           "\n  --allow-damage ", "\nexit status: 0 ok; 1 damage"}) {
+    INFO(part);
+    CHECK(help.out.find(part) != std::string::npos);
+  }
+  CHECK(Tool("-h").out == help.out);
+}
+
+TEST_CASE("inferq-state refuses what is not a state directory and names a bad argument") {
+  state_test::TempDir d;
+  const std::string empty = d / "empty";
+  std::filesystem::create_directories(empty);
+  for (const char* cmd : {"verify ", "inspect ", "dump "}) {
+    INFO(cmd);
+    Run r = Tool(cmd + empty);  // was: "ok: 0 keys at tx_id 0", exit 0
+    CHECK(r.status == 1);
+    CHECK(r.out == "inferq-state: '" + empty +
+                       "' is not an inferq state directory (no IDENTITY, wal-*.log or ckpt-* file)\n");
+    Run missing = Tool(cmd + (d / "mistyped"));  // was: passed verification
+    CHECK(missing.status == 1);
+    CHECK(missing.out == "inferq-state: '" + (d / "mistyped") +
+                             "' is not an inferq state directory: no such directory\n");
+    CHECK(!std::filesystem::exists(d / "mistyped"));  // and nothing was created
+  }
+  Run file = Tool("inspect /etc/passwd");  // was: INTERNAL
+  CHECK(file.status == 1);
+  CHECK(file.out == "inferq-state: '/etc/passwd' is not an inferq state directory: not a directory\n");
+
+  Run option = Tool("verify --frob " + empty);
+  CHECK(option.status == 2);
+  CHECK(option.out == "inferq-state: unknown option '--frob' (see inferq-state --help)\n");
+  Run extra = Tool("verify " + empty + " more");
+  CHECK(extra.status == 2);
+  CHECK(extra.out == "inferq-state: verify takes one directory, got 2 arguments (see inferq-state --help)\n");
+  Run misplaced = Tool("verify --allow-damage " + empty);
+  CHECK(misplaced.status == 2);
+  CHECK(misplaced.out ==
+        "inferq-state: --allow-damage is an option of dump only (see inferq-state --help)\n");
+  Run version = Tool("--version");
+  CHECK(version.status == 0);
+  CHECK(version.out == std::string("inferq-state ") + INFERQ_VERSION + "\n");
+}
+
+TEST_CASE("inferq-state dump reports the torn tail it left out and fails unless told to allow it") {
+  state_test::TempDir d;
+  {
+    auto s = inferq::StateStore::Open(state_test::Options(d.path()));
+    REQUIRE(s.ok());
+    for (int i = 0; i < 3; ++i) {
+      auto tx = (*s)->Begin();
+      tx.Put("k" + std::to_string(i), std::to_string(i));
+      REQUIRE(tx.Commit().ok());
+    }
+  }
+  const std::string path = d / si::SegmentName(1);
+  std::string bytes = state_test::ReadFile(path);
+  auto h = si::DecodeSegmentHeader(bytes);
+  std::size_t last = si::kSegmentHeaderBytes, end = si::kSegmentHeaderBytes;
+  for (int i = 0; i < 3; ++i) {
+    last = end;
+    end += si::DecodeFrame(bytes, end, h->salt).size;
+  }
+  CHECK(Tool("dump " + d.path()).status == 0);  // intact: no report
+  // The last record half written, as a crash leaves it.
+  const std::size_t cut = (last + end) / 2;
+  std::fill(bytes.begin() + static_cast<std::ptrdiff_t>(cut),
+            bytes.begin() + static_cast<std::ptrdiff_t>(end), '\0');
+  state_test::WriteFile(path, bytes);
+
+  Run dump = Tool("dump " + d.path());  // was: the keys, exit 0, no warning
+  CHECK(dump.status == 1);
+  const std::string report = "inferq-state: dump of '" + d.path() +
+                             "' is of damaged files: a torn tail of " + std::to_string(cut - last) +
+                             " bytes after tx_id 2 was left out\n";
+  CHECK(dump.out == "k0\t0\nk1\t1\n" + report);
+  Run allowed = Tool("dump --allow-damage " + d.path());
+  CHECK(allowed.status == 0);
+  CHECK(allowed.out == dump.out);
+  CHECK(Tool("dump --allow-damage=yes " + d.path()).status == 2);
+  CHECK(state_test::ReadFile(path) == bytes);  // read-only: the torn bytes stay
 }
 
 TEST_CASE("inferq-state verify and inspect next to a live writer report no damage", "[concurrency]") {

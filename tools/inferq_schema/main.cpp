@@ -2,6 +2,7 @@
 // registry applies (inferq/schema/registry.hpp, flatbuffers::Parser::ConformTo).
 //
 //   inferq-schema check OLD.fbs NEW.fbs [--mode backward|forward|full]
+//   (--mode=VALUE too; --help, --version)
 //
 // backward (the default, as in the registry): NEW conforms to OLD; forward: OLD
 // conforms to NEW; full: both. Exit status: 0 compatible (and for --help), 1 not
@@ -24,7 +25,34 @@
 
 namespace {
 
+#ifndef INFERQ_VERSION
+#error "INFERQ_VERSION is set by tools/CMakeLists.txt"
+#endif
+
 constexpr char kUsage[] = "usage: inferq-schema check OLD.fbs NEW.fbs [--mode backward|forward|full]\n";
+
+constexpr char kHelp[] =
+    "usage: inferq-schema check OLD.fbs NEW.fbs [--mode backward|forward|full]\n"
+    "       inferq-schema --help | --version\n"
+    "\n"
+    "Checks that NEW.fbs is an allowed evolution of OLD.fbs (FlatBuffers schema text),\n"
+    "with the rules the schema registry applies: flatbuffers::Parser::ConformTo, what\n"
+    "`flatc --conform` runs. A field kept keeps its id, type and default; an enum\n"
+    "value kept keeps its number; fields may be appended, deprecated or renamed.\n"
+    "\n"
+    "options:\n"
+    "  --mode MODE, --mode=MODE\n"
+    "      backward  (default) NEW conforms to OLD: readers of NEW read data written\n"
+    "                with OLD\n"
+    "      forward   OLD conforms to NEW: readers of OLD read data written with NEW\n"
+    "      full      both\n"
+    "  --help, -h   this text\n"
+    "  --version    the inferq version\n"
+    "\n"
+    "exit status: 0 compatible (\"compatible (MODE): OLD -> NEW\" on stdout);\n"
+    "1 not compatible (the field and the rule on stderr); 2 usage, or a file that\n"
+    "cannot be read, is binary (e.g. `flatc -b --schema` output) or does not parse\n"
+    "(the error on stderr, naming the file).\n";
 
 // The whole file; the error names the path and what is wrong (open(2) and read(2)
 // report a directory only when read, so it is checked first).
@@ -75,19 +103,34 @@ int Usage(const std::string& problem) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 2 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
-    std::fputs(kUsage, stdout);
-    return 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kHelp, stdout);
+      return 0;
+    }
+    if (arg == "--version") {
+      std::printf("inferq-schema %s\n", INFERQ_VERSION);
+      return 0;
+    }
   }
-  if (argc < 2 || std::string_view(argv[1]) != "check") return Usage("expected the command 'check'");
+  if (argc < 2) return Usage("no command given (expected 'check')");
+  if (std::string_view(argv[1]) != "check") {
+    return Usage("unknown command '" + std::string(argv[1]) + "' (expected 'check')");
+  }
   std::string files[2];
   int n_files = 0;
   inferq::Compatibility mode = inferq::Compatibility::kBackward;
   for (int i = 2; i < argc; ++i) {
     const std::string_view arg = argv[i];
-    if (arg == "--mode") {
-      if (i + 1 == argc) return Usage("--mode needs a value");
-      const std::string_view value = argv[++i];
+    if (arg == "--mode" || arg.starts_with("--mode=")) {
+      std::string_view value;
+      if (arg == "--mode") {
+        if (i + 1 == argc) return Usage("--mode needs a value (backward, forward or full)");
+        value = argv[++i];
+      } else {
+        value = arg.substr(7);
+      }
       if (value == "backward") {
         mode = inferq::Compatibility::kBackward;
       } else if (value == "forward") {
@@ -102,7 +145,7 @@ int main(int argc, char** argv) {
     } else if (n_files < 2) {
       files[n_files++] = std::string(arg);
     } else {
-      return Usage("too many files");
+      return Usage("too many files: '" + std::string(arg) + "' after OLD.fbs and NEW.fbs");
     }
   }
   if (n_files != 2) return Usage("expected OLD.fbs and NEW.fbs");

@@ -1,18 +1,23 @@
 // inferq-state: look into a Delta-State Log directory without changing it.
 //
-//   inferq-state inspect DIR          segments, checkpoints, tx range, chain status
-//   inferq-state verify DIR           strict recovery + VerifyChain; exit 1 on damage
-//   inferq-state dump DIR [PREFIX]    key<TAB>value lines (recovered point-in-time);
-//                                     PREFIX takes the same escapes as the output
+//   inferq-state inspect DIR                         segments, checkpoints, tx range,
+//                                                    chain status
+//   inferq-state verify DIR                          strict recovery + VerifyChain
+//   inferq-state dump [--allow-damage] DIR [PREFIX]  key<TAB>value lines (recovered
+//                                                    point-in-time); PREFIX takes the
+//                                                    same escapes as the output
 //
 // Keys and values are printed with \t, \n, \\ and bytes outside printable ASCII as
-// \xNN. Exit status: 0 fine (and for --help), 1 damage or an error reading the
-// directory, 2 usage.
+// \xNN. Exit status (kHelp spells it out): 0 fine (and for --help, --version), 1
+// damage, not a state directory, or an error reading it, 2 usage.
 #include <cctype>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <vector>
 
 #include "inferq/state/state_store.hpp"
 
@@ -40,10 +45,42 @@ std::string Escape(std::string_view s) {
   return out;
 }
 
-constexpr char kUsage[] =
+#ifndef INFERQ_VERSION
+#error "INFERQ_VERSION is set by tools/CMakeLists.txt"
+#endif
+
+constexpr char kHelp[] =
     "usage: inferq-state inspect DIR\n"
     "       inferq-state verify DIR\n"
-    "       inferq-state dump DIR [PREFIX]\n";
+    "       inferq-state dump [--allow-damage] DIR [PREFIX]\n"
+    "       inferq-state --help | --version\n"
+    "\n"
+    "Reads a StateStore directory (the Delta-State Log: wal-*.log segments, ckpt-*\n"
+    "checkpoints, IDENTITY) without changing it; safe next to a running writer.\n"
+    "\n"
+    "commands:\n"
+    "  inspect DIR   every checkpoint and log segment with its tx_id range and any\n"
+    "                problem, the last tx_id point-in-time recovery would reach, and\n"
+    "                whether strict recovery (hash chain included) passes.\n"
+    "                Exit 0 when the chain is intact, 1 otherwise.\n"
+    "  verify DIR    strict recovery and a check of the whole SHA-256 hash chain:\n"
+    "                prints \"ok: N keys at tx_id T; ...\" and exits 0, or prints\n"
+    "                \"FAILED: <status>\" naming the file, offset and tx_id, exit 1.\n"
+    "  dump DIR [PREFIX]\n"
+    "                key<TAB>value for every key starting with PREFIX, in key order,\n"
+    "                as point-in-time recovery sees the store. Keys, values and\n"
+    "                PREFIX use the escapes \\\\ \\t \\n \\xNN. When recovery had\n"
+    "                to cut off a torn tail or a damaged checkpoint, or the chain is\n"
+    "                broken, the damage is reported on stderr and the exit status is\n"
+    "                1, unless --allow-damage is given.\n"
+    "\n"
+    "options:\n"
+    "  --allow-damage  (dump) exit 0 after reporting recovered damage\n"
+    "  --help, -h      this text\n"
+    "  --version       the inferq version\n"
+    "\n"
+    "exit status: 0 ok; 1 damage, DIR is not an inferq state directory, or an error\n"
+    "reading it; 2 usage (unknown command or option, wrong arguments).\n";
 
 // The inverse of Escape, for a PREFIX given on the command line: \\, \t, \n, \xNN.
 std::optional<std::string> Unescape(std::string_view s) {
@@ -72,12 +109,41 @@ std::optional<std::string> Unescape(std::string_view s) {
   return out;
 }
 
-int Usage() {
-  std::fprintf(stderr, "%s", kUsage);
+int Usage(const std::string& problem) {
+  std::fprintf(stderr, "inferq-state: %s (see inferq-state --help)\n", problem.c_str());
   return 2;
 }
 
+// Whether `dir` holds a state store's files: IDENTITY, a wal-*.log segment or a
+// ckpt-* checkpoint. Prints why not and returns false; an empty or mistyped
+// directory is not a store with 0 keys.
+bool IsStateDir(const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    std::fprintf(stderr, "inferq-state: '%s' is not an inferq state directory: %s\n", dir.c_str(),
+                 std::filesystem::exists(dir, ec) ? "not a directory" : "no such directory");
+    return false;
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "IDENTITY" || (name.starts_with("wal-") && name.ends_with(".log")) ||
+        name.starts_with("ckpt-")) {
+      return true;
+    }
+  }
+  if (ec) {
+    std::fprintf(stderr, "inferq-state: cannot list '%s': %s\n", dir.c_str(), ec.message().c_str());
+    return false;
+  }
+  std::fprintf(stderr,
+               "inferq-state: '%s' is not an inferq state directory (no IDENTITY, wal-*.log or "
+               "ckpt-* file)\n",
+               dir.c_str());
+  return false;
+}
+
 int Inspect(const std::string& dir) {
+  if (!IsStateDir(dir)) return 1;
   auto r = inferq::StateStore::Inspect(dir);
   if (!r.ok()) {
     std::fprintf(stderr, "inferq-state: %s\n", r.status().ToString().c_str());
@@ -126,6 +192,7 @@ absl::StatusOr<std::unique_ptr<inferq::StateStore>> OpenReadOnly(const std::stri
 }
 
 int Verify(const std::string& dir) {
+  if (!IsStateDir(dir)) return 1;
   auto s = OpenReadOnly(dir, inferq::RecoveryMode::kStrict);
   absl::Status st = s.ok() ? (*s)->VerifyChain() : s.status();
   if (!st.ok()) {
@@ -141,7 +208,8 @@ int Verify(const std::string& dir) {
   return 0;
 }
 
-int Dump(const std::string& dir, const std::string& prefix) {
+int Dump(const std::string& dir, const std::string& prefix, bool allow_damage) {
+  if (!IsStateDir(dir)) return 1;
   auto s = OpenReadOnly(dir, inferq::RecoveryMode::kPointInTime);
   if (!s.ok()) {
     std::fprintf(stderr, "inferq-state: %s\n", s.status().ToString().c_str());
@@ -150,28 +218,72 @@ int Dump(const std::string& dir, const std::string& prefix) {
   (*s)->Scan(prefix, [](std::string_view k, std::string_view v) {
     std::printf("%s\t%s\n", Escape(k).c_str(), Escape(v).c_str());
   });
-  return 0;
+  // What point-in-time recovery passed over to get here: a torn tail it cut off (in
+  // memory only: the store is read-only), or what strict recovery refuses.
+  std::vector<std::string> damage;
+  const auto stats = (*s)->Stats();
+  if (stats.torn_tail_bytes > 0) {
+    damage.push_back("a torn tail of " + std::to_string(stats.torn_tail_bytes) +
+                     " bytes after tx_id " + std::to_string(stats.last_tx_id) + " was left out");
+  }
+  if (auto r = inferq::StateStore::Inspect(dir); r.ok() && !r->chain.ok() &&
+                                                    stats.torn_tail_bytes == 0) {
+    damage.push_back("strict recovery fails: " + std::string(r->chain.message()));
+  }
+  if (damage.empty()) return 0;
+  std::fflush(stdout);
+  for (const std::string& d : damage) {
+    std::fprintf(stderr, "inferq-state: dump of '%s' is of damaged files: %s\n", dir.c_str(), d.c_str());
+  }
+  return allow_damage ? 0 : 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
-    std::printf("%s", kUsage);
-    return 0;
-  }
-  if (argc < 3) return Usage();
-  const std::string cmd = argv[1];
-  const std::string dir = argv[2];
-  if (cmd == "inspect" && argc == 3) return Inspect(dir);
-  if (cmd == "verify" && argc == 3) return Verify(dir);
-  if (cmd == "dump" && (argc == 3 || argc == 4)) {
-    const auto prefix = Unescape(argc == 4 ? argv[3] : "");
-    if (!prefix) {
-      std::fprintf(stderr, "inferq-state: PREFIX '%s' has a bad escape (use \\\\, \\t, \\n, \\xNN)\n", argv[3]);
-      return 2;
+  std::vector<std::string> args;
+  bool allow_damage = false;
+  bool options_done = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (options_done || a.empty() || a[0] != '-' || a == "-") {
+      args.push_back(a);
+    } else if (a == "--") {
+      options_done = true;
+    } else if (a == "--help" || a == "-h") {
+      std::printf("%s", kHelp);
+      return 0;
+    } else if (a == "--version") {
+      std::printf("inferq-state %s\n", INFERQ_VERSION);
+      return 0;
+    } else if (a == "--allow-damage") {
+      allow_damage = true;
+    } else if (a.starts_with("--allow-damage=")) {
+      return Usage("option --allow-damage takes no value, got '" + a + "'");
+    } else {
+      return Usage("unknown option '" + a + "'");
     }
-    return Dump(dir, *prefix);
   }
-  return Usage();
+  if (args.empty()) return Usage("no command given (inspect, verify or dump)");
+  const std::string& cmd = args[0];
+  const std::size_t operands = args.size() - 1;
+  if (cmd != "inspect" && cmd != "verify" && cmd != "dump") {
+    return Usage("unknown command '" + cmd + "' (inspect, verify or dump)");
+  }
+  if (allow_damage && cmd != "dump") return Usage("--allow-damage is an option of dump only");
+  if (cmd == "dump") {
+    if (operands < 1 || operands > 2) {
+      return Usage("dump takes DIR and an optional PREFIX, got " + std::to_string(operands) +
+                   " arguments");
+    }
+    const auto prefix = Unescape(operands == 2 ? args[2] : "");
+    if (!prefix) {
+      return Usage("PREFIX '" + args[2] + "' has a bad escape (use \\\\, \\t, \\n, \\xNN)");
+    }
+    return Dump(args[1], *prefix, allow_damage);
+  }
+  if (operands != 1) {
+    return Usage(cmd + " takes one directory, got " + std::to_string(operands) + " arguments");
+  }
+  return cmd == "inspect" ? Inspect(args[1]) : Verify(args[1]);
 }

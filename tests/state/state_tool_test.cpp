@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include "inferq/state/state_store.hpp"
+#include "inferq/version.hpp"
 #include "state/log_format.hpp"
 #include "state_test_util.hpp"
 
@@ -154,7 +155,7 @@ TEST_CASE("inferq-state refuses what is not a state directory and names a bad ar
         "inferq-state: --allow-damage is an option of dump only (see inferq-state --help)\n");
   Run version = Tool("--version");
   CHECK(version.status == 0);
-  CHECK(version.out == std::string("inferq-state ") + INFERQ_VERSION + "\n");
+  CHECK(version.out == std::string("inferq-state ") + INFERQ_VERSION_STRING + "\n");
 }
 
 TEST_CASE("inferq-state dump reports the torn tail it left out and fails unless told to allow it") {

@@ -22,12 +22,9 @@
 
 #include "absl/status/statusor.h"
 #include "inferq/schema/registry.hpp"
+#include "inferq/version.hpp"
 
 namespace {
-
-#ifndef INFERQ_VERSION
-#error "INFERQ_VERSION is set by tools/CMakeLists.txt"
-#endif
 
 constexpr char kUsage[] = "usage: inferq-schema check OLD.fbs NEW.fbs [--mode backward|forward|full]\n";
 
@@ -110,7 +107,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (arg == "--version") {
-      std::printf("inferq-schema %s\n", INFERQ_VERSION);
+      std::printf("inferq-schema %s\n", INFERQ_VERSION_STRING);
       return 0;
     }
   }

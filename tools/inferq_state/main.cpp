@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "inferq/state/state_store.hpp"
+#include "inferq/version.hpp"
 
 namespace {
 
@@ -44,10 +45,6 @@ std::string Escape(std::string_view s) {
   }
   return out;
 }
-
-#ifndef INFERQ_VERSION
-#error "INFERQ_VERSION is set by tools/CMakeLists.txt"
-#endif
 
 constexpr char kHelp[] =
     "usage: inferq-state inspect DIR\n"
@@ -254,7 +251,7 @@ int main(int argc, char** argv) {
       std::printf("%s", kHelp);
       return 0;
     } else if (a == "--version") {
-      std::printf("inferq-state %s\n", INFERQ_VERSION);
+      std::printf("inferq-state %s\n", INFERQ_VERSION_STRING);
       return 0;
     } else if (a == "--allow-damage") {
       allow_damage = true;

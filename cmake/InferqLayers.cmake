@@ -84,6 +84,8 @@ function(inferq_add_layer layer)
     if(PROJECT_IS_TOP_LEVEL AND NOT MSVC)
       target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic)
     endif()
+    # Vendored with no build type: the Release flags (CMakeLists.txt).
+    target_compile_options(${target} PRIVATE ${INFERQ_DEFAULT_BUILD_FLAGS})
     set_property(GLOBAL APPEND PROPERTY INFERQ_LAYER_OBJECTS "$<TARGET_OBJECTS:${target}>")
   else()
     if(L_PRIVATE_LIBS OR L_PRIVATE_INCLUDES)

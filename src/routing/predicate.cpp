@@ -1,5 +1,11 @@
 #include "inferq/routing/predicate.hpp"
 
+// INFERQ_HAVE_JSON_SCHEMA (1 or 0) is set by CMakeLists.txt from INFERQ_WITH_JSON_SCHEMA:
+// with 0, nothing of valijson is compiled and Predicate::JsonSchema is Unimplemented.
+#ifndef INFERQ_HAVE_JSON_SCHEMA
+#error "INFERQ_HAVE_JSON_SCHEMA is set by CMakeLists.txt (INFERQ_WITH_JSON_SCHEMA)"
+#endif
+
 #include <algorithm>
 #include <charconv>
 #include <atomic>
@@ -41,11 +47,13 @@ namespace inferq::predicate_internal {
 #define RAPIDJSON_ASSERT(x)                    \
   ((x) ? static_cast<void>(0)                  \
        : ::inferq::predicate_internal::RapidJsonAssertFailed(#x, __FILE__, __LINE__))
+#if INFERQ_HAVE_JSON_SCHEMA  // valijson, read after RAPIDJSON_ASSERT
 #define VALIJSON_USE_EXCEPTIONS 1
 #include <valijson/exceptions.hpp>
 #undef VALIJSON_USE_EXCEPTIONS
 #include <valijson/adapters/rapidjson_adapter.hpp>
 #define VALIJSON_USE_EXCEPTIONS 1
+#endif  // INFERQ_HAVE_JSON_SCHEMA
 #include <rapidjson/document.h>
 #include <rapidjson/error/en.h>
 #include <rapidjson/memorystream.h>
@@ -53,9 +61,11 @@ namespace inferq::predicate_internal {
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 #include <re2/re2.h>
+#if INFERQ_HAVE_JSON_SCHEMA  // valijson
 #include <valijson/schema.hpp>
 #include <valijson/schema_parser.hpp>
 #include <valijson/validation_visitor.hpp>
+#endif  // INFERQ_HAVE_JSON_SCHEMA
 
 namespace inferq::predicate_internal {
 namespace {
@@ -75,11 +85,14 @@ class JsonAllocator : public rapidjson::MemoryPoolAllocator<rapidjson::CrtAlloca
 using JsonValue = rapidjson::GenericValue<rapidjson::UTF8<>, JsonAllocator>;
 using JsonDocument =
     rapidjson::GenericDocument<rapidjson::UTF8<>, JsonAllocator, rapidjson::CrtAllocator>;
+#if INFERQ_HAVE_JSON_SCHEMA  // the valijson adapter
 using SchemaAdapter = valijson::adapters::GenericRapidJsonAdapter<JsonValue>;
+#endif  // INFERQ_HAVE_JSON_SCHEMA
 
 }  // namespace
 }  // namespace inferq::predicate_internal
 
+#if INFERQ_HAVE_JSON_SCHEMA  // valijson adapter traits and specializations
 namespace valijson::adapters {
 template <>
 struct AdapterTraits<inferq::predicate_internal::SchemaAdapter> {
@@ -126,6 +139,7 @@ void SchemaParser::resolveThenPopulateSchema<SchemaAdapter>(
     DocumentCache<SchemaAdapter>::Type& docCache, SchemaCache& schemaCache);
 }  // namespace valijson
 
+#endif  // INFERQ_HAVE_JSON_SCHEMA
 namespace inferq::predicate_internal {
 namespace {
 
@@ -461,6 +475,7 @@ bool RegexSearch(const re2::RE2& re, std::string_view s) {
   return re2::RE2::PartialMatch(re2::StringPiece(s.data(), s.size()), re);
 }
 
+#if INFERQ_HAVE_JSON_SCHEMA  // JSON Schema validation state
 // The compiled regexes of one JSON Schema, by pattern text. Built once when the schema
 // is parsed; read-only afterwards.
 using SchemaRegexes = absl::flat_hash_map<std::string, std::unique_ptr<const re2::RE2>>;
@@ -488,8 +503,10 @@ class SchemaScope {
   SchemaValidationState saved_;
 };
 
+#endif  // INFERQ_HAVE_JSON_SCHEMA
 }  // namespace
 
+#if INFERQ_HAVE_JSON_SCHEMA  // hooks of the valijson specializations
 // Used by the valijson specializations below: searches `s` with the schema's compiled
 // `pattern`. Every pattern of the schema was compiled when it was parsed; one missing
 // here would be a bug, and matches nothing.
@@ -525,6 +542,7 @@ void EnterParseLevel() {
 }
 void LeaveParseLevel() { --t_parse_depth; }
 
+#endif  // INFERQ_HAVE_JSON_SCHEMA
 std::uint64_t PayloadParsesOnThisThread() { return t_payload_parses; }
 
 absl::Status ValidateJsonPointer(std::string_view pointer) {
@@ -780,6 +798,7 @@ class JsonRuleNode final : public Node {
   std::unique_ptr<const re2::RE2> re_;     // kMatches only
 };
 
+#if INFERQ_HAVE_JSON_SCHEMA  // JsonSchemaNode
 std::string_view DraftName(JsonSchemaDraft d) {
   switch (d) {
     case JsonSchemaDraft::kAuto:
@@ -838,6 +857,7 @@ class JsonSchemaNode final : public Node {
   std::size_t bytes_;
 };
 
+#endif  // INFERQ_HAVE_JSON_SCHEMA
 class AllAnyNode final : public Node {
  public:
   AllAnyNode(bool all, std::vector<NodePtr> children) : all_(all), children_(std::move(children)) {}
@@ -885,6 +905,7 @@ class NotNode final : public Node {
 // ---------------------------------------------------------------------------------------
 // JSON Schema construction.
 
+#if INFERQ_HAVE_JSON_SCHEMA  // JSON Schema construction
 // Walks every subschema reachable from the root (iteratively: "$ref" chains can be
 // long) and compiles each "pattern" and "patternProperties" key with RE2, so that a
 // pattern RE2 rejects is an error of JsonSchema, not a surprise in Matches.
@@ -1042,6 +1063,7 @@ std::optional<JsonSchemaDraft> DraftOfUri(std::string_view uri) {
   return std::nullopt;
 }
 
+#endif  // INFERQ_HAVE_JSON_SCHEMA
 }  // namespace
 }  // namespace inferq::predicate_internal
 
@@ -1182,6 +1204,7 @@ absl::StatusOr<Predicate> Predicate::JsonSchema(std::string_view schema_json) {
 
 absl::StatusOr<Predicate> Predicate::JsonSchema(std::string_view schema_json,
                                                 JsonSchemaOptions options) {
+#if INFERQ_HAVE_JSON_SCHEMA
   using predicate_internal::ParseStatus;
   const std::string named = "JSON Schema " + predicate_internal::QuoteExcerpt(schema_json);
   JsonDocument doc;
@@ -1284,6 +1307,13 @@ absl::StatusOr<Predicate> Predicate::JsonSchema(std::string_view schema_json,
   }
   return Predicate(std::make_shared<const predicate_internal::JsonSchemaNode>(
       std::move(schema), std::move(regexes), draft, schema_json.size()));
+#else
+  (void)schema_json;
+  (void)options;
+  return absl::UnimplementedError(
+      "Predicate::JsonSchema is not in this build of inferq: it was configured with "
+      "INFERQ_WITH_JSON_SCHEMA=OFF (JSON Schema needs valijson, Debian libvalijson-dev)");
+#endif  // INFERQ_HAVE_JSON_SCHEMA
 }
 
 Predicate Predicate::All(std::vector<Predicate> ps) {
@@ -1324,6 +1354,7 @@ std::string Predicate::DebugString() const {
 
 }  // namespace inferq
 
+#if INFERQ_HAVE_JSON_SCHEMA  // the valijson specializations
 // ---------------------------------------------------------------------------------------
 // The valijson specializations declared at the top. Each follows valijson 1.0's own
 // code for the same visit, with std::regex replaced by RE2 (the schema's compiled
@@ -1609,3 +1640,4 @@ void SchemaParser::resolveThenPopulateSchema<SchemaAdapter>(
 }
 
 }  // namespace valijson
+#endif  // INFERQ_HAVE_JSON_SCHEMA

@@ -3,6 +3,7 @@
 // whole trip publish -> consumer member -> ack, a routing predicate matches, and the
 // schema registry refuses an incompatible schema.
 #include <cstdio>
+#include <string>
 
 #include "inferq/inferq.hpp"
 
@@ -35,6 +36,19 @@ int main() {
       absl::StatusCode::kFailedPrecondition) {
     return 9;
   }
-  std::printf("inferq %s consumer ok\n", INFERQ_VERSION_STRING);
+  // JSON Schema predicates, built in or not (INFERQ_WITH_JSON_SCHEMA).
+  auto schema = inferq::Predicate::JsonSchema(R"({"type": "object", "required": ["model"]})");
+#if CONSUMER_EXPECTS_JSON_SCHEMA
+  if (!schema.ok() || !schema->Matches(j)) return 10;
+#else
+  if (schema.status().code() != absl::StatusCode::kUnimplemented ||
+      std::string(schema.status().message()).find("INFERQ_WITH_JSON_SCHEMA=OFF") == std::string::npos) {
+    std::fprintf(stderr, "JsonSchema without INFERQ_WITH_JSON_SCHEMA: %s\n",
+                 schema.status().ToString().c_str());
+    return 11;
+  }
+#endif
+  std::printf("inferq %s consumer ok (JSON Schema predicates %s)\n", INFERQ_VERSION_STRING,
+              CONSUMER_EXPECTS_JSON_SCHEMA ? "built in" : "off");
   return 0;
 }

@@ -1,31 +1,106 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages inferq needs to build, test and benchmark, when any
-# is missing. Uses sudo when not run as root.
+# Installs the Debian 12 packages inferq needs for a purpose, when any is missing.
+# Uses sudo when not run as root. Run with --help for the purposes and options.
 set -euo pipefail
 
-packages=(
+usage() {
+  cat <<'EOF'
+usage: scripts/install-deps.sh [--for PURPOSE]... [--dry-run] [--help]
+
+Installs (apt-get, --no-install-recommends) the Debian 12 packages of each PURPOSE
+that are missing, after printing how many packages apt will install and how much it
+will download. dpkg's output goes to a log file, shown only if the install fails.
+
+purposes (default: examples; --for may be given more than once):
+  library   compiler, CMake, Ninja and the libraries libinferq builds on: the
+            `release` preset (library, tools and examples) and the install
+  examples  the same as library: the examples need nothing more
+  tests     library + Catch2, valijson (JSON Schema predicates, which the tests
+            check) and the JSON Schema test suite: the `dev` preset and ctest
+  bench     library + Google Benchmark and the peers the benchmarks compare
+            against (TBB, Boost, atomic_queue, moodycamel, xenium, RocksDB,
+            SQLite, ZeroMQ, NNG): the `bench` preset
+  fuzz      library + clang with its libFuzzer runtime, and valijson: the
+            `fuzz` preset
+
+options:
+  --for PURPOSE, --for=PURPOSE  a purpose above
+  --dry-run                     print what would be installed, install nothing
+  --help, -h                    this text
+
+exit status: 0 installed (or nothing missing); 1 apt-get failed; 2 usage.
+EOF
+}
+
+library=(
   build-essential cmake ninja-build pkg-config
-  libabsl-dev libzstd-dev zstd libmimalloc-dev libhwloc-dev libssl-dev libxxhash-dev
-  catch2 libbenchmark-dev
-  libatomic-queue-dev libconcurrentqueue-dev libxenium-dev libboost-dev libtbb-dev
-  librocksdb-dev libsqlite3-dev libzmq3-dev libnng-dev clang libclang-rt-14-dev
-  rapidjson-dev libvalijson-dev json-schema-test-suite libre2-dev
-  flatbuffers-compiler libflatbuffers-dev
+  libabsl-dev libzstd-dev libmimalloc-dev libhwloc-dev libssl-dev libxxhash-dev
+  rapidjson-dev libre2-dev flatbuffers-compiler libflatbuffers-dev
 )
+tests=(catch2 libvalijson-dev json-schema-test-suite)
+bench=(
+  libbenchmark-dev libtbb-dev libboost-dev libatomic-queue-dev libconcurrentqueue-dev
+  libxenium-dev librocksdb-dev libsqlite3-dev libzmq3-dev libnng-dev
+)
+fuzz=(clang libclang-rt-14-dev libvalijson-dev)
+
+purposes=()
+dry_run=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --for) [ $# -ge 2 ] || { echo "install-deps: --for needs a purpose (see --help)" >&2; exit 2; }
+           purposes+=("$2"); shift 2 ;;
+    --for=*) purposes+=("${1#--for=}"); shift ;;
+    --dry-run) dry_run=1; shift ;;
+    --help|-h) usage; exit 0 ;;
+    *) echo "install-deps: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+done
+[ ${#purposes[@]} -gt 0 ] || purposes=(examples)
+
+packages=("${library[@]}")
+for p in "${purposes[@]}"; do
+  case "$p" in
+    library|examples) ;;
+    tests) packages+=("${tests[@]}") ;;
+    bench) packages+=("${bench[@]}") ;;
+    fuzz) packages+=("${fuzz[@]}") ;;
+    *) echo "install-deps: unknown purpose '$p' (library, examples, tests, bench or fuzz)" >&2
+       exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
+    case " ${missing[*]} " in *" $p "*) ;; *) missing+=("$p") ;; esac
   fi
 done
+what="install-deps (${purposes[*]})"
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all packages present"
+  echo "$what: all packages present"
   exit 0
 fi
 
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+echo "$what: missing ${missing[*]}"
 $sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# What apt will fetch: one line per package to download, its size in the third field.
+# (Packages already in apt's cache count as installed but not downloaded.)
+plan=$($sudo apt-get install -y --no-install-recommends --print-uris -qq "${missing[@]}")
+count=$($sudo apt-get install -s --no-install-recommends "${missing[@]}" | grep -c '^Inst ' || true)
+bytes=$(printf '%s\n' "$plan" | awk '/^'"'"'/ {s += $3} END {printf "%d", s}')
+mb=$(awk -v b="$bytes" 'BEGIN {printf "%.1f", b / 1e6}')
+echo "$what: apt will install $count packages, $mb MB to download"
+if [ "$dry_run" -eq 1 ]; then exit 0; fi
+log=$(mktemp "${TMPDIR:-/tmp}/inferq-install-deps.XXXXXX.log")
+echo "$what: installing (dpkg's output: $log)"
+if ! $sudo apt-get install -y -q --no-install-recommends -o Dpkg::Use-Pty=0 "${missing[@]}" \
+    > "$log" 2>&1; then
+  tail -n 30 "$log" >&2
+  echo "$what: apt-get install failed; the whole output is in $log" >&2
+  exit 1
+fi
+echo "$what: done"

@@ -3,7 +3,7 @@
 # test: unit and contract tests, and the FetchContent and find_package consumers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/install-deps.sh
+./scripts/install-deps.sh --for tests
 cmake --preset dev
 cmake --build --preset dev
 ctest --preset dev -j "$(nproc)"

@@ -175,6 +175,8 @@ class Predicate {
   // relative "id" or "$ref" is resolved by appending it to the base URI rather than by
   // RFC 3986 §5.2, so relative remote references under a changed base fail to fetch.
   // The JSON Schema Test Suite results are in README.md ("JSON Schema Test Suite results").
+  // Unimplemented, naming the option, when inferq was built with
+  // INFERQ_WITH_JSON_SCHEMA=OFF (without valijson).
   static absl::StatusOr<Predicate> JsonSchema(std::string_view schema_json);
   static absl::StatusOr<Predicate> JsonSchema(std::string_view schema_json,
                                               JsonSchemaOptions options);

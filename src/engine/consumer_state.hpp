@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <array>
+#include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -118,6 +120,14 @@ struct Lane {
   // (a lost update between two pullers only loses one sample); flow control reads it.
   std::atomic<std::int64_t> delay_ewma_ns{0};
   Histogram deliver_latency_ns;  // written by this lane's puller(s) only
+  // Batches returned by either NextBatch form, by their size: [k] counts sizes in
+  // [2^k, 2^(k+1)), the last bucket everything above (ConsumerStats::batches_by_size).
+  std::array<std::atomic<std::uint64_t>, kBatchSizeBuckets> batch_sizes{};
+  void CountBatch(std::size_t size) {  // size >= 1: NextBatch never returns an empty batch
+    const auto k = std::min<std::size_t>(static_cast<std::size_t>(std::bit_width(size)) - 1,
+                                         kBatchSizeBuckets - 1);
+    batch_sizes[k].fetch_add(1, std::memory_order_relaxed);
+  }
 };
 
 // Deadline `ns` from `now`, saturating at INT64_MAX.

@@ -270,6 +270,7 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
     if (!PopOne(deadline, m).ok()) break;
     batch.push_back(std::move(m));
   }
+  consumer_->lanes[index_]->CountBatch(batch.size());
   return batch;
 }
 
@@ -295,6 +296,7 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(absl::Duration timeout) {
         if (!PopOne(0, m, now).ok()) break;
         batch.push_back(std::move(m));
       }
+      lane.CountBatch(batch.size());
       return batch;
     }
     // Wait for one more message, at most until the batch's delay runs out (the

@@ -64,10 +64,10 @@ EngineStats Engine::Stats() const {
       cs.timers = c->wheel->size();
     }
     for (std::uint32_t i = 0; i < c->lanes.size(); ++i) {
-      const BatcherStats b = c->batchers[i]->Stats();
       for (std::size_t k = 0; k < kBatchSizeBuckets; ++k) {
-        cs.batches_by_size[k] += b.batches_by_size[k];
-        cs.batches += b.batches_by_size[k];
+        const std::uint64_t n = c->lanes[i]->batch_sizes[k].load(std::memory_order_relaxed);
+        cs.batches_by_size[k] += n;
+        cs.batches += n;
       }
       if (c->lanes[i]->ring.scheduled()) {
         const QosStats q = c->lanes[i]->ring.QosStatsSnapshot();

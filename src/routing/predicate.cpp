@@ -665,19 +665,103 @@ void AppendChild(const NodePtr& n, std::string& out) {
   }
 }
 
+// Which field of an Event a header rule's name reads (Predicate::HeadersAll): a
+// first-class attribute, or the header map.
+enum class RuleField : std::uint8_t {
+  kHeader, kModel, kModelVersion, kTenant, kSemanticTag,  // strings
+  kSchemaId, kSchemaVersion,                               // 0 = not set
+  kQos, kPriority, kCodec,                                 // always set
+};
+
+struct FieldName {
+  std::string_view name;
+  RuleField field;
+};
+constexpr FieldName kRuleFields[] = {
+    {"model", RuleField::kModel},         {"model_version", RuleField::kModelVersion},
+    {"tenant", RuleField::kTenant},       {"semantic_tag", RuleField::kSemanticTag},
+    {"schema_id", RuleField::kSchemaId},  {"schema_version", RuleField::kSchemaVersion},
+    {"qos", RuleField::kQos},             {"priority", RuleField::kPriority},
+    {"codec", RuleField::kCodec},
+};
+
+RuleField FieldOf(std::string_view name) {
+  for (const FieldName& f : kRuleFields) {
+    if (f.name == name) return f.field;
+  }
+  return RuleField::kHeader;
+}
+
+// A rule value for a typed attribute, as the attribute's own value: the tier or codec
+// number, the priority, the schema id or version. nullopt when the text is not one.
+std::optional<std::int64_t> TypedValue(RuleField field, std::string_view v) {
+  auto number = [&](std::int64_t lo, std::int64_t hi) -> std::optional<std::int64_t> {
+    std::int64_t n = 0;
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || ec != std::errc() || end != v.data() + v.size() || n < lo || n > hi) {
+      return std::nullopt;
+    }
+    return n;
+  };
+  switch (field) {
+    case RuleField::kQos:
+      if (v == "gold") return static_cast<std::int64_t>(Qos::kGold);
+      if (v == "silver") return static_cast<std::int64_t>(Qos::kSilver);
+      if (v == "bronze") return static_cast<std::int64_t>(Qos::kBronze);
+      return std::nullopt;
+    case RuleField::kCodec:
+      if (v == "none") return static_cast<std::int64_t>(PayloadCodec::kNone);
+      if (v == "zstd") return static_cast<std::int64_t>(PayloadCodec::kZstd);
+      return std::nullopt;
+    case RuleField::kPriority:
+      return number(INT32_MIN, INT32_MAX);
+    case RuleField::kSchemaId:
+    case RuleField::kSchemaVersion:
+      return number(0, UINT32_MAX);
+    default:
+      return std::nullopt;
+  }
+}
+
+// What a rule's value must be for its typed attribute, for the error message.
+std::string_view TypedForm(RuleField field) {
+  switch (field) {
+    case RuleField::kQos:
+      return "a tier: gold, silver or bronze";
+    case RuleField::kCodec:
+      return "a codec: none or zstd";
+    case RuleField::kPriority:
+      return "a decimal integer in -2147483648..2147483647";
+    case RuleField::kSchemaId:
+    case RuleField::kSchemaVersion:
+      return "a decimal integer in 0..4294967295";
+    default:
+      return "";
+  }
+}
+
 class HeadersNode final : public Node {
  public:
-  HeadersNode(bool all, std::vector<Predicate::HeaderRule> rules)
-      : all_(all), rules_(std::move(rules)) {}
+  // Every rule was checked by CheckHeaders: a typed attribute's value parses.
+  HeadersNode(bool all, std::vector<Predicate::HeaderRule> rules) : all_(all) {
+    for (auto& [name, value] : rules) {
+      Rule r;
+      r.field = FieldOf(name);
+      if (value && r.field >= RuleField::kSchemaId) r.number = *TypedValue(r.field, *value);
+      r.name = std::move(name);
+      r.value = std::move(value);
+      rules_.push_back(std::move(r));
+    }
+  }
 
   void AppendDebug(std::string& out) const override {
     out += all_ ? "headers_all{" : "headers_any{";
     for (std::size_t i = 0; i < rules_.size(); ++i) {
       if (i > 0) out += ", ";
-      out += rules_[i].first;
-      if (rules_[i].second) {
+      out += rules_[i].name;
+      if (rules_[i].value) {
         out += '=';
-        out += *rules_[i].second;
+        out += *rules_[i].value;
       }
     }
     out += '}';
@@ -685,9 +769,8 @@ class HeadersNode final : public Node {
 
  protected:
   bool Eval(EvalContext& ctx) const override {
-    for (const auto& [name, value] : rules_) {
-      const std::optional<std::string_view> got = ctx.event().headers.Get(name);
-      const bool holds = got.has_value() && (!value || *got == *value);
+    for (const Rule& r : rules_) {
+      const bool holds = Holds(r, ctx.event());
       if (all_ && !holds) return false;
       if (!all_ && holds) return true;
     }
@@ -695,8 +778,46 @@ class HeadersNode final : public Node {
   }
 
  private:
+  struct Rule {
+    std::string name;
+    std::optional<std::string> value;
+    RuleField field = RuleField::kHeader;
+    std::int64_t number = 0;  // a typed attribute's value (TypedValue)
+  };
+
+  // A string attribute when it is set (not empty), an id when it is not 0, else the
+  // header of the rule's name; qos, priority and codec are always set.
+  static bool Holds(const Rule& r, const Event& e) {
+    auto text = [&](const std::string& attribute) {
+      if (attribute.empty()) return HeaderHolds(r, e);
+      return !r.value || attribute == *r.value;
+    };
+    auto id = [&](std::uint32_t attribute) {
+      if (attribute == 0) return HeaderHolds(r, e);
+      return !r.value || attribute == r.number;
+    };
+    auto always = [&](std::int64_t attribute) { return !r.value || attribute == r.number; };
+    switch (r.field) {
+      case RuleField::kHeader: return HeaderHolds(r, e);
+      case RuleField::kModel: return text(e.model);
+      case RuleField::kModelVersion: return text(e.model_version);
+      case RuleField::kTenant: return text(e.tenant);
+      case RuleField::kSemanticTag: return text(e.semantic_tag);
+      case RuleField::kSchemaId: return id(e.schema_id);
+      case RuleField::kSchemaVersion: return id(e.schema_version);
+      case RuleField::kQos: return always(static_cast<std::int64_t>(e.qos));
+      case RuleField::kPriority: return always(e.priority);
+      case RuleField::kCodec: return always(static_cast<std::int64_t>(e.codec));
+    }
+    return false;
+  }
+  static bool HeaderHolds(const Rule& r, const Event& e) {
+    const std::optional<std::string_view> got = e.headers.Get(r.name);
+    return got.has_value() && (!r.value || *got == *r.value);
+  }
+
   bool all_;
-  std::vector<Predicate::HeaderRule> rules_;
+  std::vector<Rule> rules_;
 };
 
 class TagNode final : public Node {
@@ -1110,6 +1231,14 @@ absl::Status CheckHeaders(const char* what, const std::vector<Predicate::HeaderR
       std::string msg = std::string(what) + ": header " + std::to_string(i) + " has an empty name";
       if (h[i].second) msg += " (value " + QuoteValue(*h[i].second) + ")";
       return absl::InvalidArgumentError(msg);
+    }
+    const predicate_internal::RuleField field = predicate_internal::FieldOf(h[i].first);
+    if (h[i].second && field >= predicate_internal::RuleField::kSchemaId &&
+        !predicate_internal::TypedValue(field, *h[i].second)) {
+      return absl::InvalidArgumentError(
+          std::string(what) + ": header " + std::to_string(i) + " names the attribute " +
+          QuoteValue(h[i].first) + ", whose value " + QuoteValue(*h[i].second) + " is not " +
+          std::string(predicate_internal::TypedForm(field)));
     }
   }
   return absl::OkStatus();

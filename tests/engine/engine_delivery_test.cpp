@@ -628,6 +628,29 @@ TEST_CASE("requests that queued while the member was busy form one batch, not 1 
   CHECK(cs.batches_by_size[2] == 1);  // [4, 8)
 }
 
+TEST_CASE("both NextBatch forms are counted in batches by the size they returned") {
+  // Was: only NextBatch(timeout) counted (through its batcher's decisions).
+  Fixture f;
+  Member m = f.Add({.batch = {.max_batch = 8}});
+  for (int i = 0; i < 3; ++i) REQUIRE(f.engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  auto explicit_form = m.NextBatch(2, absl::ZeroDuration(), absl::ZeroDuration());
+  REQUIRE(explicit_form.ok());
+  CHECK(explicit_form->size() == 2);
+  auto policy_form = m.NextBatch(absl::ZeroDuration());
+  REQUIRE(policy_form.ok());
+  CHECK(policy_form->size() == 1);
+  for (int i = 3; i < 12; ++i) REQUIRE(f.engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  auto nine = m.NextBatch(100, absl::ZeroDuration(), absl::ZeroDuration());
+  REQUIRE(nine.ok());
+  CHECK(nine->size() == 9);
+  const ConsumerStats cs = CS(f.engine, "S", "c");
+  CHECK(cs.batches == 3);
+  CHECK(cs.batches_by_size[0] == 1);  // 1
+  CHECK(cs.batches_by_size[1] == 1);  // [2, 4)
+  CHECK(cs.batches_by_size[3] == 1);  // [8, 16)
+  CHECK(cs.members[0].delivered == 12);
+}
+
 TEST_CASE("preferred batch sizes dispatch at once; the rest waits for max_queue_delay") {
   Fixture f;
   Member m = f.Add({.batch = {.max_batch = 8,

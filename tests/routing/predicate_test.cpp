@@ -19,7 +19,9 @@ using inferq::JsonOp;
 using inferq::JsonSchemaDraft;
 using inferq::JsonSchemaOptions;
 using inferq::Predicate;
+using inferq::PayloadCodec;
 using inferq::PredicateStats;
+using inferq::Qos;
 
 namespace {
 
@@ -134,6 +136,85 @@ TEST_CASE("header rules reject an empty list and an empty name") {
         "HeadersAll: header 1 has an empty name (value 'x\\x0a')");
   CHECK(ErrorOf(Predicate::HeadersAny({{"", std::nullopt}})) ==
         "HeadersAny: header 0 has an empty name");
+}
+
+TEST_CASE("a rule on a first-class attribute reads the attribute") {
+  // Was: HeadersAll({{"model", "llama"}}) looked only at the headers, so an event with
+  // e.model = "llama" matched nothing.
+  Event e;
+  e.model = "llama";
+  const Predicate model = Must(Predicate::HeadersAll({{"model", "llama"}}));
+  CHECK(model.Matches(e));
+  e.model = "mistral";
+  CHECK_FALSE(model.Matches(e));
+  e.headers.Set("model", "llama");  // the attribute is set: the header is not read
+  CHECK_FALSE(model.Matches(e));
+  e.model.clear();  // not set: the header of that name is
+  CHECK(model.Matches(e));
+
+  SECTION("strings: model_version, tenant, semantic_tag; present means not empty") {
+    Event a;
+    a.model_version = "3.1";
+    a.tenant = "acme";
+    a.semantic_tag = "summarize";
+    CHECK(Must(Predicate::HeadersAll({{"model_version", "3.1"}, {"tenant", "acme"},
+                                      {"semantic_tag", "summarize"}})).Matches(a));
+    CHECK_FALSE(Must(Predicate::HeadersAll({{"tenant", "acm"}})).Matches(a));
+    CHECK(Must(Predicate::HeadersAll({{"tenant", std::nullopt}})).Matches(a));
+    CHECK_FALSE(Must(Predicate::HeadersAll({{"model", std::nullopt}})).Matches(a));
+  }
+  SECTION("qos, priority and codec are always present") {
+    Event a;
+    a.qos = Qos::kGold;
+    a.priority = -7;
+    a.codec = PayloadCodec::kZstd;
+    CHECK(Must(Predicate::HeadersAll({{"qos", "gold"}, {"priority", "-7"}, {"codec", "zstd"}}))
+              .Matches(a));
+    CHECK_FALSE(Must(Predicate::HeadersAny({{"qos", "silver"}, {"qos", "bronze"},
+                                            {"priority", "7"}, {"codec", "none"}}))
+                    .Matches(a));
+    CHECK(Must(Predicate::HeadersAll({{"qos", std::nullopt}, {"priority", std::nullopt}}))
+              .Matches(Event{}));
+    CHECK(Must(Predicate::HeadersAll({{"qos", "silver"}, {"priority", "0"}, {"codec", "none"}}))
+              .Matches(Event{}));  // the defaults
+    a.headers.Set("qos", "silver");  // never read: qos is always set
+    CHECK_FALSE(Must(Predicate::HeadersAll({{"qos", "silver"}})).Matches(a));
+  }
+  SECTION("schema_id and schema_version: the attribute when not 0") {
+    Event a;
+    a.schema_id = 42;
+    a.schema_version = 3;
+    const Predicate p = Must(Predicate::HeadersAll({{"schema_id", "42"}, {"schema_version", "3"}}));
+    CHECK(p.Matches(a));
+    a.schema_version = 4;
+    CHECK_FALSE(p.Matches(a));
+    CHECK_FALSE(Must(Predicate::HeadersAll({{"schema_id", std::nullopt}})).Matches(Event{}));
+    Event h;
+    h.headers.Set("schema_id", "42");
+    CHECK(Must(Predicate::HeadersAll({{"schema_id", "42"}})).Matches(h));
+  }
+  CHECK(Must(Predicate::HeadersAll({{"qos", "gold"}, {"model", "llama"}})).DebugString() ==
+        "headers_all{qos=gold, model=llama}");
+}
+
+TEST_CASE("a rule on a typed attribute refuses a value the attribute cannot have") {
+  CHECK(ErrorOf(Predicate::HeadersAll({{"qos", "platinum"}})) ==
+        "HeadersAll: header 0 names the attribute 'qos', whose value 'platinum' is not a tier: "
+        "gold, silver or bronze");
+  CHECK(ErrorOf(Predicate::HeadersAny({{"model", "x"}, {"codec", "gzip"}})) ==
+        "HeadersAny: header 1 names the attribute 'codec', whose value 'gzip' is not a codec: "
+        "none or zstd");
+  CHECK(ErrorOf(Predicate::HeadersAll({{"priority", "2147483648"}})) ==
+        "HeadersAll: header 0 names the attribute 'priority', whose value '2147483648' is not a "
+        "decimal integer in -2147483648..2147483647");
+  CHECK(ErrorOf(Predicate::HeadersAll({{"schema_version", "-1"}})) ==
+        "HeadersAll: header 0 names the attribute 'schema_version', whose value '-1' is not a "
+        "decimal integer in 0..4294967295");
+  CHECK(ErrorOf(Predicate::HeadersAll({{"priority", " 1"}})) ==
+        "HeadersAll: header 0 names the attribute 'priority', whose value ' 1' is not a "
+        "decimal integer in -2147483648..2147483647");
+  CHECK(ErrorOf(Predicate::HeadersAll({{"qos", "Gold"}})).find("'Gold' is not a tier") !=
+        std::string::npos);
 }
 
 TEST_CASE("tag_in matches the exact semantic tag") {

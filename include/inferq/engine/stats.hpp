@@ -134,7 +134,8 @@ struct ConsumerStats : ConsumerCounts<std::uint64_t> {
   // dead_letters_lost, dropped, overflow_rejected, parked, expired, delayed, evicted.
   std::uint64_t timers = 0;       // timers pending on the consumer's wheel: ack waits,
                                   // delayed naks, queue timeouts (a settled delivery's is cancelled)
-  // NextBatch(timeout) batches by size (log2 buckets, BatcherStats), all members.
+  // Batches returned by either NextBatch form, all members, by the number of messages
+  // in them: batches_by_size[k] counts sizes in [2^k, 2^(k+1)); batches is their sum.
   std::array<std::uint64_t, kBatchSizeBuckets> batches_by_size{};
   std::uint64_t batches = 0;
   // Scheduled lanes (ConsumerConfig::qos), summed over members: per tier served,

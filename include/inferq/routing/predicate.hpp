@@ -1,6 +1,6 @@
 // File: inferq/routing/predicate.hpp
 //
-// Predicate: a consumer's match rule on an Event — header match
+// Predicate: a consumer's match rule on an Event — attribute and header match
 // (all/any, exact names, presence), semantic tag set, JSON content rules (RFC 6901 JSON
 // Pointer + comparison) and JSON Schema match (valijson), composed with all/any/not.
 // A consumer receives an event only when its predicate matches.
@@ -119,10 +119,20 @@ class Predicate {
   // (there is no shared state to count in).
   Predicate();
 
-  // Header match on exact names (case-sensitive; never a prefix or suffix of a key).
-  // A nullopt value means "present with any value"; otherwise the header's value must
-  // be byte-equal. HeadersAll: every entry holds; HeadersAny: at least one does.
-  // InvalidArgument for an empty list or an empty name (naming its index).
+  // Attribute and header match on exact names (case-sensitive; never a prefix or
+  // suffix of a key). A nullopt value means "present with any value"; otherwise the
+  // value must be equal. HeadersAll: every entry holds; HeadersAny: at least one does.
+  // A name of a first-class attribute of Event reads that attribute, so a rule does
+  // not depend on whether a producer set `e.model` or a header "model":
+  //  - model, model_version, tenant, semantic_tag: the attribute when it is not empty
+  //    (byte-equal), else the header of that name;
+  //  - schema_id, schema_version: the attribute when it is not 0 (value in decimal),
+  //    else the header;
+  //  - qos ("gold", "silver", "bronze"), priority (decimal int32), codec ("none",
+  //    "zstd"): always the attribute, which is always present.
+  // Any other name is a header. InvalidArgument for an empty list, an empty name
+  // (naming its index), or a value that a typed attribute cannot have (naming the
+  // attribute, the value and the accepted form: "qos" = "platinum").
   using HeaderRule = std::pair<std::string, std::optional<std::string>>;
   static absl::StatusOr<Predicate> HeadersAll(std::vector<HeaderRule> h);
   static absl::StatusOr<Predicate> HeadersAny(std::vector<HeaderRule> h);

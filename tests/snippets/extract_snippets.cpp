@@ -2,8 +2,10 @@
 //
 // extract_snippets OUT.cpp FILE.md...: writes the ```cpp blocks of the Markdown
 // files as one C++ source (see snippets.hpp). Paths are read relative to the
-// working directory and named as given in #line directives. Exit 0 written,
-// 1 a Markdown error (printed with file and line), 2 bad usage or I/O.
+// working directory and named as given in #line directives; so are the files of
+// `program PATH` snippets, each of which must equal its block. Exit 0 written,
+// 1 a Markdown error or a program block that differs from its file (printed with
+// file and line), 2 bad usage or I/O.
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -30,6 +32,21 @@ int main(int argc, char** argv) {
     if (!snippets.ok()) {
       std::cerr << std::string(snippets.status().message()) << "\n";
       return 1;
+    }
+    for (const inferq_snippets::Snippet& sn : *snippets) {
+      if (sn.program.empty()) continue;
+      std::ifstream prog(sn.program, std::ios::binary);
+      if (!prog) {
+        std::cerr << inferq_snippets::Where(sn.file, sn.fence_line - 1) << "cannot read program '"
+                  << sn.program << "'\n";
+        return 1;
+      }
+      std::ostringstream prog_text;
+      prog_text << prog.rdbuf();
+      if (absl::Status st = inferq_snippets::ProgramMismatch(sn, prog_text.str()); !st.ok()) {
+        std::cerr << std::string(st.message()) << "\n";
+        return 1;
+      }
     }
     all.insert(all.end(), snippets->begin(), snippets->end());
   }

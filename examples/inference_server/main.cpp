@@ -144,6 +144,13 @@ Assignment Assign(const Options& o, std::uint64_t request) {
 void Usage(std::FILE* f) {
   std::fprintf(f,
                "usage: inference_server [options]   (--option VALUE or --option=VALUE)\n"
+               "Replays the Azure LLM inference trace (2023, conversation) through inferq: a\n"
+               "client publishes each request at its arrival time, a consumer group of\n"
+               "simulated model replicas runs continuous batching, and every token comes back\n"
+               "as an event that the client checks for loss, duplication and order.\n"
+               "Prints TTFT/TBT/E2E percentiles in trace time, per-tier SLA attainment and\n"
+               "the engine's own latency.\n"
+               "\n"
                "  --trace PATH              trace CSV, plain or .zst (default: bundled trace)\n"
                "  --replicas N              simulated model replicas, 1..256 (default 4)\n"
                "  --speed X                 trace seconds per wall second, 0.001..1e6; 0 = as "
@@ -172,7 +179,14 @@ void Usage(std::FILE* f) {
                "  --overload X              multiply the arrival rate by X (divide the gaps\n"
                "                            between arrivals), 0.01..100 (default 1)\n"
                "  --max-deliver N           deliveries of an event before it is a dead letter,\n"
-               "                            1..100 (default 5)\n");
+               "                            1..100 (default 5)\n"
+               "  --help, -h                this text\n"
+               "  --version                 the inferq version\n"
+               "\n"
+               "exit status: 0 every request completed with no token lost, duplicated or out\n"
+               "of order; 1 a token was lost, duplicated or out of order, a request did not\n"
+               "complete, or the trace or --json file could not be read or written; 2 a bad\n"
+               "option or value.\n");
 }
 
 [[noreturn]] void Fail(const std::string& msg, int code = 2) {
@@ -180,7 +194,9 @@ void Usage(std::FILE* f) {
   std::exit(code);
 }
 
-double ParseDouble(const std::string& flag, const std::string& v, double lo, double hi) {
+// `range` names the accepted values in messages; by default "lo..hi".
+double ParseDouble(const std::string& flag, const std::string& v, double lo, double hi,
+                   std::string range = "") {
   double d = 0;
   const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
   auto text = [](double x) {
@@ -188,11 +204,12 @@ double ParseDouble(const std::string& flag, const std::string& v, double lo, dou
     std::snprintf(buf, sizeof buf, "%g", x);
     return std::string(buf);
   };
+  if (range.empty()) range = text(lo) + ".." + text(hi);
   if (v.empty() || ec != std::errc() || end != v.data() + v.size() || !std::isfinite(d)) {
-    Fail(flag + " '" + v + "' is not a number (expected " + text(lo) + ".." + text(hi) + ")");
+    Fail(flag + " '" + v + "' is not a number (expected " + range + ")");
   }
   if (d < lo || d > hi) {
-    Fail(flag + " '" + v + "' is outside " + text(lo) + ".." + text(hi));
+    Fail(flag + " '" + v + "' is outside " + range);
   }
   return d;
 }
@@ -237,13 +254,16 @@ Options ParseArgs(int argc, char** argv) {
       Usage(stdout);
       std::exit(0);
     }
+    if (a == "--version") {
+      std::printf("inference_server (inferq %s)\n", INFERQ_VERSION_STRING);
+      std::exit(0);
+    }
     std::string v;
     if (const std::size_t eq = a.find('='); a.starts_with("--") && eq != std::string::npos) {
       v = a.substr(eq + 1);  // --flag=value
       a.resize(eq);
     } else if (i + 1 >= argc) {
-      Usage(stderr);
-      Fail("unknown option or missing value: '" + a + "'");
+      Fail("unknown option or missing value: '" + a + "' (see --help)");
     } else {
       v = argv[++i];
     }
@@ -258,7 +278,8 @@ Options ParseArgs(int argc, char** argv) {
     else if (a == "--replicas") o.replicas = static_cast<std::uint32_t>(ParseUint(a, v, 1, 256));
     else if (a == "--max-batch") o.max_batch = static_cast<std::uint32_t>(ParseUint(a, v, 1, 4096));
     else if (a == "--speed") {
-      o.speed = ParseDouble(a, v, 0, 1e6);  // the range --help gives: 0, or 0.001..1e6
+      // The range --help gives: 0, or 0.001..1e6.
+      o.speed = ParseDouble(a, v, 0, 1e6, "0 or 0.001..1e6");
       if (o.speed > 0 && o.speed < 0.001) Fail("--speed '" + v + "' must be 0 or 0.001..1e6");
     }
     else if (a == "--limit") o.limit = ParseUint(a, v, 1, 1'000'000'000);
@@ -296,8 +317,7 @@ Options ParseArgs(int argc, char** argv) {
     else if (a == "--overload") o.overload = ParseDouble(a, v, 0.01, 100);
     else if (a == "--max-deliver") o.max_deliver = static_cast<std::int64_t>(ParseUint(a, v, 1, 100));
     else {
-      Usage(stderr);
-      Fail("unknown option '" + a + "'");
+      Fail("unknown option '" + a + "' (see --help)");
     }
   }
   if (o.kill_replica >= static_cast<std::int64_t>(o.replicas)) {

@@ -1,5 +1,5 @@
 # inferq's layers (base, memory, ring, event, schema, routing, sched, state, engine)
-# as build targets.
+# as build targets (docs/architecture.md, section 1).
 #
 # INFERQ_LAYERS lists the layers from the bottom up; a layer may use only the layers
 # before it in this list. Each layer is a target `inferq_<layer>`: an OBJECT library

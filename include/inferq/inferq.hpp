@@ -1,7 +1,8 @@
 // File: inferq/inferq.hpp
 //
 // Umbrella header: every public header of inferq (each header under include/inferq/
-// except internal/ ones; layering_test checks that none is missing).
+// except internal/ ones; layering_test checks that none is missing). The layers and
+// the path of an event are in docs/architecture.md; every public type in docs/api.md.
 //
 //   #include "inferq/inferq.hpp"
 //   auto engine = inferq::Engine::Create();  // absl::StatusOr<std::unique_ptr<Engine>>

@@ -25,7 +25,9 @@ purposes (default: examples; --for may be given more than once):
 
 options:
   --for PURPOSE, --for=PURPOSE  a purpose above
-  --dry-run                     print what would be installed, install nothing
+  --dry-run                     print what would be installed and change nothing:
+                                needs no root and does not run apt-get update, so
+                                it counts against apt's package lists as they are
   --help, -h                    this text
 
 exit status: 0 installed (or nothing missing); 1 apt-get failed; 2 usage.
@@ -48,7 +50,10 @@ purposes=()
 dry_run=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --for) [ $# -ge 2 ] || { echo "install-deps: --for needs a purpose (see --help)" >&2; exit 2; }
+    --for) if [ $# -lt 2 ] || [ "${2#-}" != "$2" ]; then
+             echo "install-deps: --for needs a purpose (library, examples, tests, bench or fuzz)${2+, got '$2'}" >&2
+             exit 2
+           fi
            purposes+=("$2"); shift 2 ;;
     --for=*) purposes+=("${1#--for=}"); shift ;;
     --dry-run) dry_run=1; shift ;;
@@ -83,14 +88,23 @@ if [ ${#missing[@]} -eq 0 ]; then
 fi
 
 sudo=""
-if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+if [ "$(id -u)" -ne 0 ] && [ "$dry_run" -eq 0 ]; then sudo="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 echo "$what: missing ${missing[*]}"
-$sudo apt-get update -qq
+fail() {  # apt's own message is above; exit 1 as --help says
+  echo "$what: $1" >&2
+  exit 1
+}
+if [ "$dry_run" -eq 0 ]; then
+  $sudo apt-get update -qq || fail "apt-get update failed"
+fi
 # What apt will fetch: one line per package to download, its size in the third field.
-# (Packages already in apt's cache count as installed but not downloaded.)
-plan=$($sudo apt-get install -y --no-install-recommends --print-uris -qq "${missing[@]}")
-count=$($sudo apt-get install -s --no-install-recommends "${missing[@]}" | grep -c '^Inst ' || true)
+# (Packages already in apt's cache count as installed but not downloaded.) Both
+# queries are simulations, which need no root.
+plan=$(apt-get install -y --no-install-recommends --print-uris -qq "${missing[@]}") ||
+  fail "apt-get cannot install ${missing[*]}$([ "$dry_run" -eq 1 ] && echo " (--dry-run uses apt's package lists as they are: run apt-get update first if they are empty)")"
+sim=$(apt-get install -s --no-install-recommends "${missing[@]}") || fail "apt-get cannot install ${missing[*]}"
+count=$(printf '%s\n' "$sim" | grep -c '^Inst ' || true)
 bytes=$(printf '%s\n' "$plan" | awk '/^'"'"'/ {s += $3} END {printf "%d", s}')
 mb=$(awk -v b="$bytes" 'BEGIN {printf "%.1f", b / 1e6}')
 echo "$what: apt will install $count packages, $mb MB to download"

@@ -73,6 +73,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -155,22 +156,24 @@ void Usage(std::FILE* f) {
                "  --replicas N              simulated model replicas, 1..256 (default 4)\n"
                "  --speed X                 trace seconds per wall second, 0.001..1e6; 0 = as "
                "fast as possible (default 60)\n"
-               "  --limit N                 replay only the first N requests (default all)\n"
+               "  --limit N                 replay only the first N requests, 1..1e9 (default\n"
+               "                            all)\n"
                "  --json FILE               write a JSON summary\n"
                "  --model NAME              model token of the request subject (default "
                "llama2-70b)\n"
                "  --max-batch N             sequences per replica batch, 1..4096 (default 32)\n"
-               "  --prefill-base-ms X       fixed cost of a prefill step (default 10)\n"
-               "  --prefill-us-per-token X  prefill cost per prompt token (default 100)\n"
-               "  --decode-base-ms X        fixed cost of a decode step (default 25)\n"
-               "  --decode-us-per-seq X     decode cost per sequence in the batch (default "
-               "0.5 ms = 500)\n"
+               "  --prefill-base-ms X       fixed cost of a prefill step, 0..1e6 (default 10)\n"
+               "  --prefill-us-per-token X  prefill cost per prompt token, 0..1e6 (default 100)\n"
+               "  --decode-base-ms X        fixed cost of a decode step, 0..1e6 (default 25)\n"
+               "  --decode-us-per-seq X     decode cost per sequence in the batch, 0..1e6\n"
+               "                            (default 500, i.e. 0.5 ms)\n"
                "  --policy NAME             placement of new requests: topology_score (default),\n"
                "                            least_loaded, peak_ewma, round_robin; decode steps\n"
                "                            always follow their sequence (affinity by seq_id)\n"
-               "  --ack-wait-ms X           trace ms before an unacked event is redelivered\n"
-               "                            (default 30000; needs --speed > 0)\n"
-               "  --kill-replica K@T        stop replica K at trace second T (needs --speed > 0)\n"
+               "  --ack-wait-ms X           trace ms before an unacked event is redelivered,\n"
+               "                            1..1e9 (default 30000; needs --speed > 0)\n"
+               "  --kill-replica K@T        stop replica K (0..N-1 of --replicas N, N >= 2) at\n"
+               "                            trace second T, 0..1e9 (needs --speed > 0)\n"
                "  --tier-mix G:S:B          percent of requests in tier gold:silver:bronze,\n"
                "                            integers summing to 100 (default 20:30:50)\n"
                "  --tenants N               tenants tenant-0..tenant-N-1, 1..10000 (default 8)\n"
@@ -199,16 +202,25 @@ double ParseDouble(const std::string& flag, const std::string& v, double lo, dou
                    std::string range = "") {
   double d = 0;
   const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
+  // %g, with the exponent written as in --help: 1e6, not 1e+06.
   auto text = [](double x) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%g", x);
-    return std::string(buf);
+    std::string t = buf;
+    if (const std::size_t e = t.find("e+"); e != std::string::npos) {
+      std::size_t digits = e + 2;
+      while (digits + 1 < t.size() && t[digits] == '0') ++digits;
+      t = t.substr(0, e + 1) + t.substr(digits);
+    }
+    return t;
   };
   if (range.empty()) range = text(lo) + ".." + text(hi);
-  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || !std::isfinite(d)) {
+  if (v.empty() || end != v.data() + v.size() ||
+      (ec != std::errc() && ec != std::errc::result_out_of_range) || std::isnan(d)) {
     Fail(flag + " '" + v + "' is not a number (expected " + range + ")");
   }
-  if (d < lo || d > hi) {
+  // from_chars reports a magnitude beyond double (1e400) as out of range; so is inf.
+  if (ec == std::errc::result_out_of_range || std::isinf(d) || d < lo || d > hi) {
     Fail(flag + " '" + v + "' is outside " + range);
   }
   return d;
@@ -296,7 +308,9 @@ Options ParseArgs(int argc, char** argv) {
     else if (a == "--ack-wait-ms") o.ack_wait_ms = ParseDouble(a, v, 1, 1e9);
     else if (a == "--kill-replica") {
       const auto at = v.find('@');
-      if (at == std::string::npos) Fail("--kill-replica '" + v + "' must be K@T (replica K at trace second T)");
+      if (at == std::string::npos || at == 0 || at + 1 == v.size()) {
+        Fail("--kill-replica '" + v + "' must be K@T (replica K at trace second T)");
+      }
       o.kill_replica = static_cast<std::int64_t>(ParseUint(a, v.substr(0, at), 0, 255));
       o.kill_at_s = ParseDouble(a, v.substr(at + 1), 0, 1e9);
     }
@@ -748,8 +762,13 @@ std::string FormatDuration(double seconds) {
 
 int main(int argc, char** argv) {
   const Options opt = ParseArgs(argc, argv);
-  if (!opt.json.empty() && !std::ofstream(opt.json)) {
-    Fail("cannot write --json file '" + opt.json + "'");
+  if (!opt.json.empty()) {
+    // Checked before the replay, without truncating: the file is written at the end.
+    std::error_code ec;
+    if (std::filesystem::equivalent(opt.json, opt.trace, ec)) {
+      Fail("--json file '" + opt.json + "' is the trace file: it would be overwritten");
+    }
+    if (!std::ofstream(opt.json, std::ios::app)) Fail("cannot write --json file '" + opt.json + "'", 1);
   }
   auto loaded = inferq::example::LoadTrace(opt.trace);
   if (!loaded.ok()) Fail(std::string(loaded.status().message()), 1);

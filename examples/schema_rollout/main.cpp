@@ -21,6 +21,7 @@
 // Requests (prompt and output sizes) come from the Azure LLM inference trace 2023
 // bundled in examples/data (CC-BY-4.0; attribution in examples/data/README.md).
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +37,7 @@
 #include "inferq/routing/selection.hpp"
 #include "inferq/schema/registry.hpp"
 #include "inferq/schema/schema_reader.hpp"
+#include "inferq/version.hpp"
 #include "trace.hpp"
 
 namespace {
@@ -91,6 +93,7 @@ constexpr char kUsage[] =
     "  --mirror F    share of traffic mirrored to the shadow reader, (0, 1] (default 1)\n"
     "  --trace PATH  Azure LLM trace CSV, plain or .zst (default: the bundled trace)\n"
     "  --help, -h    this text\n"
+    "  --version     the inferq version\n"
     "exit status: 0 every check passed; 1 a check failed; 2 bad usage.\n";
 
 [[noreturn]] void Usage(const std::string& error) {
@@ -104,6 +107,10 @@ Options ParseArgs(int argc, char** argv) {
     std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
       std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (flag == "--version") {
+      std::printf("schema_rollout (inferq %s)\n", INFERQ_VERSION_STRING);
       std::exit(0);
     }
     if (flag != "--events" && flag != "--mirror" && flag != "--trace" &&
@@ -120,16 +127,24 @@ Options ParseArgs(int argc, char** argv) {
     } else {
       v = argv[++i];
     }
-    char* end = nullptr;
+    // from_chars: no leading space or '+', and '-5' is a number (out of range), where
+    // strtoull accepted " 5" and "+5" and turned "-184..." into a huge value.
+    const char* first = v.data();
+    const char* last = v.data() + v.size();
     if (flag == "--events") {
-      const unsigned long long n = std::strtoull(v.c_str(), &end, 10);
-      if (*end != '\0' || v.empty() || n < 2 || n > 1000000) {
-        Usage("--events '" + v + "' is not an integer in 2..1000000");
+      long long n = 0;
+      const auto [end, ec] = std::from_chars(first, last, n);
+      if (v.empty() || end != last || (ec != std::errc() && ec != std::errc::result_out_of_range)) {
+        Usage("--events '" + v + "' is not an integer (expected 2..1000000)");
+      }
+      if (ec == std::errc::result_out_of_range || n < 2 || n > 1000000) {
+        Usage("--events '" + v + "' is outside 2..1000000");
       }
       o.events = static_cast<std::size_t>(n);
     } else if (flag == "--mirror") {
-      const double f = std::strtod(v.c_str(), &end);
-      if (*end != '\0' || v.empty() || !(f > 0 && f <= 1)) {
+      double f = 0;
+      const auto [end, ec] = std::from_chars(first, last, f);
+      if (v.empty() || end != last || ec != std::errc() || !(f > 0 && f <= 1)) {
         Usage("--mirror '" + v + "' is not a fraction in (0, 1]");
       }
       o.mirror = f;
@@ -345,7 +360,11 @@ int main(int argc, char** argv) {
   Expect(p1.defaults == p1.shadow, "phase 1: " + std::to_string(p1.defaults) +
                                        " defaults applied for " + std::to_string(p1.shadow) +
                                        " shadow decodes");
-  Expect(p1.shadow > 0, "phase 1: the shadow decoded nothing");
+  // Mirroring is random with probability --mirror, so the shadow may see nothing when
+  // few copies are expected: the check runs only when 20 or more are (P(none) <= e^-20).
+  if (opt.mirror * static_cast<double>(half) >= 20) {
+    Expect(p1.shadow > 0, "phase 1: the shadow decoded nothing");
+  }
 
   Producer producer_v2(kSchemaV2, v2);
   std::printf("phase 2 (the switch): producer writes v2, primary reads v2, shadow reads v2\n");

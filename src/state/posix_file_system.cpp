@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -35,6 +36,24 @@ absl::Status FileSystemError(int err, const std::string& call, const std::string
 }
 
 namespace {
+
+// What a non-regular file is, for the error of Read.
+std::string FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "mode " + std::to_string(static_cast<unsigned>(mode & S_IFMT));
+}
+
+// Physical memory in bytes: no file larger than this can be held as one string.
+std::uint64_t MemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return std::uint64_t{1} << 40;
+  return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
+}
 
 class PosixWritableFile final : public WritableFile {
  public:
@@ -111,11 +130,31 @@ class Posix final : public FileSystem {
     return std::unique_ptr<WritableFile>(new PosixWritableFile(fd, path));
   }
   absl::StatusOr<std::string> Read(const std::string& path) override {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer. It is
+    // cleared below, once the file is known to be regular (where it has no effect).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return FileSystemError(errno, "open", path);
-    std::string out;
     struct stat st;
-    if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<std::size_t>(st.st_size));
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return FileSystemError(err, "fstat", path);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return absl::FailedPreconditionError(QuoteValue(path) + " is not a regular file (" +
+                                           FileKind(st.st_mode) + ")");
+    }
+    const std::uint64_t limit = MemoryBytes();
+    if (static_cast<std::uint64_t>(st.st_size) > limit) {
+      ::close(fd);
+      return absl::ResourceExhaustedError(
+          QuoteValue(path) + " is " + std::to_string(st.st_size) +
+          " bytes, more than the machine's " + std::to_string(limit) +
+          " bytes of memory: it cannot be read whole");
+    }
+    std::string out;
+    out.reserve(static_cast<std::size_t>(st.st_size));
     char buf[1 << 16];
     for (;;) {
       const ssize_t n = ::read(fd, buf, sizeof(buf));
@@ -127,6 +166,12 @@ class Posix final : public FileSystem {
       }
       if (n == 0) break;
       out.append(buf, static_cast<std::size_t>(n));
+      if (out.size() > limit) {  // it grew while being read
+        ::close(fd);
+        return absl::ResourceExhaustedError(QuoteValue(path) + " grew past the machine's " +
+                                            std::to_string(limit) +
+                                            " bytes of memory while being read");
+      }
     }
     ::close(fd);
     return out;

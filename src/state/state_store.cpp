@@ -957,12 +957,16 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(StateStoreOptions o
   // A read-only open may run next to a writer and catch its files mid-change: it
   // lists and reads again (RecoverReadOnly).
   auto r = options.read_only ? RecoverReadOnly(fs, options.dir, ro) : Recover(fs, options.dir, ro);
-  if (!r.ok()) return NotWritable(options.dir, r.status());
+  if (!r.ok()) return options.read_only ? r.status() : NotWritable(options.dir, r.status());
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const std::string dir = options.dir;  // for the error below; options is moved from
+  const bool read_only = options.read_only;
   auto impl = std::make_unique<Impl>(std::move(options));
   impl->dir_lock_ = std::move(lock);
-  if (auto st = impl->Start(std::move(*r), ms); !st.ok()) return NotWritable(options.dir, st);
+  if (auto st = impl->Start(std::move(*r), ms); !st.ok()) {
+    return read_only ? st : NotWritable(dir, st);
+  }
   return std::unique_ptr<StateStore>(new StateStore(std::move(impl)));
 }
 

@@ -1,8 +1,12 @@
 #include "inferq/state/state_store.hpp"
 
 #include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <thread>
@@ -1405,7 +1409,7 @@ TEST_CASE("a state directory on a read-only file system is refused naming it") {
   // What the POSIX layer returns on a read-only mount (see inferq/state/file_system.hpp):
   // mkdir of the existing directory is fine, anything that writes fails with EROFS.
   hooked->refuse = [](const std::string& op, const std::string& path) {
-    if (op == "createdir") return absl::OkStatus();
+    if (op == "createdir" || op == "read") return absl::OkStatus();
     return absl::PermissionDeniedError("open " + inferq::QuoteValue(path) + ": Read-only file system");
   };
   StateStoreOptions o = Options(d.path());
@@ -1418,6 +1422,86 @@ TEST_CASE("a state directory on a read-only file system is refused naming it") {
   o.read_only = true;  // reading needs no write
   auto reader = OpenOk(o);
   CHECK(reader->Get("a") == "1");
+}
+
+TEST_CASE("a writer that cannot create IDENTITY names the directory it was given") {
+  // Smallest input of a use after move: the error was built from the options after
+  // they had been moved into the store, and named '' as the directory.
+  TempDir d;
+  auto hooked = std::make_shared<HookedFileSystem>();
+  hooked->refuse = [](const std::string& op, const std::string& path) {
+    if (op == "create" && path.ends_with("IDENTITY.tmp")) {
+      return absl::PermissionDeniedError("create " + inferq::QuoteValue(path) + ": Permission denied");
+    }
+    return absl::OkStatus();
+  };
+  StateStoreOptions o = Options(d.path());
+  o.file_system = hooked;
+  auto r = StateStore::Open(o);
+  REQUIRE(r.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(r.status().message() ==
+        "state directory '" + d.path() + "' is not writable (read_only = true opens it for "
+        "reading): create '" + d.path() + "/IDENTITY.tmp': Permission denied");
+}
+
+TEST_CASE("a read-only open that cannot read a file returns the read error, not 'not writable'") {
+  TempDir d;
+  {
+    auto s = OpenOk(Options(d.path()));
+    Put(*s, "a", "1");
+  }
+  auto hooked = std::make_shared<HookedFileSystem>();
+  hooked->refuse = [](const std::string& op, const std::string& path) {
+    if (op == "read" && path.ends_with("IDENTITY")) {
+      return absl::PermissionDeniedError("open " + inferq::QuoteValue(path) + ": Permission denied");
+    }
+    return absl::OkStatus();
+  };
+  StateStoreOptions o = Options(d.path());
+  o.file_system = hooked;
+  o.read_only = true;
+  auto r = StateStore::Open(o);
+  REQUIRE(r.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(r.status().message() == "open '" + d.path() + "/IDENTITY': Permission denied");
+}
+
+TEST_CASE("the POSIX file system reads only regular files and never waits for a FIFO") {
+  TempDir d;
+  std::filesystem::create_directories(d.path());
+  const std::string fifo = d / "IDENTITY";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto fs = inferq::PosixFileSystem();
+  auto r = fs->Read(fifo);  // would block until a writer opened the FIFO
+  REQUIRE(r.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(r.status().message() == "'" + fifo + "' is not a regular file (a FIFO)");
+  auto dev = fs->Read("/dev/zero");  // would read until memory runs out
+  REQUIRE(dev.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(dev.status().message() == "'/dev/zero' is not a regular file (a character device)");
+  auto dir = fs->Read(d.path());
+  REQUIRE(dir.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(dir.status().message() == "'" + d.path() + "' is not a regular file (a directory)");
+  // A read-only open over the FIFO IDENTITY fails with that error instead of hanging.
+  StateStoreOptions o = Options(d.path());
+  o.read_only = true;
+  auto s = StateStore::Open(o);
+  CHECK(s.status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("the POSIX file system refuses a file larger than physical memory") {
+  TempDir d;
+  std::filesystem::create_directories(d.path());
+  const std::string sparse = d / "wal-00000000000000000001.log";
+  const long long mem = static_cast<long long>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
+  REQUIRE(mem > 0);
+  {
+    std::ofstream f(sparse);
+  }
+  REQUIRE(::truncate(sparse.c_str(), static_cast<off_t>(mem) + 1) == 0);  // sparse: no blocks
+  auto r = inferq::PosixFileSystem()->Read(sparse);
+  REQUIRE(r.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(r.status().message() == "'" + sparse + "' is " + std::to_string(mem + 1) +
+                                    " bytes, more than the machine's " + std::to_string(mem) +
+                                    " bytes of memory: it cannot be read whole");
 }
 
 TEST_CASE("the POSIX file system reports EROFS and EACCES as PERMISSION_DENIED") {

@@ -227,6 +227,7 @@ class HookedFileSystem final : public inferq::FileSystem {
   }
   absl::StatusOr<std::string> Read(const std::string& p) override {
     if (before_read) before_read(p);
+    if (auto st = Refused("read", p); !st.ok()) return st;
     auto bytes = base_->Read(p);
     if (bytes.ok() && after_read) after_read(p, *bytes);
     return bytes;

@@ -1,4 +1,5 @@
 // inferq-state on a directory made here: exact output of each command.
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -24,9 +25,11 @@ struct Run {
   int status = -1;
 };
 
-Run Tool(const std::string& args) {
+// Runs `inferq-state ARGS`; `redirect` comes after ARGS (stderr joins stdout first,
+// so "> /dev/full" sends only stdout there).
+Run Tool(const std::string& args, const std::string& redirect = "") {
   Run r;
-  const std::string cmd = std::string(INFERQ_STATE_TOOL) + " " + args + " 2>&1";
+  const std::string cmd = std::string(INFERQ_STATE_TOOL) + " " + args + " 2>&1 " + redirect;
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   char buf[4096];
@@ -99,6 +102,12 @@ TEST_CASE("inferq-state inspect, verify and dump") {
   CHECK(bad.status == 1);
   CHECK(bad.out.rfind("FAILED: DATA_LOSS: damaged record in log segment '" + si::SegmentName(1) +
                           "' at offset ", 0) == 0);
+  // Point-in-time recovery cannot pass a bad record in the middle: no keys, exit 1,
+  // with --allow-damage too (its help says so).
+  Run cut = Tool("dump --allow-damage " + d.path());
+  CHECK(cut.status == 1);
+  CHECK(cut.out.rfind("inferq-state: DATA_LOSS: damaged record in log segment '" +
+                          si::SegmentName(1) + "' at offset ", 0) == 0);
   Run damaged = Tool("inspect " + d.path());
   CHECK(damaged.status == 1);
   CHECK(damaged.out.find("not recoverable: damaged record in log segment") != std::string::npos);
@@ -132,7 +141,8 @@ TEST_CASE("inferq-state refuses what is not a state directory and names a bad ar
     Run r = Tool(cmd + empty);  // was: "ok: 0 keys at tx_id 0", exit 0
     CHECK(r.status == 1);
     CHECK(r.out == "inferq-state: '" + empty +
-                       "' is not an inferq state directory (no IDENTITY, wal-*.log or ckpt-* file)\n");
+                       "' is not an inferq state directory (no IDENTITY, wal-<20 digits>.log or "
+                       "ckpt-<20 digits>-{full,incr}.zst file)\n");
     Run missing = Tool(cmd + (d / "mistyped"));  // was: passed verification
     CHECK(missing.status == 1);
     CHECK(missing.out == "inferq-state: '" + (d / "mistyped") +
@@ -156,6 +166,88 @@ TEST_CASE("inferq-state refuses what is not a state directory and names a bad ar
   Run version = Tool("--version");
   CHECK(version.status == 0);
   CHECK(version.out == std::string("inferq-state ") + INFERQ_VERSION_STRING + "\n");
+}
+
+TEST_CASE("inferq-state takes only a store's own file names as the mark of a state directory") {
+  // Smallest inputs that passed for a store: any ckpt-* or wal-*.log name.
+  for (const char* name : {"ckpt-junk", "wal-x.log", "wal-0000000000000000000a.log",
+                           "ckpt-00000000000000000001-half.zst", "IDENTITY.tmp"}) {
+    INFO(name);
+    state_test::TempDir d;
+    std::filesystem::create_directories(d.path());
+    state_test::WriteFile(d / name, "x");
+    Run r = Tool("verify " + d.path());
+    CHECK(r.status == 1);
+    CHECK(r.out.rfind("inferq-state: '" + d.path() + "' is not an inferq state directory (no ", 0) == 0);
+  }
+}
+
+TEST_CASE("inferq-state never waits on a FIFO in a state directory") {
+  state_test::TempDir d;
+  std::filesystem::create_directories(d.path());
+  REQUIRE(::mkfifo((d / "IDENTITY").c_str(), 0600) == 0);  // was: verify and dump hung
+  for (const char* cmd : {"verify ", "dump "}) {
+    INFO(cmd);
+    Run r = Tool(cmd + d.path());
+    CHECK(r.status == 1);
+    CHECK(r.out.find("'" + (d / "IDENTITY") + "' is not a regular file (a FIFO)") != std::string::npos);
+  }
+}
+
+TEST_CASE("inferq-state fails when its output cannot be written") {
+  state_test::TempDir d;
+  {
+    auto s = inferq::StateStore::Open(state_test::Options(d.path()));
+    REQUIRE(s.ok());
+    auto tx = (*s)->Begin();
+    tx.Put("k", "v");
+    REQUIRE(tx.Commit().ok());
+  }
+  Run full = Tool("dump " + d.path(), "> /dev/full");  // was: exit 0
+  CHECK(full.status == 1);
+  CHECK(full.out == "inferq-state: writing the output failed: No space left on device\n");
+  CHECK(Tool("--help", "> /dev/full").status == 1);
+}
+
+TEST_CASE("inferq-state dump reports every damage recovery passed over, not only the first") {
+  state_test::TempDir d;
+  {
+    auto s = inferq::StateStore::Open(state_test::Options(d.path()));
+    REQUIRE(s.ok());
+    for (int i = 0; i < 3; ++i) {
+      auto tx = (*s)->Begin();
+      tx.Put("k" + std::to_string(i), std::to_string(i));
+      REQUIRE(tx.Commit().ok());
+      if (i == 0) REQUIRE((*s)->Checkpoint().ok());
+    }
+  }
+  // The checkpoint at tx_id 1 truncated (recovery replays the log from tx_id 1
+  // instead) and the last record half written.
+  const std::string ckpt = si::CheckpointName(1, si::CheckpointKind::kFull);
+  std::string ck = state_test::ReadFile(d / ckpt);
+  state_test::WriteFile(d / ckpt, ck.substr(0, ck.size() / 2));
+  const std::string path = d / si::SegmentName(1);
+  std::string bytes = state_test::ReadFile(path);
+  auto h = si::DecodeSegmentHeader(bytes);
+  std::size_t last = si::kSegmentHeaderBytes, end = si::kSegmentHeaderBytes;
+  for (int i = 0; i < 3; ++i) {
+    last = end;
+    end += si::DecodeFrame(bytes, end, h->salt).size;
+  }
+  const std::size_t cut = (last + end) / 2;
+  std::fill(bytes.begin() + static_cast<std::ptrdiff_t>(cut),
+            bytes.begin() + static_cast<std::ptrdiff_t>(end), '\0');
+  state_test::WriteFile(path, bytes);
+
+  Run dump = Tool("dump " + d.path());  // was: only the torn tail
+  INFO(dump.out);
+  CHECK(dump.status == 1);
+  const std::string head = "inferq-state: dump of '" + d.path() + "' is of damaged files: ";
+  CHECK(dump.out.rfind("k0\t0\nk1\t1\n" + head + "a torn tail of " + std::to_string(cut - last) +
+                           " bytes after tx_id 2 was left out\n" + head + "checkpoint '" + ckpt +
+                           "' is damaged and was not used: ",
+                       0) == 0);
+  CHECK(std::count(dump.out.begin(), dump.out.end(), '\n') == 4);
 }
 
 TEST_CASE("inferq-state dump reports the torn tail it left out and fails unless told to allow it") {

@@ -51,6 +51,9 @@ constexpr char kHelp[] =
     "cannot be read, is binary (e.g. `flatc -b --schema` output) or does not parse\n"
     "(the error on stderr, naming the file).\n";
 
+// No .fbs schema comes near this; a longer input is not schema text.
+constexpr std::size_t kMaxSchemaBytes = std::size_t{16} << 20;
+
 // The whole file; the error names the path and what is wrong (open(2) and read(2)
 // report a directory only when read, so it is checked first).
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -67,11 +70,20 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   } else if (S_ISDIR(st.st_mode)) {
     err = EISDIR;
   } else {
+    // Reading stops at the first NUL (not schema text) and at kMaxSchemaBytes, so
+    // /dev/urandom or a huge file is refused instead of read until memory runs out.
     char buf[1 << 16];
     for (;;) {
       const ssize_t n = ::read(fd, buf, sizeof buf);
       if (n > 0) {
+        const std::size_t before = text.size();
         text.append(buf, static_cast<std::size_t>(n));
+        if (text.find('\0', before) != std::string::npos) break;
+        if (text.size() > kMaxSchemaBytes) {
+          ::close(fd);
+          return absl::InvalidArgumentError("'" + path + "' is not a schema: it is longer than " +
+                                            std::to_string(kMaxSchemaBytes) + " bytes");
+        }
       } else if (n == 0) {
         break;
       } else if (errno != EINTR) {

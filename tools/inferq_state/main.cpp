@@ -10,8 +10,11 @@
 // Keys and values are printed with \t, \n, \\ and bytes outside printable ASCII as
 // \xNN. Exit status (kHelp spells it out): 0 fine (and for --help, --version), 1
 // damage, not a state directory, or an error reading it, 2 usage.
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -67,17 +70,21 @@ constexpr char kHelp[] =
     "                key<TAB>value for every key starting with PREFIX, in key order,\n"
     "                as point-in-time recovery sees the store. Keys, values and\n"
     "                PREFIX use the escapes \\\\ \\t \\n \\xNN. When recovery had\n"
-    "                to cut off a torn tail or a damaged checkpoint, or the chain is\n"
-    "                broken, the damage is reported on stderr and the exit status is\n"
-    "                1, unless --allow-damage is given.\n"
+    "                to cut off a torn tail or do without a damaged checkpoint, or\n"
+    "                the chain is broken, the damage is reported on stderr and the\n"
+    "                exit status is 1, unless --allow-damage is given. Damage that\n"
+    "                point-in-time recovery cannot pass (a bad record in the middle\n"
+    "                of the log, a gap in tx_ids) prints no keys and exits 1 even\n"
+    "                with --allow-damage; inspect shows where it is.\n"
     "\n"
     "options:\n"
     "  --allow-damage  (dump) exit 0 after reporting recovered damage\n"
     "  --help, -h      this text\n"
     "  --version       the inferq version\n"
     "\n"
-    "exit status: 0 ok; 1 damage, DIR is not an inferq state directory, or an error\n"
-    "reading it; 2 usage (unknown command or option, wrong arguments).\n";
+    "exit status: 0 ok; 1 damage, DIR is not an inferq state directory, an error\n"
+    "reading it, or an error writing the output; 2 usage (unknown command or option,\n"
+    "wrong arguments).\n";
 
 // The inverse of Escape, for a PREFIX given on the command line: \\, \t, \n, \xNN.
 std::optional<std::string> Unescape(std::string_view s) {
@@ -111,9 +118,26 @@ int Usage(const std::string& problem) {
   return 2;
 }
 
-// Whether `dir` holds a state store's files: IDENTITY, a wal-*.log segment or a
-// ckpt-* checkpoint. Prints why not and returns false; an empty or mistyped
-// directory is not a store with 0 keys.
+// Whether `name` is one of a store's own files: IDENTITY, a segment
+// `wal-<20 digits>.log` or a checkpoint `ckpt-<20 digits>-full.zst` /
+// `-incr.zst` (src/state/log_format.hpp has the formats).
+bool IsStoreFileName(std::string_view name) {
+  auto digits = [](std::string_view d) {
+    return d.size() == 20 && std::all_of(d.begin(), d.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (name == "IDENTITY") return true;
+  if (name.size() == 28 && name.starts_with("wal-") && name.ends_with(".log")) {
+    return digits(name.substr(4, 20));
+  }
+  if (name.size() == 34 && name.starts_with("ckpt-") && name[25] == '-') {
+    const std::string_view rest = name.substr(26);
+    return digits(name.substr(5, 20)) && (rest == "full.zst" || rest == "incr.zst");
+  }
+  return false;
+}
+
+// Whether `dir` holds a state store's files (IsStoreFileName). Prints why not and
+// returns false; an empty or mistyped directory is not a store with 0 keys.
 bool IsStateDir(const std::string& dir) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
@@ -123,18 +147,15 @@ bool IsStateDir(const std::string& dir) {
   }
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name == "IDENTITY" || (name.starts_with("wal-") && name.ends_with(".log")) ||
-        name.starts_with("ckpt-")) {
-      return true;
-    }
+    if (IsStoreFileName(name)) return true;
   }
   if (ec) {
     std::fprintf(stderr, "inferq-state: cannot list '%s': %s\n", dir.c_str(), ec.message().c_str());
     return false;
   }
   std::fprintf(stderr,
-               "inferq-state: '%s' is not an inferq state directory (no IDENTITY, wal-*.log or "
-               "ckpt-* file)\n",
+               "inferq-state: '%s' is not an inferq state directory (no IDENTITY, "
+               "wal-<20 digits>.log or ckpt-<20 digits>-{full,incr}.zst file)\n",
                dir.c_str());
   return false;
 }
@@ -216,16 +237,32 @@ int Dump(const std::string& dir, const std::string& prefix, bool allow_damage) {
     std::printf("%s\t%s\n", Escape(k).c_str(), Escape(v).c_str());
   });
   // What point-in-time recovery passed over to get here: a torn tail it cut off (in
-  // memory only: the store is read-only), or what strict recovery refuses.
+  // memory only: the store is read-only), damaged checkpoints it did without, and
+  // whatever else strict recovery refuses.
   std::vector<std::string> damage;
   const auto stats = (*s)->Stats();
   if (stats.torn_tail_bytes > 0) {
     damage.push_back("a torn tail of " + std::to_string(stats.torn_tail_bytes) +
                      " bytes after tx_id " + std::to_string(stats.last_tx_id) + " was left out");
   }
-  if (auto r = inferq::StateStore::Inspect(dir); r.ok() && !r->chain.ok() &&
-                                                    stats.torn_tail_bytes == 0) {
-    damage.push_back("strict recovery fails: " + std::string(r->chain.message()));
+  if (auto r = inferq::StateStore::Inspect(dir); r.ok()) {
+    for (const auto& c : r->checkpoints) {
+      if (!c.problem.empty()) {
+        damage.push_back("checkpoint '" + c.name + "' is damaged and was not used: " + c.problem);
+      }
+    }
+    for (std::size_t i = 0; i < r->segments.size(); ++i) {
+      const auto& seg = r->segments[i];
+      const bool is_torn_tail = i + 1 == r->segments.size() && stats.torn_tail_bytes > 0;
+      if (!seg.problem.empty() && !is_torn_tail) {
+        damage.push_back("log segment '" + seg.name + "' stops early: " + seg.problem);
+      }
+    }
+    if (!r->chain.ok() && damage.empty()) {
+      damage.push_back("strict recovery fails: " + std::string(r->chain.message()));
+    }
+  } else {
+    damage.push_back("the files could not be inspected: " + std::string(r.status().message()));
   }
   if (damage.empty()) return 0;
   std::fflush(stdout);
@@ -235,9 +272,17 @@ int Dump(const std::string& dir, const std::string& prefix, bool allow_damage) {
   return allow_damage ? 0 : 1;
 }
 
-}  // namespace
+// The exit status after the output is written: a failed write to stdout (a full
+// disk, a closed pipe) makes a dump incomplete, so it is an error (exit 1).
+int Finish(int status) {
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "inferq-state: writing the output failed: %s\n", std::strerror(errno));
+    return 1;
+  }
+  return status;
+}
 
-int main(int argc, char** argv) {
+int Run(int argc, char** argv) {
   std::vector<std::string> args;
   bool allow_damage = false;
   bool options_done = false;
@@ -284,3 +329,7 @@ int main(int argc, char** argv) {
   }
   return cmd == "inspect" ? Inspect(args[1]) : Verify(args[1]);
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return Finish(Run(argc, argv)); }

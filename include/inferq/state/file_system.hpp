@@ -62,7 +62,10 @@ class FileSystem {
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path) = 0;
   // Opens the existing `path` for writing; nothing in it changes until written.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path) = 0;
-  // The whole content of `path`.
+  // The whole content of the regular file `path`. The POSIX implementation returns
+  // kFailedPrecondition for anything else (a directory, a FIFO, a device: it never
+  // waits for a FIFO's writer) and kResourceExhausted for a file larger than the
+  // machine's physical memory (a sparse or damaged file), both naming the path.
   virtual absl::StatusOr<std::string> Read(const std::string& path) = 0;
   // Names (not paths) of the entries of directory `dir`.
   virtual absl::StatusOr<std::vector<std::string>> List(const std::string& dir) = 0;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -848,6 +849,10 @@ struct AffinityPolicy::Table {
     std::uint32_t member;
     std::uint64_t gen;
   };
+  // Guards map, order and next_gen: Select runs under the engine's stream mutex,
+  // Forget on any thread (a sequence ending on a replica). Uncontended but for a
+  // Forget, it costs Select one lock and unlock.
+  std::mutex mu;
   absl::flat_hash_map<std::string, Entry> map;
   std::deque<std::pair<std::string, std::uint64_t>> order;  // oldest first
   std::uint64_t next_gen = 1;
@@ -871,6 +876,7 @@ AffinityPolicy::~AffinityPolicy() = default;
 Selection AffinityPolicy::Select(const Event& event, const SelectionView& v) {
   if (!key_.Extract(event, &scratch_)) return inner_->Select(event, v);
   Table& t = *table_;
+  std::lock_guard lock(t.mu);
   if (auto it = t.map.find(scratch_); it != t.map.end()) {
     if (it->second.member < v.size() && v.eligible(it->second.member)) {
       return {it->second.member, kNoMember};
@@ -878,7 +884,7 @@ Selection AffinityPolicy::Select(const Event& event, const SelectionView& v) {
     Selection s = inner_->Select(event, v);
     if (s.member < v.size()) {
       it->second.member = s.member;
-      ++moves_;
+      moves_.fetch_add(1, std::memory_order_relaxed);
     }
     return s;
   }
@@ -896,7 +902,9 @@ Selection AffinityPolicy::Select(const Event& event, const SelectionView& v) {
 }
 
 bool AffinityPolicy::Forget(std::string_view key_bytes) {
-  auto it = table_->map.find(std::string(key_bytes));
+  const std::string key(key_bytes);
+  std::lock_guard lock(table_->mu);
+  auto it = table_->map.find(key);
   if (it == table_->map.end()) return false;
   table_->map.erase(it);
   // Its entry in `order` is skipped when it reaches the front (generation mismatch).

@@ -540,6 +540,14 @@ absl::StatusOr<Record> SchemaReader::Read(const Event& event) const {
         "event schema_id " + std::to_string(event.schema_id) + " is not the id of " +
         (*plan)->w_label + " (" + std::to_string((*plan)->w_id) + ")");
   }
+  if (event.codec != PayloadCodec::kNone) {
+    return absl::InvalidArgumentError(
+        "event payload of " + (*plan)->w_label + " is compressed (codec " +
+        (event.codec == PayloadCodec::kZstd ? std::string("zstd")
+                                            : std::to_string(static_cast<int>(event.codec))) +
+        "); SchemaReader reads raw FlatBuffers: decompress it first, or have the "
+        "consumer receive it raw (ConsumerConfig::accept_codecs = {PayloadCodec::kNone})");
+  }
   return ReadWithPlan(**plan, event.payload.span());
 }
 

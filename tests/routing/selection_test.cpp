@@ -470,6 +470,49 @@ TEST_CASE("affinity keeps a key on its first member and re-places it when ejecte
         "affinity: inner policy is null");
 }
 
+TEST_CASE("affinity Forget from another thread while Select runs keeps every placement sticky") {
+  // Was a data race on the key table (Forget is called where a sequence ends, on a
+  // replica's thread, while the engine selects under the stream's mutex).
+  ManualClock clock(1);
+  auto g = Group(4, &clock, GroupOptions{});
+  auto p = inferq::AffinityPolicy::Create(std::make_unique<inferq::RoundRobinPolicy>(),
+                                          HashKey::SeqId(), /*capacity=*/1024);
+  REQUIRE(p.ok());
+  constexpr int kKeys = 64;
+  constexpr int kRounds = 200;
+  std::atomic<bool> stop{false};
+  std::atomic<int> forgotten{0};
+  std::thread forgetter([&] {
+    while (!stop.load(std::memory_order_acquire)) {
+      for (int k = 0; k < kKeys; k += 2) {
+        if ((*p)->Forget("odd-" + std::to_string(k + 1))) ++forgotten;  // never placed
+        if ((*p)->Forget("even-" + std::to_string(k))) ++forgotten;
+      }
+    }
+  });
+  // Keys "keep-k" are never forgotten: each stays on the member it was first placed on.
+  std::map<int, std::uint32_t> first;
+  bool sticky = true;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int k = 0; k < kKeys; ++k) {
+      Event keep;
+      keep.seq_id = "keep-" + std::to_string(k);
+      const std::uint32_t m = g->Select(**p, keep).member;
+      if (auto [it, fresh] = first.emplace(k, m); !fresh && it->second != m) sticky = false;
+      Event even;
+      even.seq_id = "even-" + std::to_string(k);
+      CHECK(g->Select(**p, even).member < 4u);
+    }
+  }
+  stop.store(true, std::memory_order_release);
+  forgetter.join();
+  CHECK(sticky);
+  CHECK(first.size() == static_cast<std::size_t>(kKeys));
+  CHECK((*p)->moves() == 0);
+  // Whatever Forget removed, the table still answers consistently afterwards.
+  CHECK((*p)->Forget("odd-1") == false);
+}
+
 TEST_CASE("member group options are validated with the bad value named") {
   auto msg = [](std::uint32_t n, GroupOptions o) {
     return std::string(MemberGroup::Create(n, o).status().message());

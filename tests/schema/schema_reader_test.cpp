@@ -346,6 +346,15 @@ TEST_CASE("Read(event) uses schema_version and checks schema_id", "[schema_reade
   CHECK(wrong.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(wrong.status().message() ==
         "event schema_id 99 is not the id of subject 'req' version 1 (1)");
+  // A compressed payload is named, not reported as a corrupt FlatBuffer.
+  e.schema_id = static_cast<std::uint32_t>(registry.Get(kSubject, 1)->ref.id);
+  e.codec = inferq::PayloadCodec::kZstd;
+  auto compressed = reader->Read(e);
+  CHECK(compressed.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(compressed.status().message() ==
+        "event payload of subject 'req' version 1 is compressed (codec zstd); SchemaReader reads "
+        "raw FlatBuffers: decompress it first, or have the consumer receive it raw "
+        "(ConsumerConfig::accept_codecs = {PayloadCodec::kNone})");
 }
 
 TEST_CASE("the registry's binary schemas are what flatc -b --schema writes",

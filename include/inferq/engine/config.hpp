@@ -11,7 +11,8 @@
 //   engine->AddConsumer(c);
 //
 // Validate checks a configuration alone: names (base/limits.hpp ValidateName),
-// patterns, ranges (durations up to kMaxDuration, 365 days) and combinations of
+// patterns, ranges (timer durations up to kMaxDuration, 365 days; a stream's
+// max_age is any finite duration) and combinations of
 // fields. AddStream / AddConsumer call it first, then check what needs the engine:
 // the stream exists, the name is free, the filter overlaps the stream's subjects,
 // member_nodes are nodes of the engine's topology, the selection policy object is
@@ -60,7 +61,9 @@ struct StreamConfig {
   std::vector<std::string> subjects{};  // subject patterns; at least one
   std::int64_t max_msgs = -1;         // messages kept; -1 = no limit, else > 0
   std::int64_t max_bytes = -1;        // bytes kept (Event::StoredSize); -1 or > 0
-  absl::Duration max_age = absl::ZeroDuration();  // zero = no limit; never negative
+  // Zero = no limit; else any positive finite duration (not capped at 365 days:
+  // retention is not a timer). Negative or infinite is InvalidArgument.
+  absl::Duration max_age = absl::ZeroDuration();
   std::int64_t max_msg_size = -1;     // bytes per message; -1 or > 0
   DiscardPolicy discard = DiscardPolicy::kOld;
   // kLimits keeps messages until a limit removes them. kInterest keeps a message

@@ -163,7 +163,9 @@ struct FunctionOptions {
 struct PublishAck {
   std::uint64_t seq = 0;              // sequence in the first stream that stored it
   std::uint32_t streams_stored = 0;   // streams that stored the event
-  std::uint32_t streams_rejected = 0; // capturing streams whose limits rejected it
+  // Capturing streams that refused it: limits, a full lane, a failed payload
+  // conversion, no memory (as StreamStats::rejected).
+  std::uint32_t streams_rejected = 0;
   std::uint32_t deliveries = 0;       // lanes the event was queued on
   // The event's msg_id was accepted within a capturing stream's duplicate window:
   // that stream (streams_duplicate counts them) did not store it again. Another
@@ -221,8 +223,9 @@ struct EngineOptions {
 
 class Engine {
  public:
-  // Checks `options` and starts an engine (and its timer thread when flow control or
-  // a lifecycle needs one). InvalidArgument naming the field and value for a
+  // Checks `options` and starts an engine. Its timer thread starts here when flow
+  // control or a lifecycle needs one, else at the first AddConsumer (never with
+  // manual_timers). InvalidArgument naming the field and value for a
   // codecs.zstd_level outside 1..22, a codecs.max_payload_bytes of 0, a
   // codecs.compress_dictionary_id not in codecs.dictionaries, or a flow_control
   // that DualChannelController::Validate refuses.
@@ -255,6 +258,10 @@ class Engine {
   // NotFound when no stream captures it; ResourceExhausted (or InvalidArgument for
   // max_msg_size) when every capturing stream refused it, with the first refusal's
   // reason; Cancelled after Close(). Partial refusals are counted in the ack.
+  // A Publish that Close() interrupts (one blocked on a full lane with overflow
+  // block) may have stored the event already: it returns Cancelled "engine closed
+  // during publish: stored as sequence N but not queued for K consumer(s)", and
+  // the event counts in EngineStats::published and the stream's stats.
   // Payload conversion (ConsumerConfig::accept_codecs) is done before anything is
   // stored; when it fails nothing is stored and Publish returns FailedPrecondition
   // if the payload's dictionary is not in EngineOptions::codecs.dictionaries (the
@@ -314,8 +321,11 @@ class Engine {
   void Close();
 
   // Runs due timers now: redelivers deliveries whose ack_wait expired, moves work
-  // off stalled members. The background thread calls it every
-  // min(ack_wait) / 4 (1 ms .. 100 ms); with manual_timers, tests call it.
+  // off stalled members, releases delayed naks, updates flow control and the
+  // lifecycle's timeouts. The background thread calls it every min over
+  // explicit-ack consumers of (first ack_wait / 4), clamped to 1 ms .. 100 ms, or
+  // every 100 ms when there is none (the interval only shrinks as consumers are
+  // added); a delayed nak wakes it early. With manual_timers, tests call it.
   void RunTimers();
 
   EngineStats Stats() const;

@@ -24,8 +24,9 @@
 //     ("inference timeout").
 // Pending messages have no timeout here: a message's TTL is the stream's business,
 // which calls Expire. Completed and Expired records are kept until Forget(msg_id)
-// deletes them (the engine forgets a message once its outcome was delivered);
-// model records are kept for good (a model can warm up again after an eviction).
+// deletes them (the host calls Forget once it no longer needs the outcome: the
+// engine does not move its deliveries through a Lifecycle, EngineOptions::lifecycle
+// only has its timer call RunTimeouts); model records are kept for good (a model can warm up again after an eviction).
 //
 // Usage:
 //   inferq::LifecycleOptions o;                       // 30 s warmup, 120 s inference

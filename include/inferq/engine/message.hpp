@@ -99,7 +99,12 @@ class Message {
   bool shadow() const { return shadow_; }
 
   // Acknowledges the delivery. FailedPrecondition for an empty Message, a consumer
-  // with AckPolicy::kNone, or a second Ack or Nak of the same delivery.
+  // with AckPolicy::kNone, or a second settle (Ack, Nak or Term) of the same
+  // Message, whichever threads race. A late settle of a delivery whose ack_wait
+  // expired is OK: its Ack settles the message unless another delivery's ack did
+  // first (then it is a no-op); its Nak or Term changes nothing, the newer delivery
+  // decides. Settles still work after Engine::Close (an Ack frees its
+  // max_ack_pending slot, so what is queued drains).
   absl::Status Ack();
   // Negative acknowledgement: the delivery failed (counted against the member's
   // health) and the message is redelivered to a member chosen by the policy, at once

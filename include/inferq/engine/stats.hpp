@@ -51,7 +51,10 @@ struct StreamStats {
   std::uint64_t last_seq = 0;    // last sequence assigned (0: none yet)
   std::uint64_t stored = 0;      // events accepted since creation
   std::uint64_t discarded = 0;   // removed by max_msgs / max_bytes / max_age
-  std::uint64_t rejected = 0;    // publishes refused (discard new, max_msg_size)
+  // Publishes this stream refused: its limits (discard new, max_msg_size), a full
+  // lane (overflow reject; TryPublish on a full or held lane), a payload conversion
+  // for accept_codecs that failed, or no memory for the record.
+  std::uint64_t rejected = 0;
   std::uint64_t acked_out = 0;   // removed because every interested consumer acked
   std::uint64_t duplicates = 0;  // publishes found in the duplicate window (not stored)
   // Ids forgotten before their window ended (StreamConfig::duplicate_window_max_entries).
@@ -71,7 +74,10 @@ struct MemberStats {
 template <class Count>
 struct ConsumerCounts {
   Count acked{};
-  Count skipped{};      // queued but discarded by the stream before delivery
+  // Queued copies passed over when pulled or redelivered: discarded by the stream
+  // (limits, max_age, expiry) before delivery, or superseded (another delivery of
+  // the message was acked, or a newer one is out).
+  Count skipped{};
   Count redelivered{};  // deliveries after an ack_wait expiry, nak or move
   Count ack_timeouts{}; // deliveries not acked within ack_wait
   Count naks{};
@@ -135,7 +141,9 @@ struct ConsumerStats : ConsumerCounts<std::uint64_t> {
   std::uint64_t timers = 0;       // timers pending on the consumer's wheel: ack waits,
                                   // delayed naks, queue timeouts (a settled delivery's is cancelled)
   // Batches returned by either NextBatch form, all members, by the number of messages
-  // in them: batches_by_size[k] counts sizes in [2^k, 2^(k+1)); batches is their sum.
+  // in them: batches_by_size[k] counts sizes in [2^k, 2^(k+1)), except the last
+  // bucket (k = kBatchSizeBuckets - 1 = 16), which counts every size from 2^16 up;
+  // batches is their sum.
   std::array<std::uint64_t, kBatchSizeBuckets> batches_by_size{};
   std::uint64_t batches = 0;
   // Scheduled lanes (ConsumerConfig::qos), summed over members: per tier served,

@@ -122,11 +122,14 @@ class ZstdDictionaries {
 
 // Compresses `input` as one zstd frame at `level` (1..22; ZSTD_maxCLevel()). The frame
 // records its content size.
-// InvalidArgument when `level` is outside 1..22.
+// InvalidArgument when `level` is outside 1..22; ResourceExhausted when libzstd
+// cannot allocate its context; Internal naming libzstd's error if compression
+// itself fails (an input larger than zstd handles, about 2^64 bytes in principle).
 absl::StatusOr<std::string> ZstdCompress(std::string_view input, int level = 3);
 
 // Compresses `input` as one zstd frame with `dictionary` at the dictionary's level;
-// the frame records the dictionary's id and its content size.
+// the frame records the dictionary's id and its content size. ResourceExhausted and
+// Internal as for the form above.
 absl::StatusOr<std::string> ZstdCompress(std::string_view input, const ZstdDictionary& dictionary);
 
 // Decompresses one or more concatenated zstd frames (streaming, so frames without a

@@ -127,7 +127,10 @@ struct Event {
   // Time to live from publish, enforced like `deadline` (whichever comes first);
   // zero = none; never negative. Engine::Call sets it to the call's timeout.
   absl::Duration ttl = absl::ZeroDuration();
-  std::uint32_t attempt = 0;    // delivery attempt, set by the engine on redelivery
+  // Deliveries so far, as the publisher says (e.g. a retry of its own). The engine
+  // does not change it on redelivery (Message::attempt() counts this consumer's
+  // deliveries); on a dead-letter copy it is the delivery that gave the message up.
+  std::uint32_t attempt = 0;
   std::vector<std::int64_t> shape;  // tensor dims of the payload, if it is a tensor
   DType dtype = DType::kUnknown;
   Headers headers;

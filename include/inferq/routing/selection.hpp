@@ -483,8 +483,11 @@ class AffinityPolicy final : public SelectionPolicy {
     return inner_->CheckGroupSize(members);
   }
   // Forgets `key_bytes` (e.g. when its sequence ends). True when it was known.
+  // Safe from any thread, also while the engine calls Select (the key table has
+  // its own mutex).
   bool Forget(std::string_view key_bytes);
-  std::uint64_t moves() const { return moves_; }  // keys re-placed because their member left
+  // Keys re-placed because their member left; any thread.
+  std::uint64_t moves() const { return moves_.load(std::memory_order_relaxed); }
 
  private:
   struct Table;
@@ -493,8 +496,8 @@ class AffinityPolicy final : public SelectionPolicy {
   HashKey key_;
   std::unique_ptr<Table> table_;
   std::size_t capacity_;
-  std::string scratch_;
-  std::uint64_t moves_ = 0;
+  std::string scratch_;  // Select's only (one thread at a time, as for every policy)
+  std::atomic<std::uint64_t> moves_{0};
 };
 
 // The policy named `name` ("round_robin", "least_loaded", "peak_ewma",

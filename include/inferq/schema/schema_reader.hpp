@@ -76,6 +76,8 @@ class SchemaReader {
                               std::uint32_t writer_version) const;
   // Reads event.payload, written with version event.schema_version; event.schema_id
   // must be the id the registry gave that version (kInvalidArgument otherwise).
+  // Read does not decompress: kInvalidArgument when event.codec is not kNone (a
+  // consumer gets raw payloads with ConsumerConfig::accept_codecs = {kNone}).
   absl::StatusOr<Record> Read(const Event& event) const;
 
  private:

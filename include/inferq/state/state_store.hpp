@@ -104,8 +104,10 @@ struct StateStoreOptions {
   std::uint64_t checkpoint_log_bytes = std::uint64_t{64} << 20;
   RecoveryMode recovery = RecoveryMode::kPointInTime;
 
-  // A new log segment is started once the current one holds this many bytes.
+  // A new log segment is started once the current one holds this many bytes;
+  // 4096 .. 2^40, else Open returns InvalidArgument naming the value.
   std::uint64_t segment_bytes = std::uint64_t{64} << 20;
+  // At least 1 (InvalidArgument otherwise); see checkpoint_mode.
   int max_incremental_chain = 16;
   // Recover and serve reads without changing any file (no torn-tail truncation, no
   // commits, no checkpoints): for inspection tools. Allowed next to an open writer:

@@ -596,6 +596,9 @@ class EvalContext {
   // by each schema that hit kMaxSchemaDepth; nodes compare before and after.
   std::uint64_t invalid_hits = 0;
   std::uint64_t limit_hits = 0;
+  // Predicate::Check only: where a node that does not match says why (the first
+  // reason stays; Node::Evaluate supplies a generic one when the node gave none).
+  std::string* why = nullptr;
 
  private:
   enum class State : std::uint8_t { kUnparsed, kValid, kInvalid };
@@ -618,7 +621,15 @@ class Node {
   bool Evaluate(EvalContext& ctx) const {
     const std::uint64_t invalid_before = ctx.invalid_hits;
     const std::uint64_t limit_before = ctx.limit_hits;
+    const std::size_t why_before = ctx.why == nullptr ? 0 : ctx.why->size();
     const bool r = Eval(ctx);
+    if (!r && ctx.why != nullptr && ctx.why->size() == why_before) {
+      if (ctx.invalid_hits != invalid_before) {
+        *ctx.why += "the payload is not valid JSON, so ";
+      }
+      *ctx.why += "the event does not match ";
+      AppendDebug(*ctx.why);
+    }
     // Counters: `evaluated` first (relaxed), then the others with release; Stats loads
     // the others with acquire before `evaluated`, so a snapshot never shows more
     // matches (or invalid payloads) than evaluations. No other data is published
@@ -936,6 +947,57 @@ std::string_view DraftName(JsonSchemaDraft d) {
   return "?";
 }
 
+// valijson's errors as "JSON Schema: /a/b: what; ..." with each place as a JSON
+// Pointer into the payload ("(root)" for the root), innermost first as valijson
+// reports them, at most 4. valijson also reports each enclosing level that failed
+// because of an inner one ("Failed to validate against schema associated with
+// property name 'a'.", "Failed to validate item #0 in array."): those wrappers are
+// left out when a finer error is there.
+std::string DescribeErrors(valijson::ValidationResults& results) {
+  std::vector<std::pair<std::string, std::string>> errors;  // pointer, description
+  valijson::ValidationResults::Error e;
+  while (results.popError(e)) {
+    std::string pointer;
+    for (const std::string& part : e.context) {
+      if (part == "<root>") continue;
+      // "[name]" for a property, "[3]" for an array index (valijson's form).
+      std::string_view token = part;
+      if (token.size() >= 2 && token.front() == '[' && token.back() == ']') {
+        token = token.substr(1, token.size() - 2);
+      }
+      pointer += '/';
+      for (char c : token) {  // RFC 6901 escapes
+        if (c == '~') {
+          pointer += "~0";
+        } else if (c == '/') {
+          pointer += "~1";
+        } else {
+          pointer += c;
+        }
+      }
+    }
+    errors.emplace_back(pointer.empty() ? std::string("(root)") : std::move(pointer),
+                        std::move(e.description));
+  }
+  auto wrapper = [](const std::string& d) {
+    return d.starts_with("Failed to validate against schema associated with property") ||
+           d.starts_with("Failed to validate item #");
+  };
+  std::vector<std::pair<std::string, std::string>> kept;
+  for (auto& err : errors) {
+    if (!wrapper(err.second)) kept.push_back(std::move(err));
+  }
+  if (kept.empty()) kept = std::move(errors);
+  std::string out = "JSON Schema: ";
+  if (kept.empty()) return out + "the payload does not validate";
+  for (std::size_t i = 0; i < kept.size() && i < 4; ++i) {
+    if (i > 0) out += "; ";
+    out += kept[i].first + ": " + kept[i].second;
+  }
+  if (kept.size() > 4) out += "; and " + std::to_string(kept.size() - 4) + " more";
+  return out;
+}
+
 class JsonSchemaNode final : public Node {
  public:
   JsonSchemaNode(std::unique_ptr<valijson::Schema> schema, SchemaRegexes regexes,
@@ -960,14 +1022,21 @@ class JsonSchemaNode final : public Node {
     // threads; a ValidationVisitor per call is (the Schema is only read). The cache it
     // is handed stays empty: the specializations below never use std::regex.
     std::unordered_map<std::string, std::regex> unused_regex_cache;
-    valijson::ValidationVisitor<SchemaAdapter> visitor(SchemaAdapter(*root), {},
-                                                       /*strictTypes=*/true, nullptr,
-                                                       unused_regex_cache);
+    // Check collects valijson's errors (it then validates on past the first one).
+    valijson::ValidationResults results;
+    valijson::ValidationVisitor<SchemaAdapter> visitor(
+        SchemaAdapter(*root), {}, /*strictTypes=*/true, ctx.why != nullptr ? &results : nullptr,
+        unused_regex_cache);
     const bool ok = visitor.validateSchema(*schema_);
     if (scope.limit_hit()) {
       ++ctx.limit_hits;
+      if (ctx.why != nullptr) {
+        *ctx.why += "JSON Schema validation stopped at the nesting limit of " +
+                    std::to_string(Predicate::kMaxSchemaDepth);
+      }
       return false;  // even under a "not": an unfinished validation is no match
     }
+    if (!ok && ctx.why != nullptr) *ctx.why += DescribeErrors(results);
     return ok;
   }
 
@@ -994,15 +1063,34 @@ class AllAnyNode final : public Node {
 
  protected:
   bool Eval(EvalContext& ctx) const override {
+    if (!all_ && ctx.why != nullptr) return EvalAnyExplained(ctx);
     for (const NodePtr& c : children_) {
       const bool r = EvaluateChild(c, ctx);
-      if (all_ && !r) return false;
+      if (all_ && !r) return false;  // the child said why
       if (!all_ && r) return true;
     }
     return all_;
   }
 
  private:
+  // Any, for Check: "none of N matched: <reason 1>; <reason 2>; ...".
+  bool EvalAnyExplained(EvalContext& ctx) const {
+    std::string* why = ctx.why;
+    std::string reasons;
+    for (const NodePtr& c : children_) {
+      std::string child_why;
+      ctx.why = &child_why;
+      const bool r = EvaluateChild(c, ctx);
+      ctx.why = why;
+      if (r) return true;
+      if (!reasons.empty()) reasons += "; ";
+      reasons += child_why;
+    }
+    *why += "none of " + std::to_string(children_.size()) + " matched";
+    if (!reasons.empty()) *why += ": " + reasons;
+    return false;
+  }
+
   bool all_;
   std::vector<NodePtr> children_;
 };
@@ -1017,7 +1105,14 @@ class NotNode final : public Node {
   }
 
  protected:
-  bool Eval(EvalContext& ctx) const override { return !EvaluateChild(child_, ctx); }
+  bool Eval(EvalContext& ctx) const override {
+    // The child's own reasons are of its failures, which are this node's successes.
+    std::string* why = ctx.why;
+    ctx.why = nullptr;
+    const bool r = !EvaluateChild(child_, ctx);
+    ctx.why = why;
+    return r;
+  }
 
  private:
   NodePtr child_;
@@ -1469,6 +1564,15 @@ bool Predicate::Matches(const Event& e) const {
   if (node_ == nullptr) return true;
   predicate_internal::EvalContext ctx(e);
   return node_->Evaluate(ctx);
+}
+
+absl::Status Predicate::Check(const Event& e) const {
+  if (node_ == nullptr) return absl::OkStatus();
+  predicate_internal::EvalContext ctx(e);
+  std::string why;
+  ctx.why = &why;
+  if (node_->Evaluate(ctx)) return absl::OkStatus();
+  return absl::FailedPreconditionError(why);
 }
 
 PredicateStats Predicate::Stats() const {

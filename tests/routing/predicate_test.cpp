@@ -1028,3 +1028,55 @@ TEST_CASE("a number with a long run of zero digits reads as zero") {
   CHECK(Must(Predicate::Json("/x", JsonOp::kLt, "1e-300")).Matches(WithPayload("{\"x\": " + zero + "}")));
   CHECK_FALSE(Must(Predicate::Json("/x", JsonOp::kGt, "0")).Matches(WithPayload("{\"x\": " + zero + "}")));
 }
+
+TEST_CASE("Check says why an event does not match, naming the JSON Schema place") {
+  // A tool's parameters, as an agent runtime checks a call before running it.
+  const Predicate tool = Must(Predicate::JsonSchema(R"({
+    "type": "object", "required": ["new_preferences"],
+    "properties": {
+      "drink_id": {"type": "string"},
+      "new_preferences": {"type": "object", "properties": {
+        "size": {"type": "string", "enum": ["small", "medium", "large"]},
+        "shots": {"type": "integer"}}}}})"));
+  auto why = [&](std::string_view payload) {
+    const absl::Status s = tool.Check(WithPayload(payload));
+    return s.ok() ? std::string("OK") : std::string(absl::StatusCodeToString(s.code())) + ": " +
+                                            std::string(s.message());
+  };
+  CHECK(why(R"({"new_preferences": {"size": "large"}})") == "OK");
+  CHECK(why(R"({"new_preferences": {"size": "huge"}})") ==
+        "FAILED_PRECONDITION: JSON Schema: /new_preferences/size: Failed to match against any "
+        "enum values.");
+  CHECK(why(R"({"drink_id": "latte"})") ==
+        "FAILED_PRECONDITION: JSON Schema: (root): Missing required property 'new_preferences'.");
+  CHECK(why(R"({"drink_id": 5, "new_preferences": {"shots": "two"}})") ==
+        "FAILED_PRECONDITION: JSON Schema: /drink_id: Value type not permitted by 'type' "
+        "constraint.; /new_preferences/shots: Value type not permitted by 'type' constraint.");
+  CHECK(why("not json") ==
+        "FAILED_PRECONDITION: the payload is not valid JSON, so the event does not match "
+        "json_schema(draft7, 289 bytes)");  // the schema text above
+  // Check agrees with Matches, and counts like it.
+  const PredicateStats before = tool.Stats();
+  for (std::string_view p : {R"({"new_preferences": {}})", R"({})", "[1]"}) {
+    CHECK(tool.Check(WithPayload(p)).ok() == tool.Matches(WithPayload(p)));
+  }
+  CHECK(tool.Stats().evaluated == before.evaluated + 6);
+}
+
+TEST_CASE("Check names the node that failed for other predicates and combinations") {
+  const Predicate model = Must(Predicate::HeadersAll({{"model", "llama"}}));
+  const Predicate tag = Must(Predicate::TagIn({"chat"}));
+  Event e = WithTag("code");
+  CHECK(model.Check(e).message() == "the event does not match headers_all{model=llama}");
+  CHECK(Predicate::All({model, tag}).Check(e).message() ==
+        "the event does not match headers_all{model=llama}");  // the first that failed
+  CHECK(Predicate::Any({model, tag}).Check(e).message() ==
+        "none of 2 matched: the event does not match headers_all{model=llama}; the event "
+        "does not match tag_in{chat}");
+  CHECK(Predicate::Not(Predicate::Not(model)).Check(e).message() ==
+        "the event does not match not(not(headers_all{model=llama}))");
+  CHECK(Predicate::Not(model).Check(e).ok());
+  CHECK(Predicate().Check(e).ok());
+  e.model = "llama";
+  CHECK(model.Check(e).ok());
+}

@@ -200,6 +200,17 @@ class Predicate {
 
   // True when the event matches. Never throws for any event content.
   bool Matches(const Event& e) const;
+  // Matches, saying why not: OK when the event matches, else FailedPrecondition
+  // naming the reason, e.g. "JSON Schema: /new_preferences/size: Failed to match
+  // against any enum values." or "JSON Schema: (root): Missing required property
+  // 'id'." (valijson's words; each failing place as a JSON Pointer into the payload,
+  // at most 4, without the enclosing levels that failed because of it), "none of 2
+  // matched: ...; ..."
+  // for Any, or "the event does not match headers_all{model=llama}" (the node's
+  // DebugString) where a node has no finer reason. Counts in Stats like Matches. A
+  // JSON Schema is validated in full to collect its errors, so Check costs more
+  // than Matches on an event that fails; use it where the reason is reported.
+  absl::Status Check(const Event& e) const;
 
   // This node's counters (see PredicateStats). Zero for a trivial predicate.
   PredicateStats Stats() const;

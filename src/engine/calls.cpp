@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "inferq/base/error.hpp"
 #include "inferq/base/limits.hpp"
 #include "inferq/engine/engine.hpp"
+#include "inferq/routing/subject.hpp"
 
 namespace inferq {
 
@@ -59,6 +61,22 @@ absl::Status ValidateFunction(const std::string& id, const FunctionHandler& hand
                                       std::to_string(options.max_deliver) +
                                       " is outside 1..100");
   }
+  if (options.subjects.size() > 4096) {
+    return absl::InvalidArgumentError("function '" + id + "': " +
+                                      std::to_string(options.subjects.size()) +
+                                      " subjects, more than 4096");
+  }
+  static const SubjectPattern kDeadLetters = *SubjectPattern::Parse("fn.*.dead");
+  for (const std::string& subject : options.subjects) {
+    absl::StatusOr<SubjectPattern> p = SubjectPattern::Parse(subject);
+    if (!p.ok()) {
+      return absl::InvalidArgumentError("function '" + id + "': " + std::string(p.status().message()));
+    }
+    if (p->Overlaps(kDeadLetters)) {
+      return absl::InvalidArgumentError("function '" + id + "': subject " + QuoteValue(subject) +
+                                        " can match dead letters of functions (fn.*.dead)");
+    }
+  }
   // Everything that can fail is checked before anything is added: a refused
   // registration leaves no streams behind.
   const std::size_t slots = std::bit_ceil(options.queue_capacity) * options.workers;
@@ -92,8 +110,10 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
     }
   }
   const std::string stream = "FN_" + id;
-  const std::string subject = "fn." + id;
-  if (absl::Status s = AddStream({.name = stream, .subjects = {subject},
+  const std::string subject = "fn." + id;  // of the dead letters; the default call subject
+  std::vector<std::string> subjects = options.subjects;
+  if (subjects.empty()) subjects.push_back(subject);
+  if (absl::Status s = AddStream({.name = stream, .subjects = subjects,
                                   .retention = RetentionPolicy::kInterest});
       !s.ok()) {
     return s;
@@ -128,6 +148,10 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
                               (attempt == 1 ? " try" : " tries") + " (" + std::string(reason) + ")";
       error = last.ok() ? absl::InternalError(why)
                         : absl::Status(last.code(), why + ": " + std::string(last.message()));
+      // The handler's error report (its payloads) reaches the caller.
+      last.ForEachPayload([&error](absl::string_view url, const absl::Cord& bytes) {
+        error.SetPayload(url, bytes);
+      });
     }
     // Moved, not copied: the caller's thread then holds the only reference to the
     // message it reads, and frees it (see tests/tsan_suppressions.cpp).
@@ -137,6 +161,8 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
   impl_->functions.push_back(std::make_unique<Impl::Function>());
   Impl::Function* fn = impl_->functions.back().get();
   fn->id = id;
+  for (const std::string& p : subjects) fn->subjects.push_back(*SubjectPattern::Parse(p));
+  fn->admit = std::move(options.admit);
   impl_->function_by_id.emplace(id, fn);
   for (std::uint32_t i = 0; i < options.workers; ++i) {
     impl_->function_workers.emplace_back([this, impl, fn, member = *consumer->member(i),
@@ -200,41 +226,127 @@ void Engine::Impl::ServeCall(Message& m, const FunctionHandler& handler) {
 
 std::future<absl::StatusOr<Buffer>> Engine::Call(std::string_view fn_id, Buffer payload,
                                                  absl::Duration timeout) {
-  std::promise<absl::StatusOr<Buffer>> promise;
-  std::future<absl::StatusOr<Buffer>> future = promise.get_future();
-  const std::string fn(fn_id);
   if (timeout <= absl::ZeroDuration() || timeout > kMaxDuration) {
-    promise.set_value(absl::InvalidArgumentError("call to function " + QuoteValue(fn) +
+    std::promise<absl::StatusOr<Buffer>> promise;
+    promise.set_value(absl::InvalidArgumentError("call to function " + QuoteValue(fn_id) +
                                                  ": timeout " + absl::FormatDuration(timeout) +
                                                  " is invalid (> 0 and up to 365 days)"));
-    return future;
+    return promise.get_future();
+  }
+  Event call;
+  call.payload = std::move(payload);
+  call.ttl = timeout;
+  return StartCall(fn_id, std::move(call)).reply;
+}
+
+Event Engine::Impl::CallDeadLetter(std::uint64_t id, const CallState& call,
+                                   std::string_view reason, std::string description) {
+  Event e = call.call;  // shares the payload Buffer; keeps the caller's headers
+  e.headers.Set(std::string(kOriginalSubjectHeader), std::move(e.subject));
+  e.subject = "fn." + call.fn + ".dead";
+  e.msg_id = "call-" + std::to_string(id);
+  e.attempt = call.attempts;
+  e.ttl = absl::ZeroDuration();
+  e.deadline = absl::InfiniteFuture();
+  e.headers.Set(std::string(kCallIdHeader), std::to_string(id));
+  e.headers.Set(std::string(kDeadLetterReasonHeader), std::string(reason));
+  e.headers.Set(std::string(kDeadLetterDescriptionHeader), std::move(description));
+  e.headers.Set(std::string(kDeliveryCountHeader), std::to_string(call.attempts));
+  e.headers.Set(std::string(kOriginalTtlHeader),
+                std::to_string(absl::ToInt64Nanoseconds(call.timeout)));
+  return e;
+}
+
+PendingCall Engine::StartCall(std::string_view fn_id, Event call) {
+  PendingCall pending;
+  std::promise<absl::StatusOr<Buffer>> promise;
+  pending.reply = promise.get_future();
+  const std::string fn(fn_id);
+  auto fail = [&](absl::Status s) {
+    promise.set_value(std::move(s));
+    return std::move(pending);
+  };
+  // The time limit: ttl, or what is left of the wall-clock deadline, whichever is
+  // shorter.
+  if (call.ttl < absl::ZeroDuration() || call.ttl > kMaxDuration) {
+    return fail(absl::InvalidArgumentError("call to function " + QuoteValue(fn) + ": ttl " +
+                                           absl::FormatDuration(call.ttl) +
+                                           " is invalid (> 0 and up to 365 days)"));
+  }
+  absl::Duration timeout = call.ttl > absl::ZeroDuration() ? call.ttl : absl::InfiniteDuration();
+  if (call.deadline != absl::InfiniteFuture()) {
+    const absl::Duration left = call.deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return fail(absl::DeadlineExceededError(
+          "call to function " + QuoteValue(fn) + ": its deadline " +
+          absl::FormatTime(absl::RFC3339_full, call.deadline, absl::UTCTimeZone()) +
+          " has passed"));
+    }
+    timeout = std::min(timeout, std::min(left, kMaxDuration));
+  }
+  if (timeout == absl::InfiniteDuration()) {
+    return fail(absl::InvalidArgumentError("call to function " + QuoteValue(fn) +
+                                           " has no time limit: set Event::ttl or "
+                                           "Event::deadline"));
   }
   Impl::Function* function;
   {
     std::lock_guard lock(impl_->config_mu);
-    if (impl_->closed.load()) {
-      promise.set_value(absl::CancelledError("engine is closed"));
-      return future;
-    }
+    if (impl_->closed.load()) return fail(absl::CancelledError("engine is closed"));
     function = impl_->FindFunction(fn);
     if (function == nullptr) {
-      promise.set_value(absl::NotFoundError("function " + QuoteValue(fn) + " is not registered"));
-      return future;
+      return fail(absl::NotFoundError("function " + QuoteValue(fn) + " is not registered"));
     }
   }
+  // The subject: one the function serves.
+  if (call.subject.empty()) {
+    if (!function->subjects.front().is_literal()) {
+      return fail(absl::InvalidArgumentError(
+          "call to function '" + fn + "' has no subject, and the function's first subject " +
+          QuoteValue(function->subjects.front().text()) + " is a pattern"));
+    }
+    call.subject = function->subjects.front().text();
+  } else if (std::none_of(function->subjects.begin(), function->subjects.end(),
+                          [&](const SubjectPattern& p) { return p.Matches(call.subject); })) {
+    return fail(absl::InvalidArgumentError("call to function '" + fn + "': subject " +
+                                           QuoteValue(call.subject) +
+                                           " is not one the function serves"));
+  }
+  call.ttl = timeout;
+  // Admission, before the call is queued: a refusal is the call's end.
+  absl::Status refusal;
+  if (function->admit) refusal = function->admit(call);
   const std::int64_t deadline =
       engine_internal::SatAdd(impl_->clock->NowNanos(), absl::ToInt64Nanoseconds(timeout));
   std::uint64_t id;
+  std::optional<Event> dead_letter;
   {
     std::lock_guard lock(impl_->calls_mu);
     id = impl_->next_call++;
-    Impl::CallState& call = impl_->calls[id];
-    call.promise = std::move(promise);
-    call.fn = fn;
-    call.payload = payload;
-    call.timeout = timeout;
-    call.timer = impl_->call_wheel->Schedule(deadline, id);
-    impl_->has_calls.store(true, std::memory_order_release);
+    pending.id = id;
+    if (!refusal.ok()) {
+      Impl::CallState refused;
+      refused.fn = fn;
+      refused.call = call;
+      refused.timeout = timeout;
+      dead_letter = Impl::CallDeadLetter(id, refused, "refused", std::string(refusal.message()));
+    } else {
+      Impl::CallState& state = impl_->calls[id];
+      state.promise = std::move(promise);
+      state.fn = fn;
+      state.call = std::move(call);
+      state.timeout = timeout;
+      state.timer = impl_->call_wheel->Schedule(deadline, id);
+      impl_->has_calls.store(true, std::memory_order_release);
+    }
+  }
+  if (dead_letter) {
+    const std::string subject(dead_letter->headers.Get(kOriginalSubjectHeader).value_or(""));
+    promise.set_value(absl::InvalidArgumentError("call " + std::to_string(id) + " to function '" +
+                                                 fn + "' on '" + subject +
+                                                 "' refused: " + std::string(refusal.message())));
+    (void)Publish(*std::move(dead_letter), PublishMode::kInternal);
+    return pending;
   }
   impl_->WakeTimer(deadline);
   // Behind the calls already waiting for room, then published if there is room now.
@@ -244,7 +356,25 @@ std::future<absl::StatusOr<Buffer>> Engine::Call(std::string_view fn_id, Buffer 
     function->has_backlog.store(true, std::memory_order_release);
   }
   FlushCalls(*function);
-  return future;
+  return pending;
+}
+
+absl::Status Engine::CancelCall(std::uint64_t id, std::string_view reason) {
+  std::lock_guard lock(impl_->calls_mu);
+  auto it = impl_->calls.find(id);
+  if (it == impl_->calls.end()) {
+    return absl::NotFoundError("call " + std::to_string(id) +
+                               " is not open (it ended, or no such call was made)");
+  }
+  // A queued copy finds no open call when a worker pulls it and is acked unrun
+  // (ServeCall); a running handler's result finds none and is dropped.
+  it->second.promise.set_value(absl::CancelledError("call " + std::to_string(id) +
+                                                    " to function '" + it->second.fn +
+                                                    "' cancelled: " + std::string(reason)));
+  impl_->call_wheel->Cancel(it->second.timer);
+  impl_->calls.erase(it);
+  impl_->has_calls.store(!impl_->calls.empty(), std::memory_order_release);
+  return absl::OkStatus();
 }
 
 void Engine::FlushCalls(engine_internal::FunctionState& fn) {
@@ -282,11 +412,11 @@ void Engine::FlushCallsOnce(engine_internal::FunctionState& fn) {
       auto it = impl_->calls.find(id);
       open = it != impl_->calls.end();
       if (open) {
-        e.subject = "fn." + fn.id;
+        e = it->second.call;  // shares the payload Buffer
         e.msg_id = "call-" + std::to_string(id);
         e.ttl = it->second.timeout;
+        e.deadline = absl::InfiniteFuture();  // the call's own timer enforces it
         e.headers.Set(std::string(kCallIdHeader), std::to_string(id));
-        e.payload = it->second.payload;  // shares the Buffer
       }
     }
     absl::Status failed;

@@ -32,6 +32,7 @@
 #include "inferq/engine/lifecycle.hpp"
 #include "inferq/event/codec.hpp"
 #include "inferq/memory/topology.hpp"
+#include "inferq/routing/subject.hpp"
 #include "inferq/sched/flow_control.hpp"
 #include "inferq/sched/timer_wheel.hpp"
 #include "node_pools.hpp"
@@ -47,6 +48,8 @@ namespace engine_internal {
 // a time flushes it (Engine::FlushCalls).
 struct FunctionState {
   std::string id;
+  std::vector<SubjectPattern> subjects;  // what calls may be published on; fixed
+  CallAdmission admit;                   // FunctionOptions::admit; fixed
   std::mutex mu;
   std::deque<std::uint64_t> backlog;  // guarded by mu
   std::atomic<bool> has_backlog{false};
@@ -203,7 +206,7 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   struct CallState {
     std::promise<absl::StatusOr<Buffer>> promise;
     std::string fn;
-    Buffer payload;
+    Event call;                   // as the caller made it (subject resolved)
     absl::Duration timeout;
     std::uint32_t attempts = 0;   // tries started
     bool running = false;         // a worker is in the handler
@@ -339,6 +342,11 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // Completes the calls whose timeout passed with DeadlineExceeded and returns their
   // dead letters, for the caller to publish.
   std::vector<Event> ExpireCalls();
+  // The dead letter of call `id` (calls.cpp): subject "fn.<fn>.dead", the call's
+  // payload and headers, the reason headers. Requires calls_mu when `call` is in
+  // `calls`.
+  static Event CallDeadLetter(std::uint64_t id, const CallState& call, std::string_view reason,
+                              std::string description);
   // Feeds flow control the bytes the streams keep and the highest lane delay.
   void UpdateFlowControl(const std::vector<ConsumerState*>& consumers);
   // Moves queued work off the members of `c` that pulled nothing for its ack wait.

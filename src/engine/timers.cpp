@@ -188,19 +188,7 @@ std::vector<Event> Engine::Impl::ExpireCalls() {
         "call " + std::to_string(id) + " to function '" + call.fn + "' timed out after " +
         absl::FormatDuration(call.timeout) + " (" + where + ", " +
         std::to_string(call.attempts) + (call.attempts == 1 ? " try)" : " tries)")));
-    Event e;
-    e.subject = "fn." + call.fn + ".dead";
-    e.msg_id = "call-" + std::to_string(id);
-    e.payload = std::move(call.payload);
-    e.attempt = call.attempts;
-    e.headers.Set(std::string(kCallIdHeader), std::to_string(id));
-    e.headers.Set(std::string(kDeadLetterReasonHeader), "expired");
-    e.headers.Set(std::string(kDeadLetterDescriptionHeader),
-                  std::string("call timeout while ") + where);
-    e.headers.Set(std::string(kDeliveryCountHeader), std::to_string(call.attempts));
-    e.headers.Set(std::string(kOriginalSubjectHeader), "fn." + call.fn);
-    e.headers.Set(std::string(kOriginalTtlHeader),
-                  std::to_string(absl::ToInt64Nanoseconds(call.timeout)));
+    Event e = CallDeadLetter(id, call, "expired", std::string("call timeout while ") + where);
     dead.push_back(std::move(e));
     calls.erase(it);
   });

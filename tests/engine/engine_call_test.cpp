@@ -1,4 +1,4 @@
-// Function-in-flight: Engine::RegisterFunction and Engine::Call.
+// Function-in-flight: Engine::RegisterFunction, Call, StartCall and CancelCall.
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -21,6 +21,7 @@ absl::StatusOr<Buffer> Get(std::future<absl::StatusOr<Buffer>>& f) {
   REQUIRE(f.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
   return f.get();
 }
+absl::StatusOr<Buffer> Get(std::future<absl::StatusOr<Buffer>>&& f) { return Get(f); }
 
 // A gate that a handler waits on until the test opens it.
 struct Gate {
@@ -182,4 +183,207 @@ TEST_CASE("closing the engine fails open calls with Cancelled") {
   }
   CHECK(engine->Call("stuck", Buffer(), absl::Seconds(1)).get().status().code() ==
         absl::StatusCode::kCancelled);
+}
+
+TEST_CASE("one function serves a family of subjects and its handler sees the call as made") {
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->RegisterFunction("uber", [](const Event& e) -> absl::StatusOr<Buffer> {
+    return Buffer::FromString(e.subject + " " + std::string(e.headers.Get("session").value_or("-")) +
+                              " " + e.tenant + " " + std::string(e.payload.view()));
+  }, {.workers = 2, .subjects = {"agent.tool.uber.>", "agent.tool.taxi"}}).ok());
+  Event call;
+  call.subject = "agent.tool.uber.ride";
+  call.tenant = "acme";
+  call.headers.Set("session", "s-7");
+  call.payload = Buffer::FromString(R"({"loc":"Berkeley"})");
+  call.ttl = absl::Seconds(30);
+  PendingCall p = engine->StartCall("uber", call);
+  CHECK(p.id == 1);
+  absl::StatusOr<Buffer> r = Get(p.reply);
+  REQUIRE(r.ok());
+  CHECK(r->view() == R"(agent.tool.uber.ride s-7 acme {"loc":"Berkeley"})");
+  call.subject = "agent.tool.taxi";
+  PendingCall taxi = engine->StartCall("uber", call);
+  CHECK(Get(taxi.reply)->view() == R"(agent.tool.taxi s-7 acme {"loc":"Berkeley"})");
+
+  call.subject = "agent.tool.lyft.ride";
+  PendingCall other = engine->StartCall("uber", call);
+  CHECK(other.id == 0);
+  absl::StatusOr<Buffer> refused = Get(other.reply);
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(refused.status()) ==
+        "call to function 'uber': subject 'agent.tool.lyft.ride' is not one the function serves");
+  call.subject.clear();  // the first subject is a pattern: no default
+  CHECK(Msg(Get(engine->StartCall("uber", call).reply).status()) ==
+        "call to function 'uber' has no subject, and the function's first subject "
+        "'agent.tool.uber.>' is a pattern");
+  call.subject = "agent.tool.taxi";
+  call.ttl = absl::ZeroDuration();
+  CHECK(Msg(Get(engine->StartCall("uber", call).reply).status()) ==
+        "call to function 'uber' has no time limit: set Event::ttl or Event::deadline");
+  call.deadline = absl::Now() - absl::Seconds(1);
+  absl::StatusOr<Buffer> late = Get(engine->StartCall("uber", call).reply);
+  CHECK(late.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(Msg(late.status()).rfind("call to function 'uber': its deadline ", 0) == 0);
+}
+
+TEST_CASE("function subjects are checked at registration") {
+  auto engine = Engine::Create().value();
+  auto h = [](const Event&) -> absl::StatusOr<Buffer> { return Buffer(); };
+  CHECK(Msg(engine->RegisterFunction("f", h, {.subjects = {"fn.>"}})) ==
+        "function 'f': subject 'fn.>' can match dead letters of functions (fn.*.dead)");
+  CHECK(Msg(engine->RegisterFunction("f", h, {.subjects = {"a..b"}})) ==
+        "function 'f': subject pattern 'a..b' has an empty token at position 2");
+  CHECK(engine->RegisterFunction("f", h, {.subjects = std::vector<std::string>(4097, "a")}).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(engine->Stats().streams.empty());  // nothing was added
+  CHECK(engine->RegisterFunction("f", h, {.subjects = {"fn.f"}}).ok());  // the default, spelled out
+}
+
+TEST_CASE("a call the function's admission refuses ends InvalidArgument and is dead-lettered unrun") {
+  auto engine = Engine::Create().value();
+  std::atomic<int> runs{0};
+  REQUIRE(engine->RegisterFunction("pay", [&](const Event&) -> absl::StatusOr<Buffer> {
+    ++runs;
+    return Buffer::FromString("paid");
+  }, {.subjects = {"agent.tool.pay"},
+      .admit = [](const Event& e) -> absl::Status {
+        if (e.payload.view().find("amount") == std::string_view::npos) {
+          return absl::InvalidArgumentError("missing required argument 'amount'");
+        }
+        return absl::OkStatus();
+      }}).ok());
+  auto dlq = engine->AddConsumer({.stream = "FN_pay_DLQ", .name = "watch"});
+  REQUIRE(dlq.ok());
+  Event call;
+  call.subject = "agent.tool.pay";
+  call.ttl = absl::Seconds(30);
+  call.payload = Buffer::FromString(R"({"to":"bob"})");
+  call.headers.Set("session", "s-1");
+  PendingCall p = engine->StartCall("pay", call);
+  CHECK(p.id == 1);
+  absl::StatusOr<Buffer> r = Get(p.reply);
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(r.status()) ==
+        "call 1 to function 'pay' on 'agent.tool.pay' refused: missing required argument 'amount'");
+  auto dead = dlq->member(0)->Next(absl::Seconds(30));
+  REQUIRE(dead.ok());
+  CHECK(dead->event().subject == "fn.pay.dead");
+  CHECK(dead->event().payload.view() == R"({"to":"bob"})");
+  CHECK(H(dead->event(), kDeadLetterReasonHeader) == "refused");
+  CHECK(H(dead->event(), kDeadLetterDescriptionHeader) == "missing required argument 'amount'");
+  CHECK(H(dead->event(), kOriginalSubjectHeader) == "agent.tool.pay");
+  CHECK(H(dead->event(), kDeliveryCountHeader) == "0");
+  CHECK(H(dead->event(), kCallIdHeader) == "1");
+  CHECK(H(dead->event(), "session") == "s-1");
+  call.payload = Buffer::FromString(R"({"to":"bob","amount":5})");
+  CHECK(Get(engine->StartCall("pay", call).reply)->view() == "paid");
+  CHECK(runs.load() == 1);
+  CHECK(engine->CancelCall(1).code() == absl::StatusCode::kNotFound);  // it ended
+}
+
+TEST_CASE("a cancelled call ends Cancelled; queued it never runs, running its reply is dropped") {
+  Gate gate;  // outlives the engine
+  auto engine = Engine::Create().value();
+  std::atomic<int> runs{0};
+  REQUIRE(engine->RegisterFunction("slow", [&](const Event& e) -> absl::StatusOr<Buffer> {
+    ++runs;
+    ++gate.entered;
+    gate.opened.wait();
+    return Buffer::FromString("done " + std::string(e.payload.view()));
+  }).ok());
+  Event a;
+  a.ttl = absl::Seconds(60);
+  a.payload = Buffer::FromString("a");
+  PendingCall running = engine->StartCall("slow", a);
+  gate.WaitEntered(1);
+  Event b = a;
+  b.payload = Buffer::FromString("b");
+  PendingCall queued = engine->StartCall("slow", b);
+  Event c = a;
+  c.payload = Buffer::FromString("c");
+  PendingCall kept = engine->StartCall("slow", c);
+  REQUIRE(engine->CancelCall(queued.id, "user went away").ok());
+  REQUIRE(engine->CancelCall(running.id).ok());
+  absl::StatusOr<Buffer> rq = Get(queued.reply);
+  CHECK(rq.status().code() == absl::StatusCode::kCancelled);
+  CHECK(Msg(rq.status()) == "call 2 to function 'slow' cancelled: user went away");
+  CHECK(Msg(Get(running.reply).status()) == "call 1 to function 'slow' cancelled: cancelled by the caller");
+  CHECK(Msg(engine->CancelCall(queued.id)) ==
+        "call 2 is not open (it ended, or no such call was made)");
+  CHECK(engine->CancelCall(999).code() == absl::StatusCode::kNotFound);
+  gate.open.set_value();
+  CHECK(Get(kept.reply)->view() == "done c");
+  CHECK(runs.load() == 2);  // a and c; b was dropped unrun
+  CHECK(inferq::engine_test::Eventually(
+      [&] { return inferq::engine_test::CS(*engine, "FN_slow", "handler").acked == 3; }));
+  const EngineStats st = engine->Stats();
+  CHECK(st.stream("FN_slow_DLQ")->stored == 0);  // cancelling is not a failure
+}
+
+TEST_CASE("a handler's error report (status payloads) reaches the caller with the last error") {
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->RegisterFunction("geo", [](const Event&) -> absl::StatusOr<Buffer> {
+    absl::Status s = absl::NotFoundError("no such city");
+    s.SetPayload("type.inferq/tool-error", absl::Cord(R"({"city":"Atlantis"})"));
+    return s;
+  }, {.max_deliver = 2}).ok());
+  absl::StatusOr<Buffer> r = Get(engine->StartCall("geo", [] {
+    Event e;
+    e.ttl = absl::Seconds(30);
+    return e;
+  }()).reply);
+  CHECK(r.status().code() == absl::StatusCode::kNotFound);
+  CHECK(Msg(r.status()) == "function 'geo' failed after 2 tries (max_deliver): no such city");
+  auto report = r.status().GetPayload("type.inferq/tool-error");
+  REQUIRE(report.has_value());
+  CHECK(std::string(*report) == R"({"city":"Atlantis"})");
+}
+
+TEST_CASE("concurrent calls and cancels each end exactly once", "[concurrency]") {
+  auto engine = Engine::Create().value();
+  std::atomic<int> runs{0};
+  REQUIRE(engine->RegisterFunction("work", [&](const Event& e) -> absl::StatusOr<Buffer> {
+    ++runs;
+    return Buffer::FromString(std::string(e.payload.view()));
+  }, {.workers = 2, .queue_capacity = 4}).ok());
+  constexpr int kCalls = 400;
+  std::vector<PendingCall> calls(kCalls);
+  std::thread caller([&] {
+    for (int i = 0; i < kCalls; ++i) {
+      Event e;
+      e.ttl = absl::Seconds(60);
+      e.payload = Buffer::FromString(std::to_string(i));
+      calls[i] = engine->StartCall("work", std::move(e));
+    }
+  });
+  caller.join();
+  std::atomic<int> cancelled_ok{0};
+  std::thread canceller([&] {
+    for (int i = 0; i < kCalls; i += 2) {
+      if (engine->CancelCall(calls[i].id).ok()) ++cancelled_ok;
+    }
+  });
+  int replied = 0, cancelled = 0;
+  for (int i = 1; i < kCalls; i += 2) {
+    absl::StatusOr<Buffer> r = Get(calls[i].reply);
+    REQUIRE(r.ok());
+    CHECK(r->view() == std::to_string(i));
+    ++replied;
+  }
+  canceller.join();
+  for (int i = 0; i < kCalls; i += 2) {
+    absl::StatusOr<Buffer> r = Get(calls[i].reply);
+    if (r.ok()) {
+      CHECK(r->view() == std::to_string(i));
+      ++replied;
+    } else {
+      CHECK(r.status().code() == absl::StatusCode::kCancelled);
+      ++cancelled;
+    }
+  }
+  CHECK(replied + cancelled == kCalls);
+  CHECK(cancelled == cancelled_ok.load());
+  CHECK(runs.load() <= kCalls);
+  CHECK(runs.load() >= replied);
 }

@@ -120,6 +120,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -148,16 +149,41 @@ struct FunctionState;
 inline constexpr std::size_t kMaxMsgIdBytes = 1024;
 
 // A function served on engine threads (Engine::RegisterFunction). Gets the call
-// event (payload, headers, ttl = the call's timeout) and returns the reply payload or
-// an error; an error (or an exception, taken as kInternal) fails this try. Runs on
-// one of the function's worker threads; may block. Close() does not wait for a
-// running handler, ~Engine does: what a handler uses must outlive the Engine.
+// event (its subject, payload and headers as the caller made them; ttl = the call's
+// time limit) and returns the reply payload or an error; an error (or an exception,
+// taken as kInternal) fails this try. An error is a reply too: its payloads
+// (absl::Status::SetPayload, e.g. the bytes of a tool's error report) reach the
+// caller with the last try's error. Runs on one of the function's worker threads;
+// may block. Close() does not wait for a running handler, ~Engine does: what a
+// handler uses must outlive the Engine.
 using FunctionHandler = std::function<absl::StatusOr<Buffer>(const Event& call)>;
+
+// Checks a call before it is queued (FunctionOptions::admit): OK admits it; an error
+// refuses it. Runs on the caller's thread, inside StartCall; must not call the
+// engine.
+using CallAdmission = std::function<absl::Status(const Event& call)>;
 
 struct FunctionOptions {
   std::uint32_t workers = 1;          // threads running the handler, 1..256
   std::size_t queue_capacity = 1024;  // calls queued per worker, 1..2^20
   std::int64_t max_deliver = 1;       // tries per call (a failed try is retried), 1..100
+  // The subjects (patterns allowed, e.g. "agent.tool.uber.>") calls of this function
+  // are published on; one function can so serve a family of tools, its handler
+  // telling them apart by the call's subject. Empty: {"fn.<fn_id>"}. At most 4096,
+  // each a valid pattern that cannot match a dead-letter subject of a function
+  // ("fn.*.dead"); InvalidArgument naming the first that breaks a rule.
+  std::vector<std::string> subjects{};
+  // When set, StartCall refuses a call it returns an error for, before anything is
+  // queued: the call ends InvalidArgument ("call N to function 'F' on 'S' refused:
+  // <the error's message>") and goes to the function's dead-letter subject with
+  // reason "refused" and the message as its description; no handler runs.
+  CallAdmission admit{};
+};
+
+// A call in flight (Engine::StartCall): its id, for CancelCall, and the reply.
+struct PendingCall {
+  std::uint64_t id = 0;  // 0 when the call was refused by StartCall's own checks
+  std::future<absl::StatusOr<Buffer>> reply;
 };
 
 struct PublishAck {
@@ -308,6 +334,25 @@ class Engine {
   // ("queued", 0 tries) and the handler never sees it.
   std::future<absl::StatusOr<Buffer>> Call(std::string_view fn_id, Buffer payload,
                                            absl::Duration timeout);
+
+  // Call with the whole call event and a handle: publishes `call` (subject,
+  // payload, headers, tenant and the other attributes as given) as the call of
+  // `fn_id`. `call.subject` must be one the function serves (empty: its first
+  // subject, which must then be literal); InvalidArgument naming both otherwise. The
+  // call's time limit is call.ttl (> 0, up to 365 days) or call.deadline (wall
+  // clock), whichever ends first; InvalidArgument when neither is set, and
+  // DeadlineExceeded at once when the deadline has passed. FunctionOptions::admit
+  // runs next (a refusal ends the call InvalidArgument, see there). Otherwise as
+  // Call, whose errors the reply gets in the same cases; PendingCall::id is 0 only
+  // for the errors found before the call got an id (bad arguments, unknown
+  // function, closed engine).
+  PendingCall StartCall(std::string_view fn_id, Event call);
+  // Cancels call `id` (an agent whose user went away): its reply ends Cancelled
+  // ("call N to function 'F' cancelled: <reason>"), a queued copy is dropped
+  // unrun when a worker reaches it, and a running handler's result is dropped (the
+  // handler is not interrupted). Nothing goes to the dead-letter subject: the caller
+  // asked. NotFound when no call `id` is open (it ended, or never was).
+  absl::Status CancelCall(std::uint64_t id, std::string_view reason = "cancelled by the caller");
 
   // Closes every lane: blocked publishers and pullers wake; pulls drain what is
   // queued and then return Cancelled; later publishes return Cancelled. A pull of a

@@ -30,7 +30,8 @@ options:
                                 it counts against apt's package lists as they are
   --help, -h                    this text
 
-exit status: 0 installed (or nothing missing); 1 apt-get failed; 2 usage.
+exit status: 0 installed (or nothing missing); 1 apt-get failed or cannot install a
+package, or not root and no sudo; 2 usage.
 EOF
 }
 
@@ -88,7 +89,14 @@ if [ ${#missing[@]} -eq 0 ]; then
 fi
 
 sudo=""
-if [ "$(id -u)" -ne 0 ] && [ "$dry_run" -eq 0 ]; then sudo="sudo"; fi
+if [ "$(id -u)" -ne 0 ] && [ "$dry_run" -eq 0 ]; then
+  if ! command -v sudo > /dev/null; then
+    echo "$what: missing ${missing[*]}" >&2
+    echo "$what: installing needs root, and sudo is not installed: run this as root" >&2
+    exit 1
+  fi
+  sudo="sudo"
+fi
 export DEBIAN_FRONTEND=noninteractive
 echo "$what: missing ${missing[*]}"
 fail() {  # apt's own message is above; exit 1 as --help says
@@ -97,6 +105,9 @@ fail() {  # apt's own message is above; exit 1 as --help says
 }
 if [ "$dry_run" -eq 0 ]; then
   $sudo apt-get update -qq || fail "apt-get update failed"
+elif ! compgen -G "/var/lib/apt/lists/*_Packages*" > /dev/null; then
+  # As in a container image: nothing to count against.
+  fail "apt has no package lists (/var/lib/apt/lists), so --dry-run cannot count; run apt-get update (as root) first"
 fi
 # What apt will fetch: one line per package to download, its size in the third field.
 # (Packages already in apt's cache count as installed but not downloaded.) Both

@@ -258,6 +258,16 @@ std::array<std::string, 3> SplitTriple(const std::string& flag, const std::strin
   Fail(flag + " '" + v + "' must be " + form);
 }
 
+// The options that take a value (all but --help and --version).
+bool KnownOption(std::string_view a) {
+  static constexpr std::string_view kOptions[] = {
+      "--trace", "--json", "--model", "--replicas", "--max-batch", "--speed", "--limit",
+      "--prefill-base-ms", "--prefill-us-per-token", "--decode-base-ms", "--decode-us-per-seq",
+      "--policy", "--ack-wait-ms", "--kill-replica", "--tier-mix", "--tenants", "--sla-ms",
+      "--overload", "--max-deliver"};
+  return std::find(std::begin(kOptions), std::end(kOptions), a) != std::end(kOptions);
+}
+
 Options ParseArgs(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -275,7 +285,8 @@ Options ParseArgs(int argc, char** argv) {
       v = a.substr(eq + 1);  // --flag=value
       a.resize(eq);
     } else if (i + 1 >= argc) {
-      Fail("unknown option or missing value: '" + a + "' (see --help)");
+      if (!KnownOption(a)) Fail("unknown option '" + a + "' (see --help)");
+      Fail(a + " needs a value (see --help)");
     } else {
       v = argv[++i];
     }
@@ -995,8 +1006,10 @@ int main(int argc, char** argv) {
   for (const auto& m : rs->members) per_replica += " " + std::to_string(m.delivered);
   std::printf("  routing    affinity(seq_id) over %s; events per replica:%s\n", opt.policy.c_str(),
               per_replica.c_str());
-  std::printf("             %llu redelivered (%llu ack_wait expiries, %llu moved off a stalled "
-              "replica), %llu ejections, %llu sequences moved to another replica\n",
+  // redelivered counts messages delivered before (ack_wait expiries, naks); moved,
+  // queued work taken off a stalled replica before it pulled it.
+  std::printf("             %llu redelivered (%llu ack_wait expiries), %llu moved off a stalled "
+              "replica, %llu ejections, %llu sequences moved to another replica\n",
               static_cast<unsigned long long>(rs->redelivered),
               static_cast<unsigned long long>(rs->ack_timeouts),
               static_cast<unsigned long long>(rs->moved),

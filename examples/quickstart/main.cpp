@@ -8,7 +8,15 @@
 
 #include "inferq/inferq.hpp"
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {  // no options: it shows the API; --help says what it does
+    const bool help = std::string(argv[1]) == "--help";
+    std::fprintf(help ? stdout : stderr,
+                 "%susage: quickstart (no options): publishes 100 requests to a consumer group "
+                 "of two members and acks them; exit 0 when all were acked\n",
+                 help ? "" : ("quickstart: unknown argument '" + std::string(argv[1]) + "'\n").c_str());
+    return help ? 0 : 2;
+  }
   absl::StatusOr<std::unique_ptr<inferq::Engine>> created = inferq::Engine::Create();
   if (!created.ok()) {  // InvalidArgument names the bad EngineOptions value
     std::fprintf(stderr, "%s\n", created.status().ToString().c_str());

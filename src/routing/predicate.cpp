@@ -1535,8 +1535,9 @@ absl::StatusOr<Predicate> Predicate::JsonSchema(std::string_view schema_json,
   (void)schema_json;
   (void)options;
   return absl::UnimplementedError(
-      "Predicate::JsonSchema is not in this build of inferq: it was configured with "
-      "INFERQ_WITH_JSON_SCHEMA=OFF (JSON Schema needs valijson, Debian libvalijson-dev)");
+      "Predicate::JsonSchema is not in this build of inferq: it was configured without "
+      "JSON Schema predicates (INFERQ_WITH_JSON_SCHEMA=OFF, or AUTO with valijson not "
+      "found; they need valijson, Debian libvalijson-dev)");
 #endif  // INFERQ_HAVE_JSON_SCHEMA
 }
 

@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
   }
   if (argc < 2) return Usage("no command given (expected 'check')");
   if (std::string_view(argv[1]) != "check") {
+    if (argv[1][0] == '-') return Usage("unknown option '" + std::string(argv[1]) + "'");
     return Usage("unknown command '" + std::string(argv[1]) + "' (expected 'check')");
   }
   std::string files[2];

@@ -78,7 +78,10 @@ struct ConsumerCounts {
   // (limits, max_age, expiry) before delivery, or superseded (another delivery of
   // the message was acked, or a newer one is out).
   Count skipped{};
-  Count redelivered{};  // deliveries after an ack_wait expiry, nak or move
+  // Deliveries of a message that had been delivered before: after an ack_wait
+  // expiry or a nak, or moved off a stalled member after a delivery. Queued work
+  // moved before anyone pulled it counts in `moved` only.
+  Count redelivered{};
   Count ack_timeouts{}; // deliveries not acked within ack_wait
   Count naks{};
   Count moved{};        // queued items moved off a stalled member

@@ -123,13 +123,18 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<Consumer> consumer =
-      AddConsumer({.stream = stream,
-                   .name = "handler",
-                   .members = options.workers,
-                   .lane_capacity = options.queue_capacity,
-                   .max_deliver = options.max_deliver,
-                   .dead_letter_subject = subject + ".dead"});
+  // Least loaded (power of two choices on queued + running calls): a call goes to
+  // an idle worker, not behind one that is busy with a slow call.
+  absl::StatusOr<std::unique_ptr<SelectionPolicy>> policy = MakeSelectionPolicy("least_loaded");
+  if (!policy.ok()) return policy.status();
+  ConsumerConfig handler_config{.stream = stream,
+                                .name = "handler",
+                                .members = options.workers,
+                                .lane_capacity = options.queue_capacity,
+                                .max_deliver = options.max_deliver,
+                                .dead_letter_subject = subject + ".dead"};
+  handler_config.selection = std::shared_ptr<SelectionPolicy>(*std::move(policy));
+  absl::StatusOr<Consumer> consumer = AddConsumer(handler_config);
   if (!consumer.ok()) return consumer.status();
   ConsumerState* state = consumer->state_;
   // The call's own timer enforces its timeout, queued or running: the consumer does

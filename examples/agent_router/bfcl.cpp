@@ -1,9 +1,5 @@
 #include "bfcl.hpp"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include <rapidjson/document.h>
@@ -11,7 +7,7 @@
 #include <rapidjson/stringbuffer.h>
 #include <rapidjson/writer.h>
 
-#include "inferq/event/codec.hpp"
+#include "trace.hpp"
 
 namespace inferq::example {
 
@@ -31,7 +27,7 @@ std::string Where(const std::string& path, std::size_t line) {
 // Calls `fn(document, line number)` for every non-empty line, parsed as JSON.
 template <typename F>
 absl::Status ForEachJsonLine(const std::string& path, F&& fn) {
-  absl::StatusOr<std::string> text = ReadMaybeZstd(path);
+  absl::StatusOr<std::string> text = ReadInputFile(path, std::size_t{1} << 30);
   if (!text.ok()) return text.status();
   std::size_t line_no = 0;
   std::size_t pos = 0;
@@ -179,24 +175,6 @@ absl::Status Resolve(const rapidjson::Value& acceptable, rapidjson::Value& out,
 }
 
 }  // namespace
-
-absl::StatusOr<std::string> ReadMaybeZstd(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError("cannot open '" + path + "': " + std::strerror(errno));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  std::string bytes = std::move(buf).str();
-  static constexpr unsigned char kZstdMagic[] = {0x28, 0xB5, 0x2F, 0xFD};
-  if (bytes.size() >= 4 && std::memcmp(bytes.data(), kZstdMagic, 4) == 0) {
-    auto text = ZstdDecompress(bytes, std::size_t{1} << 30);
-    if (!text.ok()) {
-      return absl::Status(text.status().code(),
-                          "'" + path + "': " + std::string(text.status().message()));
-    }
-    return *std::move(text);
-  }
-  return bytes;
-}
 
 absl::StatusOr<std::vector<BfclRequest>> LoadBfclRequests(const std::string& path) {
   std::vector<BfclRequest> out;

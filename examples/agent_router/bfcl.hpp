@@ -7,7 +7,8 @@
 // acceptable arguments, a function name to a subject.
 //
 // Every loader names the file, the line and the field of bad input
-// (InvalidArgument), and reads plain or zstd-compressed JSON Lines.
+// (InvalidArgument), and reads plain or zstd-compressed JSON Lines of at most 1 GiB
+// from a regular file (ReadInputFile of examples/inference_server/trace.hpp).
 #pragma once
 
 #include <cstddef>
@@ -38,10 +39,6 @@ struct BfclAnswer {
   std::string id;
   std::vector<BfclCall> calls;  // ground truth; more than one are parallel calls
 };
-
-// The file's bytes, decompressed when they begin with zstd's magic number.
-// NotFound when it cannot be opened; the zstd error naming the file otherwise.
-absl::StatusOr<std::string> ReadMaybeZstd(const std::string& path);
 
 // One request per line: {"id", "question", "function": [{"name", "parameters"}]}.
 absl::StatusOr<std::vector<BfclRequest>> LoadBfclRequests(const std::string& path);

@@ -59,6 +59,7 @@
 #include <rapidjson/writer.h>
 
 #include "bfcl.hpp"
+#include "trace.hpp"
 #include "inferq/inferq.hpp"
 
 namespace {
@@ -173,8 +174,14 @@ Options ParseArgs(int argc, char** argv) {
     else if (a == "--limit") o.limit = ParseUint(a, v, 1, 1'000'000);
     else if (a == "--fault-rate") o.fault_rate = ParseDouble(a, v, 0, 1, "0..1");
     else if (a == "--seed") o.seed = ParseUint(a, v, 0, UINT64_MAX);
-    else if (a == "--state-dir") o.state_dir = v;
-    else if (a == "--json") o.json = v;
+    else if (a == "--state-dir") {
+      if (v.empty()) Fail("--state-dir needs a directory");
+      o.state_dir = v;
+    }
+    else if (a == "--json") {
+      if (v.empty()) Fail("--json needs a file name");
+      o.json = v;
+    }
     else if (a == "--runners") o.runners = static_cast<std::uint32_t>(ParseUint(a, v, 1, 16));
     else if (a == "--max-deliver") o.max_deliver = static_cast<std::int64_t>(ParseUint(a, v, 1, 10));
     else if (a == "--timeout-ms") o.timeout_ms = ParseDouble(a, v, 10, 600000, "10..600000");
@@ -324,8 +331,10 @@ struct Counts {
 
 int main(int argc, char** argv) {
   const Options opt = ParseArgs(argc, argv);
-  if (!opt.json.empty() && !std::ofstream(opt.json, std::ios::app)) {
-    Fail("cannot write --json file '" + opt.json + "'", 1);
+  if (!opt.json.empty()) {
+    if (absl::Status s = inferq::example::CheckOutputPath(opt.json); !s.ok()) {
+      Fail("--json: " + std::string(s.message()), 1);
+    }
   }
   auto requests_or = inferq::example::LoadBfclRequests(opt.requests);
   if (!requests_or.ok()) Fail(std::string(requests_or.status().message()), 1);
@@ -708,6 +717,7 @@ int main(int argc, char** argv) {
       first = false;
     }
     j << "}, \"accounted\": " << (accounted ? "true" : "false") << "}\n";
+    j.close();  // flushes: a full disk shows only here
     if (!j) Fail("writing --json file '" + opt.json + "' failed", 1);
   }
   engine.Close();

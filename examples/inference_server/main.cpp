@@ -291,7 +291,10 @@ Options ParseArgs(int argc, char** argv) {
       v = argv[++i];
     }
     if (a == "--trace") o.trace = v;
-    else if (a == "--json") o.json = v;
+    else if (a == "--json") {
+      if (v.empty()) Fail("--json needs a file name");
+      o.json = v;
+    }
     else if (a == "--model") {
       if (!inferq::IsValidSubject(v) || v.find('.') != std::string::npos) {
         Fail("--model '" + v + "' must be one subject token (no '.', no white space, not * or >)");
@@ -779,7 +782,9 @@ int main(int argc, char** argv) {
     if (std::filesystem::equivalent(opt.json, opt.trace, ec)) {
       Fail("--json file '" + opt.json + "' is the trace file: it would be overwritten");
     }
-    if (!std::ofstream(opt.json, std::ios::app)) Fail("cannot write --json file '" + opt.json + "'", 1);
+    if (absl::Status s = inferq::example::CheckOutputPath(opt.json); !s.ok()) {
+      Fail("--json: " + std::string(s.message()), 1);
+    }
   }
   auto loaded = inferq::example::LoadTrace(opt.trace);
   if (!loaded.ok()) Fail(std::string(loaded.status().message()), 1);
@@ -1134,6 +1139,7 @@ int main(int argc, char** argv) {
     j
       << "  \"wall_seconds\": " << wall << "\n"
       << "}\n";
+    j.close();  // flushes: a full disk shows only here
     if (!j) Fail("writing --json file '" + opt.json + "' failed", 1);
   }
   const bool ok = sh.fatal.load() == 0 && result.completed == trace.size() && lost == 0 &&

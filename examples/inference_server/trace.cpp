@@ -1,8 +1,13 @@
 #include "trace.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -129,24 +134,89 @@ absl::StatusOr<std::vector<TraceRequest>> ParseTrace(std::string_view csv, std::
   return out;
 }
 
-absl::StatusOr<std::vector<TraceRequest>> LoadTrace(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError("cannot open trace '" + path + "': " + std::strerror(errno));
+namespace {
+
+std::string Kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadInputFile(const std::string& path, std::size_t max_bytes) {
+  // O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return absl::NotFoundError("cannot open '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const std::string kind = Kind(st.st_mode);
+    ::close(fd);
+    return absl::InvalidArgumentError("'" + path + "' is " + kind + ", not a regular file");
   }
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  std::string bytes = std::move(buf).str();
+  if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    return absl::InvalidArgumentError("'" + path + "' is " + std::to_string(st.st_size) +
+                                      " bytes, more than the " + std::to_string(max_bytes) +
+                                      " an input may have");
+  }
+  std::string bytes(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  bytes.resize(got);
   static constexpr unsigned char kZstdMagic[] = {0x28, 0xB5, 0x2F, 0xFD};
   if (bytes.size() >= 4 && std::memcmp(bytes.data(), kZstdMagic, 4) == 0) {
-    auto text = inferq::ZstdDecompress(bytes, std::size_t{1} << 30);
+    auto text = inferq::ZstdDecompress(bytes, max_bytes);
     if (!text.ok()) {
       return absl::Status(text.status().code(),
-                          "trace '" + path + "': " + std::string(text.status().message()));
+                          "'" + path + "': " + std::string(text.status().message()));
     }
-    bytes = *std::move(text);
+    return *std::move(text);
   }
-  return ParseTrace(bytes, path);
+  return bytes;
+}
+
+absl::Status CheckOutputPath(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISREG(st.st_mode) || S_ISCHR(st.st_mode)) return absl::OkStatus();
+    return absl::InvalidArgumentError("'" + path + "' is " + Kind(st.st_mode) +
+                                      ", not a file to write");
+  }
+  if (errno != ENOENT) {
+    return absl::InvalidArgumentError("cannot write '" + path + "': " + std::strerror(errno));
+  }
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty() && !std::filesystem::is_directory(parent, ec)) {
+    return absl::InvalidArgumentError("cannot write '" + path + "': no directory '" +
+                                      parent.string() + "'");
+  }
+  if (::access(parent.empty() ? "." : parent.c_str(), W_OK) != 0) {
+    return absl::InvalidArgumentError("cannot write '" + path + "': " + std::strerror(errno));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TraceRequest>> LoadTrace(const std::string& path) {
+  absl::StatusOr<std::string> bytes = ReadInputFile(path, std::size_t{1} << 30);
+  if (!bytes.ok()) {
+    const std::string msg(bytes.status().message());
+    if (bytes.status().code() == absl::StatusCode::kNotFound) {  // "cannot open 'P': why"
+      return absl::NotFoundError("cannot open trace " + msg.substr(std::string("cannot open ").size()));
+    }
+    return absl::Status(bytes.status().code(), "trace " + msg);
+  }
+  return ParseTrace(*bytes, path);
 }
 
 }  // namespace inferq::example

@@ -5,11 +5,13 @@
 // the field.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace inferq::example {
@@ -34,5 +36,19 @@ absl::StatusOr<std::vector<TraceRequest>> ParseTrace(std::string_view csv, std::
 // it. NotFound when the file cannot be opened; the errors of ZstdDecompress and
 // ParseTrace otherwise.
 absl::StatusOr<std::vector<TraceRequest>> LoadTrace(const std::string& path);
+
+// The bytes of the regular file `path`, decompressed when they begin with zstd's
+// magic number: the examples' input files. InvalidArgument naming the path for
+// anything but a regular file (a directory, a FIFO, a device: never waits on a
+// FIFO, never reads /dev/zero until memory runs out) or a file over `max_bytes`
+// (before or after decompression); NotFound when it cannot be opened.
+absl::StatusOr<std::string> ReadInputFile(const std::string& path, std::size_t max_bytes);
+
+// Checks that `path` may be written by an example's --json option at the end of a
+// run, without creating or truncating it: OK for a new file in an existing
+// directory, a regular file or a character device (/dev/null); InvalidArgument
+// naming it for a directory, a FIFO (opening it would wait for a reader), a socket
+// or a missing directory.
+absl::Status CheckOutputPath(const std::string& path);
 
 }  // namespace inferq::example

@@ -25,28 +25,50 @@ bool IsIdentChar(char c) {
 }
 
 // True when the first token of `text` (after white space and comments) is `include`.
-// FlatBuffers accepts include statements only before any declaration, so the first
-// token is the only place one can be; the registry refuses them so that registering a
-// schema never reads a file.
+// FlatBuffers reads include statements only at the start of a schema, before any
+// declaration, mixed with native_include statements (which name a header for code
+// generation and read nothing), after an optional UTF-8 byte order mark
+// (flatbuffers::Parser::DoParse). So the registry looks at exactly those
+// statements and refuses an include among them: registering a schema never reads a
+// file.
 bool StartsWithInclude(std::string_view text) {
   std::size_t i = 0;
-  while (i < text.size()) {
-    const char c = text[i];
-    if (std::isspace(static_cast<unsigned char>(c)) != 0) {
-      ++i;
-    } else if (text.substr(i, 2) == "//") {
-      const std::size_t nl = text.find('\n', i);
-      i = nl == std::string_view::npos ? text.size() : nl + 1;
-    } else if (text.substr(i, 2) == "/*") {
-      const std::size_t end = text.find("*/", i + 2);
-      i = end == std::string_view::npos ? text.size() : end + 2;
-    } else {
-      break;
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") i = 3;  // the byte order mark
+  auto skip_space_and_comments = [&] {
+    while (i < text.size()) {
+      const char c = text[i];
+      if (std::isspace(static_cast<unsigned char>(c)) != 0) {
+        ++i;
+      } else if (text.substr(i, 2) == "//") {
+        const std::size_t nl = text.find('\n', i);
+        i = nl == std::string_view::npos ? text.size() : nl + 1;
+      } else if (text.substr(i, 2) == "/*") {
+        const std::size_t end = text.find("*/", i + 2);
+        i = end == std::string_view::npos ? text.size() : end + 2;
+      } else {
+        return;
+      }
     }
+  };
+  auto word = [&](std::string_view w) {
+    return text.substr(i, w.size()) == w &&
+           (i + w.size() == text.size() || !IsIdentChar(text[i + w.size()]));
+  };
+  for (;;) {
+    skip_space_and_comments();
+    if (word("include")) return true;
+    if (!word("native_include")) return false;
+    // native_include "<header>"; : past the string (which may hold ';') and the ';'.
+    i += std::string_view("native_include").size();
+    skip_space_and_comments();
+    if (i >= text.size() || (text[i] != '"' && text[i] != '\'')) return false;  // a parse error
+    const char quote = text[i++];
+    while (i < text.size() && text[i] != quote) i += text[i] == '\\' ? 2 : 1;
+    ++i;
+    skip_space_and_comments();
+    if (i >= text.size() || text[i] != ';') return false;
+    ++i;
   }
-  constexpr std::string_view kInclude = "include";
-  return text.substr(i, kInclude.size()) == kInclude &&
-         (i + kInclude.size() == text.size() || !IsIdentChar(text[i + kInclude.size()]));
 }
 
 // Parses one schema text; `what` names it in the error ("old schema", "subject 'x'").
@@ -156,6 +178,28 @@ absl::StatusOr<Compatibility> ParseCompatibility(std::string_view name) {
       "forward_transitive, full_transitive");
 }
 
+namespace {
+
+// `candidate.ConformTo(base)`, after a check ConformTo does not make: when both
+// declare a root_type, it must be the same, by fully qualified name. ConformTo pairs tables by that name,
+// so a renamed namespace or a new root table pairs nothing and passes, while a
+// reader of one version would read the other's fields by the wrong types.
+std::string Conform(flatbuffers::Parser& candidate, flatbuffers::Parser& base) {
+  const flatbuffers::StructDef* a = base.root_struct_def_;
+  const flatbuffers::StructDef* b = candidate.root_struct_def_;
+  auto qualified = [](const flatbuffers::StructDef* d) {
+    return d->defined_namespace != nullptr ? d->defined_namespace->GetFullyQualifiedName(d->name)
+                                           : d->name;
+  };
+  if (a != nullptr && b != nullptr && qualified(a) != qualified(b)) {
+    return "root_type changed from '" + qualified(a) + "' to '" + qualified(b) +
+           "' (a renamed table or namespace is a new type to FlatBuffers)";
+  }
+  return candidate.ConformTo(base);
+}
+
+}  // namespace
+
 absl::Status CheckCompatibility(std::string_view old_fbs, std::string_view new_fbs,
                                 Compatibility mode) {
   absl::StatusOr<ParserPtr> old_parser = ParseSchema(old_fbs, "old schema");
@@ -163,7 +207,7 @@ absl::Status CheckCompatibility(std::string_view old_fbs, std::string_view new_f
   absl::StatusOr<ParserPtr> new_parser = ParseSchema(new_fbs, "new schema");
   if (!new_parser.ok()) return new_parser.status();
   if (ChecksBackward(mode)) {
-    const std::string err = (*new_parser)->ConformTo(**old_parser);
+    const std::string err = Conform(**new_parser, **old_parser);
     if (!err.empty()) {
       return absl::FailedPreconditionError(
           "schemas don't conform under " + Upper(CompatibilityName(mode)) +
@@ -171,7 +215,7 @@ absl::Status CheckCompatibility(std::string_view old_fbs, std::string_view new_f
     }
   }
   if (ChecksForward(mode)) {
-    const std::string err = (*old_parser)->ConformTo(**new_parser);
+    const std::string err = Conform(**old_parser, **new_parser);
     if (!err.empty()) {
       return absl::FailedPreconditionError(
           "schemas don't conform under " + Upper(CompatibilityName(mode)) +
@@ -220,7 +264,7 @@ class SchemaRegistry::Impl {
       for (std::size_t i = versions.size(); i-- > oldest;) {
         Version& prev = versions[i];
         if (ChecksBackward(mode)) {
-          const std::string err = (*parser)->ConformTo(*prev.parser);
+          const std::string err = Conform(**parser, *prev.parser);
           if (!err.empty()) {
             return absl::FailedPreconditionError(
                 name + ": new version " + std::to_string(next_version) +
@@ -230,7 +274,7 @@ class SchemaRegistry::Impl {
           }
         }
         if (ChecksForward(mode)) {
-          const std::string err = prev.parser->ConformTo(**parser);
+          const std::string err = Conform(*prev.parser, **parser);
           if (!err.empty()) {
             return absl::FailedPreconditionError(
                 name + ": new version " + std::to_string(next_version) +

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "inferq/base/error.hpp"
@@ -154,8 +155,14 @@ class Posix final : public FileSystem {
           " bytes of memory: it cannot be read whole");
     }
     std::string out;
-    out.reserve(static_cast<std::size_t>(st.st_size));
     char buf[1 << 16];
+    try {  // under a memory limit (ulimit -v, a cgroup) the string may not fit
+      out.reserve(static_cast<std::size_t>(st.st_size));
+    } catch (const std::bad_alloc&) {
+      ::close(fd);
+      return absl::ResourceExhaustedError("cannot allocate " + std::to_string(st.st_size) +
+                                          " bytes to read " + QuoteValue(path));
+    }
     for (;;) {
       const ssize_t n = ::read(fd, buf, sizeof(buf));
       if (n < 0) {
@@ -165,7 +172,13 @@ class Posix final : public FileSystem {
         return FileSystemError(err, "read", path);
       }
       if (n == 0) break;
-      out.append(buf, static_cast<std::size_t>(n));
+      try {
+        out.append(buf, static_cast<std::size_t>(n));
+      } catch (const std::bad_alloc&) {
+        ::close(fd);
+        return absl::ResourceExhaustedError("cannot allocate " + std::to_string(out.size() + n) +
+                                            " bytes to read " + QuoteValue(path));
+      }
       if (out.size() > limit) {  // it grew while being read
         ::close(fd);
         return absl::ResourceExhaustedError(QuoteValue(path) + " grew past the machine's " +

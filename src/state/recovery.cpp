@@ -1,5 +1,7 @@
 #include "recovery.hpp"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -403,7 +405,11 @@ absl::StatusOr<Recovered> RecoverReadOnly(FileSystem& fs, const std::string& dir
   absl::StatusOr<Recovered> r = Recover(fs, dir, ro);
   for (int pass = 1; pass < kReadOnlyPasses && !r.ok() && MayBeMidChange(r.status()); ++pass) {
     WaitBeforePass(pass);
+    const absl::Status before = r.status();
     r = Recover(fs, dir, ro);
+    // The same error twice (same file, offset and tx_id) is damage that stays, not a
+    // writer's change caught midway: no more passes (each reads every file).
+    if (!r.ok() && r.status() == before) break;
   }
   return r;
 }
@@ -412,30 +418,44 @@ absl::StatusOr<Recovered> RecoverReadOnly(FileSystem& fs, const std::string& dir
 
 absl::StatusOr<std::unique_ptr<PinnedDirectory>> PinnedDirectory::Make(FileSystem& fs,
                                                                        const std::string& dir) {
-  auto names = fs.List(dir);
-  if (!names.ok()) return names.status();
-  std::string newest;
-  std::uint64_t newest_tx = 0;
-  for (const std::string& name : *names) {
-    if (auto first = ParseSegmentName(name); first && (newest.empty() || *first > newest_tx)) {
-      newest = name;
-      newest_tx = *first;
+  // A listed file that is gone when read was retired by a live writer after the
+  // listing: list again (a few times) so that the cut is consistent, instead of
+  // reporting a file that no longer matters.
+  constexpr int kListings = 8;
+  for (int listing = 0;; ++listing) {
+    auto names = fs.List(dir);
+    if (!names.ok()) return names.status();
+    std::string newest;
+    std::uint64_t newest_tx = 0;
+    for (const std::string& name : *names) {
+      if (auto first = ParseSegmentName(name); first && (newest.empty() || *first > newest_tx)) {
+        newest = name;
+        newest_tx = *first;
+      }
     }
+    const std::string newest_path = newest.empty() ? std::string() : JoinPath(dir, newest);
+    auto pinned = std::unique_ptr<PinnedDirectory>(
+        new PinnedDirectory(fs, dir, *names, newest_path));
+    // Every segment and checkpoint is read now, right after the listing: a writer that
+    // retires files while the pass verifies the earlier ones (slowly: SHA-256 per
+    // record) can then only catch the short time these reads take. A file unreadable
+    // now is read again (and reported) when the pass asks for it.
+    bool vanished = false;
+    for (const std::string& name : *names) {
+      if (!ParseSegmentName(name) && !ParseCheckpointName(name)) continue;
+      const std::string path = JoinPath(dir, name);
+      absl::StatusOr<std::string> bytes = fs.Read(path);
+      if (bytes.ok()) {
+        pinned->fingerprint_ = pinned->fingerprint_ * 0x100000001b3ULL ^
+                               XXH3_64bits(bytes->data(), bytes->size()) ^
+                               XXH3_64bits(name.data(), name.size());
+        pinned->bytes_.emplace(path, *std::move(bytes));
+      } else if (bytes.status().code() == absl::StatusCode::kNotFound) {
+        vanished = true;
+      }
+    }
+    if (!vanished || listing + 1 == kListings) return pinned;
   }
-  const std::string newest_path = newest.empty() ? std::string() : JoinPath(dir, newest);
-  auto pinned = std::unique_ptr<PinnedDirectory>(
-      new PinnedDirectory(fs, dir, *names, newest_path));
-  // Every segment and checkpoint is read now, right after the listing: a writer that
-  // retires files while the pass verifies the earlier ones (slowly: SHA-256 per
-  // record) can then only catch the short time these reads take. A file gone or
-  // unreadable now is read again (and reported) when the pass asks for it.
-  for (const std::string& name : *names) {
-    if (!ParseSegmentName(name) && !ParseCheckpointName(name)) continue;
-    const std::string path = JoinPath(dir, name);
-    absl::StatusOr<std::string> bytes = fs.Read(path);
-    if (bytes.ok()) pinned->bytes_.emplace(path, *std::move(bytes));
-  }
-  return pinned;
 }
 
 absl::StatusOr<std::vector<std::string>> PinnedDirectory::List(const std::string& dir) {

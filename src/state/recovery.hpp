@@ -106,6 +106,10 @@ class PinnedDirectory final : public FileSystem {
   absl::Status Rename(const std::string& from, const std::string& to) override;
   absl::Status Remove(const std::string& path) override;
   absl::Status SyncDir(const std::string& dir) override;
+  // A hash of the names and bytes of the store files read by Make: two pins with the
+  // same fingerprint saw the same files (a static directory; a pass over it gives the
+  // same report).
+  std::uint64_t fingerprint() const { return fingerprint_; }
 
  private:
   PinnedDirectory(FileSystem& fs, std::string dir, std::vector<std::string> names,
@@ -118,6 +122,7 @@ class PinnedDirectory final : public FileSystem {
   const std::string newest_segment_;  // path; empty when the listing has none
   std::optional<absl::StatusOr<std::string>> newest_bytes_;
   absl::flat_hash_map<std::string, std::string> bytes_;  // path -> bytes read by Make
+  std::uint64_t fingerprint_ = 0;
 };
 
 std::string JoinPath(const std::string& dir, const std::string& name);

@@ -1089,11 +1089,17 @@ absl::StatusOr<StateDirReport> StateStore::Inspect(const std::string& dir,
   // Next to a live writer a pass can catch the directory mid-change (see
   // RecoverReadOnly); a report that shows a problem is taken again from a new
   // listing, and the last one is returned.
+  // A pass that saw the very files of the one before (same names and bytes) would
+  // report the same: the damage is real and the directory is not changing, so no
+  // more passes are made (each reads every file).
   StateDirReport rep;
+  std::optional<std::uint64_t> last_fingerprint;
   for (int pass = 0; pass < kReadOnlyPasses; ++pass) {
     WaitBeforePass(pass);
     auto pinned = PinnedDirectory::Make(*fs_ptr, dir);
     if (!pinned.ok()) return pinned.status();
+    if (last_fingerprint == (*pinned)->fingerprint()) break;
+    last_fingerprint = (*pinned)->fingerprint();
     rep = InspectPass(**pinned, dir);
     if (Clean(rep)) break;
   }

@@ -127,6 +127,31 @@ TEST_CASE("compatibility matrix: every change under every mode", "[schema]") {
   }
 }
 
+TEST_CASE("a changed root_type or namespace is not compatible in any checking mode", "[schema]") {
+  // ConformTo pairs tables by fully qualified name, so these passed every mode: a
+  // reader of one would read the other's field 0 as the wrong type.
+  const std::string a = "namespace t; table A { x:int; y:string; } root_type A;";
+  const std::string renamed_ns = "namespace u; table A { x:string; y:string; } root_type A;";
+  const std::string other_root = "table Z { q:string; } root_type Z;";
+  for (Compatibility m : {Compatibility::kBackward, Compatibility::kForward, Compatibility::kFull,
+                          Compatibility::kFullTransitive}) {
+    const absl::Status ns = inferq::CheckCompatibility(a, renamed_ns, m);
+    CHECK(ns.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(std::string(ns.message()).find("root_type changed from '") != std::string::npos);
+    CHECK(inferq::CheckCompatibility(a, other_root, m).code() ==
+          absl::StatusCode::kFailedPrecondition);
+  }
+  CHECK(inferq::CheckCompatibility(a, renamed_ns, Compatibility::kNone).ok());
+  SchemaRegistry registry;
+  REQUIRE(registry.Register("s", a).ok());
+  auto v2 = registry.Register("s", renamed_ns);
+  REQUIRE(v2.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(v2.status().message()) ==
+        "subject 's': new version 2 is not BACKWARD compatible with version 1 (it must conform "
+        "to version 1): root_type changed from 't.A' to 'u.A' (a renamed table or namespace is "
+        "a new type to FlatBuffers)");
+}
+
 TEST_CASE("FlatBuffers checks neither struct size nor enum additions", "[schema]") {
   // Surprise: a field appended to a struct conforms, although structs are stored
   // inline and old readers would misread every later field of the struct's table.
@@ -271,6 +296,21 @@ TEST_CASE("bad schema text is InvalidArgument with the parser's error", "[schema
   CHECK(std::string(include.status().message()) ==
         "subject 's' schema: include statements are not supported (register a "
         "self-contained schema)");
+  // Smallest inputs that got an include past the check: after native_include
+  // statements (FlatBuffers takes both, mixed, at the start) and after a UTF-8 byte
+  // order mark. The file named does not exist: a parse that tried it would say so.
+  for (const std::string& hidden :
+       {std::string("native_include \"x\";\ninclude \"/nonexistent/base.fbs\";\n"),
+        std::string("native_include 'a;b' ; /* c */ native_include \"y\";include \"/nonexistent/b.fbs\";"),
+        std::string("\xEF\xBB\xBFinclude \"/nonexistent/base.fbs\";\n")}) {
+    INFO(hidden);
+    auto r = registry.Register("s", hidden + kV1);
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(r.status().message()) ==
+          "subject 's' schema: include statements are not supported (register a "
+          "self-contained schema)");
+  }
+  CHECK(registry.Register("n", "native_include \"x\";\n" + kV1).ok());  // reads nothing
   CHECK(registry.Register("", kV1).status().code() == absl::StatusCode::kInvalidArgument);
 
   // Text after a NUL byte would be stored unchecked (the parser stops at the NUL).

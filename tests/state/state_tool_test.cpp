@@ -182,6 +182,22 @@ TEST_CASE("inferq-state takes only a store's own file names as the mark of a sta
   }
 }
 
+TEST_CASE("inferq-state escapes the directory name it prints and names why it cannot stat it") {
+  state_test::TempDir d;
+  const std::string odd = d.path() + "nl\nchain ok";  // was: a fake "chain ok" line
+  {
+    auto s = inferq::StateStore::Open(state_test::Options(odd));
+    REQUIRE(s.ok());
+  }
+  Run r = Tool("inspect '" + odd + "'");
+  CHECK(r.status == 0);
+  CHECK(r.out.rfind("directory " + d.path() + "nl\\nchain ok\n", 0) == 0);
+  std::filesystem::remove_all(odd);
+  Run longer = Tool("verify " + std::string(5000, 'a'));  // was: "no such directory"
+  CHECK(longer.status == 1);
+  CHECK(longer.out.find("is not an inferq state directory: File name too long") != std::string::npos);
+}
+
 TEST_CASE("inferq-state never waits on a FIFO in a state directory") {
   state_test::TempDir d;
   std::filesystem::create_directories(d.path());
@@ -313,6 +329,9 @@ TEST_CASE("inferq-state verify and inspect next to a live writer report no damag
     Run inspect = Tool("inspect " + d.path());  // was: now and then "No such file or directory"
     INFO(inspect.out);
     CHECK(inspect.status == 0);
+    Run dump = Tool("dump " + d.path(), "> /dev/null");  // was: now and then "a torn tail"
+    INFO(dump.out);
+    CHECK(dump.status == 0);
   }
   stop = true;
   writer.join();

@@ -10,12 +10,17 @@
 // Keys and values are printed with \t, \n, \\ and bytes outside printable ASCII as
 // \xNN. Exit status (kHelp spells it out): 0 fine (and for --help, --version), 1
 // damage, not a state directory, or an error reading it, 2 usage.
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -139,24 +144,29 @@ bool IsStoreFileName(std::string_view name) {
 // Whether `dir` holds a state store's files (IsStoreFileName). Prints why not and
 // returns false; an empty or mistyped directory is not a store with 0 keys.
 bool IsStateDir(const std::string& dir) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
-    std::fprintf(stderr, "inferq-state: '%s' is not an inferq state directory: %s\n", dir.c_str(),
-                 std::filesystem::exists(dir, ec) ? "not a directory" : "no such directory");
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    const int err = errno;
+    const std::string why = ::stat(dir.c_str(), &st) == 0 ? "not a directory"
+                            : err == ENOENT               ? "no such directory"
+                                                          : std::strerror(err);
+    std::fprintf(stderr, "inferq-state: '%s' is not an inferq state directory: %s\n",
+                 Escape(dir).c_str(), why.c_str());
     return false;
   }
+  std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (IsStoreFileName(name)) return true;
   }
   if (ec) {
-    std::fprintf(stderr, "inferq-state: cannot list '%s': %s\n", dir.c_str(), ec.message().c_str());
+    std::fprintf(stderr, "inferq-state: cannot list '%s': %s\n", Escape(dir).c_str(), ec.message().c_str());
     return false;
   }
   std::fprintf(stderr,
                "inferq-state: '%s' is not an inferq state directory (no IDENTITY, "
                "wal-<20 digits>.log or ckpt-<20 digits>-{full,incr}.zst file)\n",
-               dir.c_str());
+               Escape(dir).c_str());
   return false;
 }
 
@@ -167,7 +177,7 @@ int Inspect(const std::string& dir) {
     std::fprintf(stderr, "inferq-state: %s\n", r.status().ToString().c_str());
     return 1;
   }
-  std::printf("directory %s\n", dir.c_str());
+  std::printf("directory %s\n", Escape(dir).c_str());  // a name cannot fake a line
   std::printf("checkpoints: %zu\n", r->checkpoints.size());
   for (const auto& c : r->checkpoints) {
     std::printf("  %s  %s tx_id %llu", c.name.c_str(), c.full ? "full" : "incremental",
@@ -241,7 +251,15 @@ int Dump(const std::string& dir, const std::string& prefix, bool allow_damage) {
   // whatever else strict recovery refuses.
   std::vector<std::string> damage;
   const auto stats = (*s)->Stats();
+  bool live_tail = false;
   if (stats.torn_tail_bytes > 0) {
+    // Next to a live writer the "torn tail" may be the record it is writing: a second
+    // look a moment later that finds the log grown past it says so.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto again = OpenReadOnly(dir, inferq::RecoveryMode::kPointInTime);
+    live_tail = again.ok() && (*again)->Stats().last_tx_id > stats.last_tx_id;
+  }
+  if (stats.torn_tail_bytes > 0 && !live_tail) {
     damage.push_back("a torn tail of " + std::to_string(stats.torn_tail_bytes) +
                      " bytes after tx_id " + std::to_string(stats.last_tx_id) + " was left out");
   }
@@ -254,11 +272,12 @@ int Dump(const std::string& dir, const std::string& prefix, bool allow_damage) {
     for (std::size_t i = 0; i < r->segments.size(); ++i) {
       const auto& seg = r->segments[i];
       const bool is_torn_tail = i + 1 == r->segments.size() && stats.torn_tail_bytes > 0;
+      if (live_tail) continue;  // the store moved on since: its files are a writer's
       if (!seg.problem.empty() && !is_torn_tail) {
         damage.push_back("log segment '" + seg.name + "' stops early: " + seg.problem);
       }
     }
-    if (!r->chain.ok() && damage.empty()) {
+    if (!r->chain.ok() && damage.empty() && !live_tail) {
       damage.push_back("strict recovery fails: " + std::string(r->chain.message()));
     }
   } else {
@@ -267,7 +286,7 @@ int Dump(const std::string& dir, const std::string& prefix, bool allow_damage) {
   if (damage.empty()) return 0;
   std::fflush(stdout);
   for (const std::string& d : damage) {
-    std::fprintf(stderr, "inferq-state: dump of '%s' is of damaged files: %s\n", dir.c_str(), d.c_str());
+    std::fprintf(stderr, "inferq-state: dump of '%s' is of damaged files: %s\n", Escape(dir).c_str(), d.c_str());
   }
   return allow_damage ? 0 : 1;
 }
@@ -332,4 +351,11 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return Finish(Run(argc, argv)); }
+int main(int argc, char** argv) {
+  try {
+    return Finish(Run(argc, argv));
+  } catch (const std::bad_alloc&) {  // a store larger than the memory it may use
+    std::fprintf(stderr, "inferq-state: out of memory (the store's files are read whole)\n");
+    return 1;
+  }
+}

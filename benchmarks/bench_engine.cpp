@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <queue>
@@ -47,6 +48,7 @@
 #include "inferq/engine/engine.hpp"
 #include "inferq/event/event.hpp"
 #include "inferq/memory/buffer.hpp"
+#include "inferq/routing/predicate.hpp"
 #include "inferq/ring/mpmc_ring.hpp"
 #include "inferq/ring/wait_strategy.hpp"
 #include "inferq/sched/batcher.hpp"
@@ -802,6 +804,128 @@ const int kRegistered = [] {
 }();
 
 }  // namespace idle
+
+// ---------------------------------------------------------------------------------
+// Tool calls (the agent_router example's path): a call checked against its tool's
+// JSON Schema, run on a worker thread, its reply returned. inferq: StartCall on a
+// registered function (admission = the schema check, two workers, least loaded);
+// std_async: std::async(std::launch::async, check + tool) per call, the plain way;
+// direct: the same work inline on the caller's thread (the work's own cost). N calls
+// are kept in flight (inflight:N): started together, then all waited for.
+namespace toolcall {
+
+// ChaDri.change_drink of the BFCL data (examples/data), as BfclToJsonSchema gives it.
+constexpr char kSchema[] =
+    R"({"type":"object","required":["new_preferences"],"properties":{"drink_id":{"type":"string"},)"
+    R"("new_preferences":{"type":"object","properties":{"size":{"type":"string","enum":["small",)"
+    R"("medium","large"]},"temperature":{"type":"string","enum":["cold","warm","hot"]},)"
+    R"("sweetness_level":{"type":"string","enum":["none","light","regular","extra"]},)"
+    R"("milk_type":{"type":"string","enum":["regular","soy","almond","coconut"]},)"
+    R"("special_instructions":{"type":"string"}}}}})";
+constexpr char kArgs[] =
+    R"({"drink_id":"latte","new_preferences":{"size":"large","milk_type":"coconut",)"
+    R"("sweetness_level":"extra","temperature":"hot","special_instructions":"boiling hot"}})";
+constexpr char kSubject[] = "agent.tool.ChaDri.change_drink";
+
+const inferq::Predicate& Schema() {
+  static const inferq::Predicate p = *inferq::Predicate::JsonSchema(kSchema);
+  return p;
+}
+
+// The tool: a reply naming it and echoing the arguments.
+inferq::Buffer Tool(const inferq::Event& call) {
+  return inferq::Buffer::FromString(R"({"tool":"ChaDri.change_drink","ok":true,"arguments":)" +
+                                    std::string(call.payload.view()) + "}");
+}
+
+inferq::Event Call() {
+  inferq::Event e;
+  e.subject = kSubject;
+  e.payload = inferq::Buffer::FromString(kArgs);
+  e.ttl = absl::Seconds(30);
+  return e;
+}
+
+void Report(benchmark::State& state, std::vector<double>& latencies_us, std::int64_t calls) {
+  state.SetItemsProcessed(calls);
+  std::sort(latencies_us.begin(), latencies_us.end());
+  if (latencies_us.empty()) return;
+  state.counters["p50_us"] = latencies_us[latencies_us.size() / 2];
+  state.counters["p99_us"] = latencies_us[latencies_us.size() * 99 / 100];
+}
+
+void BM_ToolCallInferq(benchmark::State& state) {
+  const int inflight = static_cast<int>(state.range(0));
+  auto engine = inferq::Engine::Create().value();
+  inferq::FunctionOptions fo;
+  fo.workers = 2;
+  fo.subjects = {kSubject};
+  fo.admit = [](const inferq::Event& e) { return Schema().Check(e); };
+  if (!engine->RegisterFunction("ChaDri", [](const inferq::Event& e) -> absl::StatusOr<inferq::Buffer> {
+        return Tool(e);
+      }, fo).ok()) {
+    state.SkipWithError("RegisterFunction failed");
+    return;
+  }
+  std::vector<double> lat;
+  std::int64_t calls = 0;
+  std::vector<inferq::PendingCall> pending(static_cast<std::size_t>(inflight));
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& p : pending) p = engine->StartCall("ChaDri", Call());
+    for (auto& p : pending) {
+      absl::StatusOr<inferq::Buffer> r = p.reply.get();
+      if (!r.ok()) state.SkipWithError("call failed");
+      lat.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    calls += inflight;
+  }
+  Report(state, lat, calls);
+}
+
+void BM_ToolCallAsync(benchmark::State& state) {
+  const int inflight = static_cast<int>(state.range(0));
+  std::vector<double> lat;
+  std::int64_t calls = 0;
+  std::vector<std::future<absl::StatusOr<inferq::Buffer>>> pending(static_cast<std::size_t>(inflight));
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& p : pending) {
+      p = std::async(std::launch::async, []() -> absl::StatusOr<inferq::Buffer> {
+        const inferq::Event e = Call();
+        if (absl::Status s = Schema().Check(e); !s.ok()) return s;
+        return Tool(e);
+      });
+    }
+    for (auto& p : pending) {
+      absl::StatusOr<inferq::Buffer> r = p.get();
+      if (!r.ok()) state.SkipWithError("call failed");
+      lat.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
+    calls += inflight;
+  }
+  Report(state, lat, calls);
+}
+
+void BM_ToolCallDirect(benchmark::State& state) {
+  std::vector<double> lat;
+  std::int64_t calls = 0;
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const inferq::Event e = Call();
+    if (!Schema().Check(e).ok()) state.SkipWithError("call failed");
+    benchmark::DoNotOptimize(Tool(e));
+    lat.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    ++calls;
+  }
+  Report(state, lat, calls);
+}
+
+BENCHMARK(BM_ToolCallInferq)->Name("BM_ToolCall/inferq")->ArgName("inflight")->Arg(1)->Arg(16)->UseRealTime();
+BENCHMARK(BM_ToolCallAsync)->Name("BM_ToolCall/std_async")->ArgName("inflight")->Arg(1)->Arg(16)->UseRealTime();
+BENCHMARK(BM_ToolCallDirect)->Name("BM_ToolCall/direct")->UseRealTime();
+
+}  // namespace toolcall
 
 }  // namespace
 

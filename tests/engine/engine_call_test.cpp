@@ -387,3 +387,28 @@ TEST_CASE("concurrent calls and cancels each end exactly once", "[concurrency]")
   CHECK(runs.load() <= kCalls);
   CHECK(runs.load() >= replied);
 }
+
+TEST_CASE("a call's wall-clock deadline ends it when it comes before its ttl") {
+  ManualClock clock(1);
+  Gate gate;  // outlives the engine
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->RegisterFunction("slow", [&](const Event&) -> absl::StatusOr<Buffer> {
+    ++gate.entered;
+    gate.opened.wait();
+    return Buffer::FromString("late");
+  }).ok());
+  Event call;
+  call.ttl = absl::Seconds(60);
+  call.deadline = absl::Now() + absl::Seconds(5);  // the time limit is about 5 s, not 60
+  PendingCall p = engine->StartCall("slow", call);
+  gate.WaitEntered(1);
+  clock.Advance(absl::Seconds(4));
+  engine->RunTimers();
+  CHECK(p.reply.wait_for(std::chrono::milliseconds(0)) == std::future_status::timeout);
+  clock.Advance(absl::Seconds(2));
+  engine->RunTimers();
+  absl::StatusOr<Buffer> r = Get(p.reply);
+  CHECK(r.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(Msg(r.status()).rfind("call 1 to function 'slow' timed out after 4.9", 0) == 0);
+  gate.open.set_value();
+}

@@ -595,6 +595,14 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // A request is completed when each of its calls ended (replied, refused or
+  // dead-lettered).
+  std::uint64_t requests_completed = 0;
+  for (const auto& r : records) {
+    requests_completed += std::none_of(r.begin(), r.end(), [](const CallRecord& c) {
+      return c.outcome == CallRecord::kLost;
+    });
+  }
   std::uint64_t schema_faults = 0;
   std::map<std::string, std::uint64_t> run_faults;  // injected at run time, by kind
   std::map<std::string, std::uint64_t> dead_by_fault;  // dead-lettered calls, by what was injected
@@ -646,6 +654,8 @@ int main(int argc, char** argv) {
   std::printf("  faults: rate %.3g, seed %llu; timeout %.0f ms, max deliver %lld\n\n", opt.fault_rate,
               static_cast<unsigned long long>(opt.seed), opt.timeout_ms,
               static_cast<long long>(opt.max_deliver));
+  std::printf("  requests   %zu total, %llu completed\n", requests.size(),
+              static_cast<unsigned long long>(requests_completed));
   std::printf("  calls      %llu total: %llu replied, %llu refused, %llu dead-lettered, %llu lost\n",
               static_cast<unsigned long long>(all.total), static_cast<unsigned long long>(all.replied),
               static_cast<unsigned long long>(all.refused), static_cast<unsigned long long>(all.dead_lettered),
@@ -693,7 +703,7 @@ int main(int argc, char** argv) {
   if (!opt.json.empty()) {
     std::ofstream j(opt.json, std::ios::trunc);
     j << "{\"requests_total\": " << requests.size() << ", \"requests_completed\": "
-      << (all.lost == 0 ? requests.size() : 0) << ", \"calls_total\": " << all.total
+      << requests_completed << ", \"calls_total\": " << all.total
       << ", \"calls_replied\": " << all.replied << ", \"calls_refused\": " << all.refused
       << ", \"calls_dead_lettered\": " << all.dead_lettered << ", \"calls_lost\": " << all.lost
       << ", \"schema_faults\": " << schema_faults

@@ -141,13 +141,16 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
   // not also expire it by the event's ttl.
   state->enforce_event_ttl = false;
   Impl* impl = impl_.get();
+  // The call ends here unless it ended already: its timeout (which dead-lettered it
+  // as "expired") or a CancelCall (no dead letter) came first. Exactly one of them
+  // removes it from `calls`, under calls_mu, so a call has at most one dead letter.
   state->on_dead_letter = [impl, id](const Event& e, std::uint32_t attempt, std::string_view reason) {
     const std::uint64_t call = CallIdOf(e);
     absl::Status error;
     {
       std::lock_guard lock(impl->calls_mu);
       auto it = impl->calls.find(call);
-      if (it == impl->calls.end()) return;
+      if (it == impl->calls.end()) return false;
       const absl::Status& last = it->second.last_error;
       const std::string why = "function '" + id + "' failed after " + std::to_string(attempt) +
                               (attempt == 1 ? " try" : " tries") + " (" + std::string(reason) + ")";
@@ -160,7 +163,7 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
     }
     // Moved, not copied: the caller's thread then holds the only reference to the
     // message it reads, and frees it (see tests/tsan_suppressions.cpp).
-    impl->CompleteCall(call, std::move(error));
+    return impl->CompleteCall(call, std::move(error));
   };
   std::lock_guard lock(impl_->config_mu);
   impl_->functions.push_back(std::make_unique<Impl::Function>());
@@ -168,6 +171,7 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
   fn->id = id;
   for (const std::string& p : subjects) fn->subjects.push_back(*SubjectPattern::Parse(p));
   fn->admit = std::move(options.admit);
+  fn->stream = impl_->FindStream(stream);  // config_mu is held
   impl_->function_by_id.emplace(id, fn);
   for (std::uint32_t i = 0; i < options.workers; ++i) {
     impl_->function_workers.emplace_back([this, impl, fn, member = *consumer->member(i),
@@ -318,11 +322,32 @@ PendingCall Engine::StartCall(std::string_view fn_id, Event call) {
                                            " is not one the function serves"));
   }
   call.ttl = timeout;
-  // Admission, before the call is queued: a refusal is the call's end.
-  absl::Status refusal;
-  if (function->admit) refusal = function->admit(call);
+  // What Publish would refuse (qos, codec, msg_id, ...) is refused now, before the
+  // call has an id.
+  if (absl::Status s = Impl::ValidateEvent(call); !s.ok()) {
+    return fail(absl::Status(s.code(), "call to function '" + fn + "': " + std::string(s.message())));
+  }
+  // The time limit runs from here: admission's own time counts against it.
   const std::int64_t deadline =
       engine_internal::SatAdd(impl_->clock->NowNanos(), absl::ToInt64Nanoseconds(timeout));
+  // Admission, before the call is queued: a refusal is the call's end. An admit that
+  // throws refuses the call as Internal (nothing escapes StartCall).
+  absl::Status refusal;
+  absl::StatusCode refusal_code = absl::StatusCode::kInvalidArgument;
+  if (function->admit) {
+    try {
+      refusal = function->admit(call);
+    } catch (const std::exception& e) {
+      refusal = absl::InternalError(std::string("admit threw: ") + e.what());
+      refusal_code = absl::StatusCode::kInternal;
+    } catch (...) {
+      refusal = absl::InternalError("admit threw a non-standard exception");
+      refusal_code = absl::StatusCode::kInternal;
+    }
+    if (!refusal.ok() && refusal.message().empty()) {
+      refusal = absl::Status(refusal.code(), "(admit gave no reason)");
+    }
+  }
   std::uint64_t id;
   std::optional<Event> dead_letter;
   {
@@ -347,9 +372,9 @@ PendingCall Engine::StartCall(std::string_view fn_id, Event call) {
   }
   if (dead_letter) {
     const std::string subject(dead_letter->headers.Get(kOriginalSubjectHeader).value_or(""));
-    promise.set_value(absl::InvalidArgumentError("call " + std::to_string(id) + " to function '" +
-                                                 fn + "' on '" + subject +
-                                                 "' refused: " + std::string(refusal.message())));
+    promise.set_value(absl::Status(refusal_code, "call " + std::to_string(id) + " to function '" +
+                                                     fn + "' on '" + subject +
+                                                     "' refused: " + std::string(refusal.message())));
     (void)Publish(*std::move(dead_letter), PublishMode::kInternal);
     return pending;
   }
@@ -426,7 +451,9 @@ void Engine::FlushCallsOnce(engine_internal::FunctionState& fn) {
     }
     absl::Status failed;
     if (open) {
-      absl::StatusOr<PublishAck> ack = Publish(std::move(e), PublishMode::kCall);
+      // Into the function's own stream alone: another stream whose subjects match
+      // (an audit log) or another function serving the same subject never sees it.
+      absl::StatusOr<PublishAck> ack = Publish(std::move(e), PublishMode::kCall, fn.stream);
       // Full (the function's queue, or its stream held by a blocked Publish): it
       // stays first; the next pull of a worker or the next timer run retries.
       if (ack.status().code() == absl::StatusCode::kResourceExhausted &&

@@ -194,8 +194,10 @@ struct ConsumerState {
   // reachable); dead letters and timer wake-ups go through it.
   ConsumerHost* host = nullptr;
   // Told of every message this consumer gives up, before its dead letter goes out
-  // (Engine::Call completes the caller's future); may be empty.
-  std::function<void(const Event&, std::uint32_t attempt, std::string_view reason)> on_dead_letter;
+  // (Engine::Call completes the caller's future); false: the message has ended
+  // otherwise already (a call that timed out or was cancelled meanwhile), and no dead
+  // letter goes out. May be empty.
+  std::function<bool(const Event&, std::uint32_t attempt, std::string_view reason)> on_dead_letter;
 
   // The ack wait of delivery `attempt` (1-based): ack_wait, or the backoff list.
   std::int64_t AckWaitFor(std::uint32_t attempt) const {

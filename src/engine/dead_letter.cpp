@@ -26,9 +26,9 @@ namespace engine_internal {
 // dead-letter subject with the reason headers (kDeadLetterReasonHeader, ...).
 void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
                 std::string_view reason, std::string_view description) {
-  c.counts.dead_letters.fetch_add(1, std::memory_order_relaxed);
   SettleWithoutAck(c, *h);
-  if (c.on_dead_letter) c.on_dead_letter(*h->event, attempt, reason);
+  if (c.on_dead_letter && !c.on_dead_letter(*h->event, attempt, reason)) return;
+  c.counts.dead_letters.fetch_add(1, std::memory_order_relaxed);
   if (c.config.dead_letter_subject.empty() || c.host == nullptr) {
     c.counts.dead_letters_lost.fetch_add(1, std::memory_order_relaxed);
     return;

@@ -50,6 +50,7 @@ struct FunctionState {
   std::string id;
   std::vector<SubjectPattern> subjects;  // what calls may be published on; fixed
   CallAdmission admit;                   // FunctionOptions::admit; fixed
+  StreamState* stream = nullptr;         // "FN_<id>", where its calls are published; fixed
   std::mutex mu;
   std::deque<std::uint64_t> backlog;  // guarded by mu
   std::atomic<bool> has_backlog{false};
@@ -295,6 +296,8 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // InvalidArgument for an invalid subject, msg_id, ttl, qos or codec (Engine::Publish).
   // check_subject false: the subject was checked when this thread first routed it.
   static absl::Status CheckEvent(const Event& event, bool check_subject);
+  // CheckEvent(event, true), callable outside publish.cpp (StartCall).
+  static absl::Status ValidateEvent(const Event& event);
   // The event's own queue limit (ttl, deadline), ns from publish; INT64_MAX = none.
   static std::int64_t EventLimitNs(const Event& event);
   // The streams that capture `subject` (only `only` when set); false when none does.

@@ -125,6 +125,8 @@ inline absl::Status Engine::Impl::CheckEvent(const Event& event, bool check_subj
   return absl::OkStatus();
 }
 
+absl::Status Engine::Impl::ValidateEvent(const Event& event) { return CheckEvent(event, true); }
+
 inline std::int64_t Engine::Impl::EventLimitNs(const Event& event) {
   std::int64_t limit_ns = INT64_MAX;
   if (event.ttl > absl::ZeroDuration()) limit_ns = absl::ToInt64Nanoseconds(event.ttl);

@@ -951,8 +951,9 @@ std::string_view DraftName(JsonSchemaDraft d) {
 // Pointer into the payload ("(root)" for the root), innermost first as valijson
 // reports them, at most 4. valijson also reports each enclosing level that failed
 // because of an inner one ("Failed to validate against schema associated with
-// property name 'a'.", "Failed to validate item #0 in array."): those wrappers are
-// left out when a finer error is there.
+// property name 'a'.", "Failed to validate item #0 in array.", "Failed to validate
+// against child schema #0."): those wrappers are left out when a finer error is
+// there.
 std::string DescribeErrors(valijson::ValidationResults& results) {
   std::vector<std::pair<std::string, std::string>> errors;  // pointer, description
   valijson::ValidationResults::Error e;
@@ -979,10 +980,10 @@ std::string DescribeErrors(valijson::ValidationResults& results) {
     errors.emplace_back(pointer.empty() ? std::string("(root)") : std::move(pointer),
                         std::move(e.description));
   }
-  auto wrapper = [](const std::string& d) {
-    return d.starts_with("Failed to validate against schema associated with property") ||
-           d.starts_with("Failed to validate item #");
-  };
+  // "Failed to validate against schema associated with property ...", "... item #0
+  // in array", "... child schema #0", "... any child schemas allowed by anyOf", and
+  // the conditional ones: each says only that a part below failed.
+  auto wrapper = [](const std::string& d) { return d.starts_with("Failed to validate"); };
   std::vector<std::pair<std::string, std::string>> kept;
   for (auto& err : errors) {
     if (!wrapper(err.second)) kept.push_back(std::move(err));
@@ -1022,11 +1023,9 @@ class JsonSchemaNode final : public Node {
     // threads; a ValidationVisitor per call is (the Schema is only read). The cache it
     // is handed stays empty: the specializations below never use std::regex.
     std::unordered_map<std::string, std::regex> unused_regex_cache;
-    // Check collects valijson's errors (it then validates on past the first one).
-    valijson::ValidationResults results;
-    valijson::ValidationVisitor<SchemaAdapter> visitor(
-        SchemaAdapter(*root), {}, /*strictTypes=*/true, ctx.why != nullptr ? &results : nullptr,
-        unused_regex_cache);
+    valijson::ValidationVisitor<SchemaAdapter> visitor(SchemaAdapter(*root), {},
+                                                       /*strictTypes=*/true, nullptr,
+                                                       unused_regex_cache);
     const bool ok = visitor.validateSchema(*schema_);
     if (scope.limit_hit()) {
       ++ctx.limit_hits;
@@ -1036,11 +1035,39 @@ class JsonSchemaNode final : public Node {
       }
       return false;  // even under a "not": an unfinished validation is no match
     }
-    if (!ok && ctx.why != nullptr) *ctx.why += DescribeErrors(results);
+    if (!ok && ctx.why != nullptr) Describe(*root, ctx);
     return ok;
   }
 
  private:
+  // Check's reason for a payload that does not validate (Matches decided that): a
+  // second validation that collects valijson's errors, which goes on past the first
+  // one and so costs more; above kDescribeBytes of payload the errors are not
+  // collected (a caller's check must not cost seconds and gigabytes on a large
+  // failing payload), and a second pass that hits the nesting limit is not reported.
+  static constexpr std::size_t kDescribeBytes = std::size_t{1} << 16;
+  void Describe(const JsonValue& root, EvalContext& ctx) const {
+    if (ctx.event().payload.size() > kDescribeBytes) {
+      *ctx.why += "JSON Schema: the payload does not validate (its " +
+                  std::to_string(ctx.event().payload.size()) + " bytes are over " +
+                  std::to_string(kDescribeBytes) + ", so the errors are not collected)";
+      return;
+    }
+    SchemaScope scope(&regexes_);
+    std::unordered_map<std::string, std::regex> unused_regex_cache;
+    valijson::ValidationResults results;
+    valijson::ValidationVisitor<SchemaAdapter> visitor(SchemaAdapter(root), {},
+                                                       /*strictTypes=*/true, &results,
+                                                       unused_regex_cache);
+    (void)visitor.validateSchema(*schema_);
+    if (scope.limit_hit()) {
+      *ctx.why += "JSON Schema: the payload does not validate (describing it reached the "
+                  "nesting limit of " + std::to_string(Predicate::kMaxSchemaDepth) + ")";
+      return;
+    }
+    *ctx.why += DescribeErrors(results);
+  }
+
   std::unique_ptr<valijson::Schema> schema_;
   SchemaRegexes regexes_;
   JsonSchemaDraft draft_;

@@ -2,6 +2,8 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <map>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -411,4 +413,124 @@ TEST_CASE("a call's wall-clock deadline ends it when it comes before its ttl") {
   CHECK(r.status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(Msg(r.status()).rfind("call 1 to function 'slow' timed out after 4.9", 0) == 0);
   gate.open.set_value();
+}
+
+TEST_CASE("a call goes to its own function only, even when another serves the same subject") {
+  // Was: both functions' streams stored the call, and the other handler answered it
+  // without the first one's admission.
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->RegisterFunction("pay", [](const Event&) -> absl::StatusOr<Buffer> {
+    return Buffer::FromString("paid");
+  }, {.subjects = {"tools.pay"}}).ok());
+  std::atomic<int> audit_runs{0};
+  REQUIRE(engine->RegisterFunction("audit", [&](const Event&) -> absl::StatusOr<Buffer> {
+    ++audit_runs;
+    return absl::PermissionDeniedError("audit handler");
+  }, {.subjects = {"tools.>"}}).ok());
+  REQUIRE(engine->RegisterFunction("plain", [](const Event&) -> absl::StatusOr<Buffer> {
+    return Buffer::FromString("plain");
+  }).ok());
+  REQUIRE(engine->RegisterFunction("greedy", [](const Event&) -> absl::StatusOr<Buffer> {
+    return Buffer::FromString("greedy");
+  }, {.subjects = {"fn.*"}}).ok());
+  for (int i = 0; i < 50; ++i) {
+    Event e;
+    e.subject = "tools.pay";
+    e.ttl = absl::Seconds(30);
+    CHECK(Get(engine->StartCall("pay", std::move(e)).reply)->view() == "paid");
+    CHECK(Get(engine->Call("plain", Buffer(), absl::Seconds(30)))->view() == "plain");
+  }
+  CHECK(audit_runs.load() == 0);
+}
+
+TEST_CASE("another stream capturing a call's subject does not make a waiting call look queued") {
+  // Was: an audit stream stored the call while the function's full queue refused it,
+  // the OK publish took the call off the backlog, and it timed out unrun.
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->RegisterFunction("f", [](const Event&) -> absl::StatusOr<Buffer> {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return Buffer::FromString("ok");
+  }, {.workers = 1, .queue_capacity = 1}).ok());
+  REQUIRE(engine->AddStream({.name = "AUDIT", .subjects = {"fn.*"}}).ok());
+  std::vector<std::future<absl::StatusOr<Buffer>>> calls;
+  for (int i = 0; i < 10; ++i) calls.push_back(engine->Call("f", Buffer(), absl::Seconds(30)));
+  for (auto& c : calls) CHECK(Get(c).ok());
+  const EngineStats st = engine->Stats();
+  CHECK(st.stream("AUDIT")->stored == 0);  // calls go into their function's stream alone
+}
+
+TEST_CASE("a call ends with one dead letter at most when its last try fails as it expires or is cancelled",
+          "[concurrency]") {
+  // Was: 21 of 400 calls got both an "expired" and a "max_deliver" dead letter, and
+  // cancelled calls were dead-lettered.
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->RegisterFunction("flaky", [](const Event&) -> absl::StatusOr<Buffer> {
+    std::this_thread::sleep_for(std::chrono::microseconds(1500));
+    return absl::UnavailableError("down");
+  }, {.workers = 4, .max_deliver = 1}).ok());
+  auto dlq = engine->AddConsumer({.stream = "FN_flaky_DLQ", .name = "watch"});
+  REQUIRE(dlq.ok());
+  constexpr int kCalls = 300;
+  std::vector<PendingCall> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    Event e;
+    e.ttl = absl::Microseconds(1000 + 10 * (i % 100));  // expiries around the try's end
+    calls.push_back(engine->StartCall("flaky", std::move(e)));
+  }
+  std::set<std::uint64_t> cancelled;
+  for (int i = 0; i < kCalls; i += 3) {
+    if (engine->CancelCall(calls[i].id).ok()) cancelled.insert(calls[i].id);
+  }
+  for (auto& c : calls) CHECK(!Get(c.reply).ok());
+  std::map<std::string, int> letters;  // call id -> dead letters
+  Member watch = *dlq->member(0);
+  for (;;) {
+    auto m = watch.Next(absl::Milliseconds(300));
+    if (!m.ok()) break;
+    ++letters[std::string(H(m->event(), kCallIdHeader))];
+    REQUIRE(m->Ack().ok());
+  }
+  int twice = 0, cancelled_with_letter = 0;
+  for (const auto& [id, n] : letters) {
+    twice += n > 1;
+    cancelled_with_letter += cancelled.count(std::stoull(id));
+  }
+  CHECK(twice == 0);
+  CHECK(cancelled_with_letter == 0);
+  CHECK(letters.size() + cancelled.size() == static_cast<std::size_t>(kCalls));
+}
+
+TEST_CASE("admission runs inside the call's time limit, and a throwing admit refuses the call") {
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->RegisterFunction("slowadmit", [](const Event&) -> absl::StatusOr<Buffer> {
+    return Buffer::FromString("late");
+  }, {.admit = [](const Event& e) -> absl::Status {
+        if (e.payload.view() == "throw") throw std::runtime_error("admit boom");
+        if (e.payload.view() == "quiet") return absl::InvalidArgumentError("");
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        return absl::OkStatus();
+      }}).ok());
+  Event slow;
+  slow.ttl = absl::Milliseconds(100);  // admission alone takes 300 ms
+  absl::StatusOr<Buffer> r = Get(engine->StartCall("slowadmit", slow).reply);
+  CHECK(r.status().code() == absl::StatusCode::kDeadlineExceeded);  // was: "late", OK
+  Event thrower;
+  thrower.ttl = absl::Seconds(30);
+  thrower.payload = Buffer::FromString("throw");
+  PendingCall t = engine->StartCall("slowadmit", thrower);  // was: the exception escaped
+  absl::StatusOr<Buffer> tr = Get(t.reply);
+  CHECK(tr.status().code() == absl::StatusCode::kInternal);
+  CHECK(Msg(tr.status()) == "call " + std::to_string(t.id) +
+                                " to function 'slowadmit' on 'fn.slowadmit' refused: admit threw: admit boom");
+  Event quiet = thrower;
+  quiet.payload = Buffer::FromString("quiet");
+  PendingCall q = engine->StartCall("slowadmit", quiet);
+  CHECK(Msg(Get(q.reply).status()) == "call " + std::to_string(q.id) +
+                                          " to function 'slowadmit' on 'fn.slowadmit' refused: "
+                                          "(admit gave no reason)");
+  Event bad_qos = thrower;
+  bad_qos.qos = static_cast<Qos>(77);
+  PendingCall b = engine->StartCall("slowadmit", bad_qos);  // refused before admit, no id
+  CHECK(b.id == 0);
+  CHECK(Get(b.reply).status().code() == absl::StatusCode::kInvalidArgument);
 }

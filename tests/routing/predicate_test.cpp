@@ -1080,3 +1080,35 @@ TEST_CASE("Check names the node that failed for other predicates and combination
   e.model = "llama";
   CHECK(model.Check(e).ok());
 }
+
+TEST_CASE("Check agrees with Matches where a full validation would walk further") {
+  // Smallest input found: Matches passes by the second anyOf branch; collecting the
+  // first branch's errors walked a recursion to the nesting limit and said it failed.
+  const Predicate p = Must(Predicate::JsonSchema(
+      R"({"definitions":{"rec":{"anyOf":[{"type":"array","items":{"$ref":"#/definitions/rec"}},)"
+      R"({"type":"integer"}]}},"anyOf":[{"properties":{"x":{"type":"string"},"y":{"$ref":)"
+      R"("#/definitions/rec"}}},{"required":["x"]}]})"));
+  const std::string payload = R"({"x":1,"y":)" + std::string(127, '[') + "1" + std::string(127, ']') + "}";
+  CHECK(p.Matches(WithPayload(payload)));
+  CHECK(p.Check(WithPayload(payload)).ok());
+  CHECK(p.Stats().limit_exceeded == 0);
+}
+
+TEST_CASE("Check does not collect the errors of a large failing payload") {
+  const Predicate strings = Must(Predicate::JsonSchema(R"({"type":"array","items":{"type":"string"}})"));
+  std::string big = "[";
+  for (int i = 0; i < 40000; ++i) big += (i ? ",1" : "1");  // 80 KB
+  big += "]";
+  const absl::Status s = strings.Check(WithPayload(big));
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(s.message() == "JSON Schema: the payload does not validate (its " + std::to_string(big.size()) +
+                           " bytes are over 65536, so the errors are not collected)");
+  const absl::Status small = strings.Check(WithPayload("[1, \"a\", 2]"));
+  CHECK(small.message() ==
+        "JSON Schema: /0: Value type not permitted by 'type' constraint.; /2: Value type not "
+        "permitted by 'type' constraint.");
+  // An anyOf's wrapper error is left out when the branches' own errors are there.
+  const Predicate either = Must(Predicate::JsonSchema(R"({"anyOf":[{"type":"string"},{"type":"integer"}]})"));
+  const std::string why(either.Check(WithPayload("true")).message());
+  CHECK(why.find("Failed to validate") == std::string::npos);
+}

@@ -159,8 +159,9 @@ inline constexpr std::size_t kMaxMsgIdBytes = 1024;
 using FunctionHandler = std::function<absl::StatusOr<Buffer>(const Event& call)>;
 
 // Checks a call before it is queued (FunctionOptions::admit): OK admits it; an error
-// refuses it. Runs on the caller's thread, inside StartCall; must not call the
-// engine.
+// refuses it (an exception refuses it as Internal). Runs on the caller's thread,
+// inside StartCall and within the call's time limit; must not call the engine. It
+// sees the call as made, before the engine adds kCallIdHeader.
 using CallAdmission = std::function<absl::Status(const Event& call)>;
 
 struct FunctionOptions {
@@ -311,10 +312,13 @@ class Engine {
   absl::StatusOr<PublishAck> TryPublish(Event event);
 
   // Function-in-flight. RegisterFunction serves `fn_id` on
-  // `options.workers` engine threads: it adds stream "FN_<fn_id>" (subject
-  // "fn.<fn_id>"), its consumer "handler" (max_deliver from the options, dead letters
-  // to "fn.<fn_id>.dead"), and stream "FN_<fn_id>_DLQ" on that subject (the last
-  // 10,000 dead letters). fn_id: 1..48 of [A-Za-z0-9_-]. InvalidArgument for a bad
+  // `options.workers` engine threads: it adds stream "FN_<fn_id>" (subjects
+  // options.subjects, default "fn.<fn_id>"), its consumer "handler" (least loaded
+  // over the workers, max_deliver from the options, dead letters to
+  // "fn.<fn_id>.dead"), and stream "FN_<fn_id>_DLQ" on that subject (the last 10,000
+  // dead letters). A call is published into its function's stream alone: another
+  // stream whose subjects match, or another function serving the same subject, never
+  // sees it. fn_id: 1..48 of [A-Za-z0-9_-]. InvalidArgument for a bad
   // id or option (naming it); AlreadyExists when registered; Cancelled after Close().
   absl::Status RegisterFunction(std::string_view fn_id, FunctionHandler handler,
                                 FunctionOptions options = {});
@@ -328,10 +332,11 @@ class Engine {
   // "expired"). InvalidArgument for a timeout not in (0, 365 days]; NotFound for an
   // unknown function; Cancelled when the engine closes first. The timeout runs on
   // the engine clock and its timers (RunTimers with manual_timers).
-  // Call never waits: a call that finds its function's queue full (every worker's
-  // queue_capacity taken) waits off the caller's thread, in arrival order, for
-  // room, at most until its timeout; then its future ends DeadlineExceeded
-  // ("queued", 0 tries) and the handler never sees it.
+  // Call never waits for room: a call that finds its function's queue full (every
+  // worker's queue_capacity taken) waits off the caller's thread, in arrival order,
+  // for room, at most until its timeout; then its future ends DeadlineExceeded
+  // ("queued", 0 tries) and the handler never sees it. FunctionOptions::admit runs
+  // on the caller's thread, inside the call's time limit. Call never throws.
   std::future<absl::StatusOr<Buffer>> Call(std::string_view fn_id, Buffer payload,
                                            absl::Duration timeout);
 
@@ -345,7 +350,8 @@ class Engine {
   // runs next (a refusal ends the call InvalidArgument, see there). Otherwise as
   // Call, whose errors the reply gets in the same cases; PendingCall::id is 0 only
   // for the errors found before the call got an id (bad arguments, unknown
-  // function, closed engine).
+  // function, closed engine, and what Publish would refuse: a bad qos, codec or
+  // msg_id).
   PendingCall StartCall(std::string_view fn_id, Event call);
   // Cancels call `id` (an agent whose user went away): its reply ends Cancelled
   // ("call N to function 'F' cancelled: <reason>"), a queued copy is dropped

@@ -29,7 +29,7 @@ template <typename F>
 absl::Status ForEachJsonLine(const std::string& path, F&& fn) {
   absl::StatusOr<std::string> text = ReadInputFile(path, std::size_t{1} << 30);
   if (!text.ok()) return text.status();
-  std::size_t line_no = 0;
+  std::size_t line_no = 0, records = 0;
   std::size_t pos = 0;
   while (pos < text->size()) {
     std::size_t end = text->find('\n', pos);
@@ -39,7 +39,7 @@ absl::Status ForEachJsonLine(const std::string& path, F&& fn) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     rapidjson::Document doc;
-    doc.Parse<rapidjson::kParseStopWhenDoneFlag>(line.data(), line.size());
+    doc.Parse(line.data(), line.size());  // one value per line: trailing text is an error
     if (doc.HasParseError()) {
       return absl::InvalidArgumentError(Where(path, line_no) + " is not JSON: " +
                                         rapidjson::GetParseError_En(doc.GetParseError()) +
@@ -49,8 +49,9 @@ absl::Status ForEachJsonLine(const std::string& path, F&& fn) {
       return absl::InvalidArgumentError(Where(path, line_no) + " is not a JSON object");
     }
     if (absl::Status s = fn(doc, line_no); !s.ok()) return s;
+    ++records;
   }
-  if (line_no == 0) return absl::InvalidArgumentError("'" + path + "' is empty");
+  if (records == 0) return absl::InvalidArgumentError("'" + path + "' is empty (no JSON lines)");
   return absl::OkStatus();
 }
 
@@ -126,14 +127,23 @@ absl::Status Convert(rapidjson::Value& v, rapidjson::Document::AllocatorType& a,
 }
 
 // The first acceptable values of the map `acceptable` (argument -> list), into `out`.
+// `nested`: inside a chosen dict value, where BFCL also writes plain values (e.g.
+// {"lateral": 10.5}): a value that is not a list is then taken as it is.
 absl::Status Resolve(const rapidjson::Value& acceptable, rapidjson::Value& out,
-                     rapidjson::Document::AllocatorType& a, const std::string& at) {
+                     rapidjson::Document::AllocatorType& a, const std::string& at, bool nested) {
   if (!acceptable.IsObject()) {
     return absl::InvalidArgumentError("arguments at '" + at + "' are not an object");
   }
   out.SetObject();
   for (const auto& m : acceptable.GetObject()) {
     const std::string name(m.name.GetString(), m.name.GetStringLength());
+    if (!m.value.IsArray() && nested) {
+      rapidjson::Value key(name.data(), static_cast<rapidjson::SizeType>(name.size()), a);
+      rapidjson::Value literal;
+      literal.CopyFrom(m.value, a);
+      out.AddMember(key, literal, a);
+      continue;
+    }
     if (!m.value.IsArray()) {
       return absl::InvalidArgumentError("acceptable values of '" + at + "/" + name +
                                         "' are not a list");
@@ -147,10 +157,10 @@ absl::Status Resolve(const rapidjson::Value& acceptable, rapidjson::Value& out,
     }
     if (chosen_value == nullptr) continue;  // only "" / null: left out
     const rapidjson::Value& first = *chosen_value;
-    rapidjson::Value key(name.c_str(), static_cast<rapidjson::SizeType>(name.size()), a);
+    rapidjson::Value key(name.data(), static_cast<rapidjson::SizeType>(name.size()), a);
     rapidjson::Value chosen;
     if (first.IsObject()) {
-      if (absl::Status s = Resolve(first, chosen, a, at + "/" + name); !s.ok()) return s;
+      if (absl::Status s = Resolve(first, chosen, a, at + "/" + name, true); !s.ok()) return s;
     } else if (first.IsArray()) {
       // An array of dicts holds a map of acceptable values per element.
       chosen.SetArray();
@@ -159,7 +169,7 @@ absl::Status Resolve(const rapidjson::Value& acceptable, rapidjson::Value& out,
         rapidjson::Value item;
         if (e.IsObject()) {
           const std::string where = at + "/" + name + "/" + std::to_string(n);
-          if (absl::Status s = Resolve(e, item, a, where); !s.ok()) return s;
+          if (absl::Status s = Resolve(e, item, a, where, true); !s.ok()) return s;
         } else {
           item.CopyFrom(e, a);
         }
@@ -257,7 +267,7 @@ absl::StatusOr<std::string> FirstAcceptableArguments(std::string_view acceptable
                                       rapidjson::GetParseError_En(doc.GetParseError()));
   }
   rapidjson::Document out;
-  if (absl::Status s = Resolve(doc, out, out.GetAllocator(), ""); !s.ok()) return s;
+  if (absl::Status s = Resolve(doc, out, out.GetAllocator(), "", false); !s.ok()) return s;
   return Compact(out);
 }
 

@@ -65,7 +65,10 @@ absl::StatusOr<std::string> BfclToJsonSchema(std::string_view bfcl_parameters);
 // over (["", true] gives true); an argument whose acceptable values are only "" or
 // null, or none at all, is left out. A chosen value that is an object is itself a
 // map of lists of acceptable values (BFCL's nested dict arguments) and is resolved
-// the same way, as is each object in a chosen array (a list of dicts).
+// the same way, as is each object in a chosen array (a list of dicts); inside such a
+// value, a plain value where a list is expected is taken as it is (BFCL writes
+// {"lateral": 10.5} there too). At the top level every value must be a list
+// (InvalidArgument naming the argument).
 absl::StatusOr<std::string> FirstAcceptableArguments(std::string_view acceptable);
 
 // The subject a tool is called on: "agent.tool." + the name, each '.' of the name a

@@ -35,13 +35,17 @@
 // Exit status: 0 every call accounted for (and the dead-letter subjects agree); 1 a
 // call lost or miscounted, or input or the state directory could not be read; 2 bad
 // usage.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -169,6 +173,7 @@ Options ParseArgs(int argc, char** argv) {
     } else {
       v = argv[++i];
     }
+    if ((a == "--requests" || a == "--answers") && v.empty()) Fail(a + " needs a file name");
     if (a == "--requests") o.requests = v;
     else if (a == "--answers") o.answers = v;
     else if (a == "--limit") o.limit = ParseUint(a, v, 1, 1'000'000);
@@ -187,7 +192,16 @@ Options ParseArgs(int argc, char** argv) {
     else if (a == "--timeout-ms") o.timeout_ms = ParseDouble(a, v, 10, 600000, "10..600000");
     else if (a == "--concurrency") o.concurrency = static_cast<std::uint32_t>(ParseUint(a, v, 1, 64));
   }
-  if (o.state_dir.empty() == false && o.state_dir == o.json) Fail("--json and --state-dir are the same path");
+  if (!o.state_dir.empty() && !o.json.empty()) {
+    // The summary must not land on (or in) the agent memory.
+    std::error_code ec;
+    const auto dir = std::filesystem::weakly_canonical(o.state_dir, ec);
+    const auto json = std::filesystem::weakly_canonical(o.json, ec);
+    const auto [d_end, j_it] = std::mismatch(dir.begin(), dir.end(), json.begin(), json.end());
+    if (d_end == dir.end()) {
+      Fail("--json '" + o.json + "' is in --state-dir '" + o.state_dir + "' (it would overwrite the agent memory)");
+    }
+  }
   return o;
 }
 
@@ -265,12 +279,12 @@ std::string Mutate(Fault kind, const std::string& schema_text, rapidjson::Docume
   if (kind == Fault::kMissingRequired) {
     if (auto req = schema.FindMember("required"); req != schema.MemberEnd() && req->value.IsArray()) {
       for (const auto& r : req->value.GetArray()) {
-        if (r.IsString() && args.HasMember(r.GetString())) candidates.emplace_back(r.GetString());
+        if (r.IsString() && args.HasMember(r)) candidates.emplace_back(r.GetString(), r.GetStringLength());
       }
     }
     if (candidates.empty()) return "";
     const std::string victim = candidates[rng.Below(candidates.size())];
-    args.RemoveMember(victim.c_str());
+    args.RemoveMember(rapidjson::StringRef(victim.data(), victim.size()));
     return victim;
   }
   if (!has_props) return "";
@@ -278,19 +292,19 @@ std::string Mutate(Fault kind, const std::string& schema_text, rapidjson::Docume
     if (!p.value.IsObject()) continue;
     const auto type = p.value.FindMember("type");
     if (kind == Fault::kWrongType && type != p.value.MemberEnd() && type->value.IsString()) {
-      candidates.emplace_back(p.name.GetString());
+      candidates.emplace_back(p.name.GetString(), p.name.GetStringLength());
     }
     if (kind == Fault::kNotInEnum) {
       const auto e = p.value.FindMember("enum");
       if (e != p.value.MemberEnd() && e->value.IsArray() && !e->value.Empty()) {
-        candidates.emplace_back(p.name.GetString());
+        candidates.emplace_back(p.name.GetString(), p.name.GetStringLength());
       }
     }
   }
   if (candidates.empty()) return "";
   const std::string victim = candidates[rng.Below(candidates.size())];
   const std::string type = [&] {
-    const auto& p = props->value[victim.c_str()];
+    const auto& p = props->value.FindMember(rapidjson::StringRef(victim.data(), victim.size()))->value;
     const auto t = p.FindMember("type");
     return t != p.MemberEnd() && t->value.IsString() ? std::string(t->value.GetString()) : "";
   }();
@@ -310,8 +324,8 @@ std::string Mutate(Fault kind, const std::string& schema_text, rapidjson::Docume
       bad.SetString("__not_in_enum__", a);
     }
   }
-  rapidjson::Value key(victim.c_str(), a);
-  args.RemoveMember(victim.c_str());
+  rapidjson::Value key(victim.data(), static_cast<rapidjson::SizeType>(victim.size()), a);
+  args.RemoveMember(rapidjson::StringRef(victim.data(), victim.size()));
   args.AddMember(key, bad, a);
   return victim;
 }
@@ -326,6 +340,42 @@ double Percentile(const std::vector<double>& v, double q) {
 struct Counts {
   std::uint64_t total = 0, replied = 0, refused = 0, dead_lettered = 0, lost = 0;
 };
+
+// A request id as one key token: '%' -> "%25", '.' -> "%2E".
+std::string SessionToken(std::string_view id) {
+  std::string out;
+  for (char c : id) {
+    if (c == '%') {
+      out += "%25";
+    } else if (c == '.') {
+      out += "%2E";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// The temporary agent memory, removed by an atexit handler (Fail exits too).
+std::string& TempStateDir() {
+  static std::string dir;
+  return dir;
+}
+
+// An argument name as valijson writes it in a JSON Pointer (RFC 6901).
+std::string PointerToken(std::string_view name) {
+  std::string out;
+  for (char c : name) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -344,8 +394,29 @@ int main(int argc, char** argv) {
   if (opt.limit > 0 && opt.limit < requests.size()) requests.resize(opt.limit);
   std::unordered_map<std::string, const BfclAnswer*> answer_of;
   for (const BfclAnswer& a : *answers_or) answer_of.emplace(a.id, &a);
+  std::unordered_set<std::string> ids;
   for (const BfclRequest& r : requests) {
+    if (!ids.insert(r.id).second) Fail("request id '" + r.id + "' appears twice in '" + opt.requests + "'", 1);
     if (answer_of.count(r.id) == 0) Fail("request '" + r.id + "' has no answer in '" + opt.answers + "'", 1);
+  }
+  // Every ground-truth call resolved before anything runs: an answer the example
+  // cannot use is bad input, named, not a call sent with made-up arguments.
+  std::vector<std::vector<std::string>> arguments(requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    for (const auto& call : answer_of.at(requests[i].id)->calls) {
+      const bool offered_fn = std::any_of(requests[i].functions.begin(), requests[i].functions.end(),
+                                          [&](const auto& f) { return f.name == call.name; });
+      if (!offered_fn) {
+        Fail("answer of request '" + requests[i].id + "' calls '" + call.name +
+             "', which the request does not offer", 1);
+      }
+      absl::StatusOr<std::string> args = inferq::example::FirstAcceptableArguments(call.arguments);
+      if (!args.ok()) {
+        Fail("answer of request '" + requests[i].id + "', call '" + call.name + "': " +
+             std::string(args.status().message()), 1);
+      }
+      arguments[i].push_back(*std::move(args));
+    }
   }
 
   std::printf("agent_router: Berkeley Function Calling Leaderboard, live multiple (BFCL v4)\n");
@@ -354,7 +425,9 @@ int main(int argc, char** argv) {
 
   // ---- tools: every (name, definition) of every request --------------------------
   std::map<std::pair<std::string, std::string>, std::unique_ptr<Tool>> tools;  // (subject, version)
-  std::vector<std::vector<const Tool*>> offered(requests.size());  // per request, by name below
+  // Per request: its function names and their tools (two names may share a subject
+  // and a definition, and so a Tool).
+  std::vector<std::vector<std::pair<std::string, const Tool*>>> offered(requests.size());
   std::map<std::string, std::set<std::string>> family_subjects;
   std::size_t bad_definitions = 0;
   for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -375,11 +448,14 @@ int main(int argc, char** argv) {
                        requests[i].id.c_str(), std::string(check.status().message()).c_str());
           continue;
         }
+        // The family follows the subject, so that names that map to one subject
+        // ("a b", "a_b") are served by one function.
         slot = std::make_unique<Tool>(Tool{f.name, version, subject,
-                                           inferq::example::ToolFamily(f.name), *schema, *check});
+                                           inferq::example::ToolFamily(subject.substr(11)), *schema,
+                                           *check});
         family_subjects[slot->family].insert(subject);
       }
-      offered[i].push_back(slot.get());
+      offered[i].emplace_back(f.name, slot.get());
     }
   }
   if (bad_definitions > 0) Fail(std::to_string(bad_definitions) + " tool definitions are not JSON Schemas", 1);
@@ -438,8 +514,14 @@ int main(int argc, char** argv) {
   std::string state_dir = opt.state_dir;
   const bool temp_state = state_dir.empty();
   if (temp_state) {
-    state_dir = (std::filesystem::temp_directory_path() /
-                 ("agent_router_" + std::to_string(::getpid()))).string();
+    // A new directory of our own (mkdtemp), removed at exit whatever the exit.
+    std::string pattern = (std::filesystem::temp_directory_path() / "agent_router_XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      Fail("agent memory: cannot create a temporary directory '" + pattern + "': " + std::strerror(errno), 1);
+    }
+    state_dir = pattern;
+    TempStateDir() = state_dir;
+    std::atexit([] { std::filesystem::remove_all(TempStateDir()); });
   }
   inferq::StateStoreOptions so;
   so.dir = state_dir;
@@ -447,11 +529,13 @@ int main(int argc, char** argv) {
   auto store_or = inferq::StateStore::Open(so);
   if (!store_or.ok()) Fail("agent memory: " + store_or.status().ToString(), 1);
   inferq::StateStore& store = **store_or;
+  // Keys: session.<id with '%' and '.' escaped>.calls and ...call.<k>.<field>, so a
+  // session's id is the key's second token whatever the id holds.
   auto sessions_in = [&store] {
     std::set<std::string> ids;
     store.Scan("session.", [&](std::string_view k, std::string_view) {
       const std::string_view rest = k.substr(8);
-      ids.emplace(rest.substr(0, rest.find(".call.")));
+      ids.emplace(rest.substr(0, rest.find('.')));
     });
     return ids;
   };
@@ -481,12 +565,12 @@ int main(int argc, char** argv) {
         CallRecord& rec = records[i][k];
         const auto& gt = ans.calls[k];
         const Tool* tool = nullptr;
-        for (const Tool* t : offered[i]) {
-          if (t->name == gt.name) tool = t;
+        for (const auto& [name, t] : offered[i]) {
+          if (name == gt.name) tool = t;
         }
-        absl::StatusOr<std::string> args_text = inferq::example::FirstAcceptableArguments(gt.arguments);
+        const std::string& args_text = arguments[i][k];
         rapidjson::Document args;
-        if (args_text.ok()) args.Parse(args_text->c_str());
+        args.Parse(args_text.data(), args_text.size());
         Rng rng{Mix(opt.seed ^ Mix(i * 64 + k))};
         if (tool != nullptr && opt.fault_rate > 0 && rng.Uniform() < opt.fault_rate) {
           // A schema fault: the first kind (from a random start) the schema allows.
@@ -505,12 +589,12 @@ int main(int argc, char** argv) {
         }
         inferq::Event call;
         call.subject = tool != nullptr ? tool->subject : inferq::example::ToolSubject(gt.name);
-        call.payload = inferq::Buffer::FromString(args_text.ok() ? Json(args) : std::string("{}"));
+        call.payload = inferq::Buffer::FromString(Json(args));
         call.ttl = timeout;
         call.headers.Set("Session", req.id);
         call.headers.Set("Tool-Version", tool != nullptr ? tool->version : "");
         call.headers.Set("Agent-Fault", FaultName(rec.fault));
-        rec.family = inferq::example::ToolFamily(gt.name);
+        rec.family = tool != nullptr ? tool->family : inferq::example::ToolFamily(gt.name);
         call_args.push_back(std::string(call.payload.view()));
         started.push_back(std::chrono::steady_clock::now());
         pending.push_back(engine.StartCall(rec.family, std::move(call)));  // parallel calls
@@ -539,13 +623,17 @@ int main(int argc, char** argv) {
         // One transaction per finished call: the call and its result in the session.
         static const char* kOutcome[] = {"replied", "refused", "dead_lettered", "lost"};
         auto tx = store.Begin();
-        const std::string key = "session." + req.id + ".call." + std::to_string(k);
+        const std::string key = "session." + SessionToken(req.id) + ".call." + std::to_string(k);
         tx.Put(key + ".tool", ans.calls[k].name);
         tx.Put(key + ".arguments", call_args[k]);
         tx.Put(key + ".outcome", kOutcome[rec.outcome]);
         tx.Put(key + ".result", reply.ok() ? result : rec.error);
         if (!tx.Commit().ok()) memory_errors.fetch_add(1);
       }
+      // The session itself, also for a request with no calls.
+      auto tx = store.Begin();
+      tx.Put("session." + SessionToken(req.id) + ".calls", std::to_string(ans.calls.size()));
+      if (!tx.Commit().ok()) memory_errors.fetch_add(1);
     }
   };
   const auto t0 = std::chrono::steady_clock::now();
@@ -584,7 +672,7 @@ int main(int argc, char** argv) {
         } else {
           ++refusals_by_reason[FaultName(rec.fault)];
           if (rec.error.find("'" + rec.mutated + "'") != std::string::npos ||
-              rec.error.find("/" + rec.mutated + ":") != std::string::npos) {
+              rec.error.find("/" + PointerToken(rec.mutated) + ":") != std::string::npos) {
             ++refusals_naming_argument;
           }
         }
@@ -731,9 +819,25 @@ int main(int argc, char** argv) {
     if (!j) Fail("writing --json file '" + opt.json + "' failed", 1);
   }
   engine.Close();
-  store_or->reset();
-  if (temp_state) std::filesystem::remove_all(state_dir);
-  std::printf("\n%s\n", accounted ? "OK: every call accounted for"
-                                   : "FAILED: calls lost or miscounted (see above)");
-  return accounted ? 0 : 1;
+  store_or->reset();  // the atexit handler removes a temporary directory after this
+  if (accounted) {
+    std::printf("\nOK: every call accounted for\n");
+    return 0;
+  }
+  std::printf("\nFAILED:");
+  if (all.lost > 0) std::printf(" %llu calls lost;", static_cast<unsigned long long>(all.lost));
+  if (dead_seen != dead_expected || dead_by_reason["refused"] != all.refused) {
+    std::printf(" the dead-letter subjects saw %llu dead letters (%llu refused), the calls say %llu (%llu);",
+                static_cast<unsigned long long>(dead_seen),
+                static_cast<unsigned long long>(dead_by_reason["refused"]),
+                static_cast<unsigned long long>(dead_expected), static_cast<unsigned long long>(all.refused));
+  }
+  if (memory_errors.load() > 0) {
+    std::printf(" %llu agent-memory commits failed;", static_cast<unsigned long long>(memory_errors.load()));
+  }
+  if (sessions_after < requests.size()) {
+    std::printf(" %zu of %zu sessions in the agent memory;", sessions_after, requests.size());
+  }
+  std::printf("\n");
+  return 1;
 }

@@ -53,10 +53,12 @@ TEST_CASE("a ground-truth call takes each argument's first value; '' and null me
   auto a = FirstAcceptableArguments(R"({"loc": ["Berkeley", "Berkeley, CA"], "time": [10],
       "enabled": ["", true], "t0": [null, ""], "note": [""], "none": [],
       "prefs": [{"size": ["large"], "milk": ["", "soy"], "extra": [""]}],
-      "items": [[{"item": ["burgers"], "qty": [5]}, "plain"]]})");
+      "items": [[{"item": ["burgers"], "qty": [5]}, "plain"]],
+      "position": [{"lateral": 10.5, "longitudinal": [50]}]})");
   REQUIRE(a.ok());
   CHECK(*a == R"({"loc":"Berkeley","time":10,"enabled":true,"prefs":{"size":"large","milk":"soy"},)"
-              R"("items":[{"item":"burgers","qty":5},"plain"]})");
+              R"("items":[{"item":"burgers","qty":5},"plain"],)"
+              R"("position":{"lateral":10.5,"longitudinal":50}})");  // was: an error, sent as {}
   CHECK(Msg(FirstAcceptableArguments(R"({"a": 1})").status()) ==
         "acceptable values of '/a' are not a list");
   CHECK(Msg(FirstAcceptableArguments("[]").status()) == "arguments at '' are not an object");
@@ -108,7 +110,12 @@ TEST_CASE("the loaders read JSON Lines and name the file, line and field of bad 
   CHECK(Msg(LoadBfclRequests(no_id.path).status()) ==
         "'" + no_id.path + "' line 1: field 'id' is missing or not a string");
   TempFile empty("");
-  CHECK(Msg(LoadBfclAnswers(empty.path).status()) == "'" + empty.path + "' is empty");
+  CHECK(Msg(LoadBfclAnswers(empty.path).status()) == "'" + empty.path + "' is empty (no JSON lines)");
+  TempFile blank(" \n\t\n");  // was: 0 requests, exit 0
+  CHECK(Msg(LoadBfclRequests(blank.path).status()) == "'" + blank.path + "' is empty (no JSON lines)");
+  TempFile trailing("{\"id\": \"r1\", \"function\": []} garbage\n");  // was: accepted
+  CHECK(Msg(LoadBfclRequests(trailing.path).status())
+            .rfind("'" + trailing.path + "' line 1 is not JSON: ", 0) == 0);
   TempFile bad_gt("{\"id\": \"r1\", \"ground_truth\": [{\"f\": [1]}]}\n");
   CHECK(Msg(LoadBfclAnswers(bad_gt.path).status()) ==
         "'" + bad_gt.path + "' line 1: arguments of 'f' are not an object");

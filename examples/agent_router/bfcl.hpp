@@ -75,7 +75,9 @@ absl::StatusOr<std::string> FirstAcceptableArguments(std::string_view acceptable
 // token separator. A subject cannot hold white space, an empty token or a token that
 // is exactly "*" or ">": each white-space or control byte becomes '_', an empty
 // token (leading, trailing or doubled '.') becomes "_", and a token "*" or ">"
-// becomes "_star_" or "_gt_". (No name in the bundled file needs any of these.)
+// becomes "_star_" or "_gt_". (No name in the bundled file needs any of these.) The
+// map is not one to one ("a b" and "a_b" share a subject): agent_router keys tools by
+// subject and definition, and puts a subject's tools in one family.
 std::string ToolSubject(std::string_view name);
 
 // The family a tool belongs to, for its group of runners: the name up to its first

@@ -64,19 +64,6 @@ absl::StatusOr<std::string> StringField(const rapidjson::Value& obj, const char*
   return std::string(it->value.GetString(), it->value.GetStringLength());
 }
 
-std::string PointerToken(std::string_view t) {
-  std::string out;
-  for (char c : t) {
-    if (c == '~') {
-      out += "~0";
-    } else if (c == '/') {
-      out += "~1";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 // The schema node `v` converted in place (see BfclToJsonSchema); `at` is its JSON
 // Pointer in the definition, for errors.
@@ -269,6 +256,20 @@ absl::StatusOr<std::string> FirstAcceptableArguments(std::string_view acceptable
   rapidjson::Document out;
   if (absl::Status s = Resolve(doc, out, out.GetAllocator(), "", false); !s.ok()) return s;
   return Compact(out);
+}
+
+std::string PointerToken(std::string_view t) {
+  std::string out;
+  for (char c : t) {
+    if (c == '~') {
+      out += "~0";
+    } else if (c == '/') {
+      out += "~1";
+    } else {
+      out += c;
+    }
+  }
+  return out;
 }
 
 std::string ToolSubject(std::string_view name) {

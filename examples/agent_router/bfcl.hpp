@@ -80,6 +80,10 @@ absl::StatusOr<std::string> FirstAcceptableArguments(std::string_view acceptable
 // subject and definition, and puts a subject's tools in one family.
 std::string ToolSubject(std::string_view name);
 
+// `name` as one token of a JSON Pointer (RFC 6901: '~' -> "~0", '/' -> "~1"), as
+// valijson writes an argument's place.
+std::string PointerToken(std::string_view name);
+
 // The family a tool belongs to, for its group of runners: the name up to its first
 // '.' or '_' ("uber.ride" -> "uber", "Music_3_PlayMedia" -> "Music"), made a valid
 // function id (1..48 of [A-Za-z0-9_-]; other bytes become '-').

@@ -362,20 +362,6 @@ std::string& TempStateDir() {
   return dir;
 }
 
-// An argument name as valijson writes it in a JSON Pointer (RFC 6901).
-std::string PointerToken(std::string_view name) {
-  std::string out;
-  for (char c : name) {
-    if (c == '~') {
-      out += "~0";
-    } else if (c == '/') {
-      out += "~1";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -672,7 +658,7 @@ int main(int argc, char** argv) {
         } else {
           ++refusals_by_reason[FaultName(rec.fault)];
           if (rec.error.find("'" + rec.mutated + "'") != std::string::npos ||
-              rec.error.find("/" + PointerToken(rec.mutated) + ":") != std::string::npos) {
+              rec.error.find("/" + inferq::example::PointerToken(rec.mutated) + ":") != std::string::npos) {
             ++refusals_naming_argument;
           }
         }

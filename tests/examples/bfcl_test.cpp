@@ -71,6 +71,7 @@ TEST_CASE("tool names map to subjects and families") {
   CHECK(ToolSubject(".x.") == "agent.tool._.x._");
   CHECK(ToolSubject("find flights.*.>") == "agent.tool.find_flights._star_._gt_");
   CHECK(ToolSubject("tab\there") == "agent.tool.tab_here");
+  CHECK(PointerToken("a/b~c") == "a~1b~0c");
   CHECK(ToolFamily("uber.ride") == "uber");
   CHECK(ToolFamily("Music_3_PlayMedia") == "Music");
   CHECK(ToolFamily("ChaFod") == "ChaFod");

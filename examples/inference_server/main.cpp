@@ -794,7 +794,12 @@ int main(int argc, char** argv) {
   // X, rounded to the µs; order kept).
   if (opt.overload != 1.0) {
     for (auto& t : trace) {
-      t.arrival_us = std::llround(static_cast<double>(t.arrival_us) / opt.overload);
+      const double scaled = static_cast<double>(t.arrival_us) / opt.overload;
+      if (scaled > 9.0e15) {  // llround's result must fit; no trace spans 285 years
+        Fail("trace '" + opt.trace + "': arrival " + std::to_string(t.arrival_us) +
+                 " us divided by --overload is beyond any replay", 1);
+      }
+      t.arrival_us = std::llround(scaled);
     }
   }
   std::uint64_t tokens_total = 0;
@@ -802,8 +807,11 @@ int main(int argc, char** argv) {
   const double replay_seconds =
       opt.speed > 0 ? static_cast<double>(trace.back().arrival_us) / 1e6 / opt.speed : 0;
   if (replay_seconds > 366.0 * 24 * 3600) {
+    char speed[32];
+    std::snprintf(speed, sizeof speed, "%g", opt.speed);
     Fail("trace '" + opt.trace + "' spans " + std::to_string(trace.back().arrival_us / 1000000) +
-         " s; at --speed " + std::to_string(opt.speed) + " the replay would take over a year", 1);
+         " s of arrivals" + (opt.overload != 1.0 ? " after --overload" : "") + "; at --speed " +
+         speed + " the replay would take over a year", 1);
   }
 
   absl::StatusOr<std::unique_ptr<inferq::Engine>> created = inferq::Engine::Create();

@@ -321,6 +321,11 @@ int main(int argc, char** argv) {
   std::vector<inferq::example::TraceRequest> requests =
       Must(inferq::example::LoadTrace(opt.trace), "load trace");
   if (requests.size() > opt.events) requests.resize(opt.events);
+  if (requests.size() < 2) {  // each of the two phases needs an event
+    std::fprintf(stderr, "schema_rollout: '%s' has %zu request(s); the rollout needs 2 or more\n",
+                 opt.trace.c_str(), requests.size());
+    return 1;
+  }
   std::printf("schema_rollout: %zu requests from %s\n", requests.size(), opt.trace.c_str());
 
   // The registry: v1, then v2 under BACKWARD (the default mode, set explicitly).

@@ -1009,6 +1009,7 @@ StateDirReport InspectPass(FileSystem& fs, const std::string& dir) {
       auto bytes = fs.Read(JoinPath(dir, name));
       if (!bytes.ok()) {
         f.problem = std::string(bytes.status().message());
+        f.unreadable = bytes.status().code() != absl::StatusCode::kDataLoss;
       } else {
         f.bytes = bytes->size();
         auto d = DecodeCheckpoint(*bytes);
@@ -1026,6 +1027,7 @@ StateDirReport InspectPass(FileSystem& fs, const std::string& dir) {
       auto bytes = fs.Read(JoinPath(dir, name));
       if (!bytes.ok()) {
         s.problem = std::string(bytes.status().message());
+        s.unreadable = bytes.status().code() != absl::StatusCode::kDataLoss;
         rep.segments.push_back(std::move(s));
         continue;
       }

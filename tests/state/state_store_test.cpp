@@ -1564,3 +1564,27 @@ TEST_CASE("files of another store name this directory and both store ids") {
   REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
   CHECK(r.status().message() == expect);
 }
+
+TEST_CASE("Inspect tells a file it cannot read from a damaged one") {
+  // Was: an EACCES checkpoint was listed as "DAMAGED ... 0 entries".
+  TempDir d;
+  {
+    auto s = OpenOk(Options(d.path()));
+    Put(*s, "a", "1");
+    REQUIRE(s->Checkpoint().ok());
+  }
+  auto hooked = std::make_shared<HookedFileSystem>();
+  hooked->refuse = [](const std::string& op, const std::string& path) {
+    if (op == "read" && path.find("/ckpt-") != std::string::npos) {
+      return absl::PermissionDeniedError("open " + inferq::QuoteValue(path) + ": Permission denied");
+    }
+    return absl::OkStatus();
+  };
+  auto r = StateStore::Inspect(d.path(), hooked);
+  REQUIRE(r.ok());
+  REQUIRE(r->checkpoints.size() == 1);
+  CHECK(r->checkpoints[0].unreadable);
+  CHECK(r->checkpoints[0].problem.find("Permission denied") != std::string::npos);
+  REQUIRE(r->segments.size() == 1);
+  CHECK_FALSE(r->segments[0].unreadable);
+}

@@ -185,7 +185,9 @@ int Inspect(const std::string& dir) {
     if (!c.full) std::printf(" on %llu", static_cast<unsigned long long>(c.base_tx));
     std::printf("  %llu entries  %llu bytes  %s\n", static_cast<unsigned long long>(c.entries),
                 static_cast<unsigned long long>(c.bytes),
-                c.problem.empty() ? "ok" : ("DAMAGED: " + c.problem).c_str());
+                c.problem.empty() ? "ok"
+                : c.unreadable    ? ("UNREADABLE: " + c.problem).c_str()
+                                  : ("DAMAGED: " + c.problem).c_str());
   }
   std::printf("segments: %zu\n", r->segments.size());
   for (const auto& s : r->segments) {
@@ -196,7 +198,9 @@ int Inspect(const std::string& dir) {
       std::printf("  tx_id %llu..%llu", static_cast<unsigned long long>(s.first_tx),
                   static_cast<unsigned long long>(s.last_tx));
     }
-    std::printf("  %s\n", s.problem.empty() ? "ok" : ("stops: " + s.problem).c_str());
+    std::printf("  %s\n", s.problem.empty() ? "ok"
+                          : s.unreadable    ? ("UNREADABLE: " + s.problem).c_str()
+                                            : ("stops: " + s.problem).c_str());
   }
   std::printf("log tx_ids from %llu\n", static_cast<unsigned long long>(r->first_tx));
   if (r->point_in_time.ok()) {

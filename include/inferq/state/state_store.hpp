@@ -151,6 +151,7 @@ struct StateDirReport {
     std::uint64_t last_tx = 0;
     std::uint64_t records = 0;
     std::string problem;         // empty when the whole file is valid
+    bool unreadable = false;     // the problem is an I/O error reading it, not damage
   };
   struct CheckpointFile {
     std::string name;
@@ -159,7 +160,8 @@ struct StateDirReport {
     std::uint64_t tx = 0;
     std::uint64_t base_tx = 0;
     std::uint64_t entries = 0;
-    std::string problem;  // empty when valid
+    std::string problem;      // empty when valid
+    bool unreadable = false;  // the problem is an I/O error reading it, not damage
   };
   std::vector<Segment> segments;
   std::vector<CheckpointFile> checkpoints;

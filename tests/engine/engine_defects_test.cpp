@@ -402,11 +402,13 @@ TEST_CASE("14.8 publishes route correctly while streams are added", "[issue14][c
   std::atomic<int> added{0};
   std::atomic<bool> stop{false};
   std::atomic<int> wrong{0};
+  std::atomic<int> running{0};  // publishers that have published once
   std::vector<std::thread> publishers;
   for (int t = 0; t < 2; ++t) {
     publishers.emplace_back([&, t] {
       for (std::uint64_t i = 0; !stop.load(); ++i) {
         if (!engine->Publish(Ev("base.t" + std::to_string(t))).ok()) wrong.fetch_add(1);
+        if (i == 0) running.fetch_add(1);
         const int n = added.load(std::memory_order_acquire);  // streams 0..n-1 exist
         if (n == 0) continue;
         const int k = static_cast<int>(i % static_cast<std::uint64_t>(n));
@@ -415,6 +417,9 @@ TEST_CASE("14.8 publishes route correctly while streams are added", "[issue14][c
       }
     });
   }
+  // Was flaky on a loaded machine: the 300 AddStreams could finish before either
+  // publisher ran, and BASE had stored nothing. The streams are added while both run.
+  while (running.load() < 2) std::this_thread::yield();
   for (int k = 0; k < kStreams; ++k) {
     REQUIRE(engine->AddStream({.name = "N" + std::to_string(k),
                               .subjects = {"new." + std::to_string(k) + ".*"}}).ok());

@@ -350,16 +350,20 @@ PendingCall Engine::StartCall(std::string_view fn_id, Event call) {
   }
   std::uint64_t id;
   std::optional<Event> dead_letter;
+  // A limit that ran out during admission ends the call here, before any worker
+  // could run it (the timer would race the worker for it).
+  const bool expired = refusal.ok() && impl_->clock->NowNanos() >= deadline;
   {
     std::lock_guard lock(impl_->calls_mu);
     id = impl_->next_call++;
     pending.id = id;
-    if (!refusal.ok()) {
-      Impl::CallState refused;
-      refused.fn = fn;
-      refused.call = call;
-      refused.timeout = timeout;
-      dead_letter = Impl::CallDeadLetter(id, refused, "refused", std::string(refusal.message()));
+    if (!refusal.ok() || expired) {
+      Impl::CallState ended;
+      ended.fn = fn;
+      ended.call = call;
+      ended.timeout = timeout;
+      dead_letter = expired ? Impl::CallDeadLetter(id, ended, "expired", "call timeout during admission")
+                            : Impl::CallDeadLetter(id, ended, "refused", std::string(refusal.message()));
     } else {
       Impl::CallState& state = impl_->calls[id];
       state.promise = std::move(promise);
@@ -372,9 +376,15 @@ PendingCall Engine::StartCall(std::string_view fn_id, Event call) {
   }
   if (dead_letter) {
     const std::string subject(dead_letter->headers.Get(kOriginalSubjectHeader).value_or(""));
-    promise.set_value(absl::Status(refusal_code, "call " + std::to_string(id) + " to function '" +
-                                                     fn + "' on '" + subject +
-                                                     "' refused: " + std::string(refusal.message())));
+    if (expired) {
+      promise.set_value(absl::DeadlineExceededError(
+          "call " + std::to_string(id) + " to function '" + fn + "' timed out after " +
+          absl::FormatDuration(timeout) + " (in admission, 0 tries)"));
+    } else {
+      promise.set_value(absl::Status(refusal_code, "call " + std::to_string(id) + " to function '" +
+                                                       fn + "' on '" + subject +
+                                                       "' refused: " + std::string(refusal.message())));
+    }
     (void)Publish(*std::move(dead_letter), PublishMode::kInternal);
     return pending;
   }

@@ -485,7 +485,7 @@ TEST_CASE("a call ends with one dead letter at most when its last try fails as i
   std::map<std::string, int> letters;  // call id -> dead letters
   Member watch = *dlq->member(0);
   for (;;) {
-    auto m = watch.Next(absl::Milliseconds(300));
+    auto m = watch.Next(absl::Seconds(2));  // a dead letter follows its future's end
     if (!m.ok()) break;
     ++letters[std::string(H(m->event(), kCallIdHeader))];
     REQUIRE(m->Ack().ok());
@@ -512,8 +512,11 @@ TEST_CASE("admission runs inside the call's time limit, and a throwing admit ref
       }}).ok());
   Event slow;
   slow.ttl = absl::Milliseconds(100);  // admission alone takes 300 ms
-  absl::StatusOr<Buffer> r = Get(engine->StartCall("slowadmit", slow).reply);
+  PendingCall sp = engine->StartCall("slowadmit", slow);
+  absl::StatusOr<Buffer> r = Get(sp.reply);
   CHECK(r.status().code() == absl::StatusCode::kDeadlineExceeded);  // was: "late", OK
+  CHECK(Msg(r.status()) == "call " + std::to_string(sp.id) +
+                               " to function 'slowadmit' timed out after 100ms (in admission, 0 tries)");
   Event thrower;
   thrower.ttl = absl::Seconds(30);
   thrower.payload = Buffer::FromString("throw");

@@ -330,13 +330,6 @@ std::string Mutate(Fault kind, const std::string& schema_text, rapidjson::Docume
   return victim;
 }
 
-// Percentile `q` (0..1) of sorted `v`, nearest rank.
-double Percentile(const std::vector<double>& v, double q) {
-  if (v.empty()) return 0;
-  const std::size_t i = std::min(v.size() - 1, static_cast<std::size_t>(q * static_cast<double>(v.size())));
-  return v[i];
-}
-
 struct Counts {
   std::uint64_t total = 0, replied = 0, refused = 0, dead_lettered = 0, lost = 0;
 };
@@ -634,13 +627,13 @@ int main(int argc, char** argv) {
   std::map<std::string, std::uint64_t> refusals_by_reason;
   std::uint64_t refusals_naming_argument = 0, unmutated_refused = 0, first20_unchanged = 0,
                 first20_calls = 0;
-  std::vector<double> latencies;
+  inferq::Histogram latency_ns;  // call publish -> reply
   for (std::size_t i = 0; i < records.size(); ++i) {
     for (const CallRecord& rec : records[i]) {
       Counts& f = by_family[rec.family];
       ++all.total;
       ++f.total;
-      latencies.push_back(rec.latency_us);
+      latency_ns.Record(static_cast<std::uint64_t>(rec.latency_us * 1e3));
       switch (rec.outcome) {
         case CallRecord::kReplied: ++all.replied; ++f.replied; break;
         case CallRecord::kRefused: ++all.refused; ++f.refused; break;
@@ -714,7 +707,10 @@ int main(int argc, char** argv) {
     if (c.name == "handler") retries += c.naks;
   }
   const std::size_t sessions_after = sessions_in().size();
-  std::sort(latencies.begin(), latencies.end());
+  const inferq::HistogramSnapshot latencies = latency_ns.Snapshot();
+  auto Percentile = [](const inferq::HistogramSnapshot& h, double q) {  // µs
+    return static_cast<double>(h.Percentile(q)) / 1e3;
+  };
 
   // ---- the summary -----------------------------------------------------------------
   std::printf("  %zu requests, %zu tools (%zu names) in %zu families, %u runners each, %u agents\n",

@@ -111,14 +111,70 @@ class Posix final : public FileSystem {
     // conflicts too (fcntl locks would not).
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
-      ::close(fd);
       if (err == EWOULDBLOCK) {
-        return absl::FailedPreconditionError(QuoteValue(path) +
-                                             " is locked: another StateStore has this directory open");
+        // The holder wrote its pid when it took the lock (below).
+        char buf[32] = {};
+        const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+        ::close(fd);
+        std::string holder = "another process or store";
+        if (n > 0) {
+          std::string_view text(buf, static_cast<std::size_t>(n));
+          while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.remove_suffix(1);
+          if (!text.empty() && text.find_first_not_of("0123456789") == std::string_view::npos) {
+            holder = "process " + std::string(text);
+          }
+        }
+        return absl::FailedPreconditionError(QuoteValue(path) + " is held by " + holder +
+                                             ": another store has this directory open");
       }
+      ::close(fd);
       return FileSystemError(err, "flock", path);
     }
+    // The holder's pid, for the error above (a diagnostic: the flock is the lock).
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+      const int err = errno;
+      ::close(fd);
+      return FileSystemError(err, "write pid to", path);
+    }
     return std::unique_ptr<FileLock>(new PosixFileLock(fd));
+  }
+  absl::StatusOr<std::string> ReadAt(const std::string& path, std::uint64_t offset,
+                                     std::size_t n) override {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return FileSystemError(errno, "open", path);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return FileSystemError(err, "fstat", path);
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      return absl::FailedPreconditionError(QuoteValue(path) + " is not a regular file (" +
+                                           FileKind(st.st_mode) + ")");
+    }
+    std::string out(n, '\0');
+    std::size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::pread(fd, out.data() + got, n - got, static_cast<off_t>(offset + got));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        const int err = errno;
+        ::close(fd);
+        return FileSystemError(err, "read", path);
+      }
+      if (r == 0) break;
+      got += static_cast<std::size_t>(r);
+    }
+    ::close(fd);
+    if (got < n) {
+      return absl::OutOfRangeError(QuoteValue(path) + " ends before byte " +
+                                   std::to_string(offset + n) + " (read " +
+                                   std::to_string(got) + " of " + std::to_string(n) +
+                                   " bytes from offset " + std::to_string(offset) + ")");
+    }
+    return out;
   }
   absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path) override {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -239,6 +295,18 @@ class Posix final : public FileSystem {
 };
 
 }  // namespace
+
+absl::StatusOr<std::string> FileSystem::ReadAt(const std::string& path, std::uint64_t offset,
+                                               std::size_t n) {
+  absl::StatusOr<std::string> all = Read(path);
+  if (!all.ok()) return all.status();
+  if (offset > all->size() || all->size() - offset < n) {
+    return absl::OutOfRangeError(QuoteValue(path) + " ends before byte " +
+                                 std::to_string(offset + n) + " (it has " +
+                                 std::to_string(all->size()) + " bytes)");
+  }
+  return all->substr(static_cast<std::size_t>(offset), n);
+}
 
 std::shared_ptr<FileSystem> PosixFileSystem() {
   static const std::shared_ptr<FileSystem> fs = std::make_shared<Posix>();

@@ -138,7 +138,10 @@ class StateStore::Impl {
       if (absl::Status cl = (*f)->Close(); st.ok()) st = cl;
       if (st.ok()) st = fs_->Rename(tmp, JoinPath(opt_.dir, "IDENTITY"));
       if (st.ok()) st = fs_->SyncDir(opt_.dir);
-      if (!st.ok()) return st;
+      if (!st.ok()) {
+        (void)fs_->Remove(tmp);  // a failed Open (a full disk) leaves nothing half made
+        return st;
+      }
     }
     state_ = std::move(r.state);
     applied_tx_ = r.last_tx;

@@ -57,6 +57,8 @@ class FileSystem {
   virtual ~FileSystem() = default;
   // Takes an exclusive lock on `path` (created if absent) without waiting:
   // kFailedPrecondition when another holder, in this process or another, has it.
+  // The POSIX implementation writes the holder's pid into the file and names it in
+  // that error ("'/d/LOCK' is held by process 4242: ...").
   virtual absl::StatusOr<std::unique_ptr<FileLock>> Lock(const std::string& path) = 0;
   // Creates `path`, which must not exist.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path) = 0;
@@ -67,6 +69,11 @@ class FileSystem {
   // waits for a FIFO's writer) and kResourceExhausted for a file larger than the
   // machine's physical memory (a sparse or damaged file), both naming the path.
   virtual absl::StatusOr<std::string> Read(const std::string& path) = 0;
+  // `n` bytes of the regular file `path` from byte `offset` (pread(2)): exactly `n`
+  // bytes, or kOutOfRange naming the path when the file ends first. The default
+  // reads the whole file (Read) and slices it; PosixFileSystem reads only the range.
+  virtual absl::StatusOr<std::string> ReadAt(const std::string& path, std::uint64_t offset,
+                                             std::size_t n);
   // Names (not paths) of the entries of directory `dir`.
   virtual absl::StatusOr<std::vector<std::string>> List(const std::string& dir) = 0;
   // Creates directory `dir` (and its parents) if absent.

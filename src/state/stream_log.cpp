@@ -1,0 +1,630 @@
+// File: src/state/stream_log.cpp
+//
+// StreamLog (inferq/state/stream_log.hpp): appends, syncs, reads, retirement and
+// recovery of a segmented record log in the Delta-State Log's formats
+// (log_format.hpp). A record is a frame whose payload holds one op, kCreate of key
+// "r" with the caller's bytes as its value.
+//
+// Lock order: mu_ (appends, segments, the failed state) before sync_mu_ (the
+// durable tx_id and the one fdatasync under way). A Sync leader holds neither while
+// it fdatasyncs, and takes mu_ only after letting go of sync_mu_.
+#include "inferq/state/stream_log.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "inferq/base/error.hpp"
+#include "log_format.hpp"
+#include "recovery.hpp"
+
+namespace inferq {
+
+using namespace state_internal;  // NOLINT: private implementation file
+
+namespace {
+
+constexpr std::string_view kRecordKey = "r";
+
+std::uint64_t NewSalt() {
+  static std::mutex mu;
+  static std::mt19937_64 gen{std::random_device{}() ^
+                             static_cast<std::uint64_t>(
+                                 std::chrono::steady_clock::now().time_since_epoch().count())};
+  std::lock_guard lock(mu);
+  std::uint64_t s = 0;
+  while (s == 0) s = gen();
+  return s;
+}
+
+std::string LogSegmentName(std::uint64_t first_tx) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "log-%020llu.seg", static_cast<unsigned long long>(first_tx));
+  return buf;
+}
+
+std::optional<std::uint64_t> ParseLogSegmentName(std::string_view name) {
+  if (name.size() != 28 || name.substr(0, 4) != "log-" || name.substr(24) != ".seg") {
+    return std::nullopt;
+  }
+  std::uint64_t v = 0;
+  for (char c : name.substr(4, 20)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    const std::uint64_t d = static_cast<std::uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return std::nullopt;
+    v = v * 10 + d;
+  }
+  return v;
+}
+
+std::size_t LastNonZeroFrom(std::string_view s, std::size_t from) {
+  std::size_t end = s.size();
+  while (end > from && s[end - 1] == '\0') --end;
+  return end;
+}
+
+std::string AtOffset(const std::string& name, std::uint64_t off) {
+  return QuoteValue(name) + " at offset " + std::to_string(off);
+}
+
+// Bytes of the frame of a value of `n` bytes (log_format.hpp's layout).
+std::uint64_t FrameBytes(std::size_t n) {
+  return kFrameHeaderBytes + 8 + 32 + 4 + 1 + 4 + 4 + kRecordKey.size() + n;
+}
+
+absl::Status ValidateLogOptions(const StreamLogOptions& o) {
+  if (o.dir.empty()) return absl::InvalidArgumentError("stream log dir is empty");
+  const int sync = static_cast<int>(o.sync);
+  if (sync < 0 || sync > static_cast<int>(SyncPolicy::kNone)) {
+    return absl::InvalidArgumentError("stream log sync policy " + std::to_string(sync) +
+                                      " is not a SyncPolicy");
+  }
+  const int rec = static_cast<int>(o.recovery);
+  if (rec < 0 || rec > static_cast<int>(RecoveryMode::kStrict)) {
+    return absl::InvalidArgumentError("stream log recovery mode " + std::to_string(rec) +
+                                      " is not a RecoveryMode");
+  }
+  if (o.group_commit_window < absl::ZeroDuration() || o.group_commit_window > absl::Seconds(10)) {
+    return absl::InvalidArgumentError("stream log group_commit_window " +
+                                      absl::FormatDuration(o.group_commit_window) +
+                                      " is outside 0 .. 10s");
+  }
+  if (o.sync == SyncPolicy::kInterval && o.group_commit_window <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "stream log sync policy kInterval needs a group_commit_window > 0 (the interval)");
+  }
+  if (o.segment_bytes < 4096 || o.segment_bytes > (std::uint64_t{1} << 40)) {
+    return absl::InvalidArgumentError("stream log segment_bytes " +
+                                      std::to_string(o.segment_bytes) +
+                                      " is outside 4096 .. 2^40");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+class StreamLog::Impl {
+ public:
+  explicit Impl(StreamLogOptions o) : opt_(std::move(o)), fs_(opt_.file_system) {}
+
+  ~Impl() {
+    {
+      std::lock_guard l(sync_mu_);
+      stopping_ = true;
+    }
+    sync_cv_.notify_all();
+    if (interval_.joinable()) interval_.join();
+    std::lock_guard lock(mu_);
+    if (file_ != nullptr) {
+      if (opt_.sync == SyncPolicy::kInterval && failed_.ok() &&
+          written_tx_.load() > durable_tx_.load()) {
+        (void)file_->Sync();  // a clean close keeps the interval's promise early
+      }
+      (void)file_->Close();
+    }
+  }
+
+  absl::Status Recover(RecoverFn on_record) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (auto st = fs_->CreateDir(opt_.dir); !st.ok()) return st;
+    auto lock = fs_->Lock(JoinPath(opt_.dir, "LOCK"));
+    if (!lock.ok()) return lock.status();
+    dir_lock_ = std::move(*lock);
+    auto names = fs_->List(opt_.dir);
+    if (!names.ok()) return names.status();
+    std::vector<std::pair<std::uint64_t, std::string>> files;
+    bool has_identity = false;
+    for (const std::string& n : *names) {
+      if (n == "IDENTITY") has_identity = true;
+      if (auto tx = ParseLogSegmentName(n)) files.emplace_back(*tx, n);
+    }
+    std::sort(files.begin(), files.end());
+    (void)fs_->Remove(JoinPath(opt_.dir, "IDENTITY.tmp"));  // a create that did not finish
+    if (has_identity) {
+      auto id = fs_->Read(JoinPath(opt_.dir, "IDENTITY"));
+      if (!id.ok()) return id.status();
+      auto decoded = DecodeIdentity(*id);
+      if (!decoded.ok()) {
+        return absl::DataLossError("stream log " + QuoteValue(opt_.dir) + ": " +
+                                   std::string(decoded.status().message()));
+      }
+      store_id_ = *decoded;
+    } else if (!files.empty()) {
+      return absl::DataLossError("stream log " + QuoteValue(opt_.dir) + " has segment " +
+                                 QuoteValue(files.front().second) + " but no IDENTITY file");
+    } else {
+      store_id_ = NewSalt();
+      if (auto st = WriteIdentity(); !st.ok()) return st;
+    }
+
+    const bool strict = opt_.recovery == RecoveryMode::kStrict;
+    std::uint64_t seen_tx = 0;
+    Hash seen_hash{};
+    std::uint64_t expected_first = 0;  // first_tx the next segment must have (0: any)
+    std::uint64_t dirty_begin = 0, dirty_end = 0;
+    bool removed = false;
+    for (std::size_t i = 0; i < files.size(); ++i) {
+      const auto& [name_tx, name] = files[i];
+      const bool last = i + 1 == files.size();
+      const std::string path = JoinPath(opt_.dir, name);
+      auto data = fs_->Read(path);
+      if (!data.ok()) return data.status();
+      const std::string_view bytes = *data;
+      auto header = DecodeSegmentHeader(bytes);
+      if (!header.ok()) {
+        // A crash while creating the last segment leaves a short or zeroed header and
+        // nothing after it (nothing is appended before the header is synced).
+        const bool torn =
+            last && LastNonZeroFrom(bytes, std::min<std::size_t>(bytes.size(), kSegmentHeaderBytes)) <=
+                        kSegmentHeaderBytes;
+        if (!torn || strict) {
+          return absl::DataLossError("stream log segment " + AtOffset(name, 0) +
+                                     " (after tx_id " + std::to_string(seen_tx) +
+                                     "): " + std::string(header.status().message()));
+        }
+        if (auto st = fs_->Remove(path); !st.ok()) return st;
+        torn_tail_bytes_ += bytes.size();
+        removed = true;
+        break;
+      }
+      if (header->store_id != store_id_) {
+        return absl::DataLossError("stream log segment " + AtOffset(name, 0) +
+                                   " belongs to another log (store id " +
+                                   StoreIdHex(header->store_id) + "; IDENTITY says " +
+                                   StoreIdHex(store_id_) + ")");
+      }
+      if (header->first_tx != name_tx) {
+        return absl::DataLossError("stream log segment " + AtOffset(name, 0) +
+                                   ": header says first tx_id " +
+                                   std::to_string(header->first_tx) + ", the name says " +
+                                   std::to_string(name_tx));
+      }
+      if (expected_first != 0 && name_tx != expected_first) {
+        return absl::DataLossError("tx_id gap at stream log segment " + AtOffset(name, 0) +
+                                   ": expected first tx_id " + std::to_string(expected_first) +
+                                   ", found " + std::to_string(name_tx));
+      }
+      Seg seg{name, name_tx, header->salt, kSegmentHeaderBytes, bytes.size(), 0};
+      std::uint64_t want = name_tx;
+      std::size_t off = kSegmentHeaderBytes;
+      while (off < bytes.size()) {
+        DecodedFrame f = DecodeFrame(bytes, off, header->salt);
+        if (f.status != FrameStatus::kOk) {
+          const std::size_t nonzero_end = LastNonZeroFrom(bytes, off);
+          if (nonzero_end == off) break;  // zero-filled ahead: the clean end
+          const auto later = FindNextFrame(bytes, off + 1, header->salt);
+          if (last && !later && !strict) {
+            torn_tail_bytes_ += nonzero_end - off;
+            dirty_begin = off;
+            dirty_end = nonzero_end;
+            break;
+          }
+          std::string msg = std::string(last && !later ? "torn tail in stream log segment "
+                                                       : "damaged record in stream log segment ") +
+                            AtOffset(name, off) + " after tx_id " + std::to_string(seen_tx) +
+                            ": " + f.why;
+          if (later) msg += "; valid records follow at offset " + std::to_string(*later);
+          if (last && !later) msg += " (strict recovery)";
+          return absl::DataLossError(msg);
+        }
+        const std::uint64_t tx = f.record.tx_id;
+        if (tx != want) {
+          return absl::DataLossError("tx_id gap in stream log segment " + AtOffset(name, off) +
+                                     ": expected tx_id " + std::to_string(want) + ", found " +
+                                     std::to_string(tx));
+        }
+        if (seen_tx != 0 && f.record.prev_hash != seen_hash) {
+          return absl::DataLossError("broken hash chain at tx_id " + std::to_string(tx) +
+                                     " in stream log segment " + AtOffset(name, off));
+        }
+        if (f.record.ops.size() != 1 || f.record.ops[0].key != kRecordKey) {
+          return absl::DataLossError("stream log segment " + AtOffset(name, off) + ": tx_id " +
+                                     std::to_string(tx) + " is not a stream log record");
+        }
+        Entry e{tx, {name_tx, off, static_cast<std::uint32_t>(f.size)}, f.record.ops[0].value};
+        if (auto st = on_record(e); !st.ok()) return st;
+        ++recovered_;
+        seen_tx = tx;
+        seen_hash = f.hash;
+        want = tx + 1;
+        off += f.size;
+        seg.bytes = off;
+        seg.last_tx = tx;
+      }
+      expected_first = want;
+      segments_.emplace(name_tx, std::move(seg));
+    }
+    if (removed) {
+      if (auto st = fs_->SyncDir(opt_.dir); !st.ok()) return st;
+    }
+    head_hash_ = seen_hash;
+    if (segments_.empty()) {
+      next_tx_ = expected_first != 0 ? expected_first : 1;
+      if (auto st = CreateSegment(next_tx_); !st.ok()) return st;
+    } else {
+      Seg& tail = segments_.rbegin()->second;
+      next_tx_ = tail.last_tx != 0 ? tail.last_tx + 1 : tail.first_tx;
+      auto f = fs_->OpenForWrite(JoinPath(opt_.dir, tail.name));
+      if (!f.ok()) return f.status();
+      file_ = std::shared_ptr<WritableFile>(std::move(*f));
+      allocated_ = std::max<std::uint64_t>(tail.file_bytes, dirty_end);
+      if (dirty_end > dirty_begin) {
+        // No byte of a torn tail may be read back after the records written over it.
+        if (auto st = WriteZeros(dirty_begin, dirty_end - dirty_begin); !st.ok()) return st;
+        if (auto st = file_->Sync(); !st.ok()) return st;
+      }
+    }
+    first_tx_ = segments_.begin()->second.last_tx != 0 ? segments_.begin()->second.first_tx : next_tx_;
+    if (seen_tx == 0) first_tx_ = next_tx_;
+    written_tx_.store(next_tx_ - 1);
+    // What recovery read was on disk: written before this Open, and synced at least as
+    // far as the file system kept it. Later Syncs start from here.
+    durable_tx_.store(next_tx_ - 1);
+    recovery_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (opt_.sync == SyncPolicy::kInterval) interval_ = std::thread([this] { IntervalLoop(); });
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Entry> Append(std::string_view value) {
+    if (value.size() > kMaxValueBytes) {
+      return absl::InvalidArgumentError("stream log record of " + std::to_string(value.size()) +
+                                        " bytes is larger than " + std::to_string(kMaxValueBytes));
+    }
+    std::lock_guard lock(mu_);
+    if (!failed_.ok()) return FailedError();
+    const std::uint64_t need = FrameBytes(value.size());
+    Seg* cur = &segments_.rbegin()->second;
+    if (cur->last_tx != 0 && cur->bytes + need > opt_.segment_bytes) {
+      if (auto st = RotateLocked(); !st.ok()) return st;
+      cur = &segments_.rbegin()->second;
+    }
+    Record r;
+    r.tx_id = next_tx_;
+    r.prev_hash = head_hash_;
+    r.ops.push_back(Op{OpCode::kCreate, std::string(kRecordKey), std::string(value)});
+    frame_.clear();
+    const Hash h = AppendFrame(frame_, cur->salt, r);
+    if (auto st = Preallocate(cur->bytes + frame_.size() + 1); !st.ok()) return Fail(st);
+    if (auto st = file_->WriteAt(cur->bytes, frame_); !st.ok()) return Fail(st);
+    Entry e{next_tx_, {cur->first_tx, cur->bytes, static_cast<std::uint32_t>(frame_.size())}, {}};
+    cur->bytes += frame_.size();
+    cur->last_tx = next_tx_;
+    head_hash_ = h;
+    ++next_tx_;
+    ++appends_;
+    bytes_appended_ += frame_.size();
+    written_tx_.store(e.tx, std::memory_order_release);
+    return e;
+  }
+
+  absl::Status Sync(std::uint64_t tx) {
+    if (tx == 0 || tx > written_tx_.load(std::memory_order_acquire)) {
+      return absl::InvalidArgumentError("stream log " + QuoteValue(opt_.dir) + ": tx_id " +
+                                        std::to_string(tx) + " was not appended (last is " +
+                                        std::to_string(written_tx_.load()) + ")");
+    }
+    if (opt_.sync == SyncPolicy::kInterval || opt_.sync == SyncPolicy::kNone) {
+      return absl::OkStatus();  // in the OS since Append returned
+    }
+    return SyncUpTo(tx, opt_.sync == SyncPolicy::kGroupCommit ? opt_.group_commit_window
+                                                              : absl::ZeroDuration());
+  }
+
+  absl::StatusOr<std::string> Read(const Location& at) const {
+    std::string name;
+    std::uint64_t salt = 0;
+    {
+      std::lock_guard lock(mu_);
+      auto it = segments_.find(at.segment);
+      if (it == segments_.end()) {
+        return absl::NotFoundError("stream log " + QuoteValue(opt_.dir) + " has no segment " +
+                                   std::to_string(at.segment) + " (retired)");
+      }
+      name = it->second.name;
+      salt = it->second.salt;
+    }
+    auto bytes = fs_->ReadAt(JoinPath(opt_.dir, name), at.offset, at.bytes);
+    if (!bytes.ok()) {
+      if (bytes.status().code() == absl::StatusCode::kNotFound) {
+        return absl::NotFoundError("stream log segment " + QuoteValue(name) + " was retired");
+      }
+      return bytes.status();
+    }
+    DecodedFrame f = DecodeFrame(*bytes, 0, salt);
+    if (f.status != FrameStatus::kOk || f.size != at.bytes || f.record.ops.size() != 1) {
+      return absl::DataLossError("stream log segment " + AtOffset(name, at.offset) +
+                                 " holds no record of " + std::to_string(at.bytes) +
+                                 " bytes: " + (f.why.empty() ? "wrong size" : f.why));
+    }
+    return std::move(f.record.ops[0].value);
+  }
+
+  absl::Status RetireBefore(std::uint64_t tx) {
+    std::lock_guard lock(mu_);
+    bool any = false;
+    while (segments_.size() > 1) {
+      auto first = segments_.begin();
+      auto second = std::next(first);
+      if (second->second.first_tx > tx) break;  // `first` holds tx_ids >= ... < second's
+      if (auto st = fs_->Remove(JoinPath(opt_.dir, first->second.name)); !st.ok()) return st;
+      segments_.erase(first);
+      any = true;
+    }
+    const Seg& head = segments_.begin()->second;
+    first_tx_ = head.last_tx != 0 || segments_.size() > 1 ? head.first_tx : next_tx_;
+    if (any) return fs_->SyncDir(opt_.dir);
+    return absl::OkStatus();
+  }
+
+  absl::Status Rotate() {
+    std::lock_guard lock(mu_);
+    if (!failed_.ok()) return FailedError();
+    if (segments_.rbegin()->second.last_tx == 0) return absl::OkStatus();
+    return RotateLocked();
+  }
+
+  std::uint64_t last_tx() const { return written_tx_.load(std::memory_order_acquire); }
+
+  StreamLogStats Stats() const {
+    StreamLogStats s;
+    std::lock_guard lock(mu_);
+    s.first_tx = first_tx_ < next_tx_ ? first_tx_ : 0;
+    s.last_tx = next_tx_ - 1;
+    s.durable_tx = durable_tx_.load();
+    s.appends = appends_;
+    s.syncs = syncs_.load();
+    s.bytes_appended = bytes_appended_;
+    s.segments = segments_.size();
+    for (const auto& [tx, seg] : segments_) s.disk_bytes += std::max(seg.bytes, seg.file_bytes);
+    s.recovered_records = recovered_;
+    s.torn_tail_bytes = torn_tail_bytes_;
+    s.recovery_ms = recovery_ms_;
+    s.failed = !failed_.ok();
+    return s;
+  }
+
+  const std::string& dir() const { return opt_.dir; }
+
+ private:
+  struct Seg {
+    std::string name;
+    std::uint64_t first_tx = 0;
+    std::uint64_t salt = 0;
+    std::uint64_t bytes = 0;       // end of the last record: where appends go
+    std::uint64_t file_bytes = 0;  // file size when recovered (zero-filled space)
+    std::uint64_t last_tx = 0;     // 0: no record yet
+  };
+
+  absl::Status WriteIdentity() {
+    const std::string tmp = JoinPath(opt_.dir, "IDENTITY.tmp");
+    auto f = fs_->Create(tmp);
+    if (!f.ok()) return f.status();
+    absl::Status st = (*f)->WriteAt(0, EncodeIdentity(store_id_));
+    if (st.ok()) st = (*f)->Sync();
+    if (absl::Status cl = (*f)->Close(); st.ok()) st = cl;
+    if (st.ok()) st = fs_->Rename(tmp, JoinPath(opt_.dir, "IDENTITY"));
+    if (st.ok()) st = fs_->SyncDir(opt_.dir);
+    if (!st.ok()) (void)fs_->Remove(tmp);  // nothing half made is left behind
+    return st;
+  }
+
+  absl::Status CreateSegment(std::uint64_t first_tx) {
+    const std::uint64_t salt = NewSalt();
+    const std::string name = LogSegmentName(first_tx);
+    const std::string path = JoinPath(opt_.dir, name);
+    auto f = fs_->Create(path);
+    if (!f.ok()) return f.status();
+    std::shared_ptr<WritableFile> file(std::move(*f));
+    absl::Status st = file->WriteAt(0, EncodeSegmentHeader(store_id_, salt, first_tx));
+    if (st.ok()) st = file->Sync();
+    if (st.ok()) st = fs_->SyncDir(opt_.dir);
+    if (!st.ok()) {
+      (void)file->Close();
+      (void)fs_->Remove(path);
+      return st;
+    }
+    segments_.emplace(first_tx, Seg{name, first_tx, salt, kSegmentHeaderBytes, kSegmentHeaderBytes, 0});
+    if (file_ != nullptr) (void)file_->Close();
+    file_ = std::move(file);
+    allocated_ = kSegmentHeaderBytes;
+    return absl::OkStatus();
+  }
+
+  // Requires mu_. The current segment is fdatasync'ed before the next is created,
+  // so a power loss never leaves a hole before a later segment.
+  absl::Status RotateLocked() {
+    const std::uint64_t last = next_tx_ - 1;
+    if (auto st = file_->Sync(); !st.ok()) return Fail(st);
+    syncs_.fetch_add(1, std::memory_order_relaxed);
+    {
+      std::lock_guard l(sync_mu_);
+      if (durable_tx_.load() < last) durable_tx_.store(last);
+    }
+    sync_cv_.notify_all();
+    if (auto st = CreateSegment(next_tx_); !st.ok()) return Fail(st);
+    return absl::OkStatus();
+  }
+
+  // Zero-fills ahead of the writes (1 MiB at a time), so that an fdatasync flushes
+  // data, not a new file size; recovery reads the zeros as the clean end. Requires mu_.
+  absl::Status Preallocate(std::uint64_t end) {
+    if (end <= allocated_) return absl::OkStatus();
+    const std::uint64_t chunk = std::min<std::uint64_t>(std::uint64_t{1} << 20, opt_.segment_bytes);
+    const std::uint64_t target = (end + chunk - 1) / chunk * chunk;
+    if (auto st = WriteZeros(allocated_, target - allocated_); !st.ok()) return st;
+    allocated_ = target;
+    return absl::OkStatus();
+  }
+  absl::Status WriteZeros(std::uint64_t offset, std::uint64_t n) {
+    static const std::string zeros(std::size_t{1} << 20, '\0');
+    while (n > 0) {
+      const std::uint64_t k = std::min<std::uint64_t>(n, zeros.size());
+      if (auto st = file_->WriteAt(offset, std::string_view(zeros).substr(0, k)); !st.ok()) return st;
+      offset += k;
+      n -= k;
+    }
+    return absl::OkStatus();
+  }
+
+  // One fdatasync at a time covers every record written before it began; a caller
+  // whose record it does not cover waits for the next.
+  absl::Status SyncUpTo(std::uint64_t tx, absl::Duration window) {
+    std::unique_lock l(sync_mu_);
+    while (durable_tx_.load() < tx) {
+      if (!sync_error_.ok()) {
+        return absl::FailedPreconditionError("stream log " + QuoteValue(opt_.dir) +
+                                             " failed: " + std::string(sync_error_.message()));
+      }
+      if (syncing_) {
+        sync_cv_.wait(l);
+        continue;
+      }
+      syncing_ = true;
+      l.unlock();
+      if (window > absl::ZeroDuration()) std::this_thread::sleep_for(absl::ToChronoNanoseconds(window));
+      std::shared_ptr<WritableFile> f;
+      std::uint64_t target = 0;
+      absl::Status st;
+      {
+        std::lock_guard lock(mu_);
+        if (!failed_.ok()) {
+          st = FailedError();
+        } else {
+          f = file_;
+          target = written_tx_.load(std::memory_order_acquire);
+        }
+      }
+      if (st.ok()) {
+        st = f->Sync();
+        syncs_.fetch_add(1, std::memory_order_relaxed);
+        if (!st.ok()) {
+          std::lock_guard lock(mu_);
+          (void)Fail(st);
+        }
+      }
+      l.lock();
+      syncing_ = false;
+      if (st.ok()) {
+        if (durable_tx_.load() < target) durable_tx_.store(target);
+      } else if (sync_error_.ok()) {
+        sync_error_ = st;
+      }
+      sync_cv_.notify_all();
+      if (!st.ok() && durable_tx_.load() < tx) return st;
+    }
+    return absl::OkStatus();
+  }
+
+  void IntervalLoop() {
+    std::unique_lock l(sync_mu_);
+    while (!stopping_) {
+      sync_cv_.wait_for(l, absl::ToChronoNanoseconds(opt_.group_commit_window));
+      if (stopping_) break;
+      const std::uint64_t w = written_tx_.load(std::memory_order_acquire);
+      if (w > durable_tx_.load() && sync_error_.ok() && !syncing_) {
+        l.unlock();
+        (void)SyncUpTo(w, absl::ZeroDuration());
+        l.lock();
+      }
+    }
+  }
+
+  // Requires mu_.
+  absl::Status Fail(absl::Status st) {
+    if (failed_.ok()) failed_ = st;
+    return st;
+  }
+  absl::Status FailedError() const {
+    return absl::FailedPreconditionError("stream log " + QuoteValue(opt_.dir) +
+                                         " failed earlier and takes no more records: " +
+                                         std::string(failed_.message()));
+  }
+
+  const StreamLogOptions opt_;
+  const std::shared_ptr<FileSystem> fs_;
+  std::unique_ptr<FileLock> dir_lock_;
+  std::uint64_t store_id_ = 0;
+
+  mutable std::mutex mu_;
+  std::map<std::uint64_t, Seg> segments_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<WritableFile> file_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t next_tx_ ABSL_GUARDED_BY(mu_) = 1;
+  std::uint64_t first_tx_ ABSL_GUARDED_BY(mu_) = 1;
+  Hash head_hash_ ABSL_GUARDED_BY(mu_){};
+  std::string frame_ ABSL_GUARDED_BY(mu_);
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t appends_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t bytes_appended_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t recovered_ = 0;
+  std::uint64_t torn_tail_bytes_ = 0;
+  double recovery_ms_ = 0;
+  // Written under mu_ (release), read anywhere.
+  std::atomic<std::uint64_t> written_tx_{0};
+
+  std::mutex sync_mu_;
+  std::condition_variable sync_cv_;
+  bool syncing_ ABSL_GUARDED_BY(sync_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(sync_mu_) = false;
+  absl::Status sync_error_ ABSL_GUARDED_BY(sync_mu_);
+  // Written under sync_mu_; read anywhere.
+  std::atomic<std::uint64_t> durable_tx_{0};
+  std::atomic<std::uint64_t> syncs_{0};
+  std::thread interval_;
+};
+
+StreamLog::StreamLog(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StreamLog::~StreamLog() = default;
+
+absl::StatusOr<std::unique_ptr<StreamLog>> StreamLog::Open(StreamLogOptions options,
+                                                           RecoverFn on_record) {
+  if (auto st = ValidateLogOptions(options); !st.ok()) return st;
+  if (options.file_system == nullptr) options.file_system = PosixFileSystem();
+  auto impl = std::make_unique<Impl>(std::move(options));
+  if (auto st = impl->Recover(on_record); !st.ok()) return st;
+  return std::unique_ptr<StreamLog>(new StreamLog(std::move(impl)));
+}
+
+absl::StatusOr<StreamLog::Entry> StreamLog::Append(std::string_view value) {
+  return impl_->Append(value);
+}
+absl::Status StreamLog::Sync(std::uint64_t tx) { return impl_->Sync(tx); }
+absl::StatusOr<std::string> StreamLog::Read(const Location& location) const {
+  return impl_->Read(location);
+}
+absl::Status StreamLog::RetireBefore(std::uint64_t tx) { return impl_->RetireBefore(tx); }
+absl::Status StreamLog::Rotate() { return impl_->Rotate(); }
+std::uint64_t StreamLog::last_tx() const { return impl_->last_tx(); }
+StreamLogStats StreamLog::Stats() const { return impl_->Stats(); }
+const std::string& StreamLog::dir() const { return impl_->dir(); }
+
+}  // namespace inferq

@@ -190,6 +190,83 @@ absl::Status ValidateScheduling(const ConsumerConfig& config) {
 
 }  // namespace
 
+namespace {
+
+absl::Status ValidateStorage(const StreamConfig& config) {
+  const std::string where = "stream '" + config.name + "': ";
+  const int storage = static_cast<int>(config.storage);
+  if (storage < 0 || storage > static_cast<int>(StorageType::kFile)) {
+    return absl::InvalidArgumentError(where + "storage " + std::to_string(storage) +
+                                      " is not a StorageType (0 memory, 1 file)");
+  }
+  if (config.storage == StorageType::kMemory) {
+    if (!config.directory.empty()) {
+      return absl::InvalidArgumentError(where + "directory " + QuoteValue(config.directory) +
+                                        " is set but storage is memory");
+    }
+    return absl::OkStatus();
+  }
+  if (config.directory.empty()) {
+    return absl::InvalidArgumentError(where + "storage file needs a directory");
+  }
+  if (config.retention != RetentionPolicy::kLimits) {
+    return absl::InvalidArgumentError(where + "storage file supports retention limits only "
+                                      "(interest retention needs durable acks)");
+  }
+  const int sync = static_cast<int>(config.sync);
+  if (sync < 0 || sync > static_cast<int>(SyncPolicy::kNone)) {
+    return absl::InvalidArgumentError(where + "sync " + std::to_string(sync) +
+                                      " is not a SyncPolicy (0 every commit, 1 group commit, "
+                                      "2 interval, 3 none)");
+  }
+  if (config.sync_window < absl::ZeroDuration() || config.sync_window > absl::Seconds(10)) {
+    return absl::InvalidArgumentError(where + "sync_window " +
+                                      absl::FormatDuration(config.sync_window) +
+                                      " is outside 0 .. 10s");
+  }
+  if (config.sync == SyncPolicy::kInterval && config.sync_window <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(where + "sync interval needs a sync_window > 0");
+  }
+  if (config.segment_bytes < 4096 || config.segment_bytes > (std::uint64_t{1} << 40)) {
+    return absl::InvalidArgumentError(where + "segment_bytes " +
+                                      std::to_string(config.segment_bytes) +
+                                      " is outside 4096 .. 2^40");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateDeliver(const ConsumerConfig& config) {
+  const std::string where = "consumer '" + config.name + "': ";
+  const int d = static_cast<int>(config.deliver);
+  if (d < 0 || d > static_cast<int>(DeliverPolicy::kByStartTime)) {
+    return absl::InvalidArgumentError(where + "deliver policy " + std::to_string(d) +
+                                      " is not a DeliverPolicy");
+  }
+  const bool by_seq = config.deliver == DeliverPolicy::kByStartSequence;
+  if (by_seq && config.start_seq == 0) {
+    return absl::InvalidArgumentError(where + "deliver by start sequence needs start_seq >= 1");
+  }
+  if (!by_seq && config.start_seq != 0) {
+    return absl::InvalidArgumentError(where + "start_seq " + std::to_string(config.start_seq) +
+                                      " is set but the deliver policy is not by start sequence");
+  }
+  const bool by_time = config.deliver == DeliverPolicy::kByStartTime;
+  const bool finite = config.start_time != absl::InfinitePast() &&
+                      config.start_time != absl::InfiniteFuture();
+  if (by_time && !finite) {
+    return absl::InvalidArgumentError(where + "deliver by start time needs a finite start_time");
+  }
+  if (!by_time && config.start_time != absl::InfinitePast()) {
+    return absl::InvalidArgumentError(where + "start_time " +
+                                      absl::FormatTime(absl::RFC3339_full, config.start_time,
+                                                       absl::UTCTimeZone()) +
+                                      " is set but the deliver policy is not by start time");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status StreamConfig::Validate(const StreamConfig& config) {
   if (absl::Status s = ValidateName("stream", config.name); !s.ok()) return s;
   if (config.subjects.empty()) {
@@ -238,11 +315,12 @@ absl::Status StreamConfig::Validate(const StreamConfig& config) {
                                       " is outside 1.." +
                                       std::to_string(DuplicateWindow::kMaxEntries));
   }
-  return absl::OkStatus();
+  return ValidateStorage(config);
 }
 
 absl::Status ConsumerConfig::Validate(const ConsumerConfig& config) {
   if (absl::Status s = ValidateName("consumer", config.name); !s.ok()) return s;
+  if (absl::Status s = ValidateDeliver(config); !s.ok()) return s;
   for (absl::Status (*check)(const ConsumerConfig&) :
        {ValidateLanes, ValidateCodecs, ValidateAcks, ValidateScheduling}) {
     if (absl::Status s = check(config); !s.ok()) return s;

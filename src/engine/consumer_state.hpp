@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "inferq/base/cache_line.hpp"
 #include "inferq/base/clock.hpp"
 #include "inferq/base/histogram.hpp"
@@ -36,6 +37,7 @@
 #include "inferq/sched/batcher.hpp"
 #include "inferq/sched/qos_scheduler.hpp"
 #include "inferq/sched/timer_wheel.hpp"
+#include "inferq/state/stream_log.hpp"
 #include "lane_queue.hpp"
 
 namespace inferq {
@@ -218,6 +220,32 @@ struct ConsumerState {
   std::unique_ptr<TimerWheel<ConsumerTimer>> wheel;          // guarded by pending_mu
   std::deque<Delivery> parked;  // redeliveries every lane refused (full); pending_mu
   std::atomic<bool> has_parked{false};  // parked is not empty (read without the lock)
+  std::mutex retry_mu;  // held by the one thread in RetryParked (try_lock only)
+
+  // A consumer of a file stream is durable: its ack log (a StreamLog in
+  // <stream directory>/consumers/<name>) records where it started ("S <floor>": it
+  // takes the stream's messages after sequence floor), each delivery ("D <seq>
+  // <attempt>") and each ack or term ("A <seq>"). Adding it again replays the log:
+  // every stored message after the floor that it matches and that was not acked is
+  // queued again, its attempt counting on from the deliveries recorded.
+  std::unique_ptr<StreamLog> ack_log;
+  struct Resume {
+    bool started = false;  // an "S" record was found: the consumer existed
+    std::uint64_t floor = 0;
+    absl::flat_hash_map<std::uint64_t, std::uint32_t> delivered;  // seq -> attempts
+    absl::flat_hash_set<std::uint64_t> acked;
+  };
+  Resume resume;  // filled by Open, read by QueueStoredMessages (under the stream's mu)
+  // Deliveries made before the restart, per sequence, added to Message::attempt();
+  // pending_mu. has_prior: not empty (read without the lock).
+  absl::flat_hash_map<std::uint64_t, std::uint32_t> prior_deliveries;
+  std::atomic<bool> has_prior{false};
+  // Appends a record to the ack log: its tx_id, or the log's error.
+  absl::StatusOr<std::uint64_t> Record(std::string_view text) {
+    absl::StatusOr<StreamLog::Entry> e = ack_log->Append(text);
+    if (!e.ok()) return e.status();
+    return e->tx;
+  }
   // The wheel is not empty (read without the lock; set under pending_mu by whoever
   // schedules, cleared by the timer run that empties it).
   std::atomic<bool> has_timers{false};

@@ -121,15 +121,39 @@ bool TryMove(ConsumerState& c, Delivery& d, std::uint32_t from) {
 
 // Retries parked redeliveries: by the timer, and by a member right after a pull has
 // made room (a consumer without ack_wait has no timer).
+// One thread at a time takes them from the front, in order, and stops at the first
+// that finds no room (it goes back to the front). has_parked stays set until the
+// last is queued, so a publish in the meantime parks behind them (EnqueueTargets)
+// instead of overtaking them: first deliveries keep the stream's order.
 void RetryParked(ConsumerState& c) {
-  if (!c.has_parked.load(std::memory_order_acquire)) return;  // (a std::deque allocates)
-  std::deque<Delivery> parked;
-  {
+  if (!c.has_parked.load(std::memory_order_acquire)) return;
+  std::unique_lock retry(c.retry_mu, std::try_to_lock);
+  if (!retry.owns_lock()) return;  // another thread is at it
+  for (;;) {
+    Delivery d;
+    {
+      std::lock_guard lock(c.pending_mu);
+      if (c.parked.empty()) {
+        c.has_parked.store(false, std::memory_order_release);
+        return;
+      }
+      d = std::move(c.parked.front());
+      c.parked.pop_front();
+    }
+    if (d.h->state.load(std::memory_order_acquire) == kDiscarded) {
+      Redeliver(c, std::move(d), kNoMember);  // counts it skipped, drops its pending entry
+      continue;
+    }
+    const bool redelivery = d.attempt > 1;
+    if (PlaceOnLane(c, d, kNoMember, Placement::kRedelivery) != kNoMember) {
+      if (redelivery) c.counts.redelivered.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    if (c.lanes.front()->ring.closed()) return;  // the engine is closing: nobody will pull
     std::lock_guard lock(c.pending_mu);
-    parked.swap(c.parked);
-    c.has_parked.store(false, std::memory_order_release);
+    c.parked.push_front(std::move(d));
+    return;
   }
-  for (Delivery& d : parked) Redeliver(c, std::move(d), kNoMember);
 }
 
 // A delivery queued on lane `m` was dropped to make room (OverflowPolicy::kDropOldest).

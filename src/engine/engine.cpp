@@ -5,6 +5,7 @@
 // delivery.cpp, settle.cpp, pull.cpp, timers.cpp, calls.cpp, stats.cpp,
 // dead_letter.cpp; state in consumer_state.hpp, stream_state.hpp, engine_impl.hpp).
 #include <algorithm>
+#include <charconv>
 #include <atomic>
 #include <bit>
 #include <cstdio>
@@ -171,6 +172,37 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
                                                      config.duplicate_window_max_entries);
   }
 
+  if (config.storage == StorageType::kFile) {
+    {
+      std::lock_guard lock(impl_->config_mu);
+      if (impl_->closed.load()) return absl::CancelledError("engine is closed");
+      if (impl_->FindStream(config.name) != nullptr) {
+        return absl::AlreadyExistsError("stream '" + config.name + "' already exists");
+      }
+    }
+    // Recovery reads the directory outside config_mu (it may take a while).
+    state->dictionaries = impl_->codecs.dictionaries.get();
+    StreamLogOptions lo;
+    lo.dir = config.directory;
+    lo.sync = config.sync;
+    lo.group_commit_window = config.sync_window;
+    lo.segment_bytes = config.segment_bytes;
+    lo.file_system = config.file_system;
+    const std::int64_t now_ns = impl_->clock->NowNanos();
+    const std::int64_t wall_ns = absl::ToUnixNanos(absl::Now());
+    StreamState* s = state.get();
+    absl::StatusOr<std::unique_ptr<StreamLog>> log =
+        StreamLog::Open(lo, [&](const StreamLog::Entry& e) {
+          return s->RecoverOne(e.tx, e.value, now_ns, wall_ns);
+        });
+    if (!log.ok()) {
+      return absl::Status(log.status().code(), "stream '" + config.name + "': " +
+                                                   std::string(log.status().message()));
+    }
+    state->log = *std::move(log);
+    state->FinishRecovery(impl_->clock->NowNanos());
+  }
+
   std::lock_guard lock(impl_->config_mu);
   if (impl_->closed.load()) return absl::CancelledError("engine is closed");
   if (impl_->FindStream(config.name) != nullptr) {
@@ -261,6 +293,153 @@ absl::Status AddLanes(ConsumerState& state, const ConsumerConfig& config) {
   return absl::OkStatus();
 }
 
+// The stored messages consumer `c` starts with (ConsumerConfig::deliver), parked in
+// sequence order: lanes take them as they have room (RetryParked), and until the
+// last is queued the events published meanwhile are parked behind them
+// (EnqueueTargets), so every member sees the stream's order. Requires stream.mu.
+// A consumer of a file stream: opens its ack log and reads where it stands
+// (ConsumerState::ack_log, resume).
+absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
+  StreamLogOptions lo;
+  lo.dir = stream.config.directory + "/consumers/" + c.config.name;
+  lo.sync = stream.config.sync;
+  lo.group_commit_window = stream.config.sync_window;
+  lo.segment_bytes = stream.config.segment_bytes;
+  lo.file_system = stream.config.file_system;
+  ConsumerState::Resume& r = c.resume;
+  auto parse = [&](const StreamLog::Entry& e) -> absl::Status {
+    const std::string_view v = e.value;
+    std::uint64_t a = 0, b = 0;
+    const char* p = v.data() + std::min<std::size_t>(2, v.size());
+    const char* end = v.data() + v.size();
+    auto num = [&](std::uint64_t& out) {
+      auto [q, ec] = std::from_chars(p, end, out);
+      const bool ok = ec == std::errc() && q != p;
+      p = q < end && *q == ' ' ? q + 1 : q;
+      return ok;
+    };
+    const bool ok = v.size() >= 3 && v[1] == ' ' && num(a) &&
+                    (v[0] != 'D' || num(b)) && p == end;
+    if (!ok || (v[0] != 'S' && v[0] != 'A' && v[0] != 'D')) {
+      return absl::DataLossError("consumer '" + c.config.name + "': ack log " +
+                                 QuoteValue(lo.dir) + " record " + std::to_string(e.tx) +
+                                 " is not an ack log record: " + QuoteValue(v.substr(0, 64)));
+    }
+    if (v[0] == 'S') {
+      r.started = true;
+      r.floor = a;
+    } else if (v[0] == 'A') {
+      r.acked.insert(a);
+      r.delivered.erase(a);
+    } else if (!r.acked.contains(a)) {
+      r.delivered[a] = static_cast<std::uint32_t>(b);
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<std::unique_ptr<StreamLog>> log = StreamLog::Open(lo, parse);
+  if (!log.ok()) {
+    return absl::Status(log.status().code(), "consumer '" + c.config.name + "' of stream '" +
+                                                 stream.config.name + "': " +
+                                                 std::string(log.status().message()));
+  }
+  c.ack_log = *std::move(log);
+  return absl::OkStatus();
+}
+
+void QueueStoredMessages(StreamState& stream, ConsumerState& c) {
+  const ConsumerConfig& cfg = c.config;
+  if (c.ack_log != nullptr && c.resume.started) {
+    // A durable consumer added again: what it had not acked, after its floor.
+    const ConsumerState::Resume& r = c.resume;
+    std::lock_guard lock(c.pending_mu);
+    stream.messages.for_each([&](const engine_internal::Handle& h) {
+      if (h->seq <= r.floor || r.acked.contains(h->seq)) return;
+      if (h->state.load(std::memory_order_acquire) != engine_internal::kLive) return;
+      const Event& ev = *h->event;
+      if (c.filter && !c.filter->Matches(ev.subject)) return;
+      if (!cfg.predicate.is_trivial() && !cfg.predicate.Matches(ev)) return;
+      if (auto it = r.delivered.find(h->seq); it != r.delivered.end()) {
+        c.prior_deliveries[h->seq] = it->second;
+      }
+      c.parked.push_back(engine_internal::Delivery{h, 1, false});
+    });
+    if (!c.prior_deliveries.empty()) c.has_prior.store(true, std::memory_order_release);
+    if (!c.parked.empty()) c.has_parked.store(true, std::memory_order_release);
+    c.resume = {};
+    return;
+  }
+  if (cfg.deliver == DeliverPolicy::kNew) {
+    if (c.ack_log != nullptr) (void)c.Record("S " + std::to_string(stream.next_seq - 1));
+    return;
+  }
+  std::int64_t start_ns = INT64_MIN;
+  if (cfg.deliver == DeliverPolicy::kByStartTime) {
+    // Publish times are on the engine clock: the start time maps onto it by its
+    // distance from now.
+    const absl::Duration ago = absl::Now() - cfg.start_time;
+    start_ns = c.clock->NowNanos() - absl::ToInt64Nanoseconds(ago);
+  }
+  std::vector<engine_internal::Handle> chosen;
+  absl::flat_hash_map<std::string, std::size_t> last_of_subject;
+  stream.messages.for_each([&](const engine_internal::Handle& h) {
+    if (h->state.load(std::memory_order_acquire) != engine_internal::kLive) return;
+    const Event& ev = *h->event;
+    if (c.filter && !c.filter->Matches(ev.subject)) return;
+    if (!cfg.predicate.is_trivial() && !cfg.predicate.Matches(ev)) return;
+    switch (cfg.deliver) {
+      case DeliverPolicy::kByStartSequence:
+        if (h->seq < cfg.start_seq) return;
+        break;
+      case DeliverPolicy::kByStartTime:
+        if (h->publish_ns < start_ns) return;
+        break;
+      case DeliverPolicy::kLast:
+        chosen.clear();
+        break;
+      case DeliverPolicy::kLastPerSubject: {
+        auto [it, fresh] = last_of_subject.try_emplace(ev.subject, chosen.size());
+        if (!fresh) {
+          chosen[it->second] = nullptr;  // an older one of the subject: dropped below
+          it->second = chosen.size();
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    chosen.push_back(h);
+  });
+  if (c.ack_log != nullptr) {
+    // Where it starts, durably: the floor below the first message it takes, and an
+    // ack record for each stored message after it that the policy passed over
+    // (kLast, kLastPerSubject), so that a restart does not deliver them.
+    std::uint64_t first = stream.next_seq;
+    for (const auto& h : chosen) {
+      if (h != nullptr) {
+        first = h->seq;
+        break;
+      }
+    }
+    (void)c.Record("S " + std::to_string(first - 1));
+    absl::flat_hash_set<std::uint64_t> taken;
+    for (const auto& h : chosen) {
+      if (h != nullptr) taken.insert(h->seq);
+    }
+    stream.messages.for_each([&](const engine_internal::Handle& h) {
+      if (h->seq > first && !taken.contains(h->seq)) (void)c.Record("A " + std::to_string(h->seq));
+    });
+  }
+  const bool interest = stream.config.retention == RetentionPolicy::kInterest &&
+                        cfg.ack == AckPolicy::kExplicit;
+  std::lock_guard lock(c.pending_mu);
+  for (engine_internal::Handle& h : chosen) {
+    if (h == nullptr) continue;
+    if (interest) h->pending_acks.fetch_add(1, std::memory_order_acq_rel);
+    c.parked.push_back(engine_internal::Delivery{std::move(h), 1, false});
+  }
+  if (!c.parked.empty()) c.has_parked.store(true, std::memory_order_release);
+}
+
 }  // namespace
 
 absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
@@ -317,6 +496,9 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
       }
     }
     if (absl::Status s = AddLanes(*state, config); !s.ok()) return s;
+    if (stream->log != nullptr) {
+      if (absl::Status s = OpenAckLog(*stream, *state); !s.ok()) return s;
+    }
     state->stream = stream;
     raw = state.get();
     impl_->consumers.push_back(std::move(state));
@@ -346,11 +528,15 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   }
   // Now the publishers of the stream start queueing for it. This waits for a
   // publisher blocked on a full lane of another consumer; Close() releases it.
-  std::lock_guard stream_lock(stream->mu);
-  stream->consumers.push_back(raw);
-  if (!config.accept_codecs.empty()) {
-    stream->codec_restricted.fetch_add(1, std::memory_order_relaxed);
+  {
+    std::lock_guard stream_lock(stream->mu);
+    QueueStoredMessages(*stream, *raw);
+    stream->consumers.push_back(raw);
+    if (!config.accept_codecs.empty()) {
+      stream->codec_restricted.fetch_add(1, std::memory_order_relaxed);
+    }
   }
+  engine_internal::RetryParked(*raw);  // the stored messages it starts with, as lanes take them
   return Consumer(raw);
 }
 

@@ -290,6 +290,9 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
     std::uint32_t deferred = 0;     // internal publishes left for FlushOutbox
     absl::Status first_refusal;
     std::uint32_t undelivered = 0;  // queueing failed because the engine closed
+    // File streams that stored the event: their log and its sequence there, synced
+    // (StreamLog::Sync) after every stream's mutex is let go.
+    absl::InlinedVector<std::pair<StreamState*, std::uint64_t>, 2> syncs;
   };
   static PublishFlags FlagsOf(PublishMode mode);
   static void Count(std::atomic<std::uint64_t>& counter, const PublishFlags& flags);

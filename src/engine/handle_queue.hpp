@@ -29,6 +29,12 @@ class HandleQueue {
     buf_[(head_ + size_) & (buf_.size() - 1)] = std::move(v);
     ++size_;
   }
+  // Calls f(element) for each element, front to back.
+  template <class F>
+  void for_each(F&& f) const {
+    const std::size_t mask = buf_.size() - 1;
+    for (std::size_t i = 0; i < size_; ++i) f(buf_[(head_ + i) & mask]);
+  }
   void pop_front() {
     buf_[head_] = T();
     head_ = (head_ + 1) & (buf_.size() - 1);

@@ -73,6 +73,15 @@ absl::StatusOr<PublishAck> Engine::Publish(Event&& event, PublishMode mode, Stre
   if (!flags.internal && impl_->has_outbox.load(std::memory_order_acquire)) {
     FlushOutbox();  // no stream mutex is held here
   }
+  // File streams: the ack waits for each one's sync policy (no stream mutex held, so
+  // publishers waiting at once share an fdatasync).
+  for (const auto& [stream, seq] : tally.syncs) {
+    if (absl::Status st = stream->log->Sync(seq); !st.ok()) {
+      return absl::Status(st.code(), "stream '" + stream->config.name +
+                                         "': message stored as sequence " + std::to_string(seq) +
+                                         " is not durable: " + std::string(st.message()));
+    }
+  }
   return impl_->FinishPublish(tally, flags);
 }
 
@@ -328,6 +337,19 @@ inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
       }
       WakeTimer(expiry);
     }
+    if (!t.shadow && consumer->has_parked.load(std::memory_order_acquire)) {
+      // Deliveries wait parked (stored messages it started with, or full lanes): this
+      // one goes behind them, so that it does not overtake them (RetryParked).
+      std::unique_lock park_lock(consumer->pending_mu);
+      if (!consumer->parked.empty()) {
+        consumer->parked.push_back(std::move(d));
+        consumer->counts.parked.fetch_add(1, std::memory_order_relaxed);
+        ++tally.ack.deliveries;
+        park_lock.unlock();
+        if (consumer->host != nullptr) consumer->host->WakeTimer(now);
+        continue;
+      }
+    }
     const bool queued =
         engine_internal::PlaceOnLane(*consumer, d, t.member, engine_internal::Placement::kFirst,
                                      {flags.wait, &stream.blocked_publishers}) != kNoMember;
@@ -419,6 +441,16 @@ inline void Engine::Impl::PublishToStream(StreamState& stream, PublishedEvent& p
            true, tally);
     return;
   }
+  if (stream.log != nullptr) {
+    // kFile: in the log (written to the OS) before the stream changes; a failed
+    // append stores nothing.
+    if (absl::Status w = stream.AppendToLog(pe.current(), pe.bytes); !w.ok()) {
+      lock.unlock();
+      Refuse(stream, std::move(w), true, tally);
+      return;
+    }
+    tally.syncs.emplace_back(&stream, stream.next_seq);
+  }
   if (pe.last) {  // nothing reads them after the last stream: no reference counts change
     stored->event = std::move(pe.shared);
     stored->converted = std::move(converted);
@@ -427,6 +459,7 @@ inline void Engine::Impl::PublishToStream(StreamState& stream, PublishedEvent& p
     stored->converted = converted;  // copies of shared_ptrs: no allocation
   }
   stream.Append(stored, now, pe.bytes, explicit_acks, !flags.internal);
+  if (stream.log != nullptr) stream.RetireLog();
   // enqueue: one delivery per target lane.
   const std::uint32_t undelivered_acks =
       EnqueueTargets(stream, stored, targets, now, pe.event_limit_ns, flags, tally);

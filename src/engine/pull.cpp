@@ -225,7 +225,20 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
     out.deliver_ns_ = now;
     out.member_ = index_;
     out.attempt_ = d.attempt;
+    out.prior_ = 0;
+    out.ack_tx_ = 0;
     out.shadow_ = d.shadow;
+    if (c.ack_log != nullptr && !d.shadow) {
+      if (c.has_prior.load(std::memory_order_acquire)) {
+        std::lock_guard lock(c.pending_mu);
+        if (auto it = c.prior_deliveries.find(out.msg_->seq); it != c.prior_deliveries.end()) {
+          out.prior_ = it->second;
+        }
+      }
+      // Best effort: a failed write fails the log, and the ack then reports it.
+      (void)c.Record("D " + std::to_string(out.msg_->seq) + " " +
+                     std::to_string(out.attempt_ + out.prior_));
+    }
     out.acked_.store(false, std::memory_order_relaxed);
     return absl::OkStatus();
   }

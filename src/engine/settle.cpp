@@ -43,6 +43,8 @@ Message::Message(Message&& o) noexcept
       deliver_ns_(o.deliver_ns_),
       member_(o.member_),
       attempt_(o.attempt_),
+      prior_(o.prior_),
+      ack_tx_(o.ack_tx_),
       shadow_(o.shadow_),
       acked_(o.acked_.load(std::memory_order_relaxed)) {}
 Message& Message::operator=(Message&& o) noexcept {
@@ -53,6 +55,8 @@ Message& Message::operator=(Message&& o) noexcept {
   deliver_ns_ = o.deliver_ns_;
   member_ = o.member_;
   attempt_ = o.attempt_;
+  prior_ = o.prior_;
+  ack_tx_ = o.ack_tx_;
   shadow_ = o.shadow_;
   acked_.store(o.acked_.load(std::memory_order_relaxed), std::memory_order_relaxed);
   return *this;
@@ -79,6 +83,17 @@ std::uint64_t Message::stream_seq() const { return msg_ ? msg_->seq : 0; }
 std::int64_t Message::publish_time_ns() const { return msg_ ? msg_->publish_ns : 0; }
 
 absl::Status Message::Ack() { return Settle(Settlement::kAck, 0, {}); }
+
+absl::Status Message::AckSync() {
+  if (absl::Status st = Settle(Settlement::kAck, 0, {}); !st.ok()) return st;
+  if (ack_tx_ == 0) return absl::OkStatus();
+  if (absl::Status st = consumer_->ack_log->Sync(ack_tx_); !st.ok()) {
+    return absl::Status(st.code(), "ack of message " + std::to_string(msg_->seq) +
+                                       " by consumer '" + consumer_->config.name +
+                                       "' is not durable: " + std::string(st.message()));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Message::Nak(absl::Duration delay) {
   if (delay < absl::ZeroDuration() || delay > kMaxDuration) {
@@ -139,6 +154,19 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
                                          "' was already settled (ack, nak or term) by consumer '" +
                                          cfg.name + "'");
   }
+  if (c.ack_log != nullptr && !shadow_ && how != Settlement::kNak) {
+    // Durable consumer: the ack (or term) is in its ack log, written to the OS,
+    // before anything changes; a failed write leaves the delivery unsettled.
+    absl::StatusOr<std::uint64_t> tx = c.Record("A " + std::to_string(msg_->seq));
+    if (!tx.ok()) {
+      acked_.store(false, std::memory_order_release);
+      return absl::Status(tx.status().code(), std::string(verb) + " of message " +
+                                                  std::to_string(msg_->seq) + " by consumer '" +
+                                                  cfg.name + "' not recorded: " +
+                                                  std::string(tx.status().message()));
+    }
+    ack_tx_ = *tx;
+  }
   const std::int64_t now = c.clock->NowNanos();
   const std::int64_t latency = std::max<std::int64_t>(0, now - deliver_ns_);
   if (shadow_) {
@@ -174,7 +202,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
       c.wheel->Cancel(it->second.timer);  // this delivery's ack wait
       it->second.timer = TimerId{};
       if (how != Settlement::kAck) {
-        if (how == Settlement::kTerm || c.LastAttempt(attempt_)) {
+        if (how == Settlement::kTerm || c.LastAttempt(attempt_ + prior_)) {
           c.pending.erase(it);
           lock.unlock();
           c.group->OnDone(member_, how == Settlement::kTerm ? Outcome::kDropped : Outcome::kFailure,
@@ -210,7 +238,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
     if (how != Settlement::kAck) {
       c.group->OnDone(member_, how == Settlement::kTerm ? Outcome::kDropped : Outcome::kFailure,
                       latency);
-      if (how == Settlement::kTerm || c.LastAttempt(attempt_)) {
+      if (how == Settlement::kTerm || c.LastAttempt(attempt_ + prior_)) {
         engine_internal::DeadLetter(c, msg_, attempt_,
                                     how == Settlement::kTerm ? "term" : "max_deliver",
                                       how == Settlement::kTerm ? description : "nak");

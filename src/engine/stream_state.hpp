@@ -25,6 +25,7 @@
 #include "inferq/engine/engine.hpp"
 #include "inferq/routing/subject.hpp"
 #include "inferq/sched/duplicate_window.hpp"
+#include "inferq/state/stream_log.hpp"
 
 namespace inferq {
 namespace engine_internal {
@@ -76,6 +77,11 @@ struct StreamState {
   std::atomic<std::uint64_t> duplicates{0};
   std::atomic<std::uint64_t> dedup_evicted{0};  // DuplicateWindow::evicted(), copied under mu
   std::unique_ptr<DuplicateWindow> dedup;   // guarded by mu; nullptr = off
+  // StorageType::kFile: the stream's log, whose tx_id of each message is its
+  // sequence (invariant: the log holds message records only, appended under mu in
+  // sequence order). Appended to under mu; Sync'ed by the publisher after mu.
+  std::unique_ptr<StreamLog> log;
+  const ZstdDictionaries* dictionaries = nullptr;  // for the log's encoding
   // Publishes waiting in a blocking push on a full lane while they hold mu. TryPublish
   // reads it to refuse instead of waiting for mu (it never waits for a lane).
   std::atomic<std::uint32_t> blocked_publishers{0};
@@ -216,6 +222,20 @@ struct StreamState {
   // (InvalidArgument), discard new or max_bytes (ResourceExhausted), naming the
   // stream; OK when none does. Requires mu.
   absl::Status CheckLimits(std::uint64_t bytes) const;
+  // kFile: appends `ev` (to be stored as sequence next_seq) to the log, written to the
+  // OS when it returns; the caller syncs it after letting go of mu. The log's error
+  // (naming the stream) when it cannot, and then nothing is stored. Requires mu.
+  absl::Status AppendToLog(const Event& ev, std::uint64_t bytes);
+  // kFile: removes the log segments that hold only messages limits have removed.
+  // Requires mu.
+  void RetireLog();
+  // kFile recovery, before the stream is published to the engine: RecoverOne puts
+  // the message of log record `tx` back in `messages` with its sequence, publish
+  // time (mapped onto the engine clock: `now_ns` on it is `wall_now_ns`) and
+  // duplicate-window id; FinishRecovery then applies the limits.
+  absl::Status RecoverOne(std::uint64_t tx, std::string_view value, std::int64_t now_ns,
+                          std::int64_t wall_now_ns);
+  void FinishRecovery(std::int64_t now_ns);
   // Stores an admitted event as `record` (allocated by the caller): discard old
   // makes room, the record gets the next sequence, the counters and (when
   // `record_duplicate`) the duplicate window learn it, and it is kept unless interest

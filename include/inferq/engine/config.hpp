@@ -35,12 +35,28 @@
 #include "inferq/routing/selection.hpp"
 #include "inferq/sched/batcher.hpp"
 #include "inferq/sched/qos_scheduler.hpp"
+#include "inferq/state/state_store.hpp"
 
 namespace inferq {
 
 enum class DiscardPolicy { kOld, kNew };
 enum class RetentionPolicy { kLimits, kInterest };
 enum class AckPolicy { kExplicit, kNone };
+// Where a stream keeps its messages. kMemory: in the process only. kFile: also in a
+// segmented log in StreamConfig::directory (state/stream_log.hpp: the Delta-State
+// Log's frames, checksums and torn-tail rules), recovered when a stream of that
+// directory is added again, in this process or the next.
+enum class StorageType { kMemory, kFile };
+// Which stored messages a new consumer starts with (JetStream's DeliverPolicy).
+//  kNew              none: only what is published after it was added
+//  kAll              every message the stream holds, then the new ones
+//  kLast             the newest message it matches, then the new ones
+//  kLastPerSubject   the newest message of each subject it matches, in sequence order
+//  kByStartSequence  the messages from ConsumerConfig::start_seq on
+//  kByStartTime      the messages stored at or after ConsumerConfig::start_time
+// Stored messages are queued for it in sequence order before any message published
+// after it was added.
+enum class DeliverPolicy { kNew, kAll, kLast, kLastPerSubject, kByStartSequence, kByStartTime };
 // What Publish does when the lane chosen for a consumer is full.
 //  kBlock       wait until the member pulls (backpressure on the publisher);
 //               TryPublish refuses instead (ResourceExhausted, nothing stored).
@@ -85,6 +101,27 @@ struct StreamConfig {
   // an id (short ids; a longer id adds its length) that is 24 MiB per stream.
   std::size_t duplicate_window_max_entries = 240'000;
 
+  // kFile: every accepted message is appended to the log in `directory` before the
+  // publish returns, and Publish returns only once `sync` is met for it:
+  //   kEveryCommit, kGroupCommit  fdatasync'ed (survives a power loss); publishers
+  //                 waiting at once share one fdatasync; kGroupCommit first waits
+  //                 `sync_window` for more to join.
+  //   kInterval     written to the OS (survives a crash of the process) and
+  //                 fdatasync'ed every `sync_window` (> 0).
+  //   kNone         written to the OS only (survives a crash of the process).
+  // Adding the stream recovers what the directory holds: the messages with their
+  // sequences, publish times and duplicate window (the stream goes on numbering
+  // after the last one). The directory is opened by one stream at a time
+  // (FailedPrecondition naming the holder's pid). kFile needs retention kLimits
+  // (InvalidArgument otherwise: acks are not yet durable).
+  StorageType storage = StorageType::kMemory;
+  std::string directory{};            // kFile: the stream's own directory; else empty
+  SyncPolicy sync = SyncPolicy::kEveryCommit;
+  absl::Duration sync_window = absl::ZeroDuration();  // 0 .. 10 s; see `sync`
+  std::uint64_t segment_bytes = std::uint64_t{64} << 20;  // kFile: 4096 .. 2^40
+  // kFile: the file layer (null: PosixFileSystem()); tests inject failures here.
+  std::shared_ptr<FileSystem> file_system{};
+
   // InvalidArgument naming the stream and the field for a bad name, no subjects, a
   // pattern that does not parse, or a value outside the range its field documents.
   static absl::Status Validate(const StreamConfig& config);
@@ -97,6 +134,10 @@ struct ConsumerConfig {
   // subjects (SubjectPattern::Overlaps): a filter no captured subject can match is
   // refused.
   std::string filter_subject{};
+  // Which stored messages it starts with (see DeliverPolicy); kNew by default.
+  DeliverPolicy deliver = DeliverPolicy::kNew;
+  std::uint64_t start_seq = 0;        // kByStartSequence: >= 1; else 0
+  absl::Time start_time = absl::InfinitePast();  // kByStartTime: finite; else unset
   // Further condition on the event (headers, semantic tag, JSON content, JSON Schema;
   // routing/predicate.hpp); default = none. Evaluated by the publishing thread
   // under the stream's mutex; a payload that is not JSON does not match.

@@ -93,7 +93,9 @@ class Message {
 
   // Which delivery of this message to its consumer this is: 1 for the first, more
   // after redeliveries (Event::attempt is the publisher's and is not changed).
-  std::uint32_t attempt() const { return attempt_; }
+  // On a file stream (a durable consumer) the count goes on across restarts: the
+  // deliveries made before are recorded in the consumer's ack log.
+  std::uint32_t attempt() const { return attempt_ + prior_; }
   // True for a mirrored copy (WeightedShadowPolicy): its ack does not count for the
   // message, only for the member's health.
   bool shadow() const { return shadow_; }
@@ -106,6 +108,14 @@ class Message {
   // decides. Settles still work after Engine::Close (an Ack frees its
   // max_ack_pending slot, so what is queued drains).
   absl::Status Ack();
+  // Ack that returns once the ack is durable (JetStream's double ack, AckSync): on a
+  // file stream, recorded in the consumer's ack log under the stream's sync policy
+  // (fdatasync'ed with kEveryCommit and kGroupCommit); on a memory stream as Ack.
+  // A plain Ack of a file stream's message is written to the OS before it returns
+  // (it survives a crash of the process, not a power loss). Errors as Ack, and the
+  // ack log's write or fdatasync error (the ack is then not durable: after a
+  // restart the message may come again).
+  absl::Status AckSync();
   // Negative acknowledgement: the delivery failed (counted against the member's
   // health) and the message is redelivered to a member chosen by the policy, at once
   // or after `delay` (JetStream's NakWithDelay; timers run as for ack_wait). When this
@@ -132,6 +142,8 @@ class Message {
   std::int64_t deliver_ns_ = 0;
   std::uint32_t member_ = 0;
   std::uint32_t attempt_ = 0;
+  std::uint32_t prior_ = 0;     // deliveries before a restart (durable consumers)
+  std::uint64_t ack_tx_ = 0;    // the ack's record in the consumer's ack log (AckSync)
   bool shadow_ = false;
   // Set by the one settle that wins (an exchange), so that two threads settling the
   // same delivery cannot both succeed.

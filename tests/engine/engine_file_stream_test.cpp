@@ -1,0 +1,350 @@
+// File streams (StreamConfig::storage = kFile): what survives the engine, the
+// durability of PublishAck, and where a new consumer starts (DeliverPolicy).
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "engine_test_util.hpp"
+#include "inferq/engine/engine.hpp"
+#include "../state/state_test_util.hpp"
+
+using namespace inferq;
+using inferq::engine_test::Ev;
+using inferq::engine_test::Msg;
+using inferq::engine_test::SS;
+using state_test::TempDir;
+
+namespace Catch {
+template <>
+struct StringMaker<std::pair<std::uint64_t, std::string>> {
+  static std::string convert(const std::pair<std::uint64_t, std::string>& p) {
+    return std::to_string(p.first) + ":" + p.second;
+  }
+};
+}  // namespace Catch
+
+namespace {
+
+StreamConfig FileStream(const std::string& dir, SyncPolicy sync = SyncPolicy::kEveryCommit) {
+  StreamConfig s;
+  s.name = "REQ";
+  s.subjects = {"req.>"};
+  s.storage = StorageType::kFile;
+  s.directory = dir;
+  s.sync = sync;
+  return s;
+}
+
+Event Payload(std::string subject, std::string body, std::string msg_id = "") {
+  Event e = Ev(std::move(subject), std::move(msg_id));
+  e.payload = Buffer::FromString(body);
+  return e;
+}
+
+std::string Body(const Message& m) {
+  const auto p = m.event().payload.span();
+  return std::string(reinterpret_cast<const char*>(p.data()), p.size());
+}
+
+// Every message queued for member 0, drained without waiting longer than 200 ms.
+std::vector<std::pair<std::uint64_t, std::string>> Drain(Consumer& c, bool ack = true) {
+  std::vector<std::pair<std::uint64_t, std::string>> out;
+  Member m = *c.member(0);
+  for (;;) {
+    absl::StatusOr<Message> msg = m.Next(absl::Milliseconds(200));
+    if (!msg.ok()) break;
+    out.emplace_back(msg->stream_seq(), Body(*msg));
+    if (ack) REQUIRE(msg->Ack().ok());
+  }
+  return out;
+}
+
+using Seen = std::vector<std::pair<std::uint64_t, std::string>>;
+
+}  // namespace
+
+TEST_CASE("a file stream keeps its messages sequences and duplicate window across engines") {
+  TempDir d;
+  const auto sync = GENERATE(SyncPolicy::kEveryCommit, SyncPolicy::kGroupCommit, SyncPolicy::kNone);
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(FileStream(d.path(), sync)).ok());
+    for (int i = 1; i <= 5; ++i) {
+      auto ack = engine->Publish(Payload("req." + std::to_string(i % 2), "m" + std::to_string(i),
+                                         "id-" + std::to_string(i)));
+      REQUIRE(ack.ok());
+      CHECK(ack->seq == static_cast<std::uint64_t>(i));
+    }
+  }
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path(), sync)).ok());
+  CHECK(SS(*engine, "REQ").messages == 5);
+  CHECK(SS(*engine, "REQ").last_seq == 5);
+  // The duplicate window came back with the messages.
+  auto dup = engine->Publish(Payload("req.1", "again", "id-3"));
+  REQUIRE(dup.ok());
+  CHECK(dup->duplicate);
+  CHECK(dup->seq == 3);
+  auto next = engine->Publish(Payload("req.1", "m6", "id-6"));
+  REQUIRE(next.ok());
+  CHECK(next->seq == 6);  // numbering goes on after the recovered ones
+  auto all = *engine->AddConsumer({.stream = "REQ", .name = "all", .deliver = DeliverPolicy::kAll});
+  CHECK(Drain(all) == Seen{{1, "m1"}, {2, "m2"}, {3, "m3"}, {4, "m4"}, {5, "m5"}, {6, "m6"}});
+}
+
+TEST_CASE("deliver policies choose the stored messages a new consumer starts with") {
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"req.>"}}).ok());
+  const std::vector<std::string> subjects = {"req.a", "req.b", "req.a", "req.c", "req.b"};
+  for (std::size_t i = 0; i < subjects.size(); ++i) {
+    REQUIRE(engine->Publish(Payload(subjects[i], "m" + std::to_string(i + 1))).ok());
+  }
+  auto add = [&](ConsumerConfig c) {
+    c.stream = "S";
+    auto r = engine->AddConsumer(c);
+    REQUIRE(r.ok());
+    return *r;
+  };
+  SECTION("new") {
+    auto c = add({.name = "new"});
+    REQUIRE(engine->Publish(Payload("req.a", "m6")).ok());
+    CHECK(Drain(c) == Seen{{6, "m6"}});
+  }
+  SECTION("all, then what is published") {
+    auto c = add({.name = "all", .deliver = DeliverPolicy::kAll});
+    REQUIRE(engine->Publish(Payload("req.a", "m6")).ok());
+    CHECK(Drain(c) == Seen{{1, "m1"}, {2, "m2"}, {3, "m3"}, {4, "m4"}, {5, "m5"}, {6, "m6"}});
+  }
+  SECTION("all with a filter") {
+    auto c = add({.name = "a", .filter_subject = "req.a", .deliver = DeliverPolicy::kAll});
+    CHECK(Drain(c) == Seen{{1, "m1"}, {3, "m3"}});
+  }
+  SECTION("last") {
+    auto c = add({.name = "last", .deliver = DeliverPolicy::kLast});
+    CHECK(Drain(c) == Seen{{5, "m5"}});
+  }
+  SECTION("last per subject") {
+    auto c = add({.name = "lps", .deliver = DeliverPolicy::kLastPerSubject});
+    CHECK(Drain(c) == Seen{{3, "m3"}, {4, "m4"}, {5, "m5"}});
+  }
+  SECTION("by start sequence") {
+    auto c = add({.name = "seq", .deliver = DeliverPolicy::kByStartSequence, .start_seq = 4});
+    CHECK(Drain(c) == Seen{{4, "m4"}, {5, "m5"}});
+  }
+  SECTION("by start time") {
+    auto past = add({.name = "t0", .deliver = DeliverPolicy::kByStartTime,
+                     .start_time = absl::Now() - absl::Hours(1)});
+    CHECK(Drain(past).size() == 5);
+    auto future = add({.name = "t1", .deliver = DeliverPolicy::kByStartTime,
+                       .start_time = absl::Now() + absl::Hours(1)});
+    CHECK(Drain(future).empty());
+  }
+}
+
+TEST_CASE("a consumer starting with more stored messages than its lane holds gets them all in order") {
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"req.>"}}).ok());
+  for (int i = 1; i <= 100; ++i) REQUIRE(engine->Publish(Payload("req.a", std::to_string(i))).ok());
+  auto c = *engine->AddConsumer(
+      {.stream = "S", .name = "all", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+  // Published while 96 stored ones still wait for room: they come after them.
+  for (int i = 101; i <= 110; ++i) REQUIRE(engine->Publish(Payload("req.a", std::to_string(i))).ok());
+  const Seen got = Drain(c);
+  REQUIRE(got.size() == 110);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CHECK(got[i].first == i + 1);
+    CHECK(got[i].second == std::to_string(i + 1));
+  }
+}
+
+TEST_CASE("a file stream directory is used by one stream at a time") {
+  TempDir d;
+  auto a = *Engine::Create();
+  REQUIRE(a->AddStream(FileStream(d.path())).ok());
+  auto b = *Engine::Create();
+  absl::Status st = b->AddStream(FileStream(d.path()));
+  REQUIRE(st.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Msg(st) == "stream 'REQ': '" + d.path() + "/LOCK' is held by process " +
+                       std::to_string(::getpid()) + ": another store has this directory open");
+}
+
+TEST_CASE("file stream configurations the engine cannot honour are refused") {
+  TempDir d;
+  auto engine = *Engine::Create();
+  StreamConfig s = FileStream(d.path());
+  SECTION("no directory") {
+    s.directory.clear();
+    CHECK(Msg(engine->AddStream(s)) == "stream 'REQ': storage file needs a directory");
+  }
+  SECTION("interest retention") {
+    s.retention = RetentionPolicy::kInterest;
+    CHECK(Msg(engine->AddStream(s)) ==
+          "stream 'REQ': storage file supports retention limits only (interest retention "
+          "needs durable acks)");
+  }
+  SECTION("a directory on a memory stream") {
+    s.storage = StorageType::kMemory;
+    CHECK(Msg(engine->AddStream(s)) ==
+          "stream 'REQ': directory '" + d.path() + "' is set but storage is memory");
+  }
+  SECTION("interval without a window") {
+    s.sync = SyncPolicy::kInterval;
+    CHECK(Msg(engine->AddStream(s)) == "stream 'REQ': sync interval needs a sync_window > 0");
+  }
+  CHECK(!std::filesystem::exists(d.path()));
+}
+
+TEST_CASE("deliver policy settings that do not fit are refused") {
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"req.>"}}).ok());
+  ConsumerConfig c{.stream = "S", .name = "c"};
+  SECTION("by sequence without one") {
+    c.deliver = DeliverPolicy::kByStartSequence;
+    CHECK(Msg(engine->AddConsumer(c).status()) ==
+          "consumer 'c': deliver by start sequence needs start_seq >= 1");
+  }
+  SECTION("a sequence with another policy") {
+    c.start_seq = 3;
+    CHECK(Msg(engine->AddConsumer(c).status()) ==
+          "consumer 'c': start_seq 3 is set but the deliver policy is not by start sequence");
+  }
+  SECTION("by time without one") {
+    c.deliver = DeliverPolicy::kByStartTime;
+    CHECK(Msg(engine->AddConsumer(c).status()) ==
+          "consumer 'c': deliver by start time needs a finite start_time");
+  }
+}
+
+TEST_CASE("max_msgs on a file stream retires old segments and recovery keeps the limit") {
+  TempDir d;
+  StreamConfig s = FileStream(d.path(), SyncPolicy::kNone);
+  s.max_msgs = 10;
+  s.segment_bytes = 4096;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(s).ok());
+    for (int i = 1; i <= 300; ++i) {
+      REQUIRE(engine->Publish(Payload("req.a", std::string(200, 'x') + std::to_string(i))).ok());
+    }
+    CHECK(SS(*engine, "REQ").messages == 10);
+    // At 4 KiB a segment holds ~15 of these: older segments were removed.
+    CHECK(state_test::Files(d.path(), "log-").size() <= 3);
+  }
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  CHECK(SS(*engine, "REQ").messages == 10);
+  auto all = *engine->AddConsumer({.stream = "REQ", .name = "all", .deliver = DeliverPolicy::kAll});
+  const Seen got = Drain(all);
+  REQUIRE(got.size() == 10);
+  CHECK(got.front().first == 291);
+  CHECK(got.back().second == std::string(200, 'x') + "300");
+}
+
+TEST_CASE("a file stream whose log fails refuses publishes and acknowledges nothing it did not store") {
+  TempDir d;
+  const int err = GENERATE(EIO, ENOSPC);
+  const std::string kind = GENERATE(std::string("write"), std::string("sync"));
+  auto faulty = std::make_shared<state_test::FaultyFileSystem>();
+  StreamConfig s = FileStream(d.path());
+  s.file_system = faulty;
+  std::vector<std::string> acked;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(s).ok());
+    for (int i = 1; i <= 3; ++i) {
+      REQUIRE(engine->Publish(Payload("req.a", "m" + std::to_string(i))).ok());
+      acked.push_back("m" + std::to_string(i));
+    }
+    faulty->FailNth(kind, 1, err);
+    auto failed = engine->Publish(Payload("req.a", "m4"));
+    REQUIRE(!failed.ok());
+    CHECK(failed.status().code() ==
+          (err == EIO ? absl::StatusCode::kDataLoss : absl::StatusCode::kResourceExhausted));
+    CHECK_THAT(Msg(failed.status()), Catch::StartsWith("stream 'REQ': "));
+    CHECK_THAT(Msg(failed.status()), Catch::Contains("injected"));
+    auto later = engine->Publish(Payload("req.a", "m5"));
+    REQUIRE(!later.ok());
+    CHECK(later.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK_THAT(Msg(later.status()), Catch::Contains("failed earlier and takes no more records"));
+  }
+  s.file_system = nullptr;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  auto all = *engine->AddConsumer({.stream = "REQ", .name = "all", .deliver = DeliverPolicy::kAll});
+  std::vector<std::string> got;
+  for (const auto& [seq, body] : Drain(all)) got.push_back(body);
+  // Every acknowledged message is there; m4 only when it was written whole (the
+  // fault was its fdatasync's), never m5.
+  std::vector<std::string> want = acked;
+  if (kind == "sync") want.push_back("m4");
+  CHECK(got == want);
+}
+
+TEST_CASE("a consumer of a file stream resumes after a restart: acked messages never come again") {
+  TempDir d;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+    auto c = *engine->AddConsumer({.stream = "REQ", .name = "work", .deliver = DeliverPolicy::kAll});
+    for (int i = 1; i <= 6; ++i) REQUIRE(engine->Publish(Payload("req.a", "m" + std::to_string(i))).ok());
+    Member m = *c.member(0);
+    for (int i = 1; i <= 6; ++i) {
+      auto msg = m.Next(absl::Seconds(5));
+      REQUIRE(msg.ok());
+      CHECK(msg->attempt() == 1);
+      if (i == 1 || i == 4) REQUIRE(msg->AckSync().ok());
+      if (i == 2) REQUIRE(msg->Ack().ok());
+      // 3, 5 and 6 are delivered, never acked.
+    }
+  }
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  // The deliver policy applies when a consumer is first added; again, it resumes.
+  auto c = *engine->AddConsumer({.stream = "REQ", .name = "work", .deliver = DeliverPolicy::kNew});
+  REQUIRE(engine->Publish(Payload("req.a", "m7")).ok());
+  Member m = *c.member(0);
+  Seen got;
+  std::vector<std::uint32_t> attempts;
+  for (;;) {
+    auto msg = m.Next(absl::Milliseconds(200));
+    if (!msg.ok()) break;
+    got.emplace_back(msg->stream_seq(), Body(*msg));
+    attempts.push_back(msg->attempt());
+    REQUIRE(msg->Ack().ok());
+  }
+  CHECK(got == Seen{{3, "m3"}, {5, "m5"}, {6, "m6"}, {7, "m7"}});
+  CHECK(attempts == std::vector<std::uint32_t>{2, 2, 2, 1});  // counting on
+}
+
+TEST_CASE("a consumer first added with deliver new on a file stream resumes after its floor") {
+  TempDir d;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+    REQUIRE(engine->Publish(Payload("req.a", "before")).ok());
+    REQUIRE(engine->AddConsumer({.stream = "REQ", .name = "late"}).ok());
+    REQUIRE(engine->Publish(Payload("req.a", "after")).ok());
+  }
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  auto c = *engine->AddConsumer({.stream = "REQ", .name = "late"});
+  CHECK(Drain(c) == Seen{{2, "after"}});
+}
+
+TEST_CASE("a consumer first added with deliver last per subject does not get the skipped ones after a restart") {
+  TempDir d;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+    for (const char* s : {"req.a", "req.b", "req.a", "req.b"}) REQUIRE(engine->Publish(Payload(s, s)).ok());
+    REQUIRE(engine->AddConsumer({.stream = "REQ", .name = "lps", .deliver = DeliverPolicy::kLastPerSubject}).ok());
+  }
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  auto c = *engine->AddConsumer({.stream = "REQ", .name = "lps"});
+  CHECK(Drain(c) == Seen{{3, "req.a"}, {4, "req.b"}});
+}

@@ -220,7 +220,9 @@ struct ConsumerState {
   std::unique_ptr<TimerWheel<ConsumerTimer>> wheel;          // guarded by pending_mu
   std::deque<Delivery> parked;  // redeliveries every lane refused (full); pending_mu
   std::atomic<bool> has_parked{false};  // parked is not empty (read without the lock)
-  std::mutex retry_mu;  // held by the one thread in RetryParked (try_lock only)
+  // The stored messages it started with are not all queued yet (RetryParked).
+  std::atomic<bool> catching_up{false};
+  std::mutex retry_mu;  // held by the one thread catching up in RetryParked (try_lock only)
 
   // A consumer of a file stream is durable: its ack log (a StreamLog in
   // <stream directory>/consumers/<name>) records where it started ("S <floor>": it

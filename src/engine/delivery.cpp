@@ -121,12 +121,24 @@ bool TryMove(ConsumerState& c, Delivery& d, std::uint32_t from) {
 
 // Retries parked redeliveries: by the timer, and by a member right after a pull has
 // made room (a consumer without ack_wait has no timer).
-// One thread at a time takes them from the front, in order, and stops at the first
-// that finds no room (it goes back to the front). has_parked stays set until the
-// last is queued, so a publish in the meantime parks behind them (EnqueueTargets)
-// instead of overtaking them: first deliveries keep the stream's order.
+// While a consumer catches up (catching_up: the stored messages it started with,
+// ConsumerConfig::deliver), one thread at a time takes them from the front, in
+// order, and stops at the first that finds no room (it goes back to the front);
+// catching_up stays set until the last is queued, so a publish in the meantime
+// parks behind them (EnqueueTargets) instead of overtaking them. Otherwise each
+// parked redelivery is retried on its own (one that finds no room parks again).
 void RetryParked(ConsumerState& c) {
-  if (!c.has_parked.load(std::memory_order_acquire)) return;
+  if (!c.has_parked.load(std::memory_order_acquire)) return;  // (a std::deque allocates)
+  if (!c.catching_up.load(std::memory_order_acquire)) {
+    std::deque<Delivery> parked;
+    {
+      std::lock_guard lock(c.pending_mu);
+      parked.swap(c.parked);
+      c.has_parked.store(false, std::memory_order_release);
+    }
+    for (Delivery& d : parked) Redeliver(c, std::move(d), kNoMember);
+    return;
+  }
   std::unique_lock retry(c.retry_mu, std::try_to_lock);
   if (!retry.owns_lock()) return;  // another thread is at it
   for (;;) {
@@ -135,6 +147,7 @@ void RetryParked(ConsumerState& c) {
       std::lock_guard lock(c.pending_mu);
       if (c.parked.empty()) {
         c.has_parked.store(false, std::memory_order_release);
+        c.catching_up.store(false, std::memory_order_release);
         return;
       }
       d = std::move(c.parked.front());

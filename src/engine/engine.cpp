@@ -364,7 +364,10 @@ void QueueStoredMessages(StreamState& stream, ConsumerState& c) {
       c.parked.push_back(engine_internal::Delivery{h, 1, false});
     });
     if (!c.prior_deliveries.empty()) c.has_prior.store(true, std::memory_order_release);
-    if (!c.parked.empty()) c.has_parked.store(true, std::memory_order_release);
+    if (!c.parked.empty()) {
+      c.catching_up.store(true, std::memory_order_release);
+      c.has_parked.store(true, std::memory_order_release);
+    }
     c.resume = {};
     return;
   }
@@ -437,7 +440,10 @@ void QueueStoredMessages(StreamState& stream, ConsumerState& c) {
     if (interest) h->pending_acks.fetch_add(1, std::memory_order_acq_rel);
     c.parked.push_back(engine_internal::Delivery{std::move(h), 1, false});
   }
-  if (!c.parked.empty()) c.has_parked.store(true, std::memory_order_release);
+  if (!c.parked.empty()) {
+    c.catching_up.store(true, std::memory_order_release);
+    c.has_parked.store(true, std::memory_order_release);
+  }
 }
 
 }  // namespace

@@ -337,9 +337,9 @@ inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
       }
       WakeTimer(expiry);
     }
-    if (!t.shadow && consumer->has_parked.load(std::memory_order_acquire)) {
-      // Deliveries wait parked (stored messages it started with, or full lanes): this
-      // one goes behind them, so that it does not overtake them (RetryParked).
+    if (!t.shadow && consumer->catching_up.load(std::memory_order_acquire)) {
+      // The stored messages it started with wait parked: this one goes behind
+      // them, so that it does not overtake them (RetryParked).
       std::unique_lock park_lock(consumer->pending_mu);
       if (!consumer->parked.empty()) {
         consumer->parked.push_back(std::move(d));

@@ -277,10 +277,9 @@ TEST_CASE("destroying the engine with records only in lanes pending entries nak 
     pub(2);
     pub(3);  // the lane is full
     clock.Advance(absl::Seconds(2));
-    engine->RunTimers();  // m0 expires; its redelivery parks (a retry that finds no room
-                          // leaves it parked, at the front: counted once)
+    engine->RunTimers();  // m0 expires; its redelivery parks (then RetryParked parks it again)
     CHECK(CS(*engine, "W", "c").ack_timeouts == 1);
-    CHECK(CS(*engine, "W", "c").parked == 1);
+    CHECK(CS(*engine, "W", "c").parked == 2);
     CHECK(CS(*engine, "W", "c").timers == 1);
     CHECK(SS(*engine, "W").messages == 4);
     CHECK(payload.use_count() == 5);

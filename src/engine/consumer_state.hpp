@@ -242,6 +242,12 @@ struct ConsumerState {
   // pending_mu. has_prior: not empty (read without the lock).
   absl::flat_hash_map<std::uint64_t, std::uint32_t> prior_deliveries;
   std::atomic<bool> has_prior{false};
+  // Deliveries of `seq` before the restart (0 when none). Requires pending_mu.
+  std::uint32_t PriorDeliveries(std::uint64_t seq) const {
+    if (!has_prior.load(std::memory_order_acquire)) return 0;
+    auto it = prior_deliveries.find(seq);
+    return it == prior_deliveries.end() ? 0 : it->second;
+  }
   // Appends a record to the ack log: its tx_id, or the log's error.
   absl::StatusOr<std::uint64_t> Record(std::string_view text) {
     absl::StatusOr<StreamLog::Entry> e = ack_log->Append(text);

@@ -27,6 +27,9 @@ namespace engine_internal {
 void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
                 std::string_view reason, std::string_view description) {
   SettleWithoutAck(c, *h);
+  // A durable consumer records it done, so a restart does not deliver it again
+  // (Term's record is written by Message::Settle, before this).
+  if (c.ack_log != nullptr && reason != "term") (void)c.Record("A " + std::to_string(h->seq));
   if (c.on_dead_letter && !c.on_dead_letter(*h->event, attempt, reason)) return;
   c.counts.dead_letters.fetch_add(1, std::memory_order_relaxed);
   if (c.config.dead_letter_subject.empty() || c.host == nullptr) {

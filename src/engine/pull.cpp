@@ -231,9 +231,7 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
     if (c.ack_log != nullptr && !d.shadow) {
       if (c.has_prior.load(std::memory_order_acquire)) {
         std::lock_guard lock(c.pending_mu);
-        if (auto it = c.prior_deliveries.find(out.msg_->seq); it != c.prior_deliveries.end()) {
-          out.prior_ = it->second;
-        }
+        out.prior_ = c.PriorDeliveries(out.msg_->seq);
       }
       // Best effort: a failed write fails the log, and the ack then reports it.
       (void)c.Record("D " + std::to_string(out.msg_->seq) + " " +

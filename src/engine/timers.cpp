@@ -74,7 +74,8 @@ void RunConsumerTimers(ConsumerState& c, std::int64_t now) {
             return;
           }
           const std::uint32_t member = it->second.member;
-          if (c.LastAttempt(t.attempt)) {
+          // (A durable consumer counts the deliveries before a restart too.)
+          if (c.LastAttempt(t.attempt + c.PriorDeliveries(t.seq))) {
             expired.push_back({{it->second.h, t.attempt, false}, member, true});
             c.pending.erase(it);
             return;

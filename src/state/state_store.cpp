@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "inferq/base/error.hpp"
 #include "log_format.hpp"
+#include "log_options.hpp"
 #include "recovery.hpp"
 
 namespace inferq {
@@ -21,55 +22,23 @@ using namespace state_internal;  // NOLINT: private implementation file
 
 namespace {
 
-std::uint64_t RandomSalt() {
-  static std::mutex mu;
-  static std::mt19937_64 gen{std::random_device{}() ^
-                             static_cast<std::uint64_t>(
-                                 std::chrono::steady_clock::now().time_since_epoch().count())};
-  std::lock_guard lock(mu);
-  std::uint64_t s = 0;
-  while (s == 0) s = gen();
-  return s;
-}
-
 std::string DurationText(absl::Duration d) { return absl::FormatDuration(d); }
 
 absl::Status ValidateOptions(const StateStoreOptions& o) {
-  if (o.dir.empty()) return absl::InvalidArgumentError("StateStoreOptions.dir is empty");
-  const int sync = static_cast<int>(o.sync);
-  if (sync < 0 || sync > static_cast<int>(SyncPolicy::kNone)) {
-    return absl::InvalidArgumentError("StateStoreOptions.sync " + std::to_string(sync) +
-                                      " is not a SyncPolicy");
+  if (auto st = ValidateLogOptions("StateStoreOptions", o.dir, o.sync, o.group_commit_window,
+                                   o.recovery, o.segment_bytes);
+      !st.ok()) {
+    return st;
   }
   const int mode = static_cast<int>(o.checkpoint_mode);
   if (mode < 0 || mode > static_cast<int>(CheckpointMode::kFull)) {
     return absl::InvalidArgumentError("StateStoreOptions.checkpoint_mode " + std::to_string(mode) +
                                       " is not a CheckpointMode");
   }
-  const int recovery = static_cast<int>(o.recovery);
-  if (recovery < 0 || recovery > static_cast<int>(RecoveryMode::kStrict)) {
-    return absl::InvalidArgumentError("StateStoreOptions.recovery " + std::to_string(recovery) +
-                                      " is not a RecoveryMode");
-  }
-  // Bounded so that deadlines computed from them never overflow.
-  if (o.group_commit_window < absl::ZeroDuration() || o.group_commit_window > absl::Seconds(10)) {
-    return absl::InvalidArgumentError("StateStoreOptions.group_commit_window " +
-                                      DurationText(o.group_commit_window) +
-                                      " is outside 0 to 10s");
-  }
-  if (o.sync == SyncPolicy::kInterval && o.group_commit_window <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "StateStoreOptions.group_commit_window must be > 0 with SyncPolicy::kInterval (it is "
-        "the fdatasync interval), got " + DurationText(o.group_commit_window));
-  }
   if (o.checkpoint_interval < absl::ZeroDuration() || o.checkpoint_interval > absl::Hours(24 * 30)) {
     return absl::InvalidArgumentError("StateStoreOptions.checkpoint_interval " +
                                       DurationText(o.checkpoint_interval) +
                                       " is outside 0 (never) to 720h");
-  }
-  if (o.segment_bytes < 4096 || o.segment_bytes > (std::uint64_t{1} << 40)) {
-    return absl::InvalidArgumentError("StateStoreOptions.segment_bytes " +
-                                      std::to_string(o.segment_bytes) + " is outside 4096 to 2^40");
   }
   if (o.max_incremental_chain < 1) {
     return absl::InvalidArgumentError("StateStoreOptions.max_incremental_chain " +

@@ -25,6 +25,7 @@
 #include "absl/base/thread_annotations.h"
 #include "inferq/base/error.hpp"
 #include "log_format.hpp"
+#include "log_options.hpp"
 #include "recovery.hpp"
 
 namespace inferq {
@@ -34,17 +35,6 @@ using namespace state_internal;  // NOLINT: private implementation file
 namespace {
 
 constexpr std::string_view kRecordKey = "r";
-
-std::uint64_t NewSalt() {
-  static std::mutex mu;
-  static std::mt19937_64 gen{std::random_device{}() ^
-                             static_cast<std::uint64_t>(
-                                 std::chrono::steady_clock::now().time_since_epoch().count())};
-  std::lock_guard lock(mu);
-  std::uint64_t s = 0;
-  while (s == 0) s = gen();
-  return s;
-}
 
 std::string LogSegmentName(std::uint64_t first_tx) {
   char buf[64];
@@ -79,35 +69,6 @@ std::string AtOffset(const std::string& name, std::uint64_t off) {
 // Bytes of the frame of a value of `n` bytes (log_format.hpp's layout).
 std::uint64_t FrameBytes(std::size_t n) {
   return kFrameHeaderBytes + 8 + 32 + 4 + 1 + 4 + 4 + kRecordKey.size() + n;
-}
-
-absl::Status ValidateLogOptions(const StreamLogOptions& o) {
-  if (o.dir.empty()) return absl::InvalidArgumentError("stream log dir is empty");
-  const int sync = static_cast<int>(o.sync);
-  if (sync < 0 || sync > static_cast<int>(SyncPolicy::kNone)) {
-    return absl::InvalidArgumentError("stream log sync policy " + std::to_string(sync) +
-                                      " is not a SyncPolicy");
-  }
-  const int rec = static_cast<int>(o.recovery);
-  if (rec < 0 || rec > static_cast<int>(RecoveryMode::kStrict)) {
-    return absl::InvalidArgumentError("stream log recovery mode " + std::to_string(rec) +
-                                      " is not a RecoveryMode");
-  }
-  if (o.group_commit_window < absl::ZeroDuration() || o.group_commit_window > absl::Seconds(10)) {
-    return absl::InvalidArgumentError("stream log group_commit_window " +
-                                      absl::FormatDuration(o.group_commit_window) +
-                                      " is outside 0 .. 10s");
-  }
-  if (o.sync == SyncPolicy::kInterval && o.group_commit_window <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "stream log sync policy kInterval needs a group_commit_window > 0 (the interval)");
-  }
-  if (o.segment_bytes < 4096 || o.segment_bytes > (std::uint64_t{1} << 40)) {
-    return absl::InvalidArgumentError("stream log segment_bytes " +
-                                      std::to_string(o.segment_bytes) +
-                                      " is outside 4096 .. 2^40");
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -162,7 +123,7 @@ class StreamLog::Impl {
       return absl::DataLossError("stream log " + QuoteValue(opt_.dir) + " has segment " +
                                  QuoteValue(files.front().second) + " but no IDENTITY file");
     } else {
-      store_id_ = NewSalt();
+      store_id_ = RandomSalt();
       if (auto st = WriteIdentity(); !st.ok()) return st;
     }
 
@@ -438,7 +399,7 @@ class StreamLog::Impl {
   }
 
   absl::Status CreateSegment(std::uint64_t first_tx) {
-    const std::uint64_t salt = NewSalt();
+    const std::uint64_t salt = RandomSalt();
     const std::string name = LogSegmentName(first_tx);
     const std::string path = JoinPath(opt_.dir, name);
     auto f = fs_->Create(path);
@@ -607,7 +568,12 @@ StreamLog::~StreamLog() = default;
 
 absl::StatusOr<std::unique_ptr<StreamLog>> StreamLog::Open(StreamLogOptions options,
                                                            RecoverFn on_record) {
-  if (auto st = ValidateLogOptions(options); !st.ok()) return st;
+  if (auto st = ValidateLogOptions("StreamLogOptions", options.dir, options.sync,
+                                   options.group_commit_window, options.recovery,
+                                   options.segment_bytes);
+      !st.ok()) {
+    return st;
+  }
   if (options.file_system == nullptr) options.file_system = PosixFileSystem();
   auto impl = std::make_unique<Impl>(std::move(options));
   if (auto st = impl->Recover(on_record); !st.ok()) return st;

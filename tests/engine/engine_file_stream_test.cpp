@@ -348,3 +348,37 @@ TEST_CASE("a consumer first added with deliver last per subject does not get the
   auto c = *engine->AddConsumer({.stream = "REQ", .name = "lps"});
   CHECK(Drain(c) == Seen{{3, "req.a"}, {4, "req.b"}});
 }
+
+TEST_CASE("max_deliver of a durable consumer counts the deliveries made before a restart") {
+  TempDir d;
+  const ConsumerConfig cfg{.stream = "REQ", .name = "w", .deliver = DeliverPolicy::kAll,
+                           .ack_wait = absl::Milliseconds(50), .max_deliver = 2};
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+    REQUIRE(engine->Publish(Payload("req.a", "once")).ok());
+    auto c = *engine->AddConsumer(cfg);
+    auto msg = c.member(0)->Next(absl::Seconds(5));
+    REQUIRE(msg.ok());
+    CHECK(msg->attempt() == 1);  // never acked
+  }
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+    auto c = *engine->AddConsumer(cfg);
+    Member m = *c.member(0);
+    auto msg = m.Next(absl::Seconds(5));
+    REQUIRE(msg.ok());
+    CHECK(msg->attempt() == 2);
+    // Delivery 2 of 2 times out: the message is given up, not delivered a third time.
+    CHECK(m.Next(absl::Milliseconds(400)).status().code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(inferq::engine_test::CS(*engine, "REQ", "w").dead_letters_lost == 1);
+    msg = absl::CancelledError("released before the engine");
+  }
+  // Given up is done: a third run does not deliver it again.
+  auto third = *Engine::Create();
+  REQUIRE(third->AddStream(FileStream(d.path())).ok());
+  auto again = *third->AddConsumer(cfg);
+  CHECK(again.member(0)->Next(absl::Milliseconds(200)).status().code() ==
+        absl::StatusCode::kDeadlineExceeded);
+}

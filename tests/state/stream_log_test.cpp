@@ -222,21 +222,22 @@ TEST_CASE("stream log refuses bad options naming the value") {
   StreamLogOptions o = Opts(d.path());
   SECTION("segment_bytes") {
     o.segment_bytes = 100;
-    CHECK(OpenLog(o, &r).status().message() == "stream log segment_bytes 100 is outside 4096 .. 2^40");
+    CHECK(OpenLog(o, &r).status().message() == "StreamLogOptions.segment_bytes 100 is outside 4096 to 2^40");
   }
   SECTION("interval without a window") {
     o.sync = SyncPolicy::kInterval;
     CHECK(OpenLog(o, &r).status().message() ==
-          "stream log sync policy kInterval needs a group_commit_window > 0 (the interval)");
+          "StreamLogOptions.group_commit_window must be > 0 with SyncPolicy::kInterval (it is "
+          "the fdatasync interval), got 0");
   }
   SECTION("window") {
     o.group_commit_window = absl::Seconds(11);
     CHECK(OpenLog(o, &r).status().message() ==
-          "stream log group_commit_window 11s is outside 0 .. 10s");
+          "StreamLogOptions.group_commit_window 11s is outside 0 to 10s");
   }
   SECTION("sync policy") {
     o.sync = static_cast<SyncPolicy>(9);
-    CHECK(OpenLog(o, &r).status().message() == "stream log sync policy 9 is not a SyncPolicy");
+    CHECK(OpenLog(o, &r).status().message() == "StreamLogOptions.sync 9 is not a SyncPolicy");
   }
   CHECK(!std::filesystem::exists(d.path()));  // nothing was created
 }

@@ -2,7 +2,9 @@
 // durability of PublishAck, and where a new consumer starts (DeliverPolicy).
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -381,4 +383,41 @@ TEST_CASE("max_deliver of a durable consumer counts the deliveries made before a
   auto again = *third->AddConsumer(cfg);
   CHECK(again.member(0)->Next(absl::Milliseconds(200)).status().code() ==
         absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("a consumer added with deliver all while publishers run gets every message once in order") {
+  TempDir d;
+  const bool file = GENERATE(false, true);
+  auto engine = *Engine::Create();
+  StreamConfig s = file ? FileStream(d.path(), SyncPolicy::kNone)
+                        : StreamConfig{.name = "REQ", .subjects = {"req.>"}};
+  REQUIRE(engine->AddStream(s).ok());
+  constexpr int kPublishers = 2, kEach = 1500;
+  std::atomic<int> published{0};
+  std::vector<std::thread> pubs;
+  for (int p = 0; p < kPublishers; ++p) {
+    pubs.emplace_back([&, p] {
+      for (int i = 0; i < kEach; ++i) {
+        if (engine->Publish(Payload("req." + std::to_string(p), std::to_string(i))).ok()) ++published;
+      }
+    });
+  }
+  while (published.load() < 500) std::this_thread::yield();
+  auto c = *engine->AddConsumer(
+      {.stream = "REQ", .name = "late", .deliver = DeliverPolicy::kAll, .lane_capacity = 16});
+  Member m = *c.member(0);
+  std::vector<std::uint64_t> seqs;
+  while (seqs.size() < static_cast<std::size_t>(kPublishers * kEach)) {
+    auto msg = m.Next(absl::Seconds(10));
+    REQUIRE(msg.ok());
+    seqs.push_back(msg->stream_seq());
+    REQUIRE(msg->Ack().ok());
+  }
+  for (auto& t : pubs) t.join();
+  CHECK(published.load() == kPublishers * kEach);
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    INFO("delivery " << i);
+    REQUIRE(seqs[i] == i + 1);  // every sequence once, in order
+  }
+  CHECK(m.Next(absl::Milliseconds(50)).status().code() == absl::StatusCode::kDeadlineExceeded);
 }

@@ -220,6 +220,9 @@ struct ConsumerState {
   std::unique_ptr<TimerWheel<ConsumerTimer>> wheel;          // guarded by pending_mu
   std::deque<Delivery> parked;  // redeliveries every lane refused (full); pending_mu
   std::atomic<bool> has_parked{false};  // parked is not empty (read without the lock)
+  // kByStartSequence: sequences up to this one are not for it (publishes included,
+  // when start_seq lies beyond the stream's last message). Set before it is added.
+  std::uint64_t start_after = 0;
   // The stored messages it started with are not all queued yet (RetryParked).
   std::atomic<bool> catching_up{false};
   std::mutex retry_mu;  // held by the one thread catching up in RetryParked (try_lock only)

@@ -351,6 +351,7 @@ void QueueStoredMessages(StreamState& stream, ConsumerState& c) {
   if (c.ack_log != nullptr && c.resume.started) {
     // A durable consumer added again: what it had not acked, after its floor.
     const ConsumerState::Resume& r = c.resume;
+    c.start_after = r.floor;  // a start sequence beyond the stream still holds
     std::lock_guard lock(c.pending_mu);
     stream.messages.for_each([&](const engine_internal::Handle& h) {
       if (h->seq <= r.floor || r.acked.contains(h->seq)) return;
@@ -382,6 +383,7 @@ void QueueStoredMessages(StreamState& stream, ConsumerState& c) {
     const absl::Duration ago = absl::Now() - cfg.start_time;
     start_ns = c.clock->NowNanos() - absl::ToInt64Nanoseconds(ago);
   }
+  if (cfg.deliver == DeliverPolicy::kByStartSequence) c.start_after = cfg.start_seq - 1;
   std::vector<engine_internal::Handle> chosen;
   absl::flat_hash_map<std::string, std::size_t> last_of_subject;
   stream.messages.for_each([&](const engine_internal::Handle& h) {
@@ -423,7 +425,9 @@ void QueueStoredMessages(StreamState& stream, ConsumerState& c) {
         break;
       }
     }
-    (void)c.Record("S " + std::to_string(first - 1));
+    std::uint64_t floor = first - 1;
+    if (cfg.deliver == DeliverPolicy::kByStartSequence) floor = std::max(floor, cfg.start_seq - 1);
+    (void)c.Record("S " + std::to_string(floor));
     absl::flat_hash_set<std::uint64_t> taken;
     for (const auto& h : chosen) {
       if (h != nullptr) taken.insert(h->seq);

@@ -240,6 +240,7 @@ inline void Engine::Impl::SelectTargets(StreamState& stream, const Event& ev, st
   // Under the stream's mutex: the consumer's selection policy picks the member, plus
   // a shadow copy (WeightedShadowPolicy).
   for (ConsumerState* c : stream.consumers) {
+    if (stream.next_seq <= c->start_after) continue;  // before its start sequence
     if (c->filter && !c->filter->Matches(ev.subject)) continue;
     if (!c->config.predicate.is_trivial() && !c->config.predicate.Matches(ev)) continue;
     Selection sel;

@@ -137,6 +137,11 @@ TEST_CASE("deliver policies choose the stored messages a new consumer starts wit
     auto c = add({.name = "seq", .deliver = DeliverPolicy::kByStartSequence, .start_seq = 4});
     CHECK(Drain(c) == Seen{{4, "m4"}, {5, "m5"}});
   }
+  SECTION("by a start sequence beyond the last message") {
+    auto c = add({.name = "ahead", .deliver = DeliverPolicy::kByStartSequence, .start_seq = 8});
+    for (int i = 6; i <= 9; ++i) REQUIRE(engine->Publish(Payload("req.a", "m" + std::to_string(i))).ok());
+    CHECK(Drain(c) == Seen{{8, "m8"}, {9, "m9"}});
+  }
   SECTION("by start time") {
     auto past = add({.name = "t0", .deliver = DeliverPolicy::kByStartTime,
                      .start_time = absl::Now() - absl::Hours(1)});

@@ -67,7 +67,9 @@ std::uint32_t PlaceOnLane(ConsumerState& c, Delivery& d, std::uint32_t member, P
   std::uint32_t target;
   {
     std::lock_guard lock(c.select_mu);
-    target = c.group->Select(*c.policy, *d.h->event).member;
+    // The failed member is avoided in the policy's pick too, so that a stateful
+    // policy (affinity) moves the key and the rest of its sequence follows.
+    target = c.group->Select(*c.policy, *d.h->event, c.group->clock().NowNanos(), avoid).member;
   }
   absl::InlinedVector<bool, 16> ejected(n);
   for (std::uint32_t m = 0; m < n; ++m) ejected[m] = c.group->Health(m) == MemberHealth::kEjected;

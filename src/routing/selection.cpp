@@ -471,7 +471,8 @@ void MemberGroup::RecomputeWeights(std::int64_t now) {
   all_healthy_ = panic_ || healthy == size_;
 }
 
-Selection MemberGroup::Select(SelectionPolicy& policy, const Event& event, std::int64_t now) {
+Selection MemberGroup::Select(SelectionPolicy& policy, const Event& event, std::int64_t now,
+                              std::uint32_t avoid) {
   selections_.store(selections_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   if (now >= next_refresh_ns_) Refresh(now);
   if (sick_.load(std::memory_order_relaxed) == 0) {
@@ -492,6 +493,19 @@ Selection MemberGroup::Select(SelectionPolicy& policy, const Event& event, std::
   view.all_healthy_ = all_healthy_;
   view.panic_ = panic_;
   if (panic_) panics_.store(panics_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  if (avoid < size_) {
+    // The policy sees `avoid` at weight 0, unless nobody else is eligible.
+    avoid_weights_.resize(size_);
+    bool other = false;
+    for (std::uint32_t i = 0; i < size_; ++i) {
+      avoid_weights_[i] = i == avoid ? 0.0 : all_healthy_ ? 1.0 : weights_[i];
+      other = other || avoid_weights_[i] > 0;
+    }
+    if (other) {
+      view.weights_ = avoid_weights_.data();
+      view.all_healthy_ = false;
+    }
+  }
   Selection s = policy.Select(event, view);
   if (s.member >= size_ || !view.eligible(s.member)) {
     const std::uint32_t m = RandomEligible(view);

@@ -357,6 +357,45 @@ TEST_CASE("a member that never pulls does not block publishing for good") {
   CHECK(CS(*engine, "S", "g").moved > 0);
 }
 
+// The smallest form of the kill-replica hang (examples' inference_server): a member
+// that stops is not ejected yet, its work is redelivered or moved elsewhere, and the
+// next event of the same sequence must follow it there, not go back to the dead
+// member (each step then waited one ack_wait).
+TEST_CASE("affinity: the next event of a sequence follows its redelivery off a dead member") {
+  ManualClock clock(1);
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"a"}}).ok());
+  auto policy = AffinityPolicy::Create(std::make_unique<RoundRobinPolicy>(), HashKey::SeqId());
+  REQUIRE(policy.ok());
+  ConsumerConfig cc{.stream = "S", .name = "g", .members = 2};
+  cc.selection = std::shared_ptr<SelectionPolicy>(std::move(*policy));
+  cc.ack_wait = absl::Milliseconds(5);
+  auto c = engine->AddConsumer(cc);
+  REQUIRE(c.ok());
+  REQUIRE(engine->Publish(Ev("a", "x1", "seq")).ok());
+  REQUIRE(c->member(0)->queued() == 1);
+
+  SECTION("after an ack_wait expiry") {
+    auto lost = c->member(0)->Next(absl::ZeroDuration());  // pulled, never acked
+    REQUIRE(lost.ok());
+    clock.Advance(absl::Milliseconds(5));
+    engine->RunTimers();
+  }
+  SECTION("after a move off the stalled lane") {
+    engine->RunTimers();  // marks the lane: work queued, nothing pulled
+    clock.Advance(absl::Milliseconds(5));
+    engine->RunTimers();
+    CHECK(CS(*engine, "S", "g").moved == 1);
+  }
+  REQUIRE(c->member(0)->queued() == 0);
+  REQUIRE(c->member(1)->queued() == 1);
+  CHECK(CS(*engine, "S", "g").group.members[0].health == MemberHealth::kHealthy);  // not ejected
+  REQUIRE(engine->Publish(Ev("a", "x2", "seq")).ok());
+  CHECK(c->member(0)->queued() == 0);
+  Member survivor = *c->member(1);
+  CHECK(Drain(survivor) == std::vector<std::string>{"x1", "x2"});
+}
+
 TEST_CASE("ack_pending counts deliveries out, and an old member's late ack wins over a queued copy") {
   ManualClock clock(1);
   auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();

@@ -470,6 +470,44 @@ TEST_CASE("affinity keeps a key on its first member and re-places it when ejecte
         "affinity: inner policy is null");
 }
 
+TEST_CASE("a select that avoids a member re-places an affinity key off it while it is healthy") {
+  // The kill-replica hang: a dead member is not ejected yet (or back from its
+  // ejection), its stuck work is moved elsewhere, yet the key stayed on it, so every
+  // next step of the sequence went back to the dead member.
+  ManualClock clock(1);
+  auto g = Group(3, &clock);
+  auto p = inferq::AffinityPolicy::Create(std::make_unique<inferq::RoundRobinPolicy>(),
+                                          HashKey::SeqId());
+  REQUIRE(p.ok());
+  Event e;
+  e.seq_id = "s";
+  CHECK(g->Select(**p, e).member == 0);
+  REQUIRE(HealthOf(*g, 0) == MemberHealth::kHealthy);
+  const auto moved_to = g->Select(**p, e, clock.NowNanos(), /*avoid=*/0).member;
+  CHECK(moved_to != 0u);
+  CHECK((*p)->moves() == 1);
+  CHECK(g->Select(**p, e).member == moved_to);  // the key follows
+  // Avoiding a member the key is not on changes nothing.
+  const std::uint32_t other = moved_to == 1 ? 2 : 1;
+  CHECK(g->Select(**p, e, clock.NowNanos(), other).member == moved_to);
+  CHECK((*p)->moves() == 1);
+  // kNoMember and an out-of-range index avoid nothing.
+  CHECK(g->Select(**p, e, clock.NowNanos(), inferq::kNoMember).member == moved_to);
+  CHECK(g->Select(**p, e, clock.NowNanos(), 7).member == moved_to);
+}
+
+TEST_CASE("avoiding the only eligible member still selects it") {
+  ManualClock clock(1);
+  GroupOptions o;
+  o.outlier.consecutive_failures = 1;
+  o.outlier.max_ejected_percent = 100;
+  auto g = Group(2, &clock, o);
+  Fail(*g, 1, 2);
+  REQUIRE(HealthOf(*g, 1) == MemberHealth::kEjected);
+  inferq::RoundRobinPolicy rr;
+  for (int i = 0; i < 4; ++i) CHECK(g->Select(rr, Event{}, clock.NowNanos(), 0).member == 0);
+}
+
 TEST_CASE("affinity Forget from another thread while Select runs keeps every placement sticky") {
   // Was a data race on the key table (Forget is called where a sequence ends, on a
   // replica's thread, while the engine selects under the stream's mutex).

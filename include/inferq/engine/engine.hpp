@@ -54,7 +54,9 @@
 //    a failure of its member and goes to a member chosen by the policy (not the same
 //    one when another is eligible). A member that has work queued but pulled nothing
 //    for ack_wait is stalled: its queued work is moved to other members, each item a
-//    failure. Timers run on a
+//    failure. The policy picks a redelivery or a move with the failed member shown
+//    as ineligible (MemberGroup::Select's `avoid`), so an AffinityPolicy key moves
+//    with it and the rest of its sequence follows, ejected member or not. Timers run on a
 //    background thread (EngineOptions::manual_timers = false) or when RunTimers is
 //    called. The first ack of any delivery of a message settles it (an old member's
 //    late ack included; a copy still queued is then skipped); delivery is at least

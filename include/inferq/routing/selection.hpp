@@ -209,7 +209,16 @@ class MemberGroup {
   }
   // The same at `now_ns`, a reading of clock() the caller already took (the engine
   // reads its clock once per publish).
-  Selection Select(SelectionPolicy& policy, const Event& event, std::int64_t now_ns);
+  Selection Select(SelectionPolicy& policy, const Event& event, std::int64_t now_ns) {
+    return Select(policy, event, now_ns, kNoMember);
+  }
+  // The same with member `avoid` shown to the policy as ineligible (weight 0) while
+  // another member is eligible: a retry of work that failed on `avoid` (Envoy's
+  // previous_hosts retry predicate). A stateful policy re-places the event's key, as
+  // it does for an ejected member (AffinityPolicy moves the key, so that the rest of
+  // its sequence follows). kNoMember, or an index >= size(), avoids nothing.
+  Selection Select(SelectionPolicy& policy, const Event& event, std::int64_t now_ns,
+                   std::uint32_t avoid);
 
   // One more unit of work was queued for member m.
   void OnQueued(std::uint32_t m) {
@@ -309,6 +318,7 @@ class MemberGroup {
   bool weights_valid_ = false;  // weights_ reflect seen_epoch_
   std::uint64_t window_start_ns_ = 0;
   std::vector<double> scratch_;
+  std::vector<double> avoid_weights_;  // weights_ with the avoided member at 0
   mutable std::uint64_t rng_;
 
   // Any thread.

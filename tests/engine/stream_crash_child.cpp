@@ -59,28 +59,43 @@ int main(int argc, char** argv) {
     return 1;
   }
   inferq::Member m = *c->member(0);
+  // Pulls one message if one is there (AckSync'ing the odd ones); whether it did.
+  auto pull_one = [&]() -> bool {
+    auto msg = m.Next(absl::ZeroDuration());
+    if (!msg.ok()) return false;
+    if (msg->stream_seq() % 2 == 1) {
+      if (absl::Status st = msg->AckSync(); !st.ok()) {
+        std::fprintf(stderr, "ack: %s\n", st.ToString().c_str());
+        _exit(1);
+      }
+      Report('S', msg->stream_seq());
+    }
+    return true;
+  };
   std::string body(200, 'x');
-  for (std::uint64_t i = 0;; ++i) {
+  for (;;) {
     inferq::Event e;
     e.subject = "crash.a";
     e.payload = inferq::Buffer::FromString(body);
-    auto ack = (*engine)->Publish(std::move(e));
+    // This thread alone drains the lane: a blocking Publish into a lane that a
+    // restart's backlog filled would wait for itself. TryPublish refuses a full
+    // lane (nothing stored); pull one and try again.
+    auto ack = (*engine)->TryPublish(e);
+    while (!ack.ok() && ack.status().code() == absl::StatusCode::kResourceExhausted) {
+      if (!pull_one()) {
+        std::fprintf(stderr, "publish refused with an empty lane: %s\n",
+                     ack.status().ToString().c_str());
+        return 1;
+      }
+      ack = (*engine)->TryPublish(e);
+    }
     if (!ack.ok()) {
       std::fprintf(stderr, "publish: %s\n", ack.status().ToString().c_str());
       return 1;
     }
     Report('P', ack->seq);
     // Two pulls per publish: the backlog of a restart drains while it runs.
-    for (int k = 0; k < 2; ++k) {
-      auto msg = m.Next(absl::ZeroDuration());
-      if (!msg.ok()) break;
-      if (msg->stream_seq() % 2 == 1) {
-        if (absl::Status st = msg->AckSync(); !st.ok()) {
-          std::fprintf(stderr, "ack: %s\n", st.ToString().c_str());
-          return 1;
-        }
-        Report('S', msg->stream_seq());
-      }
+    for (int k = 0; k < 2 && pull_one(); ++k) {
     }
   }
 }

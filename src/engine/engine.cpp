@@ -297,8 +297,48 @@ absl::Status AddLanes(ConsumerState& state, const ConsumerConfig& config) {
 // sequence order: lanes take them as they have room (RetryParked), and until the
 // last is queued the events published meanwhile are parked behind them
 // (EnqueueTargets), so every member sees the stream's order. Requires stream.mu.
+// Rewrites the ack log of durable consumer `c`, just replayed (`records` records,
+// c.resume what they say), as its state alone when the history is much longer: the
+// floor raised over the acks that follow it without a gap ("S <floor>"), then an "A"
+// for each ack above it and a "D" for each delivery not acked. The state goes into
+// new segments, is fdatasync'ed, and only then are the older segments removed, so a
+// crash at any point leaves a log that replays to the same state (each record
+// restates what the older ones said). Without this, every restart would add a "D"
+// per redelivered message to a history that each later restart replays in full
+// (JetStream's consumer store likewise keeps a state snapshot, not the history).
+absl::Status CompactAckLog(ConsumerState& c, std::uint64_t records) {
+  ConsumerState::Resume& r = c.resume;
+  if (!r.started) return absl::OkStatus();
+  while (r.acked.erase(r.floor + 1) == 1) ++r.floor;
+  absl::erase_if(r.acked, [&](std::uint64_t seq) { return seq <= r.floor; });
+  absl::erase_if(r.delivered, [&](const auto& kv) { return kv.first <= r.floor; });
+  const std::uint64_t live = 1 + r.acked.size() + r.delivered.size();
+  if (records <= 2 * live + 1024) return absl::OkStatus();
+  StreamLog& log = *c.ack_log;
+  if (absl::Status st = log.Rotate(); !st.ok()) return st;
+  const std::uint64_t first = log.last_tx() + 1;
+  std::vector<std::uint64_t> acked(r.acked.begin(), r.acked.end());
+  std::sort(acked.begin(), acked.end());
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> delivered(r.delivered.begin(),
+                                                                  r.delivered.end());
+  std::sort(delivered.begin(), delivered.end());
+  if (auto e = log.Append("S " + std::to_string(r.floor)); !e.ok()) return e.status();
+  for (std::uint64_t seq : acked) {
+    if (auto e = log.Append("A " + std::to_string(seq)); !e.ok()) return e.status();
+  }
+  for (const auto& [seq, n] : delivered) {
+    if (auto e = log.Append("D " + std::to_string(seq) + " " + std::to_string(n)); !e.ok()) {
+      return e.status();
+    }
+  }
+  // Rotate fdatasyncs what it ends whatever the sync policy: the state is on disk
+  // before the history it replaces goes.
+  if (absl::Status st = log.Rotate(); !st.ok()) return st;
+  return log.RetireBefore(first);
+}
+
 // A consumer of a file stream: opens its ack log and reads where it stands
-// (ConsumerState::ack_log, resume).
+// (ConsumerState::ack_log, resume), compacting it when its history is long.
 absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
   StreamLogOptions lo;
   lo.dir = stream.config.directory + "/consumers/" + c.config.name;
@@ -307,6 +347,7 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
   lo.segment_bytes = stream.config.segment_bytes;
   lo.file_system = stream.config.file_system;
   ConsumerState::Resume& r = c.resume;
+  std::uint64_t records = 0;
   auto parse = [&](const StreamLog::Entry& e) -> absl::Status {
     const std::string_view v = e.value;
     std::uint64_t a = 0, b = 0;
@@ -325,9 +366,17 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
                                  QuoteValue(lo.dir) + " record " + std::to_string(e.tx) +
                                  " is not an ack log record: " + QuoteValue(v.substr(0, 64)));
     }
+    if (v[0] == 'D' && b > UINT32_MAX) {
+      return absl::DataLossError("consumer '" + c.config.name + "': ack log " +
+                                 QuoteValue(lo.dir) + " record " + std::to_string(e.tx) +
+                                 " counts " + std::to_string(b) + " deliveries of message " +
+                                 std::to_string(a) + " (at most " + std::to_string(UINT32_MAX) +
+                                 ")");
+    }
+    ++records;
     if (v[0] == 'S') {
       r.started = true;
-      r.floor = a;
+      r.floor = std::max(r.floor, a);
     } else if (v[0] == 'A') {
       r.acked.insert(a);
       r.delivered.erase(a);
@@ -336,13 +385,18 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
     }
     return absl::OkStatus();
   };
+  auto fail = [&](const absl::Status& st, std::string_view doing) {
+    return absl::Status(st.code(), "consumer '" + c.config.name + "' of stream '" +
+                                       stream.config.name + "': " + std::string(doing) +
+                                       std::string(st.message()));
+  };
   absl::StatusOr<std::unique_ptr<StreamLog>> log = StreamLog::Open(lo, parse);
-  if (!log.ok()) {
-    return absl::Status(log.status().code(), "consumer '" + c.config.name + "' of stream '" +
-                                                 stream.config.name + "': " +
-                                                 std::string(log.status().message()));
-  }
+  if (!log.ok()) return fail(log.status(), "");
   c.ack_log = *std::move(log);
+  if (absl::Status st = CompactAckLog(c, records); !st.ok()) {
+    c.ack_log.reset();
+    return fail(st, "compacting its ack log: ");
+  }
   return absl::OkStatus();
 }
 

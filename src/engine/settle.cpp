@@ -207,7 +207,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
           lock.unlock();
           c.group->OnDone(member_, how == Settlement::kTerm ? Outcome::kDropped : Outcome::kFailure,
                           latency);
-          engine_internal::DeadLetter(c, msg_, attempt_,
+          engine_internal::DeadLetter(c, msg_, attempt_ + prior_,
                                       how == Settlement::kTerm ? "term" : "max_deliver",
                                       how == Settlement::kTerm ? description : "nak");
           return absl::OkStatus();
@@ -239,7 +239,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
       c.group->OnDone(member_, how == Settlement::kTerm ? Outcome::kDropped : Outcome::kFailure,
                       latency);
       if (how == Settlement::kTerm || c.LastAttempt(attempt_ + prior_)) {
-        engine_internal::DeadLetter(c, msg_, attempt_,
+        engine_internal::DeadLetter(c, msg_, attempt_ + prior_,
                                     how == Settlement::kTerm ? "term" : "max_deliver",
                                       how == Settlement::kTerm ? description : "nak");
         return absl::OkStatus();

@@ -75,8 +75,10 @@ void RunConsumerTimers(ConsumerState& c, std::int64_t now) {
           }
           const std::uint32_t member = it->second.member;
           // (A durable consumer counts the deliveries before a restart too.)
-          if (c.LastAttempt(t.attempt + c.PriorDeliveries(t.seq))) {
-            expired.push_back({{it->second.h, t.attempt, false}, member, true});
+          const std::uint32_t deliveries = t.attempt + c.PriorDeliveries(t.seq);
+          if (c.LastAttempt(deliveries)) {
+            // Given up: the attempt it carries is the dead letter's delivery count.
+            expired.push_back({{it->second.h, deliveries, false}, member, true});
             c.pending.erase(it);
             return;
           }

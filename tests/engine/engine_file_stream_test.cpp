@@ -2,6 +2,7 @@
 // durability of PublishAck, and where a new consumer starts (DeliverPolicy).
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <thread>
@@ -451,6 +452,52 @@ TEST_CASE("max_deliver of a durable consumer counts the deliveries made before a
   auto again = *third->AddConsumer(cfg);
   CHECK(again.member(0)->Next(absl::Milliseconds(200)).status().code() ==
         absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("a dead letter of a durable consumer counts the deliveries made before a restart") {
+  TempDir d;
+  const ConsumerConfig cfg{.stream = "REQ", .name = "w", .deliver = DeliverPolicy::kAll,
+                           .ack_wait = absl::Milliseconds(50), .max_deliver = 2,
+                           .dead_letter_subject = "dead.w"};
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+    REQUIRE(engine->Publish(Payload("req.a", "times out")).ok());
+    REQUIRE(engine->Publish(Payload("req.a", "nak'ed")).ok());
+    auto c = *engine->AddConsumer(cfg);
+    Member m = *c.member(0);
+    for (int i = 0; i < 2; ++i) {
+      auto msg = m.Next(absl::Seconds(5));
+      REQUIRE(msg.ok());
+      CHECK(msg->attempt() == 1);  // never acked
+    }
+  }
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  REQUIRE(engine->AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
+  auto dlq = *engine->AddConsumer({.stream = "DLQ", .name = "dlq"});
+  auto c = *engine->AddConsumer(cfg);
+  Member m = *c.member(0);
+  auto first = m.Next(absl::Seconds(5));
+  REQUIRE(first.ok());
+  auto second = m.Next(absl::Seconds(5));
+  REQUIRE(second.ok());
+  CHECK(second->attempt() == 2);
+  REQUIRE(second->Nak().ok());  // delivery 2 of 2: given up by the nak
+  // `first` is left to time out: delivery 2 of 2 given up by the ack wait.
+  std::vector<std::pair<std::string, std::string>> dead;  // (description, count)
+  Member dm = *dlq.member(0);
+  for (int i = 0; i < 2; ++i) {
+    auto msg = dm.Next(absl::Seconds(5));
+    REQUIRE(msg.ok());
+    dead.emplace_back(inferq::engine_test::H(msg->event(), kDeadLetterDescriptionHeader),
+                      inferq::engine_test::H(msg->event(), kDeliveryCountHeader));
+  }
+  std::sort(dead.begin(), dead.end());
+  CHECK(dead == std::vector<std::pair<std::string, std::string>>{{"ack_wait expired", "2"},
+                                                                 {"nak", "2"}});
+  first = absl::CancelledError("released before the engine");
+  second = absl::CancelledError("released before the engine");
 }
 
 TEST_CASE("a consumer added with deliver all while publishers run gets every message once in order") {

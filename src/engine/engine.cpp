@@ -306,14 +306,23 @@ absl::Status AddLanes(ConsumerState& state, const ConsumerConfig& config) {
 // restates what the older ones said). Without this, every restart would add a "D"
 // per redelivered message to a history that each later restart replays in full
 // (JetStream's consumer store likewise keeps a state snapshot, not the history).
-absl::Status CompactAckLog(ConsumerState& c, std::uint64_t records) {
+// Records of sequences beyond the stream's last message (`last_seq`) speak of
+// messages the stream no longer has (a tail lost in a power cut under a weak sync
+// policy): they are dropped, and the log is rewritten at once, since the stream
+// gives those sequences to its next publishes. The floor never rises past last_seq
+// for the same reason.
+absl::Status CompactAckLog(ConsumerState& c, std::uint64_t records, std::uint64_t last_seq) {
   ConsumerState::Resume& r = c.resume;
   if (!r.started) return absl::OkStatus();
-  while (r.acked.erase(r.floor + 1) == 1) ++r.floor;
+  const bool stale =
+      absl::erase_if(r.acked, [&](std::uint64_t seq) { return seq > last_seq; }) +
+          absl::erase_if(r.delivered, [&](const auto& kv) { return kv.first > last_seq; }) >
+      0;
+  while (r.floor < last_seq && r.acked.erase(r.floor + 1) == 1) ++r.floor;
   absl::erase_if(r.acked, [&](std::uint64_t seq) { return seq <= r.floor; });
   absl::erase_if(r.delivered, [&](const auto& kv) { return kv.first <= r.floor; });
   const std::uint64_t live = 1 + r.acked.size() + r.delivered.size();
-  if (records <= 2 * live + 1024) return absl::OkStatus();
+  if (!stale && records <= 2 * live + 1024) return absl::OkStatus();
   StreamLog& log = *c.ack_log;
   if (absl::Status st = log.Rotate(); !st.ok()) return st;
   const std::uint64_t first = log.last_tx() + 1;
@@ -393,7 +402,7 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
   absl::StatusOr<std::unique_ptr<StreamLog>> log = StreamLog::Open(lo, parse);
   if (!log.ok()) return fail(log.status(), "");
   c.ack_log = *std::move(log);
-  if (absl::Status st = CompactAckLog(c, records); !st.ok()) {
+  if (absl::Status st = CompactAckLog(c, records, stream.next_seq - 1); !st.ok()) {
     c.ack_log.reset();
     return fail(st, "compacting its ack log: ");
   }

@@ -493,6 +493,8 @@ Selection MemberGroup::Select(SelectionPolicy& policy, const Event& event, std::
   view.all_healthy_ = all_healthy_;
   view.panic_ = panic_;
   if (panic_) panics_.store(panics_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  Selection s;
+  bool avoided = false;
   if (avoid < size_) {
     // The policy sees `avoid` at weight 0, unless nobody else is eligible.
     avoid_weights_.resize(size_);
@@ -502,11 +504,16 @@ Selection MemberGroup::Select(SelectionPolicy& policy, const Event& event, std::
       other = other || avoid_weights_[i] > 0;
     }
     if (other) {
-      view.weights_ = avoid_weights_.data();
-      view.all_healthy_ = false;
+      SelectionView avoiding = view;
+      avoiding.weights_ = avoid_weights_.data();
+      avoiding.all_healthy_ = false;
+      s = policy.Select(event, avoiding);
+      // No answer with `avoid` out (a policy whose only candidate it was, such as
+      // the one primary of a WeightedShadowPolicy): ask again with it in.
+      avoided = s.member < size_ && avoiding.eligible(s.member);
     }
   }
-  Selection s = policy.Select(event, view);
+  if (!avoided) s = policy.Select(event, view);
   if (s.member >= size_ || !view.eligible(s.member)) {
     const std::uint32_t m = RandomEligible(view);
     s.member = m == kNoMember ? 0 : m;

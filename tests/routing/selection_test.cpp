@@ -508,6 +508,17 @@ TEST_CASE("avoiding the only eligible member still selects it") {
   for (int i = 0; i < 4; ++i) CHECK(g->Select(rr, Event{}, clock.NowNanos(), 0).member == 0);
 }
 
+TEST_CASE("avoiding the one primary of a weighted shadow policy keeps it, not its shadow") {
+  // Found by the adversarial helper: the shadow counted as another eligible member,
+  // the policy found no primary, and the group's random fallback chose the shadow.
+  ManualClock clock(1);
+  auto g = Group(2, &clock);
+  auto p = inferq::WeightedShadowPolicy::Create(2, {.weights = {1, 1}, .shadows = {1}});
+  REQUIRE(p.ok());
+  CHECK(g->Select(**p, Event{}).member == 0u);
+  for (int i = 0; i < 4; ++i) CHECK(g->Select(**p, Event{}, clock.NowNanos(), 0).member == 0u);
+}
+
 TEST_CASE("affinity Forget from another thread while Select runs keeps every placement sticky") {
   // Was a data race on the key table (Forget is called where a sequence ends, on a
   // replica's thread, while the engine selects under the stream's mutex).

@@ -293,10 +293,6 @@ absl::Status AddLanes(ConsumerState& state, const ConsumerConfig& config) {
   return absl::OkStatus();
 }
 
-// The stored messages consumer `c` starts with (ConsumerConfig::deliver), parked in
-// sequence order: lanes take them as they have room (RetryParked), and until the
-// last is queued the events published meanwhile are parked behind them
-// (EnqueueTargets), so every member sees the stream's order. Requires stream.mu.
 // Rewrites the ack log of durable consumer `c`, just replayed (`records` records,
 // c.resume what they say), as its state alone when the history is much longer: the
 // floor raised over the acks that follow it without a gap ("S <floor>"), then an "A"
@@ -409,6 +405,10 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
   return absl::OkStatus();
 }
 
+// The stored messages consumer `c` starts with (ConsumerConfig::deliver), parked in
+// sequence order: lanes take them as they have room (RetryParked), and until the
+// last is queued the events published meanwhile are parked behind them
+// (EnqueueTargets), so every member sees the stream's order. Requires stream.mu.
 void QueueStoredMessages(StreamState& stream, ConsumerState& c) {
   const ConsumerConfig& cfg = c.config;
   if (c.ack_log != nullptr && c.resume.started) {

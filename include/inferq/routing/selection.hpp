@@ -215,10 +215,10 @@ class MemberGroup {
   // The same with member `avoid` shown to the policy as ineligible (weight 0) while
   // another member is eligible, and asked again with it eligible when the policy
   // then picks none (the one primary of a WeightedShadowPolicy, say): a retry of
-  // work that failed on `avoid` (Envoy's
-  // previous_hosts retry predicate). A stateful policy re-places the event's key, as
-  // it does for an ejected member (AffinityPolicy moves the key, so that the rest of
-  // its sequence follows). kNoMember, or an index >= size(), avoids nothing.
+  // work that failed on `avoid` (Envoy's previous_hosts retry predicate). A stateful
+  // policy re-places the event's key, as it does for an ejected member
+  // (AffinityPolicy moves the key, so that the rest of its sequence follows).
+  // kNoMember, or an index >= size(), avoids nothing.
   Selection Select(SelectionPolicy& policy, const Event& event, std::int64_t now_ns,
                    std::uint32_t avoid);
 

@@ -398,7 +398,10 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
   absl::StatusOr<std::unique_ptr<StreamLog>> log = StreamLog::Open(lo, parse);
   if (!log.ok()) return fail(log.status(), "");
   c.ack_log = *std::move(log);
-  if (absl::Status st = CompactAckLog(c, records, stream.next_seq - 1); !st.ok()) {
+  // Not next_seq (guarded by stream.mu, and moved by this run's publishes, whose
+  // sequences the lost tail's records would hide): a consumer's ack log is opened
+  // once per run, so what lies beyond the recovered last message is stale.
+  if (absl::Status st = CompactAckLog(c, records, stream.recovered_next_seq - 1); !st.ok()) {
     c.ack_log.reset();
     return fail(st, "compacting its ack log: ");
   }

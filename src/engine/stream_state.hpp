@@ -48,6 +48,10 @@ struct StreamState {
   HandleQueue<Handle> messages;             // guarded by mu
   bool keeps_index = true;                  // KeepsIndex(config), set before first use
   std::uint64_t next_seq = 1;               // guarded by mu
+  // next_seq when recovery ended (FinishRecovery), before the stream was visible;
+  // constant after, so read without mu. A durable consumer's ack-log records beyond
+  // it speak of a tail the log lost (OpenAckLog), not of this run's publishes.
+  std::uint64_t recovered_next_seq = 1;
   std::vector<ConsumerState*> consumers;    // guarded by mu
   // Consumers with a non-empty accept_codecs (Publish's conversion pre-pass,
   // Engine::Impl::ConvertBeforeStore, runs only for streams that have one). Written

@@ -150,6 +150,7 @@ absl::Status StreamState::RecoverOne(std::uint64_t tx, std::string_view value,
 
 void StreamState::FinishRecovery(std::int64_t now_ns) {
   if (log->last_tx() >= next_seq) next_seq = log->last_tx() + 1;
+  recovered_next_seq = next_seq;
   TrimFront(now_ns);
   if (dedup != nullptr) {
     dedup->Expire(now_ns);

@@ -251,12 +251,37 @@ struct ConsumerState {
     auto it = prior_deliveries.find(seq);
     return it == prior_deliveries.end() ? 0 : it->second;
   }
-  // Appends a record to the ack log: its tx_id, or the log's error.
+  // Appends a record to the ack log: its tx_id, or the log's error (the consumer is
+  // then failed: FailAckLog).
   absl::StatusOr<std::uint64_t> Record(std::string_view text) {
     absl::StatusOr<StreamLog::Entry> e = ack_log->Append(text);
-    if (!e.ok()) return e.status();
+    if (!e.ok()) {
+      FailAckLog(e.status());
+      return e.status();
+    }
     return e->tx;
   }
+  // A failed ack log (StreamLog's failed state: a write or fdatasync error) fails the
+  // consumer: its pulls return AckLogFailure() instead of delivering messages whose
+  // acks could not be recorded (they would come back after every ack_wait, and again
+  // after a restart). What is queued stays queued; nothing is settled. The first
+  // error is kept. Any thread; ack_log_failed is read without the lock.
+  void FailAckLog(const absl::Status& st) {
+    std::lock_guard lock(ack_log_error_mu);
+    if (ack_log_failed.load(std::memory_order_relaxed)) return;
+    ack_log_error = st;
+    ack_log_failed.store(true, std::memory_order_release);
+  }
+  absl::Status AckLogFailure() const {
+    std::lock_guard lock(ack_log_error_mu);
+    return absl::FailedPreconditionError(
+        "consumer '" + config.name + "' of stream '" + config.stream +
+        "' delivers no more: its ack log failed (" + std::string(ack_log_error.message()) +
+        "); what it did not ack is kept and comes again once the engine is restarted");
+  }
+  std::atomic<bool> ack_log_failed{false};
+  mutable std::mutex ack_log_error_mu;
+  absl::Status ack_log_error;  // ack_log_error_mu; the first failure
   // The wheel is not empty (read without the lock; set under pending_mu by whoever
   // schedules, cleared by the timer run that empties it).
   std::atomic<bool> has_timers{false};

@@ -10,6 +10,7 @@
 #include <bit>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <new>
 #include <thread>
 #include <cstdint>
@@ -59,6 +60,44 @@ NumaArena* ProcessArena(const Topology& topology, int node_index, std::string* w
 }  // namespace
 
 namespace {
+
+// `dir` made absolute and normal, symbolic links of its existing part resolved, so
+// that two spellings of one directory compare equal.
+std::filesystem::path NormalDir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(dir, ec), ec);
+  if (ec) p = std::filesystem::absolute(dir, ec);
+  p = p.lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();  // "a/b/" as "a/b"
+  return p;
+}
+
+// `inner` is `outer` or lies under it.
+bool Within(const std::filesystem::path& inner, const std::filesystem::path& outer) {
+  auto [o, i] = std::mismatch(outer.begin(), outer.end(), inner.begin(), inner.end());
+  return o == outer.end();
+}
+
+// A file stream's directory must not hold, or lie in, another file stream's of the
+// same engine: the one inside would take the other's files (its consumers' ack logs
+// live in <directory>/consumers/<name>) for its own. InvalidArgument naming both.
+// Requires config_mu.
+absl::Status CheckDirectoryApart(const StreamConfig& config,
+                                 const std::vector<std::unique_ptr<StreamState>>& streams) {
+  const std::filesystem::path mine = NormalDir(config.directory);
+  for (const auto& other : streams) {
+    if (other->config.storage != StorageType::kFile) continue;
+    const std::filesystem::path theirs = NormalDir(other->config.directory);
+    if (Within(mine, theirs) || Within(theirs, mine)) {
+      return absl::InvalidArgumentError(
+          "stream '" + config.name + "': directory " + QuoteValue(config.directory) +
+          (mine == theirs ? " is" : Within(mine, theirs) ? " lies in" : " holds") +
+          " the directory " + QuoteValue(other->config.directory) + " of stream '" +
+          other->config.name + "' (each file stream needs a directory of its own, apart from the others)");
+    }
+  }
+  return absl::OkStatus();
+}
 
 // What Engine::Create refuses (see engine.hpp).
 absl::Status ValidateOptions(const EngineOptions& options) {
@@ -179,6 +218,7 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
       if (impl_->FindStream(config.name) != nullptr) {
         return absl::AlreadyExistsError("stream '" + config.name + "' already exists");
       }
+      if (absl::Status st = CheckDirectoryApart(config, impl_->streams); !st.ok()) return st;
     }
     // Recovery reads the directory outside config_mu (it may take a while).
     state->dictionaries = impl_->codecs.dictionaries.get();
@@ -207,6 +247,9 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
   if (impl_->closed.load()) return absl::CancelledError("engine is closed");
   if (impl_->FindStream(config.name) != nullptr) {
     return absl::AlreadyExistsError("stream '" + config.name + "' already exists");
+  }
+  if (config.storage == StorageType::kFile) {  // again: one added meanwhile
+    if (absl::Status st = CheckDirectoryApart(config, impl_->streams); !st.ok()) return st;
   }
   StreamState* raw = state.get();
   impl_->stream_by_name.emplace(config.name, raw);
@@ -404,6 +447,27 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
   if (absl::Status st = CompactAckLog(c, records, stream.recovered_next_seq - 1); !st.ok()) {
     c.ack_log.reset();
     return fail(st, "compacting its ack log: ");
+  }
+  if (!c.resume.started) {
+    // A new consumer: a provisional start, fdatasync'ed before the consumer exists,
+    // so that a log that cannot be written fails AddConsumer (nothing changed) and
+    // a power loss never loses where it started. QueueStoredMessages then writes the
+    // exact start under the stream's mutex, not synced: if that record is lost the
+    // provisional one stands, which is never above it (replay keeps the highest "S"),
+    // so a restart delivers more, never less. kNew starts after the newest message
+    // (last_seq, an atomic: config_mu never waits for stream.mu; relaxed is enough,
+    // since a value this thread reads was stored before its own later attach under
+    // stream.mu, so it is at most the exact floor); the others may take any stored
+    // message, so 0.
+    const std::uint64_t floor = c.config.deliver == DeliverPolicy::kNew
+                                    ? stream.last_seq.load(std::memory_order_relaxed)
+                                    : 0;
+    absl::StatusOr<StreamLog::Entry> e = c.ack_log->Append("S " + std::to_string(floor));
+    absl::Status st = e.ok() ? c.ack_log->Sync(e->tx) : e.status();
+    if (!st.ok()) {
+      c.ack_log.reset();
+      return fail(st, "writing its start to its ack log: ");
+    }
   }
   return absl::OkStatus();
 }

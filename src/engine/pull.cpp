@@ -168,6 +168,8 @@ void RecordDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns) {
 
 absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns) {
   ConsumerState& c = *consumer_;
+  // acquire: pairs with FailAckLog's release (the error it stored is visible).
+  if (c.ack_log_failed.load(std::memory_order_acquire)) return c.AckLogFailure();
   Lane& lane = *c.lanes[index_];
   // max_ack_pending: take a slot before pulling, so that no more than the limit is
   // ever out; it is given back when the pull ends without a countable delivery.
@@ -233,7 +235,8 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
         std::lock_guard lock(c.pending_mu);
         out.prior_ = c.PriorDeliveries(out.msg_->seq);
       }
-      // Best effort: a failed write fails the log, and the ack then reports it.
+      // Best effort: a failed write fails the log and the consumer (FailAckLog): this
+      // delivery's ack then reports it, and the next pull returns it.
       (void)c.Record("D " + std::to_string(out.msg_->seq) + " " +
                      std::to_string(out.attempt_ + out.prior_));
     }

@@ -88,6 +88,7 @@ absl::Status Message::AckSync() {
   if (absl::Status st = Settle(Settlement::kAck, 0, {}); !st.ok()) return st;
   if (ack_tx_ == 0) return absl::OkStatus();
   if (absl::Status st = consumer_->ack_log->Sync(ack_tx_); !st.ok()) {
+    consumer_->FailAckLog(st);
     return absl::Status(st.code(), "ack of message " + std::to_string(msg_->seq) +
                                        " by consumer '" + consumer_->config.name +
                                        "' is not durable: " + std::string(st.message()));

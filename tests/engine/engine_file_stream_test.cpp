@@ -151,6 +151,10 @@ TEST_CASE("deliver policies choose the stored messages a new consumer starts wit
     auto future = add({.name = "t1", .deliver = DeliverPolicy::kByStartTime,
                        .start_time = absl::Now() + absl::Hours(1)});
     CHECK(Drain(future).empty());
+    // As JetStream: it starts after the newest message, so what comes next comes,
+    // although it is published before its start time.
+    REQUIRE(engine->Publish(Payload("req.a", "m6")).ok());
+    CHECK(Drain(future) == Seen{{6, "m6"}});
   }
 }
 
@@ -179,6 +183,42 @@ TEST_CASE("a file stream directory is used by one stream at a time") {
   REQUIRE(st.code() == absl::StatusCode::kFailedPrecondition);
   CHECK(Msg(st) == "stream 'REQ': '" + d.path() + "/LOCK' is held by process " +
                        std::to_string(::getpid()) + ": another store has this directory open");
+}
+
+TEST_CASE("a file stream directory may not hold or lie in another stream's in one engine") {
+  // Found by the adversarial helper: a stream in <dir>/consumers/w took the ack log of
+  // consumer w of the stream in <dir> for its own.
+  TempDir d;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  StreamConfig inner = FileStream(d.path() + "/consumers/w");
+  inner.name = "IN";
+  inner.subjects = {"in.>"};
+  CHECK(Msg(engine->AddStream(inner)) ==
+        "stream 'IN': directory '" + d.path() + "/consumers/w' lies in the directory '" + d.path() +
+            "' of stream 'REQ' (each file stream needs a directory of its own, apart from the others)");
+  StreamConfig same = inner;
+  same.directory = d.path() + "/./";
+  CHECK(Msg(engine->AddStream(same)) ==
+        "stream 'IN': directory '" + d.path() + "/./' is the directory '" + d.path() +
+            "' of stream 'REQ' (each file stream needs a directory of its own, apart from the others)");
+  TempDir up;
+  auto other = *Engine::Create();
+  StreamConfig low = FileStream(up.path() + "/low");
+  REQUIRE(other->AddStream(low).ok());
+  StreamConfig outer = FileStream(up.path());
+  outer.name = "OUT";
+  outer.subjects = {"out.>"};
+  const absl::Status st = other->AddStream(outer);
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(st) == "stream 'OUT': directory '" + up.path() + "' holds the directory '" + up.path() +
+                       "/low' of stream 'REQ' (each file stream needs a directory of its own, apart from the others)");
+  // Nothing was created for the refused ones, and a sibling directory is fine.
+  CHECK(!std::filesystem::exists(d.path() + "/consumers/w"));
+  StreamConfig sibling = FileStream(up.path() + "/lower");
+  sibling.name = "SIB";
+  sibling.subjects = {"sib.>"};
+  CHECK(other->AddStream(sibling).ok());
 }
 
 TEST_CASE("file stream configurations the engine cannot honour are refused") {
@@ -291,6 +331,81 @@ TEST_CASE("a file stream whose log fails refuses publishes and acknowledges noth
   std::vector<std::string> want = acked;
   if (kind == "sync") want.push_back("m4");
   CHECK(got == want);
+}
+
+TEST_CASE("a durable consumer whose ack log fails delivers no more and keeps what it did not ack") {
+  // Found by the adversarial helper: a failed ack log used to leave the consumer
+  // delivering messages whose acks all failed, each coming back after ack_wait.
+  TempDir d;
+  const int err = GENERATE(EIO, ENOSPC);
+  const std::string kind = GENERATE(std::string("write"), std::string("sync"));
+  CAPTURE(err, kind);
+  auto faulty = std::make_shared<state_test::FaultyFileSystem>();
+  StreamConfig s = FileStream(d.path());
+  s.file_system = faulty;
+  const ConsumerConfig cfg{.stream = "REQ", .name = "w", .deliver = DeliverPolicy::kAll};
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(s).ok());
+    auto c = *engine->AddConsumer(cfg);
+    for (int i = 1; i <= 4; ++i) REQUIRE(engine->Publish(Payload("req.a", "m" + std::to_string(i))).ok());
+    Member m = *c.member(0);
+    auto m1 = m.Next(absl::Seconds(5));
+    REQUIRE(m1.ok());
+    REQUIRE(m1->AckSync().ok());
+    auto m2 = m.Next(absl::Seconds(5));
+    REQUIRE(m2.ok());
+    CHECK(Body(*m2) == "m2");
+    faulty->FailNth(kind, 1, err);
+    // write: the ack's record fails, and so does the ack. sync: the record is in the
+    // OS (a restart keeps it), its fdatasync fails.
+    const absl::Status acked = m2->AckSync();
+    REQUIRE(!acked.ok());
+    CHECK(acked.code() == (err == EIO ? absl::StatusCode::kDataLoss : absl::StatusCode::kResourceExhausted));
+    CHECK_THAT(Msg(acked), Catch::Contains("injected"));
+    CHECK_THAT(Msg(acked), Catch::StartsWith(kind == "write" ? "ack of message 2 by consumer 'w' not recorded: "
+                                                              : "ack of message 2 by consumer 'w' is not durable: "));
+    for (int pull = 0; pull < 2; ++pull) {  // at once, and again: no message is taken
+      auto next = m.Next(absl::Seconds(5));
+      REQUIRE(!next.ok());
+      CHECK(next.status().code() == absl::StatusCode::kFailedPrecondition);
+      CHECK_THAT(Msg(next.status()),
+                 Catch::StartsWith("consumer 'w' of stream 'REQ' delivers no more: its ack log failed ("));
+      CHECK_THAT(Msg(next.status()), Catch::Contains("injected"));
+    }
+    CHECK(inferq::engine_test::CS(*engine, "REQ", "w").delivered == 2);
+  }
+  s.file_system = nullptr;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  auto c = *engine->AddConsumer(cfg);
+  const Seen want = kind == "write" ? Seen{{2, "m2"}, {3, "m3"}, {4, "m4"}} : Seen{{3, "m3"}, {4, "m4"}};
+  CHECK(Drain(c) == want);
+}
+
+TEST_CASE("a durable consumer whose ack log cannot be written is not added") {
+  TempDir d;
+  const std::string kind = GENERATE(std::string("create"), std::string("write"), std::string("sync"));
+  CAPTURE(kind);
+  auto faulty = std::make_shared<state_test::FaultyFileSystem>();
+  StreamConfig s = FileStream(d.path());
+  s.file_system = faulty;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  REQUIRE(engine->Publish(Payload("req.a", "m1")).ok());
+  const ConsumerConfig cfg{.stream = "REQ", .name = "w", .deliver = DeliverPolicy::kAll};
+  faulty->FailNth(kind, 1, ENOSPC);
+  auto refused = engine->AddConsumer(cfg);
+  REQUIRE(!refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK_THAT(Msg(refused.status()), Catch::StartsWith("consumer 'w' of stream 'REQ': "));
+  CHECK_THAT(Msg(refused.status()), Catch::Contains("injected ENOSPC"));
+  // Nothing changed: the name is free, and the stream is whole.
+  auto c = engine->AddConsumer(cfg);
+  REQUIRE(c.ok());
+  CHECK(Drain(*c) == Seen{{1, "m1"}});
+  REQUIRE(engine->Publish(Payload("req.a", "m2")).ok());
+  CHECK(Drain(*c) == Seen{{2, "m2"}});
 }
 
 TEST_CASE("a consumer of a file stream resumes after a restart: acked messages never come again") {

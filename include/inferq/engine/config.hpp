@@ -53,7 +53,10 @@ enum class StorageType { kMemory, kFile };
 //  kLast             the newest message it matches, then the new ones
 //  kLastPerSubject   the newest message of each subject it matches, in sequence order
 //  kByStartSequence  the messages from ConsumerConfig::start_seq on
-//  kByStartTime      the messages stored at or after ConsumerConfig::start_time
+//  kByStartTime      the messages stored at or after ConsumerConfig::start_time;
+//                    as in JetStream, a start_time after the newest message (even
+//                    one in the future) starts after it: every message published
+//                    from then on comes, whatever its publish time
 // Stored messages are queued for it in sequence order before any message published
 // after it was added.
 enum class DeliverPolicy { kNew, kAll, kLast, kLastPerSubject, kByStartSequence, kByStartTime };
@@ -112,8 +115,11 @@ struct StreamConfig {
   // Adding the stream recovers what the directory holds: the messages with their
   // sequences, publish times and duplicate window (the stream goes on numbering
   // after the last one). The directory is opened by one stream at a time
-  // (FailedPrecondition naming the holder's pid). kFile needs retention kLimits
-  // (InvalidArgument otherwise: acks are not yet durable).
+  // (FailedPrecondition naming the holder's pid), and in one engine it may not
+  // hold or lie in another file stream's (InvalidArgument naming both: a stream's
+  // durable consumers keep their ack logs in <directory>/consumers/<name>). kFile needs retention kLimits
+  // (InvalidArgument otherwise: a retention that follows acks is not yet kept across
+  // restarts).
   StorageType storage = StorageType::kMemory;
   std::string directory{};            // kFile: the stream's own directory; else empty
   SyncPolicy sync = SyncPolicy::kEveryCommit;

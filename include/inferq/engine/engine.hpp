@@ -291,6 +291,12 @@ class Engine {
   // block) may have stored the event already: it returns Cancelled "engine closed
   // during publish: stored as sequence N but not queued for K consumer(s)", and
   // the event counts in EngineStats::published and the stream's stats.
+  // A file stream (StreamConfig::storage) returns its log's error: the write's
+  // (nothing stored there), or the fdatasync's, "stream 'S': message stored as
+  // sequence N is not durable: ..." (the message is stored and queued; it survives a
+  // crash of the process, perhaps not a power loss: publish it again with the same
+  // msg_id after a restart if it must survive one); either fails the stream's log, and later
+  // publishes to it are refused (FailedPrecondition quoting the first error).
   // Payload conversion (ConsumerConfig::accept_codecs) is done before anything is
   // stored; when it fails nothing is stored and Publish returns FailedPrecondition
   // if the payload's dictionary is not in EngineOptions::codecs.dictionaries (the

@@ -79,6 +79,8 @@ std::uint32_t PlaceOnLane(ConsumerState& c, Delivery& d, std::uint32_t member, P
       const std::uint32_t m = (target + k) % n;
       const bool ok = pass == 0 ? (m != avoid && !ejected[m]) : pass == 1 ? !ejected[m] : true;
       if (!ok) continue;
+      // A message never lands on a shadow member (its result is not the answer).
+      if (!d.shadow && !c.policy->ServesPrimary(m)) continue;
       c.group->OnQueued(m);  // before the push, as above
       if (c.lanes[m]->ring.try_push(std::move(d))) return m;
       c.group->OnDone(m, Outcome::kDropped, 0);

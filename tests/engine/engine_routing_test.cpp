@@ -307,6 +307,45 @@ TEST_CASE("weighted shadow mirrors copies whose acks do not count for the messag
   CHECK(Kept(*engine) == 0);
 }
 
+TEST_CASE("a redelivery whose primary lane is full waits for it and never lands on a shadow member") {
+  // Found by the adversarial helper: PlaceOnLane's scan past the policy's pick put a
+  // redelivered message on the shadow member, whose result is not the answer.
+  ManualClock clock(1);
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"a"}}).ok());
+  auto policy = WeightedShadowPolicy::Create(2, {.weights = {1, 0}, .shadows = {1}});
+  REQUIRE(policy.ok());
+  ConsumerConfig cc{.stream = "S", .name = "g", .members = 2, .lane_capacity = 1};
+  cc.selection = std::shared_ptr<SelectionPolicy>(std::move(*policy));
+  auto c = engine->AddConsumer(cc);
+  REQUIRE(c.ok());
+  REQUIRE(engine->Publish(Ev("a", "1")).ok());
+  auto first = c->member(0)->Next(absl::ZeroDuration());
+  REQUIRE(first.ok());
+  // Fill the primary's lane (its ring may round the capacity up).
+  int n = 1;
+  while (engine->TryPublish(Ev("a", std::to_string(n + 1))).ok()) ++n;
+  const std::size_t full = c->member(0)->queued();
+  REQUIRE(full == static_cast<std::size_t>(n - 1));
+  REQUIRE(first->Nak().ok());
+  CHECK(c->member(1)->queued() == 0);
+  CHECK(c->member(0)->queued() == full);
+  std::vector<std::string> got;
+  for (int i = 0; i < n; ++i) {  // each pull makes room for the parked redelivery
+    auto m = c->member(0)->Next(absl::ZeroDuration());
+    REQUIRE(m.ok());
+    CHECK_FALSE(m->shadow());
+    got.push_back(m->event().msg_id + "/" + std::to_string(m->attempt()));
+    REQUIRE(m->Ack().ok());
+  }
+  std::vector<std::string> want;
+  for (int i = 2; i <= n; ++i) want.push_back(std::to_string(i) + "/1");
+  want.push_back("1/2");
+  CHECK(got == want);
+  CHECK(c->member(1)->queued() == 0);
+  CHECK(CS(*engine, "S", "g").acked == static_cast<std::uint64_t>(n));
+}
+
 // Regressions found by the adversarial pass, each its smallest input.
 
 TEST_CASE("a nak while a publisher is blocked on the same full lane returns") {

@@ -185,6 +185,11 @@ class SelectionPolicy {
   // InvalidArgument when the policy cannot serve a group of `members` (a policy
   // built for a fixed size); the engine checks it in AddConsumer.
   virtual absl::Status CheckGroupSize(std::uint32_t /*members*/) const { return absl::OkStatus(); }
+  // False for a member that takes only mirrored copies (WeightedShadowPolicy's
+  // shadows): when the engine places a message past the policy's pick (a
+  // redelivery or a move whose pick is full or ejected), it never puts one there.
+  // Constant for the policy's life; called from any thread without the policy's lock.
+  virtual bool ServesPrimary(std::uint32_t /*member*/) const { return true; }
 };
 
 class MemberGroup {
@@ -468,6 +473,9 @@ class WeightedShadowPolicy final : public SelectionPolicy {
   std::string_view name() const override { return "weighted_shadow"; }
   Selection Select(const Event& event, const SelectionView& view) override;
   absl::Status CheckGroupSize(std::uint32_t members) const override;
+  bool ServesPrimary(std::uint32_t member) const override {
+    return member >= is_shadow_.size() || !is_shadow_[member];
+  }
   const WeightedShadowOptions& options() const { return options_; }
 
  private:
@@ -494,6 +502,7 @@ class AffinityPolicy final : public SelectionPolicy {
   absl::Status CheckGroupSize(std::uint32_t members) const override {
     return inner_->CheckGroupSize(members);
   }
+  bool ServesPrimary(std::uint32_t member) const override { return inner_->ServesPrimary(member); }
   // Forgets `key_bytes` (e.g. when its sequence ends). True when it was known.
   // Safe from any thread, also while the engine calls Select (the key table has
   // its own mutex).

@@ -251,6 +251,14 @@ struct ConsumerState {
     auto it = prior_deliveries.find(seq);
     return it == prior_deliveries.end() ? 0 : it->second;
   }
+  // Drops `seq`'s count of deliveries before the restart once the message is settled
+  // for good (acked, terminated, dead-lettered), so the map shrinks back to empty.
+  // Requires pending_mu.
+  void ForgetPrior(std::uint64_t seq) {
+    if (!has_prior.load(std::memory_order_relaxed)) return;
+    prior_deliveries.erase(seq);
+    if (prior_deliveries.empty()) has_prior.store(false, std::memory_order_release);
+  }
   // Appends a record to the ack log: its tx_id, or the log's error (the consumer is
   // then failed: FailAckLog).
   absl::StatusOr<std::uint64_t> Record(std::string_view text) {

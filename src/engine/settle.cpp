@@ -198,6 +198,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
       }
       c.wheel->Cancel(it->second.timer);  // the newer delivery's ack wait or redelivery
       c.pending.erase(it);
+      c.ForgetPrior(msg_->seq);
     } else {
       c.Unsettle();
       c.wheel->Cancel(it->second.timer);  // this delivery's ack wait
@@ -205,6 +206,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
       if (how != Settlement::kAck) {
         if (how == Settlement::kTerm || c.LastAttempt(attempt_ + prior_)) {
           c.pending.erase(it);
+          c.ForgetPrior(msg_->seq);
           lock.unlock();
           c.group->OnDone(member_, how == Settlement::kTerm ? Outcome::kDropped : Outcome::kFailure,
                           latency);
@@ -232,14 +234,21 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
         return absl::OkStatus();
       }
       c.pending.erase(it);
+      c.ForgetPrior(msg_->seq);
       c.group->OnDone(member_, Outcome::kSuccess, latency, now);
     }
   } else {
     c.Unsettle();
+    auto forget_prior = [&] {
+      if (!c.has_prior.load(std::memory_order_acquire)) return;
+      std::lock_guard lock(c.pending_mu);
+      c.ForgetPrior(msg_->seq);
+    };
     if (how != Settlement::kAck) {
       c.group->OnDone(member_, how == Settlement::kTerm ? Outcome::kDropped : Outcome::kFailure,
                       latency);
       if (how == Settlement::kTerm || c.LastAttempt(attempt_ + prior_)) {
+        forget_prior();
         engine_internal::DeadLetter(c, msg_, attempt_ + prior_,
                                     how == Settlement::kTerm ? "term" : "max_deliver",
                                       how == Settlement::kTerm ? description : "nak");
@@ -258,6 +267,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
       engine_internal::Redeliver(c, {msg_, attempt_ + 1, false}, member_);
       return absl::OkStatus();
     }
+    forget_prior();
     c.group->OnDone(member_, Outcome::kSuccess, latency, now);
   }
   c.counts.acked.fetch_add(1, std::memory_order_relaxed);

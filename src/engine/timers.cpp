@@ -80,6 +80,7 @@ void RunConsumerTimers(ConsumerState& c, std::int64_t now) {
             // Given up: the attempt it carries is the dead letter's delivery count.
             expired.push_back({{it->second.h, deliveries, false}, member, true});
             c.pending.erase(it);
+            c.ForgetPrior(t.seq);
             return;
           }
           expired.push_back({{it->second.h, t.attempt + 1, false}, member, false});

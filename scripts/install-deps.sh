@@ -19,7 +19,8 @@ purposes (default: examples; --for may be given more than once):
             check) and the JSON Schema test suite: the `dev` preset and ctest
   bench     library + Google Benchmark and the peers the benchmarks compare
             against (TBB, Boost, atomic_queue, moodycamel, xenium, RocksDB,
-            SQLite, ZeroMQ, NNG): the `bench` preset
+            SQLite, ZeroMQ, NNG, NATS JetStream: libnats and nats-server): the
+            `bench` preset
   fuzz      library + clang with its libFuzzer runtime, and valijson: the
             `fuzz` preset
 
@@ -43,7 +44,7 @@ library=(
 tests=(catch2 libvalijson-dev json-schema-test-suite)
 bench=(
   libbenchmark-dev libtbb-dev libboost-dev libatomic-queue-dev libconcurrentqueue-dev
-  libxenium-dev librocksdb-dev libsqlite3-dev libzmq3-dev libnng-dev
+  libxenium-dev librocksdb-dev libsqlite3-dev libzmq3-dev libnng-dev libnats-dev nats-server
 )
 fuzz=(clang libclang-rt-14-dev libvalijson-dev)
 

@@ -244,11 +244,13 @@ struct SqliteQueue {
   sqlite3_stmt* insert = nullptr;
   sqlite3_stmt* next = nullptr;
   sqlite3_stmt* remove = nullptr;
-  std::mutex mu;  // one writer at a time (SQLite's own rule); one shared connection
+  // One writer at a time (SQLite's own rule); one shared connection. AUTOINCREMENT:
+  // a row deleted by the consumer never gives its seq to a later insert.
+  std::mutex mu;
   bool Open(const fs::path& file) {
     if (sqlite3_open(file.c_str(), &db) != SQLITE_OK) return false;
     for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=FULL",
-                            "CREATE TABLE IF NOT EXISTS q (seq INTEGER PRIMARY KEY, subject TEXT, "
+                            "CREATE TABLE IF NOT EXISTS q (seq INTEGER PRIMARY KEY AUTOINCREMENT, subject TEXT, "
                             "payload BLOB)"}) {
       if (sqlite3_exec(db, sql, nullptr, nullptr, nullptr) != SQLITE_OK) return false;
     }

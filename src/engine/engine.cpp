@@ -264,6 +264,18 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
     }
     return 0;
   });
+  if (config.max_age > absl::ZeroDuration() && !impl_->manual_timers) {
+    // max_age is enforced by the timer too, not only when the stream is written: a
+    // run at least every max_age / 8, within 1 ms .. 1 s.
+    const std::int64_t interval = std::clamp<std::int64_t>(
+        absl::ToInt64Nanoseconds(config.max_age) / 8, 1'000'000, 1'000'000'000);
+    {
+      std::lock_guard tl(impl_->timer_mu);
+      impl_->timer_interval_ns = std::min(impl_->timer_interval_ns, interval);
+    }
+    impl_->timer_cv.notify_all();
+    impl_->StartTimer([this] { RunTimers(); });
+  }
   return absl::OkStatus();
 }
 

@@ -157,10 +157,24 @@ void Engine::RunTimers() {
   // Reused between runs: a run with nothing due allocates nothing.
   std::vector<ConsumerState*>& consumers = impl_->timer_consumers;
   consumers.clear();
+  // Streams with max_age (streams are never removed: the pointers stay valid).
+  absl::InlinedVector<engine_internal::StreamState*, 8> aging;
   {
     std::lock_guard lock(impl_->config_mu);
     if (impl_->closed.load(std::memory_order_acquire)) return;
     for (auto& c : impl_->consumers) consumers.push_back(c.get());
+    for (auto& s : impl_->streams) {
+      if (s->config.max_age > absl::ZeroDuration()) aging.push_back(s.get());
+    }
+  }
+  // 0. max_age: messages older than it go, whether or not the stream is written.
+  // try_lock: a publisher blocked on a full lane holds the stream's mutex, and the
+  // timer never waits for it (the next run trims what this one skipped).
+  for (engine_internal::StreamState* s : aging) {
+    std::unique_lock lock(s->mu, std::try_to_lock);
+    if (!lock.owns_lock()) continue;
+    s->TrimFront(impl_->clock->NowNanos());
+    if (s->log != nullptr) s->RetireLog();
   }
   if (impl_->has_calls.load(std::memory_order_acquire)) {
     for (Event& e : impl_->ExpireCalls()) (void)Publish(std::move(e), PublishMode::kInternal);

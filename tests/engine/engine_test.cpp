@@ -224,7 +224,7 @@ TEST_CASE("a refusal by one of two streams is counted in the ack") {
 
 TEST_CASE("max_age removes old messages, also while they wait in a lane") {
   ManualClock clock;
-  auto engine = Engine::Create({.clock = &clock}).value();
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
   REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}, .max_age = absl::Seconds(10)}).ok());
   auto c = engine->AddConsumer({.stream = "S", .name = "c"});
   REQUIRE(engine->Publish(Ev("x")).ok());
@@ -240,12 +240,34 @@ TEST_CASE("max_age removes old messages, also while they wait in a lane") {
   clock.Advance(absl::Seconds(11));       // ages out in the lane, no publish since
   CHECK(Drain(M(c)).empty());             // seq 4 is discarded when pulled
   CHECK(CS(*engine, "S", "c").skipped == 3);
-  // Seq 3 (delivered) has aged out too; on an idle stream it goes at the next write.
+  // Seq 3 (delivered) has aged out too; on an idle stream it goes at the next timer
+  // run (none has run yet), no write needed.
   CHECK(SS(*engine, "S").messages == 1);
+  engine->RunTimers();
+  CHECK(SS(*engine, "S").messages == 0);
+  CHECK(SS(*engine, "S").discarded == 4);
   REQUIRE(engine->Publish(Ev("x")).ok());  // seq 5
   const StreamStats after = SS(*engine, "S");
   CHECK(after.messages == 1);
   CHECK(after.discarded == 4);
+}
+
+TEST_CASE("the timer removes messages older than max_age from a stream nobody writes") {
+  // Without manual timers: the engine's own timer thread, which a max_age stream
+  // starts even with no consumer. The clock is manual, so only its runs can trim.
+  ManualClock clock;
+  auto engine = Engine::Create({.clock = &clock}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}, .max_age = absl::Milliseconds(80)}).ok());
+  for (int i = 0; i < 3; ++i) REQUIRE(engine->Publish(Ev("x")).ok());
+  clock.Advance(absl::Milliseconds(81));
+  // A run comes within 10 ms (max_age / 8); wait up to 10 s of real time for it.
+  for (int i = 0; i < 10'000 && SS(*engine, "S").messages != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const StreamStats s = SS(*engine, "S");
+  CHECK(s.messages == 0);
+  CHECK(s.discarded == 3);
+  CHECK(s.last_seq == 3);
 }
 
 TEST_CASE("interest retention removes a message once every consumer acked it") {

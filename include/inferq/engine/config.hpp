@@ -80,8 +80,12 @@ struct StreamConfig {
   std::vector<std::string> subjects{};  // subject patterns; at least one
   std::int64_t max_msgs = -1;         // messages kept; -1 = no limit, else > 0
   std::int64_t max_bytes = -1;        // bytes kept (Event::StoredSize); -1 or > 0
-  // Zero = no limit; else any positive finite duration (not capped at 365 days:
-  // retention is not a timer). Negative or infinite is InvalidArgument.
+  // Zero = no limit; else any positive finite duration (not capped at 365 days).
+  // Negative or infinite is InvalidArgument. Messages older than max_age are
+  // removed when the stream is written and by the engine's timer, which then runs
+  // at least every max_age / 8 (within 1 ms .. 1 s; with manual_timers, at each
+  // RunTimers), so an idle stream empties too; queued deliveries of a removed
+  // message are skipped.
   absl::Duration max_age = absl::ZeroDuration();
   std::int64_t max_msg_size = -1;     // bytes per message; -1 or > 0
   DiscardPolicy discard = DiscardPolicy::kOld;

@@ -30,11 +30,13 @@
 //    discard kOld the oldest messages make room (and are skipped if still queued in a
 //    lane: a consumer never receives a message its stream has discarded); with kNew
 //    the publish is rejected for that stream.
-//  - max_age is applied when the stream is written and when a member pulls an
-//    event; on an idle stream an aged-out event leaves at the next write. (Queue
-//    timeouts, below, do fire on a timer.)
-//  - A consumer receives the events published after it was added (JetStream's
-//    DeliverPolicy "new"); per stream, every member sees events in sequence order.
+//  - max_age is applied when the stream is written, when a member pulls an event,
+//    and by the engine's timer (at least every max_age / 8), so an idle stream
+//    empties too.
+//  - A consumer receives the stored messages its ConsumerConfig::deliver policy
+//    picks (JetStream's DeliverPolicy; "new" by default: none), then the events
+//    published after it was added; per stream, every member sees events in
+//    sequence order.
 //  - Memory: the Event shared by all deliveries and each stream's record of it come
 //    from FixedPools of the NUMA node of the first lane that will drain the event
 //    (ConsumerConfig::member_nodes; else the publisher's node), with chunks from a
@@ -379,12 +381,14 @@ class Engine {
   // waits for them to return (a handler must not block forever). Idempotent.
   void Close();
 
-  // Runs due timers now: redelivers deliveries whose ack_wait expired, moves work
-  // off stalled members, releases delayed naks, updates flow control and the
-  // lifecycle's timeouts. The background thread calls it every min over
-  // explicit-ack consumers of (first ack_wait / 4), clamped to 1 ms .. 100 ms, or
-  // every 100 ms when there is none (the interval only shrinks as consumers are
-  // added); a delayed nak wakes it early. With manual_timers, tests call it.
+  // Runs due timers now: removes the messages older than their stream's max_age,
+  // redelivers deliveries whose ack_wait expired, moves work off stalled members,
+  // releases delayed naks, updates flow control and the lifecycle's timeouts. The
+  // background thread calls it every min over explicit-ack consumers of (first
+  // ack_wait / 4), clamped to 1 ms .. 100 ms, and over streams with max_age of
+  // (max_age / 8), clamped to 1 ms .. 1 s, or every 100 ms when there is none (the
+  // interval only shrinks as consumers and streams are added); a delayed nak wakes
+  // it early. With manual_timers, tests call it.
   void RunTimers();
 
   EngineStats Stats() const;

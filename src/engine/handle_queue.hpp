@@ -18,6 +18,8 @@ class HandleQueue {
   bool empty() const { return size_ == 0; }
   std::size_t size() const { return size_; }
   T& front() { return buf_[head_]; }
+  // The i-th element from the front; i < size().
+  const T& at(std::size_t i) const { return buf_[(head_ + i) & (buf_.size() - 1)]; }
 
   // Makes room for one more push_back, which then cannot fail. Throws
   // std::bad_alloc.

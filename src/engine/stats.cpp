@@ -13,10 +13,51 @@
 #include "absl/container/inlined_vector.h"
 #include "engine_impl.hpp"
 #include "inferq/base/error.hpp"
+#include "inferq/base/error.hpp"
 #include "inferq/base/limits.hpp"
 #include "inferq/engine/engine.hpp"
 
 namespace inferq {
+
+absl::StatusOr<std::shared_ptr<const Event>> Engine::GetMessage(std::string_view stream,
+                                                                std::uint64_t seq) const {
+  engine_internal::StreamState* s;
+  {
+    std::lock_guard lock(impl_->config_mu);
+    s = impl_->FindStream(stream);
+  }
+  if (s == nullptr) return absl::NotFoundError("stream " + QuoteValue(stream) + " does not exist");
+  if (seq == 0) {
+    return absl::InvalidArgumentError("stream '" + s->config.name +
+                                      "': sequence 0 is invalid (sequences start at 1)");
+  }
+  if (!s->keeps_index) {
+    return absl::FailedPreconditionError(
+        "stream '" + s->config.name + "' keeps no index of its messages (interest retention "
+        "without max_age or a discard-old limit), so none can be got by sequence");
+  }
+  std::lock_guard lock(s->mu);
+  // The index is in ascending sequence: a binary search.
+  std::size_t lo = 0;
+  std::size_t hi = s->messages.size();
+  while (lo < hi) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    if (s->messages.at(mid)->seq < seq) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  if (lo < s->messages.size()) {
+    const engine_internal::Handle& h = s->messages.at(lo);
+    if (h->seq == seq && h->state.load(std::memory_order_acquire) == engine_internal::kLive) {
+      return h->event;
+    }
+  }
+  return absl::NotFoundError("stream '" + s->config.name + "' holds no message " +
+                             std::to_string(seq) + " (last sequence " +
+                             std::to_string(s->last_seq.load(std::memory_order_relaxed)) + ")");
+}
 
 EngineStats Engine::Stats() const {
   EngineStats out;
@@ -51,6 +92,7 @@ EngineStats Engine::Stats() const {
       ms.delivered = lane.delivered.load(std::memory_order_relaxed);
       ms.queued = lane.ring.size_approx();
       cs.delivered += ms.delivered;
+      cs.num_pending += ms.queued;
       cs.deliver_latency_ns.Merge(lane.deliver_latency_ns.Snapshot());
       cs.members.push_back(ms);
     }
@@ -62,6 +104,10 @@ EngineStats Engine::Stats() const {
     {
       std::lock_guard lock(c->pending_mu);
       cs.timers = c->wheel->size();
+      cs.num_pending += c->parked.size();
+      for (const auto& [seq, p] : c->pending) {
+        if (p.attempt + c->PriorDeliveries(seq) > 1) ++cs.num_redelivered;
+      }
     }
     for (std::uint32_t i = 0; i < c->lanes.size(); ++i) {
       for (std::size_t k = 0; k < kBatchSizeBuckets; ++k) {

@@ -442,6 +442,25 @@ TEST_CASE("the timer retires the segments of messages older than max_age on a fi
   CHECK(ack->seq == 21);
 }
 
+TEST_CASE("GetMessage finds the messages a file stream recovered") {
+  TempDir d;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+    for (int i = 1; i <= 3; ++i) REQUIRE(engine->Publish(Payload("req.a", "m" + std::to_string(i))).ok());
+  }
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  for (std::uint64_t seq = 1; seq <= 3; ++seq) {
+    auto e = engine->GetMessage("REQ", seq);
+    REQUIRE(e.ok());
+    const auto p = (*e)->payload.span();
+    CHECK(std::string(reinterpret_cast<const char*>(p.data()), p.size()) == "m" + std::to_string(seq));
+    CHECK((*e)->subject == "req.a");
+  }
+  CHECK(Msg(engine->GetMessage("REQ", 4).status()) == "stream 'REQ' holds no message 4 (last sequence 3)");
+}
+
 TEST_CASE("a consumer of a file stream resumes after a restart: acked messages never come again") {
   TempDir d;
   {

@@ -782,3 +782,65 @@ TEST_CASE("memory stats: one node on this machine says how its arena is placed")
     CHECK(m.pools[2].block_size == 2048);
   }
 }
+
+namespace {
+std::string Text(const Event& e) {
+  const auto p = e.payload.span();
+  return std::string(reinterpret_cast<const char*>(p.data()), p.size());
+}
+}  // namespace
+
+TEST_CASE("GetMessage returns the stored event of a sequence and names what it does not hold") {
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}, .max_msgs = 3}).ok());
+  for (int i = 1; i <= 4; ++i) REQUIRE(engine->Publish(Ev("x", "m" + std::to_string(i))).ok());
+  auto two = engine->GetMessage("S", 2);
+  REQUIRE(two.ok());
+  CHECK(Text(**two) == "m2");
+  CHECK((*two)->subject == "x");
+  auto four = engine->GetMessage("S", 4);
+  REQUIRE(four.ok());
+  CHECK(Text(**four) == "m4");
+  // 1 went to max_msgs; 5 was never stored.
+  CHECK(engine->GetMessage("S", 1).status().code() == absl::StatusCode::kNotFound);
+  CHECK(Msg(engine->GetMessage("S", 1).status()) == "stream 'S' holds no message 1 (last sequence 4)");
+  CHECK(Msg(engine->GetMessage("S", 5).status()) == "stream 'S' holds no message 5 (last sequence 4)");
+  CHECK(engine->GetMessage("S", 0).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(engine->GetMessage("S", 0).status()) == "stream 'S': sequence 0 is invalid (sequences start at 1)");
+  CHECK(Msg(engine->GetMessage("T", 1).status()) == "stream 'T' does not exist");
+  REQUIRE(engine->AddStream({.name = "I", .subjects = {"i"}, .retention = RetentionPolicy::kInterest}).ok());
+  CHECK(engine->GetMessage("I", 1).status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("consumer stats count its lag and its redelivered messages not yet acked") {
+  ManualClock clock(1);
+  auto engine = Engine::Create({.clock = &clock, .manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"x"}}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .ack_wait = absl::Seconds(1)});
+  for (int i = 1; i <= 3; ++i) REQUIRE(engine->Publish(Ev("x", std::to_string(i))).ok());
+  auto stats = [&] {
+    const EngineStats st = engine->Stats();
+    const ConsumerStats* cs = st.consumer("S", "c");
+    REQUIRE(cs != nullptr);
+    return std::make_tuple(cs->num_pending, cs->ack_pending, cs->num_redelivered);
+  };
+  CHECK(stats() == std::make_tuple(3, 0, 0));
+  auto first = M(c).Next(absl::ZeroDuration());
+  REQUIRE(first.ok());
+  CHECK(stats() == std::make_tuple(2, 1, 0));
+  REQUIRE(first->Nak().ok());  // queued again, behind 2 and 3: it counts as redelivered
+  CHECK(stats() == std::make_tuple(3, 0, 1));
+  std::vector<Message> out;
+  for (int i = 0; i < 3; ++i) {
+    auto m = M(c).Next(absl::ZeroDuration());
+    REQUIRE(m.ok());
+    out.push_back(*std::move(m));
+  }
+  CHECK(out[2].attempt() == 2);
+  CHECK(stats() == std::make_tuple(0, 3, 1));
+  REQUIRE(out[2].Ack().ok());
+  CHECK(stats() == std::make_tuple(0, 2, 0));
+  clock.Advance(absl::Seconds(2));  // 2 and 3 time out and come again
+  engine->RunTimers();
+  CHECK(stats() == std::make_tuple(2, 0, 2));
+}

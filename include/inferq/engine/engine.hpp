@@ -391,6 +391,17 @@ class Engine {
   // it early. With manual_timers, tests call it.
   void RunTimers();
 
+  // The message stored as sequence `seq` in stream `stream` (JetStream's get
+  // message by sequence): its event, shared with its deliveries, not copied.
+  // NotFound naming the stream for an unknown stream, and naming both for a
+  // sequence it does not hold (never stored, or removed by a limit, max_age or the
+  // acks of interest retention); InvalidArgument for seq 0; FailedPrecondition for
+  // a stream that keeps no index of its messages (interest retention without
+  // max_age and without a discard-old limit: StreamConfig::retention). Waits for the
+  // stream's mutex (a publisher blocked on a full lane of the stream holds it).
+  absl::StatusOr<std::shared_ptr<const Event>> GetMessage(std::string_view stream,
+                                                          std::uint64_t seq) const;
+
   EngineStats Stats() const;
 
   // The reward channel of flow control, in [-1, 1] (sched/flow_control.hpp).

@@ -138,6 +138,18 @@ struct ConsumerStats : ConsumerCounts<std::uint64_t> {
   std::string name;
   std::uint64_t delivered = 0;    // handed to members by Next / NextBatch
   std::uint64_t ack_pending = 0;  // deliveries out, not yet acked, nak'ed or expired
+                                  // (JetStream's num_ack_pending)
+  // Messages waiting for it, not yet delivered: queued on its lanes or parked (the
+  // stored messages it starts with that no lane took yet, redeliveries that found
+  // every lane full). JetStream's num_pending: the consumer's lag. Queued copies of
+  // messages removed since (limits, max_age) count until a pull skips them.
+  std::uint64_t num_pending = 0;
+  // Messages not yet acked that were delivered before (counting the deliveries before
+  // a restart, for durable consumers) and are out again or waiting to be, after an
+  // ack_wait expiry or a nak; JetStream's num_redelivered, which counts a message
+  // only once it is sent again. Tracked consumers only (explicit acks with ack_wait
+  // or backoff); 0 for the others.
+  std::uint64_t num_redelivered = 0;
   // ...and the counts of ConsumerCounts: acked, skipped, redelivered, ack_timeouts,
   // naks, moved, late_acks, mirrored, shadow_acked, terminated, dead_letters,
   // dead_letters_lost, dropped, overflow_rejected, parked, expired, delayed, evicted.

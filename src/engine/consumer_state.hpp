@@ -241,6 +241,9 @@ struct ConsumerState {
     absl::flat_hash_set<std::uint64_t> acked;
   };
   Resume resume;  // filled by Open, read by QueueStoredMessages (under the stream's mu)
+  // Messages delivered max_deliver times before the restart: QueueStoredMessages
+  // (under the stream's mu) sets them aside; AddConsumer dead-letters them after it.
+  std::vector<std::pair<Handle, std::uint32_t>> given_up_at_start;
   // Deliveries made before the restart, per sequence, added to Message::attempt();
   // pending_mu. has_prior: not empty (read without the lock).
   absl::flat_hash_map<std::uint64_t, std::uint32_t> prior_deliveries;
@@ -274,11 +277,25 @@ struct ConsumerState {
   // acks could not be recorded (they would come back after every ack_wait, and again
   // after a restart). What is queued stays queued; nothing is settled. The first
   // error is kept. Any thread; ack_log_failed is read without the lock.
+  // Its lanes are closed, so that a pull waiting on one wakes and reports it.
   void FailAckLog(const absl::Status& st) {
-    std::lock_guard lock(ack_log_error_mu);
-    if (ack_log_failed.load(std::memory_order_relaxed)) return;
-    ack_log_error = st;
-    ack_log_failed.store(true, std::memory_order_release);
+    {
+      std::lock_guard lock(ack_log_error_mu);
+      if (ack_log_failed.load(std::memory_order_relaxed)) return;
+      ack_log_error = st;
+      ack_log_failed.store(true, std::memory_order_release);
+    }
+    for (auto& lane : lanes) lane->ring.close();
+  }
+  // True once the ack log failed, also by its own background fdatasync (kInterval),
+  // which no Record saw: marks the consumer failed then. Cheap: an atomic load, and
+  // StreamLog::failed() (another) for a durable consumer.
+  bool AckLogFailed() {
+    // acquire: pairs with FailAckLog's release (the error it stored is visible).
+    if (ack_log_failed.load(std::memory_order_acquire)) return true;
+    if (ack_log == nullptr || !ack_log->failed()) return false;
+    FailAckLog(ack_log->failure());
+    return true;
   }
   absl::Status AckLogFailure() const {
     std::lock_guard lock(ack_log_error_mu);

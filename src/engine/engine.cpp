@@ -360,15 +360,19 @@ absl::Status AddLanes(ConsumerState& state, const ConsumerConfig& config) {
 // Records of sequences beyond the stream's last message (`last_seq`) speak of
 // messages the stream no longer has (a tail lost in a power cut under a weak sync
 // policy): they are dropped, and the log is rewritten at once, since the stream
-// gives those sequences to its next publishes. The floor never rises past last_seq
-// for the same reason.
+// gives those sequences to its next publishes. For the same reason a floor past
+// last_seq is lowered to it, and the floor never rises past it.
 absl::Status CompactAckLog(ConsumerState& c, std::uint64_t records, std::uint64_t last_seq) {
   ConsumerState::Resume& r = c.resume;
   if (!r.started) return absl::OkStatus();
-  const bool stale =
+  bool stale =
       absl::erase_if(r.acked, [&](std::uint64_t seq) { return seq > last_seq; }) +
           absl::erase_if(r.delivered, [&](const auto& kv) { return kv.first > last_seq; }) >
       0;
+  if (r.floor > last_seq) {  // a start after messages the stream lost (kNew's, say)
+    r.floor = last_seq;
+    stale = true;
+  }
   while (r.floor < last_seq && r.acked.erase(r.floor + 1) == 1) ++r.floor;
   absl::erase_if(r.acked, [&](std::uint64_t seq) { return seq <= r.floor; });
   absl::erase_if(r.delivered, [&](const auto& kv) { return kv.first <= r.floor; });
@@ -478,6 +482,13 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
     absl::Status st = e.ok() ? c.ack_log->Sync(e->tx) : e.status();
     if (!st.ok()) {
       c.ack_log.reset();
+      // A record whose fdatasync failed may still be in the file: a later add would
+      // resume from it. A log with no record before this one holds nothing else, so
+      // it goes whole (if that fails too, a later add takes more, never less).
+      if (records == 0) {
+        std::error_code ec;
+        std::filesystem::remove_all(lo.dir, ec);
+      }
       return fail(st, "writing its start to its ack log: ");
     }
   }
@@ -502,6 +513,10 @@ void QueueStoredMessages(StreamState& stream, ConsumerState& c) {
       if (c.filter && !c.filter->Matches(ev.subject)) return;
       if (!cfg.predicate.is_trivial() && !cfg.predicate.Matches(ev)) return;
       if (auto it = r.delivered.find(h->seq); it != r.delivered.end()) {
+        if (c.LastAttempt(it->second)) {  // its last delivery came before the restart
+          c.given_up_at_start.emplace_back(h, it->second);
+          return;
+        }
         c.prior_deliveries[h->seq] = it->second;
       }
       c.parked.push_back(engine_internal::Delivery{h, 1, false});
@@ -688,6 +703,14 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
       stream->codec_restricted.fetch_add(1, std::memory_order_relaxed);
     }
   }
+  // Given up: delivered max_deliver times before a restart, never acked. Not under
+  // the stream's mutex (a dead letter is a publish).
+  for (auto& [h, deliveries] : raw->given_up_at_start) {
+    engine_internal::DeadLetter(*raw, h, deliveries, "max_deliver",
+                                "delivered " + std::to_string(deliveries) +
+                                    " times before a restart");
+  }
+  raw->given_up_at_start = {};
   engine_internal::RetryParked(*raw);  // the stored messages it starts with, as lanes take them
   return Consumer(raw);
 }

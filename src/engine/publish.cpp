@@ -259,6 +259,7 @@ inline absl::Status Engine::Impl::CheckLanes(const StreamConfig& cfg, const Even
   // kReject (and kBlock for a publish that must not wait) refuse the publish for this
   // stream before anything changes.
   for (const Target& t : targets) {
+    if (t.consumer->ack_log_failed.load(std::memory_order_relaxed)) continue;  // skipped below
     const OverflowPolicy overflow = t.consumer->config.overflow;
     const bool refuses = overflow == OverflowPolicy::kReject ||
                          (overflow == OverflowPolicy::kBlock && flags.no_wait);
@@ -322,6 +323,10 @@ inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
   std::uint32_t undelivered_acks = 0;
   for (const Target& t : targets) {
     ConsumerState* consumer = t.consumer;
+    // A durable consumer whose ack log failed delivers no more (FailAckLog): it
+    // gets nothing, so that its full lanes never hold publishers back. The message
+    // is stored, not acked by it: after a restart it comes to it.
+    if (consumer->ack_log_failed.load(std::memory_order_relaxed)) continue;
     auto& ring = consumer->lanes[t.member]->ring;
     engine_internal::Delivery d{stored, 1, t.shadow};
     // A queue timeout is registered before the push, so that a fast pull finds it.

@@ -168,8 +168,7 @@ void RecordDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns) {
 
 absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns) {
   ConsumerState& c = *consumer_;
-  // acquire: pairs with FailAckLog's release (the error it stored is visible).
-  if (c.ack_log_failed.load(std::memory_order_acquire)) return c.AckLogFailure();
+  if (c.AckLogFailed()) return c.AckLogFailure();
   Lane& lane = *c.lanes[index_];
   // max_ack_pending: take a slot before pulling, so that no more than the limit is
   // ever out; it is given back when the pull ends without a countable delivery.
@@ -189,6 +188,7 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
   engine_internal::Delivery d;
   for (;;) {
     if (!lane.ring.pop_until(d, deadline_ns)) {
+      if (c.AckLogFailed()) return c.AckLogFailure();  // it closed the lanes
       if (lane.ring.closed() && lane.ring.size_approx() == 0) {
         return absl::CancelledError("engine closed: consumer '" + consumer_->config.name +
                                     "' member " + std::to_string(index_) + " is drained");
@@ -197,6 +197,9 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
                                          consumer_->config.name + "' member " +
                                          std::to_string(index_) + " before the timeout");
     }
+    // The ack log failed while this pull waited: the delivery is dropped (its message
+    // is not acked; a restart brings it again), and the pull reports the failure.
+    if (c.AckLogFailed()) return c.AckLogFailure();
     if (c.has_parked.load(std::memory_order_acquire)) engine_internal::RetryParked(c);
     if (c.host != nullptr) {  // this pull made room: deferred dead letters may go now
       c.host->FlushOutboxIfPending();

@@ -354,6 +354,11 @@ class StreamLog::Impl {
   }
 
   std::uint64_t last_tx() const { return written_tx_.load(std::memory_order_acquire); }
+  bool failed() const { return failed_flag_.load(std::memory_order_acquire); }
+  absl::Status failure() const {
+    std::lock_guard lock(mu_);
+    return failed_;
+  }
 
   StreamLogStats Stats() const {
     StreamLogStats s;
@@ -521,7 +526,10 @@ class StreamLog::Impl {
 
   // Requires mu_.
   absl::Status Fail(absl::Status st) {
-    if (failed_.ok()) failed_ = st;
+    if (failed_.ok()) {
+      failed_ = st;
+      failed_flag_.store(true, std::memory_order_release);
+    }
     return st;
   }
   absl::Status FailedError() const {
@@ -544,6 +552,7 @@ class StreamLog::Impl {
   Hash head_hash_ ABSL_GUARDED_BY(mu_){};
   std::string frame_ ABSL_GUARDED_BY(mu_);
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> failed_flag_{false};  // !failed_.ok(), readable without mu_
   std::uint64_t appends_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t bytes_appended_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t recovered_ = 0;
@@ -590,6 +599,8 @@ absl::StatusOr<std::string> StreamLog::Read(const Location& location) const {
 absl::Status StreamLog::RetireBefore(std::uint64_t tx) { return impl_->RetireBefore(tx); }
 absl::Status StreamLog::Rotate() { return impl_->Rotate(); }
 std::uint64_t StreamLog::last_tx() const { return impl_->last_tx(); }
+bool StreamLog::failed() const { return impl_->failed(); }
+absl::Status StreamLog::failure() const { return impl_->failure(); }
 StreamLogStats StreamLog::Stats() const { return impl_->Stats(); }
 const std::string& StreamLog::dir() const { return impl_->dir(); }
 

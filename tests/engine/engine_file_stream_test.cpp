@@ -383,6 +383,96 @@ TEST_CASE("a durable consumer whose ack log fails delivers no more and keeps wha
   CHECK(Drain(c) == want);
 }
 
+TEST_CASE("a durable consumer refused for a failed fdatasync of its start starts anew when added again") {
+  // Found by the adversarial helper: the start record whose fdatasync failed was in
+  // the file, and the next add resumed from it (kLast got every message).
+  TempDir d;
+  auto faulty = std::make_shared<state_test::FaultyFileSystem>();
+  StreamConfig s = FileStream(d.path());
+  s.file_system = faulty;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  for (int i = 1; i <= 3; ++i) REQUIRE(engine->Publish(Payload("req.a", "m" + std::to_string(i))).ok());
+  const ConsumerConfig cfg{.stream = "REQ", .name = "w", .deliver = DeliverPolicy::kLast};
+  // The start's fdatasync is the last of an AddConsumer: count them on another one.
+  const int before = faulty->calls("sync");
+  REQUIRE(engine->AddConsumer({.stream = "REQ", .name = "probe"}).ok());
+  const int per_add = faulty->calls("sync") - before;
+  REQUIRE(per_add >= 1);
+  faulty->FailNth("sync", per_add, ENOSPC);
+  auto refused = engine->AddConsumer(cfg);
+  REQUIRE(!refused.ok());
+  CHECK(Msg(refused.status()) == "consumer 'w' of stream 'REQ': writing its start to its ack log: sync: injected ENOSPC");
+  auto c = engine->AddConsumer(cfg);
+  REQUIRE(c.ok());
+  CHECK(Drain(*c) == Seen{{3, "m3"}});
+}
+
+TEST_CASE("a failed ack log stops a pull that waits, and holds no publisher back") {
+  TempDir d;
+  auto faulty = std::make_shared<state_test::FaultyFileSystem>();
+  StreamConfig s = FileStream(d.path(), SyncPolicy::kNone);
+  s.file_system = faulty;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  auto c = *engine->AddConsumer({.stream = "REQ", .name = "w", .lane_capacity = 2});
+  Member m = *c.member(0);
+  REQUIRE(engine->Publish(Payload("req.a", "m1")).ok());
+  auto m1 = m.Next(absl::Seconds(5));
+  REQUIRE(m1.ok());
+  absl::StatusOr<Message> waited = absl::UnknownError("not yet");
+  std::atomic<bool> waiting{false};
+  std::thread puller([&] {
+    waiting = true;
+    waited = m.Next(absl::Seconds(30));
+  });
+  while (!waiting) std::this_thread::yield();
+  faulty->FailNth("write", 1, EIO);
+  REQUIRE(!m1->Ack().ok());  // the ack log fails here
+  // The stream's log is fine: its publishes go on, and the failed consumer's full
+  // lane (capacity 2) never blocks them.
+  for (int i = 2; i <= 10; ++i) REQUIRE(engine->Publish(Payload("req.a", "m" + std::to_string(i))).ok());
+  puller.join();
+  REQUIRE(!waited.ok());
+  CHECK(waited.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(Msg(waited.status()), Catch::StartsWith("consumer 'w' of stream 'REQ' delivers no more"));
+  CHECK(SS(*engine, "REQ").messages == 10);
+}
+
+TEST_CASE("a background fdatasync failure of an ack log under kInterval fails its consumer") {
+  // Found by the adversarial helper: no Record saw the failure, and the next pull
+  // delivered.
+  TempDir d;
+  auto faulty = std::make_shared<state_test::FaultyFileSystem>();
+  StreamConfig s = FileStream(d.path(), SyncPolicy::kInterval);
+  s.sync_window = absl::Milliseconds(5);
+  s.file_system = faulty;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  auto c = *engine->AddConsumer({.stream = "REQ", .name = "w"});
+  Member m = *c.member(0);
+  REQUIRE(engine->Publish(Payload("req.a", "m1")).ok());
+  auto m1 = m.Next(absl::Seconds(5));
+  REQUIRE(m1.ok());
+  // Both logs' background fdatasyncs have covered everything by now (5 ms windows).
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  faulty->FailNth("sync", 1, EIO);  // so the next one is the ack log's, of this ack
+  REQUIRE(m1->Ack().ok());          // written to the OS; its fdatasync comes later
+  for (int i = 0; i < 2000; ++i) {  // up to 10 s for the failed fdatasync
+    if (faulty->calls("sync") > 0 && m.Next(absl::ZeroDuration()).status().code() ==
+                                         absl::StatusCode::kFailedPrecondition) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE(engine->Publish(Payload("req.a", "m2")).ok());  // the stream's log is fine
+  auto after = m.Next(absl::Milliseconds(200));
+  REQUIRE(!after.ok());
+  CHECK(after.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(Msg(after.status()),
+             Catch::StartsWith("consumer 'w' of stream 'REQ' delivers no more: its ack log failed (sync: injected EIO"));
+}
+
 TEST_CASE("a durable consumer whose ack log cannot be written is not added") {
   TempDir d;
   const std::string kind = GENERATE(std::string("create"), std::string("write"), std::string("sync"));
@@ -621,6 +711,76 @@ TEST_CASE("max_deliver of a durable consumer counts the deliveries made before a
   auto again = *third->AddConsumer(cfg);
   CHECK(again.member(0)->Next(absl::Milliseconds(200)).status().code() ==
         absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("a message delivered max_deliver times before a restart is dead-lettered when the consumer comes back") {
+  // Found by the adversarial helper: the third run delivered it a fourth time.
+  TempDir d;
+  const ConsumerConfig cfg{.stream = "REQ", .name = "w", .deliver = DeliverPolicy::kAll,
+                           .max_deliver = 3, .dead_letter_subject = "dead.w"};
+  auto run = [&](int nexts, bool nak_last) {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+    auto c = *engine->AddConsumer(cfg);
+    Member m = *c.member(0);
+    std::vector<std::uint32_t> attempts;
+    for (int i = 0; i < nexts; ++i) {
+      auto msg = m.Next(absl::Seconds(5));
+      REQUIRE(msg.ok());
+      attempts.push_back(msg->attempt());
+      if (i + 1 < nexts || nak_last) REQUIRE(msg->Nak().ok());
+    }
+    return attempts;
+  };
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+    REQUIRE(engine->Publish(Payload("req.a", "poison")).ok());
+  }
+  CHECK(run(1, false) == std::vector<std::uint32_t>{1});
+  CHECK(run(2, false) == std::vector<std::uint32_t>{2, 3});  // delivery 3 of 3, never settled
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  REQUIRE(engine->AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
+  auto dlq = *engine->AddConsumer({.stream = "DLQ", .name = "dlq"});
+  auto c = *engine->AddConsumer(cfg);
+  CHECK(c.member(0)->Next(absl::Milliseconds(200)).status().code() == absl::StatusCode::kDeadlineExceeded);
+  auto dead = dlq.member(0)->Next(absl::Seconds(5));
+  REQUIRE(dead.ok());
+  CHECK(Body(*dead) == "poison");
+  CHECK(inferq::engine_test::H(dead->event(), kDeadLetterReasonHeader) == "max_deliver");
+  CHECK(inferq::engine_test::CS(*engine, "REQ", "w").dead_letters == 1);
+}
+
+TEST_CASE("a kNew start above a stream tail lost in a power cut does not hide the publishes that reuse it") {
+  // Found by the adversarial helper: the consumer's start, 3, stood after the stream
+  // came back with 1 message only; n2 and n3 were never delivered.
+  TempDir d;
+  const StreamConfig s = FileStream(d.path(), SyncPolicy::kNone);
+  const ConsumerConfig cfg{.stream = "REQ", .name = "late", .deliver = DeliverPolicy::kNew};
+  TempDir saved_dir;
+  std::filesystem::create_directories(saved_dir.path());
+  const std::string saved = saved_dir.path() + "/segment";
+  std::string seg;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(s).ok());
+    REQUIRE(engine->Publish(Payload("req.a", "m1")).ok());
+    for (const auto& f : std::filesystem::directory_iterator(d.path())) {
+      if (f.path().extension() == ".seg") seg = f.path().string();
+    }
+    std::filesystem::copy_file(seg, saved);
+    REQUIRE(engine->Publish(Payload("req.a", "m2")).ok());
+    REQUIRE(engine->Publish(Payload("req.a", "m3")).ok());
+    REQUIRE(engine->AddConsumer(cfg).ok());  // starts after 3
+  }
+  std::filesystem::copy_file(saved, seg, std::filesystem::copy_options::overwrite_existing);
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  REQUIRE(SS(*engine, "REQ").last_seq == 1);
+  auto c = *engine->AddConsumer(cfg);
+  for (const char* b : {"n2", "n3", "n4"}) REQUIRE(engine->Publish(Payload("req.a", b)).ok());
+  CHECK(Drain(c) == Seen{{2, "n2"}, {3, "n3"}, {4, "n4"}});
 }
 
 TEST_CASE("acks of a stream tail lost in a power cut do not hide the publishes that reuse its sequences") {

@@ -148,6 +148,10 @@ class StreamLog {
   absl::Status Rotate();
 
   std::uint64_t last_tx() const;
+  // True once the log failed (see Failure above), also by kInterval's background
+  // fdatasync; one atomic load. failure(): the first error (OK when not failed).
+  bool failed() const;
+  absl::Status failure() const;
   StreamLogStats Stats() const;
   const std::string& dir() const;
 

@@ -82,19 +82,29 @@ bool Within(const std::filesystem::path& inner, const std::filesystem::path& out
 // same engine: the one inside would take the other's files (its consumers' ack logs
 // live in <directory>/consumers/<name>) for its own. InvalidArgument naming both.
 // Requires config_mu.
-absl::Status CheckDirectoryApart(const StreamConfig& config,
-                                 const std::vector<std::unique_ptr<StreamState>>& streams) {
-  const std::filesystem::path mine = NormalDir(config.directory);
+// Also against the file streams other AddStream calls are recovering (`opening`).
+absl::Status CheckDirectoryApart(
+    const StreamConfig& config, const std::filesystem::path& mine,
+    const std::vector<std::unique_ptr<StreamState>>& streams,
+    const std::vector<std::pair<std::filesystem::path, std::string>>& opening) {
+  auto check = [&](const std::filesystem::path& theirs, const std::string& their_dir,
+                   const std::string& their_name) {
+    if (!Within(mine, theirs) && !Within(theirs, mine)) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        "stream '" + config.name + "': directory " + QuoteValue(config.directory) +
+        (mine == theirs ? " is" : Within(mine, theirs) ? " lies in" : " holds") +
+        " the directory " + QuoteValue(their_dir) + " of stream '" + their_name +
+        "' (each file stream needs a directory of its own, apart from the others)");
+  };
   for (const auto& other : streams) {
     if (other->config.storage != StorageType::kFile) continue;
-    const std::filesystem::path theirs = NormalDir(other->config.directory);
-    if (Within(mine, theirs) || Within(theirs, mine)) {
-      return absl::InvalidArgumentError(
-          "stream '" + config.name + "': directory " + QuoteValue(config.directory) +
-          (mine == theirs ? " is" : Within(mine, theirs) ? " lies in" : " holds") +
-          " the directory " + QuoteValue(other->config.directory) + " of stream '" +
-          other->config.name + "' (each file stream needs a directory of its own, apart from the others)");
+    if (absl::Status st = check(other->normal_dir, other->config.directory, other->config.name);
+        !st.ok()) {
+      return st;
     }
+  }
+  for (const auto& [dir, name] : opening) {
+    if (absl::Status st = check(dir, dir.string(), name); !st.ok()) return st;
   }
   return absl::OkStatus();
 }
@@ -211,14 +221,42 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
                                                      config.duplicate_window_max_entries);
   }
 
+  // A file stream's directory is reserved while it is recovered (opening_dirs), and
+  // the reservation ends with this call, whatever it returns.
+  struct Reservation {
+    Reservation() = default;
+    Reservation(const Reservation&) = delete;
+    Reservation& operator=(const Reservation&) = delete;
+    Engine::Impl* impl = nullptr;
+    const StreamState* stream = nullptr;
+    ~Reservation() {
+      if (impl == nullptr) return;
+      std::lock_guard lock(impl->config_mu);
+      auto& v = impl->opening_dirs;
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        if (it->first == stream->normal_dir && it->second == stream->config.name) {
+          v.erase(it);
+          break;
+        }
+      }
+    }
+  } reservation;
   if (config.storage == StorageType::kFile) {
+    state->normal_dir = NormalDir(config.directory);
     {
       std::lock_guard lock(impl_->config_mu);
       if (impl_->closed.load()) return absl::CancelledError("engine is closed");
       if (impl_->FindStream(config.name) != nullptr) {
         return absl::AlreadyExistsError("stream '" + config.name + "' already exists");
       }
-      if (absl::Status st = CheckDirectoryApart(config, impl_->streams); !st.ok()) return st;
+      if (absl::Status st =
+              CheckDirectoryApart(config, state->normal_dir, impl_->streams, impl_->opening_dirs);
+          !st.ok()) {
+        return st;
+      }
+      impl_->opening_dirs.emplace_back(state->normal_dir, config.name);
+      reservation.impl = impl_.get();  // (fields set: an assigned temporary would release it)
+      reservation.stream = state.get();
     }
     // Recovery reads the directory outside config_mu (it may take a while).
     state->dictionaries = impl_->codecs.dictionaries.get();
@@ -247,9 +285,6 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
   if (impl_->closed.load()) return absl::CancelledError("engine is closed");
   if (impl_->FindStream(config.name) != nullptr) {
     return absl::AlreadyExistsError("stream '" + config.name + "' already exists");
-  }
-  if (config.storage == StorageType::kFile) {  // again: one added meanwhile
-    if (absl::Status st = CheckDirectoryApart(config, impl_->streams); !st.ok()) return st;
   }
   StreamState* raw = state.get();
   impl_->stream_by_name.emplace(config.name, raw);

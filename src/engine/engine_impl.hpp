@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -93,6 +94,10 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   std::vector<std::unique_ptr<StreamState>> streams;         // guarded by config_mu
   absl::flat_hash_map<std::string, StreamState*> stream_by_name;  // guarded by config_mu
   std::vector<std::unique_ptr<ConsumerState>> consumers;     // guarded by config_mu
+  // File streams being recovered by AddStream (outside config_mu): their normal
+  // directories and names, so that a nested one added meanwhile is refused before
+  // either writes a file. Guarded by config_mu.
+  std::vector<std::pair<std::filesystem::path, std::string>> opening_dirs;
 
   std::atomic<std::uint64_t> published{0}, unrouted{0}, rejected{0}, invalid{0};
   // Payload conversion (EngineOptions::codecs); compress_dictionary points into

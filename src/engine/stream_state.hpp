@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,6 +40,9 @@ struct Admission {
 
 struct StreamState {
   StreamConfig config;
+  // kFile: config.directory made absolute and normal once, when the stream was added
+  // (a later chdir does not move it).
+  std::filesystem::path normal_dir;
   std::vector<SubjectPattern> patterns;
   const Clock* clock = nullptr;
 

@@ -221,6 +221,47 @@ TEST_CASE("a file stream directory may not hold or lie in another stream's in on
   CHECK(other->AddStream(sibling).ok());
 }
 
+TEST_CASE("a file stream directory being recovered is reserved against a nested one added meanwhile") {
+  // Found by the adversarial helper: the check ran before and after recovery, and a
+  // stream added in between left its files in the other's consumers/w.
+  TempDir d;
+  auto faulty = std::make_shared<state_test::FaultyFileSystem>();
+  auto engine = *Engine::Create();
+  StreamConfig inner = FileStream(d.path() + "/consumers/w");
+  inner.name = "IN";
+  inner.subjects = {"in.>"};
+  inner.file_system = faulty;
+  faulty->HoldSyncs();  // IN's recovery waits in its first fdatasync
+  absl::Status in_added = absl::UnknownError("not yet");
+  std::thread adder([&] { in_added = engine->AddStream(inner); });
+  while (faulty->syncs_waiting() == 0) std::this_thread::yield();
+  const absl::Status outer = engine->AddStream(FileStream(d.path()));
+  faulty->Release();
+  adder.join();
+  CHECK(in_added.ok());
+  CHECK(Msg(outer) == "stream 'REQ': directory '" + d.path() + "' holds the directory '" + d.path() +
+                          "/consumers/w' of stream 'IN' (each file stream needs a directory of its own, "
+                          "apart from the others)");
+}
+
+TEST_CASE("a file stream's relative directory is resolved once, when it is added") {
+  TempDir d;
+  std::filesystem::create_directories(d.path());
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(d.path());
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream("rel")).ok());
+  std::filesystem::create_directories(d.path() + "/rel/consumers");
+  std::filesystem::current_path(d.path() + "/rel/consumers");
+  StreamConfig w = FileStream("w");  // REQ's consumers/w, written from another cwd
+  w.name = "W";
+  w.subjects = {"w.>"};
+  const absl::Status st = engine->AddStream(w);
+  std::filesystem::current_path(cwd);
+  CHECK(Msg(st) == "stream 'W': directory 'w' lies in the directory 'rel' of stream 'REQ' (each file "
+                   "stream needs a directory of its own, apart from the others)");
+}
+
 TEST_CASE("file stream configurations the engine cannot honour are refused") {
   TempDir d;
   auto engine = *Engine::Create();

@@ -267,7 +267,10 @@ class Engine {
 
   // InvalidArgument for a bad name, no subjects, a bad pattern, or a bad limit
   // (StreamConfig::Validate, checked first); AlreadyExists for a taken name;
-  // Cancelled after Close().
+  // Cancelled after Close(). A file stream (StorageType::kFile): InvalidArgument for
+  // a directory that holds or lies in another file stream's of this engine (also
+  // one being added meanwhile); its log's errors (FailedPrecondition for a
+  // directory open elsewhere, DataLoss for damage), naming the stream.
   absl::Status AddStream(const StreamConfig& config);
 
   // InvalidArgument for what ConsumerConfig::Validate refuses (checked first: a bad
@@ -279,7 +282,13 @@ class Engine {
   // filter_subject that no subject of the stream can match, a member_nodes entry
   // that is not a node of EngineOptions::topology, or a selection policy already
   // used by another consumer; NotFound for an unknown stream; AlreadyExists for a
-  // taken name; Cancelled after Close().
+  // taken name; Cancelled after Close(). A consumer of a file stream (durable): the
+  // error of its ack log (opening, replaying, compacting it, or writing and
+  // fdatasyncing a new consumer's start), naming the consumer; nothing is added
+  // then. A message its ack log says was delivered max_deliver times is
+  // dead-lettered ("max_deliver") instead of queued. If the exact start (written
+  // under the stream's mutex, after the synced provisional one) fails, the consumer
+  // is added failed: its pulls return FailedPrecondition naming the failure.
   absl::StatusOr<Consumer> AddConsumer(const ConsumerConfig& config);
 
   // Stores `event` in every stream that captures its subject and queues it for each

@@ -487,21 +487,28 @@ void BM_StreamPubAck(benchmark::State& state, Impl impl, bool power) {
 
 // ---- BM_StreamRecover ----
 
-// The 1M-message data set of `impl`, written once into BenchDir()/recover_<impl>.
+// The 1M-message data set of `impl`, written once into BenchDir()/recover_<impl>
+// and kept for later runs: NeedsFill empties the directory and says so when no
+// complete set is there; MarkFilled records a complete one.
 fs::path RecoverDir(const char* impl) { return BenchDir() / (std::string("recover_") + impl); }
+bool NeedsFill(const fs::path& dir) {
+  if (fs::exists(dir / "complete")) return false;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return true;
+}
+void MarkFilled(const fs::path& dir) { std::ofstream(dir / "complete") << kRecoverMessages << "\n"; }
 
 void BM_StreamRecoverInferq(benchmark::State& state) {
   const fs::path dir = RecoverDir("inferq");
-  const fs::path done = dir / "complete";
-  if (!fs::exists(done)) {
-    fs::remove_all(dir);
+  if (NeedsFill(dir)) {
     auto engine = *inferq::Engine::Create();
     if (!engine->AddStream(FileStream(dir / "stream", false)).ok()) return Fail(state, "AddStream");
     const std::string payload = Payload(0);
     for (int i = 0; i < kRecoverMessages; ++i) {
       if (!engine->Publish(BenchEvent(payload)).ok()) return Fail(state, "Publish");
     }
-    std::ofstream(done) << kRecoverMessages << "\n";
+    MarkFilled(dir);
   }
   for (auto _ : state) {
     const double before = RssMb(0);
@@ -524,11 +531,8 @@ void BM_StreamRecoverInferq(benchmark::State& state) {
 
 void BM_StreamRecoverJetStream(benchmark::State& state) {
   const fs::path dir = RecoverDir("jetstream");
-  const fs::path done = dir / "complete";
   NatsServer server(dir);
-  if (!fs::exists(done)) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+  if (NeedsFill(dir)) {
     if (!server.Start()) return Fail(state, "nats-server did not start (is it installed?)");
     NatsClient c;
     if (!c.Connect(server.url()) || !AddJetStream(c.js)) return Fail(state, "connect / js_AddStream");
@@ -547,7 +551,7 @@ void BM_StreamRecoverJetStream(benchmark::State& state) {
       return Fail(state, "JetStream does not hold every message");
     }
     server.Stop();
-    std::ofstream(done) << kRecoverMessages << "\n";
+    MarkFilled(dir);
   }
   for (auto _ : state) {
     const std::int64_t t0 = NowNs();
@@ -568,10 +572,7 @@ void BM_StreamRecoverJetStream(benchmark::State& state) {
 
 void BM_StreamRecoverSqlite(benchmark::State& state) {
   const fs::path dir = RecoverDir("sqlite");
-  const fs::path done = dir / "complete";
-  if (!fs::exists(done)) {
-    fs::remove_all(dir);
-    fs::create_directories(dir);
+  if (NeedsFill(dir)) {
     SqliteQueue q;
     if (!q.Open(dir / "q.sqlite")) return Fail(state, "sqlite open");
     sqlite3_exec(q.db, "BEGIN", nullptr, nullptr, nullptr);  // one transaction: filling only
@@ -580,7 +581,7 @@ void BM_StreamRecoverSqlite(benchmark::State& state) {
       if (!q.Insert(payload)) return Fail(state, "INSERT");
     }
     sqlite3_exec(q.db, "COMMIT", nullptr, nullptr, nullptr);
-    std::ofstream(done) << kRecoverMessages << "\n";
+    MarkFilled(dir);
   }
   for (auto _ : state) {
     const double before = RssMb(0);

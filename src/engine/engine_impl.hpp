@@ -158,6 +158,7 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   std::thread timer;                             // started under config_mu
   std::mutex run_timers_mu;                      // one RunTimers at a time
   std::vector<ConsumerState*> timer_consumers;   // RunTimers' scratch; run_timers_mu
+  std::vector<StreamState*> timer_streams;       // RunTimers' scratch; run_timers_mu
   std::atomic<std::size_t> consumer_count{0};    // consumers.size(), readable without config_mu
   // Per lane, what the timer saw last: (delivered count, since when unchanged while
   // items were queued). Guarded by run_timers_mu.

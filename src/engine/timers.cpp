@@ -12,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/inlined_vector.h"
 #include "engine_impl.hpp"
 #include "inferq/base/error.hpp"
 #include "inferq/base/limits.hpp"
@@ -157,8 +156,10 @@ void Engine::RunTimers() {
   // Reused between runs: a run with nothing due allocates nothing.
   std::vector<ConsumerState*>& consumers = impl_->timer_consumers;
   consumers.clear();
-  // Streams with max_age (streams are never removed: the pointers stay valid).
-  absl::InlinedVector<engine_internal::StreamState*, 8> aging;
+  // Streams with max_age (streams are never removed: the pointers stay valid);
+  // reused between runs as `consumers` is.
+  std::vector<engine_internal::StreamState*>& aging = impl_->timer_streams;
+  aging.clear();
   {
     std::lock_guard lock(impl_->config_mu);
     if (impl_->closed.load(std::memory_order_acquire)) return;

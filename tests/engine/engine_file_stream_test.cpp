@@ -69,6 +69,32 @@ std::vector<std::pair<std::uint64_t, std::string>> Drain(Consumer& c, bool ack =
 
 using Seen = std::vector<std::pair<std::uint64_t, std::string>>;
 
+// Plays a power cut under SyncPolicy::kNone (nothing was promised): Save() copies
+// the stream's one segment as it is now; Restore() puts that copy back, as if what
+// was written after it never reached the disk.
+class SegmentSnapshot {
+ public:
+  explicit SegmentSnapshot(std::string dir) : dir_(std::move(dir)) {
+    std::filesystem::create_directories(saved_.path());
+  }
+  void Save() {
+    for (const auto& f : std::filesystem::directory_iterator(dir_)) {
+      if (f.path().extension() == ".seg") seg_ = f.path().string();
+    }
+    REQUIRE(!seg_.empty());
+    std::filesystem::copy_file(seg_, saved_.path() + "/segment");
+  }
+  void Restore() {
+    std::filesystem::copy_file(saved_.path() + "/segment", seg_,
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+
+ private:
+  std::string dir_;
+  TempDir saved_;
+  std::string seg_;
+};
+
 }  // namespace
 
 TEST_CASE("a file stream keeps its messages sequences and duplicate window across engines") {
@@ -799,23 +825,17 @@ TEST_CASE("a kNew start above a stream tail lost in a power cut does not hide th
   TempDir d;
   const StreamConfig s = FileStream(d.path(), SyncPolicy::kNone);
   const ConsumerConfig cfg{.stream = "REQ", .name = "late", .deliver = DeliverPolicy::kNew};
-  TempDir saved_dir;
-  std::filesystem::create_directories(saved_dir.path());
-  const std::string saved = saved_dir.path() + "/segment";
-  std::string seg;
+  SegmentSnapshot cut(d.path());
   {
     auto engine = *Engine::Create();
     REQUIRE(engine->AddStream(s).ok());
     REQUIRE(engine->Publish(Payload("req.a", "m1")).ok());
-    for (const auto& f : std::filesystem::directory_iterator(d.path())) {
-      if (f.path().extension() == ".seg") seg = f.path().string();
-    }
-    std::filesystem::copy_file(seg, saved);
+    cut.Save();
     REQUIRE(engine->Publish(Payload("req.a", "m2")).ok());
     REQUIRE(engine->Publish(Payload("req.a", "m3")).ok());
     REQUIRE(engine->AddConsumer(cfg).ok());  // starts after 3
   }
-  std::filesystem::copy_file(saved, seg, std::filesystem::copy_options::overwrite_existing);
+  cut.Restore();
   auto engine = *Engine::Create();
   REQUIRE(engine->AddStream(s).ok());
   REQUIRE(SS(*engine, "REQ").last_seq == 1);
@@ -832,25 +852,18 @@ TEST_CASE("acks of a stream tail lost in a power cut do not hide the publishes t
   TempDir d;
   const StreamConfig s = FileStream(d.path(), SyncPolicy::kNone);
   const ConsumerConfig cfg{.stream = "REQ", .name = "w", .deliver = DeliverPolicy::kAll};
-  TempDir saved_dir;
-  std::filesystem::create_directories(saved_dir.path());
-  const std::string saved = saved_dir.path() + "/segment";
-  std::string seg;
+  SegmentSnapshot cut(d.path());
   {
     auto engine = *Engine::Create();
     REQUIRE(engine->AddStream(s).ok());
     auto c = *engine->AddConsumer(cfg);
     REQUIRE(engine->Publish(Payload("req.a", "m1")).ok());
-    for (const auto& f : std::filesystem::directory_iterator(d.path())) {
-      if (f.path().extension() == ".seg") seg = f.path().string();
-    }
-    REQUIRE(!seg.empty());
-    std::filesystem::copy_file(seg, saved);
+    cut.Save();
     REQUIRE(engine->Publish(Payload("req.a", "m2")).ok());
     REQUIRE(engine->Publish(Payload("req.a", "m3")).ok());
     CHECK(Drain(c) == Seen{{1, "m1"}, {2, "m2"}, {3, "m3"}});
   }
-  std::filesystem::copy_file(saved, seg, std::filesystem::copy_options::overwrite_existing);
+  cut.Restore();
   {
     auto engine = *Engine::Create();
     REQUIRE(engine->AddStream(s).ok());

@@ -80,9 +80,9 @@ bool Within(const std::filesystem::path& inner, const std::filesystem::path& out
 
 // A file stream's directory must not hold, or lie in, another file stream's of the
 // same engine: the one inside would take the other's files (its consumers' ack logs
-// live in <directory>/consumers/<name>) for its own. InvalidArgument naming both.
+// live in <directory>/consumers/<name>) for its own; nor hold or lie in one that
+// another AddStream call is recovering (`opening`). InvalidArgument naming both.
 // Requires config_mu.
-// Also against the file streams other AddStream calls are recovering (`opening`).
 absl::Status CheckDirectoryApart(
     const StreamConfig& config, const std::filesystem::path& mine,
     const std::vector<std::unique_ptr<StreamState>>& streams,
@@ -299,17 +299,11 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
     }
     return 0;
   });
-  if (config.max_age > absl::ZeroDuration() && !impl_->manual_timers) {
+  if (config.max_age > absl::ZeroDuration()) {
     // max_age is enforced by the timer too, not only when the stream is written: a
     // run at least every max_age / 8, within 1 ms .. 1 s.
-    const std::int64_t interval = std::clamp<std::int64_t>(
-        absl::ToInt64Nanoseconds(config.max_age) / 8, 1'000'000, 1'000'000'000);
-    {
-      std::lock_guard tl(impl_->timer_mu);
-      impl_->timer_interval_ns = std::min(impl_->timer_interval_ns, interval);
-    }
-    impl_->timer_cv.notify_all();
-    impl_->StartTimer([this] { RunTimers(); });
+    impl_->RunTimersEvery(std::clamp<std::int64_t>(absl::ToInt64Nanoseconds(config.max_age) / 8,
+                                                   1'000'000, 1'000'000'000));
   }
   return absl::OkStatus();
 }
@@ -707,19 +701,11 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
     impl_->consumer_count.store(impl_->consumers.size(), std::memory_order_relaxed);
     // Every consumer may need timers: queue timeouts and event ttl apply to all,
     // delayed naks to explicit-ack ones.
-    if (!impl_->manual_timers) {
-      // ack_wait expiries need a run every quarter ack wait; delayed naks ask for
-      // their own wake-up (WakeTimer), so untracked consumers need no short interval.
-      const std::int64_t interval =
-          raw->tracked ? std::clamp<std::int64_t>(raw->AckWaitFor(1) / 4, 1'000'000, 100'000'000)
-                       : 100'000'000;
-      {
-        std::lock_guard tl(impl_->timer_mu);
-        impl_->timer_interval_ns = std::min(impl_->timer_interval_ns, interval);
-      }
-      impl_->timer_cv.notify_all();
-      impl_->StartTimer([this] { RunTimers(); });
-    }
+    // ack_wait expiries need a run every quarter ack wait; delayed naks ask for their
+    // own wake-up (WakeTimer), so untracked consumers need no short interval.
+    impl_->RunTimersEvery(
+        raw->tracked ? std::clamp<std::int64_t>(raw->AckWaitFor(1) / 4, 1'000'000, 100'000'000)
+                     : 100'000'000);
   }
   {
     // RunTimers' scratch list of consumers grows here, not on the timer thread (a

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -163,6 +164,19 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // Per lane, what the timer saw last: (delivered count, since when unchanged while
   // items were queued). Guarded by run_timers_mu.
   absl::flat_hash_map<const Lane*, std::pair<std::uint64_t, std::int64_t>> stall_marks;
+
+  // Asks the timer thread to run at least every `interval_ns` (the interval only
+  // shrinks) and starts it if it is not running. No-op with manual timers. Requires
+  // config_mu (as StartTimer).
+  void RunTimersEvery(std::int64_t interval_ns) {
+    if (manual_timers) return;
+    {
+      std::lock_guard tl(timer_mu);
+      timer_interval_ns = std::min(timer_interval_ns, interval_ns);
+    }
+    timer_cv.notify_all();
+    StartTimer([e = engine] { e->RunTimers(); });
+  }
 
   // Starts the timer thread (once): it runs `run` every timer_interval_ns, or
   // earlier when WakeTimer asks. Requires config_mu (or the constructor).

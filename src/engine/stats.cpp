@@ -13,7 +13,6 @@
 #include "absl/container/inlined_vector.h"
 #include "engine_impl.hpp"
 #include "inferq/base/error.hpp"
-#include "inferq/base/error.hpp"
 #include "inferq/base/limits.hpp"
 #include "inferq/engine/engine.hpp"
 

@@ -121,9 +121,9 @@ struct StreamConfig {
   // after the last one). The directory is opened by one stream at a time
   // (FailedPrecondition naming the holder's pid), and in one engine it may not
   // hold or lie in another file stream's (InvalidArgument naming both: a stream's
-  // durable consumers keep their ack logs in <directory>/consumers/<name>). kFile needs retention kLimits
-  // (InvalidArgument otherwise: a retention that follows acks is not yet kept across
-  // restarts).
+  // durable consumers keep their ack logs in <directory>/consumers/<name>). kFile
+  // needs retention kLimits (InvalidArgument otherwise: a retention that follows
+  // acks is not yet kept across restarts).
   StorageType storage = StorageType::kMemory;
   std::string directory{};            // kFile: the stream's own directory; else empty
   SyncPolicy sync = SyncPolicy::kEveryCommit;

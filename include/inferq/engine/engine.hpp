@@ -306,8 +306,9 @@ class Engine {
   // (nothing stored there), or the fdatasync's, "stream 'S': message stored as
   // sequence N is not durable: ..." (the message is stored and queued; it survives a
   // crash of the process, perhaps not a power loss: publish it again with the same
-  // msg_id after a restart if it must survive one); either fails the stream's log, and later
-  // publishes to it are refused (FailedPrecondition quoting the first error).
+  // msg_id after a restart if it must survive one); either fails the stream's log,
+  // and later publishes to it are refused (FailedPrecondition quoting the first
+  // error).
   // Payload conversion (ConsumerConfig::accept_codecs) is done before anything is
   // stored; when it fails nothing is stored and Publish returns FailedPrecondition
   // if the payload's dictionary is not in EngineOptions::codecs.dictionaries (the

@@ -158,7 +158,10 @@ class Member {
   // Waits up to `timeout` (absl::InfiniteDuration() = forever; zero = just try) for
   // the next message. DeadlineExceeded on timeout (never with an infinite timeout);
   // Cancelled once the engine is closed and the lane is drained, or at once after
-  // Close while the consumer is at max_ack_pending.
+  // Close while the consumer is at max_ack_pending. FailedPrecondition for a durable
+  // consumer (of a file stream) whose ack log failed, at once and for a pull that
+  // was waiting, before any of these: it delivers no more in this engine (what it
+  // did not ack comes again after a restart).
   absl::StatusOr<Message> Next(absl::Duration timeout);
 
   // Waits up to `timeout` for a first message, then gathers more until the batch

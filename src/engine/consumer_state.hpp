@@ -279,10 +279,15 @@ struct ConsumerState {
   // error is kept. Any thread; ack_log_failed is read without the lock.
   // Its lanes are closed, so that a pull waiting on one wakes and reports it.
   void FailAckLog(const absl::Status& st) {
+    Fail("its ack log failed (" + std::string(st.message()) + ")");
+  }
+  // The same for another reason `why` a durable consumer cannot go on (a stored
+  // message it must deliver cannot be read back from the stream's log).
+  void Fail(std::string why) {
     {
       std::lock_guard lock(ack_log_error_mu);
       if (ack_log_failed.load(std::memory_order_relaxed)) return;
-      ack_log_error = st;
+      ack_log_error = std::move(why);
       ack_log_failed.store(true, std::memory_order_release);
     }
     for (auto& lane : lanes) lane->ring.close();
@@ -301,12 +306,11 @@ struct ConsumerState {
     std::lock_guard lock(ack_log_error_mu);
     return absl::FailedPreconditionError(
         "consumer '" + config.name + "' of stream '" + config.stream +
-        "' delivers no more: its ack log failed (" + std::string(ack_log_error.message()) +
-        "); what it did not ack is kept and comes again once the engine is restarted");
+        "' delivers no more: " + ack_log_error + "; what it did not ack is kept and comes again once the engine is restarted");
   }
   std::atomic<bool> ack_log_failed{false};
   mutable std::mutex ack_log_error_mu;
-  absl::Status ack_log_error;  // ack_log_error_mu; the first failure
+  std::string ack_log_error;  // ack_log_error_mu; the first failure, as Fail's `why`
   // The wheel is not empty (read without the lock; set under pending_mu by whoever
   // schedules, cleared by the timer run that empties it).
   std::atomic<bool> has_timers{false};

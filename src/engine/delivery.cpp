@@ -93,7 +93,7 @@ std::uint32_t PlaceOnLane(ConsumerState& c, Delivery& d, std::uint32_t member, P
 // `exclude` when another lane takes it. Never blocks: a full lane is skipped and,
 // when every lane is full, the delivery is parked until the next timer run.
 void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
-  if (d.h->state.load(std::memory_order_acquire) == kDiscarded) {
+  if (d.h->stream->Discarded(*d.h)) {
     c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
     if (c.tracked && !d.shadow) {  // its pending entry (and the event it holds) goes too
       std::lock_guard lock(c.pending_mu);
@@ -157,7 +157,7 @@ void RetryParked(ConsumerState& c) {
       d = std::move(c.parked.front());
       c.parked.pop_front();
     }
-    if (d.h->state.load(std::memory_order_acquire) == kDiscarded) {
+    if (d.h->stream->Discarded(*d.h)) {
       Redeliver(c, std::move(d), kNoMember);  // counts it skipped, drops its pending entry
       continue;
     }

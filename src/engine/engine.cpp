@@ -271,7 +271,7 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
     StreamState* s = state.get();
     absl::StatusOr<std::unique_ptr<StreamLog>> log =
         StreamLog::Open(lo, [&](const StreamLog::Entry& e) {
-          return s->RecoverOne(e.tx, e.value, now_ns, wall_ns);
+          return s->RecoverOne(e.tx, e.location, e.value, now_ns, wall_ns);
         });
     if (!log.ok()) {
       return absl::Status(log.status().code(), "stream '" + config.name + "': " +
@@ -524,44 +524,126 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
   return absl::OkStatus();
 }
 
+// QueueStoredMessages for a file stream, whose stored events are in its log: the
+// index entries the start position takes are chosen by sequence and publish time
+// (kByStartSequence, kByStartTime skip the rest unread); each candidate is read
+// back (LoadFromLog) for the filter, the predicate and kLastPerSubject's subject.
+// One that cannot be read fails a durable consumer (ConsumerState::Fail) and makes
+// one without an ack log skip it: never a silent gap in what a restart delivers. Requires
+// stream.mu.
+void QueueStoredFromLog(StreamState& stream, ConsumerState& c) {
+  const ConsumerConfig& cfg = c.config;
+  const bool resume = c.ack_log != nullptr && c.resume.started;
+  std::int64_t start_ns = INT64_MIN;
+  if (!resume && cfg.deliver == DeliverPolicy::kByStartTime) {
+    const absl::Duration ago = absl::Now() - cfg.start_time;
+    start_ns = c.clock->NowNanos() - absl::ToInt64Nanoseconds(ago);
+  }
+  if (!resume && cfg.deliver == DeliverPolicy::kByStartSequence) c.start_after = cfg.start_seq - 1;
+  const ConsumerState::Resume& r = c.resume;
+  if (resume) c.start_after = r.floor;
+  std::vector<engine_internal::Handle> chosen;
+  absl::flat_hash_map<std::string, std::size_t> last_of_subject;
+  std::string failed;
+  // kLast reads from the newest back: the first match is the one.
+  const bool newest_only = !resume && cfg.deliver == DeliverPolicy::kLast;
+  const std::size_t n = stream.index.size();
+  for (std::size_t k = 0; k < n && failed.empty(); ++k) {
+    const engine_internal::IndexEntry& e = stream.index.at(newest_only ? n - 1 - k : k);
+    if (resume) {
+      if (e.seq <= r.floor || r.acked.contains(e.seq)) continue;
+    } else if (cfg.deliver == DeliverPolicy::kByStartSequence && e.seq < cfg.start_seq) {
+      continue;
+    } else if (cfg.deliver == DeliverPolicy::kByStartTime && e.publish_ns < start_ns) {
+      continue;
+    }
+    absl::StatusOr<engine_internal::Handle> h = stream.LoadFromLog(e);
+    if (!h.ok()) {
+      if (c.ack_log != nullptr) {
+        failed = "stored message " + std::to_string(e.seq) + " cannot be read back (" +
+                 std::string(h.status().message()) + ")";
+      }
+      continue;
+    }
+    const Event& ev = *(*h)->event;
+    if (c.filter && !c.filter->Matches(ev.subject)) continue;
+    if (!cfg.predicate.is_trivial() && !cfg.predicate.Matches(ev)) continue;
+    if (resume) {
+      if (auto it = r.delivered.find(e.seq); it != r.delivered.end()) {
+        if (c.LastAttempt(it->second)) {  // its last delivery came before the restart
+          c.given_up_at_start.emplace_back(*h, it->second);
+          continue;
+        }
+        c.prior_deliveries[e.seq] = it->second;
+      }
+    } else if (cfg.deliver == DeliverPolicy::kLastPerSubject) {
+      auto [it, fresh] = last_of_subject.try_emplace(ev.subject, chosen.size());
+      if (!fresh) {
+        chosen[it->second] = nullptr;  // an older one of the subject
+        it->second = chosen.size();
+      }
+    }
+    chosen.push_back(*std::move(h));
+    if (newest_only) break;
+  }
+  if (!failed.empty()) {
+    c.Fail(std::move(failed));
+    c.resume = {};
+    c.given_up_at_start.clear();
+    c.prior_deliveries.clear();
+    return;
+  }
+  if (c.ack_log != nullptr && !resume) {
+    // Where it starts, durably: the floor below the first message it takes, and an
+    // ack record for each stored message after it that the policy passed over
+    // (kLast, kLastPerSubject), so that a restart does not deliver them.
+    std::uint64_t first = stream.next_seq;
+    for (const auto& h : chosen) {
+      if (h != nullptr) {
+        first = h->seq;
+        break;
+      }
+    }
+    std::uint64_t floor = first - 1;
+    if (cfg.deliver == DeliverPolicy::kByStartSequence) floor = std::max(floor, cfg.start_seq - 1);
+    (void)c.Record("S " + std::to_string(floor));
+    absl::flat_hash_set<std::uint64_t> taken;
+    for (const auto& h : chosen) {
+      if (h != nullptr) taken.insert(h->seq);
+    }
+    stream.index.for_each([&](const engine_internal::IndexEntry& e) {
+      if (e.seq > first && !taken.contains(e.seq)) (void)c.Record("A " + std::to_string(e.seq));
+    });
+  }
+  std::lock_guard lock(c.pending_mu);
+  for (engine_internal::Handle& h : chosen) {
+    if (h != nullptr) c.parked.push_back(engine_internal::Delivery{std::move(h), 1, false});
+  }
+  if (resume) {
+    if (!c.prior_deliveries.empty()) c.has_prior.store(true, std::memory_order_release);
+    c.resume = {};
+  }
+  if (!c.parked.empty()) {
+    c.catching_up.store(true, std::memory_order_release);
+    c.has_parked.store(true, std::memory_order_release);
+  }
+}
+
 // The stored messages consumer `c` starts with (ConsumerConfig::deliver), parked in
 // sequence order: lanes take them as they have room (RetryParked), and until the
 // last is queued the events published meanwhile are parked behind them
-// (EnqueueTargets), so every member sees the stream's order. Requires stream.mu.
+// (EnqueueTargets), so every member sees the stream's order. A file stream's are
+// read back from its log (QueueStoredFromLog). Requires stream.mu.
 void QueueStoredMessages(StreamState& stream, ConsumerState& c) {
   const ConsumerConfig& cfg = c.config;
-  if (c.ack_log != nullptr && c.resume.started) {
-    // A durable consumer added again: what it had not acked, after its floor.
-    const ConsumerState::Resume& r = c.resume;
-    c.start_after = r.floor;  // a start sequence beyond the stream still holds
-    std::lock_guard lock(c.pending_mu);
-    stream.messages.for_each([&](const engine_internal::Handle& h) {
-      if (h->seq <= r.floor || r.acked.contains(h->seq)) return;
-      if (h->state.load(std::memory_order_acquire) != engine_internal::kLive) return;
-      const Event& ev = *h->event;
-      if (c.filter && !c.filter->Matches(ev.subject)) return;
-      if (!cfg.predicate.is_trivial() && !cfg.predicate.Matches(ev)) return;
-      if (auto it = r.delivered.find(h->seq); it != r.delivered.end()) {
-        if (c.LastAttempt(it->second)) {  // its last delivery came before the restart
-          c.given_up_at_start.emplace_back(h, it->second);
-          return;
-        }
-        c.prior_deliveries[h->seq] = it->second;
-      }
-      c.parked.push_back(engine_internal::Delivery{h, 1, false});
-    });
-    if (!c.prior_deliveries.empty()) c.has_prior.store(true, std::memory_order_release);
-    if (!c.parked.empty()) {
-      c.catching_up.store(true, std::memory_order_release);
-      c.has_parked.store(true, std::memory_order_release);
+  if (stream.log != nullptr) {
+    if (cfg.deliver == DeliverPolicy::kNew && !(c.ack_log != nullptr && c.resume.started)) {
+      if (c.ack_log != nullptr) (void)c.Record("S " + std::to_string(stream.next_seq - 1));
+      return;
     }
-    c.resume = {};
-    return;
+    return QueueStoredFromLog(stream, c);
   }
-  if (cfg.deliver == DeliverPolicy::kNew) {
-    if (c.ack_log != nullptr) (void)c.Record("S " + std::to_string(stream.next_seq - 1));
-    return;
-  }
+  if (cfg.deliver == DeliverPolicy::kNew) return;
   std::int64_t start_ns = INT64_MIN;
   if (cfg.deliver == DeliverPolicy::kByStartTime) {
     // Publish times are on the engine clock: the start time maps onto it by its
@@ -600,28 +682,6 @@ void QueueStoredMessages(StreamState& stream, ConsumerState& c) {
     }
     chosen.push_back(h);
   });
-  if (c.ack_log != nullptr) {
-    // Where it starts, durably: the floor below the first message it takes, and an
-    // ack record for each stored message after it that the policy passed over
-    // (kLast, kLastPerSubject), so that a restart does not deliver them.
-    std::uint64_t first = stream.next_seq;
-    for (const auto& h : chosen) {
-      if (h != nullptr) {
-        first = h->seq;
-        break;
-      }
-    }
-    std::uint64_t floor = first - 1;
-    if (cfg.deliver == DeliverPolicy::kByStartSequence) floor = std::max(floor, cfg.start_seq - 1);
-    (void)c.Record("S " + std::to_string(floor));
-    absl::flat_hash_set<std::uint64_t> taken;
-    for (const auto& h : chosen) {
-      if (h != nullptr) taken.insert(h->seq);
-    }
-    stream.messages.for_each([&](const engine_internal::Handle& h) {
-      if (h->seq > first && !taken.contains(h->seq)) (void)c.Record("A " + std::to_string(h->seq));
-    });
-  }
   const bool interest = stream.config.retention == RetentionPolicy::kInterest &&
                         cfg.ack == AckPolicy::kExplicit;
   std::lock_guard lock(c.pending_mu);

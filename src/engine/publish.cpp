@@ -306,7 +306,11 @@ inline std::shared_ptr<StoredMessage> Engine::Impl::AllocateRecord(StreamState& 
     }
     std::shared_ptr<StoredMessage> stored = std::allocate_shared<StoredMessage>(
         engine_internal::PoolAllocator<StoredMessage>(&pools));
-    if (stream.keeps_index) stream.messages.ReserveOne();
+    if (stream.log != nullptr) {
+      stream.index.ReserveOne();
+    } else if (stream.keeps_index) {
+      stream.messages.ReserveOne();
+    }
     return stored;
   } catch (const std::bad_alloc&) {
     return nullptr;

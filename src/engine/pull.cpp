@@ -53,11 +53,17 @@ bool SkipIfDiscarded(ConsumerState& c, std::uint32_t m, const engine_internal::D
                      std::int64_t now) {
   const Handle& h = d.h;
   StreamState& stream = *h->stream;
-  if (h->state.load(std::memory_order_acquire) == engine_internal::kLive &&
-      stream.Expired(*h, now)) {
-    stream.Retire(*h, engine_internal::kDiscarded);
+  if (stream.log != nullptr) {
+    // A file stream's index entry is retired by the stream (TrimFront); this copy
+    // of the message is only skipped.
+    if (!stream.Discarded(*h) && !stream.Expired(*h, now)) return false;
+  } else {
+    if (h->state.load(std::memory_order_acquire) == engine_internal::kLive &&
+        stream.Expired(*h, now)) {
+      stream.Retire(*h, engine_internal::kDiscarded);
+    }
+    if (h->state.load(std::memory_order_acquire) != engine_internal::kDiscarded) return false;
   }
-  if (h->state.load(std::memory_order_acquire) != engine_internal::kDiscarded) return false;
   c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
   c.group->OnDone(m, Outcome::kDropped, 0);
   if (d.attempt == 1 && !d.shadow && c.has_waiting.load(std::memory_order_acquire)) {

@@ -35,22 +35,45 @@ absl::StatusOr<std::shared_ptr<const Event>> Engine::GetMessage(std::string_view
         "stream '" + s->config.name + "' keeps no index of its messages (interest retention "
         "without max_age or a discard-old limit), so none can be got by sequence");
   }
-  std::lock_guard lock(s->mu);
-  // The index is in ascending sequence: a binary search.
-  std::size_t lo = 0;
-  std::size_t hi = s->messages.size();
-  while (lo < hi) {
-    const std::size_t mid = lo + (hi - lo) / 2;
-    if (s->messages.at(mid)->seq < seq) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
+  std::unique_lock lock(s->mu);
+  if (s->log != nullptr) {
+    // A file stream's index, in ascending sequence; the event is read back from the
+    // log outside the stream's mutex (a copy of the entry: the index may change).
+    std::size_t lo = 0;
+    std::size_t hi = s->index.size();
+    while (lo < hi) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (s->index.at(mid).seq < seq) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
     }
-  }
-  if (lo < s->messages.size()) {
-    const engine_internal::Handle& h = s->messages.at(lo);
-    if (h->seq == seq && h->state.load(std::memory_order_acquire) == engine_internal::kLive) {
-      return h->event;
+    if (lo < s->index.size() && s->index.at(lo).seq == seq) {
+      const engine_internal::IndexEntry e = s->index.at(lo);
+      lock.unlock();
+      absl::StatusOr<engine_internal::Handle> h = s->LoadFromLog(e);
+      if (h.ok()) return (*h)->event;
+      // Its segment retired meanwhile: a limit removed it after the search.
+      if (h.status().code() != absl::StatusCode::kNotFound) return h.status();
+    }
+  } else {
+    // The index is in ascending sequence: a binary search.
+    std::size_t lo = 0;
+    std::size_t hi = s->messages.size();
+    while (lo < hi) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (s->messages.at(mid)->seq < seq) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    if (lo < s->messages.size()) {
+      const engine_internal::Handle& h = s->messages.at(lo);
+      if (h->seq == seq && h->state.load(std::memory_order_acquire) == engine_internal::kLive) {
+        return h->event;
+      }
     }
   }
   return absl::NotFoundError("stream '" + s->config.name + "' holds no message " +

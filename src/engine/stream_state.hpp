@@ -5,6 +5,14 @@
 // (TrimFront, CompactIfSparse, MakeRoom, and the store's Admit and Append; the
 // refusals' messages in stream_store.cpp).
 //
+// Where the messages are: a memory stream holds each one's record (StoredMessage,
+// with its event) in `messages`. A file stream holds only an IndexEntry per message
+// in `index` (sequence, publish time, size, where its record is in the log): its
+// events live in the log, and in memory only while deliveries hold them (a lane, a
+// pending ack, a catch-up), so a stream of any size takes 48 bytes per message.
+// What reads a file stream's stored events reads them back from the log
+// (LoadFromLog).
+//
 // Thread safety: `mu` guards the messages, the sequence, the consumer list and the
 // duplicate window; the counters are atomics read by Stats() without it.
 #pragma once
@@ -38,6 +46,15 @@ struct Admission {
   absl::Status refusal;
 };
 
+// kFile: what a file stream keeps in memory of one stored message; its event is in
+// the log at `location`.
+struct IndexEntry {
+  std::uint64_t seq = 0;
+  std::int64_t publish_ns = 0;  // engine clock
+  std::uint64_t bytes = 0;      // Event::StoredSize
+  StreamLog::Location location;
+};
+
 struct StreamState {
   StreamConfig config;
   // kFile: config.directory made absolute and normal once, when the stream was added
@@ -49,8 +66,19 @@ struct StreamState {
   std::mutex mu;
   // The stored messages, in ascending seq, when the stream needs them at hand
   // (KeepsIndex); otherwise empty, and a message lives as long as its deliveries.
+  // kFile: always empty; `index` holds the stored messages instead.
   HandleQueue<Handle> messages;             // guarded by mu
   bool keeps_index = true;                  // KeepsIndex(config), set before first use
+  // kFile: one entry per stored message, in ascending seq (no gaps but for what
+  // limits removed from the front).
+  HandleQueue<IndexEntry> index;            // guarded by mu
+  // kFile: the sequence of the oldest message kept (next_seq when none): a delivery
+  // of a message below it is of one the stream discarded (Discarded). Written under
+  // mu with release; read by deliveries without it. A memory stream leaves it at 1
+  // (its records carry their own state).
+  std::atomic<std::uint64_t> first_kept{1};
+  // kFile: where AppendToLog put the message Append stores next. Guarded by mu.
+  StreamLog::Location appended_at;
   std::uint64_t next_seq = 1;               // guarded by mu
   // next_seq when recovery ended (FinishRecovery), before the stream was visible;
   // constant after, so read without mu. A durable consumer's ack-log records beyond
@@ -142,6 +170,27 @@ struct StreamState {
     return true;
   }
 
+  // kFile: takes the message of index entry `e` (being removed by a limit or
+  // max_age) out of the live counts. The stream is the only one that retires a file
+  // stream's messages, under mu. Requires mu.
+  void RetireEntry(const IndexEntry& e) {
+    retired.msgs.fetch_add(1, std::memory_order_release);  // pairs with LiveMsgs
+    retired.bytes.fetch_add(static_cast<std::int64_t>(e.bytes), std::memory_order_release);
+    retired.discarded.fetch_add(1, std::memory_order_relaxed);
+  }
+  // kFile: first_kept after the front of the index changed. Requires mu.
+  void PublishFirstKept() {
+    // release: a delivery that reads the new value sees the stream's state before it.
+    first_kept.store(index.empty() ? next_seq : index.front().seq, std::memory_order_release);
+  }
+  // Whether `m` is a message the stream discarded (a limit or max_age): its queued
+  // deliveries are skipped. Memory streams mark the record (Retire); a file stream's
+  // records are copies read back from the log, so it is the sequence that tells.
+  bool Discarded(const StoredMessage& m) const {
+    return m.state.load(std::memory_order_acquire) == kDiscarded ||
+           m.seq < first_kept.load(std::memory_order_acquire);
+  }
+
   // Whether a stream of `config` must hold its messages in `messages`: under limits
   // retention they are what the stream keeps; under interest retention only a limit
   // that removes live messages from the front reads them (max_age in TrimFront;
@@ -157,13 +206,25 @@ struct StreamState {
     return config.discard == DiscardPolicy::kOld && (config.max_msgs > 0 || config.max_bytes > 0);
   }
 
-  bool Expired(const StoredMessage& m, std::int64_t now_ns) const {
+  bool Expired(std::int64_t publish_ns, std::int64_t now_ns) const {
     return config.max_age > absl::ZeroDuration() &&
-           now_ns - m.publish_ns > absl::ToInt64Nanoseconds(config.max_age);
+           now_ns - publish_ns > absl::ToInt64Nanoseconds(config.max_age);
+  }
+  bool Expired(const StoredMessage& m, std::int64_t now_ns) const {
+    return Expired(m.publish_ns, now_ns);
   }
 
   // Drops retired messages and enforces max_age at the front. Requires mu.
   void TrimFront(std::int64_t now_ns) {
+    if (log != nullptr) {
+      if (index.empty() || !Expired(index.front().publish_ns, now_ns)) return;
+      do {
+        RetireEntry(index.front());
+        index.pop_front();
+      } while (!index.empty() && Expired(index.front().publish_ns, now_ns));
+      PublishFirstKept();
+      return;
+    }
     while (!messages.empty()) {
       StoredMessage& m = *messages.front();
       if (m.state.load(std::memory_order_acquire) == kLive) {
@@ -196,6 +257,15 @@ struct StreamState {
              (config.max_bytes > 0 &&
               LiveBytes() + static_cast<std::int64_t>(bytes_needed) > config.max_bytes);
     };
+    if (log != nullptr) {
+      if (!over()) return;
+      while (!index.empty() && over()) {
+        RetireEntry(index.front());
+        index.pop_front();
+      }
+      PublishFirstKept();
+      return;
+    }
     while (over() && !messages.empty()) {
       Retire(*messages.front(), kDiscarded);
       messages.pop_front();
@@ -231,18 +301,26 @@ struct StreamState {
   // stream; OK when none does. Requires mu.
   absl::Status CheckLimits(std::uint64_t bytes) const;
   // kFile: appends `ev` (to be stored as sequence next_seq) to the log, written to the
-  // OS when it returns; the caller syncs it after letting go of mu. The log's error
-  // (naming the stream) when it cannot, and then nothing is stored. Requires mu.
+  // OS when it returns, and notes where (appended_at) for Append; the caller syncs it
+  // after letting go of mu. The log's error (naming the stream) when it cannot, and
+  // then nothing is stored. Requires mu.
   absl::Status AppendToLog(const Event& ev, std::uint64_t bytes);
+  // kFile: the stored message of `e` read back from the log, as a new record for
+  // deliveries (its state kLive, its stream this). kNotFound when its segment was
+  // retired, kDataLoss when the log's bytes there are not its record (naming the
+  // stream, the directory and the sequence). Thread-safe (the log is): mu need not be
+  // held, but `e` must be a copy when it is not.
+  absl::StatusOr<Handle> LoadFromLog(const IndexEntry& e) const;
   // kFile: removes the log segments that hold only messages limits have removed.
   // Requires mu.
   void RetireLog();
   // kFile recovery, before the stream is published to the engine: RecoverOne puts
-  // the message of log record `tx` back in `messages` with its sequence, publish
-  // time (mapped onto the engine clock: `now_ns` on it is `wall_now_ns`) and
-  // duplicate-window id; FinishRecovery then applies the limits.
-  absl::Status RecoverOne(std::uint64_t tx, std::string_view value, std::int64_t now_ns,
-                          std::int64_t wall_now_ns);
+  // the message of log record `tx` (at `location`) back in `index` with its
+  // sequence, publish time (mapped onto the engine clock: `now_ns` on it is
+  // `wall_now_ns`) and, when it is still inside the duplicate window, its msg_id
+  // there; the event itself is not decoded. FinishRecovery then applies the limits.
+  absl::Status RecoverOne(std::uint64_t tx, const StreamLog::Location& location,
+                          std::string_view value, std::int64_t now_ns, std::int64_t wall_now_ns);
   void FinishRecovery(std::int64_t now_ns);
   // Stores an admitted event as `record` (allocated by the caller): discard old
   // makes room, the record gets the next sequence, the counters and (when
@@ -269,7 +347,9 @@ struct StreamState {
       dedup->Insert(record->event->msg_id, record->seq, now);
       dedup_evicted.store(dedup->evicted(), std::memory_order_relaxed);
     }
-    if (config.retention == RetentionPolicy::kInterest && explicit_acks == 0) {
+    if (log != nullptr) {  // kFile: limits retention only (StreamConfig::Validate)
+      index.push_back(IndexEntry{record->seq, now, bytes, appended_at});
+    } else if (config.retention == RetentionPolicy::kInterest && explicit_acks == 0) {
       // Nobody will ack it: under interest retention it is done once queued.
       Retire(*record, kDone);
     } else if (keeps_index) {

@@ -8,10 +8,12 @@
 // messages, off the hot path; and a file stream's log: the record of a message
 // (AppendToLog), its removal (RetireLog) and recovery (RecoverOne, FinishRecovery).
 //
-// Record of a message in the log (little-endian): version u8 (1) | seq u64 |
+// Record of a message in the log (little-endian): version u8 (2) | seq u64 |
 // wall-clock publish time, ns since the Unix epoch, i64 | stored bytes u64
-// (Event::StoredSize) | the event as a TensorEvent (event/tensor_event.hpp), its
-// payload in the codec it was published with.
+// (Event::StoredSize) | msg_id length u32 | msg_id | the event as a TensorEvent
+// (event/tensor_event.hpp), its payload in the codec it was published with. The
+// msg_id is also in the TensorEvent; it leads the record so that recovery restores
+// the duplicate window without decoding events.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -57,7 +59,8 @@ absl::Status StreamState::CheckLimits(std::uint64_t bytes) const {
 
 namespace {
 
-constexpr std::size_t kRecordHeaderBytes = 1 + 8 + 8 + 8;
+constexpr std::uint8_t kRecordVersion = 2;
+constexpr std::size_t kRecordHeaderBytes = 1 + 8 + 8 + 8 + 4;
 
 void PutU64(std::string& out, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -66,6 +69,43 @@ std::uint64_t GetU64(std::string_view in, std::size_t at) {
   std::uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(in[at + i]);
   return v;
+}
+std::uint32_t GetU32(std::string_view in, std::size_t at) {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(in[at + i]);
+  return v;
+}
+
+// The parts of a message record (the layout above); nullopt-like `why` when the
+// bytes are not one.
+struct ParsedRecord {
+  std::uint64_t seq = 0;
+  std::int64_t wall_ns = 0;
+  std::uint64_t bytes = 0;
+  std::string_view msg_id;
+  std::string_view wire;
+  std::string why;  // empty when parsed
+};
+
+ParsedRecord ParseRecord(std::string_view value) {
+  ParsedRecord r;
+  if (value.size() < kRecordHeaderBytes || value[0] != static_cast<char>(kRecordVersion)) {
+    r.why = "not a message record (" + std::to_string(value.size()) + " bytes, version " +
+            std::to_string(value.empty() ? -1 : static_cast<int>(value[0])) + ")";
+    return r;
+  }
+  r.seq = GetU64(value, 1);
+  r.wall_ns = static_cast<std::int64_t>(GetU64(value, 9));
+  r.bytes = GetU64(value, 17);
+  const std::uint32_t id_len = GetU32(value, 25);
+  if (id_len > value.size() - kRecordHeaderBytes) {
+    r.why = "msg_id of " + std::to_string(id_len) + " bytes runs past the record's " +
+            std::to_string(value.size()) + " bytes";
+    return r;
+  }
+  r.msg_id = value.substr(kRecordHeaderBytes, id_len);
+  r.wire = value.substr(kRecordHeaderBytes + id_len);
+  return r;
 }
 
 }  // namespace
@@ -81,11 +121,14 @@ absl::Status StreamState::AppendToLog(const Event& ev, std::uint64_t bytes) {
                                                   std::string(wire.status().message()));
   }
   std::string record;
-  record.reserve(kRecordHeaderBytes + wire->size());
-  record.push_back(1);
+  record.reserve(kRecordHeaderBytes + ev.msg_id.size() + wire->size());
+  record.push_back(static_cast<char>(kRecordVersion));
   PutU64(record, next_seq);
   PutU64(record, static_cast<std::uint64_t>(absl::ToUnixNanos(absl::Now())));
   PutU64(record, bytes);
+  const auto id_len = static_cast<std::uint32_t>(ev.msg_id.size());
+  for (int i = 0; i < 4; ++i) record.push_back(static_cast<char>((id_len >> (8 * i)) & 0xff));
+  record.append(ev.msg_id);
   const auto span = wire->span();
   record.append(reinterpret_cast<const char*>(span.data()), span.size());
   absl::StatusOr<StreamLog::Entry> e = log->Append(record);
@@ -99,53 +142,66 @@ absl::Status StreamState::AppendToLog(const Event& ev, std::uint64_t bytes) {
                                std::to_string(e->tx) + " is not the sequence " +
                                std::to_string(next_seq));
   }
+  appended_at = e->location;
   return absl::OkStatus();
 }
 
 void StreamState::RetireLog() {
-  const std::uint64_t first = messages.empty() ? next_seq : messages.front()->seq;
+  const std::uint64_t first = index.empty() ? next_seq : index.front().seq;
   // A failed removal leaves the segment for the next call; the log stays correct.
   (void)log->RetireBefore(first);
 }
 
-absl::Status StreamState::RecoverOne(std::uint64_t tx, std::string_view value,
-                                     std::int64_t now_ns, std::int64_t wall_now_ns) {
-  auto bad = [&](const std::string& why) {
+absl::Status StreamState::RecoverOne(std::uint64_t tx, const StreamLog::Location& location,
+                                     std::string_view value, std::int64_t now_ns,
+                                     std::int64_t wall_now_ns) {
+  const ParsedRecord r = ParseRecord(value);
+  if (!r.why.empty() || r.seq != tx) {
     return absl::DataLossError("stream '" + config.name + "': log " +
                                QuoteValue(config.directory) + " record " + std::to_string(tx) +
-                               ": " + why);
-  };
-  if (value.size() < kRecordHeaderBytes || value[0] != 1) {
-    return bad("not a message record (" + std::to_string(value.size()) + " bytes, version " +
-               std::to_string(value.empty() ? -1 : static_cast<int>(value[0])) + ")");
+                               ": " + (r.why.empty() ? "holds sequence " + std::to_string(r.seq) : r.why));
   }
-  const std::uint64_t seq = GetU64(value, 1);
-  const auto wall_ns = static_cast<std::int64_t>(GetU64(value, 9));
-  const std::uint64_t bytes = GetU64(value, 17);
-  if (seq != tx) return bad("holds sequence " + std::to_string(seq));
-  const std::string_view wire = value.substr(kRecordHeaderBytes);
+  // The age it had at recovery, on the engine clock.
+  const std::int64_t age_ns = std::max<std::int64_t>(0, wall_now_ns - r.wall_ns);
+  const std::int64_t publish_ns = now_ns - age_ns;
+  index.push_back(IndexEntry{r.seq, publish_ns, r.bytes, location});
+  next_seq = r.seq + 1;
+  added_msgs.fetch_add(1, std::memory_order_relaxed);
+  added_bytes.fetch_add(static_cast<std::int64_t>(r.bytes), std::memory_order_relaxed);
+  stored.fetch_add(1, std::memory_order_relaxed);
+  last_seq.store(r.seq, std::memory_order_relaxed);
+  // Only what is still inside the window: older ids would be expired at once.
+  if (dedup != nullptr && !r.msg_id.empty() && age_ns <= dedup->window_ns()) {
+    dedup->Insert(std::string(r.msg_id), r.seq, publish_ns);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Handle> StreamState::LoadFromLog(const IndexEntry& e) const {
+  auto bad = [&](absl::StatusCode code, const std::string& why) {
+    return absl::Status(code, "stream '" + config.name + "': log " +
+                                  QuoteValue(config.directory) + " message " +
+                                  std::to_string(e.seq) + ": " + why);
+  };
+  absl::StatusOr<std::string> value = log->Read(e.location);
+  if (!value.ok()) return bad(value.status().code(), std::string(value.status().message()));
+  const ParsedRecord r = ParseRecord(*value);
+  if (!r.why.empty()) return bad(absl::StatusCode::kDataLoss, r.why);
+  if (r.seq != e.seq) {
+    return bad(absl::StatusCode::kDataLoss, "the record there holds sequence " + std::to_string(r.seq));
+  }
   DecodeOptions d;
   d.keep_compressed = true;
-  absl::StatusOr<Event> ev =
-      Decode(std::span<const std::byte>(reinterpret_cast<const std::byte*>(wire.data()), wire.size()), d);
-  if (!ev.ok()) return bad(std::string(ev.status().message()));
+  absl::StatusOr<Event> ev = Decode(
+      std::span<const std::byte>(reinterpret_cast<const std::byte*>(r.wire.data()), r.wire.size()), d);
+  if (!ev.ok()) return bad(absl::StatusCode::kDataLoss, std::string(ev.status().message()));
   auto record = std::make_shared<StoredMessage>();
   record->event = std::make_shared<const Event>(*std::move(ev));
-  record->stream = this;
-  record->seq = seq;
-  // The age it had at recovery, on the engine clock.
-  record->publish_ns = now_ns - std::max<std::int64_t>(0, wall_now_ns - wall_ns);
-  record->bytes = bytes;
-  next_seq = seq + 1;
-  added_msgs.fetch_add(1, std::memory_order_relaxed);
-  added_bytes.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
-  stored.fetch_add(1, std::memory_order_relaxed);
-  last_seq.store(seq, std::memory_order_relaxed);
-  if (dedup != nullptr && !record->event->msg_id.empty()) {
-    dedup->Insert(record->event->msg_id, seq, record->publish_ns);
-  }
-  messages.push_back(std::move(record));
-  return absl::OkStatus();
+  record->stream = const_cast<StreamState*>(this);
+  record->seq = e.seq;
+  record->publish_ns = e.publish_ns;
+  record->bytes = e.bytes;
+  return record;
 }
 
 void StreamState::FinishRecovery(std::int64_t now_ns) {
@@ -159,10 +215,11 @@ void StreamState::FinishRecovery(std::int64_t now_ns) {
   // Limits lowered since the stream was written apply now.
   while ((config.max_msgs > 0 && LiveMsgs() > config.max_msgs) ||
          (config.max_bytes > 0 && LiveBytes() > config.max_bytes)) {
-    if (messages.empty()) break;
-    Retire(*messages.front(), kDiscarded);
-    messages.pop_front();
+    if (index.empty()) break;
+    RetireEntry(index.front());
+    index.pop_front();
   }
+  PublishFirstKept();
   RetireLog();
 }
 

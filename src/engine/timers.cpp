@@ -96,7 +96,7 @@ void RunConsumerTimers(ConsumerState& c, std::int64_t now) {
               it->second.expiry_ns != due) {
             return;
           }
-          if (it->second.h->state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
+          if (it->second.h->stream->Discarded(*it->second.h)) {
             c.waiting.erase(it);  // the stream dropped it: skipped when pulled, not expired
             return;
           }

@@ -226,6 +226,10 @@ struct ConsumerState {
   // The stored messages it started with are not all queued yet (RetryParked).
   std::atomic<bool> catching_up{false};
   std::mutex retry_mu;  // held by the one thread catching up in RetryParked (try_lock only)
+  // While catching up: RetryParked has taken the front of `parked` and not yet
+  // queued it (or put it back). A publish parks behind it then too, though `parked`
+  // may be empty: queued at once, it would overtake it. Guarded by pending_mu.
+  bool catchup_in_hand = false;
 
   // A consumer of a file stream is durable: its ack log (a StreamLog in
   // <stream directory>/consumers/<name>) records where it started ("S <floor>": it

@@ -149,6 +149,7 @@ void RetryParked(ConsumerState& c) {
     Delivery d;
     {
       std::lock_guard lock(c.pending_mu);
+      c.catchup_in_hand = false;  // the one taken before is queued (or skipped)
       if (c.parked.empty()) {
         c.has_parked.store(false, std::memory_order_release);
         c.catching_up.store(false, std::memory_order_release);
@@ -156,6 +157,7 @@ void RetryParked(ConsumerState& c) {
       }
       d = std::move(c.parked.front());
       c.parked.pop_front();
+      c.catchup_in_hand = true;
     }
     if (d.h->stream->Discarded(*d.h)) {
       Redeliver(c, std::move(d), kNoMember);  // counts it skipped, drops its pending entry
@@ -166,8 +168,9 @@ void RetryParked(ConsumerState& c) {
       if (redelivery) c.counts.redelivered.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
-    if (c.lanes.front()->ring.closed()) return;  // the engine is closing: nobody will pull
     std::lock_guard lock(c.pending_mu);
+    c.catchup_in_hand = false;
+    if (c.lanes.front()->ring.closed()) return;  // the engine is closing: nobody will pull
     c.parked.push_front(std::move(d));
     return;
   }

@@ -351,7 +351,7 @@ inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
       // The stored messages it started with wait parked: this one goes behind
       // them, so that it does not overtake them (RetryParked).
       std::unique_lock park_lock(consumer->pending_mu);
-      if (!consumer->parked.empty()) {
+      if (!consumer->parked.empty() || consumer->catchup_in_hand) {
         consumer->parked.push_back(std::move(d));
         consumer->counts.parked.fetch_add(1, std::memory_order_relaxed);
         ++tally.ack.deliveries;

@@ -962,7 +962,7 @@ TEST_CASE("a consumer added with deliver all while publishers run gets every mes
   for (auto& t : pubs) t.join();
   CHECK(published.load() == kPublishers * kEach);
   for (std::size_t i = 0; i < seqs.size(); ++i) {
-    INFO("delivery " << i);
+    INFO("delivery " << i << " file " << file);
     REQUIRE(seqs[i] == i + 1);  // every sequence once, in order
   }
   CHECK(m.Next(absl::Milliseconds(50)).status().code() == absl::StatusCode::kDeadlineExceeded);

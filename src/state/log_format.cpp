@@ -141,6 +141,39 @@ absl::StatusOr<SegmentHeader> DecodeSegmentHeader(std::string_view file) {
   return SegmentHeader{GetU64(file.data() + 8), GetU64(file.data() + 16), GetU64(file.data() + 24)};
 }
 
+namespace {
+constexpr char kSealMagic[8] = {'I', 'Q', 'S', 'E', 'A', 'L', '0', '1'};
+}  // namespace
+
+std::string EncodeSeal(const Seal& seal) {
+  std::string out(kSealMagic, sizeof(kSealMagic));
+  PutU64(out, seal.store_id);
+  PutU64(out, seal.salt);
+  PutU64(out, seal.first_tx);
+  PutU64(out, seal.last_tx);
+  PutU64(out, seal.bytes);
+  out.append(reinterpret_cast<const char*>(seal.head_hash.data()), seal.head_hash.size());
+  PutU64(out, seal.segment_sum);
+  PutU64(out, Xxh3(out));
+  return out;
+}
+
+std::optional<Seal> DecodeSeal(std::string_view file) {
+  if (file.size() != kSealBytes || std::memcmp(file.data(), kSealMagic, sizeof(kSealMagic)) != 0 ||
+      Xxh3(file.substr(0, kSealBytes - 8)) != GetU64(file.data() + kSealBytes - 8)) {
+    return std::nullopt;
+  }
+  Seal s;
+  s.store_id = GetU64(file.data() + 8);
+  s.salt = GetU64(file.data() + 16);
+  s.first_tx = GetU64(file.data() + 24);
+  s.last_tx = GetU64(file.data() + 32);
+  s.bytes = GetU64(file.data() + 40);
+  std::memcpy(s.head_hash.data(), file.data() + 48, 32);
+  s.segment_sum = GetU64(file.data() + 80);
+  return s;
+}
+
 Hash AppendFrame(std::string& out, std::uint64_t salt, const Record& record) {
   const std::size_t start = out.size();
   out.resize(start + kFrameHeaderBytes);  // filled in below

@@ -87,6 +87,25 @@ struct SegmentHeader {
 // Error (kDataLoss) when the header is short, has a wrong magic or checksum.
 absl::StatusOr<SegmentHeader> DecodeSegmentHeader(std::string_view file);
 
+// Seal of a StreamLog segment (`log-<first tx_id, 20 digits>.seal`), written once
+// the segment is full and fdatasync'ed (stream_log.hpp, Recovery):
+//   magic "IQSEAL01" | store_id u64 | salt u64 | first_tx u64 | last_tx u64 |
+//   bytes u64 (end of the last frame) | head_hash [32] (hash of record last_tx) |
+//   XXH3-64 of the segment's bytes [0, bytes) | XXH3-64 of the previous 88 bytes.
+inline constexpr std::size_t kSealBytes = 96;
+struct Seal {
+  std::uint64_t store_id = 0;
+  std::uint64_t salt = 0;
+  std::uint64_t first_tx = 0;
+  std::uint64_t last_tx = 0;
+  std::uint64_t bytes = 0;
+  Hash head_hash{};
+  std::uint64_t segment_sum = 0;
+};
+std::string EncodeSeal(const Seal& seal);
+// nullopt when `file` is not a whole seal with a good checksum.
+std::optional<Seal> DecodeSeal(std::string_view file);
+
 // Appends the frame of `record` to `out`; returns the record's hash.
 Hash AppendFrame(std::string& out, std::uint64_t salt, const Record& record);
 

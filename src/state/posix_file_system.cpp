@@ -187,6 +187,11 @@ class Posix final : public FileSystem {
     return std::unique_ptr<WritableFile>(new PosixWritableFile(fd, path));
   }
   absl::StatusOr<std::string> Read(const std::string& path) override {
+    std::string out;
+    if (absl::Status st = ReadInto(path, out); !st.ok()) return st;
+    return out;
+  }
+  absl::Status ReadInto(const std::string& path, std::string& out) override {
     // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer. It is
     // cleared below, once the file is known to be regular (where it has no effect).
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -210,40 +215,51 @@ class Posix final : public FileSystem {
           " bytes, more than the machine's " + std::to_string(limit) +
           " bytes of memory: it cannot be read whole");
     }
-    std::string out;
-    char buf[1 << 16];
+    // Straight into `out`, whose memory a caller that reads file after file reuses
+    // (no page faults on fresh memory per file): the size fstat gave, then whatever
+    // the file grew by meanwhile, 64 KiB at a time.
     try {  // under a memory limit (ulimit -v, a cgroup) the string may not fit
-      out.reserve(static_cast<std::size_t>(st.st_size));
+      out.resize(static_cast<std::size_t>(st.st_size));
     } catch (const std::bad_alloc&) {
       ::close(fd);
+      out.clear();
       return absl::ResourceExhaustedError("cannot allocate " + std::to_string(st.st_size) +
                                           " bytes to read " + QuoteValue(path));
     }
+    std::size_t have = 0;
     for (;;) {
-      const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (have == out.size()) {
+        if (out.size() + (std::size_t{1} << 16) > limit) {  // it grew while being read
+          ::close(fd);
+          out.clear();
+          return absl::ResourceExhaustedError(QuoteValue(path) + " grew past the machine's " +
+                                              std::to_string(limit) +
+                                              " bytes of memory while being read");
+        }
+        try {
+          out.resize(out.size() + (std::size_t{1} << 16));
+        } catch (const std::bad_alloc&) {
+          ::close(fd);
+          const std::size_t want = out.size();
+          out.clear();
+          return absl::ResourceExhaustedError("cannot allocate " + std::to_string(want) +
+                                              " bytes to read " + QuoteValue(path));
+        }
+      }
+      const ssize_t n = ::read(fd, out.data() + have, out.size() - have);
       if (n < 0) {
         if (errno == EINTR) continue;
         const int err = errno;
         ::close(fd);
+        out.clear();
         return FileSystemError(err, "read", path);
       }
       if (n == 0) break;
-      try {
-        out.append(buf, static_cast<std::size_t>(n));
-      } catch (const std::bad_alloc&) {
-        ::close(fd);
-        return absl::ResourceExhaustedError("cannot allocate " + std::to_string(out.size() + n) +
-                                            " bytes to read " + QuoteValue(path));
-      }
-      if (out.size() > limit) {  // it grew while being read
-        ::close(fd);
-        return absl::ResourceExhaustedError(QuoteValue(path) + " grew past the machine's " +
-                                            std::to_string(limit) +
-                                            " bytes of memory while being read");
-      }
+      have += static_cast<std::size_t>(n);
     }
     ::close(fd);
-    return out;
+    out.resize(have);
+    return absl::OkStatus();
   }
   absl::StatusOr<std::vector<std::string>> List(const std::string& dir) override {
     DIR* d = ::opendir(dir.c_str());
@@ -295,6 +311,16 @@ class Posix final : public FileSystem {
 };
 
 }  // namespace
+
+absl::Status FileSystem::ReadInto(const std::string& path, std::string& out) {
+  absl::StatusOr<std::string> all = Read(path);
+  if (!all.ok()) {
+    out.clear();
+    return all.status();
+  }
+  out = *std::move(all);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::string> FileSystem::ReadAt(const std::string& path, std::uint64_t offset,
                                                std::size_t n) {

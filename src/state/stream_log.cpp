@@ -11,6 +11,7 @@
 #include "inferq/state/stream_log.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,6 +22,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <xxhash.h>
 
 #include "absl/base/thread_annotations.h"
 #include "inferq/base/error.hpp"
@@ -42,8 +45,15 @@ std::string LogSegmentName(std::uint64_t first_tx) {
   return buf;
 }
 
-std::optional<std::uint64_t> ParseLogSegmentName(std::string_view name) {
-  if (name.size() != 28 || name.substr(0, 4) != "log-" || name.substr(24) != ".seg") {
+std::string SealName(std::uint64_t first_tx) {
+  std::string name = LogSegmentName(first_tx);
+  name.replace(name.size() - 4, 4, ".seal");
+  return name;
+}
+
+// The first tx_id in a name `log-<20 digits><suffix>` (".seg" or ".seal").
+std::optional<std::uint64_t> ParseLogName(std::string_view name, std::string_view suffix) {
+  if (name.size() != 24 + suffix.size() || name.substr(0, 4) != "log-" || name.substr(24) != suffix) {
     return std::nullopt;
   }
   std::uint64_t v = 0;
@@ -54,6 +64,9 @@ std::optional<std::uint64_t> ParseLogSegmentName(std::string_view name) {
     v = v * 10 + d;
   }
   return v;
+}
+std::optional<std::uint64_t> ParseLogSegmentName(std::string_view name) {
+  return ParseLogName(name, ".seg");
 }
 
 std::size_t LastNonZeroFrom(std::string_view s, std::size_t from) {
@@ -75,7 +88,10 @@ std::uint64_t FrameBytes(std::size_t n) {
 
 class StreamLog::Impl {
  public:
-  explicit Impl(StreamLogOptions o) : opt_(std::move(o)), fs_(opt_.file_system) {}
+  explicit Impl(StreamLogOptions o)
+      : opt_(std::move(o)), fs_(opt_.file_system), seg_sum_(XXH3_createState()) {
+    if (seg_sum_ == nullptr) throw std::bad_alloc();
+  }
 
   ~Impl() {
     {
@@ -92,6 +108,7 @@ class StreamLog::Impl {
       }
       (void)file_->Close();
     }
+    XXH3_freeState(seg_sum_);
   }
 
   absl::Status Recover(RecoverFn on_record) {
@@ -103,11 +120,14 @@ class StreamLog::Impl {
     auto names = fs_->List(opt_.dir);
     if (!names.ok()) return names.status();
     std::vector<std::pair<std::uint64_t, std::string>> files;
+    std::vector<std::uint64_t> seals;
     bool has_identity = false;
     for (const std::string& n : *names) {
       if (n == "IDENTITY") has_identity = true;
       if (auto tx = ParseLogSegmentName(n)) files.emplace_back(*tx, n);
+      if (auto tx = ParseLogName(n, ".seal")) seals.push_back(*tx);
     }
+    std::sort(seals.begin(), seals.end());
     std::sort(files.begin(), files.end());
     (void)fs_->Remove(JoinPath(opt_.dir, "IDENTITY.tmp"));  // a create that did not finish
     if (has_identity) {
@@ -133,13 +153,15 @@ class StreamLog::Impl {
     std::uint64_t expected_first = 0;  // first_tx the next segment must have (0: any)
     std::uint64_t dirty_begin = 0, dirty_end = 0;
     bool removed = false;
+    std::string buf;            // one segment at a time, its memory reused
+    std::uint64_t buf_tx = 0;   // the segment buf holds
     for (std::size_t i = 0; i < files.size(); ++i) {
       const auto& [name_tx, name] = files[i];
       const bool last = i + 1 == files.size();
       const std::string path = JoinPath(opt_.dir, name);
-      auto data = fs_->Read(path);
-      if (!data.ok()) return data.status();
-      const std::string_view bytes = *data;
+      if (auto st = fs_->ReadInto(path, buf); !st.ok()) return st;
+      buf_tx = name_tx;
+      const std::string_view bytes = buf;
       auto header = DecodeSegmentHeader(bytes);
       if (!header.ok()) {
         // A crash while creating the last segment leaves a short or zeroed header and
@@ -175,6 +197,17 @@ class StreamLog::Impl {
                                    ", found " + std::to_string(name_tx));
       }
       Seg seg{name, name_tx, header->salt, kSegmentHeaderBytes, bytes.size(), 0};
+      if (!last && !strict && std::binary_search(seals.begin(), seals.end(), name_tx)) {
+        absl::StatusOr<bool> sealed = RecoverSealed(seg, bytes, seen_tx, seen_hash, on_record);
+        if (!sealed.ok()) return sealed.status();
+        if (*sealed) {
+          seen_tx = seg.last_tx;
+          seen_hash = sealed_head_;
+          expected_first = seg.last_tx + 1;
+          segments_.emplace(name_tx, std::move(seg));
+          continue;
+        }
+      }
       std::uint64_t want = name_tx;
       std::size_t off = kSegmentHeaderBytes;
       while (off < bytes.size()) {
@@ -227,6 +260,14 @@ class StreamLog::Impl {
     if (removed) {
       if (auto st = fs_->SyncDir(opt_.dir); !st.ok()) return st;
     }
+    // Seals of retired segments, and the tail's (a crash between its seal and the next
+    // segment's creation; it is appended to again now): a seal only ever speaks for a
+    // segment that no longer changes.
+    for (std::uint64_t tx : seals) {
+      if (!segments_.contains(tx) || tx == segments_.rbegin()->first) {
+        (void)fs_->Remove(JoinPath(opt_.dir, SealName(tx)));
+      }
+    }
     head_hash_ = seen_hash;
     if (segments_.empty()) {
       next_tx_ = expected_first != 0 ? expected_first : 1;
@@ -238,6 +279,16 @@ class StreamLog::Impl {
       if (!f.ok()) return f.status();
       file_ = std::shared_ptr<WritableFile>(std::move(*f));
       allocated_ = std::max<std::uint64_t>(tail.file_bytes, dirty_end);
+      // The tail's running checksum, for its seal: what it holds so far.
+      if (buf_tx != tail.first_tx) {
+        if (auto st = fs_->ReadInto(JoinPath(opt_.dir, tail.name), buf); !st.ok()) return st;
+      }
+      if (buf.size() < tail.bytes) {
+        return absl::DataLossError("stream log segment " + QuoteValue(tail.name) +
+                                   " shrank while it was recovered");
+      }
+      XXH3_64bits_reset(seg_sum_);
+      XXH3_64bits_update(seg_sum_, buf.data(), tail.bytes);
       if (dirty_end > dirty_begin) {
         // No byte of a torn tail may be read back after the records written over it.
         if (auto st = WriteZeros(dirty_begin, dirty_end - dirty_begin); !st.ok()) return st;
@@ -276,6 +327,7 @@ class StreamLog::Impl {
     const Hash h = AppendFrame(frame_, cur->salt, r);
     if (auto st = Preallocate(cur->bytes + frame_.size() + 1); !st.ok()) return Fail(st);
     if (auto st = file_->WriteAt(cur->bytes, frame_); !st.ok()) return Fail(st);
+    XXH3_64bits_update(seg_sum_, frame_.data(), frame_.size());
     Entry e{next_tx_, {cur->first_tx, cur->bytes, static_cast<std::uint32_t>(frame_.size())}, {}};
     cur->bytes += frame_.size();
     cur->last_tx = next_tx_;
@@ -336,6 +388,11 @@ class StreamLog::Impl {
       auto first = segments_.begin();
       auto second = std::next(first);
       if (second->second.first_tx > tx) break;  // `first` holds tx_ids >= ... < second's
+      // The seal first: a segment left without one is verified frame by frame.
+      if (auto st = fs_->Remove(JoinPath(opt_.dir, SealName(first->second.first_tx)));
+          !st.ok() && st.code() != absl::StatusCode::kNotFound) {
+        return st;
+      }
       if (auto st = fs_->Remove(JoinPath(opt_.dir, first->second.name)); !st.ok()) return st;
       segments_.erase(first);
       any = true;
@@ -419,6 +476,9 @@ class StreamLog::Impl {
       return st;
     }
     segments_.emplace(first_tx, Seg{name, first_tx, salt, kSegmentHeaderBytes, kSegmentHeaderBytes, 0});
+    const std::string header = EncodeSegmentHeader(store_id_, salt, first_tx);
+    XXH3_64bits_reset(seg_sum_);
+    XXH3_64bits_update(seg_sum_, header.data(), header.size());
     if (file_ != nullptr) (void)file_->Close();
     file_ = std::move(file);
     allocated_ = kSegmentHeaderBytes;
@@ -436,8 +496,108 @@ class StreamLog::Impl {
       if (durable_tx_.load() < last) durable_tx_.store(last);
     }
     sync_cv_.notify_all();
+    WriteSeal(segments_.rbegin()->second);
     if (auto st = CreateSegment(next_tx_); !st.ok()) return Fail(st);
     return absl::OkStatus();
+  }
+
+  // The seal of the full, fdatasync'ed segment `seg` (log_format.hpp): a later
+  // recovery checks one checksum over it instead of each frame's checksum and hash.
+  // Not fdatasync'ed, and best effort: a seal lost or torn (its own checksum) is
+  // ignored, and the segment is then verified frame by frame. Requires mu_.
+  void WriteSeal(const Seg& seg) {
+    Seal seal;
+    seal.store_id = store_id_;
+    seal.salt = seg.salt;
+    seal.first_tx = seg.first_tx;
+    seal.last_tx = seg.last_tx;
+    seal.bytes = seg.bytes;
+    seal.head_hash = head_hash_;
+    seal.segment_sum = XXH3_64bits_digest(seg_sum_);
+    const std::string path = JoinPath(opt_.dir, SealName(seg.first_tx));
+    auto f = fs_->Create(path);
+    if (!f.ok()) return;
+    absl::Status st = (*f)->WriteAt(0, EncodeSeal(seal));
+    if (absl::Status cl = (*f)->Close(); st.ok()) st = cl;
+    if (!st.ok()) (void)fs_->Remove(path);
+  }
+
+  // Recovery of sealed segment `seg` (not the last) from its bytes `data`: true, with
+  // its records handed to `on_record` and seg's bytes and last_tx set (sealed_head_:
+  // the hash of its last record), when its seal matches it: this log's store id and
+  // the segment's salt and first tx_id, one XXH3-64 over [0, bytes) as the seal says,
+  // zeros after, and frames that parse with consecutive tx_ids from the first, the
+  // first chained to `seen_hash` (the previous segment's head), up to the seal's
+  // last_tx. False when anything differs (the caller then verifies it frame by
+  // frame, which names the damage); on_record's error. Frame checksums and hashes
+  // inside are not recomputed: the segment checksum covers their bytes, as Kafka
+  // trusts the segments below its recovery point (log.flush, recovery-point
+  // checkpoint) instead of rescanning them.
+  absl::StatusOr<bool> RecoverSealed(Seg& seg, std::string_view data, std::uint64_t seen_tx,
+                                     const Hash& seen_hash, RecoverFn on_record) {
+    auto file = fs_->Read(JoinPath(opt_.dir, SealName(seg.first_tx)));
+    if (!file.ok()) return false;
+    const std::optional<Seal> seal = DecodeSeal(*file);
+    if (!seal || seal->store_id != store_id_ || seal->salt != seg.salt ||
+        seal->first_tx != seg.first_tx || seal->last_tx < seal->first_tx ||
+        seal->bytes < kSegmentHeaderBytes || seal->bytes > data.size() ||
+        LastNonZeroFrom(data, seal->bytes) != seal->bytes ||
+        Xxh3(data.substr(0, seal->bytes)) != seal->segment_sum) {
+      return false;
+    }
+    struct Found {
+      std::uint64_t off;
+      std::uint32_t size;
+      std::string_view value;
+    };
+    std::vector<Found> found;
+    found.reserve(static_cast<std::size_t>(seal->last_tx - seal->first_tx + 1));
+    std::uint64_t off = kSegmentHeaderBytes;
+    std::uint64_t want = seg.first_tx;
+    // Frame layout (log_format.hpp): header 24 bytes, then tx_id u64 | prev_hash [32]
+    // | op_count u32 (1) | op u8 | key_len u32 (1) | value_len u32 | "r" | value.
+    constexpr std::size_t kFixed = 8 + 32 + 4 + 1 + 4 + 4 + 1;
+    auto u32 = [&](std::uint64_t at) {
+      std::uint32_t v;
+      std::memcpy(&v, data.data() + at, 4);
+      return v;
+    };
+    auto u64 = [&](std::uint64_t at) {
+      std::uint64_t v;
+      std::memcpy(&v, data.data() + at, 8);
+      return v;
+    };
+    static_assert(std::endian::native == std::endian::little, "the formats are little-endian");
+    while (off < seal->bytes) {
+      if (seal->bytes - off < kFrameHeaderBytes + kFixed || u32(off) != kFrameMagic) return false;
+      const std::uint32_t len = u32(off + 4);
+      if (len < kFixed || len > seal->bytes - off - kFrameHeaderBytes) return false;
+      const std::uint64_t p = off + kFrameHeaderBytes;
+      if (u64(p) != want || u32(p + 40) != 1 ||
+          static_cast<std::uint8_t>(data[p + 44]) != static_cast<std::uint8_t>(OpCode::kCreate) ||
+          u32(p + 45) != kRecordKey.size() || data[p + 53] != kRecordKey[0] ||
+          u32(p + 49) != len - kFixed) {
+        return false;
+      }
+      if (want == seg.first_tx && seen_tx != 0 &&
+          std::memcmp(data.data() + p + 8, seen_hash.data(), 32) != 0) {
+        return false;
+      }
+      found.push_back(Found{off, kFrameHeaderBytes + len, data.substr(p + kFixed, len - kFixed)});
+      ++want;
+      off += kFrameHeaderBytes + len;
+    }
+    if (off != seal->bytes || want != seal->last_tx + 1) return false;
+    for (const Found& f : found) {
+      const std::uint64_t tx = seg.first_tx + static_cast<std::uint64_t>(&f - found.data());
+      Entry e{tx, {seg.first_tx, f.off, f.size}, f.value};
+      if (auto st = on_record(e); !st.ok()) return st;
+      ++recovered_;
+    }
+    seg.bytes = seal->bytes;
+    seg.last_tx = seal->last_tx;
+    sealed_head_ = seal->head_hash;
+    return true;
   }
 
   // Zero-fills ahead of the writes (1 MiB at a time), so that an fdatasync flushes
@@ -550,6 +710,9 @@ class StreamLog::Impl {
   std::uint64_t next_tx_ ABSL_GUARDED_BY(mu_) = 1;
   std::uint64_t first_tx_ ABSL_GUARDED_BY(mu_) = 1;
   Hash head_hash_ ABSL_GUARDED_BY(mu_){};
+  // XXH3-64 of the current segment's bytes so far (its seal's segment_sum).
+  XXH3_state_t* const seg_sum_ ABSL_GUARDED_BY(mu_);
+  Hash sealed_head_{};  // Open only: RecoverSealed's head hash
   std::string frame_ ABSL_GUARDED_BY(mu_);
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> failed_flag_{false};  // !failed_.ok(), readable without mu_

@@ -69,6 +69,10 @@ class FileSystem {
   // waits for a FIFO's writer) and kResourceExhausted for a file larger than the
   // machine's physical memory (a sparse or damaged file), both naming the path.
   virtual absl::StatusOr<std::string> Read(const std::string& path) = 0;
+  // Read into `out` (its content replaced; empty after an error), so that a caller
+  // reading many files reuses one buffer's memory. The default calls Read;
+  // PosixFileSystem reads into `out`'s own memory. Errors as Read's.
+  virtual absl::Status ReadInto(const std::string& path, std::string& out);
   // `n` bytes of the regular file `path` from byte `offset` (pread(2)): exactly `n`
   // bytes, or kOutOfRange naming the path when the file ends first. The default
   // reads the whole file (Read) and slices it; PosixFileSystem reads only the range.

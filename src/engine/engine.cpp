@@ -528,8 +528,8 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
 // index entries the start position takes are chosen by sequence and publish time
 // (kByStartSequence, kByStartTime skip the rest unread); each candidate is read
 // back (LoadFromLog) for the filter, the predicate and kLastPerSubject's subject.
-// One that cannot be read fails a durable consumer (ConsumerState::Fail) and makes
-// one without an ack log skip it: never a silent gap in what a restart delivers. Requires
+// One that cannot be read fails the consumer (ConsumerState::Fail; every consumer
+// of a file stream is durable): never a silent gap in what it delivers. Requires
 // stream.mu.
 void QueueStoredFromLog(StreamState& stream, ConsumerState& c) {
   const ConsumerConfig& cfg = c.config;
@@ -559,10 +559,8 @@ void QueueStoredFromLog(StreamState& stream, ConsumerState& c) {
     }
     absl::StatusOr<engine_internal::Handle> h = stream.LoadFromLog(e);
     if (!h.ok()) {
-      if (c.ack_log != nullptr) {
-        failed = "stored message " + std::to_string(e.seq) + " cannot be read back (" +
-                 std::string(h.status().message()) + ")";
-      }
+      failed = "stored message " + std::to_string(e.seq) + " cannot be read back (" +
+               std::string(h.status().message()) + ")";
       continue;
     }
     const Event& ev = *(*h)->event;

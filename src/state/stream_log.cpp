@@ -429,6 +429,7 @@ class StreamLog::Impl {
     s.segments = segments_.size();
     for (const auto& [tx, seg] : segments_) s.disk_bytes += std::max(seg.bytes, seg.file_bytes);
     s.recovered_records = recovered_;
+    s.sealed_segments = sealed_segments_;
     s.torn_tail_bytes = torn_tail_bytes_;
     s.recovery_ms = recovery_ms_;
     s.failed = !failed_.ok();
@@ -597,6 +598,7 @@ class StreamLog::Impl {
     seg.bytes = seal->bytes;
     seg.last_tx = seal->last_tx;
     sealed_head_ = seal->head_hash;
+    ++sealed_segments_;
     return true;
   }
 
@@ -719,6 +721,7 @@ class StreamLog::Impl {
   std::uint64_t appends_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t bytes_appended_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t recovered_ = 0;
+  std::uint64_t sealed_segments_ = 0;
   std::uint64_t torn_tail_bytes_ = 0;
   double recovery_ms_ = 0;
   // Written under mu_ (release), read anywhere.

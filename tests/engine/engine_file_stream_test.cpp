@@ -348,7 +348,13 @@ TEST_CASE("max_msgs on a file stream retires old segments and recovery keeps the
     }
     CHECK(SS(*engine, "REQ").messages == 10);
     // At 4 KiB a segment holds ~15 of these: older segments were removed.
-    CHECK(state_test::Files(d.path(), "log-").size() <= 3);
+    std::size_t segments = 0;
+    for (const std::string& f : state_test::Files(d.path(), "log-")) segments += f.ends_with(".seg");
+    CHECK(segments <= 3);
+    // Each full segment kept has its seal, and no retired one left one behind.
+    std::size_t seals = 0;
+    for (const std::string& f : state_test::Files(d.path(), "log-")) seals += f.ends_with(".seal");
+    CHECK(seals == segments - 1);
   }
   auto engine = *Engine::Create();
   REQUIRE(engine->AddStream(s).ok());
@@ -966,4 +972,53 @@ TEST_CASE("a consumer added with deliver all while publishers run gets every mes
     REQUIRE(seqs[i] == i + 1);  // every sequence once, in order
   }
   CHECK(m.Next(absl::Milliseconds(50)).status().code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("a file stream reads its stored messages back from the log, and says when it cannot") {
+  TempDir d;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path(), SyncPolicy::kNone)).ok());
+  for (int i = 1; i <= 3; ++i) {
+    REQUIRE(engine->Publish(Payload("req.a", "body-" + std::to_string(i))).ok());
+  }
+  auto two = engine->GetMessage("REQ", 2);
+  REQUIRE(two.ok());
+  const auto p = (*two)->payload.span();
+  CHECK(std::string(reinterpret_cast<const char*>(p.data()), p.size()) == "body-2");
+  // No delivery holds these events: damage on disk shows through, so the stream
+  // keeps none of them in memory.
+  const std::string seg = d / state_test::Files(d.path(), "log-").front();
+  std::string bytes = state_test::ReadFile(seg);
+  const std::size_t at = bytes.find("body-2");
+  REQUIRE(at != std::string::npos);
+  bytes[at] = 'B';
+  state_test::WriteFile(seg, bytes);
+  auto damaged = engine->GetMessage("REQ", 2);
+  REQUIRE(damaged.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(Msg(damaged.status()),
+             Catch::StartsWith("stream 'REQ': log '" + d.path() + "' message 2: stream log segment '"));
+  CHECK(engine->GetMessage("REQ", 3).ok());
+
+  // Every consumer of a file stream is durable: one that must start with it cannot
+  // go on without a gap, and says so.
+  auto c = *engine->AddConsumer({.stream = "REQ", .name = "w", .deliver = DeliverPolicy::kAll});
+  auto next = c.member(0)->Next(absl::Milliseconds(100));
+  REQUIRE(next.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(Msg(next.status()),
+             Catch::StartsWith("consumer 'w' of stream 'REQ' delivers no more: stored message 2 "
+                               "cannot be read back (stream 'REQ': log '" + d.path() +
+                               "' message 2: "));
+}
+
+TEST_CASE("a queued delivery of a message a file stream discarded is skipped") {
+  TempDir d;
+  StreamConfig s = FileStream(d.path(), SyncPolicy::kNone);
+  s.max_msgs = 2;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  auto c = *engine->AddConsumer({.stream = "REQ", .name = "c"});
+  for (int i = 1; i <= 5; ++i) REQUIRE(engine->Publish(Payload("req.a", "m" + std::to_string(i))).ok());
+  // 1..3 were queued before max_msgs removed them from the stream.
+  CHECK(Drain(c) == Seen{{4, "m4"}, {5, "m5"}});
+  CHECK(engine->Stats().consumers[0].skipped == 3);
 }

@@ -44,9 +44,20 @@
 // or a file of another log is kDataLoss naming the file, the byte offset and the
 // tx_id, in both modes.
 //
+// Seals: once a segment is full and fdatasync'ed, a seal file beside it records its
+// last tx_id, where its last frame ends, the hash of its last record and one
+// XXH3-64 checksum over the segment. Open in kPointInTime checks a sealed segment
+// (not the last) against its seal with that one checksum and a parse of its frames
+// (consecutive tx_ids, the first chained to the previous segment), instead of each
+// frame's checksum and SHA-256 hash: Kafka likewise trusts the segments below its
+// recovery point. Any mismatch, or a seal that is missing or torn (seals are not
+// fdatasync'ed), and the segment is verified frame by frame, with the errors above.
+// kStrict always verifies every frame. Read checks a record's frame checksum either
+// way.
+//
 // Directory: IDENTITY, LOCK (held while open; a second opener, in this process or
-// another, gets kFailedPrecondition naming the holder's pid), and
-// `log-<first tx_id, 20 digits>.seg` segments.
+// another, gets kFailedPrecondition naming the holder's pid),
+// `log-<first tx_id, 20 digits>.seg` segments and their `log-<...>.seal` seals.
 //
 // Failure: a failed write or fdatasync (EIO, ENOSPC, ...) puts the log into a failed
 // state: that Append or Sync and every later one return the error (later ones as
@@ -95,6 +106,9 @@ struct StreamLogStats {
   std::uint64_t segments = 0;     // segment files now
   std::uint64_t disk_bytes = 0;   // bytes of the segment files now
   std::uint64_t recovered_records = 0;
+  // Segments Open recovered through their seals (see Recovery above), not frame by
+  // frame.
+  std::uint64_t sealed_segments = 0;
   std::uint64_t torn_tail_bytes = 0;  // cut off at Open (kPointInTime)
   double recovery_ms = 0;
   bool failed = false;

@@ -2,9 +2,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -60,7 +62,18 @@ class PosixWritableFile final : public WritableFile {
  public:
   PosixWritableFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
   ~PosixWritableFile() override {
+    Unmap();
     if (fd_ >= 0) ::close(fd_);
+  }
+  absl::StatusOr<char*> Map(std::uint64_t size) override {
+    if (fd_ < 0) return absl::FailedPreconditionError("map of closed file " + QuoteValue(path_));
+    Unmap();
+    void* p = ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED,
+                     fd_, 0);
+    if (p == MAP_FAILED) return FileSystemError(errno, "mmap", path_);
+    map_ = static_cast<char*>(p);
+    map_bytes_ = static_cast<std::size_t>(size);
+    return map_;
   }
   absl::Status WriteAt(std::uint64_t offset, std::string_view data) override {
     if (fd_ < 0) return absl::FailedPreconditionError("write to closed file " + QuoteValue(path_));
@@ -82,6 +95,7 @@ class PosixWritableFile final : public WritableFile {
   }
   absl::Status Close() override {
     if (fd_ < 0) return absl::OkStatus();
+    Unmap();
     const int rc = ::close(fd_);
     fd_ = -1;
     if (rc != 0) return FileSystemError(errno, "close", path_);
@@ -89,8 +103,14 @@ class PosixWritableFile final : public WritableFile {
   }
 
  private:
+  void Unmap() {
+    if (map_ != nullptr) ::munmap(map_, map_bytes_);
+    map_ = nullptr;
+  }
   int fd_;
   std::string path_;
+  char* map_ = nullptr;
+  std::size_t map_bytes_ = 0;
 };
 
 class PosixFileLock final : public FileLock {
@@ -177,12 +197,13 @@ class Posix final : public FileSystem {
     return out;
   }
   absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path) override {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    // O_RDWR, not O_WRONLY: a shared writable mapping (Map) needs read access too.
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) return FileSystemError(errno, "create", path);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(fd, path));
   }
   absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path) override {
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) return FileSystemError(errno, "open", path);
     return std::unique_ptr<WritableFile>(new PosixWritableFile(fd, path));
   }
@@ -311,6 +332,10 @@ class Posix final : public FileSystem {
 };
 
 }  // namespace
+
+absl::StatusOr<char*> WritableFile::Map(std::uint64_t) {
+  return absl::UnimplementedError("this file system does not map files");
+}
 
 absl::Status FileSystem::ReadInto(const std::string& path, std::string& out) {
   absl::StatusOr<std::string> all = Read(path);

@@ -279,6 +279,7 @@ class StreamLog::Impl {
       if (!f.ok()) return f.status();
       file_ = std::shared_ptr<WritableFile>(std::move(*f));
       allocated_ = std::max<std::uint64_t>(tail.file_bytes, dirty_end);
+      MapCurrent();
       // The tail's running checksum, for its seal: what it holds so far.
       if (buf_tx != tail.first_tx) {
         if (auto st = fs_->ReadInto(JoinPath(opt_.dir, tail.name), buf); !st.ok()) return st;
@@ -326,7 +327,14 @@ class StreamLog::Impl {
     frame_.clear();
     const Hash h = AppendFrame(frame_, cur->salt, r);
     if (auto st = Preallocate(cur->bytes + frame_.size() + 1); !st.ok()) return Fail(st);
-    if (auto st = file_->WriteAt(cur->bytes, frame_); !st.ok()) return Fail(st);
+    if (map_ != nullptr && cur->bytes + frame_.size() <= map_bytes_) {
+      // Below allocated_ (zeros written ahead): in the page cache once copied, as
+      // after a pwrite, without the system call.
+      std::memcpy(map_ + cur->bytes, frame_.data(), frame_.size());
+      ++mapped_appends_;
+    } else if (auto st = file_->WriteAt(cur->bytes, frame_); !st.ok()) {
+      return Fail(st);
+    }
     XXH3_64bits_update(seg_sum_, frame_.data(), frame_.size());
     Entry e{next_tx_, {cur->first_tx, cur->bytes, static_cast<std::uint32_t>(frame_.size())}, {}};
     cur->bytes += frame_.size();
@@ -424,6 +432,7 @@ class StreamLog::Impl {
     s.last_tx = next_tx_ - 1;
     s.durable_tx = durable_tx_.load();
     s.appends = appends_;
+    s.mapped_appends = mapped_appends_;
     s.syncs = syncs_.load();
     s.bytes_appended = bytes_appended_;
     s.segments = segments_.size();
@@ -480,10 +489,21 @@ class StreamLog::Impl {
     const std::string header = EncodeSegmentHeader(store_id_, salt, first_tx);
     XXH3_64bits_reset(seg_sum_);
     XXH3_64bits_update(seg_sum_, header.data(), header.size());
-    if (file_ != nullptr) (void)file_->Close();
+    // Not Close()d here: a Sync leader may hold the old file (SyncUpTo takes it under
+    // mu_ and fdatasyncs it outside), and a closed one would fail its fdatasync and
+    // with it the log. The last reference closes it (and drops its mapping).
     file_ = std::move(file);
     allocated_ = kSegmentHeaderBytes;
+    MapCurrent();
     return absl::OkStatus();
+  }
+
+  // Maps the current segment's first segment_bytes for Append (WritableFile::Map),
+  // when the file system can; otherwise appends use WriteAt. Requires mu_.
+  void MapCurrent() {
+    absl::StatusOr<char*> m = file_->Map(opt_.segment_bytes);
+    map_ = m.ok() ? *m : nullptr;
+    map_bytes_ = m.ok() ? opt_.segment_bytes : 0;
   }
 
   // Requires mu_. The current segment is fdatasync'ed before the next is created,
@@ -709,6 +729,9 @@ class StreamLog::Impl {
   std::map<std::uint64_t, Seg> segments_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<WritableFile> file_ ABSL_GUARDED_BY(mu_);
   std::uint64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
+  // file_'s mapping (MapCurrent), or null; appends below map_bytes_ copy into it.
+  char* map_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::uint64_t map_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t next_tx_ ABSL_GUARDED_BY(mu_) = 1;
   std::uint64_t first_tx_ ABSL_GUARDED_BY(mu_) = 1;
   Hash head_hash_ ABSL_GUARDED_BY(mu_){};
@@ -719,6 +742,7 @@ class StreamLog::Impl {
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> failed_flag_{false};  // !failed_.ok(), readable without mu_
   std::uint64_t appends_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t mapped_appends_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t bytes_appended_ ABSL_GUARDED_BY(mu_) = 0;
   std::uint64_t recovered_ = 0;
   std::uint64_t sealed_segments_ = 0;

@@ -455,3 +455,39 @@ TEST_CASE("stream log removes the seal of a segment that became the tail and of 
     CHECK(Named(d.path(), ".seal").size() == kept.size() - 1);
   }
 }
+
+TEST_CASE("stream log appends through a mapping of the segment, and with pwrite past it") {
+  TempDir d;
+  StreamLogOptions o = Opts(d.path(), SyncPolicy::kEveryCommit);
+  o.segment_bytes = 4096;
+  const std::string big(10'000, 'b');  // larger than a segment: it starts one of its own
+  std::vector<StreamLog::Location> at;
+  {
+    Recovered none;
+    auto log = OpenOk(o, &none);
+    for (int i = 1; i <= 20; ++i) at.push_back(log->Append(Value(i))->location);
+    at.push_back(log->Append(big)->location);
+    at.push_back(log->Append(Value(22))->location);
+    REQUIRE(log->Sync(22).ok());
+    const inferq::StreamLogStats st = log->Stats();
+    CHECK(st.appends == 22);
+    CHECK(st.mapped_appends == 21);  // all but the record that does not fit a mapping
+    CHECK(*log->Read(at[20]) == big);
+    CHECK(*log->Read(at[4]) == Value(5));
+  }
+  SECTION("a file system that does not map writes every record") {
+    auto faulty = std::make_shared<state_test::FaultyFileSystem>();
+    StreamLogOptions w = o;
+    w.file_system = faulty;
+    Recovered r;
+    auto log = OpenOk(w, &r);
+    REQUIRE(r.txs.size() == 22);
+    REQUIRE(log->Append(Value(23)).ok());
+    CHECK(log->Stats().mapped_appends == 0);
+  }
+  Recovered r;
+  auto log = OpenOk(o, &r);
+  REQUIRE(r.txs.size() >= 22);
+  CHECK(r.values[20] == big);
+  CHECK(r.values[21] == Value(22));
+}

@@ -123,7 +123,11 @@ struct StreamConfig {
   // hold or lie in another file stream's (InvalidArgument naming both: a stream's
   // durable consumers keep their ack logs in <directory>/consumers/<name>). kFile
   // needs retention kLimits (InvalidArgument otherwise: a retention that follows
-  // acks is not yet kept across restarts).
+  // acks is not yet kept across restarts). Memory: a file stream keeps 48 bytes per
+  // stored message (sequence, publish time, size, place in the log), not its event;
+  // the events are in memory only while deliveries hold them, and a consumer's start
+  // and Engine::GetMessage read them back from the log. Recovery reads each full
+  // segment once, checked by its seal's checksum (state/stream_log.hpp).
   StorageType storage = StorageType::kMemory;
   std::string directory{};            // kFile: the stream's own directory; else empty
   SyncPolicy sync = SyncPolicy::kEveryCommit;

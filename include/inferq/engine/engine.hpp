@@ -402,12 +402,15 @@ class Engine {
   void RunTimers();
 
   // The message stored as sequence `seq` in stream `stream` (JetStream's get
-  // message by sequence): its event, shared with its deliveries, not copied.
-  // NotFound naming the stream for an unknown stream, and naming both for a
-  // sequence it does not hold (never stored, or removed by a limit, max_age or the
-  // acks of interest retention); InvalidArgument for seq 0; FailedPrecondition for
-  // a stream that keeps no index of its messages (interest retention without
-  // max_age and without a discard-old limit: StreamConfig::retention). Waits for the
+  // message by sequence): its event, shared with its deliveries, not copied; on a
+  // file stream read back from its log (a new copy, read after the stream's mutex
+  // is let go). NotFound naming the stream for an unknown stream, and naming both
+  // for a sequence it does not hold (never stored, or removed by a limit, max_age or
+  // the acks of interest retention); InvalidArgument for seq 0; FailedPrecondition
+  // for a stream that keeps no index of its messages (interest retention without
+  // max_age and without a discard-old limit: StreamConfig::retention); on a file
+  // stream, DataLoss naming the stream, its directory and the sequence when the
+  // log's bytes there are not the record (or the read's I/O error). Waits for the
   // stream's mutex (a publisher blocked on a full lane of the stream holds it).
   absl::StatusOr<std::shared_ptr<const Event>> GetMessage(std::string_view stream,
                                                           std::uint64_t seq) const;

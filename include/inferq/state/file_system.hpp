@@ -42,8 +42,18 @@ class WritableFile {
   virtual absl::Status WriteAt(std::uint64_t offset, std::string_view data) = 0;
   // Makes the data written so far durable (fdatasync).
   virtual absl::Status Sync() = 0;
-  // Closes the file; later calls are errors.
+  // Closes the file; later calls are errors. A mapping (Map) goes with it.
   virtual absl::Status Close() = 0;
+
+  // Optional, for appending without a system call per write. Map: the file's bytes
+  // [0, size) mapped shared and writable (MAP_SHARED), valid until Close or the
+  // file's destruction. Only bytes already written (WriteAt: the log writes zeros
+  // ahead, which allocates their blocks) may be touched: past the file's end a
+  // touch is SIGBUS, and in a hole it could find no space.
+  // A byte copied there is in the page cache at once, as after WriteAt: it
+  // survives a crash of the process, and Sync makes it durable. kUnimplemented
+  // (the default) when this file cannot be mapped: callers then use WriteAt.
+  virtual absl::StatusOr<char*> Map(std::uint64_t size);
 };
 
 // An exclusive lock on a file, held until destroyed.

@@ -21,8 +21,9 @@
 //   absl::Status durable = (*log)->Sync(at->tx);    // per the sync policy
 //   absl::StatusOr<std::string> back = (*log)->Read(at->location);
 //
-// Durability. Append returns once the record is written to the OS (pwrite(2)): it
-// survives a crash of the process from then on. Sync(tx) returns once record `tx`
+// Durability. Append returns once the record is written to the OS (copied into a
+// shared mapping of the segment, or pwrite(2) where the file system does not map):
+// it survives a crash of the process from then on. Sync(tx) returns once record `tx`
 // is as durable as the policy promises:
 //   kEveryCommit, kGroupCommit  fdatasync'ed: survives a power loss (on storage that
 //               honours fdatasync). A Sync that finds an fdatasync under way waits
@@ -101,6 +102,10 @@ struct StreamLogStats {
   std::uint64_t last_tx = 0;      // newest record appended (0: none)
   std::uint64_t durable_tx = 0;   // newest record fdatasync'ed (every/group/interval)
   std::uint64_t appends = 0;      // since Open
+  // Of them, copied into the segment's mapping (WritableFile::Map) rather than
+  // written with pwrite(2): all that fit in the first segment_bytes of a segment,
+  // when the file system maps files (PosixFileSystem does).
+  std::uint64_t mapped_appends = 0;
   std::uint64_t syncs = 0;        // fdatasync calls since Open
   std::uint64_t bytes_appended = 0;  // frame bytes since Open
   std::uint64_t segments = 0;     // segment files now

@@ -458,7 +458,8 @@ TEST_CASE("stream log removes the seal of a segment that became the tail and of 
 
 TEST_CASE("stream log appends through a mapping of the segment, and with pwrite past it") {
   TempDir d;
-  StreamLogOptions o = Opts(d.path(), SyncPolicy::kEveryCommit);
+  StreamLogOptions o = Opts(d.path(), SyncPolicy::kInterval);
+  o.group_commit_window = absl::Milliseconds(5);
   o.segment_bytes = 4096;
   const std::string big(10'000, 'b');  // larger than a segment: it starts one of its own
   std::vector<StreamLog::Location> at;
@@ -490,4 +491,15 @@ TEST_CASE("stream log appends through a mapping of the segment, and with pwrite 
   REQUIRE(r.txs.size() >= 22);
   CHECK(r.values[20] == big);
   CHECK(r.values[21] == Value(22));
+}
+
+TEST_CASE("stream log does not map segments under policies that fdatasync every commit") {
+  TempDir d;
+  const SyncPolicy sync = GENERATE(SyncPolicy::kEveryCommit, SyncPolicy::kGroupCommit);
+  Recovered none;
+  auto log = OpenOk(Opts(d.path(), sync), &none);
+  for (int i = 1; i <= 5; ++i) REQUIRE(log->Sync(log->Append(Value(i))->tx).ok());
+  CHECK(log->Stats().appends == 5);
+  CHECK(log->Stats().mapped_appends == 0);
+  CHECK(*log->Read(log->Append("x")->location) == "x");
 }

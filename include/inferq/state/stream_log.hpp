@@ -21,9 +21,10 @@
 //   absl::Status durable = (*log)->Sync(at->tx);    // per the sync policy
 //   absl::StatusOr<std::string> back = (*log)->Read(at->location);
 //
-// Durability. Append returns once the record is written to the OS (copied into a
-// shared mapping of the segment, or pwrite(2) where the file system does not map):
-// it survives a crash of the process from then on. Sync(tx) returns once record `tx`
+// Durability. Append returns once the record is written to the OS: it survives a
+// crash of the process from then on. Under kNone and kInterval it is copied into a
+// shared mapping of the segment where the file system maps files (no system call);
+// otherwise, and past a segment's first segment_bytes, written with pwrite(2). Sync(tx) returns once record `tx`
 // is as durable as the policy promises:
 //   kEveryCommit, kGroupCommit  fdatasync'ed: survives a power loss (on storage that
 //               honours fdatasync). A Sync that finds an fdatasync under way waits
@@ -103,8 +104,9 @@ struct StreamLogStats {
   std::uint64_t durable_tx = 0;   // newest record fdatasync'ed (every/group/interval)
   std::uint64_t appends = 0;      // since Open
   // Of them, copied into the segment's mapping (WritableFile::Map) rather than
-  // written with pwrite(2): all that fit in the first segment_bytes of a segment,
-  // when the file system maps files (PosixFileSystem does).
+  // written with pwrite(2): under kNone and kInterval, all that fit in the first
+  // segment_bytes of a segment, when the file system maps files (PosixFileSystem
+  // does).
   std::uint64_t mapped_appends = 0;
   std::uint64_t syncs = 0;        // fdatasync calls since Open
   std::uint64_t bytes_appended = 0;  // frame bytes since Open

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/vfs.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -68,6 +69,18 @@ class PosixWritableFile final : public WritableFile {
   absl::StatusOr<char*> Map(std::uint64_t size) override {
     if (fd_ < 0) return absl::FailedPreconditionError("map of closed file " + QuoteValue(path_));
     Unmap();
+    // Only where a page written once keeps its blocks: a copy-on-write file system
+    // (btrfs, zfs) allocates anew on each write, and through a mapping a failed
+    // allocation is SIGBUS, not ENOSPC. ext4, xfs (outside shared reflink extents,
+    // which a log's own segment never has) and tmpfs.
+    struct statfs fsinfo;
+    if (::fstatfs(fd_, &fsinfo) != 0) return FileSystemError(errno, "fstatfs", path_);
+    constexpr long kExt4 = 0xEF53, kXfs = 0x58465342, kTmpfs = 0x01021994;
+    const long type = static_cast<long>(fsinfo.f_type);
+    if (type != kExt4 && type != kXfs && type != kTmpfs) {
+      return absl::UnimplementedError(QuoteValue(path_) + " is on a file system not mapped for "
+                                      "appends (type " + std::to_string(type) + ")");
+    }
     void* p = ::mmap(nullptr, static_cast<std::size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED,
                      fd_, 0);
     if (p == MAP_FAILED) return FileSystemError(errno, "mmap", path_);

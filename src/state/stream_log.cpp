@@ -278,7 +278,11 @@ class StreamLog::Impl {
       auto f = fs_->OpenForWrite(JoinPath(opt_.dir, tail.name));
       if (!f.ok()) return f.status();
       file_ = std::shared_ptr<WritableFile>(std::move(*f));
-      allocated_ = std::max<std::uint64_t>(tail.file_bytes, dirty_end);
+      // Zeros are written ahead again from the last record (or the torn bytes zeroed
+      // below), not taken as there: the file's zeros may be a hole (a sparse copy of
+      // the directory), and a mapped append into a hole on a full disk is SIGBUS, not
+      // an error. Found by the adversarial helper.
+      allocated_ = std::max<std::uint64_t>(tail.bytes, dirty_end);
       MapCurrent();
       // The tail's running checksum, for its seal: what it holds so far.
       if (buf_tx != tail.first_tx) {
@@ -612,7 +616,8 @@ class StreamLog::Impl {
           std::memcmp(data.data() + p + 8, seen_hash.data(), 32) != 0) {
         return false;
       }
-      found.push_back(Found{off, kFrameHeaderBytes + len, data.substr(p + kFixed, len - kFixed)});
+      found.push_back(Found{off, static_cast<std::uint32_t>(kFrameHeaderBytes + len),
+                            data.substr(p + kFixed, len - kFixed)});
       ++want;
       off += kFrameHeaderBytes + len;
     }

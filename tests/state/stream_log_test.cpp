@@ -1,6 +1,7 @@
 #include "inferq/state/stream_log.hpp"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -502,4 +503,37 @@ TEST_CASE("stream log does not map segments under policies that fdatasync every 
   CHECK(log->Stats().appends == 5);
   CHECK(log->Stats().mapped_appends == 0);
   CHECK(*log->Read(log->Append("x")->location) == "x");
+}
+
+TEST_CASE("stream log writes zeros ahead again after reopening a sparse tail") {
+  // A sparse copy of the directory turns the zeros written ahead into a hole; a
+  // mapped append into a hole on a full disk is SIGBUS (found by the adversarial
+  // helper). After reopening, the bytes ahead of the next append are data again.
+  TempDir d;
+  StreamLogOptions o = Opts(d.path(), SyncPolicy::kNone);
+  o.segment_bytes = std::uint64_t{1} << 20;
+  {
+    Recovered none;
+    auto log = OpenOk(o, &none);
+    REQUIRE(log->Append(Value(1)).ok());
+  }
+  const std::string seg = d / Named(d.path(), ".seg").front();
+  WriteFile(seg, ReadFile(seg).substr(0, 4096));
+  std::filesystem::resize_file(seg, o.segment_bytes);  // the rest is a hole
+  auto hole_at = [&](off_t from) {
+    const int fd = ::open(seg.c_str(), O_RDONLY);
+    REQUIRE(fd >= 0);
+    const off_t h = ::lseek(fd, from, SEEK_HOLE);
+    ::close(fd);
+    return h;
+  };
+  REQUIRE(hole_at(0) < static_cast<off_t>(o.segment_bytes));  // the file system keeps holes
+  Recovered r;
+  auto log = OpenOk(o, &r);
+  REQUIRE(r.txs.size() == 1);
+  auto e = log->Append(std::string(2000, 'z'));
+  REQUIRE(e.ok());
+  // Zeros were written from the first record's end to the next MiB: no hole before it.
+  CHECK(hole_at(0) >= static_cast<off_t>(o.segment_bytes));
+  CHECK(*log->Read(e->location) == std::string(2000, 'z'));
 }

@@ -49,7 +49,9 @@ class WritableFile {
   // [0, size) mapped shared and writable (MAP_SHARED), valid until Close or the
   // file's destruction. Only bytes already written (WriteAt: the log writes zeros
   // ahead, which allocates their blocks) may be touched: past the file's end a
-  // touch is SIGBUS, and in a hole it could find no space.
+  // touch is SIGBUS, and in a hole it could find no space. PosixFileSystem maps
+  // files on ext4, xfs and tmpfs only (on a copy-on-write file system every write
+  // allocates, and a failed one would be SIGBUS).
   // A byte copied there is in the page cache at once, as after WriteAt: it
   // survives a crash of the process, and Sync makes it durable. kUnimplemented
   // (the default) when this file cannot be mapped: callers then use WriteAt.

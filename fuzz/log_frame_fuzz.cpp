@@ -62,7 +62,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // The raw frame decoder at every offset must stay inside the input.
   if (seg.size() >= 8) {
     const std::uint64_t salt = GetU64(seg, 0);
-    for (std::size_t off = 0; off < seg.size() && off < 64; ++off) (void)si::DecodeFrame(seg, off, salt);
+    for (std::size_t off = 0; off < seg.size() && off < 64; ++off) {
+      (void)si::DecodeFrame(seg, off, salt);
+      // The unchecked reader of sealed segments, with an end inside and past the input.
+      if (auto f = si::ReadCoveredFrame(seg, off, seg.size() - off / 2)) {
+        if (f->size > seg.size() - off || f->key.data() + f->key.size() > f->value.data()) __builtin_trap();
+      }
+      (void)si::ReadCoveredFrame(seg, off, seg.size() + 100);
+    }
     (void)si::FindNextFrame(seg, 0, salt);
   }
   return 0;

@@ -289,15 +289,16 @@ struct ConsumerState {
   // message it must deliver cannot be read back from the stream's log).
   void Fail(std::string why) {
     {
-      std::lock_guard lock(ack_log_error_mu);
+      std::lock_guard lock(failure_mu);
       if (ack_log_failed.load(std::memory_order_relaxed)) return;
-      ack_log_error = std::move(why);
+      failure_why = std::move(why);
       ack_log_failed.store(true, std::memory_order_release);
     }
     for (auto& lane : lanes) lane->ring.close();
   }
-  // True once the ack log failed, also by its own background fdatasync (kInterval),
-  // which no Record saw: marks the consumer failed then. Cheap: an atomic load, and
+  // True once the consumer failed (Fail, FailAckLog), also when its ack log failed by
+  // its own background fdatasync (kInterval), which no Record saw: marks the
+  // consumer failed then. Cheap: an atomic load, and
   // StreamLog::failed() (another) for a durable consumer.
   bool AckLogFailed() {
     // acquire: pairs with FailAckLog's release (the error it stored is visible).
@@ -307,14 +308,14 @@ struct ConsumerState {
     return true;
   }
   absl::Status AckLogFailure() const {
-    std::lock_guard lock(ack_log_error_mu);
+    std::lock_guard lock(failure_mu);
     return absl::FailedPreconditionError(
         "consumer '" + config.name + "' of stream '" + config.stream +
-        "' delivers no more: " + ack_log_error + "; what it did not ack is kept and comes again once the engine is restarted");
+        "' delivers no more: " + failure_why + "; what it did not ack is kept and comes again once the engine is restarted");
   }
   std::atomic<bool> ack_log_failed{false};
-  mutable std::mutex ack_log_error_mu;
-  std::string ack_log_error;  // ack_log_error_mu; the first failure, as Fail's `why`
+  mutable std::mutex failure_mu;
+  std::string failure_why;  // failure_mu; the first failure, as Fail's `why`
   // The wheel is not empty (read without the lock; set under pending_mu by whoever
   // schedules, cleared by the timer run that empties it).
   std::atomic<bool> has_timers{false};

@@ -62,6 +62,9 @@ namespace {
 constexpr std::uint8_t kRecordVersion = 2;
 constexpr std::size_t kRecordHeaderBytes = 1 + 8 + 8 + 8 + 4;
 
+void PutU32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
 void PutU64(std::string& out, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
@@ -76,8 +79,8 @@ std::uint32_t GetU32(std::string_view in, std::size_t at) {
   return v;
 }
 
-// The parts of a message record (the layout above); nullopt-like `why` when the
-// bytes are not one.
+// The parts of a message record (the layout above); `why` says what is wrong when
+// the bytes are not one.
 struct ParsedRecord {
   std::uint64_t seq = 0;
   std::int64_t wall_ns = 0;
@@ -126,8 +129,7 @@ absl::Status StreamState::AppendToLog(const Event& ev, std::uint64_t bytes) {
   PutU64(record, next_seq);
   PutU64(record, static_cast<std::uint64_t>(absl::ToUnixNanos(absl::Now())));
   PutU64(record, bytes);
-  const auto id_len = static_cast<std::uint32_t>(ev.msg_id.size());
-  for (int i = 0; i < 4; ++i) record.push_back(static_cast<char>((id_len >> (8 * i)) & 0xff));
+  PutU32(record, static_cast<std::uint32_t>(ev.msg_id.size()));
   record.append(ev.msg_id);
   const auto span = wire->span();
   record.append(reinterpret_cast<const char*>(span.data()), span.size());

@@ -7,6 +7,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -305,6 +306,35 @@ DecodedFrame DecodeFrame(std::string_view data, std::size_t offset, std::uint64_
   f.status = FrameStatus::kOk;
   f.size = kFrameHeaderBytes + len;
   f.hash = Sha256(payload);
+  return f;
+}
+
+std::optional<CoveredFrame> ReadCoveredFrame(std::string_view data, std::size_t offset,
+                                             std::size_t end) {
+  // payload: tx_id u64 | prev_hash [32] | op_count u32 (1) | op u8 | key_len u32 |
+  // value_len u32 | key | value
+  constexpr std::size_t kFixed = 8 + 32 + 4 + 1 + 4 + 4;
+  end = std::min(end, data.size());
+  if (offset > end || end - offset < kFrameHeaderBytes + kFixed) return std::nullopt;
+  const char* h = data.data() + offset;
+  if (GetU32(h) != kFrameMagic) return std::nullopt;
+  const std::uint32_t len = GetU32(h + 4);
+  if (len < kFixed || len > end - offset - kFrameHeaderBytes) return std::nullopt;
+  const char* p = h + kFrameHeaderBytes;
+  const auto op = static_cast<std::uint8_t>(p[44]);
+  const std::uint32_t klen = GetU32(p + 45);
+  const std::uint32_t vlen = GetU32(p + 49);
+  if (GetU32(p + 40) != 1 || op < 1 || op > 3 || klen == 0 ||
+      static_cast<std::uint64_t>(klen) + vlen != len - kFixed) {
+    return std::nullopt;
+  }
+  CoveredFrame f;
+  f.size = kFrameHeaderBytes + len;
+  f.tx_id = GetU64(p);
+  f.prev_hash = std::string_view(p + 8, 32);
+  f.op = static_cast<OpCode>(op);
+  f.key = std::string_view(p + kFixed, klen);
+  f.value = std::string_view(p + kFixed + klen, vlen);
   return f;
 }
 

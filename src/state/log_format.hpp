@@ -126,6 +126,20 @@ struct DecodedFrame {
 // neither parses the ops nor computes the SHA-256 (records a checkpoint covers).
 DecodedFrame DecodeFrame(std::string_view data, std::size_t offset, std::uint64_t salt,
                          bool header_only = false);
+// A frame of one op, read without checking its checksum or computing its hash: for
+// bytes a larger checksum already covers (a sealed StreamLog segment). nullopt when
+// the bytes at `offset` (before `end`) are not a whole frame of magic, length, and
+// a payload of exactly one op.
+struct CoveredFrame {
+  std::size_t size = 0;  // header + payload
+  std::uint64_t tx_id = 0;
+  std::string_view prev_hash;  // 32 bytes
+  OpCode op = OpCode::kCreate;
+  std::string_view key;
+  std::string_view value;
+};
+std::optional<CoveredFrame> ReadCoveredFrame(std::string_view data, std::size_t offset,
+                                             std::size_t end);
 // The offset of the first well-formed frame with `salt` at or after `from`, if any
 // (used to tell a torn tail from damage followed by good frames).
 std::optional<std::size_t> FindNextFrame(std::string_view data, std::size_t from,

@@ -11,7 +11,6 @@
 #include "inferq/state/stream_log.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -587,39 +586,16 @@ class StreamLog::Impl {
     found.reserve(static_cast<std::size_t>(seal->last_tx - seal->first_tx + 1));
     std::uint64_t off = kSegmentHeaderBytes;
     std::uint64_t want = seg.first_tx;
-    // Frame layout (log_format.hpp): header 24 bytes, then tx_id u64 | prev_hash [32]
-    // | op_count u32 (1) | op u8 | key_len u32 (1) | value_len u32 | "r" | value.
-    constexpr std::size_t kFixed = 8 + 32 + 4 + 1 + 4 + 4 + 1;
-    auto u32 = [&](std::uint64_t at) {
-      std::uint32_t v;
-      std::memcpy(&v, data.data() + at, 4);
-      return v;
-    };
-    auto u64 = [&](std::uint64_t at) {
-      std::uint64_t v;
-      std::memcpy(&v, data.data() + at, 8);
-      return v;
-    };
-    static_assert(std::endian::native == std::endian::little, "the formats are little-endian");
     while (off < seal->bytes) {
-      if (seal->bytes - off < kFrameHeaderBytes + kFixed || u32(off) != kFrameMagic) return false;
-      const std::uint32_t len = u32(off + 4);
-      if (len < kFixed || len > seal->bytes - off - kFrameHeaderBytes) return false;
-      const std::uint64_t p = off + kFrameHeaderBytes;
-      if (u64(p) != want || u32(p + 40) != 1 ||
-          static_cast<std::uint8_t>(data[p + 44]) != static_cast<std::uint8_t>(OpCode::kCreate) ||
-          u32(p + 45) != kRecordKey.size() || data[p + 53] != kRecordKey[0] ||
-          u32(p + 49) != len - kFixed) {
-        return false;
-      }
+      const std::optional<CoveredFrame> f = ReadCoveredFrame(data, off, seal->bytes);
+      if (!f || f->tx_id != want || f->op != OpCode::kCreate || f->key != kRecordKey) return false;
       if (want == seg.first_tx && seen_tx != 0 &&
-          std::memcmp(data.data() + p + 8, seen_hash.data(), 32) != 0) {
+          std::memcmp(f->prev_hash.data(), seen_hash.data(), seen_hash.size()) != 0) {
         return false;
       }
-      found.push_back(Found{off, static_cast<std::uint32_t>(kFrameHeaderBytes + len),
-                            data.substr(p + kFixed, len - kFixed)});
+      found.push_back(Found{off, static_cast<std::uint32_t>(f->size), f->value});
       ++want;
-      off += kFrameHeaderBytes + len;
+      off += f->size;
     }
     if (off != seal->bytes || want != seal->last_tx + 1) return false;
     for (const Found& f : found) {

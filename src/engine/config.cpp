@@ -281,7 +281,8 @@ absl::Status StreamConfig::Validate(const StreamConfig& config) {
   }
   for (auto [field, v] : {std::pair{"max_msgs", config.max_msgs},
                           std::pair{"max_bytes", config.max_bytes},
-                          std::pair{"max_msg_size", config.max_msg_size}}) {
+                          std::pair{"max_msg_size", config.max_msg_size},
+                          std::pair{"max_msgs_per_subject", config.max_msgs_per_subject}}) {
     if (absl::Status s = ValidateLimit(config.name, field, v); !s.ok()) return s;
   }
   if (config.max_age < absl::ZeroDuration() || config.max_age == absl::InfiniteDuration()) {

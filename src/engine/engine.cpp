@@ -215,6 +215,8 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
   }
   state->config = config;
   state->keeps_index = StreamState::KeepsIndex(config);
+  state->first_seq.store(state->keeps_index ? 1 : 0, std::memory_order_relaxed);
+  state->max_age_ns.store(absl::ToInt64Nanoseconds(config.max_age), std::memory_order_relaxed);
   state->clock = impl_->clock;
   if (config.duplicate_window > absl::ZeroDuration()) {
     state->dedup = std::make_unique<DuplicateWindow>(config.duplicate_window,
@@ -269,16 +271,21 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
     const std::int64_t now_ns = impl_->clock->NowNanos();
     const std::int64_t wall_ns = absl::ToUnixNanos(absl::Now());
     StreamState* s = state.get();
+    s->fs = config.file_system ? config.file_system : PosixFileSystem();
+    s->recovering = true;
     absl::StatusOr<std::unique_ptr<StreamLog>> log =
         StreamLog::Open(lo, [&](const StreamLog::Entry& e) {
           return s->RecoverOne(e.tx, e.location, e.value, now_ns, wall_ns);
         });
     if (!log.ok()) {
-      return absl::Status(log.status().code(), "stream '" + config.name + "': " +
-                                                   std::string(log.status().message()));
+      // Recovery's own errors (RecoverOne) name the stream already.
+      const std::string prefix = "stream '" + config.name + "': ";
+      std::string msg(log.status().message());
+      if (msg.rfind(prefix, 0) != 0) msg = prefix + msg;
+      return absl::Status(log.status().code(), std::move(msg));
     }
     state->log = *std::move(log);
-    state->FinishRecovery(impl_->clock->NowNanos());
+    if (absl::Status st = state->FinishRecovery(now_ns, wall_ns); !st.ok()) return st;
   }
 
   std::lock_guard lock(impl_->config_mu);
@@ -550,6 +557,7 @@ void QueueStoredFromLog(StreamState& stream, ConsumerState& c) {
   const std::size_t n = stream.index.size();
   for (std::size_t k = 0; k < n && failed.empty(); ++k) {
     const engine_internal::IndexEntry& e = stream.index.at(newest_only ? n - 1 - k : k);
+    if (e.removed != 0) continue;  // purged, or over max_msgs_per_subject
     if (resume) {
       if (e.seq <= r.floor || r.acked.contains(e.seq)) continue;
     } else if (cfg.deliver == DeliverPolicy::kByStartSequence && e.seq < cfg.start_seq) {
@@ -610,7 +618,9 @@ void QueueStoredFromLog(StreamState& stream, ConsumerState& c) {
       if (h != nullptr) taken.insert(h->seq);
     }
     stream.index.for_each([&](const engine_internal::IndexEntry& e) {
-      if (e.seq > first && !taken.contains(e.seq)) (void)c.Record("A " + std::to_string(e.seq));
+      if (e.seq > first && e.removed == 0 && !taken.contains(e.seq)) {
+        (void)c.Record("A " + std::to_string(e.seq));
+      }
     });
   }
   std::lock_guard lock(c.pending_mu);

@@ -20,6 +20,7 @@ class HandleQueue {
   T& front() { return buf_[head_]; }
   // The i-th element from the front; i < size().
   const T& at(std::size_t i) const { return buf_[(head_ + i) & (buf_.size() - 1)]; }
+  T& at(std::size_t i) { return buf_[(head_ + i) & (buf_.size() - 1)]; }
 
   // Makes room for one more push_back, which then cannot fail. Throws
   // std::bad_alloc.

@@ -49,7 +49,7 @@ absl::StatusOr<std::shared_ptr<const Event>> Engine::GetMessage(std::string_view
         hi = mid;
       }
     }
-    if (lo < s->index.size() && s->index.at(lo).seq == seq) {
+    if (lo < s->index.size() && s->index.at(lo).seq == seq && s->index.at(lo).removed == 0) {
       const engine_internal::IndexEntry e = s->index.at(lo);
       lock.unlock();
       absl::StatusOr<engine_internal::Handle> h = s->LoadFromLog(e);
@@ -95,6 +95,8 @@ EngineStats Engine::Stats() const {
     st.messages = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->LiveMsgs()));
     st.bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->LiveBytes()));
     st.last_seq = s->last_seq.load();
+    st.first_seq = s->first_seq.load(std::memory_order_relaxed);
+    st.purged = s->retired.purged.load();
     st.stored = s->stored.load();
     st.discarded = s->retired.discarded.load();
     st.rejected = s->rejected.load();

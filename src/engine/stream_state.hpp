@@ -27,7 +27,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "inferq/base/cache_line.hpp"
 #include "consumer_state.hpp"
 #include "handle_queue.hpp"
@@ -47,12 +52,55 @@ struct Admission {
 };
 
 // kFile: what a file stream keeps in memory of one stored message; its event is in
-// the log at `location`.
+// the log at location().
 struct IndexEntry {
   std::uint64_t seq = 0;
   std::int64_t publish_ns = 0;  // engine clock
   std::uint64_t bytes = 0;      // Event::StoredSize
-  StreamLog::Location location;
+  std::uint64_t segment = 0;    // StreamLog::Location, unpacked so that `removed`
+  std::uint64_t offset = 0;     // fits in its padding
+  std::uint32_t length = 0;
+  // 1: removed from the middle of the stream (Engine::PurgeStream,
+  // max_msgs_per_subject) but not yet dropped from the index (PopRemovedFront,
+  // CompactIndex). Its message is out of the live counts.
+  std::uint32_t removed = 0;
+  static IndexEntry Of(std::uint64_t seq, std::int64_t publish_ns, std::uint64_t bytes,
+                       const StreamLog::Location& at) {
+    return IndexEntry{seq, publish_ns, bytes, at.segment, at.offset, at.bytes, 0};
+  }
+  StreamLog::Location location() const { return {segment, offset, length}; }
+};
+static_assert(sizeof(IndexEntry) == 48, "an index entry is 48 bytes (StreamConfig::storage)");
+
+// StreamConfig::max_msgs_per_subject: the sequences stored under one subject, oldest
+// first from `head`. Sequences of messages removed otherwise (limits, max_age,
+// purges) stay until they are popped: every such removal takes a subject's oldest
+// messages first, so the ones left behind are always a prefix, and popping the
+// oldest (a no-op for one already gone) keeps the newest max_msgs_per_subject.
+struct SubjectSeqs {
+  absl::InlinedVector<std::uint64_t, 2> seqs;
+  std::size_t head = 0;
+  std::size_t size() const { return seqs.size() - head; }
+  std::uint64_t front() const { return seqs[head]; }
+  std::uint64_t back() const { return seqs.back(); }
+  void push_back(std::uint64_t seq) { seqs.push_back(seq); }
+  void pop_front() {
+    if (++head > 8 && head * 2 > seqs.size()) {
+      seqs.erase(seqs.begin(), seqs.begin() + static_cast<std::ptrdiff_t>(head));
+      head = 0;
+    }
+  }
+};
+
+// Engine::PurgeStream's request, checked (InvalidArgument otherwise): `filter` empty
+// or a parsed pattern; at most one of `sequence` and `keep` set.
+struct Purge {
+  std::optional<SubjectPattern> filter;
+  std::uint64_t sequence = 0;  // remove only sequences below it (0: no bound)
+  std::uint64_t keep = 0;      // keep the newest `keep` that match (0: none)
+  // kFile: the stream's last sequence when the purge was made; a replay at recovery
+  // applies it to the messages up to there only.
+  std::uint64_t last_seq = 0;
 };
 
 struct StreamState {
@@ -80,6 +128,38 @@ struct StreamState {
   // kFile: where AppendToLog put the message Append stores next. Guarded by mu.
   StreamLog::Location appended_at;
   std::uint64_t next_seq = 1;               // guarded by mu
+  // The oldest sequence the stream may still hold (next_seq when it holds none),
+  // for StreamStats::first_seq: a file stream's first_kept; a memory stream's
+  // front record, written under mu when the front changes (NoteFront). 0 for a
+  // memory stream that keeps no index.
+  std::atomic<std::uint64_t> first_seq{1};
+  // config.max_age in ns (0: none), for Expired, which deliveries call without mu
+  // (Engine::UpdateStream changes it under mu).
+  std::atomic<std::int64_t> max_age_ns{0};
+  // kFile: sequences at or above first_kept removed from the middle (purges,
+  // max_msgs_per_subject), so that deliveries of them are skipped (Discarded).
+  // removed_count mirrors removed_seqs.size(): a stream that never removed from
+  // the middle costs a delivery one relaxed load, not a lock. Lock order: mu, then
+  // removed_mu.
+  std::atomic<std::size_t> removed_count{0};
+  mutable std::mutex removed_mu;
+  absl::btree_set<std::uint64_t> removed_seqs;  // guarded by removed_mu
+  std::size_t removed_in_index = 0;             // kFile: index entries flagged; mu
+  // config.max_msgs_per_subject > 0: each subject's sequences. Guarded by mu.
+  absl::flat_hash_map<std::string, SubjectSeqs> per_subject;
+  // kFile: the purges the log's records are still subject to (Engine::PurgeStream;
+  // replayed at recovery), oldest first, as the stream directory's "purges" file
+  // holds them. Guarded by mu.
+  std::vector<Purge> purges;
+  // kFile recovery only: the subject of each index entry (same positions), when a
+  // replayed purge filters by subject or max_msgs_per_subject needs them; cleared
+  // by FinishRecovery. And the purges not yet replayed (from `purges`), and the
+  // last sequence whose msg_id the purges file's duplicate-window snapshot covers.
+  bool recovering = false;  // kFile: from AddStream's log Open to FinishRecovery
+  bool purges_loaded = false;  // kFile: LoadPurges ran (at the first record, or at the end)
+  std::vector<std::string> recovery_subjects;
+  std::size_t recovery_next_purge = 0;
+  std::uint64_t dedup_snapshot_seq = 0;
   // next_seq when recovery ended (FinishRecovery), before the stream was visible;
   // constant after, so read without mu. A durable consumer's ack-log records beyond
   // it speak of a tail the log lost (OpenAckLog), not of this run's publishes.
@@ -117,6 +197,7 @@ struct StreamState {
   // sequence (invariant: the log holds message records only, appended under mu in
   // sequence order). Appended to under mu; Sync'ed by the publisher after mu.
   std::unique_ptr<StreamLog> log;
+  std::shared_ptr<FileSystem> fs;  // kFile: config.file_system, or PosixFileSystem()
   const ZstdDictionaries* dictionaries = nullptr;  // for the log's encoding
   // Publishes waiting in a blocking push on a full lane while they hold mu. TryPublish
   // reads it to refuse instead of waiting for mu (it never waits for a lane).
@@ -127,6 +208,7 @@ struct StreamState {
     std::atomic<std::int64_t> bytes{0};
     std::atomic<std::uint64_t> discarded{0};
     std::atomic<std::uint64_t> acked_out{0};
+    std::atomic<std::uint64_t> purged{0};
   };
   RetireCounts retired;
   static_assert(sizeof(RetireCounts) == kCacheLineSize);
@@ -145,6 +227,9 @@ struct StreamState {
     return added_bytes.load(std::memory_order_relaxed) - out;
   }
 
+  // kFile (the log may not be open yet: recovery).
+  bool is_file() const { return config.storage == StorageType::kFile; }
+
   // Locks mu for a publish that must not wait: spins (yielding) while a publisher
   // holds mu for its short critical section; false, with mu not held, when the
   // holder is blocked on a full lane.
@@ -159,36 +244,69 @@ struct StreamState {
 
   // Moves a live message to `to` (kDiscarded or kDone) exactly once; the winner
   // takes it out of the live counts.
-  bool Retire(StoredMessage& m, MsgState to) {
+  // `purge`: removed by Engine::PurgeStream (StreamStats::purged), not by a limit.
+  bool Retire(StoredMessage& m, MsgState to, bool purge = false) {
     std::uint8_t expected = kLive;
     if (!m.state.compare_exchange_strong(expected, to, std::memory_order_acq_rel)) return false;
     // release: pairs with LiveMsgs / LiveBytes (invariant 3).
     retired.msgs.fetch_add(1, std::memory_order_release);
     retired.bytes.fetch_add(static_cast<std::int64_t>(m.bytes), std::memory_order_release);
-    (to == kDiscarded ? retired.discarded : retired.acked_out)
+    (to == kDone ? retired.acked_out : purge ? retired.purged : retired.discarded)
         .fetch_add(1, std::memory_order_relaxed);
     return true;
   }
 
-  // kFile: takes the message of index entry `e` (being removed by a limit or
-  // max_age) out of the live counts. The stream is the only one that retires a file
-  // stream's messages, under mu. Requires mu.
-  void RetireEntry(const IndexEntry& e) {
+  // kFile: takes the message of index entry `e` (being removed by a limit, max_age
+  // or, with `purge`, a purge) out of the live counts. The stream is the only one
+  // that retires a file stream's messages, under mu. Requires mu.
+  void RetireEntry(const IndexEntry& e, bool purge = false) {
+    if (e.removed != 0) return;  // out of the counts already
     retired.msgs.fetch_add(1, std::memory_order_release);  // pairs with LiveMsgs
     retired.bytes.fetch_add(static_cast<std::int64_t>(e.bytes), std::memory_order_release);
-    retired.discarded.fetch_add(1, std::memory_order_relaxed);
+    (purge ? retired.purged : retired.discarded).fetch_add(1, std::memory_order_relaxed);
   }
-  // kFile: first_kept after the front of the index changed. Requires mu.
+  // kFile: drops the front entry of the index, counting it out unless it was
+  // removed already. Requires mu.
+  void PopIndexFront() {
+    if (index.front().removed != 0) {
+      --removed_in_index;
+    } else {
+      RetireEntry(index.front());
+    }
+    index.pop_front();
+  }
+  // kFile: first_kept (and first_seq) after the front of the index changed; drops
+  // the removed sequences below it. Requires mu.
   void PublishFirstKept() {
+    while (!index.empty() && index.front().removed != 0) PopIndexFront();
+    const std::uint64_t first = index.empty() ? next_seq : index.front().seq;
     // release: a delivery that reads the new value sees the stream's state before it.
-    first_kept.store(index.empty() ? next_seq : index.front().seq, std::memory_order_release);
+    first_kept.store(first, std::memory_order_release);
+    first_seq.store(first, std::memory_order_relaxed);
+    if (removed_count.load(std::memory_order_relaxed) != 0) {
+      std::lock_guard lock(removed_mu);
+      removed_seqs.erase(removed_seqs.begin(), removed_seqs.lower_bound(first));
+      removed_count.store(removed_seqs.size(), std::memory_order_release);
+    }
   }
-  // Whether `m` is a message the stream discarded (a limit or max_age): its queued
-  // deliveries are skipped. Memory streams mark the record (Retire); a file stream's
-  // records are copies read back from the log, so it is the sequence that tells.
+  // Memory: first_seq after the front of `messages` changed. Requires mu.
+  void NoteFront() {
+    if (!keeps_index) return;
+    first_seq.store(messages.empty() ? next_seq : messages.front()->seq, std::memory_order_relaxed);
+  }
+  // Whether `m` is a message the stream discarded (a limit, max_age or a purge): its
+  // queued deliveries are skipped. Memory streams mark the record (Retire); a file
+  // stream's records are copies read back from the log, so it is the sequence that
+  // tells: below first_kept, or removed from the middle.
   bool Discarded(const StoredMessage& m) const {
-    return m.state.load(std::memory_order_acquire) == kDiscarded ||
-           m.seq < first_kept.load(std::memory_order_acquire);
+    if (m.state.load(std::memory_order_acquire) == kDiscarded ||
+        m.seq < first_kept.load(std::memory_order_acquire)) {
+      return true;
+    }
+    // acquire: pairs with the release store after an insertion (RemoveSeq).
+    if (removed_count.load(std::memory_order_acquire) == 0) return false;
+    std::lock_guard lock(removed_mu);
+    return removed_seqs.contains(m.seq);
   }
 
   // Whether a stream of `config` must hold its messages in `messages`: under limits
@@ -202,13 +320,14 @@ struct StreamState {
   // read `messages` (invariant 3).
   static bool KeepsIndex(const StreamConfig& config) {
     if (config.retention == RetentionPolicy::kLimits) return true;
+    if (config.max_msgs_per_subject > 0) return true;
     if (config.max_age > absl::ZeroDuration()) return true;
     return config.discard == DiscardPolicy::kOld && (config.max_msgs > 0 || config.max_bytes > 0);
   }
 
   bool Expired(std::int64_t publish_ns, std::int64_t now_ns) const {
-    return config.max_age > absl::ZeroDuration() &&
-           now_ns - publish_ns > absl::ToInt64Nanoseconds(config.max_age);
+    const std::int64_t max_age = max_age_ns.load(std::memory_order_relaxed);
+    return max_age > 0 && now_ns - publish_ns > max_age;
   }
   bool Expired(const StoredMessage& m, std::int64_t now_ns) const {
     return Expired(m.publish_ns, now_ns);
@@ -219,12 +338,12 @@ struct StreamState {
     if (log != nullptr) {
       if (index.empty() || !Expired(index.front().publish_ns, now_ns)) return;
       do {
-        RetireEntry(index.front());
-        index.pop_front();
+        PopIndexFront();
       } while (!index.empty() && Expired(index.front().publish_ns, now_ns));
       PublishFirstKept();
       return;
     }
+    bool popped = false;
     while (!messages.empty()) {
       StoredMessage& m = *messages.front();
       if (m.state.load(std::memory_order_acquire) == kLive) {
@@ -232,7 +351,9 @@ struct StreamState {
         Retire(m, kDiscarded);
       }
       messages.pop_front();
+      popped = true;
     }
+    if (popped) NoteFront();
   }
 
   // Interest retention retires messages out of order (acks), and TrimFront only
@@ -259,18 +380,67 @@ struct StreamState {
     };
     if (log != nullptr) {
       if (!over()) return;
-      while (!index.empty() && over()) {
-        RetireEntry(index.front());
-        index.pop_front();
-      }
+      while (!index.empty() && over()) PopIndexFront();
       PublishFirstKept();
       return;
     }
+    if (!over()) return;
     while (over() && !messages.empty()) {
       Retire(*messages.front(), kDiscarded);
       messages.pop_front();
     }
+    NoteFront();
   }
+
+  // Removes the message stored as `seq` from wherever it is in the stream (a purge,
+  // with `purge`, or max_msgs_per_subject); false when the stream does not hold it
+  // (never stored, or removed already). Call AfterRemovals once done. Requires mu.
+  bool RemoveSeq(std::uint64_t seq, bool purge);
+  // After RemoveSeq: drops removed entries from the front (first_seq, first_kept)
+  // and compacts the index when removed entries outnumber the rest. Requires mu.
+  void AfterRemovals();
+  // Whether the stream holds a message stored as `seq`. Requires mu.
+  bool Holds(std::uint64_t seq) const;
+  // max_msgs_per_subject: records `seq` under `subject` and removes the subject's
+  // oldest messages beyond the limit. Requires mu.
+  void LimitSubject(std::string_view subject, std::uint64_t seq);
+  // The sequences `p` removes, ascending: live messages that match its filter, below
+  // its sequence bound, but for the newest p.keep of them. `subject_at(i, seq)` gives
+  // the subject of the i-th message of the index (kFile) or `messages` (memory);
+  // its error (a record that cannot be read back) is returned as is. Requires mu.
+  absl::StatusOr<std::vector<std::uint64_t>> PurgeVictims(
+      const Purge& p,
+      absl::FunctionRef<absl::StatusOr<std::string>(std::size_t, std::uint64_t)> subject_at) const;
+  // kFile: the subject of a stored message, read back from the log (the record's
+  // header since record version 3; an older record's event is decoded). Errors as
+  // LoadFromLog. Thread-safe as LoadFromLog.
+  absl::StatusOr<std::string> SubjectFromLog(const IndexEntry& e) const;
+  // kFile: writes the "purges" file of the stream's directory with `purges` and a
+  // snapshot of the duplicate window (at `now_ns`), atomically (a temporary file,
+  // fdatasync, rename, fsync of the directory). The file system's error, naming the
+  // stream and the file; *renamed tells whether the new file took the old one's
+  // place (only the directory's fsync failed). Requires mu.
+  absl::Status WritePurges(const std::vector<Purge>& purges, std::int64_t now_ns, bool* renamed);
+  // kFile recovery, once the log holds the directory's lock (RecoverOne or
+  // FinishRecovery, whichever runs first): reads the "purges" file (none: no
+  // purges) into `purges` and the duplicate window (ids still inside it at
+  // `now_ns` / `wall_now_ns`). DataLoss naming the file when it is damaged.
+  absl::Status LoadPurges(std::int64_t now_ns, std::int64_t wall_now_ns);
+  // The subject and sequence of every message held, in sequence order (a file
+  // stream's read back with SubjectFromLog, whose error it returns). Requires mu.
+  absl::StatusOr<std::vector<std::pair<std::string, std::uint64_t>>> HeldSubjects() const;
+  // Memory and file: the stream's limits after Engine::UpdateStream set them in
+  // `config` (and max_age_ns): trims what they no longer allow (max_age, max_msgs,
+  // max_bytes from the front; max_msgs_per_subject per subject, its lists rebuilt
+  // from `held`, HeldSubjects read before the change, unless it is nullptr: the
+  // limit did not change). Requires mu.
+  void ApplyLimits(std::int64_t now_ns,
+                   const std::vector<std::pair<std::string, std::uint64_t>>* held);
+  // kFile recovery: whether RecoverOne must note each record's subject (a purge
+  // still to replay filters by subject, or max_msgs_per_subject is set), and one
+  // purge replayed on the messages recovered so far.
+  bool NeedsRecoverySubjects() const;
+  absl::Status ReplayPurge(const Purge& p);
 
   // The stream store's admit call, at `now` for an event of `bytes`
   // (Event::StoredSize): trims the front (max_age), then finds a duplicate (when
@@ -321,7 +491,8 @@ struct StreamState {
   // there; the event itself is not decoded. FinishRecovery then applies the limits.
   absl::Status RecoverOne(std::uint64_t tx, const StreamLog::Location& location,
                           std::string_view value, std::int64_t now_ns, std::int64_t wall_now_ns);
-  void FinishRecovery(std::int64_t now_ns);
+  // The purges file's replay can fail (a record whose subject cannot be read).
+  absl::Status FinishRecovery(std::int64_t now_ns, std::int64_t wall_now_ns);
   // Stores an admitted event as `record` (allocated by the caller): discard old
   // makes room, the record gets the next sequence, the counters and (when
   // `record_duplicate`) the duplicate window learn it, and it is kept unless interest
@@ -348,13 +519,15 @@ struct StreamState {
       dedup_evicted.store(dedup->evicted(), std::memory_order_relaxed);
     }
     if (log != nullptr) {  // kFile: limits retention only (StreamConfig::Validate)
-      index.push_back(IndexEntry{record->seq, now, bytes, appended_at});
+      index.push_back(IndexEntry::Of(record->seq, now, bytes, appended_at));
     } else if (config.retention == RetentionPolicy::kInterest && explicit_acks == 0) {
       // Nobody will ack it: under interest retention it is done once queued.
       Retire(*record, kDone);
     } else if (keeps_index) {
+      if (messages.empty()) first_seq.store(record->seq, std::memory_order_relaxed);
       messages.push_back(record);
     }
+    if (config.max_msgs_per_subject > 0) LimitSubject(record->event->subject, record->seq);
   }
 };
 

@@ -5,19 +5,37 @@
 // limits) decides whether an event may be stored; Append (discard old, the
 // counters, the duplicate window's record, retention) stores it. Here: CheckLimits,
 // the limits that refuse an event (max_msg_size, discard new, max_bytes) and their
-// messages, off the hot path; and a file stream's log: the record of a message
-// (AppendToLog), its removal (RetireLog) and recovery (RecoverOne, FinishRecovery).
+// messages, off the hot path; removal from the middle of a stream (purges,
+// max_msgs_per_subject) and UpdateStream's new limits; and a file stream's log: the
+// record of a message (AppendToLog), its removal (RetireLog), its purges file and
+// recovery (RecoverOne, FinishRecovery).
 //
-// Record of a message in the log (little-endian): version u8 (2) | seq u64 |
+// Record of a message in the log (little-endian): version u8 (3) | seq u64 |
 // wall-clock publish time, ns since the Unix epoch, i64 | stored bytes u64
-// (Event::StoredSize) | msg_id length u32 | msg_id | the event as a TensorEvent
-// (event/tensor_event.hpp), its payload in the codec it was published with. The
-// msg_id is also in the TensorEvent; it leads the record so that recovery restores
-// the duplicate window without decoding events.
+// (Event::StoredSize) | msg_id length u32 | subject length u32 | msg_id | subject |
+// the event as a TensorEvent (event/tensor_event.hpp), its payload in the codec it
+// was published with. The msg_id and subject are also in the TensorEvent; they lead
+// the record so that recovery restores the duplicate window and the subjects
+// (max_msgs_per_subject, purges by subject) without decoding events. Version 2
+// records (no subject length, no subject) are read too.
+//
+// The purges file ("purges" in the stream's directory) keeps what Engine::PurgeStream
+// removed from a file stream, since its records stay in the log until their segment
+// goes: text lines, "inferq-stream-purges 1", then one "purge <last_seq> <sequence>
+// <keep> <filter or ->" per purge still needed, oldest first, then one "dedup <seq>
+// <wall ns> <msg_id in hex>" per id of the duplicate window when it was written (so
+// that the window survives a purge and a restart: nats-server#3272 lost it), then
+// "end <XXH3-64 of everything before, hex>". It is replaced atomically on each purge.
+#include <xxhash.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "inferq/base/error.hpp"
 #include "inferq/event/tensor_event.hpp"
@@ -59,8 +77,10 @@ absl::Status StreamState::CheckLimits(std::uint64_t bytes) const {
 
 namespace {
 
-constexpr std::uint8_t kRecordVersion = 2;
-constexpr std::size_t kRecordHeaderBytes = 1 + 8 + 8 + 8 + 4;
+constexpr std::uint8_t kRecordVersion = 3;
+constexpr std::uint8_t kRecordVersionNoSubject = 2;
+constexpr std::size_t kRecordHeaderBytesV2 = 1 + 8 + 8 + 8 + 4;
+constexpr std::size_t kRecordHeaderBytes = kRecordHeaderBytesV2 + 4;
 
 void PutU32(std::string& out, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -86,30 +106,75 @@ struct ParsedRecord {
   std::int64_t wall_ns = 0;
   std::uint64_t bytes = 0;
   std::string_view msg_id;
+  std::optional<std::string_view> subject;  // nullopt: a version 2 record
   std::string_view wire;
   std::string why;  // empty when parsed
 };
 
 ParsedRecord ParseRecord(std::string_view value) {
   ParsedRecord r;
-  if (value.size() < kRecordHeaderBytes || value[0] != static_cast<char>(kRecordVersion)) {
+  const int version = value.empty() ? -1 : static_cast<unsigned char>(value[0]);
+  const std::size_t header =
+      version == kRecordVersion ? kRecordHeaderBytes : kRecordHeaderBytesV2;
+  if ((version != kRecordVersion && version != kRecordVersionNoSubject) ||
+      value.size() < header) {
     r.why = "not a message record (" + std::to_string(value.size()) + " bytes, version " +
-            std::to_string(value.empty() ? -1 : static_cast<int>(value[0])) + ")";
+            std::to_string(version) + ")";
     return r;
   }
   r.seq = GetU64(value, 1);
   r.wall_ns = static_cast<std::int64_t>(GetU64(value, 9));
   r.bytes = GetU64(value, 17);
-  const std::uint32_t id_len = GetU32(value, 25);
-  if (id_len > value.size() - kRecordHeaderBytes) {
-    r.why = "msg_id of " + std::to_string(id_len) + " bytes runs past the record's " +
+  const std::uint64_t id_len = GetU32(value, 25);
+  const std::uint64_t subject_len = version == kRecordVersion ? GetU32(value, 29) : 0;
+  if (id_len + subject_len > value.size() - header) {
+    r.why = "msg_id of " + std::to_string(id_len) + " bytes and subject of " +
+            std::to_string(subject_len) + " bytes run past the record's " +
             std::to_string(value.size()) + " bytes";
     return r;
   }
-  r.msg_id = value.substr(kRecordHeaderBytes, id_len);
-  r.wire = value.substr(kRecordHeaderBytes + id_len);
+  r.msg_id = value.substr(header, id_len);
+  if (version == kRecordVersion) r.subject = value.substr(header + id_len, subject_len);
+  r.wire = value.substr(header + id_len + subject_len);
   return r;
 }
+
+std::string Hex(std::string_view bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (char c : bytes) {
+    out.push_back(kDigits[static_cast<unsigned char>(c) >> 4]);
+    out.push_back(kDigits[static_cast<unsigned char>(c) & 15]);
+  }
+  return out;
+}
+
+bool Unhex(std::string_view hex, std::string* out) {
+  if (hex.size() % 2 != 0) return false;
+  out->clear();
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (std::size_t i = 0; i < hex.size(); i += 2) {
+    const int hi = digit(hex[i]);
+    const int lo = digit(hex[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out->push_back(static_cast<char>(hi * 16 + lo));
+  }
+  return true;
+}
+
+std::string Hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+constexpr std::string_view kPurgesFile = "purges";
+constexpr std::string_view kPurgesMagic = "inferq-stream-purges 1";
 
 }  // namespace
 
@@ -124,13 +189,15 @@ absl::Status StreamState::AppendToLog(const Event& ev, std::uint64_t bytes) {
                                                   std::string(wire.status().message()));
   }
   std::string record;
-  record.reserve(kRecordHeaderBytes + ev.msg_id.size() + wire->size());
+  record.reserve(kRecordHeaderBytes + ev.msg_id.size() + ev.subject.size() + wire->size());
   record.push_back(static_cast<char>(kRecordVersion));
   PutU64(record, next_seq);
   PutU64(record, static_cast<std::uint64_t>(absl::ToUnixNanos(absl::Now())));
   PutU64(record, bytes);
   PutU32(record, static_cast<std::uint32_t>(ev.msg_id.size()));
+  PutU32(record, static_cast<std::uint32_t>(ev.subject.size()));
   record.append(ev.msg_id);
+  record.append(ev.subject);
   const auto span = wire->span();
   record.append(reinterpret_cast<const char*>(span.data()), span.size());
   absl::StatusOr<StreamLog::Entry> e = log->Append(record);
@@ -163,19 +230,69 @@ absl::Status StreamState::RecoverOne(std::uint64_t tx, const StreamLog::Location
                                QuoteValue(config.directory) + " record " + std::to_string(tx) +
                                ": " + (r.why.empty() ? "holds sequence " + std::to_string(r.seq) : r.why));
   }
+  // The purges file, once the log holds the directory's lock (it replays records).
+  if (!purges_loaded) {
+    if (absl::Status st = LoadPurges(now_ns, wall_now_ns); !st.ok()) return st;
+  }
+  // The purges made before this message was stored apply to what came before it.
+  while (recovery_next_purge < purges.size() && purges[recovery_next_purge].last_seq < r.seq) {
+    if (absl::Status st = ReplayPurge(purges[recovery_next_purge]); !st.ok()) return st;
+    ++recovery_next_purge;
+  }
   // The age it had at recovery, on the engine clock.
   const std::int64_t age_ns = std::max<std::int64_t>(0, wall_now_ns - r.wall_ns);
   const std::int64_t publish_ns = now_ns - age_ns;
-  index.push_back(IndexEntry{r.seq, publish_ns, r.bytes, location});
+  index.push_back(IndexEntry::Of(r.seq, publish_ns, r.bytes, location));
   next_seq = r.seq + 1;
   added_msgs.fetch_add(1, std::memory_order_relaxed);
   added_bytes.fetch_add(static_cast<std::int64_t>(r.bytes), std::memory_order_relaxed);
   stored.fetch_add(1, std::memory_order_relaxed);
   last_seq.store(r.seq, std::memory_order_relaxed);
-  // Only what is still inside the window: older ids would be expired at once.
-  if (dedup != nullptr && !r.msg_id.empty() && age_ns <= dedup->window_ns()) {
+  // Only what is still inside the window (older ids would be expired at once), and
+  // not what the purges file's snapshot of the window restored already.
+  if (dedup != nullptr && !r.msg_id.empty() && age_ns <= dedup->window_ns() &&
+      r.seq > dedup_snapshot_seq) {
     dedup->Insert(std::string(r.msg_id), r.seq, publish_ns);
   }
+  if (NeedsRecoverySubjects()) {
+    std::string subject;
+    if (r.subject.has_value()) {
+      subject = std::string(*r.subject);
+    } else {  // a version 2 record: the subject is in the event only
+      DecodeOptions d;
+      d.keep_compressed = true;
+      absl::StatusOr<Event> ev = Decode(
+          std::span<const std::byte>(reinterpret_cast<const std::byte*>(r.wire.data()),
+                                     r.wire.size()),
+          d);
+      if (!ev.ok()) {
+        return absl::DataLossError("stream '" + config.name + "': log " +
+                                   QuoteValue(config.directory) + " record " +
+                                   std::to_string(tx) + ": " + std::string(ev.status().message()));
+      }
+      subject = std::move(ev->subject);
+    }
+    if (config.max_msgs_per_subject > 0) LimitSubject(subject, r.seq);
+    recovery_subjects.push_back(std::move(subject));
+  }
+  return absl::OkStatus();
+}
+
+bool StreamState::NeedsRecoverySubjects() const {
+  if (config.max_msgs_per_subject > 0) return true;
+  for (std::size_t i = recovery_next_purge; i < purges.size(); ++i) {
+    if (purges[i].filter.has_value()) return true;
+  }
+  return false;
+}
+
+absl::Status StreamState::ReplayPurge(const Purge& p) {
+  absl::StatusOr<std::vector<std::uint64_t>> victims =
+      PurgeVictims(p, [&](std::size_t i, std::uint64_t) -> absl::StatusOr<std::string> {
+        return recovery_subjects[i];
+      });
+  if (!victims.ok()) return victims.status();
+  for (std::uint64_t seq : *victims) RemoveSeq(seq, true);
   return absl::OkStatus();
 }
 
@@ -185,7 +302,7 @@ absl::StatusOr<Handle> StreamState::LoadFromLog(const IndexEntry& e) const {
                                   QuoteValue(config.directory) + " message " +
                                   std::to_string(e.seq) + ": " + why);
   };
-  absl::StatusOr<std::string> value = log->Read(e.location);
+  absl::StatusOr<std::string> value = log->Read(e.location());
   if (!value.ok()) return bad(value.status().code(), std::string(value.status().message()));
   const ParsedRecord r = ParseRecord(*value);
   if (!r.why.empty()) return bad(absl::StatusCode::kDataLoss, r.why);
@@ -206,7 +323,17 @@ absl::StatusOr<Handle> StreamState::LoadFromLog(const IndexEntry& e) const {
   return record;
 }
 
-void StreamState::FinishRecovery(std::int64_t now_ns) {
+absl::Status StreamState::FinishRecovery(std::int64_t now_ns, std::int64_t wall_now_ns) {
+  if (!purges_loaded) {  // a log without records
+    if (absl::Status st = LoadPurges(now_ns, wall_now_ns); !st.ok()) return st;
+  }
+  // The purges made after the last record still in the log.
+  for (; recovery_next_purge < purges.size(); ++recovery_next_purge) {
+    if (absl::Status st = ReplayPurge(purges[recovery_next_purge]); !st.ok()) return st;
+    next_seq = std::max(next_seq, purges[recovery_next_purge].last_seq + 1);
+  }
+  recovery_subjects = {};
+  recovering = false;
   if (log->last_tx() >= next_seq) next_seq = log->last_tx() + 1;
   recovered_next_seq = next_seq;
   TrimFront(now_ns);
@@ -218,11 +345,323 @@ void StreamState::FinishRecovery(std::int64_t now_ns) {
   while ((config.max_msgs > 0 && LiveMsgs() > config.max_msgs) ||
          (config.max_bytes > 0 && LiveBytes() > config.max_bytes)) {
     if (index.empty()) break;
-    RetireEntry(index.front());
-    index.pop_front();
+    PopIndexFront();
   }
-  PublishFirstKept();
+  AfterRemovals();
   RetireLog();
+  return absl::OkStatus();
+}
+
+// ---- Removal from the middle: purges, max_msgs_per_subject, UpdateStream. ----
+
+namespace {
+
+// Position of the first element of `q` whose sequence is not below `seq`.
+template <class Q, class SeqOf>
+std::size_t LowerBound(const Q& q, std::uint64_t seq, SeqOf seq_of) {
+  std::size_t lo = 0;
+  std::size_t hi = q.size();
+  while (lo < hi) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    if (seq_of(q.at(mid)) < seq) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+}  // namespace
+
+bool StreamState::RemoveSeq(std::uint64_t seq, bool purge) {
+  if (is_file()) {
+    const std::size_t i = LowerBound(index, seq, [](const IndexEntry& e) { return e.seq; });
+    if (i == index.size() || index.at(i).seq != seq || index.at(i).removed != 0) return false;
+    IndexEntry& e = index.at(i);
+    RetireEntry(e, purge);
+    e.removed = 1;
+    ++removed_in_index;
+    std::lock_guard lock(removed_mu);
+    removed_seqs.insert(seq);
+    // release: a delivery that sees the count sees the set (Discarded).
+    removed_count.store(removed_seqs.size(), std::memory_order_release);
+    return true;
+  }
+  const std::size_t i = LowerBound(messages, seq, [](const Handle& h) { return h->seq; });
+  if (i == messages.size() || messages.at(i)->seq != seq) return false;
+  return Retire(*messages.at(i), kDiscarded, purge);
+}
+
+void StreamState::AfterRemovals() {
+  if (is_file()) {
+    PublishFirstKept();  // drops removed entries at the front
+    if (removed_in_index >= 64 && removed_in_index * 2 > index.size()) {
+      index.erase_if([](const IndexEntry& e) { return e.removed != 0; });
+      removed_in_index = 0;
+    }
+  } else {
+    bool popped = false;
+    while (!messages.empty() &&
+           messages.front()->state.load(std::memory_order_acquire) != kLive) {
+      messages.pop_front();
+      popped = true;
+    }
+    if (popped || messages.empty()) NoteFront();
+    CompactIfSparse();
+  }
+  // Subjects whose messages are all gone (their newest sequence included).
+  if (per_subject.size() > 64 &&
+      per_subject.size() > 2 * static_cast<std::size_t>(std::max<std::int64_t>(0, LiveMsgs()))) {
+    for (auto it = per_subject.begin(); it != per_subject.end();) {
+      if (Holds(it->second.back())) {
+        ++it;
+      } else {
+        per_subject.erase(it++);
+      }
+    }
+  }
+}
+
+bool StreamState::Holds(std::uint64_t seq) const {
+  if (is_file()) {
+    const std::size_t i = LowerBound(index, seq, [](const IndexEntry& e) { return e.seq; });
+    return i < index.size() && index.at(i).seq == seq && index.at(i).removed == 0;
+  }
+  const std::size_t i = LowerBound(messages, seq, [](const Handle& h) { return h->seq; });
+  return i < messages.size() && messages.at(i)->seq == seq &&
+         messages.at(i)->state.load(std::memory_order_acquire) == kLive;
+}
+
+void StreamState::LimitSubject(std::string_view subject, std::uint64_t seq) {
+  auto it = per_subject.find(absl::string_view(subject.data(), subject.size()));
+  if (it == per_subject.end()) {
+    it = per_subject.emplace(std::string(subject), SubjectSeqs{}).first;
+  }
+  SubjectSeqs& seqs = it->second;
+  seqs.push_back(seq);
+  const auto limit = static_cast<std::size_t>(config.max_msgs_per_subject);
+  bool removed = false;
+  while (seqs.size() > limit) {
+    removed |= RemoveSeq(seqs.front(), false);
+    seqs.pop_front();
+  }
+  if (removed && !recovering) AfterRemovals();
+}
+
+absl::StatusOr<std::vector<std::uint64_t>> StreamState::PurgeVictims(
+    const Purge& p,
+    absl::FunctionRef<absl::StatusOr<std::string>(std::size_t, std::uint64_t)> subject_at) const {
+  std::vector<std::uint64_t> matching;
+  const std::size_t n = is_file() ? index.size() : messages.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint64_t seq;
+    if (is_file()) {
+      const IndexEntry& e = index.at(i);
+      if (e.removed != 0) continue;
+      seq = e.seq;
+    } else {
+      const Handle& h = messages.at(i);
+      if (h->state.load(std::memory_order_acquire) != kLive) continue;
+      seq = h->seq;
+    }
+    if (p.sequence != 0 && seq >= p.sequence) break;
+    if (p.filter.has_value()) {
+      absl::StatusOr<std::string> subject = subject_at(i, seq);
+      if (!subject.ok()) return subject.status();
+      if (!p.filter->Matches(*subject)) continue;
+    }
+    matching.push_back(seq);
+  }
+  if (p.keep > 0) {
+    matching.resize(matching.size() > p.keep ? matching.size() - p.keep : 0);
+  }
+  return matching;
+}
+
+absl::StatusOr<std::string> StreamState::SubjectFromLog(const IndexEntry& e) const {
+  absl::StatusOr<std::string> value = log->Read(e.location());
+  if (value.ok()) {
+    const ParsedRecord r = ParseRecord(*value);
+    if (r.why.empty() && r.seq == e.seq && r.subject.has_value()) return std::string(*r.subject);
+  }
+  // Errors, and version 2 records, through the full read.
+  absl::StatusOr<Handle> h = LoadFromLog(e);
+  if (!h.ok()) return h.status();
+  return (*h)->event->subject;
+}
+
+absl::Status StreamState::WritePurges(const std::vector<Purge>& list, std::int64_t now_ns,
+                                      bool* renamed) {
+  *renamed = false;
+  std::string text(kPurgesMagic);
+  text.push_back('\n');
+  for (const Purge& p : list) {
+    text += "purge " + std::to_string(p.last_seq) + " " + std::to_string(p.sequence) + " " +
+            std::to_string(p.keep) + " " + (p.filter ? p.filter->text() : std::string("-")) + "\n";
+  }
+  if (dedup != nullptr) {
+    const std::int64_t wall_now = absl::ToUnixNanos(absl::Now());
+    dedup->ForEach(now_ns, [&](std::string_view id, std::uint64_t seq, std::int64_t accepted_ns) {
+      text += "dedup " + std::to_string(seq) + " " +
+              std::to_string(wall_now - (now_ns - accepted_ns)) + " " + Hex(id) + "\n";
+    });
+  }
+  text += "end " + Hex64(XXH3_64bits(text.data(), text.size())) + "\n";
+
+  FileSystem& fs = *this->fs;
+  const std::string dir = log->dir();
+  const std::string path = dir + "/" + std::string(kPurgesFile);
+  const std::string tmp = path + ".tmp";
+  auto fail = [&](const absl::Status& st) {
+    (void)fs.Remove(tmp);
+    return absl::Status(st.code(), "stream '" + config.name + "': writing " + QuoteValue(path) +
+                                       ": " + std::string(st.message()));
+  };
+  (void)fs.Remove(tmp);  // one a crash left behind
+  absl::StatusOr<std::unique_ptr<WritableFile>> f = fs.Create(tmp);
+  if (!f.ok()) return fail(f.status());
+  absl::Status st = (*f)->WriteAt(0, text);
+  if (st.ok()) st = (*f)->Sync();
+  if (absl::Status closed = (*f)->Close(); st.ok()) st = closed;
+  if (st.ok()) st = fs.Rename(tmp, path);
+  if (!st.ok()) return fail(st);
+  *renamed = true;
+  // The rename made durable; when this fails the new file is in place (a restart
+  // reads it) but may not survive a power loss.
+  if (absl::Status synced = fs.SyncDir(dir); !synced.ok()) {
+    return absl::Status(synced.code(), "stream '" + config.name + "': syncing the directory of " +
+                                           QuoteValue(path) + ": " +
+                                           std::string(synced.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StreamState::LoadPurges(std::int64_t now_ns, std::int64_t wall_now_ns) {
+  const std::string path = config.directory + "/" + std::string(kPurgesFile);
+  absl::StatusOr<std::string> text = fs->Read(path);
+  if (!text.ok()) {
+    if (text.status().code() == absl::StatusCode::kNotFound) {
+      purges_loaded = true;
+      return absl::OkStatus();
+    }
+    return absl::Status(text.status().code(), "stream '" + config.name + "': reading " +
+                                                  QuoteValue(path) + ": " +
+                                                  std::string(text.status().message()));
+  }
+  auto damaged = [&](const std::string& why) {
+    return absl::DataLossError("stream '" + config.name + "': purges file " + QuoteValue(path) +
+                               " is damaged: " + why);
+  };
+  const std::size_t end = text->rfind("end ");
+  if (end == std::string::npos || (end != 0 && (*text)[end - 1] != '\n')) {
+    return damaged("no end line");
+  }
+  std::string_view body(text->data(), end);
+  std::string_view tail(text->data() + end + 4, text->size() - end - 4);
+  if (tail != Hex64(XXH3_64bits(body.data(), body.size())) + "\n") {
+    return damaged("its checksum does not match");
+  }
+  std::vector<Purge> list;
+  std::uint64_t snapshot_seq = 0;
+  std::size_t line_no = 0;
+  std::string id;
+  for (absl::string_view split : absl::StrSplit(absl::string_view(body.data(), body.size()),
+                                                '\n', absl::SkipEmpty())) {
+    const std::string_view line(split.data(), split.size());
+    ++line_no;
+    auto bad = [&] { return damaged("line " + std::to_string(line_no) + " " + QuoteValue(line)); };
+    if (line_no == 1) {
+      if (line != kPurgesMagic) return bad();
+      continue;
+    }
+    std::vector<absl::string_view> f = absl::StrSplit(absl::string_view(line.data(), line.size()), ' ');
+    if (f[0] == "purge" && f.size() == 5) {
+      Purge p;
+      if (!absl::SimpleAtoi(f[1], &p.last_seq) || !absl::SimpleAtoi(f[2], &p.sequence) ||
+          !absl::SimpleAtoi(f[3], &p.keep) || (p.sequence != 0 && p.keep != 0)) {
+        return bad();
+      }
+      if (f[4] != "-") {
+        absl::StatusOr<SubjectPattern> pattern = SubjectPattern::Parse(std::string(f[4]));
+        if (!pattern.ok()) return bad();
+        p.filter = *std::move(pattern);
+      }
+      if (!list.empty() && p.last_seq < list.back().last_seq) return bad();
+      snapshot_seq = std::max(snapshot_seq, p.last_seq);
+      list.push_back(std::move(p));
+    } else if (f[0] == "dedup" && f.size() == 4) {
+      std::uint64_t seq = 0;
+      std::int64_t wall_ns = 0;
+      if (!absl::SimpleAtoi(f[1], &seq) || !absl::SimpleAtoi(f[2], &wall_ns) ||
+          !Unhex(std::string_view(f[3].data(), f[3].size()), &id)) {
+        return bad();
+      }
+      const std::int64_t age_ns = std::max<std::int64_t>(0, wall_now_ns - wall_ns);
+      if (dedup != nullptr && age_ns <= dedup->window_ns()) {
+        dedup->Insert(id, seq, now_ns - age_ns);
+      }
+    } else {
+      return bad();
+    }
+  }
+  purges = std::move(list);
+  dedup_snapshot_seq = snapshot_seq;
+  purges_loaded = true;
+  return absl::OkStatus();
+}
+
+void StreamState::ApplyLimits(std::int64_t now_ns,
+                              const std::vector<std::pair<std::string, std::uint64_t>>* held) {
+  TrimFront(now_ns);
+  // Lowered max_msgs / max_bytes remove the oldest, whichever the discard policy.
+  auto over = [&] {
+    return (config.max_msgs > 0 && LiveMsgs() > config.max_msgs) ||
+           (config.max_bytes > 0 && LiveBytes() > config.max_bytes);
+  };
+  if (log != nullptr) {
+    while (!index.empty() && over()) PopIndexFront();
+    PublishFirstKept();
+  } else {
+    while (!messages.empty() && over()) {
+      Retire(*messages.front(), kDiscarded);
+      messages.pop_front();
+    }
+    NoteFront();
+  }
+  // max_msgs_per_subject: the lists rebuilt from what the stream holds (`held`,
+  // HeldSubjects read before anything changed) when the limit changed; when it did
+  // not, the lists stay right (the removals above take each subject's oldest).
+  if (config.max_msgs_per_subject <= 0) {
+    per_subject.clear();
+  } else if (held != nullptr) {
+    per_subject.clear();
+    for (const auto& [subject, seq] : *held) {
+      if (Holds(seq)) LimitSubject(subject, seq);
+    }
+  }
+  AfterRemovals();
+  if (log != nullptr) RetireLog();
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, std::uint64_t>>> StreamState::HeldSubjects()
+    const {
+  std::vector<std::pair<std::string, std::uint64_t>> held;
+  const std::size_t n = log != nullptr ? index.size() : messages.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    if (log != nullptr) {
+      const IndexEntry& e = index.at(i);
+      if (e.removed != 0) continue;
+      absl::StatusOr<std::string> subject = SubjectFromLog(e);
+      if (!subject.ok()) return subject.status();
+      held.emplace_back(*std::move(subject), e.seq);
+    } else {
+      const Handle& h = messages.at(i);
+      if (h->state.load(std::memory_order_acquire) != kLive) continue;
+      held.emplace_back(h->event->subject, h->seq);
+    }
+  }
+  return held;
 }
 
 }  // namespace engine_internal

@@ -165,7 +165,9 @@ void Engine::RunTimers() {
     if (impl_->closed.load(std::memory_order_acquire)) return;
     for (auto& c : impl_->consumers) consumers.push_back(c.get());
     for (auto& s : impl_->streams) {
-      if (s->config.max_age > absl::ZeroDuration()) aging.push_back(s.get());
+      // max_age_ns, not config.max_age: UpdateStream changes it under the stream's
+      // mutex, not config_mu.
+      if (s->max_age_ns.load(std::memory_order_relaxed) > 0) aging.push_back(s.get());
     }
   }
   // 0. max_age: messages older than it go, whether or not the stream is written.

@@ -88,6 +88,12 @@ struct StreamConfig {
   // message are skipped.
   absl::Duration max_age = absl::ZeroDuration();
   std::int64_t max_msg_size = -1;     // bytes per message; -1 or > 0
+  // Messages kept per subject (JetStream's MaxMsgsPerSubject; 1 = the last value of
+  // each subject): a publish on a subject that holds this many removes its oldest,
+  // counted in StreamStats::discarded. -1 = no limit, else > 0. Each subject that
+  // holds messages costs an entry in memory (its name and 8 bytes per message); a
+  // file stream rebuilds the entries at recovery from its records' subjects.
+  std::int64_t max_msgs_per_subject = -1;
   DiscardPolicy discard = DiscardPolicy::kOld;
   // kLimits keeps messages until a limit removes them. kInterest keeps a message
   // until every consumer that took it has acked it (or, with AckPolicy::kNone, had it

@@ -211,6 +211,15 @@ struct PublishAck {
   double weight_scale = 1;
 };
 
+// What Engine::PurgeStream removes (JetStream's purge request): the messages that
+// match `subject`, all of them, or those below `sequence`, or all but the newest
+// `keep`. At most one of `sequence` and `keep` may be set.
+struct PurgeRequest {
+  std::string subject{};       // a subject pattern; empty = every message
+  std::uint64_t sequence = 0;  // only sequences below it (not including it); 0 = any
+  std::uint64_t keep = 0;      // keep the newest `keep` that match; 0 = none
+};
+
 // How the engine converts payloads for consumers (ConsumerConfig::accept_codecs).
 struct EngineCodecOptions {
   // zstd level, 1..22, of conversions to kZstd without a dictionary.
@@ -272,6 +281,44 @@ class Engine {
   // one being added meanwhile); its log's errors (FailedPrecondition for a
   // directory open elsewhere, DataLoss for damage), naming the stream.
   absl::Status AddStream(const StreamConfig& config);
+
+  // Changes a stream's limits: max_msgs, max_bytes, max_age, max_msg_size,
+  // max_msgs_per_subject and discard take `config`'s values, and what the new
+  // limits no longer allow is removed at once (the oldest first; per subject for
+  // max_msgs_per_subject), as a limit removes it (StreamStats::discarded; queued
+  // deliveries of it are skipped). Every other field must equal the stream's.
+  // InvalidArgument for what StreamConfig::Validate refuses, and naming the field
+  // for a change of any other field; NotFound for an unknown stream;
+  // FailedPrecondition when an interest-retention stream would start or stop
+  // keeping an index of its messages (see StreamConfig::retention); Cancelled after
+  // Close(). A file stream's limits are not kept in its directory: the next
+  // AddStream's config sets them again. Raising max_msgs_per_subject on a file
+  // stream, or setting it, reads every record the stream holds back from the log;
+  // a record that cannot be read fails the update (DataLoss naming it) and changes
+  // nothing. Waits for the stream's mutex (a publisher blocked on a full lane of
+  // the stream holds it).
+  absl::Status UpdateStream(const StreamConfig& config);
+
+  // Removes the messages `request` selects from stream `stream` (JetStream's
+  // purge) and returns how many it removed (StreamStats::purged counts them).
+  // Queued deliveries of a removed message are skipped; one a member holds may
+  // still be acked. The stream's sequence goes on, and so does its duplicate
+  // window: a msg_id accepted within it is still a duplicate after the purge, also
+  // after a restart of a file stream. A file stream records the purge in its
+  // directory's "purges" file (written, fdatasync'ed and renamed into place before
+  // anything is removed) and recovery applies it again, so that a purged message
+  // never comes back; a purge by subject reads each message's subject back from
+  // the log. InvalidArgument for a subject that is not a valid pattern or both
+  // `sequence` and `keep` set (naming them); NotFound for an unknown stream;
+  // FailedPrecondition for a stream that keeps no index of its messages (as
+  // GetMessage); a file stream's I/O errors (writing the purges file; DataLoss for
+  // a record whose subject cannot be read), naming the stream, and nothing is
+  // removed then, except when only the fsync of the directory failed after the
+  // file was renamed into place: then the purge is made (a restart would apply
+  // it) and the error says "purged N message(s), but the purge may not survive a
+  // power loss: ..."; Cancelled after Close(). Waits for the stream's mutex.
+  absl::StatusOr<std::uint64_t> PurgeStream(std::string_view stream,
+                                            const PurgeRequest& request = {});
 
   // InvalidArgument for what ConsumerConfig::Validate refuses (checked first: a bad
   // name, filter, member count, lane capacity, group options, an accept_codecs

@@ -49,8 +49,14 @@ struct StreamStats {
   std::uint64_t messages = 0;    // kept now
   std::uint64_t bytes = 0;       // kept now
   std::uint64_t last_seq = 0;    // last sequence assigned (0: none yet)
+  // The oldest sequence the stream holds; last_seq + 1 when it holds none; 0 for a
+  // stream that keeps no index (interest retention without max_age, a discard-old
+  // limit or max_msgs_per_subject), whose messages live in its deliveries only.
+  std::uint64_t first_seq = 0;
   std::uint64_t stored = 0;      // events accepted since creation
-  std::uint64_t discarded = 0;   // removed by max_msgs / max_bytes / max_age
+  // Removed by max_msgs / max_bytes / max_age / max_msgs_per_subject.
+  std::uint64_t discarded = 0;
+  std::uint64_t purged = 0;      // removed by Engine::PurgeStream
   // Publishes this stream refused: its limits (discard new, max_msg_size), a full
   // lane (overflow reject; TryPublish on a full or held lane), a payload conversion
   // for accept_codecs that failed, or no memory for the record.

@@ -137,6 +137,20 @@ class DuplicateWindow {
     return removed;
   }
 
+  // Calls f(msg_id, seq, accepted_ns) for each id still inside its window at
+  // now_ns, in acceptance order (a snapshot to restore with Insert: the engine's
+  // purges file). accepted_ns is the window's start (for a window end that
+  // saturated at INT64_MAX, INT64_MAX - window).
+  template <class F>
+  void ForEach(std::int64_t now_ns, F&& f) const {
+    const std::int64_t now = std::max(now_ns, now_ns_);
+    for (const Record& r : order_) {
+      if (r.expires_ns <= now) continue;
+      auto it = ids_.find(std::string_view(r.msg_id));
+      f(std::string_view(r.msg_id), it->second.seq, r.expires_ns - window_ns_);
+    }
+  }
+
   // Ids forgotten before their window ended because max_entries was reached.
   std::uint64_t evicted() const { return evicted_; }
   std::size_t max_entries() const { return max_entries_; }

@@ -1,0 +1,170 @@
+// File: src/engine/admin.cpp
+//
+// Changes to a stream after it was added (engine/engine.hpp): UpdateStream (its
+// limits) and PurgeStream (removing messages by subject, sequence or count). Both
+// run under the stream's mutex, never under config_mu (which Close needs to wake a
+// publisher blocked on a full lane, while that publisher holds the stream's mutex);
+// the removal itself is StreamState's (stream_store.cpp).
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine_impl.hpp"
+#include "inferq/base/error.hpp"
+#include "inferq/engine/engine.hpp"
+
+namespace inferq {
+
+namespace {
+
+// The first field other than the limits in which `next` differs from `now` (empty:
+// none).
+std::string ChangedFixedField(const StreamConfig& now, const StreamConfig& next) {
+  if (now.subjects != next.subjects) return "subjects";
+  if (now.retention != next.retention) return "retention";
+  if (now.duplicate_window != next.duplicate_window) return "duplicate_window";
+  if (now.duplicate_window_max_entries != next.duplicate_window_max_entries) {
+    return "duplicate_window_max_entries";
+  }
+  if (now.storage != next.storage) return "storage";
+  if (now.directory != next.directory) return "directory";
+  if (now.sync != next.sync) return "sync";
+  if (now.sync_window != next.sync_window) return "sync_window";
+  if (now.segment_bytes != next.segment_bytes) return "segment_bytes";
+  if (now.file_system != next.file_system) return "file_system";
+  return {};
+}
+
+}  // namespace
+
+absl::Status Engine::UpdateStream(const StreamConfig& config) {
+  if (absl::Status s = StreamConfig::Validate(config); !s.ok()) return s;
+  StreamState* s;
+  {
+    std::lock_guard lock(impl_->config_mu);
+    if (impl_->closed.load()) return absl::CancelledError("engine is closed");
+    s = impl_->FindStream(config.name);
+  }
+  if (s == nullptr) {
+    return absl::NotFoundError("stream " + QuoteValue(config.name) + " does not exist");
+  }
+  // Fixed after AddStream: read without the stream's mutex.
+  if (std::string field = ChangedFixedField(s->config, config); !field.empty()) {
+    return absl::InvalidArgumentError(
+        "stream '" + config.name + "': " + field +
+        " cannot be changed by UpdateStream (only max_msgs, max_bytes, max_age, "
+        "max_msg_size, max_msgs_per_subject and discard can)");
+  }
+  if (StreamState::KeepsIndex(config) != s->keeps_index) {
+    return absl::FailedPreconditionError(
+        "stream '" + config.name + "': under interest retention this update would make the "
+        "stream " + (s->keeps_index ? "stop" : "start") +
+        " keeping an index of its messages (max_age, a discard-old max_msgs or max_bytes, "
+        "max_msgs_per_subject), which an existing stream cannot change");
+  }
+  {
+    std::lock_guard lock(s->mu);
+    const bool rebuild = config.max_msgs_per_subject > 0 &&
+                         config.max_msgs_per_subject != s->config.max_msgs_per_subject;
+    std::vector<std::pair<std::string, std::uint64_t>> held;
+    if (rebuild) {
+      absl::StatusOr<std::vector<std::pair<std::string, std::uint64_t>>> read = s->HeldSubjects();
+      if (!read.ok()) return read.status();
+      held = *std::move(read);
+    }
+    StreamConfig& cfg = s->config;
+    cfg.max_msgs = config.max_msgs;
+    cfg.max_bytes = config.max_bytes;
+    cfg.max_age = config.max_age;
+    cfg.max_msg_size = config.max_msg_size;
+    cfg.discard = config.discard;
+    const bool subjects_kept = cfg.max_msgs_per_subject == config.max_msgs_per_subject;
+    cfg.max_msgs_per_subject = config.max_msgs_per_subject;
+    s->max_age_ns.store(absl::ToInt64Nanoseconds(config.max_age), std::memory_order_relaxed);
+    s->ApplyLimits(impl_->clock->NowNanos(), subjects_kept ? nullptr : &held);
+  }
+  if (config.max_age > absl::ZeroDuration()) {
+    std::lock_guard lock(impl_->config_mu);
+    // As AddStream: the timer runs at least every max_age / 8, within 1 ms .. 1 s.
+    impl_->RunTimersEvery(std::clamp<std::int64_t>(absl::ToInt64Nanoseconds(config.max_age) / 8,
+                                                   1'000'000, 1'000'000'000));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::uint64_t> Engine::PurgeStream(std::string_view stream,
+                                                  const PurgeRequest& request) {
+  engine_internal::Purge p;
+  if (!request.subject.empty()) {
+    absl::StatusOr<SubjectPattern> filter = SubjectPattern::Parse(request.subject);
+    if (!filter.ok()) {
+      return absl::InvalidArgumentError("purge of stream " + QuoteValue(stream) + ": subject " +
+                                        std::string(filter.status().message()));
+    }
+    p.filter = *std::move(filter);
+  }
+  if (request.sequence != 0 && request.keep != 0) {
+    return absl::InvalidArgumentError(
+        "purge of stream " + QuoteValue(stream) + ": sequence " +
+        std::to_string(request.sequence) + " and keep " + std::to_string(request.keep) +
+        " cannot be used together");
+  }
+  p.sequence = request.sequence;
+  p.keep = request.keep;
+  StreamState* s;
+  {
+    std::lock_guard lock(impl_->config_mu);
+    if (impl_->closed.load()) return absl::CancelledError("engine is closed");
+    s = impl_->FindStream(stream);
+  }
+  if (s == nullptr) return absl::NotFoundError("stream " + QuoteValue(stream) + " does not exist");
+  if (!s->keeps_index) {
+    return absl::FailedPreconditionError(
+        "stream '" + s->config.name + "' keeps no index of its messages (interest retention "
+        "without max_age, a discard-old limit or max_msgs_per_subject), so none can be "
+        "purged");
+  }
+  std::lock_guard lock(s->mu);
+  p.last_seq = s->next_seq - 1;
+  absl::StatusOr<std::vector<std::uint64_t>> victims = s->PurgeVictims(
+      p, [&](std::size_t i, std::uint64_t) -> absl::StatusOr<std::string> {
+        if (s->log != nullptr) return s->SubjectFromLog(s->index.at(i));
+        return s->messages.at(i)->event->subject;
+      });
+  if (!victims.ok()) return victims.status();
+  if (victims->empty()) return 0;
+  absl::Status not_durable;
+  if (s->log != nullptr) {
+    // The purges the log's records are still subject to, then this one: an older
+    // purge whose messages have all left the log is dropped (the newest is kept for
+    // the sequence it carries, which the log may no longer hold).
+    const std::uint64_t first_tx = s->log->Stats().first_tx;
+    std::vector<engine_internal::Purge> next;
+    for (const engine_internal::Purge& old : s->purges) {
+      if (first_tx != 0 && old.last_seq >= first_tx) next.push_back(old);
+    }
+    next.push_back(p);
+    bool renamed = false;
+    not_durable = s->WritePurges(next, impl_->clock->NowNanos(), &renamed);
+    // Not written: nothing changes. Written but its directory not synced: a restart
+    // applies it, so this process does too, and says it may not survive a power loss.
+    if (!renamed) return not_durable;
+    s->purges = std::move(next);
+  }
+  for (std::uint64_t seq : *victims) s->RemoveSeq(seq, /*purge=*/true);
+  s->AfterRemovals();
+  if (s->log != nullptr) s->RetireLog();
+  if (!not_durable.ok()) {
+    return absl::Status(not_durable.code(),
+                        "purged " + std::to_string(victims->size()) +
+                            " message(s), but the purge may not survive a power loss: " +
+                            std::string(not_durable.message()));
+  }
+  return victims->size();
+}
+
+}  // namespace inferq

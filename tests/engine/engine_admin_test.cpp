@@ -1,0 +1,472 @@
+// Changing a stream after it was added: Engine::PurgeStream (everything, by
+// subject, below a sequence, keeping the last N), Engine::UpdateStream (limits),
+// StreamConfig::max_msgs_per_subject, StreamStats::first_seq and purged, on memory
+// and file streams, and what of it survives a restart.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "../state/state_test_util.hpp"
+#include "engine_test_util.hpp"
+#include "inferq/engine/engine.hpp"
+
+using namespace inferq;
+using inferq::engine_test::Ev;
+using inferq::engine_test::Msg;
+using inferq::engine_test::SS;
+using state_test::TempDir;
+
+namespace {
+
+using Held = std::vector<std::pair<std::uint64_t, std::string>>;
+
+// (sequence, subject) of every message stream `name` holds up to its last sequence.
+Held HeldBy(const Engine& engine, const std::string& name) {
+  Held out;
+  const std::uint64_t last = SS(engine, name).last_seq;
+  for (std::uint64_t seq = 1; seq <= last; ++seq) {
+    absl::StatusOr<std::shared_ptr<const Event>> e = engine.GetMessage(name, seq);
+    if (e.ok()) {
+      out.emplace_back(seq, (*e)->subject);
+    } else {
+      REQUIRE(e.status().code() == absl::StatusCode::kNotFound);
+    }
+  }
+  return out;
+}
+
+StreamConfig Memory() { return {.name = "S", .subjects = {"s.>"}}; }
+
+StreamConfig File(const std::string& dir) {
+  StreamConfig s = Memory();
+  s.storage = StorageType::kFile;
+  s.directory = dir;
+  s.sync = SyncPolicy::kNone;
+  return s;
+}
+
+// Publishes s.a, s.b, s.a, s.c, s.b, s.a (sequences 1..6), msg_ids m1..m6.
+void PublishSix(Engine& engine) {
+  const char* subjects[] = {"s.a", "s.b", "s.a", "s.c", "s.b", "s.a"};
+  for (int i = 0; i < 6; ++i) {
+    absl::StatusOr<PublishAck> ack = engine.Publish(Ev(subjects[i], "m" + std::to_string(i + 1)));
+    REQUIRE(ack.ok());
+    REQUIRE(ack->seq == static_cast<std::uint64_t>(i + 1));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("PurgeStream removes what its request selects, on memory and file streams") {
+  TempDir d;
+  const bool file = GENERATE(false, true);
+  INFO((file ? "file" : "memory"));
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(file ? File(d.path()) : Memory()).ok());
+  PublishSix(*engine);
+
+  SECTION("everything") {
+    CHECK(*engine->PurgeStream("S") == 6);
+    CHECK(HeldBy(*engine, "S").empty());
+    CHECK(SS(*engine, "S").first_seq == 7);
+  }
+  SECTION("by subject") {
+    CHECK(*engine->PurgeStream("S", {.subject = "s.a"}) == 3);
+    CHECK(HeldBy(*engine, "S") == Held{{2, "s.b"}, {4, "s.c"}, {5, "s.b"}});
+    CHECK(SS(*engine, "S").first_seq == 2);
+  }
+  SECTION("by wildcard subject, keeping the newest 2") {
+    CHECK(*engine->PurgeStream("S", {.subject = "s.*", .keep = 2}) == 4);
+    CHECK(HeldBy(*engine, "S") == Held{{5, "s.b"}, {6, "s.a"}});
+  }
+  SECTION("below a sequence") {
+    CHECK(*engine->PurgeStream("S", {.sequence = 4}) == 3);
+    CHECK(HeldBy(*engine, "S") == Held{{4, "s.c"}, {5, "s.b"}, {6, "s.a"}});
+    CHECK(SS(*engine, "S").first_seq == 4);
+  }
+  SECTION("by subject below a sequence") {
+    CHECK(*engine->PurgeStream("S", {.subject = "s.a", .sequence = 6}) == 2);
+    CHECK(HeldBy(*engine, "S") ==
+          Held{{2, "s.b"}, {4, "s.c"}, {5, "s.b"}, {6, "s.a"}});
+  }
+  SECTION("keeping more than there are removes nothing") {
+    CHECK(*engine->PurgeStream("S", {.keep = 6}) == 0);
+    CHECK(HeldBy(*engine, "S").size() == 6);
+  }
+  const StreamStats st = SS(*engine, "S");
+  CHECK(st.messages == HeldBy(*engine, "S").size());
+  CHECK(st.purged == 6 - st.messages);
+  CHECK(st.discarded == 0);
+  CHECK(st.last_seq == 6);
+  // The sequence goes on, and the duplicate window still knows every id.
+  absl::StatusOr<PublishAck> dup = engine->Publish(Ev("s.a", "m1"));
+  REQUIRE(dup.ok());
+  CHECK(dup->duplicate);
+  CHECK(dup->seq == 1);
+  absl::StatusOr<PublishAck> next = engine->Publish(Ev("s.z", "m7"));
+  REQUIRE(next.ok());
+  CHECK(next->seq == 7);
+}
+
+TEST_CASE("a purge a file stream made survives a restart: purged messages never come back") {
+  TempDir d;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(File(d.path())).ok());
+    PublishSix(*engine);
+    REQUIRE(*engine->PurgeStream("S", {.subject = "s.a", .keep = 1}) == 2);  // 1 and 3
+    REQUIRE(engine->Publish(Ev("s.a", "m7")).ok());                          // 7
+    REQUIRE(*engine->PurgeStream("S", {.sequence = 3}) == 1);                // 2
+    REQUIRE(engine->Publish(Ev("s.b", "m8")).ok());                          // 8
+  }
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(File(d.path())).ok());
+  const Held want{{4, "s.c"}, {5, "s.b"}, {6, "s.a"}, {7, "s.a"}, {8, "s.b"}};
+  CHECK(HeldBy(*engine, "S") == want);
+  CHECK(SS(*engine, "S").first_seq == 4);
+  CHECK(SS(*engine, "S").messages == 5);
+  // A consumer that starts with everything gets exactly what is held.
+  auto all = *engine->AddConsumer({.stream = "S", .name = "all", .deliver = DeliverPolicy::kAll});
+  Held got;
+  for (;;) {
+    absl::StatusOr<Message> m = all.member(0)->Next(absl::Milliseconds(100));
+    if (!m.ok()) break;
+    got.emplace_back(m->stream_seq(), m->event().subject);
+    REQUIRE(m->Ack().ok());
+  }
+  CHECK(got == want);
+  // The duplicate window survived the purges and the restart (nats-server#3272).
+  for (int i = 1; i <= 8; ++i) {
+    absl::StatusOr<PublishAck> dup = engine->Publish(Ev("s.a", "m" + std::to_string(i)));
+    REQUIRE(dup.ok());
+    CHECK(dup->duplicate);
+    CHECK(dup->seq == static_cast<std::uint64_t>(i));
+  }
+}
+
+TEST_CASE("a file stream purged of everything goes on numbering after a restart, its window kept") {
+  TempDir d;
+  StreamConfig s = File(d.path());
+  s.segment_bytes = 4096;  // the purge retires every segment but the tail
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(s).ok());
+    for (int i = 1; i <= 100; ++i) {
+      Event e = Ev("s.x", "id" + std::to_string(i));
+      e.payload = Buffer::FromString(std::string(200, 'p'));
+      REQUIRE(engine->Publish(std::move(e)).ok());
+    }
+    REQUIRE(*engine->PurgeStream("S") == 100);
+  }
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  CHECK(SS(*engine, "S").messages == 0);
+  CHECK(SS(*engine, "S").first_seq == 101);
+  absl::StatusOr<PublishAck> dup = engine->Publish(Ev("s.x", "id50"));
+  REQUIRE(dup.ok());
+  CHECK(dup->duplicate);
+  CHECK(dup->seq == 50);
+  absl::StatusOr<PublishAck> fresh = engine->Publish(Ev("s.x", "id101"));
+  REQUIRE(fresh.ok());
+  CHECK(!fresh->duplicate);
+  CHECK(fresh->seq == 101);
+}
+
+TEST_CASE("queued deliveries of purged messages are skipped") {
+  TempDir d;
+  const bool file = GENERATE(false, true);
+  INFO((file ? "file" : "memory"));
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(file ? File(d.path()) : Memory()).ok());
+  auto c = *engine->AddConsumer({.stream = "S", .name = "c"});
+  PublishSix(*engine);
+  REQUIRE(*engine->PurgeStream("S", {.subject = "s.b"}) == 2);
+  std::vector<std::uint64_t> got;
+  for (;;) {
+    absl::StatusOr<Message> m = c.member(0)->Next(absl::ZeroDuration());
+    if (!m.ok()) break;
+    got.push_back(m->stream_seq());
+    REQUIRE(m->Ack().ok());
+  }
+  CHECK(got == std::vector<std::uint64_t>{1, 3, 4, 6});
+}
+
+TEST_CASE("PurgeStream refuses bad requests by name and changes nothing") {
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(Memory()).ok());
+  REQUIRE(engine->AddStream({.name = "I",
+                             .subjects = {"i.>"},
+                             .retention = RetentionPolicy::kInterest})
+              .ok());
+  PublishSix(*engine);
+  absl::StatusOr<std::uint64_t> r = engine->PurgeStream("S", {.subject = "s..a"});
+  REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(Msg(r.status()), Catch::StartsWith("purge of stream 'S': subject "));
+  CHECK_THAT(Msg(r.status()), Catch::Contains("'s..a'"));
+  r = engine->PurgeStream("S", {.sequence = 3, .keep = 1});
+  REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(r.status()) ==
+        "purge of stream 'S': sequence 3 and keep 1 cannot be used together");
+  r = engine->PurgeStream("nope");
+  REQUIRE(r.status().code() == absl::StatusCode::kNotFound);
+  CHECK(Msg(r.status()) == "stream 'nope' does not exist");
+  r = engine->PurgeStream("I");
+  REQUIRE(r.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(Msg(r.status()), Catch::StartsWith("stream 'I' keeps no index"));
+  CHECK(HeldBy(*engine, "S").size() == 6);
+  CHECK(SS(*engine, "S").purged == 0);
+  engine->Close();
+  r = engine->PurgeStream("S");
+  CHECK(r.status().code() == absl::StatusCode::kCancelled);
+}
+
+TEST_CASE("a file stream purge whose purges file cannot be written removes nothing") {
+  TempDir d;
+  const std::string kind = GENERATE(std::string("create"), std::string("rename"));
+  INFO(kind);
+  auto faulty = std::make_shared<state_test::FaultyFileSystem>();
+  StreamConfig s = File(d.path());
+  s.file_system = faulty;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(s).ok());
+    PublishSix(*engine);
+    faulty->FailNth(kind, 1, ENOSPC);
+    absl::StatusOr<std::uint64_t> r = engine->PurgeStream("S", {.subject = "s.a"});
+    REQUIRE(r.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK_THAT(Msg(r.status()), Catch::StartsWith("stream 'S': writing '" + d.path() + "/purges'"));
+    CHECK(HeldBy(*engine, "S").size() == 6);
+    CHECK(SS(*engine, "S").purged == 0);
+    CHECK(!std::filesystem::exists(d / "purges.tmp"));
+    // The next purge works.
+    CHECK(*engine->PurgeStream("S", {.subject = "s.c"}) == 1);
+  }
+  s.file_system = nullptr;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  CHECK(HeldBy(*engine, "S") ==
+        Held{{1, "s.a"}, {2, "s.b"}, {3, "s.a"}, {5, "s.b"}, {6, "s.a"}});
+}
+
+TEST_CASE("a purge whose directory fsync fails is made, and says it may not survive a power loss") {
+  TempDir d;
+  auto faulty = std::make_shared<state_test::FaultyFileSystem>();
+  StreamConfig s = File(d.path());
+  s.file_system = faulty;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(s).ok());
+    PublishSix(*engine);
+    faulty->FailNth("syncdir", 1, EIO);
+    absl::StatusOr<std::uint64_t> r = engine->PurgeStream("S", {.subject = "s.a"});
+    REQUIRE(r.status().code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(Msg(r.status()),
+               Catch::StartsWith("purged 3 message(s), but the purge may not survive a power "
+                                 "loss: stream 'S': syncing the directory of '" +
+                                 d.path() + "/purges': syncdir: injected EIO"));
+    CHECK(HeldBy(*engine, "S") == Held{{2, "s.b"}, {4, "s.c"}, {5, "s.b"}});
+  }
+  s.file_system = nullptr;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  CHECK(HeldBy(*engine, "S") == Held{{2, "s.b"}, {4, "s.c"}, {5, "s.b"}});
+}
+
+TEST_CASE("a damaged purges file fails the stream's recovery by name") {
+  TempDir d;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(File(d.path())).ok());
+    PublishSix(*engine);
+    REQUIRE(*engine->PurgeStream("S", {.subject = "s.a"}) == 3);
+  }
+  std::string text;
+  {
+    std::ifstream in(d / "purges");
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  REQUIRE(text.rfind("inferq-stream-purges 1\npurge 6 0 0 s.a\n", 0) == 0);
+  SECTION("a changed byte") { text[text.find("s.a")] = 't'; }
+  SECTION("cut short") { text.resize(text.size() - 5); }
+  {
+    std::ofstream out(d / "purges", std::ios::trunc);
+    out << text;
+  }
+  auto engine = *Engine::Create();
+  absl::Status st = engine->AddStream(File(d.path()));
+  REQUIRE(st.code() == absl::StatusCode::kDataLoss);
+  CHECK_THAT(Msg(st), Catch::StartsWith("stream 'S': purges file '" + d.path() +
+                                        "/purges' is damaged: "));
+}
+
+TEST_CASE("max_msgs_per_subject keeps the newest messages of each subject") {
+  TempDir d;
+  const bool file = GENERATE(false, true);
+  INFO((file ? "file" : "memory"));
+  StreamConfig s = file ? File(d.path()) : Memory();
+  s.max_msgs_per_subject = 1;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(s).ok());
+    PublishSix(*engine);
+    const Held want{{4, "s.c"}, {5, "s.b"}, {6, "s.a"}};
+    CHECK(HeldBy(*engine, "S") == want);
+    CHECK(SS(*engine, "S").discarded == 3);
+    CHECK(SS(*engine, "S").first_seq == 4);
+    // The last value per subject is what a kLastPerSubject consumer starts with.
+    auto last = *engine->AddConsumer(
+        {.stream = "S", .name = "last", .deliver = DeliverPolicy::kLastPerSubject});
+    Held got;
+    for (;;) {
+      absl::StatusOr<Message> m = last.member(0)->Next(absl::ZeroDuration());
+      if (!m.ok()) break;
+      got.emplace_back(m->stream_seq(), m->event().subject);
+      REQUIRE(m->Ack().ok());
+    }
+    CHECK(got == want);
+  }
+  if (!file) return;
+  // Recovery rebuilds the subjects: the next s.c replaces 4.
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  CHECK(HeldBy(*engine, "S") == Held{{4, "s.c"}, {5, "s.b"}, {6, "s.a"}});
+  REQUIRE(engine->Publish(Ev("s.c", "m7")).ok());
+  CHECK(HeldBy(*engine, "S") == Held{{5, "s.b"}, {6, "s.a"}, {7, "s.c"}});
+}
+
+TEST_CASE("max_msgs_per_subject above one keeps that many per subject through purges") {
+  auto engine = *Engine::Create();
+  StreamConfig s = Memory();
+  s.max_msgs_per_subject = 2;
+  REQUIRE(engine->AddStream(s).ok());
+  PublishSix(*engine);  // s.a at 1, 3, 6: 1 goes
+  CHECK(HeldBy(*engine, "S") ==
+        Held{{2, "s.b"}, {3, "s.a"}, {4, "s.c"}, {5, "s.b"}, {6, "s.a"}});
+  REQUIRE(*engine->PurgeStream("S", {.subject = "s.a", .keep = 1}) == 1);  // 3
+  REQUIRE(engine->Publish(Ev("s.a", "m7")).ok());  // s.a: 6, 7 (nothing more goes)
+  REQUIRE(engine->Publish(Ev("s.a", "m8")).ok());  // s.a: 7, 8
+  CHECK(HeldBy(*engine, "S") ==
+        Held{{2, "s.b"}, {4, "s.c"}, {5, "s.b"}, {7, "s.a"}, {8, "s.a"}});
+}
+
+TEST_CASE("UpdateStream applies new limits at once") {
+  TempDir d;
+  const bool file = GENERATE(false, true);
+  INFO((file ? "file" : "memory"));
+  StreamConfig s = file ? File(d.path()) : Memory();
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  PublishSix(*engine);
+
+  SECTION("a lower max_msgs removes the oldest") {
+    s.max_msgs = 2;
+    REQUIRE(engine->UpdateStream(s).ok());
+    CHECK(HeldBy(*engine, "S") == Held{{5, "s.b"}, {6, "s.a"}});
+    CHECK(SS(*engine, "S").discarded == 4);
+    REQUIRE(engine->Publish(Ev("s.q")).ok());
+    CHECK(HeldBy(*engine, "S") == Held{{6, "s.a"}, {7, "s.q"}});
+  }
+  SECTION("max_msgs_per_subject set on a stream that holds messages") {
+    s.max_msgs_per_subject = 1;
+    REQUIRE(engine->UpdateStream(s).ok());
+    CHECK(HeldBy(*engine, "S") == Held{{4, "s.c"}, {5, "s.b"}, {6, "s.a"}});
+    REQUIRE(engine->Publish(Ev("s.b")).ok());
+    CHECK(HeldBy(*engine, "S") == Held{{4, "s.c"}, {6, "s.a"}, {7, "s.b"}});
+    // Raised again: nothing more goes.
+    s.max_msgs_per_subject = 3;
+    REQUIRE(engine->UpdateStream(s).ok());
+    REQUIRE(engine->Publish(Ev("s.b")).ok());
+    CHECK(HeldBy(*engine, "S") == Held{{4, "s.c"}, {6, "s.a"}, {7, "s.b"}, {8, "s.b"}});
+  }
+  SECTION("discard new with a max_msgs already reached refuses the next publish") {
+    s.max_msgs = 6;
+    s.discard = DiscardPolicy::kNew;
+    REQUIRE(engine->UpdateStream(s).ok());
+    absl::StatusOr<PublishAck> r = engine->Publish(Ev("s.a"));
+    REQUIRE(r.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(Msg(r.status()) == "stream 'S' is full: max_msgs 6 reached (discard new)");
+  }
+  SECTION("a max_msg_size") {
+    s.max_msg_size = 10;
+    REQUIRE(engine->UpdateStream(s).ok());
+    Event big = Ev("s.a");
+    big.payload = Buffer::FromString(std::string(100, 'x'));
+    CHECK(engine->Publish(std::move(big)).status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(HeldBy(*engine, "S").size() == 6);
+  }
+}
+
+TEST_CASE("UpdateStream with max_age makes the timer remove old messages") {
+  ManualClock clock(1'000'000'000);
+  auto engine = *Engine::Create({.clock = &clock, .manual_timers = true});
+  StreamConfig s = Memory();
+  REQUIRE(engine->AddStream(s).ok());
+  PublishSix(*engine);
+  clock.Advance(absl::Seconds(10));
+  REQUIRE(engine->Publish(Ev("s.new")).ok());
+  s.max_age = absl::Seconds(5);
+  REQUIRE(engine->UpdateStream(s).ok());
+  CHECK(HeldBy(*engine, "S") == Held{{7, "s.new"}});
+  clock.Advance(absl::Seconds(6));
+  engine->RunTimers();
+  CHECK(HeldBy(*engine, "S").empty());
+  CHECK(SS(*engine, "S").first_seq == 8);
+}
+
+TEST_CASE("UpdateStream refuses changes it cannot make by name and changes nothing") {
+  TempDir d;
+  auto engine = *Engine::Create();
+  StreamConfig s = Memory();
+  REQUIRE(engine->AddStream(s).ok());
+  REQUIRE(engine->AddStream({.name = "I",
+                             .subjects = {"i.>"},
+                             .retention = RetentionPolicy::kInterest})
+              .ok());
+  PublishSix(*engine);
+  StreamConfig bad = s;
+  bad.max_msgs = 2;
+  std::string field;
+  SECTION("subjects") {
+    bad.subjects = {"s.>", "t.>"};
+    field = "subjects";
+  }
+  SECTION("storage") {
+    bad.storage = StorageType::kFile;
+    bad.directory = d.path();
+    field = "storage";
+  }
+  SECTION("duplicate_window") {
+    bad.duplicate_window = absl::Minutes(5);
+    field = "duplicate_window";
+  }
+  absl::Status st = engine->UpdateStream(bad);
+  REQUIRE(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(st) == "stream 'S': " + field +
+                       " cannot be changed by UpdateStream (only max_msgs, max_bytes, "
+                       "max_age, max_msg_size, max_msgs_per_subject and discard can)");
+  CHECK(HeldBy(*engine, "S").size() == 6);
+
+  bad = s;
+  bad.max_msgs_per_subject = 0;
+  st = engine->UpdateStream(bad);
+  REQUIRE(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(st) == "stream 'S': max_msgs_per_subject 0 is invalid (use -1 for no limit or a "
+                   "positive value)");
+  bad.name = "nope";
+  bad.max_msgs_per_subject = -1;
+  CHECK(engine->UpdateStream(bad).code() == absl::StatusCode::kNotFound);
+  st = engine->UpdateStream({.name = "I",
+                             .subjects = {"i.>"},
+                             .max_age = absl::Seconds(1),
+                             .retention = RetentionPolicy::kInterest});
+  REQUIRE(st.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(Msg(st), Catch::StartsWith("stream 'I': under interest retention this update "
+                                        "would make the stream start keeping an index"));
+}

@@ -68,6 +68,7 @@ absl::Status Engine::UpdateStream(const StreamConfig& config) {
   }
   {
     std::lock_guard lock(s->mu);
+    s->DrainAcked();
     const bool rebuild = config.max_msgs_per_subject > 0 &&
                          config.max_msgs_per_subject != s->config.max_msgs_per_subject;
     std::vector<std::pair<std::string, std::uint64_t>> held;
@@ -129,6 +130,7 @@ absl::StatusOr<std::uint64_t> Engine::PurgeStream(std::string_view stream,
         "purged");
   }
   std::lock_guard lock(s->mu);
+  s->DrainAcked(&p.acks_tx);  // the acks so far count before the purge, at recovery too
   p.last_seq = s->next_seq - 1;
   absl::StatusOr<std::vector<std::uint64_t>> victims = s->PurgeVictims(
       p, [&](std::size_t i, std::uint64_t) -> absl::StatusOr<std::string> {
@@ -155,7 +157,7 @@ absl::StatusOr<std::uint64_t> Engine::PurgeStream(std::string_view stream,
     if (!renamed) return not_durable;
     s->purges = std::move(next);
   }
-  for (std::uint64_t seq : *victims) s->RemoveSeq(seq, /*purge=*/true);
+  for (std::uint64_t seq : *victims) s->RemoveSeq(seq, engine_internal::Removal::kPurge);
   s->AfterRemovals();
   if (s->log != nullptr) s->RetireLog();
   if (!not_durable.ok()) {

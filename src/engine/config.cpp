@@ -209,9 +209,10 @@ absl::Status ValidateStorage(const StreamConfig& config) {
   if (config.directory.empty()) {
     return absl::InvalidArgumentError(where + "storage file needs a directory");
   }
-  if (config.retention != RetentionPolicy::kLimits) {
-    return absl::InvalidArgumentError(where + "storage file supports retention limits only "
-                                      "(interest retention needs durable acks)");
+  if (config.retention == RetentionPolicy::kInterest) {
+    return absl::InvalidArgumentError(where + "storage file supports retention limits and "
+                                      "work queue only (interest retention needs the acks of "
+                                      "every consumer kept per message)");
   }
   const int sync = static_cast<int>(config.sync);
   if (sync < 0 || sync > static_cast<int>(SyncPolicy::kNone)) {
@@ -297,7 +298,8 @@ absl::Status StreamConfig::Validate(const StreamConfig& config) {
                                       " is not a valid DiscardPolicy");
   }
   if (config.retention != RetentionPolicy::kLimits &&
-      config.retention != RetentionPolicy::kInterest) {
+      config.retention != RetentionPolicy::kInterest &&
+      config.retention != RetentionPolicy::kWorkQueue) {
     return absl::InvalidArgumentError("stream '" + config.name + "': retention policy " +
                                       std::to_string(static_cast<int>(config.retention)) +
                                       " is not a valid RetentionPolicy");

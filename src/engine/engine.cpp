@@ -690,7 +690,7 @@ void QueueStoredMessages(StreamState& stream, ConsumerState& c) {
     }
     chosen.push_back(h);
   });
-  const bool interest = stream.config.retention == RetentionPolicy::kInterest &&
+  const bool interest = stream.config.retention != RetentionPolicy::kLimits &&
                         cfg.ack == AckPolicy::kExplicit;
   std::lock_guard lock(c.pending_mu);
   for (engine_internal::Handle& h : chosen) {
@@ -747,10 +747,30 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
                                         " matches no subject of stream '" + config.stream +
                                         "' (subjects " + subjects + ")");
     }
+    if (stream->config.retention == RetentionPolicy::kWorkQueue) {
+      // JetStream's work-queue rules: each message is for one consumer, which takes
+      // every message waiting for it and removes each by its ack.
+      const std::string where = "consumer '" + config.name + "' of work-queue stream '" +
+                                config.stream + "': ";
+      if (config.ack != AckPolicy::kExplicit) {
+        return absl::InvalidArgumentError(where + "needs ack policy explicit");
+      }
+      if (config.deliver != DeliverPolicy::kAll) {
+        return absl::InvalidArgumentError(where + "needs deliver policy all");
+      }
+    }
     for (const auto& c : impl_->consumers) {
       if (c->stream == stream && c->config.name == config.name) {
         return absl::AlreadyExistsError("consumer '" + config.name + "' of stream '" +
                                         config.stream + "' already exists");
+      }
+      if (c->stream == stream && stream->config.retention == RetentionPolicy::kWorkQueue &&
+          (!c->filter || !state->filter || c->filter->Overlaps(*state->filter))) {
+        return absl::InvalidArgumentError(
+            "consumer '" + config.name + "' of work-queue stream '" + config.stream +
+            "': its filter " + QuoteValue(config.filter_subject) +
+            " overlaps the filter " + QuoteValue(c->config.filter_subject) + " of consumer '" +
+            c->config.name + "' (each message of a work queue is for one consumer)");
       }
       if (config.selection != nullptr && c->policy == config.selection) {
         return absl::InvalidArgumentError(

@@ -20,15 +20,24 @@
 namespace inferq {
 namespace engine_internal {
 
-// Message `h` is done for consumer `c` without an ack (dead-lettered, or dropped by
-// drop-oldest): under interest retention the stream stops waiting for this consumer.
-void SettleWithoutAck(ConsumerState& c, StoredMessage& h) {
+// Message `h` is done for consumer `c` (acked, or given up: dead-lettered, dropped by
+// drop-oldest): under interest and work-queue retention the stream stops waiting for
+// this consumer, and removes the message when no other one is waited for. A file
+// work queue records the removal in its acked log (StreamState::AckOut): the tx of
+// that record, or 0 when there is none; its error when it cannot.
+absl::StatusOr<std::uint64_t> RetireOnSettle(ConsumerState& c, StoredMessage& h) {
   StreamState* stream = h.stream;
-  if (c.config.ack == AckPolicy::kExplicit &&
-      stream->config.retention == RetentionPolicy::kInterest &&
-      h.pending_acks.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    stream->Retire(h, kDone);
-  }
+  const RetentionPolicy retention = stream->config.retention;
+  if (c.config.ack != AckPolicy::kExplicit || retention == RetentionPolicy::kLimits) return 0;
+  if (stream->acked_log != nullptr) return stream->AckOut(h.seq);
+  if (h.pending_acks.fetch_sub(1, std::memory_order_acq_rel) == 1) stream->Retire(h, kDone);
+  return 0;
+}
+
+void SettleWithoutAck(ConsumerState& c, StoredMessage& h) {
+  // A failed acked log leaves the message in the work queue (it was dead-lettered or
+  // dropped); the log's failure fails later acks too, which report it.
+  (void)RetireOnSettle(c, h);
 }
 
 }  // namespace engine_internal
@@ -45,6 +54,7 @@ Message::Message(Message&& o) noexcept
       attempt_(o.attempt_),
       prior_(o.prior_),
       ack_tx_(o.ack_tx_),
+      out_tx_(o.out_tx_),
       shadow_(o.shadow_),
       acked_(o.acked_.load(std::memory_order_relaxed)) {}
 Message& Message::operator=(Message&& o) noexcept {
@@ -57,6 +67,7 @@ Message& Message::operator=(Message&& o) noexcept {
   attempt_ = o.attempt_;
   prior_ = o.prior_;
   ack_tx_ = o.ack_tx_;
+  out_tx_ = o.out_tx_;
   shadow_ = o.shadow_;
   acked_.store(o.acked_.load(std::memory_order_relaxed), std::memory_order_relaxed);
   return *this;
@@ -86,12 +97,21 @@ absl::Status Message::Ack() { return Settle(Settlement::kAck, 0, {}); }
 
 absl::Status Message::AckSync() {
   if (absl::Status st = Settle(Settlement::kAck, 0, {}); !st.ok()) return st;
-  if (ack_tx_ == 0) return absl::OkStatus();
-  if (absl::Status st = consumer_->ack_log->Sync(ack_tx_); !st.ok()) {
-    consumer_->FailAckLog(st);
-    return absl::Status(st.code(), "ack of message " + std::to_string(msg_->seq) +
-                                       " by consumer '" + consumer_->config.name +
-                                       "' is not durable: " + std::string(st.message()));
+  if (ack_tx_ != 0) {
+    if (absl::Status st = consumer_->ack_log->Sync(ack_tx_); !st.ok()) {
+      consumer_->FailAckLog(st);
+      return absl::Status(st.code(), "ack of message " + std::to_string(msg_->seq) +
+                                         " by consumer '" + consumer_->config.name +
+                                         "' is not durable: " + std::string(st.message()));
+    }
+  }
+  if (out_tx_ != 0) {  // a file work queue's removal of the message
+    if (absl::Status st = msg_->stream->acked_log->Sync(out_tx_); !st.ok()) {
+      return absl::Status(st.code(), "ack of message " + std::to_string(msg_->seq) +
+                                         " by consumer '" + consumer_->config.name +
+                                         "' is durable, but its removal from the work queue "
+                                         "is not: " + std::string(st.message()));
+    }
   }
   return absl::OkStatus();
 }
@@ -273,11 +293,15 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
   c.counts.acked.fetch_add(1, std::memory_order_relaxed);
   c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
   if (c.config.batch.adaptive) c.batchers[member_]->ObserveRtt(latency);
-  StreamState* stream = msg_->stream;
-  if (stream->config.retention == RetentionPolicy::kInterest &&
-      msg_->pending_acks.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    stream->Retire(*msg_, engine_internal::kDone);
+  absl::StatusOr<std::uint64_t> out = engine_internal::RetireOnSettle(c, *msg_);
+  if (!out.ok()) {
+    return absl::Status(out.status().code(),
+                        "ack of message " + std::to_string(msg_->seq) + " by consumer '" +
+                            cfg.name + "' recorded, but its removal from the work queue was "
+                            "not (it stays in the stream): " +
+                            std::string(out.status().message()));
   }
+  out_tx_ = *out;
   return absl::OkStatus();
 }
 

@@ -36,6 +36,7 @@ absl::StatusOr<std::shared_ptr<const Event>> Engine::GetMessage(std::string_view
         "without max_age or a discard-old limit), so none can be got by sequence");
   }
   std::unique_lock lock(s->mu);
+  s->DrainAcked();
   if (s->log != nullptr) {
     // A file stream's index, in ascending sequence; the event is read back from the
     // log outside the stream's mutex (a copy of the entry: the index may change).
@@ -90,6 +91,16 @@ EngineStats Engine::Stats() const {
   out.codec_conversions = impl_->codec_conversions.load(std::memory_order_relaxed);
   std::lock_guard lock(impl_->config_mu);
   for (const auto& s : impl_->streams) {
+    if (s->keeps_index && s->config.retention != RetentionPolicy::kLimits) {
+      // Acks retire messages without the stream's mutex; when it is free, take them
+      // out of the front (first_seq) and, for a file work queue, out of the index
+      // (the counts). Never waits: a publisher blocked on a full lane holds it.
+      std::unique_lock lock(s->mu, std::try_to_lock);
+      if (lock.owns_lock()) {
+        s->DrainAcked();
+        s->TrimFront(impl_->clock->NowNanos());
+      }
+    }
     StreamStats st;
     st.name = s->config.name;
     st.messages = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->LiveMsgs()));

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <memory>
 #include <mutex>
@@ -92,6 +93,10 @@ struct SubjectSeqs {
   }
 };
 
+// Why a message leaves a stream from the middle, for the counts it goes to:
+// StreamStats::discarded, purged, acked_out.
+enum class Removal { kLimit, kPurge, kAck };
+
 // Engine::PurgeStream's request, checked (InvalidArgument otherwise): `filter` empty
 // or a parsed pattern; at most one of `sequence` and `keep` set.
 struct Purge {
@@ -101,6 +106,9 @@ struct Purge {
   // kFile: the stream's last sequence when the purge was made; a replay at recovery
   // applies it to the messages up to there only.
   std::uint64_t last_seq = 0;
+  // kFile work queue: the last record of the acked log when the purge was made; a
+  // replay applies the acks up to it first.
+  std::uint64_t acks_tx = 0;
 };
 
 struct StreamState {
@@ -155,6 +163,19 @@ struct StreamState {
   // replayed purge filters by subject or max_msgs_per_subject needs them; cleared
   // by FinishRecovery. And the purges not yet replayed (from `purges`), and the
   // last sequence whose msg_id the purges file's duplicate-window snapshot covers.
+  // kFile work queue: the acked log (<directory>/acked): one record per message a
+  // consumer's ack removed, its value the sequence (8 bytes, little-endian).
+  // Appended under removed_mu (AckOut), so that its last tx and what DrainAcked
+  // takes agree.
+  std::unique_ptr<StreamLog> acked_log;
+  std::vector<std::uint64_t> acked_pending;  // guarded by removed_mu: for DrainAcked
+  std::atomic<bool> has_acked_pending{false};
+  // Per acked-log record, oldest first: (tx, the largest sequence of the records up
+  // to it), to retire its segments. Guarded by removed_mu.
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> acked_max;
+  // Recovery: the acked log's records (tx, seq), applied in step with the purges.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> recovery_acked;
+  std::size_t recovery_next_acked = 0;
   bool recovering = false;  // kFile: from AddStream's log Open to FinishRecovery
   bool purges_loaded = false;  // kFile: LoadPurges ran (at the first record, or at the end)
   std::vector<std::string> recovery_subjects;
@@ -256,14 +277,17 @@ struct StreamState {
     return true;
   }
 
-  // kFile: takes the message of index entry `e` (being removed by a limit, max_age
-  // or, with `purge`, a purge) out of the live counts. The stream is the only one
-  // that retires a file stream's messages, under mu. Requires mu.
-  void RetireEntry(const IndexEntry& e, bool purge = false) {
+  // kFile: takes the message of index entry `e` (being removed by a limit, max_age,
+  // a purge or a work queue's ack, as `why` says) out of the live counts. The stream
+  // is the only one that retires a file stream's messages, under mu. Requires mu.
+  void RetireEntry(const IndexEntry& e, Removal why = Removal::kLimit) {
     if (e.removed != 0) return;  // out of the counts already
     retired.msgs.fetch_add(1, std::memory_order_release);  // pairs with LiveMsgs
     retired.bytes.fetch_add(static_cast<std::int64_t>(e.bytes), std::memory_order_release);
-    (purge ? retired.purged : retired.discarded).fetch_add(1, std::memory_order_relaxed);
+    (why == Removal::kPurge ? retired.purged
+     : why == Removal::kAck ? retired.acked_out
+                            : retired.discarded)
+        .fetch_add(1, std::memory_order_relaxed);
   }
   // kFile: drops the front entry of the index, counting it out unless it was
   // removed already. Requires mu.
@@ -319,7 +343,7 @@ struct StreamState {
   // (BENCHMARKS.md, fourth round). The live counts and discard new's refusals do not
   // read `messages` (invariant 3).
   static bool KeepsIndex(const StreamConfig& config) {
-    if (config.retention == RetentionPolicy::kLimits) return true;
+    if (config.retention != RetentionPolicy::kInterest) return true;  // limits, work queue
     if (config.max_msgs_per_subject > 0) return true;
     if (config.max_age > absl::ZeroDuration()) return true;
     return config.discard == DiscardPolicy::kOld && (config.max_msgs > 0 || config.max_bytes > 0);
@@ -393,9 +417,22 @@ struct StreamState {
   }
 
   // Removes the message stored as `seq` from wherever it is in the stream (a purge,
-  // with `purge`, or max_msgs_per_subject); false when the stream does not hold it
-  // (never stored, or removed already). Call AfterRemovals once done. Requires mu.
-  bool RemoveSeq(std::uint64_t seq, bool purge);
+  // max_msgs_per_subject, a file work queue's ack: `why`); false when the stream does
+  // not hold it (never stored, or removed already). Call AfterRemovals once done.
+  // Requires mu.
+  bool RemoveSeq(std::uint64_t seq, Removal why);
+  // kFile work queue: message `seq` was acked (or given up) by its consumer: records
+  // it in the acked log (written to the OS; its tx is returned for AckSync), makes
+  // deliveries skip it at once (removed_seqs) and leaves it for DrainAcked to take
+  // out of the index. The acked log's error (naming the stream) when it cannot.
+  // Any thread; takes removed_mu, never mu (an acking member must not wait for a
+  // publisher blocked on a full lane).
+  absl::StatusOr<std::uint64_t> AckOut(std::uint64_t seq);
+  // kFile work queue: takes the messages AckOut removed out of the index and the
+  // counts, and retires the acked log's segments that speak only of messages no
+  // longer in the stream's log; *acks_tx (when given) gets the acked log's last
+  // record, every ack up to which is drained. Requires mu.
+  void DrainAcked(std::uint64_t* acks_tx = nullptr);
   // After RemoveSeq: drops removed entries from the front (first_seq, first_kept)
   // and compacts the index when removed entries outnumber the rest. Requires mu.
   void AfterRemovals();
@@ -441,6 +478,12 @@ struct StreamState {
   // purge replayed on the messages recovered so far.
   bool NeedsRecoverySubjects() const;
   absl::Status ReplayPurge(const Purge& p);
+  // kFile recovery: removes the acked log's messages of its records up to
+  // `up_to_tx` not yet replayed.
+  void ReplayAcked(std::uint64_t up_to_tx);
+  // kFile work queue recovery: opens <directory>/acked (its records into
+  // recovery_acked). Its errors, naming the stream and the log.
+  absl::Status OpenAckedLog();
 
   // The stream store's admit call, at `now` for an event of `bytes`
   // (Event::StoredSize): trims the front (max_age), then finds a duplicate (when
@@ -451,6 +494,8 @@ struct StreamState {
   // of PublishToStream when they were only `inline`.
   [[gnu::always_inline]] Admission Admit(const Event& incoming, std::uint64_t bytes,
                                          std::int64_t now, bool check_duplicates) {
+    // relaxed: a stale false leaves the drain to the next publish or timer run.
+    if (has_acked_pending.load(std::memory_order_relaxed)) DrainAcked();
     TrimFront(now);
     CompactIfSparse();
     Admission a;
@@ -521,7 +566,8 @@ struct StreamState {
     if (log != nullptr) {  // kFile: limits retention only (StreamConfig::Validate)
       index.push_back(IndexEntry::Of(record->seq, now, bytes, appended_at));
     } else if (config.retention == RetentionPolicy::kInterest && explicit_acks == 0) {
-      // Nobody will ack it: under interest retention it is done once queued.
+      // Nobody will ack it: under interest retention it is done once queued. (A work
+      // queue keeps it until a consumer takes it.)
       Retire(*record, kDone);
     } else if (keeps_index) {
       if (messages.empty()) first_seq.store(record->seq, std::memory_order_relaxed);

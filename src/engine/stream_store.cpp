@@ -22,7 +22,8 @@
 // The purges file ("purges" in the stream's directory) keeps what Engine::PurgeStream
 // removed from a file stream, since its records stay in the log until their segment
 // goes: text lines, "inferq-stream-purges 1", then one "purge <last_seq> <sequence>
-// <keep> <filter or ->" per purge still needed, oldest first, then one "dedup <seq>
+// <keep> <filter or -> <acks_tx>" per purge still needed, oldest first (acks_tx: a
+// work queue's acked log's last record when it was made, 0 for other streams), then one "dedup <seq>
 // <wall ns> <msg_id in hex>" per id of the duplicate window when it was written (so
 // that the window survives a purge and a restart: nats-server#3272 lost it), then
 // "end <XXH3-64 of everything before, hex>". It is replaced atomically on each purge.
@@ -230,9 +231,11 @@ absl::Status StreamState::RecoverOne(std::uint64_t tx, const StreamLog::Location
                                QuoteValue(config.directory) + " record " + std::to_string(tx) +
                                ": " + (r.why.empty() ? "holds sequence " + std::to_string(r.seq) : r.why));
   }
-  // The purges file, once the log holds the directory's lock (it replays records).
+  // The purges file and the acked log, once the log holds the directory's lock (it
+  // replays records).
   if (!purges_loaded) {
     if (absl::Status st = LoadPurges(now_ns, wall_now_ns); !st.ok()) return st;
+    if (absl::Status st = OpenAckedLog(); !st.ok()) return st;
   }
   // The purges made before this message was stored apply to what came before it.
   while (recovery_next_purge < purges.size() && purges[recovery_next_purge].last_seq < r.seq) {
@@ -286,13 +289,22 @@ bool StreamState::NeedsRecoverySubjects() const {
   return false;
 }
 
+void StreamState::ReplayAcked(std::uint64_t up_to_tx) {
+  for (; recovery_next_acked < recovery_acked.size() &&
+         recovery_acked[recovery_next_acked].first <= up_to_tx;
+       ++recovery_next_acked) {
+    RemoveSeq(recovery_acked[recovery_next_acked].second, Removal::kAck);
+  }
+}
+
 absl::Status StreamState::ReplayPurge(const Purge& p) {
+  ReplayAcked(p.acks_tx);
   absl::StatusOr<std::vector<std::uint64_t>> victims =
       PurgeVictims(p, [&](std::size_t i, std::uint64_t) -> absl::StatusOr<std::string> {
         return recovery_subjects[i];
       });
   if (!victims.ok()) return victims.status();
-  for (std::uint64_t seq : *victims) RemoveSeq(seq, true);
+  for (std::uint64_t seq : *victims) RemoveSeq(seq, Removal::kPurge);
   return absl::OkStatus();
 }
 
@@ -326,12 +338,15 @@ absl::StatusOr<Handle> StreamState::LoadFromLog(const IndexEntry& e) const {
 absl::Status StreamState::FinishRecovery(std::int64_t now_ns, std::int64_t wall_now_ns) {
   if (!purges_loaded) {  // a log without records
     if (absl::Status st = LoadPurges(now_ns, wall_now_ns); !st.ok()) return st;
+    if (absl::Status st = OpenAckedLog(); !st.ok()) return st;
   }
   // The purges made after the last record still in the log.
   for (; recovery_next_purge < purges.size(); ++recovery_next_purge) {
     if (absl::Status st = ReplayPurge(purges[recovery_next_purge]); !st.ok()) return st;
     next_seq = std::max(next_seq, purges[recovery_next_purge].last_seq + 1);
   }
+  ReplayAcked(UINT64_MAX);  // the acks made after the last purge
+  recovery_acked = {};
   recovery_subjects = {};
   recovering = false;
   if (log->last_tx() >= next_seq) next_seq = log->last_tx() + 1;
@@ -350,6 +365,90 @@ absl::Status StreamState::FinishRecovery(std::int64_t now_ns, std::int64_t wall_
   AfterRemovals();
   RetireLog();
   return absl::OkStatus();
+}
+
+// ---- A file work queue's acked log. ----
+
+absl::Status StreamState::OpenAckedLog() {
+  if (config.retention != RetentionPolicy::kWorkQueue) return absl::OkStatus();
+  StreamLogOptions lo;
+  lo.dir = config.directory + "/acked";
+  lo.sync = config.sync;
+  lo.group_commit_window = config.sync_window;
+  lo.segment_bytes = std::min<std::uint64_t>(config.segment_bytes, std::uint64_t{4} << 20);
+  lo.file_system = fs;
+  std::uint64_t max_seq = 0;
+  absl::StatusOr<std::unique_ptr<StreamLog>> opened =
+      StreamLog::Open(lo, [&](const StreamLog::Entry& e) -> absl::Status {
+        if (e.value.size() != 8) {
+          return absl::DataLossError("stream '" + config.name + "': acked log " +
+                                     QuoteValue(lo.dir) + " record " + std::to_string(e.tx) +
+                                     " holds " + std::to_string(e.value.size()) +
+                                     " bytes, not a sequence");
+        }
+        const std::uint64_t seq = GetU64(e.value, 0);
+        recovery_acked.emplace_back(e.tx, seq);
+        max_seq = std::max(max_seq, seq);
+        acked_max.emplace_back(e.tx, max_seq);
+        return absl::OkStatus();
+      });
+  if (!opened.ok()) {
+    std::string msg(opened.status().message());
+    if (msg.rfind("stream '", 0) != 0) {
+      msg = "stream '" + config.name + "': acked log " + QuoteValue(lo.dir) + ": " + msg;
+    }
+    return absl::Status(opened.status().code(), std::move(msg));
+  }
+  acked_log = *std::move(opened);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::uint64_t> StreamState::AckOut(std::uint64_t seq) {
+  std::string value;
+  PutU64(value, seq);
+  std::lock_guard lock(removed_mu);
+  absl::StatusOr<StreamLog::Entry> e = acked_log->Append(value);
+  if (!e.ok()) {
+    return absl::Status(e.status().code(), "stream '" + config.name + "': acked log " +
+                                               QuoteValue(acked_log->dir()) + ": " +
+                                               std::string(e.status().message()));
+  }
+  removed_seqs.insert(seq);
+  // release: a delivery that sees the count sees the set (Discarded).
+  removed_count.store(removed_seqs.size(), std::memory_order_release);
+  acked_pending.push_back(seq);
+  acked_max.emplace_back(e->tx, std::max(seq, acked_max.empty() ? 0 : acked_max.back().second));
+  has_acked_pending.store(true, std::memory_order_relaxed);
+  return e->tx;
+}
+
+void StreamState::DrainAcked(std::uint64_t* acks_tx) {
+  if (acked_log == nullptr) return;
+  std::vector<std::uint64_t> taken;
+  {
+    std::lock_guard lock(removed_mu);
+    taken.swap(acked_pending);
+    has_acked_pending.store(false, std::memory_order_relaxed);
+    if (acks_tx != nullptr) *acks_tx = acked_log->last_tx();
+  }
+  if (taken.empty()) return;
+  for (std::uint64_t seq : taken) RemoveSeq(seq, Removal::kAck);
+  AfterRemovals();
+  RetireLog();
+  // The acked log's records that speak only of messages below the stream log's
+  // first record are needed no more (a restart cannot recover those messages).
+  const std::uint64_t log_first = log->Stats().first_tx;
+  const std::uint64_t first = log_first != 0 ? log_first : next_seq;
+  std::uint64_t retire_below = 0;
+  {
+    std::lock_guard lock(removed_mu);
+    while (!acked_max.empty() && acked_max.front().second < first) {
+      retire_below = acked_max.front().first + 1;
+      acked_max.pop_front();
+    }
+  }
+  // A failed removal leaves the segment for the next call.
+  if (retire_below != 0) (void)acked_log->RetireBefore(retire_below);
 }
 
 // ---- Removal from the middle: purges, max_msgs_per_subject, UpdateStream. ----
@@ -374,12 +473,12 @@ std::size_t LowerBound(const Q& q, std::uint64_t seq, SeqOf seq_of) {
 
 }  // namespace
 
-bool StreamState::RemoveSeq(std::uint64_t seq, bool purge) {
+bool StreamState::RemoveSeq(std::uint64_t seq, Removal why) {
   if (is_file()) {
     const std::size_t i = LowerBound(index, seq, [](const IndexEntry& e) { return e.seq; });
     if (i == index.size() || index.at(i).seq != seq || index.at(i).removed != 0) return false;
     IndexEntry& e = index.at(i);
-    RetireEntry(e, purge);
+    RetireEntry(e, why);
     e.removed = 1;
     ++removed_in_index;
     std::lock_guard lock(removed_mu);
@@ -390,7 +489,7 @@ bool StreamState::RemoveSeq(std::uint64_t seq, bool purge) {
   }
   const std::size_t i = LowerBound(messages, seq, [](const Handle& h) { return h->seq; });
   if (i == messages.size() || messages.at(i)->seq != seq) return false;
-  return Retire(*messages.at(i), kDiscarded, purge);
+  return Retire(*messages.at(i), kDiscarded, why == Removal::kPurge);
 }
 
 void StreamState::AfterRemovals() {
@@ -443,7 +542,7 @@ void StreamState::LimitSubject(std::string_view subject, std::uint64_t seq) {
   const auto limit = static_cast<std::size_t>(config.max_msgs_per_subject);
   bool removed = false;
   while (seqs.size() > limit) {
-    removed |= RemoveSeq(seqs.front(), false);
+    removed |= RemoveSeq(seqs.front(), Removal::kLimit);
     seqs.pop_front();
   }
   if (removed && !recovering) AfterRemovals();
@@ -498,7 +597,8 @@ absl::Status StreamState::WritePurges(const std::vector<Purge>& list, std::int64
   text.push_back('\n');
   for (const Purge& p : list) {
     text += "purge " + std::to_string(p.last_seq) + " " + std::to_string(p.sequence) + " " +
-            std::to_string(p.keep) + " " + (p.filter ? p.filter->text() : std::string("-")) + "\n";
+            std::to_string(p.keep) + " " + (p.filter ? p.filter->text() : std::string("-")) +
+            " " + std::to_string(p.acks_tx) + "\n";
   }
   if (dedup != nullptr) {
     const std::int64_t wall_now = absl::ToUnixNanos(absl::Now());
@@ -576,10 +676,11 @@ absl::Status StreamState::LoadPurges(std::int64_t now_ns, std::int64_t wall_now_
       continue;
     }
     std::vector<absl::string_view> f = absl::StrSplit(absl::string_view(line.data(), line.size()), ' ');
-    if (f[0] == "purge" && f.size() == 5) {
+    if (f[0] == "purge" && f.size() == 6) {
       Purge p;
       if (!absl::SimpleAtoi(f[1], &p.last_seq) || !absl::SimpleAtoi(f[2], &p.sequence) ||
-          !absl::SimpleAtoi(f[3], &p.keep) || (p.sequence != 0 && p.keep != 0)) {
+          !absl::SimpleAtoi(f[3], &p.keep) || !absl::SimpleAtoi(f[5], &p.acks_tx) ||
+          (p.sequence != 0 && p.keep != 0)) {
         return bad();
       }
       if (f[4] != "-") {

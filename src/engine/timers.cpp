@@ -167,7 +167,12 @@ void Engine::RunTimers() {
     for (auto& s : impl_->streams) {
       // max_age_ns, not config.max_age: UpdateStream changes it under the stream's
       // mutex, not config_mu.
-      if (s->max_age_ns.load(std::memory_order_relaxed) > 0) aging.push_back(s.get());
+      // A file work queue's acks are taken out of its index here too when it is not
+      // written.
+      if (s->max_age_ns.load(std::memory_order_relaxed) > 0 ||
+          s->has_acked_pending.load(std::memory_order_relaxed)) {
+        aging.push_back(s.get());
+      }
     }
   }
   // 0. max_age: messages older than it go, whether or not the stream is written.
@@ -176,6 +181,7 @@ void Engine::RunTimers() {
   for (engine_internal::StreamState* s : aging) {
     std::unique_lock lock(s->mu, std::try_to_lock);
     if (!lock.owns_lock()) continue;
+    s->DrainAcked();
     s->TrimFront(impl_->clock->NowNanos());
     if (s->log != nullptr) s->RetireLog();
   }

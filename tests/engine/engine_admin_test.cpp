@@ -292,7 +292,7 @@ TEST_CASE("a damaged purges file fails the stream's recovery by name") {
     std::ifstream in(d / "purges");
     text.assign(std::istreambuf_iterator<char>(in), {});
   }
-  REQUIRE(text.rfind("inferq-stream-purges 1\npurge 6 0 0 s.a\n", 0) == 0);
+  REQUIRE(text.rfind("inferq-stream-purges 1\npurge 6 0 0 s.a 0\n", 0) == 0);
   SECTION("a changed byte") { text[text.find("s.a")] = 't'; }
   SECTION("cut short") { text.resize(text.size() - 5); }
   {
@@ -469,4 +469,186 @@ TEST_CASE("UpdateStream refuses changes it cannot make by name and changes nothi
   REQUIRE(st.code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(Msg(st), Catch::StartsWith("stream 'I': under interest retention this update "
                                         "would make the stream start keeping an index"));
+}
+
+// ---- Work-queue retention (RetentionPolicy::kWorkQueue). ----
+
+namespace {
+
+StreamConfig WorkQueue(const std::string& dir) {
+  StreamConfig s = dir.empty() ? Memory() : File(dir);
+  s.retention = RetentionPolicy::kWorkQueue;
+  return s;
+}
+
+ConsumerConfig Worker(std::string name, std::string filter = "") {
+  return {.stream = "S",
+          .name = std::move(name),
+          .filter_subject = std::move(filter),
+          .deliver = DeliverPolicy::kAll};
+}
+
+// Pulls what member 0 has now; acks those whose subject is not `keep`.
+Held Work(Consumer& c, const std::string& keep = "") {
+  Held got;
+  for (;;) {
+    absl::StatusOr<Message> m = c.member(0)->Next(absl::Milliseconds(50));
+    if (!m.ok()) break;
+    got.emplace_back(m->stream_seq(), m->event().subject);
+    if (m->event().subject != keep) REQUIRE(m->Ack().ok());
+  }
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("a work queue keeps a message until its consumer acks it") {
+  TempDir d;
+  const bool file = GENERATE(false, true);
+  INFO((file ? "file" : "memory"));
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(WorkQueue(file ? d.path() : "")).ok());
+  PublishSix(*engine);  // nobody consumes yet: every message waits
+  CHECK(SS(*engine, "S").messages == 6);
+  auto a = *engine->AddConsumer(Worker("a", "s.a"));
+  auto rest = *engine->AddConsumer(Worker("rest", "s.*.>"));  // matches none of the six
+  CHECK(Work(a) == Held{{1, "s.a"}, {3, "s.a"}, {6, "s.a"}});
+  CHECK(Work(rest).empty());
+  CHECK(HeldBy(*engine, "S") == Held{{2, "s.b"}, {4, "s.c"}, {5, "s.b"}});
+  auto bc = *engine->AddConsumer(Worker("bc", "s.b"));
+  CHECK(Work(bc, "s.b") == Held{{2, "s.b"}, {5, "s.b"}});  // not acked: they stay
+  auto c = *engine->AddConsumer(Worker("c", "s.c"));
+  CHECK(Work(c) == Held{{4, "s.c"}});
+  CHECK(HeldBy(*engine, "S") == Held{{2, "s.b"}, {5, "s.b"}});
+  CHECK(SS(*engine, "S").acked_out == 4);
+  CHECK(SS(*engine, "S").first_seq == 2);
+}
+
+TEST_CASE("work-queue consumers must ack explicitly, start with all and not overlap") {
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(WorkQueue("")).ok());
+  REQUIRE(engine->AddConsumer(Worker("a", "s.a")).ok());
+  ConsumerConfig c = Worker("b", "s.b");
+  c.ack = AckPolicy::kNone;
+  absl::StatusOr<Consumer> r = engine->AddConsumer(c);
+  REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(r.status()) == "consumer 'b' of work-queue stream 'S': needs ack policy explicit");
+  c = Worker("b", "s.b");
+  c.deliver = DeliverPolicy::kNew;
+  r = engine->AddConsumer(c);
+  REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(r.status()) == "consumer 'b' of work-queue stream 'S': needs deliver policy all");
+  for (const char* filter : {"s.>", "s.*", "", "s.a"}) {
+    INFO(filter);
+    r = engine->AddConsumer(Worker("b", filter));
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Msg(r.status()) == "consumer 'b' of work-queue stream 'S': its filter '" +
+                                 std::string(filter) +
+                                 "' overlaps the filter 's.a' of consumer 'a' (each message "
+                                 "of a work queue is for one consumer)");
+  }
+  CHECK(engine->AddConsumer(Worker("b", "s.b")).ok());
+  CHECK(engine->Stats().consumers.size() == 2);
+}
+
+TEST_CASE("a work queue removes a message that its consumer gives up on") {
+  TempDir d;
+  const bool file = GENERATE(false, true);
+  INFO((file ? "file" : "memory"));
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(WorkQueue(file ? d.path() : "")).ok());
+  REQUIRE(engine->AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
+  ConsumerConfig w = Worker("w");
+  w.max_deliver = 2;
+  w.dead_letter_subject = "dead.s";
+  auto c = *engine->AddConsumer(w);
+  REQUIRE(engine->Publish(Ev("s.a", "m1")).ok());
+  REQUIRE(engine->Publish(Ev("s.b", "m2")).ok());
+  for (int i = 0; i < 2; ++i) {  // m1 fails twice, m2 is acked at once
+    absl::StatusOr<Message> m = c.member(0)->Next(absl::Seconds(5));
+    REQUIRE(m.ok());
+    if (m->event().msg_id == "m2") {
+      REQUIRE(m->Ack().ok());
+      m = c.member(0)->Next(absl::Seconds(5));
+      REQUIRE(m.ok());
+    }
+    REQUIRE(m->event().msg_id == "m1");
+    REQUIRE(m->Nak().ok());
+  }
+  CHECK(HeldBy(*engine, "S").empty());
+  CHECK(SS(*engine, "S").acked_out == 2);
+  CHECK(SS(*engine, "DLQ").messages == 1);
+}
+
+TEST_CASE("a file work queue's acks survive a restart, whichever consumer comes first") {
+  TempDir d;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(WorkQueue(d.path())).ok());
+    auto w = *engine->AddConsumer(Worker("w"));
+    PublishSix(*engine);
+    CHECK(Work(w, "s.b").size() == 6);  // acks all but s.b (2, 5)
+  }
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(WorkQueue(d.path())).ok());
+  CHECK(HeldBy(*engine, "S") == Held{{2, "s.b"}, {5, "s.b"}});
+  CHECK(SS(*engine, "S").messages == 2);
+  CHECK(SS(*engine, "S").first_seq == 2);
+  // A consumer of another name (the old one's ack log is not read) gets only those.
+  auto other = *engine->AddConsumer(Worker("other"));
+  CHECK(Work(other) == Held{{2, "s.b"}, {5, "s.b"}});
+  CHECK(HeldBy(*engine, "S").empty());
+}
+
+TEST_CASE("a file work queue replays its acks and purges in the order they were made") {
+  TempDir d;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(WorkQueue(d.path())).ok());
+    PublishSix(*engine);  // s.a at 1, 3, 6
+    auto w = *engine->AddConsumer(Worker("w", "s.a"));
+    // Acks 1 and 3, holds 6 unacked.
+    absl::StatusOr<Message> m1 = w.member(0)->Next(absl::Seconds(5));
+    REQUIRE(m1.ok());
+    REQUIRE(m1->stream_seq() == 1);
+    // Keep the newest s.a: 6 stays, 1 and 3 go (1 is still unacked).
+    REQUIRE(*engine->PurgeStream("S", {.subject = "s.a", .keep = 1}) == 2);
+    // 6 is acked after the purge: at recovery, keep 1 of s.a must not bring 3 back.
+    REQUIRE(m1->Ack().ok());
+    for (;;) {
+      absl::StatusOr<Message> m = w.member(0)->Next(absl::Milliseconds(50));
+      if (!m.ok()) break;
+      REQUIRE(m->stream_seq() == 6);  // 3 was purged while queued: skipped
+      REQUIRE(m->AckSync().ok());
+    }
+  }
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(WorkQueue(d.path())).ok());
+  CHECK(HeldBy(*engine, "S") == Held{{2, "s.b"}, {4, "s.c"}, {5, "s.b"}});
+}
+
+TEST_CASE("a file work queue retires its acked log as the stream's log moves on") {
+  TempDir d;
+  StreamConfig s = WorkQueue(d.path());
+  s.segment_bytes = 4096;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  auto w = *engine->AddConsumer(Worker("w"));
+  for (int round = 0; round < 20; ++round) {
+    for (int i = 0; i < 50; ++i) {
+      Event e = Ev("s.x");
+      e.payload = Buffer::FromString(std::string(100, 'p'));
+      REQUIRE(engine->Publish(std::move(e)).ok());
+    }
+    REQUIRE(Work(w).size() == 50);
+  }
+  REQUIRE(engine->Publish(Ev("s.x")).ok());  // drains the last acks
+  CHECK(SS(*engine, "S").messages == 1);
+  CHECK(SS(*engine, "S").acked_out == 1000);
+  int segments = 0;
+  for (const auto& f : std::filesystem::directory_iterator(d / "acked")) {
+    if (f.path().extension() == ".seg") ++segments;
+  }
+  // 1000 acks fill about 15 segments of 4 KiB; all but the last few are retired.
+  CHECK(segments <= 3);
 }

@@ -299,8 +299,8 @@ TEST_CASE("file stream configurations the engine cannot honour are refused") {
   SECTION("interest retention") {
     s.retention = RetentionPolicy::kInterest;
     CHECK(Msg(engine->AddStream(s)) ==
-          "stream 'REQ': storage file supports retention limits only (interest retention "
-          "needs durable acks)");
+          "stream 'REQ': storage file supports retention limits and work queue only "
+          "(interest retention needs the acks of every consumer kept per message)");
   }
   SECTION("a directory on a memory stream") {
     s.storage = StorageType::kMemory;

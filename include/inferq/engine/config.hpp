@@ -40,7 +40,7 @@
 namespace inferq {
 
 enum class DiscardPolicy { kOld, kNew };
-enum class RetentionPolicy { kLimits, kInterest };
+enum class RetentionPolicy { kLimits, kInterest, kWorkQueue };
 enum class AckPolicy { kExplicit, kNone };
 // Where a stream keeps its messages. kMemory: in the process only. kFile: also in a
 // segmented log in StreamConfig::directory (state/stream_log.hpp: the Delta-State
@@ -100,6 +100,14 @@ struct StreamConfig {
   // queued); its memory goes when the last delivery ends (the last Message is
   // destroyed), except that a stream with max_age, or with max_msgs or max_bytes
   // under discard old, frees it only when a later publish trims it from the front.
+  // kWorkQueue (JetStream's WorkQueuePolicy) keeps a message until the one consumer
+  // whose filter matches it acks it (or gives it up: a dead letter, drop-oldest),
+  // and keeps a message no consumer matches until one is added: each consumer of a
+  // work queue must ack explicitly, start with DeliverPolicy::kAll, and have a
+  // filter no other consumer's overlaps (AddConsumer refuses it otherwise). A file
+  // stream records each ack that removes a message in <directory>/acked (a log of
+  // its own, under the stream's sync policy), so an acked message never comes back
+  // after a restart, whichever consumer is added first.
   RetentionPolicy retention = RetentionPolicy::kLimits;
   // Duplicate window (JetStream's): a publish whose Event::msg_id (exact bytes) this
   // stream accepted less than this long ago is acknowledged with the original
@@ -128,8 +136,8 @@ struct StreamConfig {
   // (FailedPrecondition naming the holder's pid), and in one engine it may not
   // hold or lie in another file stream's (InvalidArgument naming both: a stream's
   // durable consumers keep their ack logs in <directory>/consumers/<name>). kFile
-  // needs retention kLimits (InvalidArgument otherwise: a retention that follows
-  // acks is not yet kept across restarts). Memory: a file stream keeps 48 bytes per
+  // needs retention kLimits or kWorkQueue (InvalidArgument for kInterest, whose
+  // acks of several consumers per message are not yet kept across restarts). Memory: a file stream keeps 48 bytes per
   // stored message (sequence, publish time, size, place in the log), not its event;
   // the events are in memory only while deliveries hold them, and a consumer's start
   // and Engine::GetMessage read them back from the log. Recovery reads each full

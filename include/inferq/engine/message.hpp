@@ -144,6 +144,7 @@ class Message {
   std::uint32_t attempt_ = 0;
   std::uint32_t prior_ = 0;     // deliveries before a restart (durable consumers)
   std::uint64_t ack_tx_ = 0;    // the ack's record in the consumer's ack log (AckSync)
+  std::uint64_t out_tx_ = 0;    // a file work queue's record of the removal (AckSync)
   bool shadow_ = false;
   // Set by the one settle that wins (an exchange), so that two threads settling the
   // same delivery cannot both succeed.

@@ -68,7 +68,11 @@ absl::Status Engine::UpdateStream(const StreamConfig& config) {
   }
   {
     std::lock_guard lock(s->mu);
-    s->DrainAcked();
+    s->DrainRemoved();
+    if (s->is_file() && config.max_msgs_per_subject > 0) {
+      // Its removals are recorded from now on (a restart must not bring them back).
+      if (absl::Status st = s->OpenRemovedLog(/*force=*/true); !st.ok()) return st;
+    }
     const bool rebuild = config.max_msgs_per_subject > 0 &&
                          config.max_msgs_per_subject != s->config.max_msgs_per_subject;
     std::vector<std::pair<std::string, std::uint64_t>> held;
@@ -130,7 +134,7 @@ absl::StatusOr<std::uint64_t> Engine::PurgeStream(std::string_view stream,
         "purged");
   }
   std::lock_guard lock(s->mu);
-  s->DrainAcked(&p.acks_tx);  // the acks so far count before the purge, at recovery too
+  s->DrainRemoved(&p.removed_tx);  // the acks so far count before the purge, at recovery too
   p.last_seq = s->next_seq - 1;
   absl::StatusOr<std::vector<std::uint64_t>> victims = s->PurgeVictims(
       p, [&](std::size_t i, std::uint64_t) -> absl::StatusOr<std::string> {

@@ -64,7 +64,7 @@ void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d, bool evicted = f
 void SettleWithoutAck(ConsumerState& c, StoredMessage& h);
 // An explicit-ack consumer is done with `h` (its ack, or SettleWithoutAck): interest
 // and work-queue retention stop waiting for it; a file work queue records the
-// removal (the acked log's tx, for AckSync; 0 when nothing was recorded).
+// removal (the removed log's tx, for AckSync; 0 when nothing was recorded).
 absl::StatusOr<std::uint64_t> RetireOnSettle(ConsumerState& c, StoredMessage& h);
 
 // Gives message `h` up after delivery `attempt`: a copy goes to the consumer's

@@ -23,19 +23,19 @@ namespace engine_internal {
 // Message `h` is done for consumer `c` (acked, or given up: dead-lettered, dropped by
 // drop-oldest): under interest and work-queue retention the stream stops waiting for
 // this consumer, and removes the message when no other one is waited for. A file
-// work queue records the removal in its acked log (StreamState::AckOut): the tx of
+// work queue records the removal in its removed log (StreamState::AckOut): the tx of
 // that record, or 0 when there is none; its error when it cannot.
 absl::StatusOr<std::uint64_t> RetireOnSettle(ConsumerState& c, StoredMessage& h) {
   StreamState* stream = h.stream;
   const RetentionPolicy retention = stream->config.retention;
   if (c.config.ack != AckPolicy::kExplicit || retention == RetentionPolicy::kLimits) return 0;
-  if (stream->acked_log != nullptr) return stream->AckOut(h.seq);
+  if (stream->removed_log != nullptr) return stream->AckOut(h.seq);
   if (h.pending_acks.fetch_sub(1, std::memory_order_acq_rel) == 1) stream->Retire(h, kDone);
   return 0;
 }
 
 void SettleWithoutAck(ConsumerState& c, StoredMessage& h) {
-  // A failed acked log leaves the message in the work queue (it was dead-lettered or
+  // A failed removed log leaves the message in the work queue (it was dead-lettered or
   // dropped); the log's failure fails later acks too, which report it.
   (void)RetireOnSettle(c, h);
 }
@@ -106,7 +106,7 @@ absl::Status Message::AckSync() {
     }
   }
   if (out_tx_ != 0) {  // a file work queue's removal of the message
-    if (absl::Status st = msg_->stream->acked_log->Sync(out_tx_); !st.ok()) {
+    if (absl::Status st = msg_->stream->removed_log->Sync(out_tx_); !st.ok()) {
       return absl::Status(st.code(), "ack of message " + std::to_string(msg_->seq) +
                                          " by consumer '" + consumer_->config.name +
                                          "' is durable, but its removal from the work queue "

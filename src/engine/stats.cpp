@@ -36,7 +36,7 @@ absl::StatusOr<std::shared_ptr<const Event>> Engine::GetMessage(std::string_view
         "without max_age or a discard-old limit), so none can be got by sequence");
   }
   std::unique_lock lock(s->mu);
-  s->DrainAcked();
+  s->DrainRemoved();
   if (s->log != nullptr) {
     // A file stream's index, in ascending sequence; the event is read back from the
     // log outside the stream's mutex (a copy of the entry: the index may change).
@@ -97,7 +97,7 @@ EngineStats Engine::Stats() const {
       // (the counts). Never waits: a publisher blocked on a full lane holds it.
       std::unique_lock lock(s->mu, std::try_to_lock);
       if (lock.owns_lock()) {
-        s->DrainAcked();
+        s->DrainRemoved();
         s->TrimFront(impl_->clock->NowNanos());
       }
     }

@@ -106,9 +106,9 @@ struct Purge {
   // kFile: the stream's last sequence when the purge was made; a replay at recovery
   // applies it to the messages up to there only.
   std::uint64_t last_seq = 0;
-  // kFile work queue: the last record of the acked log when the purge was made; a
+  // kFile work queue: the last record of the removed log when the purge was made; a
   // replay applies the acks up to it first.
-  std::uint64_t acks_tx = 0;
+  std::uint64_t removed_tx = 0;
 };
 
 struct StreamState {
@@ -163,19 +163,25 @@ struct StreamState {
   // replayed purge filters by subject or max_msgs_per_subject needs them; cleared
   // by FinishRecovery. And the purges not yet replayed (from `purges`), and the
   // last sequence whose msg_id the purges file's duplicate-window snapshot covers.
-  // kFile work queue: the acked log (<directory>/acked): one record per message a
+  // kFile work queue: the removed log (<directory>/removed): one record per message a
   // consumer's ack removed, its value the sequence (8 bytes, little-endian).
-  // Appended under removed_mu (AckOut), so that its last tx and what DrainAcked
+  // Appended under removed_mu (AckOut), so that its last tx and what DrainRemoved
   // takes agree.
-  std::unique_ptr<StreamLog> acked_log;
-  std::vector<std::uint64_t> acked_pending;  // guarded by removed_mu: for DrainAcked
-  std::atomic<bool> has_acked_pending{false};
+  std::unique_ptr<StreamLog> removed_log;
+  std::uint64_t limit_records = 0;  // kLimit records appended (RetireRemovedLog now and then); mu
+  std::vector<std::uint64_t> removed_pending;  // guarded by removed_mu: for DrainRemoved
+  std::atomic<bool> has_removed_pending{false};
   // Per acked-log record, oldest first: (tx, the largest sequence of the records up
   // to it), to retire its segments. Guarded by removed_mu.
-  std::deque<std::pair<std::uint64_t, std::uint64_t>> acked_max;
-  // Recovery: the acked log's records (tx, seq), applied in step with the purges.
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> recovery_acked;
-  std::size_t recovery_next_acked = 0;
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> removed_max;
+  // Recovery: the removed log's records (tx, seq), applied in step with the purges.
+  struct RecoveredRemoval {
+    std::uint64_t tx;
+    std::uint64_t seq;
+    Removal why;
+  };
+  std::vector<RecoveredRemoval> recovery_removed;
+  std::size_t recovery_next_removed = 0;
   bool recovering = false;  // kFile: from AddStream's log Open to FinishRecovery
   bool purges_loaded = false;  // kFile: LoadPurges ran (at the first record, or at the end)
   std::vector<std::string> recovery_subjects;
@@ -422,17 +428,25 @@ struct StreamState {
   // Requires mu.
   bool RemoveSeq(std::uint64_t seq, Removal why);
   // kFile work queue: message `seq` was acked (or given up) by its consumer: records
-  // it in the acked log (written to the OS; its tx is returned for AckSync), makes
-  // deliveries skip it at once (removed_seqs) and leaves it for DrainAcked to take
-  // out of the index. The acked log's error (naming the stream) when it cannot.
+  // it in the removed log (written to the OS; its tx is returned for AckSync), makes
+  // deliveries skip it at once (removed_seqs) and leaves it for DrainRemoved to take
+  // out of the index. The removed log's error (naming the stream) when it cannot.
   // Any thread; takes removed_mu, never mu (an acking member must not wait for a
   // publisher blocked on a full lane).
   absl::StatusOr<std::uint64_t> AckOut(std::uint64_t seq);
+  // kFile: appends the removal of `seq` (`why`: kAck or kLimit) to the removed log,
+  // under removed_mu; with `pending`, also as AckOut does (removed_seqs,
+  // removed_pending). The record's tx, or the log's error naming the stream. Any
+  // thread.
+  absl::StatusOr<std::uint64_t> RecordRemoval(std::uint64_t seq, Removal why, bool pending);
   // kFile work queue: takes the messages AckOut removed out of the index and the
-  // counts, and retires the acked log's segments that speak only of messages no
-  // longer in the stream's log; *acks_tx (when given) gets the acked log's last
+  // counts, and retires the removed log's segments that speak only of messages no
+  // longer in the stream's log; *removed_tx (when given) gets the removed log's last
   // record, every ack up to which is drained. Requires mu.
-  void DrainAcked(std::uint64_t* acks_tx = nullptr);
+  void DrainRemoved(std::uint64_t* removed_tx = nullptr);
+  // kFile: retires the removed log's segments whose records all speak of messages
+  // below the stream log's first record. Requires mu.
+  void RetireRemovedLog();
   // After RemoveSeq: drops removed entries from the front (first_seq, first_kept)
   // and compacts the index when removed entries outnumber the rest. Requires mu.
   void AfterRemovals();
@@ -478,12 +492,14 @@ struct StreamState {
   // purge replayed on the messages recovered so far.
   bool NeedsRecoverySubjects() const;
   absl::Status ReplayPurge(const Purge& p);
-  // kFile recovery: removes the acked log's messages of its records up to
+  // kFile recovery: removes the removed log's messages of its records up to
   // `up_to_tx` not yet replayed.
-  void ReplayAcked(std::uint64_t up_to_tx);
-  // kFile work queue recovery: opens <directory>/acked (its records into
-  // recovery_acked). Its errors, naming the stream and the log.
-  absl::Status OpenAckedLog();
+  void ReplayRemoved(std::uint64_t up_to_tx);
+  // kFile: opens <directory>/removed (its records into recovery_removed) when the
+  // stream records removals (a work queue, max_msgs_per_subject), when it did under
+  // an earlier config (the directory exists), or with `force`. Its errors, naming the
+  // stream and the log. At recovery, or under mu.
+  absl::Status OpenRemovedLog(bool force = false);
 
   // The stream store's admit call, at `now` for an event of `bytes`
   // (Event::StoredSize): trims the front (max_age), then finds a duplicate (when
@@ -495,10 +511,17 @@ struct StreamState {
   [[gnu::always_inline]] Admission Admit(const Event& incoming, std::uint64_t bytes,
                                          std::int64_t now, bool check_duplicates) {
     // relaxed: a stale false leaves the drain to the next publish or timer run.
-    if (has_acked_pending.load(std::memory_order_relaxed)) DrainAcked();
+    if (has_removed_pending.load(std::memory_order_relaxed)) DrainRemoved();
+    Admission a;
+    if (removed_log != nullptr && removed_log->failed()) {
+      // A removal that cannot be recorded could come back after a restart.
+      a.refusal = absl::FailedPreconditionError(
+          "stream '" + config.name + "': its removed log failed earlier (" +
+          std::string(removed_log->failure().message()) + "); it takes no more messages");
+      return a;
+    }
     TrimFront(now);
     CompactIfSparse();
-    Admission a;
     if (dedup != nullptr && !incoming.msg_id.empty() && check_duplicates) {
       dedup->Expire(now);
       if (std::optional<std::uint64_t> original = dedup->Find(incoming.msg_id, now)) {

@@ -22,8 +22,8 @@
 // The purges file ("purges" in the stream's directory) keeps what Engine::PurgeStream
 // removed from a file stream, since its records stay in the log until their segment
 // goes: text lines, "inferq-stream-purges 1", then one "purge <last_seq> <sequence>
-// <keep> <filter or -> <acks_tx>" per purge still needed, oldest first (acks_tx: a
-// work queue's acked log's last record when it was made, 0 for other streams), then one "dedup <seq>
+// <keep> <filter or -> <removed_tx>" per purge still needed, oldest first (removed_tx: a
+// work queue's removed log's last record when it was made, 0 for other streams), then one "dedup <seq>
 // <wall ns> <msg_id in hex>" per id of the duplicate window when it was written (so
 // that the window survives a purge and a restart: nats-server#3272 lost it), then
 // "end <XXH3-64 of everything before, hex>". It is replaced atomically on each purge.
@@ -231,11 +231,11 @@ absl::Status StreamState::RecoverOne(std::uint64_t tx, const StreamLog::Location
                                QuoteValue(config.directory) + " record " + std::to_string(tx) +
                                ": " + (r.why.empty() ? "holds sequence " + std::to_string(r.seq) : r.why));
   }
-  // The purges file and the acked log, once the log holds the directory's lock (it
+  // The purges file and the removed log, once the log holds the directory's lock (it
   // replays records).
   if (!purges_loaded) {
     if (absl::Status st = LoadPurges(now_ns, wall_now_ns); !st.ok()) return st;
-    if (absl::Status st = OpenAckedLog(); !st.ok()) return st;
+    if (absl::Status st = OpenRemovedLog(); !st.ok()) return st;
   }
   // The purges made before this message was stored apply to what came before it.
   while (recovery_next_purge < purges.size() && purges[recovery_next_purge].last_seq < r.seq) {
@@ -275,7 +275,6 @@ absl::Status StreamState::RecoverOne(std::uint64_t tx, const StreamLog::Location
       }
       subject = std::move(ev->subject);
     }
-    if (config.max_msgs_per_subject > 0) LimitSubject(subject, r.seq);
     recovery_subjects.push_back(std::move(subject));
   }
   return absl::OkStatus();
@@ -289,16 +288,17 @@ bool StreamState::NeedsRecoverySubjects() const {
   return false;
 }
 
-void StreamState::ReplayAcked(std::uint64_t up_to_tx) {
-  for (; recovery_next_acked < recovery_acked.size() &&
-         recovery_acked[recovery_next_acked].first <= up_to_tx;
-       ++recovery_next_acked) {
-    RemoveSeq(recovery_acked[recovery_next_acked].second, Removal::kAck);
+void StreamState::ReplayRemoved(std::uint64_t up_to_tx) {
+  for (; recovery_next_removed < recovery_removed.size() &&
+         recovery_removed[recovery_next_removed].tx <= up_to_tx;
+       ++recovery_next_removed) {
+    RemoveSeq(recovery_removed[recovery_next_removed].seq,
+              recovery_removed[recovery_next_removed].why);
   }
 }
 
 absl::Status StreamState::ReplayPurge(const Purge& p) {
-  ReplayAcked(p.acks_tx);
+  ReplayRemoved(p.removed_tx);
   absl::StatusOr<std::vector<std::uint64_t>> victims =
       PurgeVictims(p, [&](std::size_t i, std::uint64_t) -> absl::StatusOr<std::string> {
         return recovery_subjects[i];
@@ -338,15 +338,25 @@ absl::StatusOr<Handle> StreamState::LoadFromLog(const IndexEntry& e) const {
 absl::Status StreamState::FinishRecovery(std::int64_t now_ns, std::int64_t wall_now_ns) {
   if (!purges_loaded) {  // a log without records
     if (absl::Status st = LoadPurges(now_ns, wall_now_ns); !st.ok()) return st;
-    if (absl::Status st = OpenAckedLog(); !st.ok()) return st;
+    if (absl::Status st = OpenRemovedLog(); !st.ok()) return st;
   }
   // The purges made after the last record still in the log.
   for (; recovery_next_purge < purges.size(); ++recovery_next_purge) {
     if (absl::Status st = ReplayPurge(purges[recovery_next_purge]); !st.ok()) return st;
     next_seq = std::max(next_seq, purges[recovery_next_purge].last_seq + 1);
   }
-  ReplayAcked(UINT64_MAX);  // the acks made after the last purge
-  recovery_acked = {};
+  ReplayRemoved(UINT64_MAX);  // the removals made after the last purge
+  recovery_removed = {};
+  if (config.max_msgs_per_subject > 0) {
+    // The subjects' lists from what recovery kept (recovery_subjects is in step with
+    // the index: nothing was dropped from it yet); a limit lowered since removes
+    // more now, and records it.
+    if (absl::Status st = OpenRemovedLog(); !st.ok()) return st;
+    for (std::size_t i = 0; i < index.size(); ++i) {
+      if (index.at(i).removed == 0) LimitSubject(recovery_subjects[i], index.at(i).seq);
+    }
+  }
+  recovering = false;
   recovery_subjects = {};
   recovering = false;
   if (log->last_tx() >= next_seq) next_seq = log->last_tx() + 1;
@@ -367,12 +377,21 @@ absl::Status StreamState::FinishRecovery(std::int64_t now_ns, std::int64_t wall_
   return absl::OkStatus();
 }
 
-// ---- A file work queue's acked log. ----
+// ---- A file stream's removed log. ----
 
-absl::Status StreamState::OpenAckedLog() {
-  if (config.retention != RetentionPolicy::kWorkQueue) return absl::OkStatus();
+absl::Status StreamState::OpenRemovedLog(bool force) {
+  if (removed_log != nullptr) return absl::OkStatus();
+  const std::string dir = config.directory + "/removed";
+  if (!force && config.retention != RetentionPolicy::kWorkQueue &&
+      config.max_msgs_per_subject <= 0) {
+    // Opened only where removals are recorded, or were under an earlier config.
+    absl::StatusOr<std::vector<std::string>> names = fs->List(config.directory);
+    if (!names.ok() || std::find(names->begin(), names->end(), "removed") == names->end()) {
+      return absl::OkStatus();
+    }
+  }
   StreamLogOptions lo;
-  lo.dir = config.directory + "/acked";
+  lo.dir = dir;
   lo.sync = config.sync;
   lo.group_commit_window = config.sync_window;
   lo.segment_bytes = std::min<std::uint64_t>(config.segment_bytes, std::uint64_t{4} << 20);
@@ -380,75 +399,89 @@ absl::Status StreamState::OpenAckedLog() {
   std::uint64_t max_seq = 0;
   absl::StatusOr<std::unique_ptr<StreamLog>> opened =
       StreamLog::Open(lo, [&](const StreamLog::Entry& e) -> absl::Status {
-        if (e.value.size() != 8) {
-          return absl::DataLossError("stream '" + config.name + "': acked log " +
+        if (e.value.size() != 9 || (e.value[8] != 'a' && e.value[8] != 'l')) {
+          return absl::DataLossError("stream '" + config.name + "': removed log " +
                                      QuoteValue(lo.dir) + " record " + std::to_string(e.tx) +
                                      " holds " + std::to_string(e.value.size()) +
-                                     " bytes, not a sequence");
+                                     " bytes, not a removal");
         }
         const std::uint64_t seq = GetU64(e.value, 0);
-        recovery_acked.emplace_back(e.tx, seq);
+        recovery_removed.push_back(
+            {e.tx, seq, e.value[8] == 'a' ? Removal::kAck : Removal::kLimit});
         max_seq = std::max(max_seq, seq);
-        acked_max.emplace_back(e.tx, max_seq);
+        removed_max.emplace_back(e.tx, max_seq);
         return absl::OkStatus();
       });
   if (!opened.ok()) {
     std::string msg(opened.status().message());
     if (msg.rfind("stream '", 0) != 0) {
-      msg = "stream '" + config.name + "': acked log " + QuoteValue(lo.dir) + ": " + msg;
+      msg = "stream '" + config.name + "': removed log " + QuoteValue(lo.dir) + ": " + msg;
     }
     return absl::Status(opened.status().code(), std::move(msg));
   }
-  acked_log = *std::move(opened);
+  removed_log = *std::move(opened);
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::uint64_t> StreamState::AckOut(std::uint64_t seq) {
+absl::StatusOr<std::uint64_t> StreamState::RecordRemoval(std::uint64_t seq, Removal why,
+                                                         bool pending) {
   std::string value;
   PutU64(value, seq);
+  value.push_back(why == Removal::kAck ? 'a' : 'l');
   std::lock_guard lock(removed_mu);
-  absl::StatusOr<StreamLog::Entry> e = acked_log->Append(value);
+  absl::StatusOr<StreamLog::Entry> e = removed_log->Append(value);
   if (!e.ok()) {
-    return absl::Status(e.status().code(), "stream '" + config.name + "': acked log " +
-                                               QuoteValue(acked_log->dir()) + ": " +
+    return absl::Status(e.status().code(), "stream '" + config.name + "': removed log " +
+                                               QuoteValue(removed_log->dir()) + ": " +
                                                std::string(e.status().message()));
   }
-  removed_seqs.insert(seq);
-  // release: a delivery that sees the count sees the set (Discarded).
-  removed_count.store(removed_seqs.size(), std::memory_order_release);
-  acked_pending.push_back(seq);
-  acked_max.emplace_back(e->tx, std::max(seq, acked_max.empty() ? 0 : acked_max.back().second));
-  has_acked_pending.store(true, std::memory_order_relaxed);
+  removed_max.emplace_back(e->tx, std::max(seq, removed_max.empty() ? 0 : removed_max.back().second));
+  if (pending) {
+    removed_seqs.insert(seq);
+    // release: a delivery that sees the count sees the set (Discarded).
+    removed_count.store(removed_seqs.size(), std::memory_order_release);
+    removed_pending.push_back(seq);
+    has_removed_pending.store(true, std::memory_order_relaxed);
+  }
   return e->tx;
 }
 
-void StreamState::DrainAcked(std::uint64_t* acks_tx) {
-  if (acked_log == nullptr) return;
+absl::StatusOr<std::uint64_t> StreamState::AckOut(std::uint64_t seq) {
+  return RecordRemoval(seq, Removal::kAck, /*pending=*/true);
+}
+
+void StreamState::DrainRemoved(std::uint64_t* removed_tx) {
+  if (removed_log == nullptr) return;
   std::vector<std::uint64_t> taken;
   {
     std::lock_guard lock(removed_mu);
-    taken.swap(acked_pending);
-    has_acked_pending.store(false, std::memory_order_relaxed);
-    if (acks_tx != nullptr) *acks_tx = acked_log->last_tx();
+    taken.swap(removed_pending);
+    has_removed_pending.store(false, std::memory_order_relaxed);
+    if (removed_tx != nullptr) *removed_tx = removed_log->last_tx();
   }
   if (taken.empty()) return;
   for (std::uint64_t seq : taken) RemoveSeq(seq, Removal::kAck);
   AfterRemovals();
   RetireLog();
-  // The acked log's records that speak only of messages below the stream log's
+  RetireRemovedLog();
+}
+
+void StreamState::RetireRemovedLog() {
+  if (removed_log == nullptr) return;
+  // The removed log's records that speak only of messages below the stream log's
   // first record are needed no more (a restart cannot recover those messages).
   const std::uint64_t log_first = log->Stats().first_tx;
   const std::uint64_t first = log_first != 0 ? log_first : next_seq;
   std::uint64_t retire_below = 0;
   {
     std::lock_guard lock(removed_mu);
-    while (!acked_max.empty() && acked_max.front().second < first) {
-      retire_below = acked_max.front().first + 1;
-      acked_max.pop_front();
+    while (!removed_max.empty() && removed_max.front().second < first) {
+      retire_below = removed_max.front().first + 1;
+      removed_max.pop_front();
     }
   }
   // A failed removal leaves the segment for the next call.
-  if (retire_below != 0) (void)acked_log->RetireBefore(retire_below);
+  if (retire_below != 0) (void)removed_log->RetireBefore(retire_below);
 }
 
 // ---- Removal from the middle: purges, max_msgs_per_subject, UpdateStream. ----
@@ -525,7 +558,10 @@ void StreamState::AfterRemovals() {
 bool StreamState::Holds(std::uint64_t seq) const {
   if (is_file()) {
     const std::size_t i = LowerBound(index, seq, [](const IndexEntry& e) { return e.seq; });
-    return i < index.size() && index.at(i).seq == seq && index.at(i).removed == 0;
+    if (i == index.size() || index.at(i).seq != seq || index.at(i).removed != 0) return false;
+    if (removed_count.load(std::memory_order_acquire) == 0) return true;
+    std::lock_guard lock(removed_mu);  // an ack not yet drained (AckOut)
+    return !removed_seqs.contains(seq);
   }
   const std::size_t i = LowerBound(messages, seq, [](const Handle& h) { return h->seq; });
   return i < messages.size() && messages.at(i)->seq == seq &&
@@ -540,10 +576,27 @@ void StreamState::LimitSubject(std::string_view subject, std::uint64_t seq) {
   SubjectSeqs& seqs = it->second;
   seqs.push_back(seq);
   const auto limit = static_cast<std::size_t>(config.max_msgs_per_subject);
+  if (seqs.size() <= limit) return;
+  // Sequences removed otherwise (limits, purges, a work queue's acks, which need not
+  // be the oldest) leave first, so that only what the stream holds is counted.
+  SubjectSeqs held;
+  for (std::size_t i = seqs.head; i < seqs.seqs.size(); ++i) {
+    if (Holds(seqs.seqs[i])) held.push_back(seqs.seqs[i]);
+  }
+  seqs = std::move(held);
   bool removed = false;
   while (seqs.size() > limit) {
-    removed |= RemoveSeq(seqs.front(), Removal::kLimit);
+    const std::uint64_t oldest = seqs.front();
     seqs.pop_front();
+    if (!RemoveSeq(oldest, Removal::kLimit)) continue;
+    removed = true;
+    if (removed_log != nullptr) {
+      // Recorded, so that a restart with a higher limit (or none) does not bring it
+      // back. A failed record fails the removed log, and publishes are refused
+      // (Admit) from then on.
+      (void)RecordRemoval(oldest, Removal::kLimit, /*pending=*/false);
+      if (++limit_records % 256 == 0 && !recovering) RetireRemovedLog();
+    }
   }
   if (removed && !recovering) AfterRemovals();
 }
@@ -598,7 +651,7 @@ absl::Status StreamState::WritePurges(const std::vector<Purge>& list, std::int64
   for (const Purge& p : list) {
     text += "purge " + std::to_string(p.last_seq) + " " + std::to_string(p.sequence) + " " +
             std::to_string(p.keep) + " " + (p.filter ? p.filter->text() : std::string("-")) +
-            " " + std::to_string(p.acks_tx) + "\n";
+            " " + std::to_string(p.removed_tx) + "\n";
   }
   if (dedup != nullptr) {
     const std::int64_t wall_now = absl::ToUnixNanos(absl::Now());
@@ -679,7 +732,7 @@ absl::Status StreamState::LoadPurges(std::int64_t now_ns, std::int64_t wall_now_
     if (f[0] == "purge" && f.size() == 6) {
       Purge p;
       if (!absl::SimpleAtoi(f[1], &p.last_seq) || !absl::SimpleAtoi(f[2], &p.sequence) ||
-          !absl::SimpleAtoi(f[3], &p.keep) || !absl::SimpleAtoi(f[5], &p.acks_tx) ||
+          !absl::SimpleAtoi(f[3], &p.keep) || !absl::SimpleAtoi(f[5], &p.removed_tx) ||
           (p.sequence != 0 && p.keep != 0)) {
         return bad();
       }

@@ -170,7 +170,7 @@ void Engine::RunTimers() {
       // A file work queue's acks are taken out of its index here too when it is not
       // written.
       if (s->max_age_ns.load(std::memory_order_relaxed) > 0 ||
-          s->has_acked_pending.load(std::memory_order_relaxed)) {
+          s->has_removed_pending.load(std::memory_order_relaxed)) {
         aging.push_back(s.get());
       }
     }
@@ -181,7 +181,7 @@ void Engine::RunTimers() {
   for (engine_internal::StreamState* s : aging) {
     std::unique_lock lock(s->mu, std::try_to_lock);
     if (!lock.owns_lock()) continue;
-    s->DrainAcked();
+    s->DrainRemoved();
     s->TrimFront(impl_->clock->NowNanos());
     if (s->log != nullptr) s->RetireLog();
   }

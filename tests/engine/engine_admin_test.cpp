@@ -4,9 +4,12 @@
 // and file streams, and what of it survives a restart.
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
+#include <thread>
 #include <string>
 #include <utility>
 #include <vector>
@@ -627,7 +630,7 @@ TEST_CASE("a file work queue replays its acks and purges in the order they were 
   CHECK(HeldBy(*engine, "S") == Held{{2, "s.b"}, {4, "s.c"}, {5, "s.b"}});
 }
 
-TEST_CASE("a file work queue retires its acked log as the stream's log moves on") {
+TEST_CASE("a file work queue retires its removed log as the stream's log moves on") {
   TempDir d;
   StreamConfig s = WorkQueue(d.path());
   s.segment_bytes = 4096;
@@ -646,9 +649,117 @@ TEST_CASE("a file work queue retires its acked log as the stream's log moves on"
   CHECK(SS(*engine, "S").messages == 1);
   CHECK(SS(*engine, "S").acked_out == 1000);
   int segments = 0;
-  for (const auto& f : std::filesystem::directory_iterator(d / "acked")) {
+  for (const auto& f : std::filesystem::directory_iterator(d / "removed")) {
     if (f.path().extension() == ".seg") ++segments;
   }
   // 1000 acks fill about 15 segments of 4 KiB; all but the last few are retired.
   CHECK(segments <= 3);
+}
+
+TEST_CASE("purges, limit updates and acks racing publishers keep a work queue's counts exact") {
+  TempDir d;
+  const bool file = GENERATE(false, true);
+  INFO((file ? "file" : "memory"));
+  StreamConfig s = WorkQueue(file ? d.path() : "");
+  if (file) s.segment_bytes = 1 << 16;
+  constexpr int kPerPublisher = 1500;
+  std::set<std::uint64_t> acked;
+  StreamStats before;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(s).ok());
+    auto w = *engine->AddConsumer(Worker("w"));
+    std::atomic<int> publishing{2};
+    std::vector<std::thread> threads;
+    for (int p = 0; p < 2; ++p) {
+      threads.emplace_back([&, p] {
+        for (int i = 0; i < kPerPublisher; ++i) {
+          Event e = Ev("s." + std::to_string(i % 4), std::to_string(p) + "-" + std::to_string(i));
+          REQUIRE(engine->Publish(std::move(e)).ok());
+        }
+        publishing.fetch_sub(1);
+      });
+    }
+    threads.emplace_back([&] {  // the admin
+      StreamConfig u = s;
+      for (int round = 0; publishing.load() > 0; ++round) {
+        CHECK(engine->PurgeStream("S", {.subject = "s.1", .keep = 5}).ok());
+        u.max_msgs_per_subject = round % 2 == 0 ? 50 : -1;
+        CHECK(engine->UpdateStream(u).ok());
+        (void)engine->GetMessage("S", static_cast<std::uint64_t>(round) + 1);
+        (void)engine->Stats();
+        std::this_thread::yield();
+      }
+    });
+    // The consumer, on this thread: acks everything it gets, each once.
+    std::set<std::uint64_t> seen;
+    for (;;) {
+      absl::StatusOr<Message> m = w.member(0)->Next(absl::Milliseconds(200));
+      if (!m.ok()) {
+        if (publishing.load() == 0) break;
+        continue;
+      }
+      CHECK(seen.insert(m->stream_seq()).second);
+      REQUIRE(m->Ack().ok());
+      acked.insert(m->stream_seq());
+    }
+    for (auto& t : threads) t.join();
+    REQUIRE(engine->Publish(Ev("s.end")).ok());  // drains the last acks into the counts
+    before = SS(*engine, "S");
+    CHECK(before.stored == 2 * kPerPublisher + 1);
+    CHECK(before.acked_out + before.purged + before.discarded + before.messages == before.stored);
+    CHECK(before.acked_out <= acked.size());
+  }
+  if (!file) return;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  const Held held = HeldBy(*engine, "S");
+  CHECK(held.size() == before.messages);
+  for (const auto& [seq, subject] : held) {
+    INFO(seq);
+    CHECK(!acked.contains(seq));
+  }
+}
+
+TEST_CASE("what max_msgs_per_subject removed from a file stream stays removed without the limit") {
+  TempDir d;
+  StreamConfig s = File(d.path());
+  const bool by_update = GENERATE(false, true);
+  INFO((by_update ? "set by UpdateStream" : "set at AddStream"));
+  {
+    auto engine = *Engine::Create();
+    if (!by_update) s.max_msgs_per_subject = 1;
+    REQUIRE(engine->AddStream(s).ok());
+    if (by_update) {
+      PublishSix(*engine);
+      s.max_msgs_per_subject = 1;
+      REQUIRE(engine->UpdateStream(s).ok());
+    } else {
+      PublishSix(*engine);
+    }
+    REQUIRE(engine->Publish(Ev("s.c", "m7")).ok());  // 4 goes
+    CHECK(HeldBy(*engine, "S") == Held{{5, "s.b"}, {6, "s.a"}, {7, "s.c"}});
+  }
+  s.max_msgs_per_subject = -1;  // the next run has no limit: nothing comes back
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  CHECK(HeldBy(*engine, "S") == Held{{5, "s.b"}, {6, "s.a"}, {7, "s.c"}});
+  CHECK(SS(*engine, "S").first_seq == 5);
+}
+
+TEST_CASE("a file stream whose removed log fails refuses publishes by name") {
+  TempDir d;
+  auto faulty = std::make_shared<state_test::FaultyFileSystem>();
+  StreamConfig s = File(d.path());
+  s.file_system = faulty;
+  s.max_msgs_per_subject = 1;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  REQUIRE(engine->Publish(Ev("s.a", "m1")).ok());
+  faulty->FailNth("write", 2, ENOSPC);  // the stream's record of m2, then its removal of m1
+  REQUIRE(engine->Publish(Ev("s.a", "m2")).ok());
+  absl::StatusOr<PublishAck> r = engine->Publish(Ev("s.b", "m3"));
+  REQUIRE(r.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(Msg(r.status()), Catch::StartsWith("stream 'S': its removed log failed earlier ("));
+  CHECK_THAT(Msg(r.status()), Catch::Contains("injected ENOSPC"));
 }

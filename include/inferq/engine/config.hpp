@@ -105,7 +105,7 @@ struct StreamConfig {
   // and keeps a message no consumer matches until one is added: each consumer of a
   // work queue must ack explicitly, start with DeliverPolicy::kAll, and have a
   // filter no other consumer's overlaps (AddConsumer refuses it otherwise). A file
-  // stream records each ack that removes a message in <directory>/acked (a log of
+  // stream records each ack that removes a message in <directory>/removed (a log of
   // its own, under the stream's sync policy), so an acked message never comes back
   // after a restart, whichever consumer is added first.
   RetentionPolicy retention = RetentionPolicy::kLimits;

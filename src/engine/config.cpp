@@ -243,6 +243,11 @@ absl::Status ValidateDeliver(const ConsumerConfig& config) {
     return absl::InvalidArgumentError(where + "deliver policy " + std::to_string(d) +
                                       " is not a DeliverPolicy");
   }
+  const int r = static_cast<int>(config.replay);
+  if (r < 0 || r > static_cast<int>(ReplayPolicy::kOriginal)) {
+    return absl::InvalidArgumentError(where + "replay policy " + std::to_string(r) +
+                                      " is not a ReplayPolicy");
+  }
   const bool by_seq = config.deliver == DeliverPolicy::kByStartSequence;
   if (by_seq && config.start_seq == 0) {
     return absl::InvalidArgumentError(where + "deliver by start sequence needs start_seq >= 1");

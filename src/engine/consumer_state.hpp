@@ -225,6 +225,11 @@ struct ConsumerState {
   std::uint64_t start_after = 0;
   // The stored messages it started with are not all queued yet (RetryParked).
   std::atomic<bool> catching_up{false};
+  // ReplayPolicy::kOriginal: the engine clock when the consumer was added, and the
+  // publish time of the first stored message it starts with (set under retry_mu by
+  // the first RetryParked; INT64_MIN until then).
+  std::int64_t replay_start_ns = 0;
+  std::int64_t replay_first_publish_ns = INT64_MIN;
   std::mutex retry_mu;  // held by the one thread catching up in RetryParked (try_lock only)
   // While catching up: RetryParked has taken the front of `parked` and not yet
   // queued it (or put it back). A publish parks behind it then too, though `parked`

@@ -145,8 +145,10 @@ void RetryParked(ConsumerState& c) {
   }
   std::unique_lock retry(c.retry_mu, std::try_to_lock);
   if (!retry.owns_lock()) return;  // another thread is at it
+  const bool paced = c.config.replay == ReplayPolicy::kOriginal;
   for (;;) {
     Delivery d;
+    std::int64_t due_ns = INT64_MIN;
     {
       std::lock_guard lock(c.pending_mu);
       c.catchup_in_hand = false;  // the one taken before is queued (or skipped)
@@ -155,6 +157,21 @@ void RetryParked(ConsumerState& c) {
         c.catching_up.store(false, std::memory_order_release);
         return;
       }
+      if (paced) {
+        // Its original distance from the first one, from when the consumer started.
+        const std::int64_t publish_ns = c.parked.front().h->publish_ns;
+        if (c.replay_first_publish_ns == INT64_MIN) c.replay_first_publish_ns = publish_ns;
+        due_ns = SatAdd(c.replay_start_ns,
+                        std::max<std::int64_t>(0, publish_ns - c.replay_first_publish_ns));
+      }
+    }
+    if (paced && c.clock->NowNanos() < due_ns) {
+      c.host->WakeTimer(due_ns);  // the timer's RetryParked goes on then
+      return;
+    }
+    {
+      std::lock_guard lock(c.pending_mu);
+      if (c.parked.empty()) continue;  // (only this thread takes from it: cannot happen)
       d = std::move(c.parked.front());
       c.parked.pop_front();
       c.catchup_in_hand = true;

@@ -721,6 +721,7 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   if (!made.ok()) return made.status();
   std::unique_ptr<ConsumerState> state = *std::move(made);
   state->host = impl_.get();
+  state->replay_start_ns = impl_->clock->NowNanos();  // ReplayPolicy::kOriginal
 
   StreamState* stream = nullptr;
   ConsumerState* raw = nullptr;

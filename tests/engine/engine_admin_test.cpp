@@ -763,3 +763,62 @@ TEST_CASE("a file stream whose removed log fails refuses publishes by name") {
   CHECK_THAT(Msg(r.status()), Catch::StartsWith("stream 'S': its removed log failed earlier ("));
   CHECK_THAT(Msg(r.status()), Catch::Contains("injected ENOSPC"));
 }
+
+TEST_CASE("a consumer with replay original gets the stored messages at the pace they were published") {
+  TempDir d;
+  const bool file = GENERATE(false, true);
+  INFO((file ? "file" : "memory"));
+  ManualClock clock(1'000'000'000);
+  auto engine = *Engine::Create({.clock = &clock, .manual_timers = true});
+  REQUIRE(engine->AddStream(file ? File(d.path()) : Memory()).ok());
+  REQUIRE(engine->Publish(Ev("s.a", "m1")).ok());
+  clock.Advance(absl::Seconds(10));
+  REQUIRE(engine->Publish(Ev("s.a", "m2")).ok());
+  clock.Advance(absl::Seconds(5));
+  REQUIRE(engine->Publish(Ev("s.a", "m3")).ok());
+  clock.Advance(absl::Hours(1));
+  auto c = *engine->AddConsumer({.stream = "S",
+                                 .name = "shadow",
+                                 .deliver = DeliverPolicy::kAll,
+                                 .replay = ReplayPolicy::kOriginal});
+  auto next = [&]() -> std::string {
+    engine->RunTimers();
+    absl::StatusOr<Message> m = c.member(0)->Next(absl::ZeroDuration());
+    if (!m.ok()) return "-";
+    REQUIRE(m->Ack().ok());
+    return m->event().msg_id;
+  };
+  CHECK(next() == "m1");
+  CHECK(next() == "-");
+  clock.Advance(absl::Milliseconds(9'999));
+  CHECK(next() == "-");
+  clock.Advance(absl::Milliseconds(1));
+  CHECK(next() == "m2");
+  REQUIRE(engine->Publish(Ev("s.a", "m4")).ok());  // live, 1 h 25 s after m1 was
+  clock.Advance(absl::Seconds(5));
+  CHECK(next() == "m3");
+  CHECK(next() == "-");  // m4 queues behind the replay, at its pace
+  clock.Advance(absl::Hours(1) + absl::Seconds(9));
+  CHECK(next() == "-");
+  clock.Advance(absl::Seconds(1));
+  CHECK(next() == "m4");
+  // Replay done: the next live message comes at once.
+  REQUIRE(engine->Publish(Ev("s.a", "m5")).ok());
+  CHECK(next() == "m5");
+}
+
+TEST_CASE("an instant replay consumer gets every stored message at once") {
+  ManualClock clock(1'000'000'000);
+  auto engine = *Engine::Create({.clock = &clock, .manual_timers = true});
+  REQUIRE(engine->AddStream(Memory()).ok());
+  PublishSix(*engine);
+  clock.Advance(absl::Hours(1));
+  REQUIRE(engine->Publish(Ev("s.z", "m7")).ok());
+  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll});
+  int got = 0;
+  while (c.member(0)->Next(absl::ZeroDuration()).ok()) ++got;
+  CHECK(got == 7);
+  ConsumerConfig bad{.stream = "S", .name = "bad", .replay = static_cast<ReplayPolicy>(7)};
+  CHECK(Msg(engine->AddConsumer(bad).status()) ==
+        "consumer 'bad': replay policy 7 is not a ReplayPolicy");
+}

@@ -60,6 +60,13 @@ enum class StorageType { kMemory, kFile };
 // Stored messages are queued for it in sequence order before any message published
 // after it was added.
 enum class DeliverPolicy { kNew, kAll, kLast, kLastPerSubject, kByStartSequence, kByStartTime };
+// How fast a consumer gets the stored messages it starts with (JetStream's
+// ReplayPolicy). kInstant: as fast as its lanes take them. kOriginal: at the pace
+// they were published: the k-th comes (publish time of k - publish time of the
+// first) after the consumer was added, on the engine clock (its timer wakes for
+// each), e.g. for a shadow consumer that checks a new model on yesterday's traffic.
+// Events published while it replays queue behind the replay, paced the same way.
+enum class ReplayPolicy { kInstant, kOriginal };
 // What Publish does when the lane chosen for a consumer is full.
 //  kBlock       wait until the member pulls (backpressure on the publisher);
 //               TryPublish refuses instead (ResourceExhausted, nothing stored).
@@ -91,8 +98,10 @@ struct StreamConfig {
   // Messages kept per subject (JetStream's MaxMsgsPerSubject; 1 = the last value of
   // each subject): a publish on a subject that holds this many removes its oldest,
   // counted in StreamStats::discarded. -1 = no limit, else > 0. Each subject that
-  // holds messages costs an entry in memory (its name and 8 bytes per message); a
-  // file stream rebuilds the entries at recovery from its records' subjects.
+  // holds messages costs an entry in memory (its name and 8 bytes per message). A
+  // file stream records each removal in <directory>/removed (so a later run with a
+  // higher limit, or none, does not bring it back) and rebuilds the entries at
+  // recovery from its records' subjects.
   std::int64_t max_msgs_per_subject = -1;
   DiscardPolicy discard = DiscardPolicy::kOld;
   // kLimits keeps messages until a limit removes them. kInterest keeps a message
@@ -164,6 +173,7 @@ struct ConsumerConfig {
   std::string filter_subject{};
   // Which stored messages it starts with (see DeliverPolicy); kNew by default.
   DeliverPolicy deliver = DeliverPolicy::kNew;
+  ReplayPolicy replay = ReplayPolicy::kInstant;
   std::uint64_t start_seq = 0;        // kByStartSequence: >= 1; else 0
   absl::Time start_time = absl::InfinitePast();  // kByStartTime: finite; else unset
   // Further condition on the event (headers, semantic tag, JSON content, JSON Schema;

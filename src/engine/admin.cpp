@@ -154,6 +154,14 @@ absl::StatusOr<std::uint64_t> Engine::PurgeStream(std::string_view stream,
       if (first_tx != 0 && old.last_seq >= first_tx) next.push_back(old);
     }
     next.push_back(p);
+    // The log first, as far as its sync policy promises: the purges file must not
+    // name records a power cut could take from the log (recovery clamps what it
+    // names to the log's last record for the policies that promise nothing).
+    if (absl::Status st = s->log->Sync(p.last_seq); !st.ok()) {
+      return absl::Status(st.code(), "stream '" + s->config.name +
+                                         "': syncing its log before a purge: " +
+                                         std::string(st.message()));
+    }
     bool renamed = false;
     not_durable = s->WritePurges(next, impl_->clock->NowNanos(), &renamed);
     // Not written: nothing changes. Written but its directory not synced: a restart

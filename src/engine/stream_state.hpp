@@ -328,15 +328,22 @@ struct StreamState {
   // queued deliveries are skipped. Memory streams mark the record (Retire); a file
   // stream's records are copies read back from the log, so it is the sequence that
   // tells: below first_kept, or removed from the middle.
+  //
+  // The removed set is read before first_kept: PublishFirstKept raises first_kept,
+  // then erases the set below it, so a reader that finds a sequence gone from the
+  // set (or the count 0 after that erase; acquire, paired with its release) reads
+  // the raised first_kept. Read the other way round, an old first_kept and an
+  // emptied set would let a removed message through (found by the adversarial
+  // helper).
   bool Discarded(const StoredMessage& m) const {
-    if (m.state.load(std::memory_order_acquire) == kDiscarded ||
-        m.seq < first_kept.load(std::memory_order_acquire)) {
-      return true;
+    if (m.state.load(std::memory_order_acquire) == kDiscarded) return true;
+    // acquire: pairs with the release stores of the count (RemoveSeq, RecordRemoval,
+    // PublishFirstKept).
+    if (removed_count.load(std::memory_order_acquire) != 0) {
+      std::lock_guard lock(removed_mu);
+      if (removed_seqs.contains(m.seq)) return true;
     }
-    // acquire: pairs with the release store after an insertion (RemoveSeq).
-    if (removed_count.load(std::memory_order_acquire) == 0) return false;
-    std::lock_guard lock(removed_mu);
-    return removed_seqs.contains(m.seq);
+    return m.seq < first_kept.load(std::memory_order_acquire);
   }
 
   // Whether a stream of `config` must hold its messages in `messages`: under limits
@@ -419,6 +426,10 @@ struct StreamState {
       Retire(*messages.front(), kDiscarded);
       messages.pop_front();
     }
+    // Removed from the middle before (a purge, max_msgs_per_subject): not held.
+    while (!messages.empty() && messages.front()->state.load(std::memory_order_acquire) != kLive) {
+      messages.pop_front();
+    }
     NoteFront();
   }
 
@@ -455,6 +466,8 @@ struct StreamState {
   // max_msgs_per_subject: records `seq` under `subject` and removes the subject's
   // oldest messages beyond the limit. Requires mu.
   void LimitSubject(std::string_view subject, std::uint64_t seq);
+  // Drops the per-subject lists of subjects that hold no message. Requires mu.
+  void PruneSubjects();
   // The sequences `p` removes, ascending: live messages that match its filter, below
   // its sequence bound, but for the newest p.keep of them. `subject_at(i, seq)` gives
   // the subject of the i-th message of the index (kFile) or `messages` (memory);

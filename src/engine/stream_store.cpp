@@ -22,7 +22,7 @@
 // The purges file ("purges" in the stream's directory) keeps what Engine::PurgeStream
 // removed from a file stream, since its records stay in the log until their segment
 // goes: text lines, "inferq-stream-purges 1", then one "purge <last_seq> <sequence>
-// <keep> <filter or -> <removed_tx>" per purge still needed, oldest first (removed_tx: a
+// <keep> <filter, or "." for none> <removed_tx>" per purge still needed, oldest first (removed_tx: a
 // work queue's removed log's last record when it was made, 0 for other streams), then one "dedup <seq>
 // <wall ns> <msg_id in hex>" per id of the duplicate window when it was written (so
 // that the window survives a purge and a restart: nats-server#3272 lost it), then
@@ -340,10 +340,28 @@ absl::Status StreamState::FinishRecovery(std::int64_t now_ns, std::int64_t wall_
     if (absl::Status st = LoadPurges(now_ns, wall_now_ns); !st.ok()) return st;
     if (absl::Status st = OpenRemovedLog(); !st.ok()) return st;
   }
-  // The purges made after the last record still in the log.
+  // The purges made after the last record still in the log. One that names
+  // records beyond the log's last (a power cut took the log's tail, which the
+  // policy had not promised to keep, after the purges file was synced) applies to
+  // what the log has; the ids of those lost records leave the duplicate window, so
+  // that a publish of them again is stored (it was never acknowledged as durable).
+  const std::uint64_t log_last = std::max(log->last_tx(), next_seq - 1);
+  bool clamped = false;
   for (; recovery_next_purge < purges.size(); ++recovery_next_purge) {
-    if (absl::Status st = ReplayPurge(purges[recovery_next_purge]); !st.ok()) return st;
-    next_seq = std::max(next_seq, purges[recovery_next_purge].last_seq + 1);
+    Purge& p = purges[recovery_next_purge];
+    if (p.last_seq > log_last) {
+      p.last_seq = log_last;
+      clamped = true;
+    }
+    if (absl::Status st = ReplayPurge(p); !st.ok()) return st;
+    next_seq = std::max(next_seq, p.last_seq + 1);
+  }
+  if (clamped) {
+    if (dedup != nullptr) dedup->ForgetAbove(log_last);
+    // Written back clamped: the sequences it named are given to new messages now,
+    // which a purge made before them must never remove at the next recovery.
+    bool renamed = false;
+    if (absl::Status st = WritePurges(purges, now_ns, &renamed); !st.ok()) return st;
   }
   ReplayRemoved(UINT64_MAX);  // the removals made after the last purge
   recovery_removed = {};
@@ -542,15 +560,19 @@ void StreamState::AfterRemovals() {
     if (popped || messages.empty()) NoteFront();
     CompactIfSparse();
   }
-  // Subjects whose messages are all gone (their newest sequence included).
   if (per_subject.size() > 64 &&
       per_subject.size() > 2 * static_cast<std::size_t>(std::max<std::int64_t>(0, LiveMsgs()))) {
-    for (auto it = per_subject.begin(); it != per_subject.end();) {
-      if (Holds(it->second.back())) {
-        ++it;
-      } else {
-        per_subject.erase(it++);
-      }
+    PruneSubjects();
+  }
+}
+
+void StreamState::PruneSubjects() {
+  // Subjects whose messages are all gone (their newest sequence included).
+  for (auto it = per_subject.begin(); it != per_subject.end();) {
+    if (Holds(it->second.back())) {
+      ++it;
+    } else {
+      per_subject.erase(it++);
     }
   }
 }
@@ -571,6 +593,14 @@ bool StreamState::Holds(std::uint64_t seq) const {
 void StreamState::LimitSubject(std::string_view subject, std::uint64_t seq) {
   auto it = per_subject.find(absl::string_view(subject.data(), subject.size()));
   if (it == per_subject.end()) {
+    // Subjects whose messages all went (limits, max_age, purges) leave once they
+    // outnumber the messages held twice over: amortised O(1) per new subject, and
+    // the map stays within the subjects that hold messages (found by the
+    // adversarial helper: 1 M unique subjects under max_msgs 100 kept 1 M entries).
+    if (!recovering && per_subject.size() >= 64 &&
+        per_subject.size() > 2 * static_cast<std::size_t>(std::max<std::int64_t>(0, LiveMsgs()))) {
+      PruneSubjects();
+    }
     it = per_subject.emplace(std::string(subject), SubjectSeqs{}).first;
   }
   SubjectSeqs& seqs = it->second;
@@ -650,7 +680,7 @@ absl::Status StreamState::WritePurges(const std::vector<Purge>& list, std::int64
   text.push_back('\n');
   for (const Purge& p : list) {
     text += "purge " + std::to_string(p.last_seq) + " " + std::to_string(p.sequence) + " " +
-            std::to_string(p.keep) + " " + (p.filter ? p.filter->text() : std::string("-")) +
+            std::to_string(p.keep) + " " + (p.filter ? p.filter->text() : std::string(".")) +
             " " + std::to_string(p.removed_tx) + "\n";
   }
   if (dedup != nullptr) {
@@ -736,7 +766,7 @@ absl::Status StreamState::LoadPurges(std::int64_t now_ns, std::int64_t wall_now_
           (p.sequence != 0 && p.keep != 0)) {
         return bad();
       }
-      if (f[4] != "-") {
+      if (f[4] != ".") {  // "." (never a valid pattern): no filter
         absl::StatusOr<SubjectPattern> pattern = SubjectPattern::Parse(std::string(f[4]));
         if (!pattern.ok()) return bad();
         p.filter = *std::move(pattern);

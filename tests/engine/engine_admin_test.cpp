@@ -822,3 +822,83 @@ TEST_CASE("an instant replay consumer gets every stored message at once") {
   CHECK(Msg(engine->AddConsumer(bad).status()) ==
         "consumer 'bad': replay policy 7 is not a ReplayPolicy");
 }
+
+// ---- Found by the adversarial helper. ----
+
+TEST_CASE("a purges file naming records a power cut took from the log applies to what the log has") {
+  TempDir d;
+  TempDir saved;
+  StreamConfig s = File(d.path());
+  s.sync = SyncPolicy::kEveryCommit;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(s).ok());
+    for (int i = 1; i <= 3; ++i) REQUIRE(engine->Publish(Ev("s.a", "m" + std::to_string(i))).ok());
+  }
+  std::filesystem::copy(d.path(), saved.path(), std::filesystem::copy_options::recursive);
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(s).ok());
+    for (int i = 4; i <= 5; ++i) REQUIRE(engine->Publish(Ev("s.a", "m" + std::to_string(i))).ok());
+    REQUIRE(*engine->PurgeStream("S") == 5);  // the purges file: everything up to 5
+  }
+  // The power cut: the log as it was before 4 and 5, the purges file as written.
+  std::filesystem::copy_file(d / "purges", saved / "purges",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::remove_all(d.path());
+  std::filesystem::rename(saved.path(), d.path());
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(s).ok());
+    CHECK(SS(*engine, "S").messages == 0);
+    // m5 was lost with the log's tail: publishing it again stores it.
+    absl::StatusOr<PublishAck> again = engine->Publish(Ev("s.a", "m5"));
+    REQUIRE(again.ok());
+    CHECK(!again->duplicate);
+    CHECK(again->seq == 4);
+    REQUIRE(engine->Publish(Ev("s.a", "m6")).ok());
+  }
+  // The purge made before 4 and 5 were given again never removes them.
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  CHECK(HeldBy(*engine, "S") == Held{{4, "s.a"}, {5, "s.a"}});
+  absl::StatusOr<PublishAck> dup = engine->Publish(Ev("s.a", "m3"));
+  REQUIRE(dup.ok());
+  CHECK(dup->duplicate);  // the ids the log kept stay in the window
+}
+
+TEST_CASE("a purge by the subject '-' stays a purge of that subject after a restart") {
+  TempDir d;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream({.name = "S",
+                               .subjects = {">"},
+                               .storage = StorageType::kFile,
+                               .directory = d.path(),
+                               .sync = SyncPolicy::kNone})
+                .ok());
+    for (const char* subject : {"a", "-", "b"}) REQUIRE(engine->Publish(Ev(subject)).ok());
+    REQUIRE(*engine->PurgeStream("S", {.subject = "-"}) == 1);
+  }
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream({.name = "S",
+                             .subjects = {">"},
+                             .storage = StorageType::kFile,
+                             .directory = d.path(),
+                             .sync = SyncPolicy::kNone})
+              .ok());
+  CHECK(HeldBy(*engine, "S") == Held{{1, "a"}, {3, "b"}});
+}
+
+TEST_CASE("first_seq skips a purged message that discard old brings to the front") {
+  auto engine = *Engine::Create();
+  StreamConfig s = Memory();
+  s.max_msgs = 3;
+  REQUIRE(engine->AddStream(s).ok());
+  for (const char* subject : {"s.a", "s.b", "s.c"}) REQUIRE(engine->Publish(Ev(subject)).ok());
+  REQUIRE(*engine->PurgeStream("S", {.subject = "s.b"}) == 1);
+  REQUIRE(engine->Publish(Ev("s.d")).ok());
+  REQUIRE(engine->Publish(Ev("s.e")).ok());
+  CHECK(HeldBy(*engine, "S") == Held{{3, "s.c"}, {4, "s.d"}, {5, "s.e"}});
+  CHECK(SS(*engine, "S").first_seq == 3);
+}

@@ -46,6 +46,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -148,6 +149,30 @@ class DuplicateWindow {
       if (r.expires_ns <= now) continue;
       auto it = ids_.find(std::string_view(r.msg_id));
       f(std::string_view(r.msg_id), it->second.seq, r.expires_ns - window_ns_);
+    }
+  }
+
+  // Forgets every id accepted under a sequence above `seq` (the engine's recovery,
+  // when the messages of those sequences were lost with a log's tail). O(size).
+  void ForgetAbove(std::uint64_t seq) {
+    // The values first, while the map's views still point into order_'s ids.
+    std::vector<Value> values;
+    std::vector<bool> keep;
+    values.reserve(order_.size());
+    keep.reserve(order_.size());
+    for (const Record& r : order_) {
+      const Value& v = ids_.at(std::string_view(r.msg_id));
+      keep.push_back(v.seq <= seq);
+      if (keep.back()) values.push_back(v);
+    }
+    ids_.clear();
+    std::deque<Record> kept;
+    for (std::size_t i = 0; i < order_.size(); ++i) {
+      if (keep[i]) kept.push_back(std::move(order_[i]));
+    }
+    order_ = std::move(kept);
+    for (std::size_t i = 0; i < order_.size(); ++i) {
+      ids_.emplace(std::string_view(order_[i].msg_id), values[i]);
     }
   }
 

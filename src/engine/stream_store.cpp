@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -140,31 +141,18 @@ ParsedRecord ParseRecord(std::string_view value) {
   return r;
 }
 
+// msg_ids in the purges file: lowercase hex (absl::BytesToHexString); reading back
+// checks every digit first (absl::HexStringToBytes does not).
 std::string Hex(std::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (char c : bytes) {
-    out.push_back(kDigits[static_cast<unsigned char>(c) >> 4]);
-    out.push_back(kDigits[static_cast<unsigned char>(c) & 15]);
-  }
-  return out;
+  return absl::BytesToHexString(absl::string_view(bytes.data(), bytes.size()));
 }
 
 bool Unhex(std::string_view hex, std::string* out) {
   if (hex.size() % 2 != 0) return false;
-  out->clear();
-  auto digit = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
-  for (std::size_t i = 0; i < hex.size(); i += 2) {
-    const int hi = digit(hex[i]);
-    const int lo = digit(hex[i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    out->push_back(static_cast<char>(hi * 16 + lo));
+  for (char c : hex) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
   }
+  *out = absl::HexStringToBytes(absl::string_view(hex.data(), hex.size()));
   return true;
 }
 

@@ -162,6 +162,15 @@ absl::StatusOr<std::uint64_t> Engine::PurgeStream(std::string_view stream,
                                          "': syncing its log before a purge: " +
                                          std::string(st.message()));
     }
+    // And the removed log up to removed_tx: a keep-N purge replayed over acks a power
+    // cut took would count them as held and remove messages that are still unacked.
+    if (s->removed_log != nullptr && p.removed_tx != 0) {
+      if (absl::Status st = s->removed_log->Sync(p.removed_tx); !st.ok()) {
+        return absl::Status(st.code(), "stream '" + s->config.name +
+                                           "': syncing its removed log before a purge: " +
+                                           std::string(st.message()));
+      }
+    }
     bool renamed = false;
     not_durable = s->WritePurges(next, impl_->clock->NowNanos(), &renamed);
     // Not written: nothing changes. Written but its directory not synced: a restart

@@ -136,6 +136,14 @@ inline std::int64_t SatAdd(std::int64_t now, std::int64_t ns) {
   return ns > INT64_MAX - now ? INT64_MAX : now + ns;
 }
 
+// a - b, saturating at INT64_MIN and INT64_MAX (times from a host's clock, or a
+// Duration converted by absl::ToInt64Nanoseconds, may be anywhere in int64).
+inline std::int64_t SatSub(std::int64_t a, std::int64_t b) {
+  std::int64_t d;
+  if (!__builtin_sub_overflow(a, b, &d)) return d;
+  return b < 0 ? INT64_MAX : INT64_MIN;
+}
+
 // A message of a tracked consumer (ack_wait > 0) not yet acked: either out with
 // `member` (delivery `attempt`, its ack wait running until `deadline_ns`), or queued
 // again for delivery `attempt` (member == kNoMember) after an expiry or a nak.

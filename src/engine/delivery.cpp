@@ -162,7 +162,7 @@ void RetryParked(ConsumerState& c) {
         const std::int64_t publish_ns = c.parked.front().h->publish_ns;
         if (c.replay_first_publish_ns == INT64_MIN) c.replay_first_publish_ns = publish_ns;
         due_ns = SatAdd(c.replay_start_ns,
-                        std::max<std::int64_t>(0, publish_ns - c.replay_first_publish_ns));
+                        std::max<std::int64_t>(0, SatSub(publish_ns, c.replay_first_publish_ns)));
       }
     }
     if (paced && c.clock->NowNanos() < due_ns) {

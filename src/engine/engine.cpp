@@ -544,7 +544,7 @@ void QueueStoredFromLog(StreamState& stream, ConsumerState& c) {
   std::int64_t start_ns = INT64_MIN;
   if (!resume && cfg.deliver == DeliverPolicy::kByStartTime) {
     const absl::Duration ago = absl::Now() - cfg.start_time;
-    start_ns = c.clock->NowNanos() - absl::ToInt64Nanoseconds(ago);
+    start_ns = engine_internal::SatSub(c.clock->NowNanos(), absl::ToInt64Nanoseconds(ago));
   }
   if (!resume && cfg.deliver == DeliverPolicy::kByStartSequence) c.start_after = cfg.start_seq - 1;
   const ConsumerState::Resume& r = c.resume;
@@ -657,7 +657,7 @@ void QueueStoredMessages(StreamState& stream, ConsumerState& c) {
     // Publish times are on the engine clock: the start time maps onto it by its
     // distance from now.
     const absl::Duration ago = absl::Now() - cfg.start_time;
-    start_ns = c.clock->NowNanos() - absl::ToInt64Nanoseconds(ago);
+    start_ns = engine_internal::SatSub(c.clock->NowNanos(), absl::ToInt64Nanoseconds(ago));
   }
   if (cfg.deliver == DeliverPolicy::kByStartSequence) c.start_after = cfg.start_seq - 1;
   std::vector<engine_internal::Handle> chosen;

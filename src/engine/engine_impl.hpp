@@ -210,7 +210,7 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // Asks the timer thread to run by `due_ns` (engine clock). No-op with manual timers.
   void WakeTimer(std::int64_t due_ns) override {
     if (manual_timers) return;
-    const std::int64_t delta = std::max<std::int64_t>(0, due_ns - clock->NowNanos());
+    const std::int64_t delta = std::max<std::int64_t>(0, engine_internal::SatSub(due_ns, clock->NowNanos()));
     const std::int64_t now = SteadyClock::Now();
     const std::int64_t at = delta > INT64_MAX - now ? INT64_MAX : now + delta;
     std::int64_t cur = timer_wake_steady_ns.load(std::memory_order_relaxed);
@@ -310,9 +310,15 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
     std::uint32_t deferred = 0;     // internal publishes left for FlushOutbox
     absl::Status first_refusal;
     std::uint32_t undelivered = 0;  // queueing failed because the engine closed
-    // File streams that stored the event: their log and its sequence there, synced
-    // (StreamLog::Sync) after every stream's mutex is let go.
-    absl::InlinedVector<std::pair<StreamState*, std::uint64_t>, 2> syncs;
+    // File streams that stored the event: their log and its sequence there, and the
+    // removed log's tx of what max_msgs_per_subject took out for it (0: nothing),
+    // synced (StreamLog::Sync) after every stream's mutex is let go.
+    struct Sync {
+      StreamState* stream;
+      std::uint64_t seq;
+      std::uint64_t removed_tx;
+    };
+    absl::InlinedVector<Sync, 2> syncs;
   };
   static PublishFlags FlagsOf(PublishMode mode);
   static void Count(std::atomic<std::uint64_t>& counter, const PublishFlags& flags);

@@ -75,11 +75,22 @@ absl::StatusOr<PublishAck> Engine::Publish(Event&& event, PublishMode mode, Stre
   }
   // File streams: the ack waits for each one's sync policy (no stream mutex held, so
   // publishers waiting at once share an fdatasync).
-  for (const auto& [stream, seq] : tally.syncs) {
+  for (const auto& [stream, seq, removed_tx] : tally.syncs) {
     if (absl::Status st = stream->log->Sync(seq); !st.ok()) {
       return absl::Status(st.code(), "stream '" + stream->config.name +
                                          "': message stored as sequence " + std::to_string(seq) +
                                          " is not durable: " + std::string(st.message()));
+    }
+    // Then the removal of the subject's oldest message (max_msgs_per_subject), after
+    // the message that replaced it: a power cut between the two leaves both, never
+    // neither, and a restart under a higher limit does not bring the removed one back.
+    if (removed_tx == 0) continue;
+    if (absl::Status st = stream->removed_log->Sync(removed_tx); !st.ok()) {
+      return absl::Status(st.code(), "stream '" + stream->config.name +
+                                         "': message stored as sequence " + std::to_string(seq) +
+                                         ", but the removal of an older message of its "
+                                         "subject (max_msgs_per_subject) is not durable: " +
+                                         std::string(st.message()));
     }
   }
   return impl_->FinishPublish(tally, flags);
@@ -459,7 +470,7 @@ inline void Engine::Impl::PublishToStream(StreamState& stream, PublishedEvent& p
       Refuse(stream, std::move(w), true, tally);
       return;
     }
-    tally.syncs.emplace_back(&stream, stream.next_seq);
+    tally.syncs.push_back({&stream, stream.next_seq, 0});
   }
   if (pe.last) {  // nothing reads them after the last stream: no reference counts change
     stored->event = std::move(pe.shared);
@@ -468,8 +479,14 @@ inline void Engine::Impl::PublishToStream(StreamState& stream, PublishedEvent& p
     stored->event = pe.shared;
     stored->converted = converted;  // copies of shared_ptrs: no allocation
   }
+  const std::uint64_t limit_removed_before = stream.limit_removed_tx;
   stream.Append(stored, now, pe.bytes, explicit_acks, !flags.internal);
-  if (stream.log != nullptr) stream.RetireLog();
+  if (stream.log != nullptr) {
+    if (stream.limit_removed_tx != limit_removed_before) {
+      tally.syncs.back().removed_tx = stream.limit_removed_tx;
+    }
+    stream.RetireLog();
+  }
   // enqueue: one delivery per target lane.
   const std::uint32_t undelivered_acks =
       EnqueueTargets(stream, stored, targets, now, pe.event_limit_ns, flags, tally);

@@ -280,7 +280,7 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
   // ToInt64Nanoseconds saturates (an infinite delay gives INT64_MAX), so this
   // subtracts first and saturates the sum.
   const std::int64_t age_ns = std::max<std::int64_t>(
-      0, consumer_->clock->NowNanos() - first.publish_time_ns());
+      0, engine_internal::SatSub(consumer_->clock->NowNanos(), first.publish_time_ns()));
   const std::int64_t delay_ns = absl::ToInt64Nanoseconds(max_queue_delay);
   const std::int64_t remaining_ns = delay_ns > age_ns ? delay_ns - age_ns : 0;
   const std::int64_t now = SteadyClock::Now();

@@ -169,6 +169,9 @@ struct StreamState {
   // takes agree.
   std::unique_ptr<StreamLog> removed_log;
   std::uint64_t limit_records = 0;  // kLimit records appended (RetireRemovedLog now and then); mu
+  // The removed log's tx of the newest kLimit record (0: none yet); mu. A publisher
+  // whose Append moved it syncs the removed log that far with its message.
+  std::uint64_t limit_removed_tx = 0;
   std::vector<std::uint64_t> removed_pending;  // guarded by removed_mu: for DrainRemoved
   std::atomic<bool> has_removed_pending{false};
   // Per acked-log record, oldest first: (tx, the largest sequence of the records up

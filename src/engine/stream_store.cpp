@@ -612,7 +612,8 @@ void StreamState::LimitSubject(std::string_view subject, std::uint64_t seq) {
       // Recorded, so that a restart with a higher limit (or none) does not bring it
       // back. A failed record fails the removed log, and publishes are refused
       // (Admit) from then on.
-      (void)RecordRemoval(oldest, Removal::kLimit, /*pending=*/false);
+      absl::StatusOr<std::uint64_t> tx = RecordRemoval(oldest, Removal::kLimit, /*pending=*/false);
+      if (tx.ok()) limit_removed_tx = *tx;
       if (++limit_records % 256 == 0 && !recovering) RetireRemovedLog();
     }
   }

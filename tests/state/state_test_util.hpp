@@ -259,4 +259,98 @@ class HookedFileSystem final : public inferq::FileSystem {
   std::shared_ptr<inferq::FileSystem> base_ = inferq::PosixFileSystem();
 };
 
+// Plays a power cut: forwards to the POSIX file system and keeps, per file, the bytes
+// it held at its last Sync (a file never synced holds none). Cut() puts every file it
+// knows back to that image, as the disk would hold it after the machine lost power
+// with everything else in the page cache. Renames and removals count as durable at
+// once (the code under test syncs a file before renaming it, and syncs the directory
+// after). Files are never mapped (Map: kUnimplemented), so every write passes here.
+class PowerCutFileSystem final : public inferq::FileSystem {
+ public:
+  absl::StatusOr<std::unique_ptr<inferq::FileLock>> Lock(const std::string& p) override {
+    return base_->Lock(p);
+  }
+  absl::StatusOr<std::unique_ptr<inferq::WritableFile>> Create(const std::string& p) override {
+    auto f = base_->Create(p);
+    if (!f.ok()) return f.status();
+    {
+      std::lock_guard lock(mu_);
+      durable_[p] = std::string();
+    }
+    return std::unique_ptr<inferq::WritableFile>(new File(this, p, *std::move(f)));
+  }
+  absl::StatusOr<std::unique_ptr<inferq::WritableFile>> OpenForWrite(const std::string& p) override {
+    auto f = base_->OpenForWrite(p);
+    if (!f.ok()) return f.status();
+    {
+      std::lock_guard lock(mu_);
+      if (!durable_.contains(p)) {
+        auto bytes = base_->Read(p);  // there before this file system saw it: durable
+        durable_[p] = bytes.ok() ? *bytes : std::string();
+      }
+    }
+    return std::unique_ptr<inferq::WritableFile>(new File(this, p, *std::move(f)));
+  }
+  absl::StatusOr<std::string> Read(const std::string& p) override { return base_->Read(p); }
+  absl::StatusOr<std::vector<std::string>> List(const std::string& d) override {
+    return base_->List(d);
+  }
+  absl::Status CreateDir(const std::string& d) override { return base_->CreateDir(d); }
+  absl::Status Rename(const std::string& a, const std::string& b) override {
+    if (auto st = base_->Rename(a, b); !st.ok()) return st;
+    std::lock_guard lock(mu_);
+    auto it = durable_.find(a);
+    if (it != durable_.end()) {
+      durable_[b] = std::move(it->second);
+      durable_.erase(a);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Remove(const std::string& p) override {
+    if (auto st = base_->Remove(p); !st.ok()) return st;
+    std::lock_guard lock(mu_);
+    durable_.erase(p);
+    return absl::OkStatus();
+  }
+  absl::Status SyncDir(const std::string& d) override { return base_->SyncDir(d); }
+
+  // Every file written through here back to its image at its last Sync. Call it with
+  // no store open on the files.
+  void Cut() {
+    std::lock_guard lock(mu_);
+    for (const auto& [path, bytes] : durable_) {
+      std::ofstream out(path, std::ios::binary | std::ios::trunc);
+      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    }
+  }
+
+ private:
+  class File final : public inferq::WritableFile {
+   public:
+    File(PowerCutFileSystem* fs, std::string path, std::unique_ptr<inferq::WritableFile> f)
+        : fs_(fs), path_(std::move(path)), f_(std::move(f)) {}
+    absl::Status WriteAt(std::uint64_t offset, std::string_view data) override {
+      return f_->WriteAt(offset, data);
+    }
+    absl::Status Sync() override {
+      if (auto st = f_->Sync(); !st.ok()) return st;
+      auto bytes = fs_->base_->Read(path_);
+      if (!bytes.ok()) return bytes.status();
+      std::lock_guard lock(fs_->mu_);
+      fs_->durable_[path_] = *std::move(bytes);
+      return absl::OkStatus();
+    }
+    absl::Status Close() override { return f_->Close(); }
+
+   private:
+    PowerCutFileSystem* fs_;
+    std::string path_;
+    std::unique_ptr<inferq::WritableFile> f_;
+  };
+
+  std::shared_ptr<inferq::FileSystem> base_ = inferq::PosixFileSystem();
+  std::mutex mu_;
+  std::map<std::string, std::string> durable_;
+};
+
 }  // namespace state_test

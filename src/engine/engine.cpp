@@ -59,6 +59,9 @@ NumaArena* ProcessArena(const Topology& topology, int node_index, std::string* w
 
 }  // namespace
 
+// Defined with the ack logs below.
+absl::Status DropStaleAckRecords(const StreamState& stream);
+
 namespace {
 
 // `dir` made absolute and normal, symbolic links of its existing part resolved, so
@@ -286,6 +289,7 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
     }
     state->log = *std::move(log);
     if (absl::Status st = state->FinishRecovery(now_ns, wall_ns); !st.ok()) return st;
+    if (absl::Status st = DropStaleAckRecords(*state); !st.ok()) return st;
   }
 
   std::lock_guard lock(impl_->config_mu);
@@ -384,8 +388,8 @@ absl::Status AddLanes(ConsumerState& state, const ConsumerConfig& config) {
   return absl::OkStatus();
 }
 
-// Rewrites the ack log of durable consumer `c`, just replayed (`records` records,
-// c.resume what they say), as its state alone when the history is much longer: the
+// Rewrites the ack log `log` of a durable consumer, just replayed (`records` records,
+// `r` what they say), as its state alone when the history is much longer: the
 // floor raised over the acks that follow it without a gap ("S <floor>"), then an "A"
 // for each ack above it and a "D" for each delivery not acked. The state goes into
 // new segments, is fdatasync'ed, and only then are the older segments removed, so a
@@ -398,8 +402,8 @@ absl::Status AddLanes(ConsumerState& state, const ConsumerConfig& config) {
 // policy): they are dropped, and the log is rewritten at once, since the stream
 // gives those sequences to its next publishes. For the same reason a floor past
 // last_seq is lowered to it, and the floor never rises past it.
-absl::Status CompactAckLog(ConsumerState& c, std::uint64_t records, std::uint64_t last_seq) {
-  ConsumerState::Resume& r = c.resume;
+absl::Status CompactAckLog(ConsumerState::Resume& r, StreamLog& log, std::uint64_t records,
+                           std::uint64_t last_seq) {
   if (!r.started) return absl::OkStatus();
   bool stale =
       absl::erase_if(r.acked, [&](std::uint64_t seq) { return seq > last_seq; }) +
@@ -414,7 +418,6 @@ absl::Status CompactAckLog(ConsumerState& c, std::uint64_t records, std::uint64_
   absl::erase_if(r.delivered, [&](const auto& kv) { return kv.first <= r.floor; });
   const std::uint64_t live = 1 + r.acked.size() + r.delivered.size();
   if (!stale && records <= 2 * live + 1024) return absl::OkStatus();
-  StreamLog& log = *c.ack_log;
   if (absl::Status st = log.Rotate(); !st.ok()) return st;
   const std::uint64_t first = log.last_tx() + 1;
   std::vector<std::uint64_t> acked(r.acked.begin(), r.acked.end());
@@ -437,17 +440,19 @@ absl::Status CompactAckLog(ConsumerState& c, std::uint64_t records, std::uint64_
   return log.RetireBefore(first);
 }
 
-// A consumer of a file stream: opens its ack log and reads where it stands
-// (ConsumerState::ack_log, resume), compacting it when its history is long.
-absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
+// The ack log of consumer `name` of file stream `stream`: opened, its records read
+// into `r` (`*records`: how many). Its errors name the log; the caller adds the
+// consumer.
+absl::StatusOr<std::unique_ptr<StreamLog>> ReadAckLog(const StreamState& stream,
+                                                      const std::string& name,
+                                                      ConsumerState::Resume& r,
+                                                      std::uint64_t* records) {
   StreamLogOptions lo;
-  lo.dir = stream.config.directory + "/consumers/" + c.config.name;
+  lo.dir = stream.config.directory + "/consumers/" + name;
   lo.sync = stream.config.sync;
   lo.group_commit_window = stream.config.sync_window;
   lo.segment_bytes = stream.config.segment_bytes;
   lo.file_system = stream.config.file_system;
-  ConsumerState::Resume& r = c.resume;
-  std::uint64_t records = 0;
   auto parse = [&](const StreamLog::Entry& e) -> absl::Status {
     const std::string_view v = e.value;
     std::uint64_t a = 0, b = 0;
@@ -462,18 +467,17 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
     const bool ok = v.size() >= 3 && v[1] == ' ' && num(a) &&
                     (v[0] != 'D' || num(b)) && p == end;
     if (!ok || (v[0] != 'S' && v[0] != 'A' && v[0] != 'D')) {
-      return absl::DataLossError("consumer '" + c.config.name + "': ack log " +
-                                 QuoteValue(lo.dir) + " record " + std::to_string(e.tx) +
+      return absl::DataLossError("ack log " + QuoteValue(lo.dir) + " record " +
+                                 std::to_string(e.tx) +
                                  " is not an ack log record: " + QuoteValue(v.substr(0, 64)));
     }
     if (v[0] == 'D' && b > UINT32_MAX) {
-      return absl::DataLossError("consumer '" + c.config.name + "': ack log " +
-                                 QuoteValue(lo.dir) + " record " + std::to_string(e.tx) +
-                                 " counts " + std::to_string(b) + " deliveries of message " +
-                                 std::to_string(a) + " (at most " + std::to_string(UINT32_MAX) +
-                                 ")");
+      return absl::DataLossError("ack log " + QuoteValue(lo.dir) + " record " +
+                                 std::to_string(e.tx) + " counts " + std::to_string(b) +
+                                 " deliveries of message " + std::to_string(a) + " (at most " +
+                                 std::to_string(UINT32_MAX) + ")");
     }
-    ++records;
+    ++*records;
     if (v[0] == 'S') {
       r.started = true;
       r.floor = std::max(r.floor, a);
@@ -485,18 +489,55 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
     }
     return absl::OkStatus();
   };
+  return StreamLog::Open(lo, parse);
+}
+
+}  // namespace
+
+// At a file stream's recovery: every consumer's ack log in its directory, added in
+// this run or not, without its records of sequences beyond the recovered last
+// message (CompactAckLog). A consumer added only in a later run would otherwise
+// take the acks of a tail a power cut took for acks of the publishes that reused
+// those sequences in between, and never deliver them. Errors name the consumer.
+absl::Status DropStaleAckRecords(const StreamState& stream) {
+  const std::string dir = stream.config.directory + "/consumers";
+  absl::StatusOr<std::vector<std::string>> names = stream.fs->List(dir);
+  if (!names.ok()) return absl::OkStatus();  // no consumer yet
+  std::sort(names->begin(), names->end());
+  for (const std::string& name : *names) {
+    ConsumerState::Resume r;
+    std::uint64_t records = 0;
+    absl::StatusOr<std::unique_ptr<StreamLog>> log = ReadAckLog(stream, name, r, &records);
+    absl::Status st = log.ok() ? CompactAckLog(r, **log, records, stream.recovered_next_seq - 1)
+                               : log.status();
+    if (!st.ok()) {
+      return absl::Status(st.code(), "stream '" + stream.config.name + "': consumer '" + name +
+                                         "': " + std::string(st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// A consumer of a file stream: opens its ack log and reads where it stands
+// (ConsumerState::ack_log, resume), compacting it when its history is long.
+absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
+  const std::string dir = stream.config.directory + "/consumers/" + c.config.name;
+  std::uint64_t records = 0;
   auto fail = [&](const absl::Status& st, std::string_view doing) {
     return absl::Status(st.code(), "consumer '" + c.config.name + "' of stream '" +
                                        stream.config.name + "': " + std::string(doing) +
                                        std::string(st.message()));
   };
-  absl::StatusOr<std::unique_ptr<StreamLog>> log = StreamLog::Open(lo, parse);
+  absl::StatusOr<std::unique_ptr<StreamLog>> log = ReadAckLog(stream, c.config.name, c.resume, &records);
   if (!log.ok()) return fail(log.status(), "");
   c.ack_log = *std::move(log);
   // Not next_seq (guarded by stream.mu, and moved by this run's publishes, whose
   // sequences the lost tail's records would hide): a consumer's ack log is opened
   // once per run, so what lies beyond the recovered last message is stale.
-  if (absl::Status st = CompactAckLog(c, records, stream.recovered_next_seq - 1); !st.ok()) {
+  if (absl::Status st = CompactAckLog(c.resume, *c.ack_log, records, stream.recovered_next_seq - 1);
+      !st.ok()) {
     c.ack_log.reset();
     return fail(st, "compacting its ack log: ");
   }
@@ -523,7 +564,7 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
       // it goes whole (if that fails too, a later add takes more, never less).
       if (records == 0) {
         std::error_code ec;
-        std::filesystem::remove_all(lo.dir, ec);
+        std::filesystem::remove_all(dir, ec);
       }
       return fail(st, "writing its start to its ack log: ");
     }

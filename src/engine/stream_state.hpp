@@ -448,6 +448,11 @@ struct StreamState {
   // Any thread; takes removed_mu, never mu (an acking member must not wait for a
   // publisher blocked on a full lane).
   absl::StatusOr<std::uint64_t> AckOut(std::uint64_t seq);
+  // kFile, at recovery: when the removed log holds records of sequences above `last`
+  // (the stream log's last record: a power cut took the tail they spoke of, and the
+  // next publishes reuse those sequences), appends and syncs a void record ('v',
+  // `last`) that cancels them at every later recovery. Its error names the log.
+  absl::Status VoidRemovalsAbove(std::uint64_t last);
   // kFile: appends the removal of `seq` (`why`: kAck or kLimit) to the removed log,
   // under removed_mu; with `pending`, also as AckOut does (removed_seqs,
   // removed_pending). The record's tx, or the log's error naming the stream. Any

@@ -367,6 +367,7 @@ absl::Status StreamState::FinishRecovery(std::int64_t now_ns, std::int64_t wall_
   recovering = false;
   if (log->last_tx() >= next_seq) next_seq = log->last_tx() + 1;
   recovered_next_seq = next_seq;
+  if (absl::Status st = VoidRemovalsAbove(next_seq - 1); !st.ok()) return st;
   TrimFront(now_ns);
   if (dedup != nullptr) {
     dedup->Expire(now_ns);
@@ -402,20 +403,25 @@ absl::Status StreamState::OpenRemovedLog(bool force) {
   lo.group_commit_window = config.sync_window;
   lo.segment_bytes = std::min<std::uint64_t>(config.segment_bytes, std::uint64_t{4} << 20);
   lo.file_system = fs;
-  std::uint64_t max_seq = 0;
+  // Records 'a' (a work queue's ack) and 'l' (max_msgs_per_subject) remove their
+  // sequence; 'v' voids the earlier records naming a sequence above its own (written
+  // by FinishRecovery when a power cut took the stream log's tail: the next
+  // publishes reuse those sequences).
+  struct Loaded {
+    std::uint64_t tx;
+    std::uint64_t seq;
+    char kind;
+  };
+  std::vector<Loaded> loaded;
   absl::StatusOr<std::unique_ptr<StreamLog>> opened =
       StreamLog::Open(lo, [&](const StreamLog::Entry& e) -> absl::Status {
-        if (e.value.size() != 9 || (e.value[8] != 'a' && e.value[8] != 'l')) {
+        if (e.value.size() != 9 || (e.value[8] != 'a' && e.value[8] != 'l' && e.value[8] != 'v')) {
           return absl::DataLossError("stream '" + config.name + "': removed log " +
                                      QuoteValue(lo.dir) + " record " + std::to_string(e.tx) +
                                      " holds " + std::to_string(e.value.size()) +
                                      " bytes, not a removal");
         }
-        const std::uint64_t seq = GetU64(e.value, 0);
-        recovery_removed.push_back(
-            {e.tx, seq, e.value[8] == 'a' ? Removal::kAck : Removal::kLimit});
-        max_seq = std::max(max_seq, seq);
-        removed_max.emplace_back(e.tx, max_seq);
+        loaded.push_back({e.tx, GetU64(e.value, 0), e.value[8]});
         return absl::OkStatus();
       });
   if (!opened.ok()) {
@@ -424,6 +430,22 @@ absl::Status StreamState::OpenRemovedLog(bool force) {
       msg = "stream '" + config.name + "': removed log " + QuoteValue(lo.dir) + ": " + msg;
     }
     return absl::Status(opened.status().code(), std::move(msg));
+  }
+  // Voided records count for nothing, not even for retirement (a void's own
+  // sequence keeps the segments before it until the stream's log passes it).
+  for (std::size_t i = 0; i < loaded.size(); ++i) {
+    if (loaded[i].kind != 'v') continue;
+    for (std::size_t j = 0; j < i; ++j) {
+      if (loaded[j].kind != 'v' && loaded[j].seq > loaded[i].seq) loaded[j].kind = 'x';
+    }
+  }
+  std::uint64_t max_seq = 0;
+  for (const Loaded& r : loaded) {
+    if (r.kind == 'a' || r.kind == 'l') {
+      recovery_removed.push_back({r.tx, r.seq, r.kind == 'a' ? Removal::kAck : Removal::kLimit});
+    }
+    if (r.kind != 'x') max_seq = std::max(max_seq, r.seq);
+    removed_max.emplace_back(r.tx, max_seq);
   }
   removed_log = *std::move(opened);
   return absl::OkStatus();
@@ -450,6 +472,29 @@ absl::StatusOr<std::uint64_t> StreamState::RecordRemoval(std::uint64_t seq, Remo
     has_removed_pending.store(true, std::memory_order_relaxed);
   }
   return e->tx;
+}
+
+absl::Status StreamState::VoidRemovalsAbove(std::uint64_t last) {
+  if (removed_log == nullptr) return absl::OkStatus();
+  std::lock_guard lock(removed_mu);
+  if (removed_max.empty() || removed_max.back().second <= last) return absl::OkStatus();
+  std::string value;
+  PutU64(value, last);
+  value.push_back('v');
+  absl::StatusOr<StreamLog::Entry> e = removed_log->Append(value);
+  absl::Status st = e.ok() ? removed_log->Sync(e->tx) : e.status();
+  if (!st.ok()) {
+    return absl::Status(st.code(), "stream '" + config.name + "': removed log " +
+                                       QuoteValue(removed_log->dir()) +
+                                       ": voiding the removals of sequences above " +
+                                       std::to_string(last) + ", which a power cut took from "
+                                       "the stream's log: " + std::string(st.message()));
+  }
+  // Every record it voids named a sequence above `last`, and every other one at most
+  // `last`: the running maxima are `last` at most from here on.
+  for (auto& [tx, max_seq] : removed_max) max_seq = std::min(max_seq, last);
+  removed_max.emplace_back(e->tx, last);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::uint64_t> StreamState::AckOut(std::uint64_t seq) {

@@ -173,6 +173,18 @@ class StreamLog::Impl {
                                      " (after tx_id " + std::to_string(seen_tx) +
                                      "): " + std::string(header.status().message()));
         }
+        // A segment after the first is created while the one before it is still there
+        // (retirement keeps the tail), so a torn create with none before it is the
+        // first segment's: a log's only segment named past tx_id 1 with no header
+        // lost what it held (a file truncated, say), found by the adversarial helper.
+        if (i == 0 && name_tx != 1) {
+          return absl::DataLossError("stream log segment " + QuoteValue(name) + " holds " +
+                                     std::to_string(bytes.size()) +
+                                     " bytes and no valid header, and no segment precedes it: "
+                                     "tx_ids from " + std::to_string(name_tx) +
+                                     " on are lost (" + std::string(header.status().message()) +
+                                     ")");
+        }
         if (auto st = fs_->Remove(path); !st.ok()) return st;
         torn_tail_bytes_ += bytes.size();
         removed = true;

@@ -537,3 +537,48 @@ TEST_CASE("stream log writes zeros ahead again after reopening a sparse tail") {
   CHECK(hole_at(0) >= static_cast<off_t>(o.segment_bytes));
   CHECK(*log->Read(e->location) == std::string(2000, 'z'));
 }
+
+TEST_CASE("stream log refuses an only segment past tx_id 1 emptied, and takes an empty first one") {
+  // Found by the adversarial helper: a segment truncated to 0 bytes read as a torn
+  // create, and the log started again with what that segment held gone unsaid.
+  TempDir d;
+  StreamLogOptions o = Opts(d.path(), SyncPolicy::kNone);
+  o.segment_bytes = 4096;
+  {
+    Recovered none;
+    auto log = OpenOk(o, &none);
+    for (int i = 1; i <= 3; ++i) REQUIRE(log->Append(Value(i)).ok());
+    REQUIRE(log->Rotate().ok());
+    REQUIRE(log->Append(Value(4)).ok());
+    REQUIRE(log->RetireBefore(4).ok());
+    REQUIRE(log->Stats().segments == 1);
+  }
+  const std::vector<std::string> segs = Files(d.path(), "log-");
+  REQUIRE(segs.size() == 1);
+  SECTION("emptied: refused, naming the segment and the lost tx_ids") {
+    std::filesystem::resize_file(d / segs.front(), 0);
+    Recovered r;
+    auto log = OpenLog(o, &r);
+    REQUIRE(log.status().code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(std::string(log.status().message()),
+               Catch::StartsWith("stream log segment '" + segs.front() +
+                                 "' holds 0 bytes and no valid header, and no "
+                                 "segment precedes it: tx_ids from 4 on are lost ("));
+    CHECK(Files(d.path(), "log-") == segs);  // changes nothing
+  }
+  SECTION("a fresh log's first segment torn in its create still opens empty") {
+    TempDir fresh;
+    StreamLogOptions f = Opts(fresh.path(), SyncPolicy::kNone);
+    {
+      Recovered none;
+      auto log = OpenOk(f, &none);
+    }
+    const std::vector<std::string> first = Files(fresh.path(), "log-");
+    REQUIRE(first.size() == 1);
+    std::filesystem::resize_file(fresh / first.front(), 0);
+    Recovered r;
+    auto log = OpenOk(f, &r);
+    CHECK(r.txs.empty());
+    CHECK(log->Append("x")->tx == 1);
+  }
+}

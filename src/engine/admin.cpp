@@ -7,6 +7,8 @@
 // the removal itself is StreamState's (stream_store.cpp).
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
+#include <system_error>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -188,6 +190,123 @@ absl::StatusOr<std::uint64_t> Engine::PurgeStream(std::string_view stream,
                             std::string(not_durable.message()));
   }
   return victims->size();
+}
+
+
+// ---- DeleteConsumer. ----
+
+namespace engine_internal {
+
+void ReleaseInterest(ConsumerState& c, StoredMessage& h) {
+  StreamState* stream = h.stream;
+  if (c.config.ack != AckPolicy::kExplicit ||
+      stream->config.retention == RetentionPolicy::kLimits) {
+    return;
+  }
+  // A work queue keeps the message (live with no consumer counted) for the next
+  // consumer, which counts itself again when it takes it (QueueStoredMessages).
+  if (h.pending_acks.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
+      stream->config.retention == RetentionPolicy::kInterest) {
+    stream->Retire(h, kDone);
+  }
+}
+
+}  // namespace engine_internal
+
+absl::Status Engine::DeleteConsumer(std::string_view stream, std::string_view name) {
+  using engine_internal::ConsumerState;
+  using engine_internal::ConsumerTimer;
+  using engine_internal::Delivery;
+  using engine_internal::StreamState;
+  ConsumerState* c = nullptr;
+  StreamState* s = nullptr;
+  {
+    std::lock_guard lock(impl_->config_mu);
+    if (impl_->closed.load()) return absl::CancelledError("engine is closed");
+    s = impl_->FindStream(stream);
+    if (s == nullptr) return absl::NotFoundError("stream " + QuoteValue(stream) + " does not exist");
+    auto it = std::find_if(impl_->consumers.begin(), impl_->consumers.end(), [&](const auto& p) {
+      return p->stream == s && p->config.name == name;
+    });
+    if (it == impl_->consumers.end()) {
+      return absl::NotFoundError("consumer " + QuoteValue(name) + " of stream " +
+                                 QuoteValue(stream) + " does not exist");
+    }
+    c = it->get();
+    if (c->on_dead_letter) {
+      return absl::FailedPreconditionError(
+          "consumer " + QuoteValue(name) + " of stream " + QuoteValue(stream) +
+          " serves a registered function (Engine::RegisterFunction); it is not deleted alone");
+    }
+    // Kept alive (handles, Messages and the timer thread's snapshot point to it);
+    // no longer listed, so its name is free and no run of the timers takes it.
+    c->deleted.store(true, std::memory_order_release);
+    impl_->deleted_consumers.push_back(std::move(*it));
+    impl_->consumers.erase(it);
+    impl_->consumer_count.store(impl_->consumers.size(), std::memory_order_relaxed);
+  }
+  {
+    // No publish queues anything for it from here on.
+    std::lock_guard lock(s->mu);
+    std::erase(s->consumers, c);
+  }
+  for (auto& lane : c->lanes) lane->ring.close();
+  {
+    std::lock_guard slot_lock(c->slot_mu);
+    c->closing.store(true, std::memory_order_release);
+  }
+  c->slot_cv.notify_all();
+  // What it still holds lets go of the stream: queued deliveries (a first delivery
+  // whose queue timeout dead-lettered it already was settled then), redeliveries
+  // parked or scheduled, and (tracked consumers) every delivery not acked, out with
+  // a member or not; an untracked consumer's deliveries out with a member let go
+  // when the member settles them (Message::Settle).
+  std::vector<Delivery> queued;
+  for (auto& lane : c->lanes) {
+    Delivery d;
+    while (lane->ring.try_pop(d)) queued.push_back(std::move(d));
+  }
+  std::vector<engine_internal::Handle> release;
+  {
+    std::lock_guard lock(c->pending_mu);
+    for (Delivery& d : c->parked) queued.push_back(std::move(d));
+    c->parked.clear();
+    c->has_parked.store(false, std::memory_order_release);
+    for (Delivery& d : queued) {
+      if (d.shadow) continue;
+      if (d.attempt == 1) {
+        auto w = c->waiting.find(d.h->seq);
+        if (w != c->waiting.end() && w->second.state == ConsumerState::kExpired) continue;
+      }
+      if (c->tracked && d.attempt > 1) continue;  // its pending entry, below
+      release.push_back(std::move(d.h));
+    }
+    c->waiting.clear();
+    for (auto& [seq, p] : c->pending) release.push_back(std::move(p.h));
+    c->pending.clear();
+    c->wheel->Advance(INT64_MAX, [&](ConsumerTimer&& t, std::int64_t) {
+      if (t.kind == ConsumerTimer::kRedeliver && !c->tracked && t.h != nullptr) {
+        release.push_back(std::move(t.h));
+      }
+    });
+  }
+  for (engine_internal::Handle& h : release) engine_internal::ReleaseInterest(*c, *h);
+  if (c->ack_log == nullptr) return absl::OkStatus();
+  // The ack log goes: renamed out of the way first (a write racing this lands in the
+  // renamed directory, never in a log a later consumer of the name would resume).
+  const std::string dir = s->config.directory + "/consumers/" + std::string(name);
+  const std::string gone = s->config.directory + "/consumers/.deleted-" + std::string(name);
+  std::error_code ec;
+  std::filesystem::remove_all(gone, ec);
+  std::filesystem::rename(dir, gone, ec);
+  if (!ec) std::filesystem::remove_all(gone, ec);
+  if (ec) {
+    return absl::Status(absl::StatusCode::kInternal,
+                        "consumer " + QuoteValue(name) + " of stream " + QuoteValue(stream) +
+                            " is deleted, but its ack log " + QuoteValue(dir) +
+                            " could not be removed: " + ec.message());
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace inferq

@@ -388,6 +388,8 @@ struct ConsumerState {
   std::mutex slot_mu;
   std::condition_variable slot_cv;
   std::atomic<bool> closing{false};
+  // Engine::DeleteConsumer ran (set before its lanes close; never cleared).
+  std::atomic<bool> deleted{false};
 
   // The consumer's counts (ConsumerStats copies them with ForEachCount), on their
   // own cache lines: every thread that settles or delivers writes them.

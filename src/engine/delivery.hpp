@@ -66,6 +66,10 @@ void SettleWithoutAck(ConsumerState& c, StoredMessage& h);
 // and work-queue retention stop waiting for it; a file work queue records the
 // removal (the removed log's tx, for AckSync; 0 when nothing was recorded).
 absl::StatusOr<std::uint64_t> RetireOnSettle(ConsumerState& c, StoredMessage& h);
+// Engine::DeleteConsumer: deleted consumer `c` no longer counts for message `h`.
+// Interest retention removes it when no other consumer is waited for; a work queue
+// keeps it for the next consumer. No-op for limits retention and ack policy none.
+void ReleaseInterest(ConsumerState& c, StoredMessage& h);
 
 // Gives message `h` up after delivery `attempt`: a copy goes to the consumer's
 // dead-letter subject with the reason headers (kDeadLetterReasonHeader, ...).

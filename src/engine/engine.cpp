@@ -196,15 +196,17 @@ Engine::~Engine() {
   }
 #ifndef NDEBUG
   // A Message still alive would free its handle into pools destroyed below.
-  for (const auto& c : impl_->consumers) {
-    const std::int64_t live = c->live_messages.load(std::memory_order_acquire);
-    if (live == 0) continue;
-    std::fprintf(stderr,
-                 "inferq: Engine destroyed while %lld Message(s) of consumer '%s' of stream "
-                 "'%s' are alive; destroy every Message before its Engine "
-                 "(inferq/engine/engine.hpp: the Engine must outlive them)\n",
-                 static_cast<long long>(live), c->config.name.c_str(), c->config.stream.c_str());
-    std::abort();
+  for (const auto* list : {&impl_->consumers, &impl_->deleted_consumers}) {
+    for (const auto& c : *list) {
+      const std::int64_t live = c->live_messages.load(std::memory_order_acquire);
+      if (live == 0) continue;
+      std::fprintf(stderr,
+                   "inferq: Engine destroyed while %lld Message(s) of consumer '%s' of stream "
+                   "'%s' are alive; destroy every Message before its Engine "
+                   "(inferq/engine/engine.hpp: the Engine must outlive them)\n",
+                   static_cast<long long>(live), c->config.name.c_str(), c->config.stream.c_str());
+      std::abort();
+    }
   }
 #endif
 }
@@ -505,6 +507,12 @@ absl::Status DropStaleAckRecords(const StreamState& stream) {
   if (!names.ok()) return absl::OkStatus();  // no consumer yet
   std::sort(names->begin(), names->end());
   for (const std::string& name : *names) {
+    if (name.rfind(".deleted-", 0) == 0) {
+      // What Engine::DeleteConsumer could not remove (no consumer name starts with '.').
+      std::error_code ec;
+      std::filesystem::remove_all(dir + "/" + name, ec);
+      continue;
+    }
     ConsumerState::Resume r;
     std::uint64_t records = 0;
     absl::StatusOr<std::unique_ptr<StreamLog>> log = ReadAckLog(stream, name, r, &records);

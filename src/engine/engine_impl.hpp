@@ -95,6 +95,10 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   std::vector<std::unique_ptr<StreamState>> streams;         // guarded by config_mu
   absl::flat_hash_map<std::string, StreamState*> stream_by_name;  // guarded by config_mu
   std::vector<std::unique_ptr<ConsumerState>> consumers;     // guarded by config_mu
+  // Consumers DeleteConsumer removed: kept until the engine goes, since Consumer,
+  // Member and Message handles (and a timer run's snapshot) still point to them.
+  // Guarded by config_mu.
+  std::vector<std::unique_ptr<ConsumerState>> deleted_consumers;
   // File streams being recovered by AddStream (outside config_mu): their normal
   // directories and names, so that a nested one added meanwhile is refused before
   // either writes a file. Guarded by config_mu.

@@ -24,11 +24,17 @@ namespace inferq {
 
 namespace {
 
+absl::Status Deleted(const ConsumerState& c) {
+  return absl::CancelledError("consumer '" + c.config.name + "' of stream '" + c.config.stream +
+                              "' was deleted");
+}
+
 // Why a pull of member `m` got no max_ack_pending slot: the engine closed
 // (Cancelled) or the deadline passed (DeadlineExceeded).
 absl::Status NoSlot(const ConsumerState& c, const Lane& lane, std::uint32_t m,
                     ConsumerState::Slot slot) {
   if (slot == ConsumerState::Slot::kClosed) {
+    if (c.deleted.load(std::memory_order_acquire)) return Deleted(c);
     const std::size_t left = lane.ring.size_approx();
     if (left == 0) {
       return absl::CancelledError("engine closed: consumer '" + c.config.name +
@@ -196,6 +202,7 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
     if (!lane.ring.pop_until(d, deadline_ns)) {
       if (c.AckLogFailed()) return c.AckLogFailure();  // it closed the lanes
       if (lane.ring.closed() && lane.ring.size_approx() == 0) {
+        if (c.deleted.load(std::memory_order_acquire)) return Deleted(c);
         return absl::CancelledError("engine closed: consumer '" + consumer_->config.name +
                                     "' member " + std::to_string(index_) + " is drained");
       }

@@ -93,6 +93,13 @@ const Event& Message::event() const {
 std::uint64_t Message::stream_seq() const { return msg_ ? msg_->seq : 0; }
 std::int64_t Message::publish_time_ns() const { return msg_ ? msg_->publish_ns : 0; }
 
+absl::Status Message::Deleted(std::string_view verb) const {
+  return absl::FailedPreconditionError("cannot " + std::string(verb) + " message " +
+                                       std::to_string(msg_->seq) + ": consumer '" +
+                                       consumer_->config.name + "' of stream '" +
+                                       consumer_->config.stream + "' was deleted");
+}
+
 absl::Status Message::Ack() { return Settle(Settlement::kAck, 0, {}); }
 
 absl::Status Message::AckSync() {
@@ -131,6 +138,7 @@ absl::Status Message::Term(std::string_view description) {
 absl::Status Message::InProgress() {
   if (msg_ == nullptr) return absl::FailedPreconditionError("cannot mark an empty Message in progress");
   ConsumerState& c = *consumer_;
+  if (c.deleted.load(std::memory_order_acquire)) return Deleted("mark in progress");
   if (c.config.ack == AckPolicy::kNone) {
     return absl::FailedPreconditionError("consumer '" + c.config.name + "' of stream '" +
                                          c.config.stream + "' has ack policy none");
@@ -158,6 +166,14 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
   }
   ConsumerState& c = *consumer_;
   const ConsumerConfig& cfg = c.config;
+  if (c.deleted.load(std::memory_order_acquire)) {
+    // DeleteConsumer let go of a tracked consumer's deliveries; an untracked one's
+    // let go here, once.
+    if (!acked_.exchange(true, std::memory_order_acq_rel) && !c.tracked && !shadow_) {
+      engine_internal::ReleaseInterest(c, *msg_);
+    }
+    return Deleted(verb);
+  }
   if (cfg.ack == AckPolicy::kNone) {
     return absl::FailedPreconditionError("consumer '" + cfg.name + "' of stream '" +
                                          cfg.stream + "' has ack policy none");

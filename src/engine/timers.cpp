@@ -191,6 +191,7 @@ void Engine::RunTimers() {
   if (impl_->flow != nullptr) impl_->UpdateFlowControl(consumers);
   if (impl_->lifecycle != nullptr) (void)impl_->lifecycle->RunTimeouts();
   for (ConsumerState* c : consumers) {
+    if (c->deleted.load(std::memory_order_acquire)) continue;  // deleted since the snapshot
     const std::int64_t now = impl_->clock->NowNanos();
     // 1. Due timers (ack waits, delayed naks, queue timeouts), parked deliveries.
     RunConsumerTimers(*c, now);

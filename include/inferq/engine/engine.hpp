@@ -341,6 +341,26 @@ class Engine {
   // is added failed: its pulls return FailedPrecondition naming the failure.
   absl::StatusOr<Consumer> AddConsumer(const ConsumerConfig& config);
 
+  // Deletes consumer `name` of stream `stream` (JetStream's consumer delete). From
+  // its return:
+  // - the stream queues nothing more for it, and what was queued is dropped: a Next
+  //   or NextBatch of its members (one waiting too) returns Cancelled ("consumer
+  //   'c' of stream 'S' was deleted");
+  // - a Message it delivered can no longer be settled: Ack, AckSync, Nak and Term
+  //   return FailedPrecondition naming the consumer;
+  // - interest retention stops waiting for its acks (a message no other consumer
+  //   waits for goes); a work queue keeps its unacked messages for the next
+  //   consumer; it is no longer in EngineStats;
+  // - a durable consumer's ack log (<directory>/consumers/<name>) is gone, so a
+  //   consumer added under the name later starts afresh.
+  // Its Consumer and Member handles stay valid (their calls fail as above): the
+  // engine keeps the consumer's small state until it is destroyed, not its queued
+  // messages. NotFound for an unknown stream or consumer; FailedPrecondition for the
+  // consumer of a registered function; Cancelled after Close(). A file stream's
+  // error removing the ack log, naming it: the consumer is deleted all the same,
+  // and the next recovery of the stream removes what is left.
+  absl::Status DeleteConsumer(std::string_view stream, std::string_view name);
+
   // Stores `event` in every stream that captures its subject and queues it for each
   // of their matching consumers. InvalidArgument for an invalid subject, ttl or qos,
   // a msg_id longer than kMaxMsgIdBytes,

@@ -101,8 +101,9 @@ class Message {
   bool shadow() const { return shadow_; }
 
   // Acknowledges the delivery. FailedPrecondition for an empty Message, a consumer
-  // with AckPolicy::kNone, or a second settle (Ack, Nak or Term) of the same
-  // Message, whichever threads race. A late settle of a delivery whose ack_wait
+  // with AckPolicy::kNone, a second settle (Ack, Nak or Term) of the same Message,
+  // whichever threads race, or a consumer deleted since (Engine::DeleteConsumer:
+  // "cannot ack message N: consumer 'c' of stream 'S' was deleted"). A late settle of a delivery whose ack_wait
   // expired is OK: its Ack settles the message unless another delivery's ack did
   // first (then it is a no-op); its Nak or Term changes nothing, the newer delivery
   // decides. Settles still work after Engine::Close (an Ack frees its
@@ -137,6 +138,8 @@ class Message {
   friend class Engine;
   enum class Settlement { kAck, kNak, kTerm };
   absl::Status Settle(Settlement how, std::int64_t delay_ns, std::string_view description);
+  // FailedPrecondition: "cannot <verb> message N: consumer 'c' of stream 'S' was deleted".
+  absl::Status Deleted(std::string_view verb) const;
   std::shared_ptr<engine_internal::StoredMessage> msg_;
   engine_internal::ConsumerState* consumer_ = nullptr;
   std::int64_t deliver_ns_ = 0;

@@ -634,7 +634,8 @@ void StreamState::LimitSubject(std::string_view subject, std::uint64_t seq) {
         per_subject.size() > 2 * static_cast<std::size_t>(std::max<std::int64_t>(0, LiveMsgs()))) {
       PruneSubjects();
     }
-    it = per_subject.emplace(std::string(subject), SubjectSeqs{}).first;
+    // Built in place: GCC 12 warned (-Wmaybe-uninitialized) of a moved empty InlinedVector.
+    it = per_subject.try_emplace(std::string(subject)).first;
   }
   SubjectSeqs& seqs = it->second;
   seqs.push_back(seq);

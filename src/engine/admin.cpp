@@ -70,6 +70,7 @@ absl::Status Engine::UpdateStream(const StreamConfig& config) {
   }
   {
     std::lock_guard lock(s->mu);
+    if (s->deleted) return absl::NotFoundError("stream '" + config.name + "' was deleted");
     s->DrainRemoved();
     if (s->is_file() && config.max_msgs_per_subject > 0) {
       // Its removals are recorded from now on (a restart must not bring them back).
@@ -136,6 +137,7 @@ absl::StatusOr<std::uint64_t> Engine::PurgeStream(std::string_view stream,
         "purged");
   }
   std::lock_guard lock(s->mu);
+  if (s->deleted) return absl::NotFoundError("stream '" + s->config.name + "' was deleted");
   s->DrainRemoved(&p.removed_tx);  // the acks so far count before the purge, at recovery too
   p.last_seq = s->next_seq - 1;
   absl::StatusOr<std::vector<std::uint64_t>> victims = s->PurgeVictims(
@@ -213,11 +215,79 @@ void ReleaseInterest(ConsumerState& c, StoredMessage& h) {
 
 }  // namespace engine_internal
 
-absl::Status Engine::DeleteConsumer(std::string_view stream, std::string_view name) {
-  using engine_internal::ConsumerState;
+namespace {
+
+using engine_internal::ConsumerState;
+using engine_internal::StreamState;
+
+// Removes a consumer's or stream's directory: renamed out of the way first (a write
+// racing this lands in the renamed directory, never in a log a later consumer or
+// stream of the name would recover), then removed. "" or the error's text.
+std::string RemoveDirectory(const std::string& dir, const std::string& gone) {
+  std::error_code ec;
+  std::filesystem::remove_all(gone, ec);
+  std::filesystem::rename(dir, gone, ec);
+  if (ec == std::errc::no_such_file_or_directory) return "";
+  if (!ec) std::filesystem::remove_all(gone, ec);
+  return ec ? ec.message() : "";
+}
+
+// The rest of a deletion, for consumer `c` of stream `s`, already marked deleted and
+// moved off Impl::consumers under config_mu: the stream queues nothing more for it,
+// its lanes close (waiting pulls return Cancelled), and what it still holds lets go
+// of the stream: queued deliveries (a first delivery whose queue timeout
+// dead-lettered it already was settled then), redeliveries parked or scheduled, and
+// (tracked consumers) every delivery not acked, out with a member or not; an
+// untracked consumer's deliveries out with a member let go when the member settles
+// them (Message::Settle).
+void Retire(ConsumerState& c, StreamState& s) {
   using engine_internal::ConsumerTimer;
   using engine_internal::Delivery;
-  using engine_internal::StreamState;
+  {
+    std::lock_guard lock(s.mu);
+    std::erase(s.consumers, &c);
+  }
+  for (auto& lane : c.lanes) lane->ring.close();
+  {
+    std::lock_guard slot_lock(c.slot_mu);
+    c.closing.store(true, std::memory_order_release);
+  }
+  c.slot_cv.notify_all();
+  std::vector<Delivery> queued;
+  for (auto& lane : c.lanes) {
+    Delivery d;
+    while (lane->ring.try_pop(d)) queued.push_back(std::move(d));
+  }
+  std::vector<engine_internal::Handle> release;
+  {
+    std::lock_guard lock(c.pending_mu);
+    for (Delivery& d : c.parked) queued.push_back(std::move(d));
+    c.parked.clear();
+    c.has_parked.store(false, std::memory_order_release);
+    for (Delivery& d : queued) {
+      if (d.shadow) continue;
+      if (d.attempt == 1) {
+        auto w = c.waiting.find(d.h->seq);
+        if (w != c.waiting.end() && w->second.state == ConsumerState::kExpired) continue;
+      }
+      if (c.tracked && d.attempt > 1) continue;  // its pending entry, below
+      release.push_back(std::move(d.h));
+    }
+    c.waiting.clear();
+    for (auto& [seq, p] : c.pending) release.push_back(std::move(p.h));
+    c.pending.clear();
+    c.wheel->Advance(INT64_MAX, [&](ConsumerTimer&& t, std::int64_t) {
+      if (t.kind == ConsumerTimer::kRedeliver && !c.tracked && t.h != nullptr) {
+        release.push_back(std::move(t.h));
+      }
+    });
+  }
+  for (engine_internal::Handle& h : release) engine_internal::ReleaseInterest(c, *h);
+}
+
+}  // namespace
+
+absl::Status Engine::DeleteConsumer(std::string_view stream, std::string_view name) {
   ConsumerState* c = nullptr;
   StreamState* s = nullptr;
   {
@@ -245,66 +315,86 @@ absl::Status Engine::DeleteConsumer(std::string_view stream, std::string_view na
     impl_->consumers.erase(it);
     impl_->consumer_count.store(impl_->consumers.size(), std::memory_order_relaxed);
   }
-  {
-    // No publish queues anything for it from here on.
-    std::lock_guard lock(s->mu);
-    std::erase(s->consumers, c);
-  }
-  for (auto& lane : c->lanes) lane->ring.close();
-  {
-    std::lock_guard slot_lock(c->slot_mu);
-    c->closing.store(true, std::memory_order_release);
-  }
-  c->slot_cv.notify_all();
-  // What it still holds lets go of the stream: queued deliveries (a first delivery
-  // whose queue timeout dead-lettered it already was settled then), redeliveries
-  // parked or scheduled, and (tracked consumers) every delivery not acked, out with
-  // a member or not; an untracked consumer's deliveries out with a member let go
-  // when the member settles them (Message::Settle).
-  std::vector<Delivery> queued;
-  for (auto& lane : c->lanes) {
-    Delivery d;
-    while (lane->ring.try_pop(d)) queued.push_back(std::move(d));
-  }
-  std::vector<engine_internal::Handle> release;
-  {
-    std::lock_guard lock(c->pending_mu);
-    for (Delivery& d : c->parked) queued.push_back(std::move(d));
-    c->parked.clear();
-    c->has_parked.store(false, std::memory_order_release);
-    for (Delivery& d : queued) {
-      if (d.shadow) continue;
-      if (d.attempt == 1) {
-        auto w = c->waiting.find(d.h->seq);
-        if (w != c->waiting.end() && w->second.state == ConsumerState::kExpired) continue;
-      }
-      if (c->tracked && d.attempt > 1) continue;  // its pending entry, below
-      release.push_back(std::move(d.h));
-    }
-    c->waiting.clear();
-    for (auto& [seq, p] : c->pending) release.push_back(std::move(p.h));
-    c->pending.clear();
-    c->wheel->Advance(INT64_MAX, [&](ConsumerTimer&& t, std::int64_t) {
-      if (t.kind == ConsumerTimer::kRedeliver && !c->tracked && t.h != nullptr) {
-        release.push_back(std::move(t.h));
-      }
-    });
-  }
-  for (engine_internal::Handle& h : release) engine_internal::ReleaseInterest(*c, *h);
+  Retire(*c, *s);
   if (c->ack_log == nullptr) return absl::OkStatus();
-  // The ack log goes: renamed out of the way first (a write racing this lands in the
-  // renamed directory, never in a log a later consumer of the name would resume).
-  const std::string dir = s->config.directory + "/consumers/" + std::string(name);
-  const std::string gone = s->config.directory + "/consumers/.deleted-" + std::string(name);
-  std::error_code ec;
-  std::filesystem::remove_all(gone, ec);
-  std::filesystem::rename(dir, gone, ec);
-  if (!ec) std::filesystem::remove_all(gone, ec);
-  if (ec) {
-    return absl::Status(absl::StatusCode::kInternal,
-                        "consumer " + QuoteValue(name) + " of stream " + QuoteValue(stream) +
-                            " is deleted, but its ack log " + QuoteValue(dir) +
-                            " could not be removed: " + ec.message());
+  const std::string consumers = s->config.directory + "/consumers/";
+  const std::string error =
+      RemoveDirectory(consumers + std::string(name), consumers + ".deleted-" + std::string(name));
+  if (!error.empty()) {
+    return absl::InternalError("consumer " + QuoteValue(name) + " of stream " +
+                               QuoteValue(stream) + " is deleted, but its ack log " +
+                               QuoteValue(consumers + std::string(name)) +
+                               " could not be removed: " + error);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::DeleteStream(std::string_view name) {
+  StreamState* s = nullptr;
+  std::vector<ConsumerState*> consumers;
+  {
+    std::lock_guard lock(impl_->config_mu);
+    if (impl_->closed.load()) return absl::CancelledError("engine is closed");
+    s = impl_->FindStream(name);
+    if (s == nullptr) return absl::NotFoundError("stream " + QuoteValue(name) + " does not exist");
+    for (const auto& f : impl_->functions) {
+      if (name == "FN_" + f->id || name == "FN_" + f->id + "_DLQ") {
+        return absl::FailedPreconditionError("stream " + QuoteValue(name) +
+                                             " serves registered function '" + f->id +
+                                             "' (Engine::RegisterFunction); it is not deleted alone");
+      }
+    }
+    for (auto it = impl_->consumers.begin(); it != impl_->consumers.end();) {
+      if ((*it)->stream != s) {
+        ++it;
+        continue;
+      }
+      (*it)->deleted.store(true, std::memory_order_release);
+      consumers.push_back(it->get());
+      impl_->deleted_consumers.push_back(std::move(*it));
+      it = impl_->consumers.erase(it);
+    }
+    impl_->consumer_count.store(impl_->consumers.size(), std::memory_order_relaxed);
+    // Publishes route around it from here on; one that found it before is refused
+    // under its mutex (StreamState::deleted).
+    impl_->routes.Change([s](SubjectIndex<StreamState*>& index) {
+      for (const SubjectPattern& p : s->patterns) (void)index.Remove(p.text(), s);
+      return 0;
+    });
+    impl_->stream_by_name.erase(std::string(name));
+    auto it = std::find_if(impl_->streams.begin(), impl_->streams.end(),
+                           [&](const auto& p) { return p.get() == s; });
+    impl_->deleted_streams.push_back(std::move(*it));
+    impl_->streams.erase(it);
+    // Its directory stays reserved until its files are gone: an AddStream of it
+    // meanwhile would recover what is being removed.
+    if (s->is_file()) impl_->opening_dirs.emplace_back(s->normal_dir, s->config.name);
+  }
+  for (ConsumerState* c : consumers) Retire(*c, *s);
+  {
+    std::lock_guard lock(s->mu);
+    s->deleted = true;
+    // Its messages go now (Messages out with members keep their own); the logs
+    // stay open behind the state, unreachable, until the engine goes.
+    s->messages = {};
+    s->index = {};
+    s->per_subject = {};
+    s->dedup.reset();
+  }
+  if (!s->is_file()) return absl::OkStatus();
+  const std::string error = RemoveDirectory(
+      s->config.directory,
+      std::filesystem::path(s->normal_dir).parent_path().string() + "/.deleted-" +
+          std::filesystem::path(s->normal_dir).filename().string());
+  {
+    std::lock_guard lock(impl_->config_mu);
+    auto& v = impl_->opening_dirs;
+    v.erase(std::find(v.begin(), v.end(), std::make_pair(s->normal_dir, s->config.name)));
+  }
+  if (!error.empty()) {
+    return absl::InternalError("stream " + QuoteValue(name) + " is deleted, but its directory " +
+                               QuoteValue(s->config.directory) + " could not be removed: " +
+                               error);
   }
   return absl::OkStatus();
 }

@@ -99,6 +99,9 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // Member and Message handles (and a timer run's snapshot) still point to them.
   // Guarded by config_mu.
   std::vector<std::unique_ptr<ConsumerState>> deleted_consumers;
+  // Streams DeleteStream removed, for the same reason (Messages, consumers, a
+  // publish that routed to it before, the outbox). Guarded by config_mu.
+  std::vector<std::unique_ptr<StreamState>> deleted_streams;
   // File streams being recovered by AddStream (outside config_mu): their normal
   // directories and names, so that a nested one added meanwhile is refused before
   // either writes a file. Guarded by config_mu.

@@ -36,6 +36,7 @@ absl::StatusOr<std::shared_ptr<const Event>> Engine::GetMessage(std::string_view
         "without max_age or a discard-old limit), so none can be got by sequence");
   }
   std::unique_lock lock(s->mu);
+  if (s->deleted) return absl::NotFoundError("stream '" + s->config.name + "' was deleted");
   s->DrainRemoved();
   if (s->log != nullptr) {
     // A file stream's index, in ascending sequence; the event is read back from the

@@ -195,6 +195,7 @@ struct StreamState {
   // it speak of a tail the log lost (OpenAckLog), not of this run's publishes.
   std::uint64_t recovered_next_seq = 1;
   std::vector<ConsumerState*> consumers;    // guarded by mu
+  bool deleted = false;                     // Engine::DeleteStream ran; guarded by mu
   // Consumers with a non-empty accept_codecs (Publish's conversion pre-pass,
   // Engine::Impl::ConvertBeforeStore, runs only for streams that have one). Written
   // under mu; relaxed reads outside it.
@@ -534,6 +535,10 @@ struct StreamState {
     // relaxed: a stale false leaves the drain to the next publish or timer run.
     if (has_removed_pending.load(std::memory_order_relaxed)) DrainRemoved();
     Admission a;
+    if (deleted) [[unlikely]] {  // a publish that routed to it before DeleteStream
+      a.refusal = absl::NotFoundError("stream '" + config.name + "' was deleted");
+      return a;
+    }
     if (removed_log != nullptr && removed_log->failed()) {
       // A removal that cannot be recorded could come back after a restart.
       a.refusal = absl::FailedPreconditionError(

@@ -180,7 +180,7 @@ void Engine::RunTimers() {
   // timer never waits for it (the next run trims what this one skipped).
   for (engine_internal::StreamState* s : aging) {
     std::unique_lock lock(s->mu, std::try_to_lock);
-    if (!lock.owns_lock()) continue;
+    if (!lock.owns_lock() || s->deleted) continue;
     s->DrainRemoved();
     s->TrimFront(impl_->clock->NowNanos());
     if (s->log != nullptr) s->RetireLog();

@@ -361,6 +361,18 @@ class Engine {
   // and the next recovery of the stream removes what is left.
   absl::Status DeleteConsumer(std::string_view stream, std::string_view name);
 
+  // Deletes stream `name` and its consumers (JetStream's stream delete). From its
+  // return no publish stores into it (one racing the delete gets NotFound "stream
+  // 'S' was deleted", or is routed as if the stream never existed), its consumers
+  // are deleted as by DeleteConsumer, its messages are gone (a Message out with a
+  // member keeps its own event), and a file stream's directory is removed, so that
+  // a stream added later over it starts empty. The engine keeps the stream's small
+  // state until it is destroyed, not its messages. NotFound for an unknown stream;
+  // FailedPrecondition for the stream of a registered function ("FN_<id>",
+  // "FN_<id>_DLQ"); Cancelled after Close(). The error removing the directory,
+  // naming it: the stream is deleted all the same. Waits for the stream's mutex.
+  absl::Status DeleteStream(std::string_view name);
+
   // Stores `event` in every stream that captures its subject and queues it for each
   // of their matching consumers. InvalidArgument for an invalid subject, ttl or qos,
   // a msg_id longer than kMaxMsgIdBytes,

@@ -320,12 +320,7 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
     // File streams that stored the event: their log and its sequence there, and the
     // removed log's tx of what max_msgs_per_subject took out for it (0: nothing),
     // synced (StreamLog::Sync) after every stream's mutex is let go.
-    struct Sync {
-      StreamState* stream;
-      std::uint64_t seq;
-      std::uint64_t removed_tx;
-    };
-    absl::InlinedVector<Sync, 2> syncs;
+    absl::InlinedVector<engine_internal::SyncPoint, 2> syncs;
   };
   static PublishFlags FlagsOf(PublishMode mode);
   static void Count(std::atomic<std::uint64_t>& counter, const PublishFlags& flags);

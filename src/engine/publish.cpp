@@ -36,7 +36,44 @@ absl::StatusOr<PublishAck> Engine::TryPublish(Event event) {
   return Publish(std::move(event), PublishMode::kTry);
 }
 
-absl::StatusOr<PublishAck> Engine::Publish(Event&& event, PublishMode mode, StreamState* only) {
+absl::StatusOr<PublishAckFuture> Engine::PublishAsync(Event event) {
+  PublishAckFuture f;
+  f.ack_ = Publish(std::move(event), PublishMode::kWait, nullptr, &f.syncs_);
+  if (!f.ack_.ok()) return f.ack_.status();
+  return f;
+}
+
+absl::StatusOr<PublishAck> PublishAckFuture::Wait() {
+  if (waited_) return absl::FailedPreconditionError("PublishAckFuture::Wait was called already");
+  waited_ = true;
+  if (absl::Status st = Engine::SyncStored(syncs_); !st.ok()) return st;
+  return std::move(ack_);
+}
+
+absl::Status Engine::SyncStored(std::span<const engine_internal::SyncPoint> syncs) {
+  for (const auto& [stream, seq, removed_tx] : syncs) {
+    if (absl::Status st = stream->log->Sync(seq); !st.ok()) {
+      return absl::Status(st.code(), "stream '" + stream->config.name +
+                                         "': message stored as sequence " + std::to_string(seq) +
+                                         " is not durable: " + std::string(st.message()));
+    }
+    // Then the removal of the subject's oldest message (max_msgs_per_subject), after
+    // the message that replaced it: a power cut between the two leaves both, never
+    // neither, and a restart under a higher limit does not bring the removed one back.
+    if (removed_tx == 0) continue;
+    if (absl::Status st = stream->removed_log->Sync(removed_tx); !st.ok()) {
+      return absl::Status(st.code(), "stream '" + stream->config.name +
+                                         "': message stored as sequence " + std::to_string(seq) +
+                                         ", but the removal of an older message of its "
+                                         "subject (max_msgs_per_subject) is not durable: " +
+                                         std::string(st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PublishAck> Engine::Publish(Event&& event, PublishMode mode, StreamState* only,
+                                           std::vector<engine_internal::SyncPoint>* deferred) {
   if (impl_->closed.load(std::memory_order_acquire)) {
     return absl::CancelledError("engine is closed");
   }
@@ -74,23 +111,12 @@ absl::StatusOr<PublishAck> Engine::Publish(Event&& event, PublishMode mode, Stre
     FlushOutbox();  // no stream mutex is held here
   }
   // File streams: the ack waits for each one's sync policy (no stream mutex held, so
-  // publishers waiting at once share an fdatasync).
-  for (const auto& [stream, seq, removed_tx] : tally.syncs) {
-    if (absl::Status st = stream->log->Sync(seq); !st.ok()) {
-      return absl::Status(st.code(), "stream '" + stream->config.name +
-                                         "': message stored as sequence " + std::to_string(seq) +
-                                         " is not durable: " + std::string(st.message()));
-    }
-    // Then the removal of the subject's oldest message (max_msgs_per_subject), after
-    // the message that replaced it: a power cut between the two leaves both, never
-    // neither, and a restart under a higher limit does not bring the removed one back.
-    if (removed_tx == 0) continue;
-    if (absl::Status st = stream->removed_log->Sync(removed_tx); !st.ok()) {
-      return absl::Status(st.code(), "stream '" + stream->config.name +
-                                         "': message stored as sequence " + std::to_string(seq) +
-                                         ", but the removal of an older message of its "
-                                         "subject (max_msgs_per_subject) is not durable: " +
-                                         std::string(st.message()));
+  // publishers waiting at once share an fdatasync), or PublishAckFuture::Wait does.
+  if (!tally.syncs.empty()) {
+    if (deferred != nullptr) {
+      deferred->assign(tally.syncs.begin(), tally.syncs.end());
+    } else if (absl::Status st = SyncStored({tally.syncs.data(), tally.syncs.size()}); !st.ok()) {
+      return st;
     }
   }
   return impl_->FinishPublish(tally, flags);

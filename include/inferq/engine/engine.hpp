@@ -122,6 +122,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -146,6 +147,13 @@ class Lifecycle;
 namespace engine_internal {
 struct StreamState;
 struct FunctionState;
+// A file stream that stored a publish: its log's sequence to sync, and the removed
+// log's tx of what max_msgs_per_subject took out for it (0: nothing).
+struct SyncPoint {
+  StreamState* stream = nullptr;
+  std::uint64_t seq = 0;
+  std::uint64_t removed_tx = 0;
+};
 }  // namespace engine_internal
 
 // Longest Event::msg_id Publish accepts, in bytes (InvalidArgument above it): ids are
@@ -209,6 +217,32 @@ struct PublishAck {
   // a factor for the producer's own weights. 0 and 1 without flow control.
   double throttle = 0;
   double weight_scale = 1;
+};
+
+// What Engine::PublishAsync returns (JetStream's PubAckFuture): the event is stored
+// and queued already; Wait() returns its PublishAck once the sync policy of every
+// file stream that stored it is met (at once for memory streams, kNone and
+// kInterval), or the error Publish would have returned. A publisher that keeps many
+// in flight and waits for them in order shares fdatasyncs between them under
+// kGroupCommit and kEveryCommit (the first Wait syncs everything written by then),
+// which one synchronous Publish at a time cannot.
+//   std::vector<inferq::PublishAckFuture> window;
+//   for (auto& e : events) window.push_back(*engine->PublishAsync(std::move(e)));
+//   for (auto& f : window) if (auto ack = f.Wait(); !ack.ok()) ...;
+// Not thread-safe: one thread waits on a future. Wait may be called once; a second
+// call returns FailedPrecondition. The Engine must outlive it.
+class PublishAckFuture {
+ public:
+  PublishAckFuture() = default;
+  PublishAckFuture(PublishAckFuture&&) noexcept = default;
+  PublishAckFuture& operator=(PublishAckFuture&&) noexcept = default;
+  absl::StatusOr<PublishAck> Wait();
+
+ private:
+  friend class Engine;
+  absl::StatusOr<PublishAck> ack_ = absl::FailedPreconditionError("an empty PublishAckFuture");
+  std::vector<engine_internal::SyncPoint> syncs_;
+  bool waited_ = false;
 };
 
 // What Engine::PurgeStream removes (JetStream's purge request): the messages that
@@ -413,6 +447,14 @@ class Engine {
   // Otherwise as Publish.
   absl::StatusOr<PublishAck> TryPublish(Event event);
 
+  // Publish without waiting for file streams' sync policies (JetStream's
+  // PublishAsync): stores and queues `event` as Publish does, waiting as Publish
+  // for room and mutexes, and returns once it is written to the OS; the future's
+  // Wait() returns the PublishAck when it is durable by the policies (see
+  // PublishAckFuture). Errors that Publish returns before the sync (bad input,
+  // refusals, a failed write) are returned here; an fdatasync's is returned by Wait.
+  absl::StatusOr<PublishAckFuture> PublishAsync(Event event);
+
   // Function-in-flight. RegisterFunction serves `fn_id` on
   // `options.workers` engine threads: it adds stream "FN_<fn_id>" (subjects
   // options.subjects, default "fn.<fn_id>"), its consumer "handler" (least loaded
@@ -510,10 +552,17 @@ class Engine {
   // kWait: Publish; kTry: TryPublish; kCall: a call's event (FlushCalls: as kTry,
   // but a refusal for want of room is not counted, the call waits); kInternal: dead
   // letters (never waits, never refuses for a full lane: parks the delivery).
+  friend class PublishAckFuture;  // SyncStored
   enum class PublishMode { kWait, kTry, kCall, kInternal };
   // `only`: publish into that stream alone (a deferred dead letter, FlushOutbox).
+  // `deferred`: the file streams' syncs are left there (PublishAsync) instead of
+  // made before returning.
   absl::StatusOr<PublishAck> Publish(Event&& event, PublishMode mode,
-                                     engine_internal::StreamState* only = nullptr);
+                                     engine_internal::StreamState* only = nullptr,
+                                     std::vector<engine_internal::SyncPoint>* deferred = nullptr);
+  // Syncs each of `syncs` as its stream's policy says; the first error, naming the
+  // stream and the sequence.
+  static absl::Status SyncStored(std::span<const engine_internal::SyncPoint> syncs);
   // Publishes the dead letters that found their stream's mutex taken.
   void FlushOutbox();
   // Publishes the calls of a function that wait for room in its queue, in order,

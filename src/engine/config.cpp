@@ -131,6 +131,8 @@ absl::Status ValidateAcks(const ConsumerConfig& config) {
       field = "max_ack_pending " + std::to_string(config.max_ack_pending);
     } else if (!config.dead_letter_subject.empty()) {
       field = "dead_letter_subject " + QuoteValue(config.dead_letter_subject);
+    } else if (config.lifecycle != nullptr) {
+      field = "lifecycle";
     }
     if (!field.empty()) {
       return absl::InvalidArgumentError("consumer '" + config.name + "': " + field +

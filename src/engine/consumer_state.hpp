@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "inferq/base/clock.hpp"
 #include "inferq/base/histogram.hpp"
 #include "inferq/engine/engine.hpp"
+#include "inferq/engine/lifecycle.hpp"
 #include "inferq/routing/selection.hpp"
 #include "inferq/routing/subject.hpp"
 #include "inferq/sched/batcher.hpp"
@@ -130,6 +132,21 @@ struct Lane {
     batch_sizes[k].fetch_add(1, std::memory_order_relaxed);
   }
 };
+
+// The id of stream message `seq` in a consumer's lifecycle (ConsumerConfig::lifecycle).
+inline std::string LifecycleId(const ConsumerState& c, std::uint64_t seq);
+// A lifecycle expiry reason from a dead letter's reason and description: 1 to 256
+// printable ASCII characters (others become '?').
+inline std::string LifecycleReason(std::string_view reason, std::string_view description) {
+  std::string r(reason);
+  if (!description.empty()) r += ": " + std::string(description);
+  if (r.size() > 256) r.resize(256);
+  for (char& ch : r) {
+    if (ch < 0x20 || ch > 0x7e) ch = '?';
+  }
+  if (r.empty()) r = "dead letter";
+  return r;
+}
 
 // Deadline `ns` from `now`, saturating at INT64_MAX.
 inline std::int64_t SatAdd(std::int64_t now, std::int64_t ns) {
@@ -438,6 +455,10 @@ struct ConsumerState {
     }
   }
 };
+
+inline std::string LifecycleId(const ConsumerState& c, std::uint64_t seq) {
+  return c.config.stream + "/" + std::to_string(seq);
+}
 
 }  // namespace engine_internal
 }  // namespace inferq

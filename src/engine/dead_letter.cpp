@@ -26,6 +26,12 @@ namespace engine_internal {
 // dead-letter subject with the reason headers (kDeadLetterReasonHeader, ...).
 void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
                 std::string_view reason, std::string_view description) {
+  // Expired in the consumer's lifecycle first: a crash before the ack record below
+  // delivers it again, and the delivery finds it Expired and terminates it (a second
+  // dead letter, as at-least-once allows), never Processing forever.
+  if (c.config.lifecycle != nullptr) {
+    (void)c.config.lifecycle->Expire(LifecycleId(c, h->seq), LifecycleReason(reason, description));
+  }
   SettleWithoutAck(c, *h);
   // A durable consumer records it done, so a restart does not deliver it again
   // (Term's record is written by Message::Settle, before this).

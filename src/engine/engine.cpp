@@ -828,6 +828,12 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
             "consumer '" + c->config.name + "' of stream '" + c->config.stream +
             "' (policies keep per-group state: give each consumer its own)");
       }
+      if (config.lifecycle != nullptr && c->config.lifecycle == config.lifecycle) {
+        return absl::InvalidArgumentError(
+            "consumer '" + config.name + "': its lifecycle is already used by consumer '" +
+            c->config.name + "' of stream '" + c->config.stream +
+            "' (its ids are per stream sequence: give each consumer its own)");
+      }
     }
     if (absl::Status s = AddLanes(*state, config); !s.ok()) return s;
     if (stream->log != nullptr) {

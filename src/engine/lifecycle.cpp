@@ -23,7 +23,7 @@ using lifecycle_internal::ValidateReason;
 
 namespace {
 
-enum MessageOp { kStart = 0, kComplete = 1, kExpire = 2, kForget = 3 };
+enum MessageOp { kStart = 0, kComplete = 1, kExpire = 2, kForget = 3, kRequeue = 4 };
 
 std::int64_t TimeoutNs(absl::Duration d) {
   if (d == absl::InfiniteDuration()) return INT64_MAX;
@@ -421,6 +421,11 @@ absl::Status Lifecycle::StartProcessing(std::string_view msg_id) {
   return MessageTransition(msg_id, kStart, {}, false).status();
 }
 
+absl::Status Lifecycle::Requeue(std::string_view msg_id) {
+  if (auto st = ValidateId("msg_id", msg_id); !st.ok()) return st;
+  return MessageTransition(msg_id, kRequeue, {}, false).status();
+}
+
 absl::Status Lifecycle::Complete(std::string_view msg_id) {
   if (auto st = ValidateId("msg_id", msg_id); !st.ok()) return st;
   return MessageTransition(msg_id, kComplete, {}, false).status();
@@ -486,6 +491,15 @@ absl::StatusOr<bool> Lifecycle::MessageTransition(std::string_view msg_id, int o
                 QuoteValue(msg_id) + " needs it in inference");
           }
           next.state = MessageState::kProcessing;
+          break;
+        case kRequeue:
+          // Its model is in Inference (a Processing message's always is), which a
+          // Pending message allows too.
+          if (cur != MessageState::kProcessing) {
+            return absl::FailedPreconditionError(MessageIs(msg_id, cur) +
+                                                 "; Requeue needs processing");
+          }
+          next.state = MessageState::kPending;
           break;
         case kComplete:
           if (cur != MessageState::kProcessing) {

@@ -257,8 +257,57 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
                      std::to_string(out.attempt_ + out.prior_));
     }
     out.acked_.store(false, std::memory_order_relaxed);
+    if (c.config.lifecycle != nullptr && !d.shadow && !ThroughLifecycle(out)) continue;
     return absl::OkStatus();
   }
+}
+
+bool Member::ThroughLifecycle(Message& m) {
+  ConsumerState& c = *consumer_;
+  Lifecycle& lc = *c.config.lifecycle;
+  const std::string id = engine_internal::LifecycleId(c, m.stream_seq());
+  const std::string& model = m.event().model;
+  // Put back for 50 ms (a model warming up, a commit that failed): it stays Pending.
+  auto later = [&] {
+    (void)m.Settle(Message::Settlement::kNak, 50'000'000, {}, /*through_lifecycle=*/false);
+    return false;
+  };
+  auto terminate = [&](const std::string& why) {
+    (void)m.Settle(Message::Settlement::kTerm, 0, "lifecycle: " + why, /*through_lifecycle=*/false);
+    return false;
+  };
+  // Each pass moves the record one step or decides; another thread's transition of
+  // the same record in between (a racing redelivery) makes it look again.
+  for (int pass = 0; pass < 4; ++pass) {
+    absl::StatusOr<MessageInfo> info = lc.GetMessage(id);
+    if (!info.ok()) {  // a first delivery: Pending first, in its own transaction
+      absl::Status st = lc.Enqueue(id, model);
+      if (st.ok() || st.code() == absl::StatusCode::kAlreadyExists) continue;
+      if (st.code() == absl::StatusCode::kInvalidArgument ||
+          st.code() == absl::StatusCode::kNotFound ||
+          st.code() == absl::StatusCode::kFailedPrecondition) {
+        return terminate(std::string(st.message()));  // no model, unknown or evicted
+      }
+      return later();
+    }
+    switch (info->state) {
+      case MessageState::kPending: {
+        if (lc.StartProcessing(id).ok()) return true;
+        absl::StatusOr<ModelInfo> mi = lc.GetModel(info->model);
+        if (mi.ok() && mi->state == ModelState::kInference) continue;  // the record moved
+        return later();  // warming up (or the commit failed)
+      }
+      case MessageState::kProcessing:
+        return true;  // a redelivery (ack_wait expired, or a restart)
+      case MessageState::kCompleted:
+        // Its ack was lost (a crash between Complete and the ack record).
+        (void)m.Settle(Message::Settlement::kAck, 0, {}, /*through_lifecycle=*/false);
+        return false;
+      case MessageState::kExpired:
+        return terminate("expired (" + info->reason + ")");
+    }
+  }
+  return later();
 }
 
 absl::StatusOr<Message> Member::Next(absl::Duration timeout) {

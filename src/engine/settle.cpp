@@ -159,7 +159,8 @@ absl::Status Message::InProgress() {
   return absl::OkStatus();
 }
 
-absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_view description) {
+absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_view description,
+                             bool through_lifecycle) {
   const char* verb = how == Settlement::kAck ? "ack" : how == Settlement::kNak ? "nak" : "term";
   if (msg_ == nullptr) {
     return absl::FailedPreconditionError(std::string("cannot ") + verb + " an empty Message");
@@ -190,6 +191,38 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
                                          " of stream '" + cfg.stream +
                                          "' was already settled (ack, nak or term) by consumer '" +
                                          cfg.name + "'");
+  }
+  if (through_lifecycle && cfg.lifecycle != nullptr && !shadow_) {
+    // The lifecycle's transition first (a crash after it delivers the message again,
+    // and the delivery step settles it as the lifecycle says).
+    Lifecycle& lc = *cfg.lifecycle;
+    const std::string id = engine_internal::LifecycleId(c, msg_->seq);
+    if (how == Settlement::kAck) {
+      if (absl::Status st = lc.Complete(id); !st.ok()) {
+        absl::StatusOr<MessageInfo> info = lc.GetMessage(id);
+        if (info.ok() && info->state == MessageState::kExpired) {
+          acked_.store(false, std::memory_order_release);
+          const std::string why = "lifecycle: expired (" + info->reason + ")";
+          (void)Settle(Settlement::kTerm, 0, why, /*through_lifecycle=*/false);
+          return absl::FailedPreconditionError(
+              "ack of message " + std::to_string(msg_->seq) + " by consumer '" + cfg.name +
+              "': the message expired in its lifecycle (" + info->reason +
+              "), so it was terminated, not acked");
+        }
+        if (!info.ok() || info->state != MessageState::kCompleted) {
+          acked_.store(false, std::memory_order_release);  // not settled: may be tried again
+          return absl::Status(st.code(), "ack of message " + std::to_string(msg_->seq) +
+                                             " by consumer '" + cfg.name +
+                                             "' not made: its lifecycle's Complete failed: " +
+                                             std::string(st.message()));
+        }
+        // Completed already (a delivery of it acked before): the ack goes on.
+      }
+    } else if (how == Settlement::kNak && !c.LastAttempt(attempt_ + prior_)) {
+      // Best effort: left Processing, its next delivery goes on Processing.
+      (void)lc.Requeue(id);
+    }
+    // Term, and a nak of the last delivery: the dead letter expires it (DeadLetter).
   }
   if (c.ack_log != nullptr && !shadow_ && how != Settlement::kNak) {
     // Durable consumer: the ack (or term) is in its ack log, written to the OS,

@@ -201,6 +201,9 @@ TEST_CASE("refused transitions name the record and its state and change nothing"
       {e.lc->Complete("d"), "FAILED_PRECONDITION: message 'd' is completed; Complete needs processing"},
       {e.lc->Complete("x"), "FAILED_PRECONDITION: message 'x' is expired; Complete needs processing"},
       {e.lc->Complete("nope"), "NOT_FOUND: message 'nope' is unknown"},
+      {e.lc->Requeue("p"), "FAILED_PRECONDITION: message 'p' is pending; Requeue needs processing"},
+      {e.lc->Requeue("d"), "FAILED_PRECONDITION: message 'd' is completed; Requeue needs processing"},
+      {e.lc->Requeue("nope"), "NOT_FOUND: message 'nope' is unknown"},
       {e.lc->Expire("d", "late"),
        "FAILED_PRECONDITION: message 'd' is completed; Expire needs pending or processing"},
       {e.lc->Expire("x", "late"),
@@ -812,4 +815,23 @@ TEST_CASE("the engine's timer applies the lifecycle's timeouts") {
   CHECK(env.lc->GetModel("llama")->reason == "warmup timeout");
   CHECK(env.lc->GetMessage("m1")->state == inferq::MessageState::kExpired);
   CHECK(env.lc->Verify().ok());
+}
+
+TEST_CASE("Requeue moves a Processing message back to Pending in one transaction") {
+  Env e;
+  REQUIRE(e.lc->BeginWarmup("m").ok());
+  REQUIRE(e.lc->ModelReady("m").ok());
+  REQUIRE(e.lc->Enqueue("r", "m").ok());
+  REQUIRE(e.lc->StartProcessing("r").ok());
+  e.clock.Advance(absl::Seconds(7));
+  const std::uint64_t tx = e.store->last_tx_id();
+  REQUIRE(e.lc->Requeue("r").ok());
+  CHECK(e.store->last_tx_id() == tx + 1);
+  CHECK(e.Raw("lifecycle.msg.r") == "v1 pending m 0 7000000000 ");
+  CHECK(e.lc->Stats().messages_pending == 1);
+  CHECK(e.lc->Stats().messages_processing == 0);
+  REQUIRE(e.lc->StartProcessing("r").ok());
+  e.Reopen();
+  CHECK(e.lc->GetMessage("r")->state == MessageState::kProcessing);
+  CHECK(e.lc->Verify().ok());
 }

@@ -39,6 +39,8 @@
 
 namespace inferq {
 
+class Lifecycle;  // engine/lifecycle.hpp
+
 enum class DiscardPolicy { kOld, kNew };
 enum class RetentionPolicy { kLimits, kInterest, kWorkQueue };
 enum class AckPolicy { kExplicit, kNone };
@@ -240,6 +242,27 @@ struct ConsumerConfig {
   // max_queue_delay, preferred sizes, adaptive window. With `adaptive`, the observed
   // round-trip time is each acked message's deliver -> ack time.
   BatchPolicy batch{};
+  // Moves each delivered message through `lifecycle` (engine/lifecycle.hpp,
+  // DESIGN.md §3.8), one StateStore transaction per transition, on the model its
+  // Event::model names, under the id "<stream>/<stream sequence>":
+  // - a delivery: Pending -> Processing (a first delivery enqueues it first, as
+  //   Pending, in a transaction of its own). One whose model is in Warmup stays
+  //   Pending and is put back for 50 ms (a nak with that delay: it counts as a
+  //   delivery against max_deliver). One that cannot be enqueued (no model, an
+  //   unknown or evicted one) is terminated: its dead letter's description names
+  //   the lifecycle's error. A redelivery of a Processing message (ack_wait
+  //   expired) stays Processing; one of a Completed message (its ack was lost in a
+  //   crash) is acked, of an Expired one terminated, without reaching a member;
+  // - Ack: -> Completed, before the ack is recorded. When the lifecycle expired it
+  //   meanwhile (inference timeout, its model evicted: Lifecycle::Evict expires all
+  //   of the model's Pending and Processing messages in its one transaction), Ack
+  //   terminates it instead and returns FailedPrecondition naming the expiry;
+  // - Nak (not the last delivery): Processing -> Pending;
+  // - a dead letter (Term, max_deliver, a queue timeout): -> Expired with the
+  //   dead letter's reason.
+  // nullptr = none. Explicit acks only; one Lifecycle per consumer (AddConsumer
+  // refuses one another consumer uses); must outlive the Engine.
+  Lifecycle* lifecycle = nullptr;
 
   // Lane slots (lane_capacity rounded up to a power of two, times members) one
   // consumer may hold in all: 2^24, 64 bytes each (1 GiB).

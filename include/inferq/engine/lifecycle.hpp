@@ -7,6 +7,7 @@
 //   model:    (new) --BeginWarmup--> Warmup --ModelReady--> Inference
 //             Warmup | Inference --Evict(reason)--> Evicted --BeginWarmup--> Warmup
 //   message:  (new) --Enqueue--> Pending --StartProcessing--> Processing
+//             Processing --Requeue--> Pending
 //             Processing --Complete--> Completed
 //             Pending | Processing --Expire(reason)--> Expired
 //             Completed | Expired --Forget--> (gone; the id may be enqueued again)
@@ -24,9 +25,11 @@
 //     ("inference timeout").
 // Pending messages have no timeout here: a message's TTL is the stream's business,
 // which calls Expire. Completed and Expired records are kept until Forget(msg_id)
-// deletes them (the host calls Forget once it no longer needs the outcome: the
-// engine does not move its deliveries through a Lifecycle, EngineOptions::lifecycle
-// only has its timer call RunTimeouts); model records are kept for good (a model can warm up again after an eviction).
+// deletes them (the host calls Forget once it no longer needs the outcome); model
+// records are kept for good (a model can warm up again after an eviction). The
+// engine moves a consumer's deliveries through a Lifecycle when the consumer has
+// one (ConsumerConfig::lifecycle: deliveries, acks, naks and dead letters make the
+// transitions), and EngineOptions::lifecycle has its timer call RunTimeouts.
 //
 // Usage:
 //   inferq::LifecycleOptions o;                       // 30 s warmup, 120 s inference
@@ -196,6 +199,8 @@ class Lifecycle {
   absl::Status Enqueue(std::string_view msg_id, std::string_view model);
   // Pending -> Processing; its model must be in Inference.
   absl::Status StartProcessing(std::string_view msg_id);
+  // Processing -> Pending (a delivery that failed and is to be delivered again).
+  absl::Status Requeue(std::string_view msg_id);
   // Processing -> Completed.
   absl::Status Complete(std::string_view msg_id);
   // Pending | Processing -> Expired with `reason`.

@@ -137,7 +137,14 @@ class Message {
   friend class Member;
   friend class Engine;
   enum class Settlement { kAck, kNak, kTerm };
-  absl::Status Settle(Settlement how, std::int64_t delay_ns, std::string_view description);
+  absl::Status Settle(Settlement how, std::int64_t delay_ns, std::string_view description) {
+    return Settle(how, delay_ns, description, /*through_lifecycle=*/true);
+  }
+  // through_lifecycle false: the consumer's lifecycle (ConsumerConfig::lifecycle)
+  // has decided already (Member's delivery step), so Ack does not Complete it and
+  // Nak does not Requeue it.
+  absl::Status Settle(Settlement how, std::int64_t delay_ns, std::string_view description,
+                      bool through_lifecycle);
   // FailedPrecondition: "cannot <verb> message N: consumer 'c' of stream 'S' was deleted".
   absl::Status Deleted(std::string_view verb) const;
   std::shared_ptr<engine_internal::StoredMessage> msg_;
@@ -203,6 +210,10 @@ class Member {
   // `now_ns`: a reading of the engine clock the caller took for this pull (a batch
   // reads it once); -1 = read it here.
   absl::Status PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns = -1);
+  // ConsumerConfig::lifecycle's delivery step for `m`, just popped: true to hand it
+  // out (now Processing); false when it was settled instead (put back while its
+  // model warms up, terminated, or acked because its lifecycle says Completed).
+  bool ThroughLifecycle(Message& m);
   engine_internal::ConsumerState* consumer_;
   std::uint32_t index_;
 };

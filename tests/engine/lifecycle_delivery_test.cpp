@@ -1,0 +1,247 @@
+// Tests of ConsumerConfig::lifecycle: deliveries, acks, naks, dead letters and model
+// evictions moving messages through a Lifecycle (engine/lifecycle.hpp), each
+// transition one StateStore transaction, with the exact states, reasons and store
+// values, and across a restart of a file stream and its store.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "../state/state_test_util.hpp"
+#include "engine_test_util.hpp"
+#include "inferq/engine/engine.hpp"
+#include "inferq/engine/lifecycle.hpp"
+#include "inferq/state/state_store.hpp"
+
+using namespace inferq;
+using inferq::engine_test::CS;
+using inferq::engine_test::Ev;
+using inferq::engine_test::H;
+using inferq::engine_test::Msg;
+using state_test::TempDir;
+
+namespace {
+
+// A StateStore and a Lifecycle over it, and an engine with stream S (s.>), dead
+// letters in stream DLQ (dead.>), and consumer c of S with the lifecycle.
+struct Env {
+  TempDir dir;
+  TempDir stream_dir;
+  std::unique_ptr<StateStore> store;
+  std::unique_ptr<Lifecycle> lc;
+  std::unique_ptr<Engine> engine;
+  std::optional<Consumer> c;
+  std::optional<Consumer> dead;
+  bool file = false;
+
+  explicit Env(bool file_stream = false, std::int64_t max_deliver = -1) : file(file_stream) {
+    Open(max_deliver);
+  }
+  void Open(std::int64_t max_deliver = -1) {
+    c.reset();
+    dead.reset();
+    engine.reset();
+    lc.reset();
+    store.reset();
+    store = *StateStore::Open(state_test::Options(dir.path()));
+    lc = *Lifecycle::Open(store.get(), {});
+    engine = *Engine::Create();
+    StreamConfig s{.name = "S", .subjects = {"s.>"}};
+    if (file) {
+      s.storage = StorageType::kFile;
+      s.directory = stream_dir.path();
+    }
+    REQUIRE(engine->AddStream(s).ok());
+    REQUIRE(engine->AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
+    c = *engine->AddConsumer({.stream = "S",
+                              .name = "c",
+                              .deliver = DeliverPolicy::kAll,
+                              .max_deliver = max_deliver,
+                              .dead_letter_subject = "dead.c",
+                              .lifecycle = lc.get()});
+    dead = *engine->AddConsumer({.stream = "DLQ", .name = "d", .deliver = DeliverPolicy::kAll});
+  }
+  absl::Status Publish(const std::string& id, const std::string& model) {
+    Event e = Ev("s.a", id);
+    e.model = model;
+    return engine->Publish(std::move(e)).status();
+  }
+  std::string State(const std::string& id) {
+    absl::StatusOr<MessageInfo> m = lc->GetMessage(id);
+    if (!m.ok()) return Msg(m.status());
+    std::string s(MessageStateName(m->state));
+    if (!m->reason.empty()) s += " (" + m->reason + ")";
+    return s;
+  }
+  // The next dead letter: "<reason> | <description>", or the pull's error.
+  std::string DeadLetter() {
+    absl::StatusOr<Message> m = dead->member(0)->Next(absl::Seconds(5));
+    if (!m.ok()) return Msg(m.status());
+    REQUIRE(m->Ack().ok());
+    return H(m->event(), kDeadLetterReasonHeader) + " | " +
+           H(m->event(), kDeadLetterDescriptionHeader);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a delivery moves its message Pending -> Processing and an ack to Completed") {
+  Env e;
+  REQUIRE(e.lc->BeginWarmup("llama").ok());
+  REQUIRE(e.lc->ModelReady("llama").ok());
+  const std::uint64_t before = e.lc->Stats().transactions;
+  REQUIRE(e.Publish("r1", "llama").ok());
+  CHECK(e.State("S/1") == "message 'S/1' is unknown");  // Pending from its first delivery
+  absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
+  REQUIRE(m.ok());
+  CHECK(e.State("S/1") == "processing");
+  CHECK(e.lc->Stats().transactions - before == 2);  // Enqueue, StartProcessing
+  REQUIRE(m->Ack().ok());
+  CHECK(e.State("S/1") == "completed");
+  CHECK(e.lc->Stats().transactions - before == 3);
+  CHECK_THAT(e.store->Get("lifecycle.msg.S/1").value_or("<absent>"),
+             Catch::StartsWith("v1 completed llama "));
+  CHECK(CS(*e.engine, "S", "c").acked == 1);
+}
+
+TEST_CASE("a nak moves it back to Pending, and the redelivery to Processing again") {
+  Env e;
+  REQUIRE(e.lc->BeginWarmup("m").ok());
+  REQUIRE(e.lc->ModelReady("m").ok());
+  REQUIRE(e.Publish("r1", "m").ok());
+  absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
+  REQUIRE(m.ok());
+  REQUIRE(m->Nak(absl::Seconds(3600)).ok());  // held back: the state is seen between
+  CHECK(e.State("S/1") == "pending");
+  REQUIRE(e.Publish("r2", "m").ok());
+  absl::StatusOr<Message> m2 = e.c->member(0)->Next(absl::Seconds(5));
+  REQUIRE(m2.ok());
+  CHECK(m2->stream_seq() == 2);
+  REQUIRE(m2->Nak().ok());
+  absl::StatusOr<Message> again = e.c->member(0)->Next(absl::Seconds(5));
+  REQUIRE(again.ok());
+  CHECK(again->stream_seq() == 2);
+  CHECK(again->attempt() == 2);
+  CHECK(e.State("S/2") == "processing");
+}
+
+TEST_CASE("a dead letter expires the message with its reason") {
+  SECTION("term") {
+    Env e;
+    REQUIRE(e.lc->BeginWarmup("m").ok());
+    REQUIRE(e.lc->ModelReady("m").ok());
+    REQUIRE(e.Publish("r1", "m").ok());
+    absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
+    REQUIRE(m.ok());
+    REQUIRE(m->Term("bad input").ok());
+    CHECK(e.State("S/1") == "expired (term: bad input)");
+    CHECK(e.DeadLetter() == "term | bad input");
+  }
+  SECTION("max_deliver") {
+    Env e(/*file_stream=*/false, /*max_deliver=*/1);
+    REQUIRE(e.lc->BeginWarmup("m").ok());
+    REQUIRE(e.lc->ModelReady("m").ok());
+    REQUIRE(e.Publish("r1", "m").ok());
+    absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
+    REQUIRE(m.ok());
+    REQUIRE(m->Nak().ok());
+    CHECK(e.State("S/1") == "expired (max_deliver: nak)");
+    CHECK(e.DeadLetter() == "max_deliver | nak");
+  }
+}
+
+TEST_CASE("a message whose model warms up stays Pending until the model is ready") {
+  Env e;
+  REQUIRE(e.lc->BeginWarmup("m").ok());
+  REQUIRE(e.Publish("r1", "m").ok());
+  CHECK(!e.c->member(0)->Next(absl::ZeroDuration()).ok());  // put back for 50 ms
+  CHECK(e.State("S/1") == "pending");
+  REQUIRE(e.lc->ModelReady("m").ok());
+  absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
+  REQUIRE(m.ok());
+  CHECK(m->stream_seq() == 1);
+  CHECK(e.State("S/1") == "processing");
+}
+
+TEST_CASE("a message the lifecycle cannot enqueue is terminated, naming why") {
+  Env e;
+  REQUIRE(e.lc->BeginWarmup("m").ok());
+  REQUIRE(e.lc->ModelReady("m").ok());
+  REQUIRE(e.Publish("r1", "").ok());
+  REQUIRE(e.Publish("r2", "other").ok());
+  CHECK(!e.c->member(0)->Next(absl::ZeroDuration()).ok());
+  CHECK(e.DeadLetter() ==
+        "term | lifecycle: model '' must be 1 to 256 visible ASCII characters (0x21 to 0x7e)");
+  CHECK(e.DeadLetter() == "term | lifecycle: model 'other' is unknown");
+  CHECK(e.State("S/1") == "message 'S/1' is unknown");
+}
+
+TEST_CASE("evicting a model expires its Processing messages, whose acks then terminate them") {
+  Env e;
+  REQUIRE(e.lc->BeginWarmup("m").ok());
+  REQUIRE(e.lc->ModelReady("m").ok());
+  REQUIRE(e.Publish("r1", "m").ok());
+  REQUIRE(e.Publish("r2", "m").ok());
+  absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
+  REQUIRE(m.ok());
+  CHECK(e.State("S/1") == "processing");
+  absl::StatusOr<std::vector<std::string>> expired = e.lc->Evict("m", "out of memory");
+  REQUIRE(expired.ok());
+  CHECK(*expired == std::vector<std::string>{"S/1"});  // S/2 was never delivered
+  CHECK(Msg(m->Ack()) ==
+        "ack of message 1 by consumer 'c': the message expired in its lifecycle (model "
+        "evicted), so it was terminated, not acked");
+  CHECK(e.State("S/1") == "expired (model evicted)");
+  CHECK(e.DeadLetter() == "term | lifecycle: expired (model evicted)");
+  // S/2's first delivery finds the model evicted: terminated.
+  CHECK(!e.c->member(0)->Next(absl::ZeroDuration()).ok());
+  CHECK(e.DeadLetter() == "term | lifecycle: model 'm' is evicted; Enqueue needs it in warmup or inference");
+  CHECK(CS(*e.engine, "S", "c").acked == 0);
+}
+
+TEST_CASE("a redelivery of a message its lifecycle completed is acked without reaching a member") {
+  // As after a crash between the ack's Complete and its ack record.
+  Env e;
+  REQUIRE(e.lc->BeginWarmup("m").ok());
+  REQUIRE(e.lc->ModelReady("m").ok());
+  REQUIRE(e.Publish("r1", "m").ok());
+  absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
+  REQUIRE(m.ok());
+  REQUIRE(e.lc->Complete("S/1").ok());
+  REQUIRE(m->Nak().ok());  // its Requeue fails (completed); it is redelivered
+  CHECK(!e.c->member(0)->Next(absl::ZeroDuration()).ok());
+  CHECK(CS(*e.engine, "S", "c").acked == 1);
+  CHECK(e.State("S/1") == "completed");
+}
+
+TEST_CASE("after a restart an unacked delivery stays Processing and its ack completes it") {
+  Env e(/*file_stream=*/true);
+  REQUIRE(e.lc->BeginWarmup("m").ok());
+  REQUIRE(e.lc->ModelReady("m").ok());
+  REQUIRE(e.Publish("r1", "m").ok());
+  {
+    absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
+    REQUIRE(m.ok());
+  }  // never acked
+  e.Open();
+  CHECK(e.State("S/1") == "processing");
+  const std::uint64_t before = e.lc->Stats().transactions;
+  absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
+  REQUIRE(m.ok());
+  CHECK(m->attempt() == 2);
+  CHECK(e.lc->Stats().transactions == before);  // Processing already: no transition
+  REQUIRE(m->AckSync().ok());
+  CHECK(e.State("S/1") == "completed");
+}
+
+TEST_CASE("AddConsumer refuses a lifecycle without explicit acks or used by another consumer") {
+  Env e;
+  CHECK(Msg(e.engine->AddConsumer({.stream = "S", .name = "n", .ack = AckPolicy::kNone,
+                                   .lifecycle = e.lc.get()})
+                .status()) == "consumer 'n': lifecycle needs explicit acks (ack policy is none)");
+  CHECK(Msg(e.engine->AddConsumer({.stream = "S", .name = "x", .lifecycle = e.lc.get()})
+                .status()) ==
+        "consumer 'x': its lifecycle is already used by consumer 'c' of stream 'S' (its ids are "
+        "per stream sequence: give each consumer its own)");
+}

@@ -72,8 +72,10 @@ absl::Status Engine::UpdateStream(const StreamConfig& config) {
     std::lock_guard lock(s->mu);
     if (s->deleted) return absl::NotFoundError("stream '" + config.name + "' was deleted");
     s->DrainRemoved();
-    if (s->is_file() && config.max_msgs_per_subject > 0) {
-      // Its removals are recorded from now on (a restart must not bring them back).
+    if (s->is_file() && (config.max_msgs_per_subject > 0 || config.max_msgs > 0 ||
+                         config.max_bytes > 0 || config.max_age > absl::ZeroDuration())) {
+      // Its removals and front trims are recorded from now on (a restart must not
+      // bring them back).
       if (absl::Status st = s->OpenRemovedLog(/*force=*/true); !st.ok()) return st;
     }
     const bool rebuild = config.max_msgs_per_subject > 0 &&

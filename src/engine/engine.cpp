@@ -181,6 +181,13 @@ Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>()) {
 
 Engine::~Engine() {
   Close();
+  // File streams record where their front stands, so that a restart under higher
+  // limits does not bring back what max_msgs, max_bytes or max_age removed.
+  for (const auto& s : impl_->streams) {
+    if (s->log == nullptr) continue;
+    std::lock_guard lock(s->mu);
+    s->RecordFloor(/*force=*/true);
+  }
   // Function workers finish the handler they are in (Close does not wait for them).
   std::vector<std::thread> workers;
   {

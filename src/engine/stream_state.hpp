@@ -172,6 +172,14 @@ struct StreamState {
   // The removed log's tx of the newest kLimit record (0: none yet); mu. A publisher
   // whose Append moved it syncs the removed log that far with its message.
   std::uint64_t limit_removed_tx = 0;
+  // The front trims of max_msgs, max_bytes and max_age: the removed log's newest
+  // floor record ('f' <seq>: every message below seq is gone) says this much; mu.
+  // RecordFloor appends one when the front has moved 64 past it, and at the
+  // engine's end; recovery removes what a floor record says is gone (at most 63
+  // trims are lost to a crash: those messages come back only if the limits were
+  // raised). `recovered_floor`: the highest floor the removed log held.
+  std::uint64_t floor_recorded = 0;
+  std::uint64_t recovered_floor = 0;
   std::vector<std::uint64_t> removed_pending;  // guarded by removed_mu: for DrainRemoved
   std::atomic<bool> has_removed_pending{false};
   // Per acked-log record, oldest first: (tx, the largest sequence of the records up
@@ -449,6 +457,10 @@ struct StreamState {
   // Any thread; takes removed_mu, never mu (an acking member must not wait for a
   // publisher blocked on a full lane).
   absl::StatusOr<std::uint64_t> AckOut(std::uint64_t seq);
+  // kFile: appends a floor record when the front of the index has moved at least 64
+  // past the last one (`force`: at all). Best effort, not synced: a lost record
+  // brings back trimmed messages only under higher limits. Requires mu.
+  void RecordFloor(bool force);
   // kFile, at recovery: when the removed log holds records of sequences above `last`
   // (the stream log's last record: a power cut took the tail they spoke of, and the
   // next publishes reuse those sequences), appends and syncs a void record ('v',

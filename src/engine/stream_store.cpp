@@ -206,6 +206,7 @@ absl::Status StreamState::AppendToLog(const Event& ev, std::uint64_t bytes) {
 
 void StreamState::RetireLog() {
   const std::uint64_t first = index.empty() ? next_seq : index.front().seq;
+  if (removed_log != nullptr && first >= floor_recorded + 64) RecordFloor(false);
   // A failed removal leaves the segment for the next call; the log stays correct.
   (void)log->RetireBefore(first);
 }
@@ -364,7 +365,9 @@ absl::Status StreamState::FinishRecovery(std::int64_t now_ns, std::int64_t wall_
   }
   recovering = false;
   recovery_subjects = {};
-  recovering = false;
+  // What max_msgs, max_bytes and max_age trimmed, as far as a floor record says
+  // (limits raised since must not bring it back).
+  while (!index.empty() && index.front().seq < recovered_floor) PopIndexFront();
   if (log->last_tx() >= next_seq) next_seq = log->last_tx() + 1;
   recovered_next_seq = next_seq;
   if (absl::Status st = VoidRemovalsAbove(next_seq - 1); !st.ok()) return st;
@@ -390,7 +393,8 @@ absl::Status StreamState::OpenRemovedLog(bool force) {
   if (removed_log != nullptr) return absl::OkStatus();
   const std::string dir = config.directory + "/removed";
   if (!force && config.retention != RetentionPolicy::kWorkQueue &&
-      config.max_msgs_per_subject <= 0) {
+      config.max_msgs_per_subject <= 0 && config.max_msgs <= 0 && config.max_bytes <= 0 &&
+      config.max_age <= absl::ZeroDuration()) {
     // Opened only where removals are recorded, or were under an earlier config.
     absl::StatusOr<std::vector<std::string>> names = fs->List(config.directory);
     if (!names.ok() || std::find(names->begin(), names->end(), "removed") == names->end()) {
@@ -404,9 +408,10 @@ absl::Status StreamState::OpenRemovedLog(bool force) {
   lo.segment_bytes = std::min<std::uint64_t>(config.segment_bytes, std::uint64_t{4} << 20);
   lo.file_system = fs;
   // Records 'a' (a work queue's ack) and 'l' (max_msgs_per_subject) remove their
-  // sequence; 'v' voids the earlier records naming a sequence above its own (written
-  // by FinishRecovery when a power cut took the stream log's tail: the next
-  // publishes reuse those sequences).
+  // sequence; 'f' (a front trim: RecordFloor) every sequence below its own; 'v'
+  // voids the earlier records naming a sequence above its own (written by
+  // FinishRecovery when a power cut took the stream log's tail: the next publishes
+  // reuse those sequences), and lowers an earlier floor to one above it.
   struct Loaded {
     std::uint64_t tx;
     std::uint64_t seq;
@@ -415,7 +420,8 @@ absl::Status StreamState::OpenRemovedLog(bool force) {
   std::vector<Loaded> loaded;
   absl::StatusOr<std::unique_ptr<StreamLog>> opened =
       StreamLog::Open(lo, [&](const StreamLog::Entry& e) -> absl::Status {
-        if (e.value.size() != 9 || (e.value[8] != 'a' && e.value[8] != 'l' && e.value[8] != 'v')) {
+        if (e.value.size() != 9 || (e.value[8] != 'a' && e.value[8] != 'l' && e.value[8] != 'v' &&
+                                    e.value[8] != 'f')) {
           return absl::DataLossError("stream '" + config.name + "': removed log " +
                                      QuoteValue(lo.dir) + " record " + std::to_string(e.tx) +
                                      " holds " + std::to_string(e.value.size()) +
@@ -436,7 +442,11 @@ absl::Status StreamState::OpenRemovedLog(bool force) {
   for (std::size_t i = 0; i < loaded.size(); ++i) {
     if (loaded[i].kind != 'v') continue;
     for (std::size_t j = 0; j < i; ++j) {
-      if (loaded[j].kind != 'v' && loaded[j].seq > loaded[i].seq) loaded[j].kind = 'x';
+      if (loaded[j].kind == 'f') {
+        loaded[j].seq = std::min(loaded[j].seq, loaded[i].seq + 1);
+      } else if (loaded[j].kind != 'v' && loaded[j].seq > loaded[i].seq) {
+        loaded[j].kind = 'x';
+      }
     }
   }
   std::uint64_t max_seq = 0;
@@ -444,9 +454,16 @@ absl::Status StreamState::OpenRemovedLog(bool force) {
     if (r.kind == 'a' || r.kind == 'l') {
       recovery_removed.push_back({r.tx, r.seq, r.kind == 'a' ? Removal::kAck : Removal::kLimit});
     }
-    if (r.kind != 'x') max_seq = std::max(max_seq, r.seq);
+    if (r.kind == 'f') {
+      recovered_floor = std::max(recovered_floor, r.seq);
+      // It speaks of the sequences below its own.
+      if (r.seq > 0) max_seq = std::max(max_seq, r.seq - 1);
+    } else if (r.kind != 'x') {
+      max_seq = std::max(max_seq, r.seq);
+    }
     removed_max.emplace_back(r.tx, max_seq);
   }
+  floor_recorded = recovered_floor;
   removed_log = *std::move(opened);
   return absl::OkStatus();
 }
@@ -494,7 +511,26 @@ absl::Status StreamState::VoidRemovalsAbove(std::uint64_t last) {
   // `last`: the running maxima are `last` at most from here on.
   for (auto& [tx, max_seq] : removed_max) max_seq = std::min(max_seq, last);
   removed_max.emplace_back(e->tx, last);
+  floor_recorded = std::min(floor_recorded, last + 1);
   return absl::OkStatus();
+}
+
+void StreamState::RecordFloor(bool force) {
+  if (removed_log == nullptr || deleted) return;
+  const std::uint64_t first = index.empty() ? next_seq : index.front().seq;
+  if (first <= floor_recorded || (!force && first - floor_recorded < 64)) return;
+  std::string value;
+  PutU64(value, first);
+  value.push_back('f');
+  {
+    std::lock_guard lock(removed_mu);
+    absl::StatusOr<StreamLog::Entry> e = removed_log->Append(value);
+    if (!e.ok()) return;  // the removed log failed: publishes are refused from now on (Admit)
+    removed_max.emplace_back(
+        e->tx, std::max(first - 1, removed_max.empty() ? 0 : removed_max.back().second));
+  }
+  floor_recorded = first;
+  if (++limit_records % 64 == 0) RetireRemovedLog();
 }
 
 absl::StatusOr<std::uint64_t> StreamState::AckOut(std::uint64_t seq) {

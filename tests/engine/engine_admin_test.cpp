@@ -1389,3 +1389,39 @@ TEST_CASE("PublishAsync returns Publish's refusals at once, and a memory stream'
   PublishAckFuture empty;
   CHECK(Msg(empty.Wait().status()) == "an empty PublishAckFuture");
 }
+
+// ---- Front trims across restarts. ----
+
+TEST_CASE("what max_msgs trimmed from a file stream stays gone under higher limits") {
+  TempDir d;
+  TempDir copy;
+  StreamConfig s = File(d.path());
+  s.max_msgs = 3;
+  const bool by_update = GENERATE(false, true);
+  INFO((by_update ? "max_msgs set by UpdateStream" : "max_msgs set at AddStream"));
+  {
+    auto engine = *Engine::Create();
+    StreamConfig first = s;
+    if (by_update) first.max_msgs = -1;
+    REQUIRE(engine->AddStream(first).ok());
+    if (by_update) REQUIRE(engine->UpdateStream(s).ok());
+    for (int i = 1; i <= 200; ++i) REQUIRE(engine->Publish(Ev("s.a")).ok());
+    // A crash now: the files as the page cache holds them. Floor records go every
+    // 64 trims: the last says 192 (at most 63 trims are lost to a crash).
+    std::filesystem::copy(d.path(), copy.path(), std::filesystem::copy_options::recursive);
+    std::filesystem::remove(copy / "LOCK");
+  }
+  s.max_msgs = -1;  // no limit from now on
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(s).ok());  // after a clean end: exactly what was held
+    CHECK(HeldBy(*engine, "S") == Held{{198, "s.a"}, {199, "s.a"}, {200, "s.a"}});
+    CHECK(SS(*engine, "S").first_seq == 198);
+  }
+  StreamConfig crashed = s;
+  crashed.directory = copy.path();
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(crashed).ok());
+  CHECK(SS(*engine, "S").messages == 9);  // 192 .. 200
+  CHECK(SS(*engine, "S").first_seq == 192);
+}

@@ -14,7 +14,8 @@ will download. dpkg's output goes to a log file, shown only if the install fails
 purposes (default: examples; --for may be given more than once):
   library   compiler, CMake, Ninja and the libraries libinferq builds on: the
             `release` preset (library, tools and examples) and the install
-  examples  the same as library: the examples need nothing more
+  examples  the same as library: the main example (inference_server) needs
+            nothing more; agent_router needs valijson too (the tests purpose)
   tests     library + Catch2, valijson (JSON Schema predicates, which the tests
             check) and the JSON Schema test suite: the `dev` preset and ctest
   bench     library + Google Benchmark and the peers the benchmarks compare

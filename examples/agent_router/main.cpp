@@ -403,6 +403,17 @@ int main(int argc, char** argv) {
               "  Leaderboard\", 2024; Apache License 2.0 (examples/data/README.md)\n");
 
   // ---- tools: every (name, definition) of every request --------------------------
+  // Every tool's arguments are checked against its JSON Schema: a build of inferq
+  // without JSON Schema support cannot run this example (found by the fresh-user
+  // helper: each of 4178 definitions was reported as not a schema).
+  if (absl::StatusOr<inferq::Predicate> probe = inferq::Predicate::JsonSchema("{}");
+      !probe.ok() && probe.status().code() == absl::StatusCode::kUnimplemented) {
+    Fail("this build of inferq has no JSON Schema support, which the tools' argument "
+         "checks need (" + std::string(probe.status().message()) +
+         "): install libvalijson-dev (./scripts/install-deps.sh --for tests), then "
+         "configure and build again (cmake --preset release && cmake --build --preset "
+         "release --target agent_router)", 1);
+  }
   std::map<std::pair<std::string, std::string>, std::unique_ptr<Tool>> tools;  // (subject, version)
   // Per request: its function names and their tools (two names may share a subject
   // and a definition, and so a Tool).

@@ -47,6 +47,15 @@ Held HeldBy(const Engine& engine, const std::string& name) {
 
 StreamConfig Memory() { return {.name = "S", .subjects = {"s.>"}}; }
 
+// After a run of the timers, the msg_id of what member 0 of `c` has now (acked), or "-".
+std::string NextAcked(Engine& engine, Consumer& c) {
+  engine.RunTimers();
+  absl::StatusOr<Message> m = c.member(0)->Next(absl::ZeroDuration());
+  if (!m.ok()) return "-";
+  REQUIRE(m->Ack().ok());
+  return m->event().msg_id;
+}
+
 StreamConfig File(const std::string& dir) {
   StreamConfig s = Memory();
   s.storage = StorageType::kFile;
@@ -781,13 +790,7 @@ TEST_CASE("a consumer with replay original gets the stored messages at the pace 
                                  .name = "shadow",
                                  .deliver = DeliverPolicy::kAll,
                                  .replay = ReplayPolicy::kOriginal});
-  auto next = [&]() -> std::string {
-    engine->RunTimers();
-    absl::StatusOr<Message> m = c.member(0)->Next(absl::ZeroDuration());
-    if (!m.ok()) return "-";
-    REQUIRE(m->Ack().ok());
-    return m->event().msg_id;
-  };
+  auto next = [&] { return NextAcked(*engine, c); };
   CHECK(next() == "m1");
   CHECK(next() == "-");
   clock.Advance(absl::Milliseconds(9'999));
@@ -988,13 +991,7 @@ TEST_CASE("replay at the original pace saturates publish times at the ends of in
                                  .name = "shadow",
                                  .deliver = DeliverPolicy::kAll,
                                  .replay = ReplayPolicy::kOriginal});
-  auto next = [&]() -> std::string {
-    engine->RunTimers();
-    absl::StatusOr<Message> m = c.member(0)->Next(absl::ZeroDuration());
-    if (!m.ok()) return "-";
-    REQUIRE(m->Ack().ok());
-    return m->event().msg_id;
-  };
+  auto next = [&] { return NextAcked(*engine, c); };
   CHECK(next() == "m1");
   CHECK(next() == "-");  // due at the end of time, not at once
   clock.now = INT64_MAX;

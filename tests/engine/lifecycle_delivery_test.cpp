@@ -65,6 +65,11 @@ struct Env {
                               .lifecycle = lc.get()});
     dead = *engine->AddConsumer({.stream = "DLQ", .name = "d", .deliver = DeliverPolicy::kAll});
   }
+  // Model `model` warmed up and ready (Inference).
+  void Ready(const std::string& model) {
+    REQUIRE(lc->BeginWarmup(model).ok());
+    REQUIRE(lc->ModelReady(model).ok());
+  }
   absl::Status Publish(const std::string& id, const std::string& model) {
     Event e = Ev("s.a", id);
     e.model = model;
@@ -91,8 +96,7 @@ struct Env {
 
 TEST_CASE("a delivery moves its message Pending -> Processing and an ack to Completed") {
   Env e;
-  REQUIRE(e.lc->BeginWarmup("llama").ok());
-  REQUIRE(e.lc->ModelReady("llama").ok());
+  e.Ready("llama");
   const std::uint64_t before = e.lc->Stats().transactions;
   REQUIRE(e.Publish("r1", "llama").ok());
   CHECK(e.State("S/1") == "message 'S/1' is unknown");  // Pending from its first delivery
@@ -110,8 +114,7 @@ TEST_CASE("a delivery moves its message Pending -> Processing and an ack to Comp
 
 TEST_CASE("a nak moves it back to Pending, and the redelivery to Processing again") {
   Env e;
-  REQUIRE(e.lc->BeginWarmup("m").ok());
-  REQUIRE(e.lc->ModelReady("m").ok());
+  e.Ready("m");
   REQUIRE(e.Publish("r1", "m").ok());
   absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
   REQUIRE(m.ok());
@@ -132,8 +135,7 @@ TEST_CASE("a nak moves it back to Pending, and the redelivery to Processing agai
 TEST_CASE("a dead letter expires the message with its reason") {
   SECTION("term") {
     Env e;
-    REQUIRE(e.lc->BeginWarmup("m").ok());
-    REQUIRE(e.lc->ModelReady("m").ok());
+    e.Ready("m");
     REQUIRE(e.Publish("r1", "m").ok());
     absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
     REQUIRE(m.ok());
@@ -143,8 +145,7 @@ TEST_CASE("a dead letter expires the message with its reason") {
   }
   SECTION("max_deliver") {
     Env e(/*file_stream=*/false, /*max_deliver=*/1);
-    REQUIRE(e.lc->BeginWarmup("m").ok());
-    REQUIRE(e.lc->ModelReady("m").ok());
+    e.Ready("m");
     REQUIRE(e.Publish("r1", "m").ok());
     absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
     REQUIRE(m.ok());
@@ -169,8 +170,7 @@ TEST_CASE("a message whose model warms up stays Pending until the model is ready
 
 TEST_CASE("a message the lifecycle cannot enqueue is terminated, naming why") {
   Env e;
-  REQUIRE(e.lc->BeginWarmup("m").ok());
-  REQUIRE(e.lc->ModelReady("m").ok());
+  e.Ready("m");
   REQUIRE(e.Publish("r1", "").ok());
   REQUIRE(e.Publish("r2", "other").ok());
   CHECK(!e.c->member(0)->Next(absl::ZeroDuration()).ok());
@@ -182,8 +182,7 @@ TEST_CASE("a message the lifecycle cannot enqueue is terminated, naming why") {
 
 TEST_CASE("evicting a model expires its Processing messages, whose acks then terminate them") {
   Env e;
-  REQUIRE(e.lc->BeginWarmup("m").ok());
-  REQUIRE(e.lc->ModelReady("m").ok());
+  e.Ready("m");
   REQUIRE(e.Publish("r1", "m").ok());
   REQUIRE(e.Publish("r2", "m").ok());
   absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
@@ -206,8 +205,7 @@ TEST_CASE("evicting a model expires its Processing messages, whose acks then ter
 TEST_CASE("a redelivery of a message its lifecycle completed is acked without reaching a member") {
   // As after a crash between the ack's Complete and its ack record.
   Env e;
-  REQUIRE(e.lc->BeginWarmup("m").ok());
-  REQUIRE(e.lc->ModelReady("m").ok());
+  e.Ready("m");
   REQUIRE(e.Publish("r1", "m").ok());
   absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));
   REQUIRE(m.ok());
@@ -220,8 +218,7 @@ TEST_CASE("a redelivery of a message its lifecycle completed is acked without re
 
 TEST_CASE("after a restart an unacked delivery stays Processing and its ack completes it") {
   Env e(/*file_stream=*/true);
-  REQUIRE(e.lc->BeginWarmup("m").ok());
-  REQUIRE(e.lc->ModelReady("m").ok());
+  e.Ready("m");
   REQUIRE(e.Publish("r1", "m").ok());
   {
     absl::StatusOr<Message> m = e.c->member(0)->Next(absl::Seconds(5));

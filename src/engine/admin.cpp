@@ -245,16 +245,18 @@ std::string RemoveDirectory(const std::string& dir, const std::string& gone) {
 void Retire(ConsumerState& c, StreamState& s) {
   using engine_internal::ConsumerTimer;
   using engine_internal::Delivery;
-  {
-    std::lock_guard lock(s.mu);
-    std::erase(s.consumers, &c);
-  }
+  // The lanes close first: a publisher blocked on a full lane of this consumer
+  // holds the stream's mutex, and lets go of it only when its push fails.
   for (auto& lane : c.lanes) lane->ring.close();
   {
     std::lock_guard slot_lock(c.slot_mu);
     c.closing.store(true, std::memory_order_release);
   }
   c.slot_cv.notify_all();
+  {
+    std::lock_guard lock(s.mu);
+    std::erase(s.consumers, &c);
+  }
   std::vector<Delivery> queued;
   for (auto& lane : c.lanes) {
     Delivery d;

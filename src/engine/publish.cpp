@@ -277,6 +277,9 @@ inline void Engine::Impl::SelectTargets(StreamState& stream, const Event& ev, st
   // Under the stream's mutex: the consumer's selection policy picks the member, plus
   // a shadow copy (WeightedShadowPolicy).
   for (ConsumerState* c : stream.consumers) {
+    // relaxed: DeleteConsumer sets it before it closes the lanes and, later, takes
+    // this mutex to unlist the consumer; a stale false meets a closed lane.
+    if (c->deleted.load(std::memory_order_relaxed)) continue;
     if (stream.next_seq <= c->start_after) continue;  // before its start sequence
     if (c->filter && !c->filter->Matches(ev.subject)) continue;
     if (!c->config.predicate.is_trivial() && !c->config.predicate.Matches(ev)) continue;
@@ -417,7 +420,9 @@ inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
       if (t.shadow) consumer->counts.mirrored.fetch_add(1, std::memory_order_relaxed);
     } else {  // closed while waiting: that consumer will never ack it
       if (t.shadow) continue;
-      ++tally.undelivered;
+      // A consumer deleted meanwhile (DeleteConsumer closes its lanes before it takes
+      // the stream's mutex this publisher holds) simply no longer takes it.
+      if (!consumer->deleted.load(std::memory_order_acquire)) ++tally.undelivered;
       if (consumer->config.ack == AckPolicy::kExplicit) ++undelivered_acks;
       if (expiry != INT64_MAX) {
         std::lock_guard wl(consumer->pending_mu);

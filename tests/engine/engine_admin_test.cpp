@@ -1422,3 +1422,41 @@ TEST_CASE("what max_msgs trimmed from a file stream stays gone under higher limi
   CHECK(SS(*engine, "S").messages == 9);  // 192 .. 200
   CHECK(SS(*engine, "S").first_seq == 192);
 }
+
+TEST_CASE("DeleteConsumer frees a publisher blocked on the deleted consumer's full lane") {
+  // The publisher holds the stream's mutex while it waits for room; the delete
+  // closes the lanes before it takes that mutex, and the publish is stored.
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(Memory()).ok());
+  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2});
+  for (int i = 0; i < 2; ++i) REQUIRE(engine->Publish(Ev("s.a")).ok());
+  std::atomic<bool> returned{false};
+  absl::StatusOr<PublishAck> blocked;
+  std::thread publisher([&] {
+    blocked = engine->Publish(Ev("s.a", "m3"));  // the lane is full: waits
+    returned = true;
+  });
+  // TryPublish says when a Publish holds the stream blocked (else: the lane is full).
+  while (Msg(engine->TryPublish(Ev("s.a")).status()).find("a Publish is blocked") ==
+         std::string::npos) {
+    std::this_thread::yield();
+  }
+  std::atomic<bool> deleted{false};
+  std::thread deleter([&] {
+    (void)engine->DeleteConsumer("S", "c");
+    deleted = true;
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((!deleted || !returned) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (!deleted || !returned) {
+    FAIL_CHECK("DeleteConsumer and the blocked Publish did not both return in 20 s");
+    std::_Exit(1);  // a deadlock: the threads cannot be joined
+  }
+  deleter.join();
+  publisher.join();
+  REQUIRE(blocked.ok());
+  CHECK(blocked->seq == 3);
+  CHECK(SS(*engine, "S").messages == 3);
+}

@@ -1,11 +1,16 @@
 // File: src/engine/admin.cpp
 //
 // Changes to a stream after it was added (engine/engine.hpp): UpdateStream (its
-// limits) and PurgeStream (removing messages by subject, sequence or count). Both
-// run under the stream's mutex, never under config_mu (which Close needs to wake a
+// limits) and PurgeStream (removing messages by subject, sequence or count), both
+// under the stream's mutex, never under config_mu (which Close needs to wake a
 // publisher blocked on a full lane, while that publisher holds the stream's mutex);
-// the removal itself is StreamState's (stream_store.cpp).
+// the removal itself is StreamState's (stream_store.cpp). And DeleteConsumer and
+// DeleteStream, which unlist under config_mu, close the consumers' lanes, and only
+// then take the stream's mutex.
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <system_error>
@@ -222,12 +227,21 @@ namespace {
 using engine_internal::ConsumerState;
 using engine_internal::StreamState;
 
-// Removes a consumer's or stream's directory: renamed out of the way first (a write
-// racing this lands in the renamed directory, never in a log a later consumer or
-// stream of the name would recover), then removed. "" or the error's text.
-std::string RemoveDirectory(const std::string& dir, const std::string& gone) {
+// Removes a consumer's or stream's directory `dir` (symbolic links resolved by the
+// caller): renamed out of the way first, to ".deleted-<name>-<n>" beside it with an
+// <n> that names nothing there yet (that path may be anything of anyone's: found by
+// the adversarial helper, who put another stream's directory there), then removed,
+// so that a later consumer or stream of the name never recovers half of it. "" or
+// the error's text.
+std::string RemoveDirectory(const std::filesystem::path& dir) {
+  static std::atomic<std::uint64_t> serial{0};
   std::error_code ec;
-  std::filesystem::remove_all(gone, ec);
+  std::filesystem::path gone;
+  do {
+    gone = dir.parent_path() / (".deleted-" + dir.filename().string() + "-" +
+                                std::to_string(::getpid()) + "-" +
+                                std::to_string(serial.fetch_add(1)));
+  } while (std::filesystem::exists(std::filesystem::symlink_status(gone, ec)));
   std::filesystem::rename(dir, gone, ec);
   if (ec == std::errc::no_such_file_or_directory) return "";
   if (!ec) std::filesystem::remove_all(gone, ec);
@@ -265,6 +279,7 @@ void Retire(ConsumerState& c, StreamState& s) {
   std::vector<engine_internal::Handle> release;
   {
     std::lock_guard lock(c.pending_mu);
+    c.retired = true;  // what is parked, scheduled or tracked from now on lets go at once
     for (Delivery& d : c.parked) queued.push_back(std::move(d));
     c.parked.clear();
     c.has_parked.store(false, std::memory_order_release);
@@ -287,6 +302,10 @@ void Retire(ConsumerState& c, StreamState& s) {
     });
   }
   for (engine_internal::Handle& h : release) engine_internal::ReleaseInterest(c, *h);
+  if (c.ack_log != nullptr) {
+    std::lock_guard lock(c.record_mu);
+    c.records_closed = true;  // before its directory goes (Record)
+  }
 }
 
 }  // namespace
@@ -322,8 +341,7 @@ absl::Status Engine::DeleteConsumer(std::string_view stream, std::string_view na
   Retire(*c, *s);
   if (c->ack_log == nullptr) return absl::OkStatus();
   const std::string consumers = s->config.directory + "/consumers/";
-  const std::string error =
-      RemoveDirectory(consumers + std::string(name), consumers + ".deleted-" + std::string(name));
+  const std::string error = RemoveDirectory(s->normal_dir / "consumers" / std::string(name));
   if (!error.empty()) {
     return absl::InternalError("consumer " + QuoteValue(name) + " of stream " +
                                QuoteValue(stream) + " is deleted, but its ack log " +
@@ -386,10 +404,7 @@ absl::Status Engine::DeleteStream(std::string_view name) {
     s->dedup.reset();
   }
   if (!s->is_file()) return absl::OkStatus();
-  const std::string error = RemoveDirectory(
-      s->config.directory,
-      std::filesystem::path(s->normal_dir).parent_path().string() + "/.deleted-" +
-          std::filesystem::path(s->normal_dir).filename().string());
+  const std::string error = RemoveDirectory(s->normal_dir);
   {
     std::lock_guard lock(impl_->config_mu);
     auto& v = impl_->opening_dirs;

@@ -149,8 +149,12 @@ inline std::string LifecycleReason(std::string_view reason, std::string_view des
 }
 
 // Deadline `ns` from `now`, saturating at INT64_MAX.
+// A clock may read below zero (Clock: any fixed origin), so neither side is assumed
+// non-negative (found by the adversarial helper: INT64_MAX - now overflowed).
 inline std::int64_t SatAdd(std::int64_t now, std::int64_t ns) {
-  return ns > INT64_MAX - now ? INT64_MAX : now + ns;
+  std::int64_t sum;
+  if (!__builtin_add_overflow(now, ns, &sum)) return sum;
+  return ns > 0 ? INT64_MAX : INT64_MIN;
 }
 
 // a - b, saturating at INT64_MIN and INT64_MAX (times from a host's clock, or a
@@ -299,6 +303,11 @@ struct ConsumerState {
   // Appends a record to the ack log: its tx_id, or the log's error (the consumer is
   // then failed: FailAckLog).
   absl::StatusOr<std::uint64_t> Record(std::string_view text) {
+    std::lock_guard lock(record_mu);
+    if (records_closed) {
+      return absl::FailedPreconditionError("consumer '" + config.name + "' of stream '" +
+                                           config.stream + "' was deleted");
+    }
     absl::StatusOr<StreamLog::Entry> e = ack_log->Append(text);
     if (!e.ok()) {
       FailAckLog(e.status());
@@ -407,6 +416,15 @@ struct ConsumerState {
   std::atomic<bool> closing{false};
   // Engine::DeleteConsumer ran (set before its lanes close; never cleared).
   std::atomic<bool> deleted{false};
+  // DeleteConsumer swept what the consumer held (guarded by pending_mu): a delivery
+  // that would be parked, scheduled or tracked after that lets go of the stream
+  // instead (ReleaseInterest), since nothing would ever sweep it again.
+  bool retired = false;
+  // Ack log records are written under record_mu; DeleteConsumer sets records_closed
+  // before it removes the log's directory, so that no record (nor a new segment)
+  // of a deleted consumer lands where a later consumer of the name keeps its log.
+  std::mutex record_mu;
+  bool records_closed = false;  // guarded by record_mu
 
   // The consumer's counts (ConsumerStats copies them with ForEachCount), on their
   // own cache lines: every thread that settles or delivers writes them.

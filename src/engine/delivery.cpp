@@ -110,11 +110,25 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
     if (redelivery) c.counts.redelivered.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  if (c.lanes.front()->ring.closed()) return;  // the engine is closing: nobody will pull
-  std::lock_guard lock(c.pending_mu);
-  c.parked.push_back(std::move(d));
-  c.counts.parked.fetch_add(1, std::memory_order_relaxed);
-  c.has_parked.store(true, std::memory_order_release);
+  if (c.lanes.front()->ring.closed()) {
+    // The engine is closing (nobody will pull), or the consumer was deleted: an
+    // untracked consumer's delivery in transit lets go of the stream here (a tracked
+    // one's pending entry does, in DeleteConsumer's sweep, whichever came first).
+    if (c.deleted.load(std::memory_order_acquire) && !c.tracked && !d.shadow) {
+      ReleaseInterest(c, *d.h);
+    }
+    return;
+  }
+  {
+    std::lock_guard lock(c.pending_mu);
+    if (!c.retired) {
+      c.parked.push_back(std::move(d));
+      c.counts.parked.fetch_add(1, std::memory_order_relaxed);
+      c.has_parked.store(true, std::memory_order_release);
+      return;
+    }
+  }
+  if (!c.tracked && !d.shadow) ReleaseInterest(c, *d.h);
 }
 
 // Moves `d` off stalled member `from` to another member that is not ejected and has

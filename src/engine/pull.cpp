@@ -140,7 +140,15 @@ bool TrackDelivery(ConsumerState& c, std::uint32_t m, const engine_internal::Del
                    std::int64_t now) {
   if (!c.tracked || d.shadow) return true;
   const Handle& h = d.h;
-  std::lock_guard lock(c.pending_mu);
+  std::unique_lock lock(c.pending_mu);
+  if (c.retired) {
+    // Popped before DeleteConsumer drained the lane, tracked after its sweep: a
+    // first delivery lets go of the stream here (a redelivery's pending entry was
+    // swept), and the pull goes on to find the lane closed.
+    lock.unlock();
+    if (d.attempt == 1) engine_internal::ReleaseInterest(c, *h);
+    return false;
+  }
   const std::int64_t deadline = engine_internal::SatAdd(now, c.AckWaitFor(d.attempt));
   engine_internal::Pending* p;
   if (d.attempt == 1) {
@@ -180,6 +188,7 @@ void RecordDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns) {
 
 absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns) {
   ConsumerState& c = *consumer_;
+  if (c.deleted.load(std::memory_order_acquire)) return Deleted(c);
   if (c.AckLogFailed()) return c.AckLogFailure();
   Lane& lane = *c.lanes[index_];
   // max_ack_pending: take a slot before pulling, so that no more than the limit is
@@ -200,6 +209,7 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
   engine_internal::Delivery d;
   for (;;) {
     if (!lane.ring.pop_until(d, deadline_ns)) {
+      if (c.deleted.load(std::memory_order_acquire)) return Deleted(c);
       if (c.AckLogFailed()) return c.AckLogFailure();  // it closed the lanes
       if (lane.ring.closed() && lane.ring.size_approx() == 0) {
         if (c.deleted.load(std::memory_order_acquire)) return Deleted(c);

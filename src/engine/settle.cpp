@@ -76,6 +76,13 @@ Message::~Message() { Release(); }
 
 void Message::Release() noexcept {
   if (msg_ == nullptr) return;
+  // A deleted untracked consumer's delivery, dropped unsettled, lets go of the
+  // stream (DeleteConsumer left it to the member; found by the adversarial helper).
+  if (consumer_ != nullptr && !shadow_ && !consumer_->tracked &&
+      consumer_->deleted.load(std::memory_order_acquire) &&
+      !acked_.exchange(true, std::memory_order_acq_rel)) {
+    engine_internal::ReleaseInterest(*consumer_, *msg_);
+  }
 #ifndef NDEBUG
   consumer_->live_messages.fetch_sub(1, std::memory_order_relaxed);
 #endif
@@ -325,10 +332,18 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
       }
       if (delay_ns > 0) {
         const std::int64_t due = engine_internal::SatAdd(now, delay_ns);
+        bool retired;
         {
           std::lock_guard lock(c.pending_mu);
-          (void)c.Schedule(
-              due, {engine_internal::ConsumerTimer::kRedeliver, attempt_ + 1, msg_->seq, msg_});
+          retired = c.retired;
+          if (!retired) {
+            (void)c.Schedule(due, {engine_internal::ConsumerTimer::kRedeliver, attempt_ + 1,
+                                   msg_->seq, msg_});
+          }
+        }
+        if (retired) {  // deleted meanwhile: no timer run would take it
+          engine_internal::ReleaseInterest(c, *msg_);
+          return absl::OkStatus();
         }
         c.host->WakeTimer(due);
         return absl::OkStatus();

@@ -409,6 +409,10 @@ inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
       // internal publish: park it; the next pull or timer run queues it.
       if (t.shadow) continue;
       std::lock_guard park_lock(consumer->pending_mu);
+      if (consumer->retired) {  // deleted since it was selected: nothing would take it
+        if (consumer->config.ack == AckPolicy::kExplicit) ++undelivered_acks;
+        continue;
+      }
       consumer->parked.push_back(std::move(d));
       consumer->counts.parked.fetch_add(1, std::memory_order_relaxed);
       consumer->has_parked.store(true, std::memory_order_release);

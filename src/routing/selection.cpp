@@ -29,6 +29,13 @@ std::string_view MemberHealthName(MemberHealth h) {
 
 namespace {
 
+// a + b in ns, saturating: a host's clock may read anywhere in int64.
+std::int64_t AddSat(std::int64_t a, std::int64_t b) {
+  std::int64_t sum;
+  if (!__builtin_add_overflow(a, b, &sum)) return sum;
+  return b > 0 ? INT64_MAX : INT64_MIN;
+}
+
 std::string Num(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%g", v);
@@ -270,7 +277,7 @@ void MemberGroup::Failure(Member& mem, std::uint32_t /*index*/, std::int64_t now
       mem.healthy_span_ns = 0;
     }
     mem.health = MemberHealth::kDegraded;
-    mem.degraded_until_ns = now + absl::ToInt64Nanoseconds(o.base_ejection_time);
+    mem.degraded_until_ns = AddSat(now, absl::ToInt64Nanoseconds(o.base_ejection_time));
     degradations_.fetch_add(1, std::memory_order_relaxed);
     health_epoch_.fetch_add(1, std::memory_order_release);
     return;
@@ -283,7 +290,7 @@ void MemberGroup::Failure(Member& mem, std::uint32_t /*index*/, std::int64_t now
           static_cast<std::uint64_t>(o.max_ejected_percent) * size_ ||
       ejected + 1 >= size_) {
     ejections_refused_.fetch_add(1, std::memory_order_relaxed);
-    mem.degraded_until_ns = now + absl::ToInt64Nanoseconds(o.base_ejection_time);
+    mem.degraded_until_ns = AddSat(now, absl::ToInt64Nanoseconds(o.base_ejection_time));
     return;
   }
   if (mem.healthy_span_ns > absl::ToInt64Nanoseconds(o.max_ejection_time)) {
@@ -298,7 +305,7 @@ void MemberGroup::Failure(Member& mem, std::uint32_t /*index*/, std::int64_t now
   const std::uint64_t h = XXH3_64bits_withSeed(&now, sizeof now, mem.ejections * 0x9E37u + size_);
   t += t * o.ejection_jitter * (static_cast<double>(h >> 11) * 0x1.0p-53);
   mem.health = MemberHealth::kEjected;
-  mem.eject_until_ns = now + static_cast<std::int64_t>(t);
+  mem.eject_until_ns = AddSat(now, static_cast<std::int64_t>(t));
   ejected_.fetch_add(1, std::memory_order_relaxed);
   ejections_.fetch_add(1, std::memory_order_relaxed);
   health_epoch_.fetch_add(1, std::memory_order_release);
@@ -329,10 +336,14 @@ absl::Status MemberGroup::ReportLoad(std::uint32_t m, const MemberLoadReport& r)
 }
 
 void MemberGroup::Refresh(std::int64_t now) {
+  // In double and saturated: a host's clock may read anywhere in int64 (UBSan found
+  // now + refresh_interval overflowing near INT64_MAX).
   const double window_s =
-      window_start_ns_ == 0 ? 0 : static_cast<double>(now - static_cast<std::int64_t>(window_start_ns_)) / 1e9;
+      window_start_ns_ == 0
+          ? 0
+          : (static_cast<double>(now) - static_cast<double>(static_cast<std::int64_t>(window_start_ns_))) / 1e9;
   window_start_ns_ = static_cast<std::uint64_t>(now == 0 ? 1 : now);
-  next_refresh_ns_ = now + absl::ToInt64Nanoseconds(options_.refresh_interval);
+  next_refresh_ns_ = AddSat(now, absl::ToInt64Nanoseconds(options_.refresh_interval));
   const double a = options_.ewma_alpha;
   std::vector<double>& lat = scratch_;
   lat.clear();
@@ -429,7 +440,7 @@ void MemberGroup::RecomputeWeights(std::int64_t now) {
       // Degraded and given (almost) no work, it can neither heal nor fail: after
       // base_ejection_time it is given a chance through the slow start.
       mem.health = MemberHealth::kRecovering;
-      mem.recover_until_ns = now + slow;
+      mem.recover_until_ns = AddSat(now, slow);
       mem.consecutive_failures = 0;
       health_epoch_.fetch_add(1, std::memory_order_release);
     }
@@ -458,7 +469,7 @@ void MemberGroup::RecomputeWeights(std::int64_t now) {
                                   : 1.0;
         w = dw + (1 - dw) * std::clamp(f, 0.0, 1.0);
         // Re-weigh at least 100 times over the ramp.
-        next = std::min({next, mem.recover_until_ns, now + std::max<std::int64_t>(1, slow / 100)});
+        next = std::min({next, mem.recover_until_ns, AddSat(now, std::max<std::int64_t>(1, slow / 100))});
         break;
       }
     }

@@ -177,7 +177,7 @@ bool TrackDelivery(ConsumerState& c, std::uint32_t m, const engine_internal::Del
 // (alpha 1/8) for flow control.
 void RecordDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns) {
   lane.delivered.fetch_add(1, std::memory_order_relaxed);
-  const std::int64_t delay = std::max<std::int64_t>(0, now - publish_ns);
+  const std::int64_t delay = std::max<std::int64_t>(0, engine_internal::SatSub(now, publish_ns));
   lane.deliver_latency_ns.Record(static_cast<std::uint64_t>(delay));
   const std::int64_t ewma = lane.delay_ewma_ns.load(std::memory_order_relaxed);
   lane.delay_ewma_ns.store(ewma == 0 ? delay : ewma + (delay - ewma) / 8,
@@ -390,7 +390,7 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(absl::Duration timeout) {
     }
     // Wait for one more message, at most until the batch's delay runs out (the
     // wait is on the engine clock, converted to a steady-clock deadline).
-    const std::int64_t wait_ns = d.wait_until_ns == INT64_MAX ? INT64_MAX : d.wait_until_ns - now;
+    const std::int64_t wait_ns = d.wait_until_ns == INT64_MAX ? INT64_MAX : engine_internal::SatSub(d.wait_until_ns, now);
     const std::int64_t steady = SteadyClock::Now();
     const std::int64_t deadline = wait_ns >= kNoDeadline - steady ? kNoDeadline : steady + wait_ns;
     Message m;

@@ -245,7 +245,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
     ack_tx_ = *tx;
   }
   const std::int64_t now = c.clock->NowNanos();
-  const std::int64_t latency = std::max<std::int64_t>(0, now - deliver_ns_);
+  const std::int64_t latency = std::max<std::int64_t>(0, engine_internal::SatSub(now, deliver_ns_));
   if (shadow_) {
     c.group->OnDone(member_, Outcome::kSuccess, latency, now);
     c.counts.shadow_acked.fetch_add(1, std::memory_order_relaxed);

@@ -376,7 +376,7 @@ struct StreamState {
 
   bool Expired(std::int64_t publish_ns, std::int64_t now_ns) const {
     const std::int64_t max_age = max_age_ns.load(std::memory_order_relaxed);
-    return max_age > 0 && now_ns - publish_ns > max_age;
+    return max_age > 0 && SatSub(now_ns, publish_ns) > max_age;
   }
   bool Expired(const StoredMessage& m, std::int64_t now_ns) const {
     return Expired(m.publish_ns, now_ns);

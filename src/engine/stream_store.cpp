@@ -232,8 +232,8 @@ absl::Status StreamState::RecoverOne(std::uint64_t tx, const StreamLog::Location
     ++recovery_next_purge;
   }
   // The age it had at recovery, on the engine clock.
-  const std::int64_t age_ns = std::max<std::int64_t>(0, wall_now_ns - r.wall_ns);
-  const std::int64_t publish_ns = now_ns - age_ns;
+  const std::int64_t age_ns = std::max<std::int64_t>(0, SatSub(wall_now_ns, r.wall_ns));
+  const std::int64_t publish_ns = SatSub(now_ns, age_ns);
   index.push_back(IndexEntry::Of(r.seq, publish_ns, r.bytes, location));
   next_seq = r.seq + 1;
   added_msgs.fetch_add(1, std::memory_order_relaxed);
@@ -758,7 +758,7 @@ absl::Status StreamState::WritePurges(const std::vector<Purge>& list, std::int64
     const std::int64_t wall_now = absl::ToUnixNanos(absl::Now());
     dedup->ForEach(now_ns, [&](std::string_view id, std::uint64_t seq, std::int64_t accepted_ns) {
       text += "dedup " + std::to_string(seq) + " " +
-              std::to_string(wall_now - (now_ns - accepted_ns)) + " " + Hex(id) + "\n";
+              std::to_string(SatSub(wall_now, SatSub(now_ns, accepted_ns))) + " " + Hex(id) + "\n";
     });
   }
   text += "end " + Hex64(XXH3_64bits(text.data(), text.size())) + "\n";
@@ -852,9 +852,9 @@ absl::Status StreamState::LoadPurges(std::int64_t now_ns, std::int64_t wall_now_
           !Unhex(std::string_view(f[3].data(), f[3].size()), &id)) {
         return bad();
       }
-      const std::int64_t age_ns = std::max<std::int64_t>(0, wall_now_ns - wall_ns);
+      const std::int64_t age_ns = std::max<std::int64_t>(0, SatSub(wall_now_ns, wall_ns));
       if (dedup != nullptr && age_ns <= dedup->window_ns()) {
-        dedup->Insert(id, seq, now_ns - age_ns);
+        dedup->Insert(id, seq, SatSub(now_ns, age_ns));
       }
     } else {
       return bad();

@@ -260,7 +260,7 @@ void Engine::Impl::MoveOffStalledMembers(ConsumerState& c, std::int64_t now) {
       mark_delivered = delivered;
       mark_ns = lane.ring.size_approx() == 0 ? 0 : now;
     } else {
-      stalled = now - mark_ns >= c.AckWaitFor(1);
+      stalled = engine_internal::SatSub(now, mark_ns) >= c.AckWaitFor(1);
     }
     if (!stalled || c.lanes.size() == 1) continue;  // one member: nowhere to move
     // At most what is queued now, and only while another member has room: what

@@ -279,6 +279,32 @@ struct ConsumerState {
     absl::flat_hash_set<std::uint64_t> acked;
   };
   Resume resume;  // filled by Open, read by QueueStoredMessages (under the stream's mu)
+
+  // kFile: the stored messages a consumer starts with are read from the stream's log
+  // a chunk at a time, as its lanes take them (FillFromBacklog), not all when it is
+  // added: a consumer that starts at the front of a 4 GB stream holds one chunk of
+  // events in memory, not 4 GB. While the backlog is open, a publish for the
+  // consumer queues nothing either (EnqueueTargets): the message is in the log, and
+  // the backlog reaches it in sequence order; the backlog closes when it has read up
+  // to the stream's next sequence. Guarded by the stream's mu.
+  struct Backlog {
+    std::uint64_t next_seq = 0;  // the next sequence to look at
+    // The stream's next sequence when the consumer was added. Below it the start
+    // policy chooses (start_ns, only, resume); from it on, every message is taken.
+    std::uint64_t end_seq = 0;
+    std::int64_t start_ns = INT64_MIN;  // kByStartTime: publish times below are skipped
+    // kLast, kLastPerSubject: below end_seq, only these sequences.
+    std::optional<absl::flat_hash_set<std::uint64_t>> only;
+    // A restart (resume.started): below end_seq, what was acked before is skipped,
+    // and what was delivered before counts on (prior_deliveries).
+    Resume resume;
+  };
+  Backlog backlog;
+  // The backlog is open: set and cleared under the stream's mu (publishers read it
+  // there); RetryParked reads it without (acquire: pairs with the release stores).
+  std::atomic<bool> reading_backlog{false};
+  // Backlog::next_seq, for ConsumerStats::num_pending (read without the stream's mu).
+  std::atomic<std::uint64_t> backlog_next_seq{0};
   // Messages delivered max_deliver times before the restart: QueueStoredMessages
   // (under the stream's mu) sets them aside; AddConsumer dead-letters them after it.
   std::vector<std::pair<Handle, std::uint32_t>> given_up_at_start;

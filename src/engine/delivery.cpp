@@ -137,15 +137,125 @@ bool TryMove(ConsumerState& c, Delivery& d, std::uint32_t from) {
   return PlaceOnLane(c, d, from, Placement::kMove) != kNoMember;
 }
 
+namespace {
+
+// A chunk of a backlog: at most this many messages, or this many stored bytes
+// (Event::StoredSize) past the first, are read from the log at a time.
+constexpr std::size_t kBacklogChunkMsgs = 256;
+constexpr std::uint64_t kBacklogChunkBytes = 1 << 20;
+
+enum class Fill {
+  kFilled,  // a chunk is parked (it may be empty: all filtered out)
+  kBusy,    // the stream's mutex was held (not `wait`): nothing read
+  kClosed,  // the backlog is closed (read to the end, or the consumer failed or went)
+};
+
+// Reads the next chunk of consumer `c`'s backlog (ConsumerState::Backlog) into
+// `parked`, in sequence order. The index entries are chosen and copied under the
+// stream's mutex, and read back from the log (LoadFromLog) after letting go of it;
+// the filter and the predicate are applied to what was read. A message whose segment
+// was retired since it was chosen is skipped (the stream let it go); one that cannot
+// be read back fails the consumer (ConsumerState::Fail): never a silent gap. The
+// backlog closes, under the stream's mutex, when it has read to the stream's next
+// sequence. `wait`: wait for the stream's mutex (AddConsumer); otherwise kBusy when
+// it is held (a publisher blocked on a full lane holds it, and neither a pull nor
+// the timer waits for that). Called by the one thread in RetryParked's catch-up.
+Fill FillFromBacklog(ConsumerState& c, bool wait) {
+  StreamState& s = *c.stream;
+  struct Picked {
+    IndexEntry e;
+    std::uint32_t prior;  // deliveries before a restart
+  };
+  std::vector<Picked> picked;
+  {
+    std::unique_lock lock(s.mu, std::defer_lock);
+    if (wait) {
+      lock.lock();
+    } else if (!lock.try_lock()) {
+      return Fill::kBusy;
+    }
+    ConsumerState::Backlog& b = c.backlog;
+    if (!c.reading_backlog.load(std::memory_order_relaxed)) return Fill::kClosed;
+    if (s.deleted || c.deleted.load(std::memory_order_acquire)) {
+      c.reading_backlog.store(false, std::memory_order_release);
+      b = {};
+      return Fill::kClosed;
+    }
+    picked.reserve(kBacklogChunkMsgs);
+    std::uint64_t bytes = 0;
+    for (std::size_t pos = s.IndexPosition(b.next_seq);
+         pos < s.index.size() && picked.size() < kBacklogChunkMsgs && bytes < kBacklogChunkBytes;
+         ++pos) {
+      const IndexEntry& e = s.index.at(pos);
+      b.next_seq = e.seq + 1;
+      if (e.removed != 0) continue;  // purged, or over max_msgs_per_subject
+      std::uint32_t prior = 0;
+      if (e.seq < b.end_seq) {  // stored before the consumer was added
+        if (b.resume.started) {
+          if (b.resume.acked.contains(e.seq)) continue;
+          if (auto it = b.resume.delivered.find(e.seq); it != b.resume.delivered.end()) {
+            // Its last delivery came before the restart: dead-lettered when added.
+            if (c.LastAttempt(it->second)) continue;
+            prior = it->second;
+          }
+        } else if (b.only.has_value() ? !b.only->contains(e.seq) : e.publish_ns < b.start_ns) {
+          continue;
+        }
+      }
+      picked.push_back(Picked{e, prior});
+      bytes += e.bytes;
+    }
+    c.backlog_next_seq.store(b.next_seq, std::memory_order_relaxed);
+    if (picked.empty()) {
+      // Read to the end: from now on publishes queue for it themselves (EnqueueTargets
+      // reads the flag under the mutex held here).
+      c.reading_backlog.store(false, std::memory_order_release);
+      b = {};
+      return Fill::kClosed;
+    }
+  }
+  std::vector<Delivery> loaded;
+  loaded.reserve(picked.size());
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> priors;
+  for (const Picked& p : picked) {
+    absl::StatusOr<Handle> h = s.LoadFromLog(p.e);
+    if (!h.ok()) {
+      if (h.status().code() == absl::StatusCode::kNotFound) continue;  // retired meanwhile
+      if (c.deleted.load(std::memory_order_acquire)) return Fill::kClosed;
+      c.Fail("stored message " + std::to_string(p.e.seq) + " cannot be read back (" +
+             std::string(h.status().message()) + ")");
+      // A failed consumer takes no publishes (EnqueueTargets), so the flag need not
+      // be cleared under the stream's mutex.
+      c.reading_backlog.store(false, std::memory_order_release);
+      return Fill::kClosed;
+    }
+    const Event& ev = *(*h)->event;
+    if (c.filter && !c.filter->Matches(ev.subject)) continue;
+    if (!c.config.predicate.is_trivial() && !c.config.predicate.Matches(ev)) continue;
+    if (p.prior != 0) priors.emplace_back(p.e.seq, p.prior);
+    loaded.push_back(Delivery{*std::move(h), 1, false});
+  }
+  std::lock_guard lock(c.pending_mu);
+  if (c.retired) return Fill::kClosed;  // deleted: its sweep is done, nothing takes these
+  for (const auto& [seq, prior] : priors) c.prior_deliveries[seq] = prior;
+  if (!priors.empty()) c.has_prior.store(true, std::memory_order_release);
+  for (Delivery& d : loaded) c.parked.push_back(std::move(d));
+  return Fill::kFilled;
+}
+
+}  // namespace
+
 // Retries parked redeliveries: by the timer, and by a member right after a pull has
 // made room (a consumer without ack_wait has no timer).
 // While a consumer catches up (catching_up: the stored messages it started with,
 // ConsumerConfig::deliver), one thread at a time takes them from the front, in
 // order, and stops at the first that finds no room (it goes back to the front);
-// catching_up stays set until the last is queued, so a publish in the meantime
-// parks behind them (EnqueueTargets) instead of overtaking them. Otherwise each
-// parked redelivery is retried on its own (one that finds no room parks again).
-void RetryParked(ConsumerState& c) {
+// a file stream's come from its backlog a chunk at a time (FillFromBacklog) when
+// `parked` runs empty. catching_up stays set until the last is queued, so a publish
+// in the meantime parks behind them (EnqueueTargets) instead of overtaking them.
+// Otherwise each parked redelivery is retried on its own (one that finds no room
+// parks again). `wait`: see FillFromBacklog.
+void RetryParked(ConsumerState& c, bool wait) {
   if (!c.has_parked.load(std::memory_order_acquire)) return;  // (a std::deque allocates)
   if (!c.catching_up.load(std::memory_order_acquire)) {
     std::deque<Delivery> parked;
@@ -163,21 +273,34 @@ void RetryParked(ConsumerState& c) {
   for (;;) {
     Delivery d;
     std::int64_t due_ns = INT64_MIN;
+    bool fill = false;
     {
       std::lock_guard lock(c.pending_mu);
       c.catchup_in_hand = false;  // the one taken before is queued (or skipped)
       if (c.parked.empty()) {
-        c.has_parked.store(false, std::memory_order_release);
-        c.catching_up.store(false, std::memory_order_release);
-        return;
-      }
-      if (paced) {
+        if (c.reading_backlog.load(std::memory_order_acquire)) {
+          fill = true;
+        } else {
+          c.has_parked.store(false, std::memory_order_release);
+          c.catching_up.store(false, std::memory_order_release);
+          return;
+        }
+      } else if (paced) {
         // Its original distance from the first one, from when the consumer started.
         const std::int64_t publish_ns = c.parked.front().h->publish_ns;
         if (c.replay_first_publish_ns == INT64_MIN) c.replay_first_publish_ns = publish_ns;
         due_ns = SatAdd(c.replay_start_ns,
                         std::max<std::int64_t>(0, SatSub(publish_ns, c.replay_first_publish_ns)));
       }
+    }
+    if (fill) {
+      if (c.lanes.front()->ring.closed()) return;  // closing, deleted or failed
+      if (FillFromBacklog(c, wait) == Fill::kBusy) {
+        // The timer's run goes on with it soon.
+        if (c.host != nullptr) c.host->WakeTimer(SatAdd(c.clock->NowNanos(), 1'000'000));
+        return;
+      }
+      continue;
     }
     if (paced && c.clock->NowNanos() < due_ns) {
       c.host->WakeTimer(due_ns);  // the timer's RetryParked goes on then

@@ -53,8 +53,12 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude);
 // room (the policy's pick first). False, with `d` untouched, when none has.
 bool TryMove(ConsumerState& c, Delivery& d, std::uint32_t from);
 // Retries parked redeliveries: by the timer, and by a member right after a pull has
-// made room (a consumer without ack_wait has no timer).
-void RetryParked(ConsumerState& c);
+// made room (a consumer without ack_wait has no timer). While the consumer catches
+// up, queues the stored messages it started with in order, reading a file stream's
+// from its backlog (ConsumerState::Backlog) as `parked` runs empty. `wait`: wait for
+// the stream's mutex to read the backlog (AddConsumer); otherwise a held mutex
+// leaves the rest to the next timer run, which it asks for.
+void RetryParked(ConsumerState& c, bool wait = false);
 
 // A delivery queued on lane `m` was dropped to make room (OverflowPolicy::kDropOldest).
 void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d, bool evicted = false);

@@ -587,110 +587,130 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
   return absl::OkStatus();
 }
 
-// QueueStoredMessages for a file stream, whose stored events are in its log: the
-// index entries the start position takes are chosen by sequence and publish time
-// (kByStartSequence, kByStartTime skip the rest unread); each candidate is read
-// back (LoadFromLog) for the filter, the predicate and kLastPerSubject's subject.
-// One that cannot be read fails the consumer (ConsumerState::Fail; every consumer
-// of a file stream is durable): never a silent gap in what it delivers. Requires
-// stream.mu.
+// QueueStoredMessages for a file stream, whose stored events are in its log: opens
+// the consumer's backlog (ConsumerState::Backlog), which RetryParked reads a chunk at
+// a time as lanes take its messages (FillFromBacklog). What the start position
+// chooses by sequence and publish time (kAll, kByStartSequence, kByStartTime) is
+// decided without reading the log; kLast and kLastPerSubject read back (LoadFromLog)
+// what they choose among, for the filter, the predicate and the subject, and keep
+// only the sequences chosen; a restart reads back the messages given up before it
+// (given_up_at_start). One that cannot be read fails the consumer
+// (ConsumerState::Fail; every consumer of a file stream is durable): never a silent
+// gap in what it delivers. Requires stream.mu.
 void QueueStoredFromLog(StreamState& stream, ConsumerState& c) {
+  using engine_internal::Handle;
+  using engine_internal::IndexEntry;
   const ConsumerConfig& cfg = c.config;
   const bool resume = c.ack_log != nullptr && c.resume.started;
-  std::int64_t start_ns = INT64_MIN;
+  ConsumerState::Backlog b;
+  b.end_seq = stream.next_seq;
   if (!resume && cfg.deliver == DeliverPolicy::kByStartTime) {
     const absl::Duration ago = absl::Now() - cfg.start_time;
-    start_ns = engine_internal::SatSub(c.clock->NowNanos(), absl::ToInt64Nanoseconds(ago));
+    b.start_ns = engine_internal::SatSub(c.clock->NowNanos(), absl::ToInt64Nanoseconds(ago));
   }
   if (!resume && cfg.deliver == DeliverPolicy::kByStartSequence) c.start_after = cfg.start_seq - 1;
-  const ConsumerState::Resume& r = c.resume;
-  if (resume) c.start_after = r.floor;
-  std::vector<engine_internal::Handle> chosen;
-  absl::flat_hash_map<std::string, std::size_t> last_of_subject;
+  if (resume) c.start_after = c.resume.floor;
+  b.next_seq = c.start_after + 1;
   std::string failed;
-  // kLast reads from the newest back: the first match is the one.
-  const bool newest_only = !resume && cfg.deliver == DeliverPolicy::kLast;
-  const std::size_t n = stream.index.size();
-  for (std::size_t k = 0; k < n && failed.empty(); ++k) {
-    const engine_internal::IndexEntry& e = stream.index.at(newest_only ? n - 1 - k : k);
-    if (e.removed != 0) continue;  // purged, or over max_msgs_per_subject
-    if (resume) {
-      if (e.seq <= r.floor || r.acked.contains(e.seq)) continue;
-    } else if (cfg.deliver == DeliverPolicy::kByStartSequence && e.seq < cfg.start_seq) {
-      continue;
-    } else if (cfg.deliver == DeliverPolicy::kByStartTime && e.publish_ns < start_ns) {
-      continue;
-    }
-    absl::StatusOr<engine_internal::Handle> h = stream.LoadFromLog(e);
+  // The stored message of `e`, read back, when the filter and the predicate take it;
+  // nullptr otherwise, and when it cannot be read (`failed` says why).
+  auto matching = [&](const IndexEntry& e) -> Handle {
+    absl::StatusOr<Handle> h = stream.LoadFromLog(e);
     if (!h.ok()) {
       failed = "stored message " + std::to_string(e.seq) + " cannot be read back (" +
                std::string(h.status().message()) + ")";
-      continue;
+      return nullptr;
     }
     const Event& ev = *(*h)->event;
-    if (c.filter && !c.filter->Matches(ev.subject)) continue;
-    if (!cfg.predicate.is_trivial() && !cfg.predicate.Matches(ev)) continue;
-    if (resume) {
-      if (auto it = r.delivered.find(e.seq); it != r.delivered.end()) {
-        if (c.LastAttempt(it->second)) {  // its last delivery came before the restart
-          c.given_up_at_start.emplace_back(*h, it->second);
-          continue;
-        }
-        c.prior_deliveries[e.seq] = it->second;
+    if (c.filter && !c.filter->Matches(ev.subject)) return nullptr;
+    if (!cfg.predicate.is_trivial() && !cfg.predicate.Matches(ev)) return nullptr;
+    return *std::move(h);
+  };
+  if (resume) {
+    // Delivered max_deliver times before the restart, never acked: AddConsumer
+    // dead-letters them; the backlog skips them.
+    for (const auto& [seq, attempts] : c.resume.delivered) {
+      if (seq <= c.resume.floor || c.resume.acked.contains(seq) || !c.LastAttempt(attempts)) {
+        continue;
       }
-    } else if (cfg.deliver == DeliverPolicy::kLastPerSubject) {
-      auto [it, fresh] = last_of_subject.try_emplace(ev.subject, chosen.size());
-      if (!fresh) {
-        chosen[it->second] = nullptr;  // an older one of the subject
-        it->second = chosen.size();
+      const std::size_t pos = stream.IndexPosition(seq);
+      if (pos == stream.index.size() || stream.index.at(pos).seq != seq ||
+          stream.index.at(pos).removed != 0) {
+        continue;
+      }
+      Handle h = matching(stream.index.at(pos));
+      if (!failed.empty()) break;
+      if (h != nullptr) c.given_up_at_start.emplace_back(std::move(h), attempts);
+    }
+    std::sort(c.given_up_at_start.begin(), c.given_up_at_start.end(),
+              [](const auto& x, const auto& y) { return x.first->seq < y.first->seq; });
+    b.resume = std::move(c.resume);
+    c.resume = {};
+  } else if (cfg.deliver == DeliverPolicy::kLast) {
+    // From the newest back: the first match is the one.
+    b.only.emplace();
+    for (std::size_t k = stream.index.size(); k > 0 && failed.empty(); --k) {
+      const IndexEntry& e = stream.index.at(k - 1);
+      if (e.removed != 0) continue;
+      if (matching(e) != nullptr) {
+        b.only->insert(e.seq);
+        break;
       }
     }
-    chosen.push_back(*std::move(h));
-    if (newest_only) break;
+  } else if (cfg.deliver == DeliverPolicy::kLastPerSubject) {
+    absl::flat_hash_map<std::string, std::uint64_t> last_of_subject;
+    for (std::size_t k = 0; k < stream.index.size() && failed.empty(); ++k) {
+      const IndexEntry& e = stream.index.at(k);
+      if (e.removed != 0) continue;
+      if (Handle h = matching(e); h != nullptr) last_of_subject[h->event->subject] = e.seq;
+    }
+    b.only.emplace();
+    for (const auto& [subject, seq] : last_of_subject) b.only->insert(seq);
   }
   if (!failed.empty()) {
     c.Fail(std::move(failed));
     c.resume = {};
     c.given_up_at_start.clear();
-    c.prior_deliveries.clear();
     return;
   }
+  if (b.only.has_value()) {
+    std::uint64_t first = b.end_seq;
+    for (std::uint64_t seq : *b.only) first = std::min(first, seq);
+    b.next_seq = std::max(b.next_seq, first);
+  }
+  // Whether the start policy takes stored message `e` (below end_seq).
+  auto chosen = [&](const IndexEntry& e) {
+    if (e.removed != 0 || e.seq < b.next_seq) return false;
+    return b.only.has_value() ? b.only->contains(e.seq) : e.publish_ns >= b.start_ns;
+  };
   if (c.ack_log != nullptr && !resume) {
-    // Where it starts, durably: the floor below the first message it takes, and an
-    // ack record for each stored message after it that the policy passed over
-    // (kLast, kLastPerSubject), so that a restart does not deliver them.
-    std::uint64_t first = stream.next_seq;
-    for (const auto& h : chosen) {
-      if (h != nullptr) {
-        first = h->seq;
+    // Where it starts, durably: the floor below the first message the start policy
+    // takes, and an ack record for each stored message after it that the policy
+    // passes over (kLast, kLastPerSubject, an older publish time), so that a restart
+    // does not deliver them. (The filter and the predicate apply again then.)
+    std::uint64_t first = b.end_seq;
+    const std::size_t from = stream.IndexPosition(b.next_seq);
+    for (std::size_t k = from; k < stream.index.size(); ++k) {
+      if (chosen(stream.index.at(k))) {
+        first = stream.index.at(k).seq;
         break;
       }
     }
     std::uint64_t floor = first - 1;
     if (cfg.deliver == DeliverPolicy::kByStartSequence) floor = std::max(floor, cfg.start_seq - 1);
     (void)c.Record("S " + std::to_string(floor));
-    absl::flat_hash_set<std::uint64_t> taken;
-    for (const auto& h : chosen) {
-      if (h != nullptr) taken.insert(h->seq);
+    for (std::size_t k = from; k < stream.index.size(); ++k) {
+      const IndexEntry& e = stream.index.at(k);
+      if (e.seq > first && e.removed == 0 && !chosen(e)) (void)c.Record("A " + std::to_string(e.seq));
     }
-    stream.index.for_each([&](const engine_internal::IndexEntry& e) {
-      if (e.seq > first && e.removed == 0 && !taken.contains(e.seq)) {
-        (void)c.Record("A " + std::to_string(e.seq));
-      }
-    });
   }
+  if (b.next_seq >= stream.next_seq) return;  // nothing stored to read
+  c.backlog_next_seq.store(b.next_seq, std::memory_order_relaxed);
+  c.backlog = std::move(b);
+  c.reading_backlog.store(true, std::memory_order_release);
   std::lock_guard lock(c.pending_mu);
-  for (engine_internal::Handle& h : chosen) {
-    if (h != nullptr) c.parked.push_back(engine_internal::Delivery{std::move(h), 1, false});
-  }
-  if (resume) {
-    if (!c.prior_deliveries.empty()) c.has_prior.store(true, std::memory_order_release);
-    c.resume = {};
-  }
-  if (!c.parked.empty()) {
-    c.catching_up.store(true, std::memory_order_release);
-    c.has_parked.store(true, std::memory_order_release);
-  }
+  c.catching_up.store(true, std::memory_order_release);
+  c.has_parked.store(true, std::memory_order_release);
 }
 
 // The stored messages consumer `c` starts with (ConsumerConfig::deliver), parked in
@@ -883,7 +903,8 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
                                     " times before a restart");
   }
   raw->given_up_at_start = {};
-  engine_internal::RetryParked(*raw);  // the stored messages it starts with, as lanes take them
+  // The stored messages it starts with, as lanes take them.
+  engine_internal::RetryParked(*raw, /*wait=*/true);
   return Consumer(raw);
 }
 

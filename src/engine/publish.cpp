@@ -300,6 +300,8 @@ inline absl::Status Engine::Impl::CheckLanes(const StreamConfig& cfg, const Even
   // stream before anything changes.
   for (const Target& t : targets) {
     if (t.consumer->ack_log_failed.load(std::memory_order_relaxed)) continue;  // skipped below
+    // Reading its backlog: the message waits in the log, not on a lane (EnqueueTargets).
+    if (!t.shadow && t.consumer->reading_backlog.load(std::memory_order_relaxed)) continue;
     const OverflowPolicy overflow = t.consumer->config.overflow;
     const bool refuses = overflow == OverflowPolicy::kReject ||
                          (overflow == OverflowPolicy::kBlock && flags.no_wait);
@@ -371,6 +373,14 @@ inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
     // gets nothing, so that its full lanes never hold publishers back. The message
     // is stored, not acked by it: after a restart it comes to it.
     if (consumer->ack_log_failed.load(std::memory_order_relaxed)) continue;
+    if (!t.shadow && consumer->reading_backlog.load(std::memory_order_relaxed)) {
+      // A file stream's consumer still reading its backlog (ConsumerState::Backlog)
+      // reaches this message in the log, in order; nothing is queued or held for it
+      // here (relaxed: the flag is written under the stream's mutex held here).
+      ++tally.ack.deliveries;
+      if (consumer->host != nullptr) consumer->host->WakeTimer(now);
+      continue;
+    }
     auto& ring = consumer->lanes[t.member]->ring;
     engine_internal::Delivery d{stored, 1, t.shadow};
     // A queue timeout is registered before the push, so that a fast pull finds it.

@@ -41,16 +41,7 @@ absl::StatusOr<std::shared_ptr<const Event>> Engine::GetMessage(std::string_view
   if (s->log != nullptr) {
     // A file stream's index, in ascending sequence; the event is read back from the
     // log outside the stream's mutex (a copy of the entry: the index may change).
-    std::size_t lo = 0;
-    std::size_t hi = s->index.size();
-    while (lo < hi) {
-      const std::size_t mid = lo + (hi - lo) / 2;
-      if (s->index.at(mid).seq < seq) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
+    const std::size_t lo = s->IndexPosition(seq);
     if (lo < s->index.size() && s->index.at(lo).seq == seq && s->index.at(lo).removed == 0) {
       const engine_internal::IndexEntry e = s->index.at(lo);
       lock.unlock();
@@ -137,6 +128,14 @@ EngineStats Engine::Stats() const {
     });
     cs.ack_pending = static_cast<std::uint64_t>(
         std::max<std::int64_t>(0, c->unsettled.load(std::memory_order_relaxed)));
+    if (c->reading_backlog.load(std::memory_order_acquire)) {
+      // The messages of the stream from its backlog's position on.
+      const engine_internal::StreamState& s = *c->stream;
+      const std::uint64_t from = std::max(c->backlog_next_seq.load(std::memory_order_relaxed),
+                                          s.first_seq.load(std::memory_order_relaxed));
+      const std::uint64_t last = s.last_seq.load(std::memory_order_relaxed);
+      if (last >= from) cs.num_pending += last - from + 1;
+    }
     {
       std::lock_guard lock(c->pending_mu);
       cs.timers = c->wheel->size();

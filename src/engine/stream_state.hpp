@@ -128,6 +128,21 @@ struct StreamState {
   // kFile: one entry per stored message, in ascending seq (no gaps but for what
   // limits removed from the front).
   HandleQueue<IndexEntry> index;            // guarded by mu
+  // kFile: the position in `index` of the first entry whose sequence is `seq` or
+  // above (index.size() when none is); binary search. Requires mu.
+  std::size_t IndexPosition(std::uint64_t seq) const {
+    std::size_t lo = 0;
+    std::size_t hi = index.size();
+    while (lo < hi) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (index.at(mid).seq < seq) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo;
+  }
   // kFile: the sequence of the oldest message kept (next_seq when none): a delivery
   // of a message below it is of one the stream discarded (Discarded). Written under
   // mu with release; read by deliveries without it. A memory stream leaves it at 1

@@ -1430,7 +1430,7 @@ TEST_CASE("DeleteConsumer frees a publisher blocked on the deleted consumer's fu
   // closes the lanes before it takes that mutex, and the publish is stored.
   auto engine = *Engine::Create();
   REQUIRE(engine->AddStream(Memory()).ok());
-  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2});
+  (void)*engine->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2});
   for (int i = 0; i < 2; ++i) REQUIRE(engine->Publish(Ev("s.a")).ok());
   std::atomic<bool> returned{false};
   absl::StatusOr<PublishAck> blocked;

@@ -148,7 +148,11 @@ struct ConsumerStats : ConsumerCounts<std::uint64_t> {
   // Messages waiting for it, not yet delivered: queued on its lanes or parked (the
   // stored messages it starts with that no lane took yet, redeliveries that found
   // every lane full). JetStream's num_pending: the consumer's lag. Queued copies of
-  // messages removed since (limits, max_age) count until a pull skips them.
+  // messages removed since (limits, max_age) count until a pull skips them. A
+  // consumer of a file stream reads the stored messages it starts with from the log a
+  // chunk at a time: until it has read them all, every message of the stream past
+  // the chunk counts (for a filtered consumer, or past a purge in the middle, more
+  // than will be delivered).
   std::uint64_t num_pending = 0;
   // Messages not yet acked that were delivered before (counting the deliveries before
   // a restart, for durable consumers) and are out again or waiting to be, after an

@@ -1,0 +1,312 @@
+// A file stream's consumer reads the stored messages it starts with from the log a
+// chunk at a time, as its lanes take them (ConsumerState::Backlog): what it holds in
+// memory is bounded by a chunk, not by the stream, and the order, the counts and the
+// publishes made meanwhile come out as if it had read everything at once.
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "engine_test_util.hpp"
+#include "inferq/engine/engine.hpp"
+#include "../state/state_test_util.hpp"
+
+using namespace inferq;
+using inferq::engine_test::CS;
+using inferq::engine_test::Ev;
+using inferq::engine_test::Msg;
+using state_test::TempDir;
+
+namespace {
+
+// The chunk FillFromBacklog reads at most (src/engine/delivery.cpp).
+constexpr int kChunk = 256;
+
+// Counts the reads of the stream's log segments (the consumers' ack logs apart).
+struct CountingFs {
+  std::shared_ptr<state_test::HookedFileSystem> fs = std::make_shared<state_test::HookedFileSystem>();
+  std::atomic<int> reads{0};
+  CountingFs() {
+    fs->before_read = [this](const std::string& path) {
+      if (path.find("/consumers/") == std::string::npos) ++reads;
+    };
+  }
+};
+
+StreamConfig FileStream(const std::string& dir, std::shared_ptr<FileSystem> fs = nullptr) {
+  StreamConfig s;
+  s.name = "S";
+  s.subjects = {"s.>"};
+  s.storage = StorageType::kFile;
+  s.directory = dir;
+  s.sync = SyncPolicy::kNone;
+  s.file_system = std::move(fs);
+  return s;
+}
+
+Event Numbered(const std::string& subject, int i) {
+  Event e = Ev(subject);
+  e.payload = Buffer::FromString("m" + std::to_string(i));
+  return e;
+}
+
+std::string Body(const Message& m) {
+  const auto p = m.event().payload.span();
+  return std::string(reinterpret_cast<const char*>(p.data()), p.size());
+}
+
+// Every message member 0 gets within 200 ms of the last, acked: their sequences.
+std::vector<std::uint64_t> DrainSeqs(Consumer& c) {
+  std::vector<std::uint64_t> out;
+  Member m = *c.member(0);
+  for (;;) {
+    absl::StatusOr<Message> msg = m.Next(absl::Milliseconds(200));
+    if (!msg.ok()) break;
+    out.push_back(msg->stream_seq());
+    REQUIRE(msg->Ack().ok());
+  }
+  return out;
+}
+
+std::vector<std::uint64_t> Range(std::uint64_t from, std::uint64_t to) {
+  std::vector<std::uint64_t> v;
+  for (std::uint64_t s = from; s <= to; ++s) v.push_back(s);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("a consumer added at the front of a file stream reads the log a chunk at a time") {
+  TempDir d;
+  CountingFs counting;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path(), counting.fs)).ok());
+  for (int i = 1; i <= 2000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  counting.reads = 0;
+  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 16});
+  // One chunk, not the 2,000 messages (before the backlog, AddConsumer read them all).
+  CHECK(counting.reads == kChunk);
+  CHECK(CS(*engine, "S", "c").num_pending == 2000);
+  Member m = *c.member(0);
+  for (int i = 1; i <= 300; ++i) {
+    absl::StatusOr<Message> msg = m.Next(absl::Seconds(5));
+    REQUIRE(msg.ok());
+    CHECK(msg->stream_seq() == static_cast<std::uint64_t>(i));
+    CHECK(Body(*msg) == "m" + std::to_string(i));
+    REQUIRE(msg->Ack().ok());
+  }
+  CHECK(counting.reads == 2 * kChunk);
+  CHECK(CS(*engine, "S", "c").num_pending == 1700);
+  CHECK(DrainSeqs(c) == Range(301, 2000));
+  CHECK(counting.reads == 2000);  // each record read once
+  CHECK(CS(*engine, "S", "c").num_pending == 0);
+}
+
+TEST_CASE("publishes while a consumer reads its backlog come after it, in sequence order") {
+  TempDir d;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  for (int i = 1; i <= 600; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+  Member m = *c.member(0);
+  std::vector<std::uint64_t> got;
+  for (int i = 601; i <= 700; ++i) {
+    REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+    absl::StatusOr<Message> msg = m.Next(absl::Seconds(5));
+    REQUIRE(msg.ok());
+    got.push_back(msg->stream_seq());
+    REQUIRE(msg->Ack().ok());
+  }
+  for (std::uint64_t s : DrainSeqs(c)) got.push_back(s);
+  CHECK(got == Range(1, 700));
+  // Read to the end: a publish now is queued at once.
+  REQUIRE(engine->Publish(Numbered("s.a", 701)).ok());
+  absl::StatusOr<Message> last = m.Next(absl::ZeroDuration());
+  REQUIRE(last.ok());
+  CHECK(last->stream_seq() == 701);
+}
+
+TEST_CASE("the backlog applies the filter and the start position to what it reads") {
+  TempDir d;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  for (int i = 1; i <= 1000; ++i) {
+    REQUIRE(engine->Publish(Numbered(i % 3 == 0 ? "s.b" : "s.a", i)).ok());
+  }
+  SECTION("filter") {
+    auto c = *engine->AddConsumer(
+        {.stream = "S", .name = "b", .filter_subject = "s.b", .deliver = DeliverPolicy::kAll, .lane_capacity = 8});
+    std::vector<std::uint64_t> want;
+    for (std::uint64_t s = 3; s <= 1000; s += 3) want.push_back(s);
+    CHECK(DrainSeqs(c) == want);
+  }
+  SECTION("start sequence") {
+    auto c = *engine->AddConsumer({.stream = "S",
+                                   .name = "from",
+                                   .deliver = DeliverPolicy::kByStartSequence,
+                                   .start_seq = 700,
+                                   .lane_capacity = 8});
+    CHECK(DrainSeqs(c) == Range(700, 1000));
+  }
+  SECTION("last per subject") {
+    auto c = *engine->AddConsumer({.stream = "S",
+                                   .name = "lps",
+                                   .deliver = DeliverPolicy::kLastPerSubject,
+                                   .lane_capacity = 8});
+    REQUIRE(engine->Publish(Numbered("s.a", 1001)).ok());
+    CHECK(DrainSeqs(c) == std::vector<std::uint64_t>{999, 1000, 1001});
+  }
+}
+
+TEST_CASE("a message a limit removes while it waits in the backlog is skipped") {
+  TempDir d;
+  auto engine = *Engine::Create();
+  StreamConfig cfg = FileStream(d.path());
+  cfg.max_msgs = 1000;
+  REQUIRE(engine->AddStream(cfg).ok());
+  for (int i = 1; i <= 1000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+  Member m = *c.member(0);
+  std::vector<std::uint64_t> got;
+  for (int i = 0; i < 10; ++i) {
+    absl::StatusOr<Message> msg = m.Next(absl::Seconds(5));
+    REQUIRE(msg.ok());
+    got.push_back(msg->stream_seq());
+    REQUIRE(msg->Ack().ok());
+  }
+  CHECK(got == Range(1, 10));
+  // 500 more push 1..500 out; the chunk read already (11..256) was read before.
+  for (int i = 1001; i <= 1500; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  for (std::uint64_t s : DrainSeqs(c)) got.push_back(s);
+  // What was read into the first chunk and not yet queued is skipped as discarded
+  // when its turn comes (Discarded), and the backlog goes on at 501.
+  std::vector<std::uint64_t> want = Range(1, 10);
+  for (std::uint64_t s : Range(501, 1500)) want.push_back(s);
+  CHECK(got == want);
+}
+
+TEST_CASE("a consumer reading its backlog does not make a publish wait or fail on its full lane") {
+  TempDir d;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  for (int i = 1; i <= 10; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  auto c = *engine->AddConsumer(
+      {.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 2, .overflow = OverflowPolicy::kReject});
+  // The lane holds two of the backlog; the publish goes to the log and waits there.
+  absl::StatusOr<PublishAck> ack = engine->TryPublish(Numbered("s.a", 11));
+  REQUIRE(ack.ok());
+  CHECK(ack->seq == 11);
+  CHECK(DrainSeqs(c) == Range(1, 11));
+}
+
+TEST_CASE("DeleteConsumer ends a backlog being read") {
+  TempDir d;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  for (int i = 1; i <= 1000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+  Member m = *c.member(0);
+  REQUIRE(m.Next(absl::Seconds(5)).ok());
+  REQUIRE(engine->DeleteConsumer("S", "c").ok());
+  absl::StatusOr<Message> next = m.Next(absl::Seconds(5));
+  REQUIRE(!next.ok());
+  CHECK(next.status().code() == absl::StatusCode::kCancelled);
+  CHECK(Msg(next.status()) == "consumer 'c' of stream 'S' was deleted");
+  // The stream goes on, and a new consumer of the name starts over.
+  REQUIRE(engine->Publish(Numbered("s.a", 1001)).ok());
+  auto again = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+  CHECK(DrainSeqs(again) == Range(1, 1001));
+}
+
+TEST_CASE("a restarted consumer resumes through the backlog, its attempts counting on") {
+  TempDir d;
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+    for (int i = 1; i <= 1000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+    auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+    Member m = *c.member(0);
+    // 1..300 acked but 5; 301 delivered and left unacked.
+    for (int i = 1; i <= 301; ++i) {
+      absl::StatusOr<Message> msg = m.Next(absl::Seconds(5));
+      REQUIRE(msg.ok());
+      REQUIRE(msg->stream_seq() == static_cast<std::uint64_t>(i));
+      if (i != 5 && i != 301) REQUIRE(msg->AckSync().ok());
+    }
+  }
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+  Member m = *c.member(0);
+  std::vector<std::uint64_t> got;
+  std::vector<std::uint32_t> attempts;
+  for (;;) {
+    absl::StatusOr<Message> msg = m.Next(absl::Milliseconds(200));
+    if (!msg.ok()) break;
+    got.push_back(msg->stream_seq());
+    attempts.push_back(msg->attempt());
+    REQUIRE(msg->Ack().ok());
+  }
+  std::vector<std::uint64_t> want{5};
+  for (std::uint64_t s = 301; s <= 1000; ++s) want.push_back(s);
+  CHECK(got == want);
+  REQUIRE(attempts.size() == want.size());
+  CHECK(attempts[0] == 2);  // 5: delivered once before
+  CHECK(attempts[1] == 2);  // 301
+  CHECK(attempts[2] == 1);  // 302: never delivered
+}
+
+TEST_CASE("members, publishers and a front limit racing a backlog lose and repeat nothing") {
+  TempDir d;
+  const bool limited = GENERATE(false, true);
+  INFO((limited ? "max_msgs 3000" : "no limit"));
+  auto engine = *Engine::Create();
+  StreamConfig cfg = FileStream(d.path());
+  if (limited) cfg.max_msgs = 3000;
+  REQUIRE(engine->AddStream(cfg).ok());
+  for (int i = 1; i <= 2000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .members = 2, .lane_capacity = 8});
+  std::mutex mu;
+  std::vector<std::uint64_t> got;
+  std::atomic<bool> published{false};
+  std::vector<std::thread> threads;
+  std::vector<std::vector<std::uint64_t>> per_member(2);
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      Member m = *c.member(w);
+      for (;;) {
+        absl::StatusOr<Message> msg = m.Next(absl::Milliseconds(500));
+        if (!msg.ok()) {
+          if (published) break;
+          continue;
+        }
+        per_member[w].push_back(msg->stream_seq());
+        REQUIRE(msg->Ack().ok());
+      }
+    });
+  }
+  std::thread publisher([&] {
+    for (int i = 2001; i <= 4000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+    published = true;
+  });
+  publisher.join();
+  for (auto& t : threads) t.join();
+  for (const auto& seqs : per_member) {
+    CHECK(std::is_sorted(seqs.begin(), seqs.end()));  // each member in stream order
+    got.insert(got.end(), seqs.begin(), seqs.end());
+  }
+  std::sort(got.begin(), got.end());
+  CHECK(std::adjacent_find(got.begin(), got.end()) == got.end());  // no repeats
+  if (!limited) {
+    CHECK(got == Range(1, 4000));
+  } else {
+    // Everything still stored at the end was delivered; what went, went in order.
+    const std::vector<std::uint64_t> tail = Range(1001, 4000);
+    CHECK(std::includes(got.begin(), got.end(), tail.begin(), tail.end()));
+  }
+}

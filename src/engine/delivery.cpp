@@ -143,6 +143,10 @@ namespace {
 // (Event::StoredSize) past the first, are read from the log at a time.
 constexpr std::size_t kBacklogChunkMsgs = 256;
 constexpr std::uint64_t kBacklogChunkBytes = 1 << 20;
+// Index entries looked at per hold of the stream's mutex: a backlog whose start
+// policy skips most of the stream (a restart with scattered acks, kLastPerSubject)
+// lets go of it between stretches.
+constexpr std::size_t kBacklogScan = 65536;
 
 enum class Fill {
   kFilled,  // a chunk is parked (it may be empty: all filtered out)
@@ -183,8 +187,9 @@ Fill FillFromBacklog(ConsumerState& c, bool wait) {
     }
     picked.reserve(kBacklogChunkMsgs);
     std::uint64_t bytes = 0;
-    for (std::size_t pos = s.IndexPosition(b.next_seq);
-         pos < s.index.size() && picked.size() < kBacklogChunkMsgs && bytes < kBacklogChunkBytes;
+    std::size_t pos = s.IndexPosition(b.next_seq);
+    const std::size_t scan_end = std::min(s.index.size(), pos + kBacklogScan);
+    for (; pos < scan_end && picked.size() < kBacklogChunkMsgs && bytes < kBacklogChunkBytes;
          ++pos) {
       const IndexEntry& e = s.index.at(pos);
       b.next_seq = e.seq + 1;
@@ -207,6 +212,7 @@ Fill FillFromBacklog(ConsumerState& c, bool wait) {
     }
     c.backlog_next_seq.store(b.next_seq, std::memory_order_relaxed);
     if (picked.empty()) {
+      if (pos < s.index.size()) return Fill::kFilled;  // a stretch skipped: go on
       // Read to the end: from now on publishes queue for it themselves (EnqueueTargets
       // reads the flag under the mutex held here).
       c.reading_backlog.store(false, std::memory_order_release);

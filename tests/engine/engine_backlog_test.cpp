@@ -310,3 +310,21 @@ TEST_CASE("members, publishers and a front limit racing a backlog lose and repea
     CHECK(std::includes(got.begin(), got.end(), tail.begin(), tail.end()));
   }
 }
+
+TEST_CASE("a backlog that skips long stretches of the stream lets go of its mutex between them") {
+  // kLastPerSubject takes 1 and 140,000 only: the backlog looks at 65,536 index
+  // entries per hold of the stream's mutex, so one read finds nothing, and it goes
+  // on instead of taking that for the end.
+  TempDir d;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  REQUIRE(engine->Publish(Numbered("s.a", 1)).ok());
+  for (int i = 2; i <= 140'000; ++i) REQUIRE(engine->Publish(Numbered("s.b", i)).ok());
+  auto c = *engine->AddConsumer({.stream = "S",
+                                 .name = "lps",
+                                 .deliver = DeliverPolicy::kLastPerSubject,
+                                 .lane_capacity = 8});
+  CHECK(DrainSeqs(c) == std::vector<std::uint64_t>{1, 140'000});
+  REQUIRE(engine->Publish(Numbered("s.a", 140'001)).ok());
+  CHECK(DrainSeqs(c) == std::vector<std::uint64_t>{140'001});
+}

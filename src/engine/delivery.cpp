@@ -171,6 +171,7 @@ Fill FillFromBacklog(ConsumerState& c, bool wait) {
     std::uint32_t prior;  // deliveries before a restart
   };
   std::vector<Picked> picked;
+  std::uint64_t end_seq = 0;
   {
     std::unique_lock lock(s.mu, std::defer_lock);
     if (wait) {
@@ -180,6 +181,7 @@ Fill FillFromBacklog(ConsumerState& c, bool wait) {
     }
     ConsumerState::Backlog& b = c.backlog;
     if (!c.reading_backlog.load(std::memory_order_relaxed)) return Fill::kClosed;
+    end_seq = b.end_seq;
     if (s.deleted || c.deleted.load(std::memory_order_acquire)) {
       c.reading_backlog.store(false, std::memory_order_release);
       b = {};
@@ -241,11 +243,39 @@ Fill FillFromBacklog(ConsumerState& c, bool wait) {
     if (p.prior != 0) priors.emplace_back(p.e.seq, p.prior);
     loaded.push_back(Delivery{*std::move(h), 1, false});
   }
-  std::lock_guard lock(c.pending_mu);
-  if (c.retired) return Fill::kClosed;  // deleted: its sweep is done, nothing takes these
-  for (const auto& [seq, prior] : priors) c.prior_deliveries[seq] = prior;
-  if (!priors.empty()) c.has_prior.store(true, std::memory_order_release);
-  for (Delivery& d : loaded) c.parked.push_back(std::move(d));
+  // A message published after the consumer was added was queued for it from its
+  // publish on: its queue timeout (queue_timeout, the event's ttl and deadline) runs
+  // from then, as EnqueueTargets registers it for a publish it queues at once.
+  const bool timed = c.queue_timeout_ns > 0 || c.enforce_event_ttl;
+  const std::int64_t now = c.clock->NowNanos();
+  std::int64_t wake_ns = INT64_MAX;
+  {
+    std::lock_guard lock(c.pending_mu);
+    if (c.retired) return Fill::kClosed;  // deleted: its sweep is done, nothing takes these
+    for (const auto& [seq, prior] : priors) c.prior_deliveries[seq] = prior;
+    if (!priors.empty()) c.has_prior.store(true, std::memory_order_release);
+    for (Delivery& d : loaded) {
+      if (timed && d.h->seq >= end_seq) {
+        const Event& ev = *d.h->event;
+        std::int64_t limit_ns = INT64_MAX;
+        if (ev.ttl > absl::ZeroDuration()) limit_ns = absl::ToInt64Nanoseconds(ev.ttl);
+        std::int64_t expiry = c.ExpiryFor(d.h->publish_ns, limit_ns);
+        if (c.enforce_event_ttl && ev.deadline != absl::InfiniteFuture()) {
+          expiry = std::min(expiry, SatAdd(now, absl::ToInt64Nanoseconds(ev.deadline - absl::Now())));
+        }
+        if (expiry != INT64_MAX) {
+          const TimerId id =
+              c.Schedule(expiry, {ConsumerTimer::kQueueExpiry, 1, d.h->seq, nullptr});
+          c.waiting.insert_or_assign(
+              d.h->seq, ConsumerState::Waiting{d.h, expiry, id, ConsumerState::kQueued});
+          c.has_waiting.store(true, std::memory_order_release);
+          wake_ns = std::min(wake_ns, expiry);
+        }
+      }
+      c.parked.push_back(std::move(d));
+    }
+  }
+  if (wake_ns != INT64_MAX && c.host != nullptr) c.host->WakeTimer(wake_ns);
   return Fill::kFilled;
 }
 

@@ -356,3 +356,46 @@ TEST_CASE("a backlog that skips long stretches of the stream lets go of its mute
   REQUIRE(engine->Publish(Numbered("s.a", 140'001)).ok());
   CHECK(DrainSeqs(c) == std::vector<std::uint64_t>{140'001});
 }
+
+TEST_CASE("a publish that waits in the log during catch-up keeps its queue timeout") {
+  // Found by the adversarial helper's angle: such a publish is queued for nobody, so
+  // its queue timeout was never registered (a memory stream's, parked, had one).
+  TempDir d;
+  const bool file = GENERATE(false, true);
+  INFO((file ? "file" : "memory"));
+  ManualClock clock{1'000'000'000};
+  auto engine = *Engine::Create({.clock = &clock, .manual_timers = true});
+  StreamConfig cfg = FileStream(d.path());
+  if (!file) {
+    cfg.storage = StorageType::kMemory;
+    cfg.directory.clear();
+  }
+  REQUIRE(engine->AddStream(cfg).ok());
+  REQUIRE(engine->AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
+  Member dlq = *engine->AddConsumer({.stream = "DLQ", .name = "dlq"})->member(0);
+  for (int i = 1; i <= 5; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  auto c = *engine->AddConsumer({.stream = "S",
+                                 .name = "c",
+                                 .deliver = DeliverPolicy::kAll,
+                                 .lane_capacity = 2,
+                                 .dead_letter_subject = "dead.c",
+                                 .queue_timeout = absl::Seconds(1)});
+  REQUIRE(engine->Publish(Numbered("s.a", 6)).ok());
+  clock.Advance(absl::Seconds(2));
+  engine->RunTimers();
+  Member m = *c.member(0);
+  std::vector<std::uint64_t> got;
+  for (;;) {
+    absl::StatusOr<Message> msg = m.Next(absl::ZeroDuration());
+    if (!msg.ok()) break;
+    got.push_back(msg->stream_seq());
+    REQUIRE(msg->Ack().ok());
+    engine->RunTimers();
+  }
+  CHECK(got == Range(1, 5));
+  absl::StatusOr<Message> dead = dlq.Next(absl::ZeroDuration());
+  REQUIRE(dead.ok());
+  CHECK(Body(*dead) == "m6");
+  CHECK(inferq::engine_test::H(dead->event(), kDeadLetterReasonHeader) == "expired");
+  CHECK(CS(*engine, "S", "c").expired == 1);
+}

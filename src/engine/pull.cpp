@@ -206,6 +206,12 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
       if (held) c->Unsettle();
     }
   } slot{&c, limited};
+  // Parked deliveries (and a backlog whose chunk could not be read: the stream's
+  // mutex was held) go to the lanes before this pull waits on an empty one, so that
+  // a pull makes progress without the timer (EngineOptions::manual_timers).
+  if (c.has_parked.load(std::memory_order_acquire) && lane.ring.size_approx() == 0) {
+    engine_internal::RetryParked(c);
+  }
   engine_internal::Delivery d;
   for (;;) {
     if (!lane.ring.pop_until(d, deadline_ns)) {

@@ -399,3 +399,27 @@ TEST_CASE("a publish that waits in the log during catch-up keeps its queue timeo
   CHECK(inferq::engine_test::H(dead->event(), kDeadLetterReasonHeader) == "expired");
   CHECK(CS(*engine, "S", "c").expired == 1);
 }
+
+TEST_CASE("a pull reads the backlog on without the timer once a blocked publisher lets go") {
+  // Found by the adversarial helper: a publisher blocked on another consumer's full
+  // lane holds the stream's mutex, so a pull could not read the next chunk; with
+  // manual timers nothing read it later, and the consumer got nothing more.
+  TempDir d;
+  ManualClock clock{1'000'000'000};
+  auto engine = *Engine::Create({.clock = &clock, .manual_timers = true});
+  REQUIRE(engine->AddStream(FileStream(d.path())).ok());
+  for (int i = 1; i <= 10; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  auto a = *engine->AddConsumer({.stream = "S", .name = "a", .lane_capacity = 2});
+  auto b = *engine->AddConsumer(
+      {.stream = "S", .name = "b", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+  std::thread publisher([&] {
+    for (int i = 11; i <= 13; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // 13 waits for a's lane
+  std::vector<std::uint64_t> got = DrainSeqs(b);
+  Member am = *a.member(0);
+  for (int i = 0; i < 3; ++i) REQUIRE(am.Next(absl::Seconds(10)).ok());
+  publisher.join();
+  for (std::uint64_t s : DrainSeqs(b)) got.push_back(s);
+  CHECK(got == Range(1, 13));
+}

@@ -140,13 +140,17 @@ bool TryMove(ConsumerState& c, Delivery& d, std::uint32_t from) {
 namespace {
 
 // A chunk of a backlog: at most this many messages, or this many stored bytes
-// (Event::StoredSize) past the first, are read from the log at a time.
+// (Event::StoredSize) past the first, are read from the log at a time; one
+// RetryParked reads at most kBacklogEmptyChunks chunks that park nothing (all
+// filtered out, or a stretch skipped) before it leaves the rest to the timer and the
+// next pull, so that neither AddConsumer, a pull nor the timer chases a publisher.
 constexpr std::size_t kBacklogChunkMsgs = 256;
 constexpr std::uint64_t kBacklogChunkBytes = 1 << 20;
 // Index entries looked at per hold of the stream's mutex: a backlog whose start
 // policy skips most of the stream (a restart with scattered acks, kLastPerSubject)
 // lets go of it between stretches.
 constexpr std::size_t kBacklogScan = 65536;
+constexpr int kBacklogEmptyChunks = 8;
 
 enum class Fill {
   kFilled,  // a chunk is parked (it may be empty: all filtered out)
@@ -228,7 +232,9 @@ Fill FillFromBacklog(ConsumerState& c, bool wait) {
   for (const Picked& p : picked) {
     absl::StatusOr<Handle> h = s.LoadFromLog(p.e);
     if (!h.ok()) {
-      if (h.status().code() == absl::StatusCode::kNotFound) continue;  // retired meanwhile
+      // Its segment retired meanwhile: the stream let it go. A segment gone while the
+      // stream still holds the message (a file removed under it) is damage.
+      if (h.status().code() == absl::StatusCode::kNotFound && s.DiscardedSeq(p.e.seq)) continue;
       if (c.deleted.load(std::memory_order_acquire)) return Fill::kClosed;
       c.Fail("stored message " + std::to_string(p.e.seq) + " cannot be read back (" +
              std::string(h.status().message()) + ")");
@@ -306,6 +312,7 @@ void RetryParked(ConsumerState& c, bool wait) {
   std::unique_lock retry(c.retry_mu, std::try_to_lock);
   if (!retry.owns_lock()) return;  // another thread is at it
   const bool paced = c.config.replay == ReplayPolicy::kOriginal;
+  int empty_chunks = 0;
   for (;;) {
     Delivery d;
     std::int64_t due_ns = INT64_MIN;
@@ -331,17 +338,23 @@ void RetryParked(ConsumerState& c, bool wait) {
     }
     if (fill) {
       if (c.lanes.front()->ring.closed()) return;  // closing, deleted or failed
+      if (empty_chunks == kBacklogEmptyChunks) {
+        if (c.host != nullptr) c.host->WakeTimer(c.clock->NowNanos());  // it goes on there
+        return;
+      }
       if (FillFromBacklog(c, wait) == Fill::kBusy) {
         // The timer's run goes on with it soon.
         if (c.host != nullptr) c.host->WakeTimer(SatAdd(c.clock->NowNanos(), 1'000'000));
         return;
       }
+      ++empty_chunks;  // (reset below once a chunk parked something)
       continue;
     }
     if (paced && c.clock->NowNanos() < due_ns) {
       c.host->WakeTimer(due_ns);  // the timer's RetryParked goes on then
       return;
     }
+    empty_chunks = 0;
     {
       std::lock_guard lock(c.pending_mu);
       if (c.parked.empty()) continue;  // (only this thread takes from it: cannot happen)

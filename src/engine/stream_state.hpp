@@ -364,13 +364,17 @@ struct StreamState {
   // helper).
   bool Discarded(const StoredMessage& m) const {
     if (m.state.load(std::memory_order_acquire) == kDiscarded) return true;
+    return DiscardedSeq(m.seq);
+  }
+  // The same for the message of sequence `seq`, without a record in hand.
+  bool DiscardedSeq(std::uint64_t seq) const {
     // acquire: pairs with the release stores of the count (RemoveSeq, RecordRemoval,
     // PublishFirstKept).
     if (removed_count.load(std::memory_order_acquire) != 0) {
       std::lock_guard lock(removed_mu);
-      if (removed_seqs.contains(m.seq)) return true;
+      if (removed_seqs.contains(seq)) return true;
     }
-    return m.seq < first_kept.load(std::memory_order_acquire);
+    return seq < first_kept.load(std::memory_order_acquire);
   }
 
   // Whether a stream of `config` must hold its messages in `messages`: under limits

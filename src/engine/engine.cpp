@@ -587,17 +587,97 @@ absl::Status OpenAckLog(const StreamState& stream, ConsumerState& c) {
   return absl::OkStatus();
 }
 
+// kLast and kLastPerSubject on a file stream read back the stored messages they
+// choose among (for the filter, the predicate and the subject). ScanForLast does
+// that before the consumer is attached, outside the stream's mutex, in stretches of
+// index entries copied under it, up to the stream's next sequence when it starts
+// (end_seq); QueueStoredFromLog then reads, under the mutex, only what was stored
+// after that. (A message removed between the scan and the attach is not delivered,
+// and its subject's older one is not taken instead.)
+struct LastScan {
+  std::uint64_t end_seq = 0;            // 0: no scan ran
+  std::optional<std::uint64_t> last;    // kLast: the newest match below end_seq
+  absl::flat_hash_map<std::string, std::uint64_t> last_of_subject;  // kLastPerSubject
+  std::string failed;                   // a stored message that cannot be read back
+};
+
+// Index entries copied per hold of the stream's mutex by ScanForLast.
+constexpr std::size_t kScanStretch = 4096;
+
+// The stored message of `e` when consumer `c`'s filter and predicate take it;
+// nullptr when they do not, when the stream let it go since `e` was copied (its
+// segment retired), or when it cannot be read back (`*failed` says why).
+engine_internal::Handle MatchStored(const StreamState& stream, const ConsumerState& c,
+                                    const engine_internal::IndexEntry& e, std::string* failed) {
+  absl::StatusOr<engine_internal::Handle> h = stream.LoadFromLog(e);
+  if (!h.ok()) {
+    if (h.status().code() == absl::StatusCode::kNotFound && stream.DiscardedSeq(e.seq)) {
+      return nullptr;
+    }
+    *failed = "stored message " + std::to_string(e.seq) + " cannot be read back (" +
+              std::string(h.status().message()) + ")";
+    return nullptr;
+  }
+  const Event& ev = *(*h)->event;
+  if (c.filter && !c.filter->Matches(ev.subject)) return nullptr;
+  if (!c.config.predicate.is_trivial() && !c.config.predicate.Matches(ev)) return nullptr;
+  return *std::move(h);
+}
+
+void ScanForLast(StreamState& stream, const ConsumerState& c, LastScan& scan) {
+  const bool newest_only = c.config.deliver == DeliverPolicy::kLast;
+  {
+    std::lock_guard lock(stream.mu);
+    scan.end_seq = stream.next_seq;
+  }
+  // kLast: entries below `bound`, newest first; kLastPerSubject: from `bound` on.
+  std::uint64_t bound = newest_only ? scan.end_seq : 0;
+  std::vector<engine_internal::IndexEntry> stretch;
+  for (;;) {
+    stretch.clear();
+    {
+      std::lock_guard lock(stream.mu);
+      if (stream.deleted) return;  // AddConsumer finds it deleted under the mutex
+      if (newest_only) {
+        const std::size_t hi = stream.IndexPosition(bound);
+        const std::size_t lo = hi > kScanStretch ? hi - kScanStretch : 0;
+        for (std::size_t k = hi; k > lo; --k) stretch.push_back(stream.index.at(k - 1));
+      } else {
+        for (std::size_t k = stream.IndexPosition(bound);
+             k < stream.index.size() && stretch.size() < kScanStretch; ++k) {
+          if (stream.index.at(k).seq >= scan.end_seq) break;
+          stretch.push_back(stream.index.at(k));
+        }
+      }
+    }
+    if (stretch.empty()) return;
+    for (const engine_internal::IndexEntry& e : stretch) {
+      if (e.removed != 0) continue;
+      engine_internal::Handle h = MatchStored(stream, c, e, &scan.failed);
+      if (!scan.failed.empty()) return;
+      if (h == nullptr) continue;
+      if (newest_only) {
+        scan.last = e.seq;
+        return;
+      }
+      scan.last_of_subject[h->event->subject] = e.seq;
+    }
+    // kLast's stretch runs newest to oldest: its last entry is the oldest.
+    bound = newest_only ? stretch.back().seq : stretch.back().seq + 1;
+  }
+}
+
 // QueueStoredMessages for a file stream, whose stored events are in its log: opens
 // the consumer's backlog (ConsumerState::Backlog), which RetryParked reads a chunk at
 // a time as lanes take its messages (FillFromBacklog). What the start position
 // chooses by sequence and publish time (kAll, kByStartSequence, kByStartTime) is
-// decided without reading the log; kLast and kLastPerSubject read back (LoadFromLog)
-// what they choose among, for the filter, the predicate and the subject, and keep
+// decided without reading the log; kLast and kLastPerSubject take what ScanForLast
+// chose (`scan`) and read back (LoadFromLog) only what was stored after it, and keep
 // only the sequences chosen; a restart reads back the messages given up before it
 // (given_up_at_start). One that cannot be read fails the consumer
 // (ConsumerState::Fail; every consumer of a file stream is durable): never a silent
 // gap in what it delivers. Requires stream.mu.
-void QueueStoredFromLog(StreamState& stream, ConsumerState& c) {
+void QueueStoredFromLog(StreamState& stream, ConsumerState& c, LastScan& scan) {
   using engine_internal::Handle;
   using engine_internal::IndexEntry;
   const ConsumerConfig& cfg = c.config;
@@ -611,21 +691,8 @@ void QueueStoredFromLog(StreamState& stream, ConsumerState& c) {
   if (!resume && cfg.deliver == DeliverPolicy::kByStartSequence) c.start_after = cfg.start_seq - 1;
   if (resume) c.start_after = c.resume.floor;
   b.next_seq = c.start_after + 1;
-  std::string failed;
-  // The stored message of `e`, read back, when the filter and the predicate take it;
-  // nullptr otherwise, and when it cannot be read (`failed` says why).
-  auto matching = [&](const IndexEntry& e) -> Handle {
-    absl::StatusOr<Handle> h = stream.LoadFromLog(e);
-    if (!h.ok()) {
-      failed = "stored message " + std::to_string(e.seq) + " cannot be read back (" +
-               std::string(h.status().message()) + ")";
-      return nullptr;
-    }
-    const Event& ev = *(*h)->event;
-    if (c.filter && !c.filter->Matches(ev.subject)) return nullptr;
-    if (!cfg.predicate.is_trivial() && !cfg.predicate.Matches(ev)) return nullptr;
-    return *std::move(h);
-  };
+  std::string failed = std::move(scan.failed);
+  auto matching = [&](const IndexEntry& e) { return MatchStored(stream, c, e, &failed); };
   if (resume) {
     // Delivered max_deliver times before the restart, never acked: AddConsumer
     // dead-letters them; the backlog skips them.
@@ -647,19 +714,24 @@ void QueueStoredFromLog(StreamState& stream, ConsumerState& c) {
     b.resume = std::move(c.resume);
     c.resume = {};
   } else if (cfg.deliver == DeliverPolicy::kLast) {
-    // From the newest back: the first match is the one.
+    // What was stored after the scan, from the newest back (the first match is the
+    // one); else the scan's.
     b.only.emplace();
     for (std::size_t k = stream.index.size(); k > 0 && failed.empty(); --k) {
       const IndexEntry& e = stream.index.at(k - 1);
+      if (e.seq < scan.end_seq) break;
       if (e.removed != 0) continue;
       if (matching(e) != nullptr) {
         b.only->insert(e.seq);
         break;
       }
     }
+    if (b.only->empty() && scan.last.has_value()) b.only->insert(*scan.last);
   } else if (cfg.deliver == DeliverPolicy::kLastPerSubject) {
-    absl::flat_hash_map<std::string, std::uint64_t> last_of_subject;
-    for (std::size_t k = 0; k < stream.index.size() && failed.empty(); ++k) {
+    absl::flat_hash_map<std::string, std::uint64_t> last_of_subject =
+        std::move(scan.last_of_subject);
+    for (std::size_t k = stream.IndexPosition(scan.end_seq);
+         k < stream.index.size() && failed.empty(); ++k) {
       const IndexEntry& e = stream.index.at(k);
       if (e.removed != 0) continue;
       if (Handle h = matching(e); h != nullptr) last_of_subject[h->event->subject] = e.seq;
@@ -716,16 +788,16 @@ void QueueStoredFromLog(StreamState& stream, ConsumerState& c) {
 // The stored messages consumer `c` starts with (ConsumerConfig::deliver), parked in
 // sequence order: lanes take them as they have room (RetryParked), and until the
 // last is queued the events published meanwhile are parked behind them
-// (EnqueueTargets), so every member sees the stream's order. A file stream's are
-// read back from its log (QueueStoredFromLog). Requires stream.mu.
-void QueueStoredMessages(StreamState& stream, ConsumerState& c) {
+// (EnqueueTargets), so every member sees the stream's order. A file stream's come
+// from its log (QueueStoredFromLog; `scan`: ScanForLast's). Requires stream.mu.
+void QueueStoredMessages(StreamState& stream, ConsumerState& c, LastScan& scan) {
   const ConsumerConfig& cfg = c.config;
   if (stream.log != nullptr) {
     if (cfg.deliver == DeliverPolicy::kNew && !(c.ack_log != nullptr && c.resume.started)) {
       if (c.ack_log != nullptr) (void)c.Record("S " + std::to_string(stream.next_seq - 1));
       return;
     }
-    return QueueStoredFromLog(stream, c);
+    return QueueStoredFromLog(stream, c, scan);
   }
   if (cfg.deliver == DeliverPolicy::kNew) return;
   std::int64_t start_ns = INT64_MIN;
@@ -887,9 +959,14 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   }
   // Now the publishers of the stream start queueing for it. This waits for a
   // publisher blocked on a full lane of another consumer; Close() releases it.
+  LastScan scan;
+  if (stream->log != nullptr && !(raw->ack_log != nullptr && raw->resume.started) &&
+      (config.deliver == DeliverPolicy::kLast || config.deliver == DeliverPolicy::kLastPerSubject)) {
+    ScanForLast(*stream, *raw, scan);  // outside the stream's mutex
+  }
   {
     std::lock_guard stream_lock(stream->mu);
-    QueueStoredMessages(*stream, *raw);
+    QueueStoredMessages(*stream, *raw, scan);
     stream->consumers.push_back(raw);
     if (!config.accept_codecs.empty()) {
       stream->codec_restricted.fetch_add(1, std::memory_order_relaxed);

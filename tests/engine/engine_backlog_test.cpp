@@ -93,6 +93,31 @@ std::string Body(const Message& m) {
   return std::string(reinterpret_cast<const char*>(p.data()), p.size());
 }
 
+// Publishes m<from>..m<to> on s.a (sequences from..to on a fresh stream).
+void PublishRange(Engine& engine, int from, int to) {
+  for (int i = from; i <= to; ++i) REQUIRE(engine.Publish(Numbered("s.a", i)).ok());
+}
+
+// Consumer "c" of S from the front (DeliverPolicy::kAll), one member.
+Consumer FromFront(Engine& engine, std::size_t lane_capacity) {
+  absl::StatusOr<Consumer> c = engine.AddConsumer(
+      {.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = lane_capacity});
+  REQUIRE(c.ok());
+  return *std::move(c);
+}
+
+// The next `n` messages of `m` (each within 5 s), acked: their sequences.
+std::vector<std::uint64_t> TakeSeqs(Member& m, int n) {
+  std::vector<std::uint64_t> out;
+  for (int i = 0; i < n; ++i) {
+    absl::StatusOr<Message> msg = m.Next(absl::Seconds(5));
+    REQUIRE(msg.ok());
+    out.push_back(msg->stream_seq());
+    REQUIRE(msg->Ack().ok());
+  }
+  return out;
+}
+
 // Every message member 0 gets within 200 ms of the last, acked: their sequences.
 std::vector<std::uint64_t> DrainSeqs(Consumer& c) {
   std::vector<std::uint64_t> out;
@@ -120,9 +145,9 @@ TEST_CASE("a consumer added at the front of a file stream reads the log a chunk 
   CountingFs& counting = *counting_fs;
   auto engine = *Engine::Create();
   REQUIRE(engine->AddStream(FileStream(d.path(), counting_fs)).ok());
-  for (int i = 1; i <= 2000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  PublishRange(*engine, 1, 2000);
   counting.reads = 0;
-  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 16});
+  auto c = FromFront(*engine, 16);
   // One chunk, not the 2,000 messages (before the backlog, AddConsumer read them all).
   CHECK(counting.reads == kChunk);
   CHECK(CS(*engine, "S", "c").num_pending == 2000);
@@ -145,16 +170,13 @@ TEST_CASE("publishes while a consumer reads its backlog come after it, in sequen
   TempDir d;
   auto engine = *Engine::Create();
   REQUIRE(engine->AddStream(FileStream(d.path())).ok());
-  for (int i = 1; i <= 600; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
-  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+  PublishRange(*engine, 1, 600);
+  auto c = FromFront(*engine, 4);
   Member m = *c.member(0);
   std::vector<std::uint64_t> got;
-  for (int i = 601; i <= 700; ++i) {
-    REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
-    absl::StatusOr<Message> msg = m.Next(absl::Seconds(5));
-    REQUIRE(msg.ok());
-    got.push_back(msg->stream_seq());
-    REQUIRE(msg->Ack().ok());
+  for (int i = 601; i <= 700; ++i) {  // a publish, then a pull
+    PublishRange(*engine, i, i);
+    got.push_back(TakeSeqs(m, 1).front());
   }
   for (std::uint64_t s : DrainSeqs(c)) got.push_back(s);
   CHECK(got == Range(1, 700));
@@ -203,19 +225,13 @@ TEST_CASE("a message a limit removes while it waits in the backlog is skipped") 
   StreamConfig cfg = FileStream(d.path());
   cfg.max_msgs = 1000;
   REQUIRE(engine->AddStream(cfg).ok());
-  for (int i = 1; i <= 1000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
-  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+  PublishRange(*engine, 1, 1000);
+  auto c = FromFront(*engine, 4);
   Member m = *c.member(0);
-  std::vector<std::uint64_t> got;
-  for (int i = 0; i < 10; ++i) {
-    absl::StatusOr<Message> msg = m.Next(absl::Seconds(5));
-    REQUIRE(msg.ok());
-    got.push_back(msg->stream_seq());
-    REQUIRE(msg->Ack().ok());
-  }
+  std::vector<std::uint64_t> got = TakeSeqs(m, 10);
   CHECK(got == Range(1, 10));
   // 500 more push 1..500 out; the chunk read already (11..256) was read before.
-  for (int i = 1001; i <= 1500; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  PublishRange(*engine, 1001, 1500);
   for (std::uint64_t s : DrainSeqs(c)) got.push_back(s);
   // What was read into the first chunk and not yet queued is skipped as discarded
   // when its turn comes (Discarded), and the backlog goes on at 501.
@@ -228,7 +244,7 @@ TEST_CASE("a consumer reading its backlog does not make a publish wait or fail o
   TempDir d;
   auto engine = *Engine::Create();
   REQUIRE(engine->AddStream(FileStream(d.path())).ok());
-  for (int i = 1; i <= 10; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  PublishRange(*engine, 1, 10);
   auto c = *engine->AddConsumer(
       {.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 2, .overflow = OverflowPolicy::kReject});
   // The lane holds two of the backlog; the publish goes to the log and waits there.
@@ -242,8 +258,8 @@ TEST_CASE("DeleteConsumer ends a backlog being read") {
   TempDir d;
   auto engine = *Engine::Create();
   REQUIRE(engine->AddStream(FileStream(d.path())).ok());
-  for (int i = 1; i <= 1000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
-  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+  PublishRange(*engine, 1, 1000);
+  auto c = FromFront(*engine, 4);
   Member m = *c.member(0);
   REQUIRE(m.Next(absl::Seconds(5)).ok());
   REQUIRE(engine->DeleteConsumer("S", "c").ok());
@@ -253,7 +269,7 @@ TEST_CASE("DeleteConsumer ends a backlog being read") {
   CHECK(Msg(next.status()) == "consumer 'c' of stream 'S' was deleted");
   // The stream goes on, and a new consumer of the name starts over.
   REQUIRE(engine->Publish(Numbered("s.a", 1001)).ok());
-  auto again = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+  auto again = FromFront(*engine, 4);
   CHECK(DrainSeqs(again) == Range(1, 1001));
 }
 
@@ -262,8 +278,8 @@ TEST_CASE("a restarted consumer resumes through the backlog, its attempts counti
   {
     auto engine = *Engine::Create();
     REQUIRE(engine->AddStream(FileStream(d.path())).ok());
-    for (int i = 1; i <= 1000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
-    auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+    PublishRange(*engine, 1, 1000);
+    auto c = FromFront(*engine, 4);
     Member m = *c.member(0);
     // 1..300 acked but 5; 301 delivered and left unacked.
     for (int i = 1; i <= 301; ++i) {
@@ -275,7 +291,7 @@ TEST_CASE("a restarted consumer resumes through the backlog, its attempts counti
   }
   auto engine = *Engine::Create();
   REQUIRE(engine->AddStream(FileStream(d.path())).ok());
-  auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+  auto c = FromFront(*engine, 4);
   Member m = *c.member(0);
   std::vector<std::uint64_t> got;
   std::vector<std::uint32_t> attempts;
@@ -303,7 +319,7 @@ TEST_CASE("members, publishers and a front limit racing a backlog lose and repea
   StreamConfig cfg = FileStream(d.path());
   if (limited) cfg.max_msgs = 3000;
   REQUIRE(engine->AddStream(cfg).ok());
-  for (int i = 1; i <= 2000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  PublishRange(*engine, 1, 2000);
   auto c = *engine->AddConsumer({.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .members = 2, .lane_capacity = 8});
   std::mutex mu;
   std::vector<std::uint64_t> got;
@@ -325,7 +341,7 @@ TEST_CASE("members, publishers and a front limit racing a backlog lose and repea
     });
   }
   std::thread publisher([&] {
-    for (int i = 2001; i <= 4000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+    PublishRange(*engine, 2001, 4000);
     published = true;
   });
   publisher.join();
@@ -379,7 +395,7 @@ TEST_CASE("a publish that waits in the log during catch-up keeps its queue timeo
   REQUIRE(engine->AddStream(cfg).ok());
   REQUIRE(engine->AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
   Member dlq = *engine->AddConsumer({.stream = "DLQ", .name = "dlq"})->member(0);
-  for (int i = 1; i <= 5; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  PublishRange(*engine, 1, 5);
   auto c = *engine->AddConsumer({.stream = "S",
                                  .name = "c",
                                  .deliver = DeliverPolicy::kAll,
@@ -414,12 +430,12 @@ TEST_CASE("a pull reads the backlog on without the timer once a blocked publishe
   ManualClock clock{1'000'000'000};
   auto engine = *Engine::Create({.clock = &clock, .manual_timers = true});
   REQUIRE(engine->AddStream(FileStream(d.path())).ok());
-  for (int i = 1; i <= 10; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  PublishRange(*engine, 1, 10);
   auto a = *engine->AddConsumer({.stream = "S", .name = "a", .lane_capacity = 2});
   auto b = *engine->AddConsumer(
       {.stream = "S", .name = "b", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
   std::thread publisher([&] {
-    for (int i = 11; i <= 13; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+    PublishRange(*engine, 11, 13);
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // 13 waits for a's lane
   std::vector<std::uint64_t> got = DrainSeqs(b);
@@ -439,9 +455,8 @@ TEST_CASE("a segment file gone from under the backlog fails the consumer instead
   StreamConfig cfg = FileStream(d.path());
   cfg.segment_bytes = 4096;
   REQUIRE(engine->AddStream(cfg).ok());
-  for (int i = 1; i <= 1000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
-  auto c = *engine->AddConsumer(
-      {.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll, .lane_capacity = 4});
+  PublishRange(*engine, 1, 1000);
+  auto c = FromFront(*engine, 4);
   std::vector<std::string> segments;
   for (const auto& f : std::filesystem::directory_iterator(d.path())) {
     if (f.path().extension() == ".seg") segments.push_back(f.path().string());
@@ -480,7 +495,7 @@ TEST_CASE("one call reads at most eight chunks of a backlog that parks nothing")
   auto counting_fs = std::make_shared<CountingFs>();
   auto engine = *Engine::Create({.manual_timers = true});
   REQUIRE(engine->AddStream(FileStream(d.path(), counting_fs)).ok());
-  for (int i = 1; i <= 5000; ++i) REQUIRE(engine->Publish(Numbered("s.a", i)).ok());
+  PublishRange(*engine, 1, 5000);
   counting_fs->reads = 0;
   auto c = *engine->AddConsumer({.stream = "S",
                                  .name = "c",

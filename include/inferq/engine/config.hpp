@@ -242,8 +242,8 @@ struct ConsumerConfig {
   // max_queue_delay, preferred sizes, adaptive window. With `adaptive`, the observed
   // round-trip time is each acked message's deliver -> ack time.
   BatchPolicy batch{};
-  // Moves each delivered message through `lifecycle` (engine/lifecycle.hpp,
-  // DESIGN.md §3.8), one StateStore transaction per transition, on the model its
+  // Moves each delivered message through `lifecycle` (engine/lifecycle.hpp), one
+  // StateStore transaction per transition, on the model its
   // Event::model names, under the id "<stream>/<stream sequence>":
   // - a delivery: Pending -> Processing (a first delivery enqueues it first, as
   //   Pending, in a transaction of its own). One whose model is in Warmup stays

@@ -178,7 +178,7 @@ absl::StatusOr<Buffer> Encode(const Event& event, const EncodeOptions& options) 
       event.trace == TraceContext{} ? nullptr : &trace, model, model_version, event.schema_id, event.schema_version,
       msg_id, seq_id, event.seq_no, *created, *deadline, *ttl_ns, event.attempt, shape,
       static_cast<wire::DType>(event.dtype), headers, payload, codec, coded->dictionary_id,
-      uncompressed_size);
+      uncompressed_size, event.trace.flags);
   wire::FinishTensorEventBuffer(fbb, root);
   return Buffer::Copy(std::as_bytes(std::span<const std::uint8_t>(fbb.GetBufferPointer(),
                                                                   fbb.GetSize())));
@@ -274,6 +274,7 @@ absl::StatusOr<Event> Decode(std::span<const std::byte> bytes, const DecodeOptio
     std::copy(tc->trace_id()->begin(), tc->trace_id()->end(), e.trace.trace_id.begin());
     std::copy(tc->span_id()->begin(), tc->span_id()->end(), e.trace.span_id.begin());
   }
+  e.trace.flags = t->trace_flags();
   e.model = ToString(t->model());
   e.model_version = ToString(t->model_version());
   e.schema_id = t->schema_id();

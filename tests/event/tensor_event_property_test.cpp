@@ -130,6 +130,7 @@ Event RandomEvent(Gen& g) {
   if (!g.OneIn(3)) {  // else all-zero (left out)
     for (auto& b : e.trace.trace_id) b = static_cast<std::uint8_t>(g.U64());
     for (auto& b : e.trace.span_id) b = static_cast<std::uint8_t>(g.U64());
+    e.trace.flags = static_cast<std::uint8_t>(g.U64());
   }
   e.model = g.MaybeString();
   e.model_version = g.MaybeString();

@@ -41,6 +41,7 @@ Event FullEvent() {
   e.priority = -17;
   for (std::uint8_t i = 0; i < 16; ++i) e.trace.trace_id[i] = static_cast<std::uint8_t>(0xa0 + i);
   for (std::uint8_t i = 0; i < 8; ++i) e.trace.span_id[i] = static_cast<std::uint8_t>(0x10 + i);
+  e.trace.flags = 0x01;
   e.model = "llama-3-8b";
   e.model_version = "2024-05-01";
   e.schema_id = 42;

@@ -54,10 +54,14 @@ struct Uuid {
   friend bool operator==(const Uuid&, const Uuid&) = default;
 };
 
-// W3C Trace Context identifiers (https://www.w3.org/TR/trace-context/).
+// W3C Trace Context identifiers (https://www.w3.org/TR/trace-context/): the
+// traceparent header's trace-id, parent-id (span_id) and trace-flags (bit 0:
+// sampled). All zero = no trace context. event/traceparent.hpp reads and writes the
+// header form.
 struct TraceContext {
   std::array<std::uint8_t, 16> trace_id{};
   std::array<std::uint8_t, 8> span_id{};
+  std::uint8_t flags = 0;
   friend bool operator==(const TraceContext&, const TraceContext&) = default;
 };
 

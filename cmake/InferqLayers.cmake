@@ -24,6 +24,10 @@
 # only a higher layer defines (a declaration written by hand, which libinferq's single
 # link would otherwise resolve).
 set(INFERQ_LAYERS base memory ring event schema routing sched state engine)
+# The adapters layer sits on top of libinferq: each of its optional components (the
+# NATS bridge) is a library of its own that links libinferq (CMakeLists.txt), so it is
+# not in INFERQ_LAYERS; the layering test checks its includes all the same.
+set(INFERQ_ALL_LAYERS ${INFERQ_LAYERS} adapters)
 
 # inferq_add_layer(<layer>
 #   [SOURCES <file>...]        compiled parts (src/<layer>/...); none: header-only

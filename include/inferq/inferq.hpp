@@ -1,7 +1,8 @@
 // File: inferq/inferq.hpp
 //
-// Umbrella header: every public header of inferq (each header under include/inferq/
-// except internal/ ones; layering_test checks that none is missing). The layers and
+// Umbrella header: every public header of libinferq (each header under include/inferq/
+// except internal/ ones and the optional adapters' include/inferq/adapters/, which
+// come with their own libraries; layering_test checks that none is missing). The layers and
 // the path of an event are in docs/architecture.md; every public type in docs/api.md.
 //
 //   #include "inferq/inferq.hpp"
@@ -21,6 +22,7 @@
 #include "inferq/event/codec.hpp"
 #include "inferq/event/event.hpp"
 #include "inferq/event/tensor_event.hpp"
+#include "inferq/event/traceparent.hpp"
 #include "inferq/memory/buffer.hpp"
 #include "inferq/memory/fixed_pool.hpp"
 #include "inferq/memory/numa_arena.hpp"

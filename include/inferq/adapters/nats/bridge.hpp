@@ -1,0 +1,193 @@
+// File: inferq/adapters/nats/bridge.hpp
+//
+// NatsBridge: moves events between an Engine and a NATS or NATS JetStream cluster
+// (libnats, the nats.c client), so that work outgrows one process without inferq
+// growing a cluster of its own.
+//  - Export: a local consumer that the bridge adds pulls the events it matches and
+//    publishes them to NATS: to JetStream (js_PublishMsgAsync; the local message is
+//    acked only once JetStream's PubAck arrives) or to core NATS subjects (acked
+//    locally once a flush shows the server has them). A publish that fails, or whose
+//    PubAck does not come within ExportConfig::ack_timeout, is nak'ed locally and
+//    redelivered by the engine: nothing acknowledged locally is lost on the way,
+//    and during an outage the local lanes fill (backpressure) instead of dropping.
+//    At most ExportConfig::max_in_flight publishes await their PubAck.
+//  - Import: a durable JetStream pull consumer that the bridge creates (or binds to)
+//    fetches messages and publishes each into the engine; the message is acked to
+//    NATS only after Engine::Publish accepted it, which on a file stream is after
+//    the stream's sync policy is met. When the engine refuses it (a full lane with
+//    overflow reject, a limit) it is nak'ed with ImportConfig::retry_delay; a
+//    publish blocked on a full lane (overflow block) holds the fetch loop, so the
+//    import fetches as fast as the local lanes drain.
+// Subjects, attributes and payloads are mapped as adapters/nats/mapping.hpp says.
+// Delivery across the bridge is at least once: a redelivered NATS message whose
+// msg_id (Nats-Msg-Id, or "<stream>:<sequence>" of JetStream when it has none) is
+// still in the local stream's duplicate window is not stored twice, and JetStream's
+// own duplicate window drops an export retried with the same Nats-Msg-Id.
+//
+// Usage:
+//   inferq::nats::BridgeOptions o;
+//   o.connection.servers = {"nats://127.0.0.1:4222"};
+//   auto bridge = inferq::nats::NatsBridge::Connect(*engine, o);
+//   (*bridge)->AddExport({.consumer = {.stream = "TOKENS", .name = "to-nats"},
+//                         .subject_prefix = "site-a"});
+//   (*bridge)->AddImport({.stream = "REQUESTS", .durable = "site-a",
+//                         .filter_subject = "site-b.infer.>", .strip_prefix = "site-b"});
+//
+// Thread safety: every method may be called from any thread. The bridge runs one
+// thread per export and per import, and libnats' own threads call its callbacks.
+// The Engine must outlive the bridge; destroy (or Close) the bridge first.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "inferq/adapters/nats/mapping.hpp"
+#include "inferq/engine/engine.hpp"
+
+namespace inferq::nats {
+
+// TLS to the servers (natsOptions_SetSecure and friends). The server's certificate
+// is always verified, against `ca_file` when set, else the system's CAs.
+struct TlsOptions {
+  bool enabled = false;
+  std::string ca_file{};            // PEM CA certificates that sign the servers' certificates
+  std::string cert_file{};          // PEM client certificate (with key_file), optional
+  std::string key_file{};
+  std::string expected_hostname{};  // the name the certificate must carry; empty: the URL's host
+};
+
+struct ConnectionOptions {
+  // URLs of the cluster's servers ("nats://host:port", "tls://host:port"); at least
+  // one. The client fails over between them and learns the others from the cluster.
+  std::vector<std::string> servers{};
+  std::string name = "inferq-bridge";  // the connection's name, as servers report it
+  // Credentials: at most one of user/password, token and credentials_file (a
+  // `.creds` file holding a user JWT and its NKey seed).
+  std::string user{};
+  std::string password{};
+  std::string token{};
+  std::string credentials_file{};
+  TlsOptions tls{};
+  absl::Duration connect_timeout = absl::Seconds(2);
+  // Reconnects after a lost connection: -1 = without end.
+  int max_reconnect = -1;
+  absl::Duration reconnect_wait = absl::Milliseconds(200);
+  // Bytes the client buffers while reconnecting; a publish that finds it full fails
+  // (and the export naks and retries it).
+  int reconnect_buffer_bytes = 8 << 20;
+  // JetStream API requests (stream and consumer lookups, consumer creation).
+  absl::Duration jetstream_timeout = absl::Seconds(5);
+};
+
+struct BridgeOptions {
+  ConnectionOptions connection{};
+  // This bridge's id in Inferq-Origin (mapping.hpp): unique per site or process;
+  // empty: "<hostname>-<pid>". 1..128 characters of [A-Za-z0-9_.-].
+  std::string origin{};
+};
+
+struct ExportConfig {
+  // The local consumer the bridge adds and pulls from: its stream, name, filter,
+  // predicates, ack_wait, max_ack_pending, max_deliver, dead letters. It must use
+  // explicit acks; members and selection are the bridge's (1 member).
+  ConsumerConfig consumer{};
+  // NATS subject = "<subject_prefix>.<local subject>" (empty: the local subject).
+  std::string subject_prefix{};
+  // True: publish to JetStream (a stream there must capture the subjects; the local
+  // ack waits for the PubAck). False: core NATS (the local ack waits for a flush).
+  bool jetstream = true;
+  PayloadFormat format = PayloadFormat::kRaw;
+  // Publishes awaiting their PubAck at most, 1..65536.
+  std::size_t max_in_flight = 1024;
+  // A PubAck not received within this time fails the publish (it is nak'ed locally
+  // and tried again: JetStream drops the copy by Nats-Msg-Id if the first arrived).
+  absl::Duration ack_timeout = absl::Seconds(5);
+  // How long a failed publish waits before the engine redelivers it.
+  absl::Duration retry_delay = absl::Milliseconds(200);
+};
+
+struct ImportConfig {
+  std::string stream{};          // the JetStream stream to read (it must exist)
+  std::string durable{};         // the durable pull consumer's name (created if missing)
+  std::string filter_subject{};  // NATS subject filter (empty: the whole stream)
+  // Local subject = the NATS subject with `strip_prefix` replaced by `add_prefix`
+  // (mapping.hpp, ReplaceSubjectPrefix).
+  std::string strip_prefix{};
+  std::string add_prefix{};
+  PayloadFormat format = PayloadFormat::kRaw;
+  int fetch_batch = 64;          // messages per fetch, 1..4096
+  // The JetStream consumer's AckWait (created consumers only) and how long a
+  // message the engine refused waits before JetStream redelivers it.
+  absl::Duration ack_wait = absl::Seconds(30);
+  absl::Duration retry_delay = absl::Milliseconds(200);
+};
+
+struct BridgeStats {
+  bool connected = false;
+  std::uint64_t disconnects = 0;
+  std::uint64_t reconnects = 0;
+  // Export.
+  std::uint64_t exported = 0;        // acked by NATS (PubAck or flush), then acked locally
+  std::uint64_t export_pending = 0;  // published, waiting for the PubAck
+  std::uint64_t export_failures = 0; // failed publishes and PubAck errors/timeouts (nak'ed locally)
+  std::uint64_t export_duplicates = 0;  // PubAcks JetStream marked duplicate
+  std::uint64_t export_loops = 0;    // imported events not sent back (acked locally)
+  std::uint64_t export_invalid = 0;  // events the mapping refused (terminated locally)
+  // Import.
+  std::uint64_t imported = 0;        // accepted by the engine, then acked to NATS
+  std::uint64_t import_redelivered = 0;  // messages NATS delivered more than once
+  std::uint64_t import_duplicates = 0;   // dropped by the local duplicate window
+  std::uint64_t import_refused = 0;  // the engine refused (nak'ed with retry_delay)
+  std::uint64_t import_invalid = 0;  // could not be mapped or stored (terminated in NATS)
+  std::uint64_t import_loops = 0;    // this bridge's own exports (acked, not stored)
+  std::uint64_t fetch_errors = 0;    // fetches that failed other than by timing out
+  std::string last_error{};          // the latest error from NATS or the engine, with context
+};
+
+class NatsBridge {
+ public:
+  // Connects to `options.connection.servers`. InvalidArgument naming the field for
+  // bad options (no server, two kinds of credentials, a bad origin, TLS files that
+  // cannot be read); Unavailable with the client's error when no server can be
+  // reached, the TLS handshake fails or the credentials are refused.
+  static absl::StatusOr<std::unique_ptr<NatsBridge>> Connect(Engine& engine, BridgeOptions options);
+
+  // Adds the export's local consumer and starts forwarding. InvalidArgument for a bad
+  // prefix, max_in_flight, ack_timeout or retry_delay, or a consumer without explicit
+  // acks; AddConsumer's errors; FailedPrecondition after Close.
+  absl::Status AddExport(ExportConfig config);
+
+  // Looks up the JetStream stream, creates or binds the durable pull consumer and
+  // starts importing. InvalidArgument for a bad name, prefix or fetch_batch; NotFound
+  // when the stream does not exist; Unavailable or the JetStream error otherwise;
+  // FailedPrecondition after Close.
+  absl::Status AddImport(ImportConfig config);
+
+  BridgeStats Stats() const;
+
+  // Stops every export and import: waits up to `drain` for the PubAcks still due,
+  // naks locally what is still unacknowledged (the engine keeps it for the export's
+  // consumer, which stays in the engine: a later AddExport of a bridge under the same
+  // consumer name fails AlreadyExists, Engine::DeleteConsumer removes it; on a file
+  // stream the consumer's unacked messages come again after a restart), leaves the
+  // imports' durable JetStream consumers on the servers (a later import under the
+  // same durable name resumes them), and closes the connection. Idempotent; the
+  // destructor calls it.
+  void Close(absl::Duration drain = absl::Seconds(2));
+  ~NatsBridge();
+
+  const std::string& origin() const;
+
+ private:
+  struct Impl;
+  explicit NatsBridge(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace inferq::nats

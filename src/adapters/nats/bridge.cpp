@@ -1,0 +1,722 @@
+// File: src/adapters/nats/bridge.cpp
+//
+// NatsBridge (inferq/adapters/nats/bridge.hpp) on libnats (nats.c 3.4).
+//
+// Lock order: Impl::mu_ (the export and import lists, the last error) before an
+// Export's mu (its messages in flight). libnats' callbacks take an Export's mu or
+// Impl::error_mu_ alone.
+#include "inferq/adapters/nats/bridge.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include <nats/nats.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+
+namespace inferq::nats {
+namespace {
+
+std::int64_t Millis(absl::Duration d) {
+  return std::max<std::int64_t>(1, absl::ToInt64Milliseconds(d));
+}
+
+// The client's text for `s`, with its last error's details when it has them.
+std::string NatsError(natsStatus s) {
+  std::string out = natsStatus_GetText(s);
+  natsStatus last = NATS_OK;
+  const char* detail = nats_GetLastError(&last);
+  if (detail != nullptr && *detail != '\0' && out != detail) out += std::string(": ") + detail;
+  return out;
+}
+
+std::string JetStreamError(natsStatus s, jsErrCode code) {
+  std::string out = NatsError(s);
+  if (code != 0) out += " (JetStream error code " + std::to_string(static_cast<int>(code)) + ")";
+  return out;
+}
+
+std::string Joined(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
+
+absl::Status CheckName(std::string_view what, std::string_view name) {
+  if (name.empty() || name.size() > 128) {
+    return absl::InvalidArgumentError(std::string(what) + " '" + std::string(name.substr(0, 128)) +
+                                      "' must be 1..128 characters");
+  }
+  for (char c : name) {
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+          c == '-' || c == '.')) {
+      return absl::InvalidArgumentError(std::string(what) + " '" + std::string(name) +
+                                        "' may hold only [A-Za-z0-9_.-]");
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string DefaultOrigin() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof host, "host");
+  std::string out;
+  for (const char* p = host; *p != '\0'; ++p) {
+    const char c = *p;
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-' || c == '.';
+    out.push_back(ok ? c : '_');
+  }
+  out = out.substr(0, 100) + "-" + std::to_string(::getpid());
+  return out;
+}
+
+// The headers of `m` in order of their names' first appearance; a name with several
+// values keeps the first.
+std::vector<std::pair<std::string, std::string>> HeadersOf(natsMsg* m) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const char** keys = nullptr;
+  int count = 0;
+  if (natsMsgHeader_Keys(m, &keys, &count) != NATS_OK || keys == nullptr) return out;
+  for (int i = 0; i < count; ++i) {
+    const char* value = nullptr;
+    if (natsMsgHeader_Get(m, keys[i], &value) == NATS_OK && value != nullptr) {
+      out.emplace_back(keys[i], value);
+    }
+  }
+  std::free(static_cast<void*>(keys));
+  return out;
+}
+
+struct NatsMsgDeleter {
+  void operator()(natsMsg* m) const { natsMsg_Destroy(m); }
+};
+using NatsMsgPtr = std::unique_ptr<natsMsg, NatsMsgDeleter>;
+
+// A NATS message for `w`, or the client's error.
+absl::StatusOr<NatsMsgPtr> MakeNatsMsg(const WireMessage& w) {
+  natsMsg* raw = nullptr;
+  const auto* data = reinterpret_cast<const char*>(w.payload.data());
+  natsStatus s = natsMsg_Create(&raw, w.subject.c_str(), nullptr, data, static_cast<int>(w.payload.size()));
+  if (s != NATS_OK) return absl::InternalError("natsMsg_Create for '" + w.subject + "': " + NatsError(s));
+  NatsMsgPtr m(raw);
+  for (const auto& [k, v] : w.headers) {
+    if (s = natsMsgHeader_Add(m.get(), k.c_str(), v.c_str()); s != NATS_OK) {
+      return absl::InternalError("natsMsgHeader_Add '" + k + "': " + NatsError(s));
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+struct NatsBridge::Impl {
+  struct Export {
+    Impl* impl = nullptr;
+    ExportConfig cfg;
+    std::optional<Consumer> consumer;
+    jsCtx* js = nullptr;
+    std::thread thread;
+    std::mutex mu;
+    std::condition_variable cv;
+    // Published to JetStream, waiting for the PubAck, by the natsMsg handed to the
+    // client (the AckHandler gets that pointer back).
+    absl::flat_hash_map<natsMsg*, Message> in_flight ABSL_GUARDED_BY(mu);
+    // Set by the export's thread once it called js_PublishMsgAsync: libnats 3.4.1's
+    // js_PublishAsyncGetPendingList crashes on a context that never published
+    // asynchronously (its table of pending messages is made by the first publish).
+    bool published = false;
+  };
+  struct Import {
+    ImportConfig cfg;
+    natsSubscription* sub = nullptr;
+    std::thread thread;
+  };
+
+  Impl(Engine& e, BridgeOptions o) : engine(e), options(std::move(o)) {}
+
+  Engine& engine;
+  BridgeOptions options;
+  natsConnection* nc = nullptr;
+  jsCtx* js = nullptr;  // imports and stream lookups
+  std::atomic<bool> stopping{false};
+
+  std::mutex mu;
+  bool closed ABSL_GUARDED_BY(mu) = false;
+  std::vector<std::unique_ptr<Export>> exports ABSL_GUARDED_BY(mu);
+  std::vector<std::unique_ptr<Import>> imports ABSL_GUARDED_BY(mu);
+
+  std::atomic<bool> connected{false};
+  std::atomic<std::uint64_t> disconnects{0}, reconnects{0};
+  std::atomic<std::uint64_t> exported{0}, export_pending{0}, export_failures{0}, export_duplicates{0},
+      export_loops{0}, export_invalid{0};
+  std::atomic<std::uint64_t> imported{0}, import_redelivered{0}, import_duplicates{0},
+      import_refused{0}, import_invalid{0}, import_loops{0}, fetch_errors{0};
+  mutable std::mutex error_mu;
+  std::string last_error ABSL_GUARDED_BY(error_mu);
+
+  void Error(std::string what) {
+    std::lock_guard l(error_mu);
+    last_error = std::move(what);
+  }
+
+  // ---- connection callbacks (libnats threads) ----
+  static void OnDisconnected(natsConnection*, void* closure) {
+    auto* self = static_cast<Impl*>(closure);
+    self->connected.store(false);
+    self->disconnects.fetch_add(1);
+  }
+  static void OnReconnected(natsConnection*, void* closure) {
+    auto* self = static_cast<Impl*>(closure);
+    self->connected.store(true);
+    self->reconnects.fetch_add(1);
+  }
+  static void OnClosed(natsConnection*, void* closure) {
+    static_cast<Impl*>(closure)->connected.store(false);
+  }
+  static void OnAsyncError(natsConnection* nc, natsSubscription*, natsStatus err, void* closure) {
+    auto* self = static_cast<Impl*>(closure);
+    const char* text = nullptr;
+    std::string detail = natsStatus_GetText(err);
+    if (natsConnection_GetLastError(nc, &text) != NATS_OK && text != nullptr && *text != '\0') {
+      detail += std::string(": ") + text;
+    }
+    self->Error("NATS reported an asynchronous error: " + detail);
+  }
+
+  absl::Status Connect() {
+    const ConnectionOptions& c = options.connection;
+    natsOptions* o = nullptr;
+    natsStatus s = natsOptions_Create(&o);
+    if (s != NATS_OK) return absl::InternalError("natsOptions_Create: " + NatsError(s));
+    std::unique_ptr<natsOptions, void (*)(natsOptions*)> opts(o, natsOptions_Destroy);
+    std::vector<const char*> urls;
+    for (const auto& u : c.servers) urls.push_back(u.c_str());
+    auto check = [&](natsStatus st, std::string_view what) -> absl::Status {
+      if (st == NATS_OK) return absl::OkStatus();
+      return absl::InvalidArgumentError("NATS connection option " + std::string(what) + ": " + NatsError(st));
+    };
+    absl::Status st = check(natsOptions_SetServers(o, urls.data(), static_cast<int>(urls.size())),
+                            "servers '" + Joined(c.servers) + "'");
+    if (st.ok()) st = check(natsOptions_SetName(o, c.name.c_str()), "name");
+    if (st.ok()) st = check(natsOptions_SetTimeout(o, Millis(c.connect_timeout)), "connect_timeout");
+    if (st.ok()) st = check(natsOptions_SetMaxReconnect(o, c.max_reconnect), "max_reconnect");
+    if (st.ok()) st = check(natsOptions_SetReconnectWait(o, Millis(c.reconnect_wait)), "reconnect_wait");
+    if (st.ok()) st = check(natsOptions_SetReconnectBufSize(o, c.reconnect_buffer_bytes), "reconnect_buffer_bytes");
+    if (st.ok()) st = check(natsOptions_SetDisconnectedCB(o, &Impl::OnDisconnected, this), "callbacks");
+    if (st.ok()) st = check(natsOptions_SetReconnectedCB(o, &Impl::OnReconnected, this), "callbacks");
+    if (st.ok()) st = check(natsOptions_SetClosedCB(o, &Impl::OnClosed, this), "callbacks");
+    if (st.ok()) st = check(natsOptions_SetErrorHandler(o, &Impl::OnAsyncError, this), "callbacks");
+    if (st.ok() && !c.user.empty()) {
+      st = check(natsOptions_SetUserInfo(o, c.user.c_str(), c.password.c_str()), "user");
+    }
+    if (st.ok() && !c.token.empty()) st = check(natsOptions_SetToken(o, c.token.c_str()), "token");
+    if (st.ok() && !c.credentials_file.empty()) {
+      st = check(natsOptions_SetUserCredentialsFromFiles(o, c.credentials_file.c_str(), nullptr),
+                 "credentials_file '" + c.credentials_file + "'");
+    }
+    if (st.ok() && c.tls.enabled) {
+      st = check(natsOptions_SetSecure(o, true), "tls");
+      if (st.ok() && !c.tls.ca_file.empty()) {
+        st = check(natsOptions_LoadCATrustedCertificates(o, c.tls.ca_file.c_str()),
+                   "tls.ca_file '" + c.tls.ca_file + "'");
+      }
+      if (st.ok() && !c.tls.cert_file.empty()) {
+        st = check(natsOptions_LoadCertificatesChain(o, c.tls.cert_file.c_str(), c.tls.key_file.c_str()),
+                   "tls.cert_file '" + c.tls.cert_file + "' / tls.key_file '" + c.tls.key_file + "'");
+      }
+      if (st.ok() && !c.tls.expected_hostname.empty()) {
+        st = check(natsOptions_SetExpectedHostname(o, c.tls.expected_hostname.c_str()),
+                   "tls.expected_hostname");
+      }
+    }
+    if (!st.ok()) return st;
+    s = natsConnection_Connect(&nc, o);
+    if (s != NATS_OK) {
+      nc = nullptr;
+      return absl::UnavailableError("cannot connect to NATS at '" + Joined(c.servers) +
+                                    "': " + NatsError(s));
+    }
+    connected.store(true);
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Wait = Millis(c.jetstream_timeout);
+    if (s = natsConnection_JetStream(&js, nc, &jo); s != NATS_OK) {
+      return absl::InternalError("natsConnection_JetStream: " + NatsError(s));
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- export ----
+
+  static void OnPubAck(jsCtx*, natsMsg* msg, jsPubAck* pa, jsPubAckErr* pae, void* closure) {
+    auto* ex = static_cast<Export*>(closure);
+    Impl* self = ex->impl;
+    std::optional<Message> m;
+    {
+      std::lock_guard l(ex->mu);
+      auto node = ex->in_flight.extract(msg);
+      if (!node.empty()) m = std::move(node.mapped());
+    }
+    if (m) {
+      if (pa != nullptr) {
+        if (pa->Duplicate) self->export_duplicates.fetch_add(1);
+        (void)m->Ack();
+        self->exported.fetch_add(1);
+      } else {
+        std::string why = pae != nullptr && pae->ErrText != nullptr ? pae->ErrText
+                          : pae != nullptr ? natsStatus_GetText(pae->Err) : "no PubAck";
+        self->Error("export of '" + m->event().subject + "' (stream " + ex->cfg.consumer.stream +
+                    " sequence " + std::to_string(m->stream_seq()) + ") to JetStream failed: " + why);
+        (void)m->Nak(ex->cfg.retry_delay);
+        self->export_failures.fetch_add(1);
+      }
+      self->export_pending.fetch_sub(1);
+      ex->cv.notify_all();
+    }
+    natsMsg_Destroy(msg);
+  }
+
+  // The NATS message for local message `m`, or nullopt when `m` was settled here
+  // (a loop, or an event the mapping refuses).
+  std::optional<NatsMsgPtr> Prepare(Export& ex, Message& m) {
+    const Event& e = m.event();
+    if (e.headers.Has(kOriginHeader)) {
+      (void)m.Ack();
+      export_loops.fetch_add(1);
+      return std::nullopt;
+    }
+    absl::StatusOr<WireMessage> w = [&]() -> absl::StatusOr<WireMessage> {
+      auto subject = AddSubjectPrefix(ex.cfg.subject_prefix, e.subject);
+      if (!subject.ok()) return subject.status();
+      return ToWire(e, *subject, ex.cfg.format, options.origin);
+    }();
+    absl::StatusOr<NatsMsgPtr> nm = w.ok() ? MakeNatsMsg(*w) : absl::StatusOr<NatsMsgPtr>(w.status());
+    if (!nm.ok()) {
+      Error("export of '" + e.subject + "' refused: " + std::string(nm.status().message()));
+      if (nm.status().code() == absl::StatusCode::kInvalidArgument) {
+        (void)m.Term("NATS bridge: " + std::string(nm.status().message()));
+        export_invalid.fetch_add(1);
+      } else {
+        (void)m.Nak(ex.cfg.retry_delay);
+        export_failures.fetch_add(1);
+      }
+      return std::nullopt;
+    }
+    return std::move(*nm);
+  }
+
+  void PublishJetStream(Export& ex, Message m) {
+    std::optional<NatsMsgPtr> nm = Prepare(ex, m);
+    if (!nm) return;
+    {
+      std::unique_lock l(ex.mu);
+      ex.cv.wait(l, [&] { return ex.in_flight.size() < ex.cfg.max_in_flight || stopping.load(); });
+      if (stopping.load()) {
+        l.unlock();
+        (void)m.Nak();
+        return;
+      }
+      ex.in_flight.emplace(nm->get(), std::move(m));
+    }
+    export_pending.fetch_add(1);
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.MaxWait = Millis(ex.cfg.ack_timeout);
+    natsMsg* raw = nm->release();
+    natsMsg* key = raw;
+    ex.published = true;
+    const natsStatus s = js_PublishMsgAsync(ex.js, &raw, &po);
+    if (s == NATS_OK) return;  // the client owns it now; OnPubAck settles it
+    std::optional<Message> back;
+    {
+      std::lock_guard l(ex.mu);
+      auto node = ex.in_flight.extract(key);
+      if (!node.empty()) back = std::move(node.mapped());
+    }
+    if (raw != nullptr) natsMsg_Destroy(raw);
+    if (back) {
+      export_pending.fetch_sub(1);
+      Error("export to JetStream failed: js_PublishMsgAsync: " + NatsError(s));
+      (void)back->Nak(ex.cfg.retry_delay);
+      export_failures.fetch_add(1);
+      ex.cv.notify_all();
+    }
+  }
+
+  void PublishCore(Export& ex, std::vector<Message>& batch) {
+    std::vector<Message*> sent;
+    natsStatus s = NATS_OK;
+    for (Message& m : batch) {
+      std::optional<NatsMsgPtr> nm = Prepare(ex, m);
+      if (!nm) continue;
+      if (s == NATS_OK) s = natsConnection_PublishMsg(nc, nm->get());
+      sent.push_back(&m);
+    }
+    if (sent.empty()) return;
+    if (s == NATS_OK) s = natsConnection_FlushTimeout(nc, Millis(ex.cfg.ack_timeout));
+    for (Message* m : sent) {
+      if (s == NATS_OK) {
+        (void)m->Ack();
+        exported.fetch_add(1);
+      } else {
+        (void)m->Nak(ex.cfg.retry_delay);
+        export_failures.fetch_add(1);
+      }
+    }
+    if (s != NATS_OK) Error("export to core NATS failed: " + NatsError(s));
+  }
+
+  void RunExport(Export& ex) {
+    absl::StatusOr<Member> member = ex.consumer->member(0);
+    if (!member.ok()) return;
+    while (!stopping.load()) {
+      absl::StatusOr<std::vector<Message>> batch =
+          member->NextBatch(64, absl::ZeroDuration(), absl::Milliseconds(100));
+      if (!batch.ok()) {
+        if (batch.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+        if (batch.status().code() == absl::StatusCode::kCancelled) return;  // the engine closed
+        Error("export consumer '" + ex.cfg.consumer.name + "': " + std::string(batch.status().message()));
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      if (ex.cfg.jetstream) {
+        for (Message& m : *batch) PublishJetStream(ex, std::move(m));
+      } else {
+        PublishCore(ex, *batch);
+      }
+    }
+  }
+
+  // ---- import ----
+
+  // Publishes `event` into the engine, waiting while its lanes are full, at most
+  // until `give_up` or Close.
+  absl::StatusOr<PublishAck> PublishLocal(Event event, std::chrono::steady_clock::time_point give_up) {
+    auto pause = std::chrono::microseconds(100);
+    for (;;) {
+      Event copy = event;
+      absl::StatusOr<PublishAck> r = engine.TryPublish(std::move(copy));
+      if (r.ok() || r.status().code() != absl::StatusCode::kResourceExhausted) return r;
+      if (stopping.load() || std::chrono::steady_clock::now() >= give_up) return r;
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
+    }
+  }
+
+  void HandleImported(Import& im, natsMsg* m) {
+    jsMsgMetaData* meta = nullptr;
+    if (natsMsg_GetMetaData(&meta, m) == NATS_OK && meta != nullptr) {
+      if (meta->NumDelivered > 1) import_redelivered.fetch_add(1);
+    }
+    std::unique_ptr<jsMsgMetaData, void (*)(jsMsgMetaData*)> meta_owner(meta, jsMsgMetaData_Destroy);
+    const std::vector<std::pair<std::string, std::string>> headers = HeadersOf(m);
+    for (const auto& [k, v] : headers) {
+      if (k == kOriginHeader && v == options.origin) {
+        (void)natsMsg_Ack(m, nullptr);
+        import_loops.fetch_add(1);
+        return;
+      }
+    }
+    const char* nats_subject = natsMsg_GetSubject(m);
+    auto invalid = [&](const absl::Status& st) {
+      Error("import of '" + std::string(nats_subject) + "' from JetStream stream '" + im.cfg.stream +
+            "' refused: " + std::string(st.message()));
+      (void)natsMsg_Term(m, nullptr);
+      import_invalid.fetch_add(1);
+    };
+    auto subject = ReplaceSubjectPrefix(nats_subject, im.cfg.strip_prefix, im.cfg.add_prefix);
+    if (!subject.ok()) return invalid(subject.status());
+    const auto* data = reinterpret_cast<const std::byte*>(natsMsg_GetData(m));
+    const auto size = static_cast<std::size_t>(std::max(0, natsMsg_GetDataLength(m)));
+    absl::StatusOr<Event> event = FromWire(*subject, headers, std::span<const std::byte>(data, size), im.cfg.format);
+    if (!event.ok()) return invalid(event.status());
+    if (event->msg_id.empty() && meta != nullptr) {
+      event->msg_id = std::string(meta->Stream) + ":" + std::to_string(meta->Sequence.Stream);
+    }
+    const auto give_up = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(im.cfg.ack_wait / 2);
+    absl::StatusOr<PublishAck> r = PublishLocal(std::move(*event), give_up);
+    if (r.ok()) {
+      if (r->streams_stored == 0 && r->duplicate) import_duplicates.fetch_add(1);
+      (void)natsMsg_Ack(m, nullptr);
+      imported.fetch_add(1);
+      return;
+    }
+    switch (r.status().code()) {
+      case absl::StatusCode::kResourceExhausted:
+      case absl::StatusCode::kNotFound:
+      case absl::StatusCode::kCancelled:
+      case absl::StatusCode::kUnavailable:
+        Error("import of '" + std::string(nats_subject) + "' into the engine: " + std::string(r.status().message()));
+        (void)natsMsg_NakWithDelay(m, Millis(im.cfg.retry_delay), nullptr);
+        import_refused.fetch_add(1);
+        return;
+      default:
+        return invalid(r.status());
+    }
+  }
+
+  void RunImport(Import& im) {
+    while (!stopping.load()) {
+      natsMsgList list{};
+      jsErrCode code = static_cast<jsErrCode>(0);
+      const natsStatus s = natsSubscription_Fetch(&list, im.sub, im.cfg.fetch_batch, 200, &code);
+      if (s == NATS_TIMEOUT) continue;
+      if (s != NATS_OK) {
+        if (stopping.load()) break;
+        fetch_errors.fetch_add(1);
+        Error("fetch from JetStream consumer '" + im.cfg.durable + "' of stream '" + im.cfg.stream +
+              "': " + JetStreamError(s, code));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
+      for (int i = 0; i < list.Count; ++i) {
+        if (stopping.load()) {
+          (void)natsMsg_Nak(list.Msgs[i], nullptr);
+        } else {
+          HandleImported(im, list.Msgs[i]);
+        }
+      }
+      natsMsgList_Destroy(&list);
+    }
+  }
+
+  void Close(absl::Duration drain) {
+    std::vector<std::unique_ptr<Export>> exs;
+    std::vector<std::unique_ptr<Import>> ims;
+    {
+      std::lock_guard l(mu);
+      if (closed) return;
+      closed = true;
+      exs = std::move(exports);
+      ims = std::move(imports);
+    }
+    stopping.store(true);
+    for (auto& ex : exs) {
+      {
+        std::lock_guard l(ex->mu);  // so that a waiter sees `stopping`
+      }
+      ex->cv.notify_all();
+    }
+    for (auto& ex : exs) {
+      if (ex->thread.joinable()) ex->thread.join();
+    }
+    for (auto& im : ims) {
+      if (im->thread.joinable()) im->thread.join();
+    }
+    for (auto& ex : exs) {
+      if (ex->js == nullptr) continue;
+      jsPubOptions po;
+      jsPubOptions_Init(&po);
+      po.MaxWait = Millis(drain);
+      (void)js_PublishAsyncComplete(ex->js, &po);
+      natsMsgList pending{};
+      if (ex->published && js_PublishAsyncGetPendingList(&pending, ex->js) == NATS_OK) {
+        for (int i = 0; i < pending.Count; ++i) {
+          std::optional<Message> m;
+          {
+            std::lock_guard l(ex->mu);
+            auto node = ex->in_flight.extract(pending.Msgs[i]);
+            if (!node.empty()) m = std::move(node.mapped());
+          }
+          if (m) {
+            (void)m->Nak();
+            export_pending.fetch_sub(1);
+          }
+        }
+        natsMsgList_Destroy(&pending);
+      }
+      jsCtx_Destroy(ex->js);
+      ex->js = nullptr;
+      std::lock_guard l(ex->mu);
+      for (auto& [k, m] : ex->in_flight) {
+        (void)m.Nak();
+        export_pending.fetch_sub(1);
+      }
+      ex->in_flight.clear();
+    }
+    for (auto& im : ims) {
+      if (im->sub != nullptr) natsSubscription_Destroy(im->sub);  // the durable consumer stays
+    }
+    if (js != nullptr) jsCtx_Destroy(js);
+    js = nullptr;
+    if (nc != nullptr) {
+      natsConnection_Close(nc);
+      natsConnection_Destroy(nc);
+      nc = nullptr;
+    }
+  }
+};
+
+NatsBridge::NatsBridge(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+NatsBridge::~NatsBridge() { Close(); }
+
+void NatsBridge::Close(absl::Duration drain) { impl_->Close(drain); }
+
+const std::string& NatsBridge::origin() const { return impl_->options.origin; }
+
+absl::StatusOr<std::unique_ptr<NatsBridge>> NatsBridge::Connect(Engine& engine, BridgeOptions options) {
+  const ConnectionOptions& c = options.connection;
+  if (c.servers.empty()) return absl::InvalidArgumentError("BridgeOptions.connection.servers is empty");
+  const int credentials = (!c.user.empty() ? 1 : 0) + (!c.token.empty() ? 1 : 0) +
+                          (!c.credentials_file.empty() ? 1 : 0);
+  if (credentials > 1) {
+    return absl::InvalidArgumentError(
+        "BridgeOptions.connection: set at most one of user/password, token and credentials_file");
+  }
+  if (!c.password.empty() && c.user.empty()) {
+    return absl::InvalidArgumentError("BridgeOptions.connection.password is set without a user");
+  }
+  if (c.reconnect_buffer_bytes < 0) {
+    return absl::InvalidArgumentError("BridgeOptions.connection.reconnect_buffer_bytes " +
+                                      std::to_string(c.reconnect_buffer_bytes) + " is negative");
+  }
+  if (c.connect_timeout <= absl::ZeroDuration() || c.reconnect_wait < absl::ZeroDuration() ||
+      c.jetstream_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "BridgeOptions.connection: connect_timeout and jetstream_timeout must be positive and "
+        "reconnect_wait not negative");
+  }
+  if (options.origin.empty()) options.origin = DefaultOrigin();
+  if (auto st = CheckName("BridgeOptions.origin", options.origin); !st.ok()) return st;
+  auto impl = std::make_unique<Impl>(engine, std::move(options));
+  if (auto st = impl->Connect(); !st.ok()) {
+    impl->Close(absl::ZeroDuration());
+    return st;
+  }
+  return std::unique_ptr<NatsBridge>(new NatsBridge(std::move(impl)));
+}
+
+absl::Status NatsBridge::AddExport(ExportConfig config) {
+  Impl& im = *impl_;
+  if (config.max_in_flight < 1 || config.max_in_flight > 65536) {
+    return absl::InvalidArgumentError("ExportConfig.max_in_flight " + std::to_string(config.max_in_flight) +
+                                      " is not in 1..65536");
+  }
+  if (config.ack_timeout <= absl::ZeroDuration() || config.retry_delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ExportConfig: ack_timeout must be positive and retry_delay not negative");
+  }
+  if (config.consumer.ack != AckPolicy::kExplicit) {
+    return absl::InvalidArgumentError("ExportConfig.consumer '" + config.consumer.name +
+                                      "' must use AckPolicy::kExplicit: the bridge acks a message only "
+                                      "once NATS has it");
+  }
+  if (auto p = AddSubjectPrefix(config.subject_prefix, "x"); !p.ok()) return p.status();
+  config.consumer.members = 1;
+  std::lock_guard l(im.mu);
+  if (im.closed) return absl::FailedPreconditionError("the NATS bridge is closed");
+  auto ex = std::make_unique<Impl::Export>();
+  ex->impl = &im;
+  ex->cfg = config;
+  if (config.jetstream) {
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Wait = Millis(im.options.connection.jetstream_timeout);
+    jo.PublishAsync.MaxPending = static_cast<int64_t>(config.max_in_flight);
+    jo.PublishAsync.AckHandler = &Impl::OnPubAck;
+    jo.PublishAsync.AckHandlerClosure = ex.get();
+    if (natsStatus s = natsConnection_JetStream(&ex->js, im.nc, &jo); s != NATS_OK) {
+      return absl::InternalError("natsConnection_JetStream: " + NatsError(s));
+    }
+  }
+  absl::StatusOr<Consumer> c = im.engine.AddConsumer(config.consumer);
+  if (!c.ok()) {
+    if (ex->js != nullptr) jsCtx_Destroy(ex->js);
+    return c.status();
+  }
+  ex->consumer = *c;
+  Impl::Export* raw = ex.get();
+  ex->thread = std::thread([&im, raw] { im.RunExport(*raw); });
+  im.exports.push_back(std::move(ex));
+  return absl::OkStatus();
+}
+
+absl::Status NatsBridge::AddImport(ImportConfig config) {
+  Impl& im = *impl_;
+  if (auto st = CheckName("ImportConfig.stream", config.stream); !st.ok()) return st;
+  if (auto st = CheckName("ImportConfig.durable", config.durable); !st.ok()) return st;
+  if (config.filter_subject.empty()) {
+    return absl::InvalidArgumentError("ImportConfig.filter_subject is empty (name the subjects to import)");
+  }
+  if (config.fetch_batch < 1 || config.fetch_batch > 4096) {
+    return absl::InvalidArgumentError("ImportConfig.fetch_batch " + std::to_string(config.fetch_batch) +
+                                      " is not in 1..4096");
+  }
+  if (config.ack_wait <= absl::ZeroDuration() || config.retry_delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ImportConfig: ack_wait must be positive and retry_delay not negative");
+  }
+  if (!config.strip_prefix.empty()) {
+    if (auto p = AddSubjectPrefix(config.strip_prefix, "x"); !p.ok()) return p.status();
+  }
+  if (auto p = AddSubjectPrefix(config.add_prefix, "x"); !p.ok()) return p.status();
+  std::lock_guard l(im.mu);
+  if (im.closed) return absl::FailedPreconditionError("the NATS bridge is closed");
+  jsStreamInfo* si = nullptr;
+  jsErrCode code = static_cast<jsErrCode>(0);
+  natsStatus s = js_GetStreamInfo(&si, im.js, config.stream.c_str(), nullptr, &code);
+  if (si != nullptr) jsStreamInfo_Destroy(si);
+  if (s == NATS_NOT_FOUND) {
+    return absl::NotFoundError("JetStream stream '" + config.stream + "' does not exist");
+  }
+  if (s != NATS_OK) {
+    return absl::UnavailableError("JetStream stream '" + config.stream + "': " + JetStreamError(s, code));
+  }
+  auto imp = std::make_unique<Impl::Import>();
+  imp->cfg = config;
+  jsSubOptions so;
+  jsSubOptions_Init(&so);
+  so.Stream = imp->cfg.stream.c_str();
+  so.ManualAck = true;
+  so.Config.Durable = imp->cfg.durable.c_str();
+  so.Config.AckPolicy = js_AckExplicit;
+  so.Config.AckWait = absl::ToInt64Nanoseconds(config.ack_wait);
+  so.Config.DeliverPolicy = js_DeliverAll;
+  s = js_PullSubscribe(&imp->sub, im.js, imp->cfg.filter_subject.c_str(), imp->cfg.durable.c_str(), nullptr,
+                       &so, &code);
+  if (s != NATS_OK) {
+    return absl::UnavailableError("JetStream pull consumer '" + config.durable + "' on stream '" +
+                                  config.stream + "' (filter '" + config.filter_subject +
+                                  "'): " + JetStreamError(s, code));
+  }
+  Impl::Import* raw = imp.get();
+  imp->thread = std::thread([&im, raw] { im.RunImport(*raw); });
+  im.imports.push_back(std::move(imp));
+  return absl::OkStatus();
+}
+
+BridgeStats NatsBridge::Stats() const {
+  const Impl& im = *impl_;
+  BridgeStats s;
+  s.connected = im.connected.load();
+  s.disconnects = im.disconnects.load();
+  s.reconnects = im.reconnects.load();
+  s.exported = im.exported.load();
+  s.export_pending = im.export_pending.load();
+  s.export_failures = im.export_failures.load();
+  s.export_duplicates = im.export_duplicates.load();
+  s.export_loops = im.export_loops.load();
+  s.export_invalid = im.export_invalid.load();
+  s.imported = im.imported.load();
+  s.import_redelivered = im.import_redelivered.load();
+  s.import_duplicates = im.import_duplicates.load();
+  s.import_refused = im.import_refused.load();
+  s.import_invalid = im.import_invalid.load();
+  s.import_loops = im.import_loops.load();
+  s.fetch_errors = im.fetch_errors.load();
+  std::lock_guard l(im.error_mu);
+  s.last_error = im.last_error;
+  return s;
+}
+
+}  // namespace inferq::nats

@@ -1,0 +1,367 @@
+// Tests of the NATS bridge (inferq/adapters/nats/bridge.hpp) against real nats-server
+// processes started by each test (tests/adapters/nats_server.hpp).
+#include "inferq/adapters/nats/bridge.hpp"
+
+#include <catch2/catch.hpp>
+#include <nats/nats.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <set>
+#include <thread>
+
+#include "nats_server.hpp"
+
+using namespace inferq;
+using namespace inferq::nats;
+using inferq_test::NatsServer;
+using inferq_test::TempDir;
+
+namespace {
+
+// Polls `done` until it holds or `limit` passes.
+bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// A plain nats.c client for the test's own checks.
+struct Client {
+  natsConnection* nc = nullptr;
+  jsCtx* js = nullptr;
+  explicit Client(const std::string& url) {
+    REQUIRE(natsConnection_ConnectTo(&nc, url.c_str()) == NATS_OK);
+    REQUIRE(natsConnection_JetStream(&js, nc, nullptr) == NATS_OK);
+  }
+  ~Client() {
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+  }
+  void AddStream(const char* name, const char* subject) {
+    jsStreamConfig c;
+    jsStreamConfig_Init(&c);
+    const char* subjects[] = {subject};
+    c.Name = name;
+    c.Subjects = subjects;
+    c.SubjectsLen = 1;
+    c.Storage = js_FileStorage;
+    jsStreamInfo* si = nullptr;
+    jsErrCode err = static_cast<jsErrCode>(0);
+    REQUIRE(js_AddStream(&si, js, &c, nullptr, &err) == NATS_OK);
+    jsStreamInfo_Destroy(si);
+  }
+  std::uint64_t Messages(const char* stream) {
+    jsStreamInfo* si = nullptr;
+    jsErrCode err = static_cast<jsErrCode>(0);
+    if (js_GetStreamInfo(&si, js, stream, nullptr, &err) != NATS_OK) return 0;
+    const std::uint64_t n = si->State.Msgs;
+    jsStreamInfo_Destroy(si);
+    return n;
+  }
+  // Consumer `durable` of `stream`: (messages waiting for its ack, messages not yet delivered).
+  std::pair<std::int64_t, std::uint64_t> ConsumerState(const char* stream, const char* durable) {
+    jsConsumerInfo* ci = nullptr;
+    jsErrCode err = static_cast<jsErrCode>(0);
+    if (js_GetConsumerInfo(&ci, js, stream, durable, nullptr, &err) != NATS_OK) return {-1, 0};
+    std::pair<std::int64_t, std::uint64_t> out{ci->NumAckPending, ci->NumPending};
+    jsConsumerInfo_Destroy(ci);
+    return out;
+  }
+  void Publish(const std::string& subject, const std::string& data,
+               const std::vector<std::pair<std::string, std::string>>& headers) {
+    natsMsg* m = nullptr;
+    REQUIRE(natsMsg_Create(&m, subject.c_str(), nullptr, data.data(), static_cast<int>(data.size())) == NATS_OK);
+    for (const auto& [k, v] : headers) REQUIRE(natsMsgHeader_Add(m, k.c_str(), v.c_str()) == NATS_OK);
+    jsPubAck* pa = nullptr;
+    jsErrCode err = static_cast<jsErrCode>(0);
+    REQUIRE(js_PublishMsg(&pa, js, m, nullptr, &err) == NATS_OK);
+    jsPubAck_Destroy(pa);
+    natsMsg_Destroy(m);
+  }
+  // Every message of `stream` from the start: subject, data and headers.
+  std::vector<natsMsg*> ReadAll(const char* stream, std::uint64_t count) {
+    std::vector<natsMsg*> out;
+    for (std::uint64_t seq = 1; seq <= count; ++seq) {
+      natsMsg* m = nullptr;
+      jsErrCode err = static_cast<jsErrCode>(0);
+      if (js_GetMsg(&m, js, stream, seq, nullptr, &err) == NATS_OK) out.push_back(m);
+    }
+    return out;
+  }
+};
+
+std::unique_ptr<Engine> NewEngine() {
+  auto e = Engine::Create();
+  REQUIRE(e.ok());
+  return std::move(*e);
+}
+
+BridgeOptions Options(const NatsServer& server, std::string origin) {
+  BridgeOptions o;
+  o.connection.servers = {server.url()};
+  o.connection.reconnect_wait = absl::Milliseconds(50);
+  o.origin = std::move(origin);
+  return o;
+}
+
+Event Work(int i) {
+  Event e;
+  e.subject = "work.item";
+  e.msg_id = "m-" + std::to_string(i);
+  e.tenant = "acme";
+  e.seq_id = "s";
+  e.seq_no = static_cast<std::uint64_t>(i);
+  e.headers.Set("i", std::to_string(i));
+  e.payload = Buffer::FromString("payload-" + std::to_string(i));
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("nats bridge: bad options and unreachable servers are refused") {
+  auto engine = NewEngine();
+  BridgeOptions none;
+  auto b = NatsBridge::Connect(*engine, none);
+  REQUIRE_FALSE(b.ok());
+  CHECK(std::string(b.status().message()) == "BridgeOptions.connection.servers is empty");
+  BridgeOptions two;
+  two.connection.servers = {"nats://127.0.0.1:1"};
+  two.connection.user = "u";
+  two.connection.token = "t";
+  b = NatsBridge::Connect(*engine, two);
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.status().code() == absl::StatusCode::kInvalidArgument);
+  BridgeOptions origin;
+  origin.connection.servers = {"nats://127.0.0.1:1"};
+  origin.origin = "has space";
+  b = NatsBridge::Connect(*engine, origin);
+  REQUIRE_FALSE(b.ok());
+  CHECK(std::string(b.status().message()) == "BridgeOptions.origin 'has space' may hold only [A-Za-z0-9_.-]");
+  BridgeOptions down;
+  down.connection.servers = {"nats://127.0.0.1:" + std::to_string(inferq_test::FreeLoopbackPort())};
+  b = NatsBridge::Connect(*engine, down);
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(b.status().message()).rfind("cannot connect to NATS at '" + down.connection.servers[0] + "': ", 0) == 0);
+}
+
+TEST_CASE("nats bridge: export to JetStream acks locally only what JetStream stored") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("REMOTE", "site-a.>");
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());
+  auto bridge = NatsBridge::Connect(*engine, Options(server, "site-a"));
+  REQUIRE(bridge.ok());
+
+  SECTION("bad export configurations change nothing") {
+    ExportConfig no_acks{.consumer = {.stream = "LOCAL", .name = "x", .ack = AckPolicy::kNone}};
+    CHECK(std::string((*bridge)->AddExport(no_acks).message()) ==
+          "ExportConfig.consumer 'x' must use AckPolicy::kExplicit: the bridge acks a message only once NATS has it");
+    ExportConfig prefix{.consumer = {.stream = "LOCAL", .name = "x"}, .subject_prefix = "a.>"};
+    CHECK(std::string((*bridge)->AddExport(prefix).message()) == "subject prefix 'a.>' is not a valid literal subject");
+    ExportConfig window{.consumer = {.stream = "LOCAL", .name = "x"}, .max_in_flight = 0};
+    CHECK(std::string((*bridge)->AddExport(window).message()) == "ExportConfig.max_in_flight 0 is not in 1..65536");
+    CHECK(engine->Stats().consumers.empty());
+  }
+
+  SECTION("every event arrives with its attributes, and the local consumer has nothing pending") {
+    REQUIRE((*bridge)->AddExport({.consumer = {.stream = "LOCAL", .name = "to-nats"},
+                                  .subject_prefix = "site-a", .max_in_flight = 64})
+                .ok());
+    constexpr int kN = 500;
+    for (int i = 0; i < kN; ++i) REQUIRE(engine->Publish(Work(i)).ok());
+    REQUIRE(WaitFor([&] { return (*bridge)->Stats().exported == kN; }));
+    CHECK(client.Messages("REMOTE") == kN);
+    const BridgeStats s = (*bridge)->Stats();
+    CHECK(s.export_pending == 0);
+    CHECK(s.export_failures == 0);
+    CHECK(s.connected);
+    const EngineStats es = engine->Stats();
+    const ConsumerStats* c = es.consumer("LOCAL", "to-nats");
+    REQUIRE(c != nullptr);
+    CHECK(c->acked == kN);
+    CHECK(c->ack_pending == 0);
+    std::vector<natsMsg*> msgs = client.ReadAll("REMOTE", kN);
+    REQUIRE(msgs.size() == kN);
+    std::set<std::string> ids;
+    for (natsMsg* m : msgs) {
+      CHECK(std::string(natsMsg_GetSubject(m)) == "site-a.work.item");
+      const char* v = nullptr;
+      REQUIRE(natsMsgHeader_Get(m, "Nats-Msg-Id", &v) == NATS_OK);
+      const std::string id = v;
+      ids.insert(id);
+      REQUIRE(natsMsgHeader_Get(m, "i", &v) == NATS_OK);
+      CHECK(id == "m-" + std::string(v));
+      CHECK(std::string(natsMsg_GetData(m), static_cast<std::size_t>(natsMsg_GetDataLength(m))) ==
+            "payload-" + std::string(v));
+      REQUIRE(natsMsgHeader_Get(m, "Inferq-Tenant", &v) == NATS_OK);
+      CHECK(std::string(v) == "acme");
+      REQUIRE(natsMsgHeader_Get(m, "Inferq-Origin", &v) == NATS_OK);
+      CHECK(std::string(v) == "site-a");
+      natsMsg_Destroy(m);
+    }
+    CHECK(ids.size() == kN);
+  }
+}
+
+TEST_CASE("nats bridge: import publishes into the engine and acks NATS after") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("REQS", "site-b.>");
+  constexpr int kN = 300;
+  for (int i = 0; i < kN; ++i) {
+    client.Publish("site-b.infer.req", "r" + std::to_string(i),
+                   {{"Nats-Msg-Id", "id-" + std::to_string(i)}, {"Inferq-Qos", "gold"},
+                    {"Inferq-Seq-No", std::to_string(i)}, {"custom", "c" + std::to_string(i)}});
+  }
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"local.>"}, .duplicate_window = absl::Minutes(2)}).ok());
+  auto consumer = engine->AddConsumer({.stream = "LOCAL", .name = "workers"});
+  REQUIRE(consumer.ok());
+  auto bridge = NatsBridge::Connect(*engine, Options(server, "site-a"));
+  REQUIRE(bridge.ok());
+
+  SECTION("a stream that does not exist is NotFound") {
+    auto st = (*bridge)->AddImport({.stream = "NOPE", .durable = "d", .filter_subject = "x.>"});
+    CHECK(st.code() == absl::StatusCode::kNotFound);
+    CHECK(std::string(st.message()) == "JetStream stream 'NOPE' does not exist");
+  }
+
+  SECTION("every message arrives once, in order, with its attributes") {
+    REQUIRE((*bridge)->AddImport({.stream = "REQS", .durable = "site-a", .filter_subject = "site-b.>",
+                                  .strip_prefix = "site-b", .add_prefix = "local"})
+                .ok());
+    auto member = consumer->member(0);
+    REQUIRE(member.ok());
+    for (int i = 0; i < kN; ++i) {
+      auto m = member->Next(absl::Seconds(20));
+      REQUIRE(m.ok());
+      const Event& e = m->event();
+      CHECK(e.subject == "local.infer.req");
+      CHECK(e.msg_id == "id-" + std::to_string(i));
+      CHECK(e.qos == Qos::kGold);
+      CHECK(e.seq_no == static_cast<std::uint64_t>(i));
+      CHECK(e.headers.Get("custom") == std::optional<std::string_view>("c" + std::to_string(i)));
+      CHECK(e.payload.view() == "r" + std::to_string(i));
+      REQUIRE(m->Ack().ok());
+    }
+    REQUIRE(WaitFor([&] { return client.ConsumerState("REQS", "site-a") == std::pair<std::int64_t, std::uint64_t>{0, 0}; }));
+    const BridgeStats s = (*bridge)->Stats();
+    CHECK(s.imported == kN);
+    CHECK(s.import_invalid == 0);
+    CHECK(s.import_refused == 0);
+    CHECK(member->Next(absl::Milliseconds(50)).status().code() == absl::StatusCode::kDeadlineExceeded);
+  }
+}
+
+TEST_CASE("nats bridge: two sites bridging the same subjects both ways do not loop") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("SHARED", "shared.>");
+  auto a = NewEngine();
+  auto b = NewEngine();
+  for (Engine* e : {a.get(), b.get()}) {
+    REQUIRE(e->AddStream({.name = "WORK", .subjects = {"work.>"}}).ok());
+  }
+  auto sink_a = a->AddConsumer({.stream = "WORK", .name = "sink"});
+  auto sink_b = b->AddConsumer({.stream = "WORK", .name = "sink"});
+  REQUIRE(sink_a.ok());
+  REQUIRE(sink_b.ok());
+  auto bridge_a = NatsBridge::Connect(*a, Options(server, "site-a"));
+  auto bridge_b = NatsBridge::Connect(*b, Options(server, "site-b"));
+  REQUIRE(bridge_a.ok());
+  REQUIRE(bridge_b.ok());
+  for (auto* br : {bridge_a->get(), bridge_b->get()}) {
+    REQUIRE(br->AddExport({.consumer = {.stream = "WORK", .name = "out"}, .subject_prefix = "shared"}).ok());
+    REQUIRE(br->AddImport({.stream = "SHARED", .durable = br->origin(), .filter_subject = "shared.>",
+                           .strip_prefix = "shared"})
+                .ok());
+  }
+  constexpr int kN = 100;
+  for (int i = 0; i < kN; ++i) REQUIRE(a->Publish(Work(i)).ok());
+  auto mb = sink_b->member(0);
+  for (int i = 0; i < kN; ++i) {
+    auto m = mb->Next(absl::Seconds(20));
+    REQUIRE(m.ok());
+    CHECK(m->event().msg_id == "m-" + std::to_string(i));
+    CHECK(m->event().headers.Get("Inferq-Origin") == std::optional<std::string_view>("site-a"));
+    REQUIRE(m->Ack().ok());
+  }
+  // Site a's own publishes reach its sink once; nothing comes back from NATS.
+  auto ma = sink_a->member(0);
+  for (int i = 0; i < kN; ++i) {
+    auto m = ma->Next(absl::Seconds(5));
+    REQUIRE(m.ok());
+    REQUIRE(m->Ack().ok());
+  }
+  REQUIRE(WaitFor([&] {
+    return (*bridge_a)->Stats().import_loops == kN && (*bridge_b)->Stats().export_loops == kN;
+  }));
+  CHECK(ma->Next(absl::Milliseconds(200)).status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(mb->Next(absl::Milliseconds(10)).status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(client.Messages("SHARED") == kN);
+  CHECK((*bridge_b)->Stats().imported == kN);
+  CHECK((*bridge_a)->Stats().imported == 0);
+}
+
+TEST_CASE("nats bridge: an outage holds the export's work, and nothing is lost when the server returns") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  {
+    Client client(server.url());
+    client.AddStream("REMOTE", "site-a.>");
+  }
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());
+  BridgeOptions o = Options(server, "site-a");
+  auto bridge = NatsBridge::Connect(*engine, o);
+  REQUIRE(bridge.ok());
+  REQUIRE((*bridge)->AddExport({.consumer = {.stream = "LOCAL", .name = "to-nats", .lane_capacity = 64},
+                                .subject_prefix = "site-a",
+                                .ack_timeout = absl::Milliseconds(500),
+                                .retry_delay = absl::Milliseconds(50)})
+              .ok());
+  constexpr int kN = 400;
+  int i = 0;
+  for (; i < kN / 4; ++i) REQUIRE(engine->Publish(Work(i)).ok());
+  REQUIRE(WaitFor([&] { return (*bridge)->Stats().exported == kN / 4; }));
+  server.Kill();
+  REQUIRE(WaitFor([&] { return !(*bridge)->Stats().connected; }));
+  // The lane holds 64; publishing more waits for room (backpressure), so a thread does it.
+  std::thread publisher([&] {
+    for (int j = kN / 4; j < kN; ++j) (void)engine->Publish(Work(j));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  CHECK((*bridge)->Stats().exported == kN / 4);
+  REQUIRE(server.Start());
+  publisher.join();
+  REQUIRE(WaitFor([&] { return (*bridge)->Stats().exported >= kN; }, std::chrono::seconds(30)));
+  Client client(server.url());
+  REQUIRE(WaitFor([&] { return client.Messages("REMOTE") == kN; }));
+  const EngineStats es = engine->Stats();
+  const ConsumerStats* c = es.consumer("LOCAL", "to-nats");
+  REQUIRE(c != nullptr);
+  CHECK(c->ack_pending == 0);
+  CHECK((*bridge)->Stats().reconnects >= 1);
+  std::vector<natsMsg*> msgs = client.ReadAll("REMOTE", kN);
+  std::set<std::string> ids;
+  for (natsMsg* m : msgs) {
+    const char* v = nullptr;
+    if (natsMsgHeader_Get(m, "Nats-Msg-Id", &v) == NATS_OK) ids.insert(v);
+    natsMsg_Destroy(m);
+  }
+  CHECK(ids.size() == kN);
+}

@@ -1,0 +1,157 @@
+// A nats-server process for a test: JetStream on, listening on 127.0.0.1 on a free
+// port the test picks, its store and log in the test's own temporary directory, and
+// always stopped (SIGKILL if it does not stop on SIGTERM) when the object goes, also
+// when the test fails (and with the test's process, by PR_SET_PDEATHSIG, when that is
+// killed). Start after Stop or Kill keeps the port and the store (an outage).
+#pragma once
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace inferq_test {
+
+// A port on 127.0.0.1 that nothing listened on a moment ago (the kernel's pick).
+inline int FreeLoopbackPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+// True once something accepts TCP connections on 127.0.0.1:port.
+inline bool Listening(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// A fresh directory under the system's temporary directory, removed with the object.
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() /
+            ("inferq-nats-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+class NatsServer {
+ public:
+  // `dir`: the store (dir/store), the log (dir/server.log) and any config file.
+  // `extra_args`: more nats-server arguments (a config file with -c, ...).
+  explicit NatsServer(std::filesystem::path dir, std::vector<std::string> extra_args = {})
+      : dir_(std::move(dir)), extra_(std::move(extra_args)), port_(FreeLoopbackPort()) {}
+  ~NatsServer() { Kill(); }
+  NatsServer(const NatsServer&) = delete;
+  NatsServer& operator=(const NatsServer&) = delete;
+
+  // Starts it and waits (at most 20 s) until it accepts connections. False when it
+  // exits or does not listen in time (its log is in log_path()).
+  bool Start() {
+    if (pid_ > 0) return true;
+    std::filesystem::create_directories(dir_ / "store");
+    std::vector<std::string> args = {"nats-server", "-js", "-sd", (dir_ / "store").string(), "-a",
+                                     "127.0.0.1", "-p", std::to_string(port_), "-l", log_path().string()};
+    args.insert(args.end(), extra_.begin(), extra_.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      // The server dies with the test, also when the test is killed.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::execvp("nats-server", argv.data());
+      std::_Exit(127);
+    }
+    if (pid_ < 0) return false;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < until) {
+      if (Listening(port_)) return true;
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    Kill();
+    return false;
+  }
+  // A clean shutdown (SIGTERM), SIGKILL after 10 s.
+  void Stop() { Signal(SIGTERM); }
+  // A crash.
+  void Kill() { Signal(SIGKILL); }
+  bool running() const { return pid_ > 0; }
+
+  int port() const { return port_; }
+  std::string url() const { return "nats://127.0.0.1:" + std::to_string(port_); }
+  std::filesystem::path log_path() const { return dir_ / "server.log"; }
+  std::string Log() const {
+    std::ifstream in(log_path());
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+
+ private:
+  void Signal(int sig) {
+    if (pid_ <= 0) return;
+    ::kill(pid_, sig);
+    int status = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > until) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    pid_ = -1;
+  }
+
+  std::filesystem::path dir_;
+  std::vector<std::string> extra_;
+  int port_;
+  pid_t pid_ = -1;
+};
+
+}  // namespace inferq_test

@@ -91,6 +91,17 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
     return *node_pools[static_cast<std::size_t>(node)];
   }
 
+  // Engine::AddStatsSource: the attached sources, in the order added. Stats() runs
+  // them under stats_sources_mu (config_mu let go), so that RemoveStatsSource waits for
+  // a source still running.
+  struct StatsSourceEntry {
+    std::uint64_t id;
+    std::string name;
+    Engine::StatsSource fn;
+  };
+  std::mutex stats_sources_mu;
+  std::vector<StatsSourceEntry> stats_sources;  // guarded by stats_sources_mu
+  std::uint64_t next_stats_source = 1;           // guarded by stats_sources_mu
   std::mutex config_mu;  // serializes AddStream / AddConsumer / Close
   std::vector<std::unique_ptr<StreamState>> streams;         // guarded by config_mu
   absl::flat_hash_map<std::string, StreamState*> stream_by_name;  // guarded by config_mu

@@ -81,7 +81,7 @@ EngineStats Engine::Stats() const {
   out.rejected = impl_->rejected.load(std::memory_order_relaxed);
   out.invalid = impl_->invalid.load(std::memory_order_relaxed);
   out.codec_conversions = impl_->codec_conversions.load(std::memory_order_relaxed);
-  std::lock_guard lock(impl_->config_mu);
+  std::unique_lock lock(impl_->config_mu);
   for (const auto& s : impl_->streams) {
     if (s->keeps_index && s->config.retention != RetentionPolicy::kLimits) {
       // Acks retire messages without the stream's mutex; when it is free, take them
@@ -176,12 +176,54 @@ EngineStats Engine::Stats() const {
     out.memory.push_back(std::move(m));
   }
   if (impl_->flow != nullptr) out.flow = impl_->flow->Snapshot();
+  lock.unlock();
+  {
+    std::lock_guard sources(impl_->stats_sources_mu);
+    for (const auto& src : impl_->stats_sources) {
+      ComponentStats c;
+      c.name = src.name;
+      src.fn(c);
+      c.name = src.name;
+      out.components.push_back(std::move(c));
+    }
+  }
   return out;
+}
+
+absl::StatusOr<std::uint64_t> Engine::AddStatsSource(std::string name, StatsSource source) {
+  if (name.empty() || name.size() > 256) {
+    return absl::InvalidArgumentError("stats source name '" + name.substr(0, 256) +
+                                      "' must be 1..256 bytes");
+  }
+  if (!source) return absl::InvalidArgumentError("stats source '" + name + "' has no function");
+  std::lock_guard lock(impl_->stats_sources_mu);
+  for (const auto& s : impl_->stats_sources) {
+    if (s.name == name) return absl::AlreadyExistsError("stats source '" + name + "' is attached already");
+  }
+  const std::uint64_t id = impl_->next_stats_source++;
+  impl_->stats_sources.push_back({id, std::move(name), std::move(source)});
+  return id;
+}
+
+absl::Status Engine::RemoveStatsSource(std::uint64_t id) {
+  std::lock_guard lock(impl_->stats_sources_mu);
+  auto& v = impl_->stats_sources;
+  auto it = std::find_if(v.begin(), v.end(), [&](const auto& s) { return s.id == id; });
+  if (it == v.end()) return absl::NotFoundError("no stats source " + std::to_string(id) + " is attached");
+  v.erase(it);
+  return absl::OkStatus();
 }
 
 const StreamStats* EngineStats::stream(std::string_view name) const& {
   for (const auto& s : streams) {
     if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+const ComponentStats* EngineStats::component(std::string_view name) const& {
+  for (const auto& c : components) {
+    if (c.name == name) return &c;
   }
   return nullptr;
 }

@@ -188,6 +188,19 @@ TEST_CASE("nats bridge: export to JetStream acks locally only what JetStream sto
     const ConsumerStats* c = es.consumer("LOCAL", "to-nats");
     REQUIRE(c != nullptr);
     CHECK(c->acked == kN);
+    const ComponentStats* component = es.component("nats_bridge.site-a");
+    REQUIRE(component != nullptr);
+    CHECK(component->value("exported_total") == std::optional<double>(kN));
+    CHECK(component->value("connected") == std::optional<double>(1));
+    CHECK(component->value("export_pending") == std::optional<double>(0));
+    CHECK(component->detail.empty());
+    // A second bridge of the same origin on this engine is refused; closing the first
+    // takes its figures out of the engine's stats.
+    CHECK(NatsBridge::Connect(*engine, Options(server, "site-a")).status().code() ==
+          absl::StatusCode::kAlreadyExists);
+    (*bridge)->Close();
+    const EngineStats after = engine->Stats();
+    CHECK(after.component("nats_bridge.site-a") == nullptr);
     CHECK(c->ack_pending == 0);
     std::vector<natsMsg*> msgs = client.ReadAll("REMOTE", kN);
     REQUIRE(msgs.size() == kN);

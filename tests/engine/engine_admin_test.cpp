@@ -1595,3 +1595,52 @@ TEST_CASE("ack waits, nak delays and queue timeouts fire on a clock that reads b
   REQUIRE(third.ok());
   CHECK(third->attempt() == 3);
 }
+
+TEST_CASE("stats sources: a component's figures appear in Stats until it is removed") {
+  auto engine = Engine::Create();
+  REQUIRE(engine.ok());
+  Engine& e = **engine;
+  std::atomic<int> calls{0};
+  auto id = e.AddStatsSource("bridge.a", [&](ComponentStats& out) {
+    ++calls;
+    CHECK(out.name == "bridge.a");
+    out.values = {{"connected", 1}, {"exported_total", 42}};
+    out.detail = "last error: none";
+  });
+  REQUIRE(id.ok());
+  auto other = e.AddStatsSource("bridge.b", [](ComponentStats& out) {
+    out.name = "renamed";  // the engine keeps the source's own name
+    out.values = {{"x", 2.5}};
+  });
+  REQUIRE(other.ok());
+  CHECK(*other != *id);
+
+  SECTION("bad sources are refused") {
+    CHECK(e.AddStatsSource("bridge.a", [](ComponentStats&) {}).status().code() ==
+          absl::StatusCode::kAlreadyExists);
+    CHECK(std::string(e.AddStatsSource("", [](ComponentStats&) {}).status().message()) ==
+          "stats source name '' must be 1..256 bytes");
+    CHECK(std::string(e.AddStatsSource("c", nullptr).status().message()) == "stats source 'c' has no function");
+    CHECK(std::string(e.RemoveStatsSource(999).message()) == "no stats source 999 is attached");
+  }
+
+  EngineStats s = e.Stats();
+  REQUIRE(s.components.size() == 2);
+  const ComponentStats* a = s.component("bridge.a");
+  REQUIRE(a != nullptr);
+  CHECK(a->value("connected") == std::optional<double>(1));
+  CHECK(a->value("exported_total") == std::optional<double>(42));
+  CHECK(a->value("missing") == std::nullopt);
+  CHECK(a->detail == "last error: none");
+  CHECK(s.components[1].name == "bridge.b");
+  CHECK(s.components[1].value("x") == std::optional<double>(2.5));
+  CHECK(calls == 1);
+
+  REQUIRE(e.RemoveStatsSource(*id).ok());
+  CHECK(e.RemoveStatsSource(*id).code() == absl::StatusCode::kNotFound);
+  s = e.Stats();
+  CHECK(calls == 1);
+  REQUIRE(s.components.size() == 1);
+  CHECK(s.component("bridge.a") == nullptr);
+  CHECK(s.components[0].name == "bridge.b");
+}

@@ -541,6 +541,18 @@ class Engine {
 
   EngineStats Stats() const;
 
+  // Attaches a component's figures to Stats() (EngineStats::components): `source`
+  // fills the ComponentStats it is given (its name already set to `name`) each time
+  // a snapshot is taken, on the thread calling Stats(). It must be quick, must not
+  // call this engine's Stats(), and must not throw. Returns an id for
+  // RemoveStatsSource. InvalidArgument for an empty name or one over 256 bytes, or
+  // an empty function; AlreadyExists when a source of that name is attached.
+  using StatsSource = std::function<void(ComponentStats& out)>;
+  absl::StatusOr<std::uint64_t> AddStatsSource(std::string name, StatsSource source);
+  // Detaches source `id`; when it returns, the source is not running and is never
+  // called again. NotFound for an id not attached.
+  absl::Status RemoveStatsSource(std::uint64_t id);
+
   // The reward channel of flow control, in [-1, 1] (sched/flow_control.hpp).
   // InvalidArgument outside it or NaN, and FailedPrecondition without
   // EngineOptions::flow_control; nothing changes then.

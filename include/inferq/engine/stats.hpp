@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "inferq/base/histogram.hpp"
@@ -190,6 +191,23 @@ struct NodeMemoryStats {
   std::vector<FixedPoolStats> pools;
 };
 
+// The state of a component the host attached to the engine (an adapter such as the
+// NATS bridge), read from it when the snapshot is taken (Engine::AddStatsSource).
+struct ComponentStats {
+  std::string name;  // the source's name, e.g. "nats_bridge.site-a"
+  // Its figures in the order the component reports them: counters (names ending
+  // in "_total") and gauges (a state as 0 or 1, a count now).
+  std::vector<std::pair<std::string, double>> values;
+  std::string detail;  // free text, e.g. the component's last error; may be empty
+  // The value named `name`, or nullopt.
+  std::optional<double> value(std::string_view name) const {
+    for (const auto& [k, v] : values) {
+      if (k == name) return v;
+    }
+    return std::nullopt;
+  }
+};
+
 struct EngineStats {
   // The application's publishes (Publish, TryPublish, Call); the engine's own dead
   // letters are counted per consumer (ConsumerStats::dead_letters,
@@ -205,12 +223,15 @@ struct EngineStats {
   std::vector<ConsumerStats> consumers;
   std::vector<NodeMemoryStats> memory;  // one per NUMA node
   std::optional<FlowSnapshot> flow;      // EngineOptions::flow_control's state
+  std::vector<ComponentStats> components;  // Engine::AddStatsSource, in the order added
   // nullptr when absent. The pointer lives as long as this EngineStats; calling these
   // on a temporary (engine.Stats().stream(...)) does not compile, so that no pointer
   // into a destroyed snapshot can be kept.
   const StreamStats* stream(std::string_view name) const&;
   const ConsumerStats* consumer(std::string_view stream, std::string_view name) const&;
+  const ComponentStats* component(std::string_view name) const&;
   const StreamStats* stream(std::string_view name) const&& = delete;
+  const ComponentStats* component(std::string_view name) const&& = delete;
   const ConsumerStats* consumer(std::string_view stream, std::string_view name) const&& = delete;
 };
 

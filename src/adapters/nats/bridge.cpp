@@ -136,6 +136,13 @@ struct NatsBridge::Impl {
     // js_PublishAsyncGetPendingList crashes on a context that never published
     // asynchronously (its table of pending messages is made by the first publish).
     bool published = false;
+    // The message inside js_PublishMsgAsync now. libnats 3.4.1 registers a message
+    // for its PubAck before it writes it out, and a PubAck timeout (MaxWait) can call
+    // OnPubAck while the write still reads the message (a publish waits for the
+    // connection's lock during a reconnect): OnPubAck then leaves the message to the
+    // publishing thread to destroy (found by ThreadSanitizer, a use after free).
+    natsMsg* publishing ABSL_GUARDED_BY(mu) = nullptr;
+    bool destroy_after_publish ABSL_GUARDED_BY(mu) = false;
   };
   struct Import {
     ImportConfig cfg;
@@ -150,6 +157,7 @@ struct NatsBridge::Impl {
   natsConnection* nc = nullptr;
   jsCtx* js = nullptr;  // imports and stream lookups
   std::atomic<bool> stopping{false};
+  std::optional<std::uint64_t> stats_source;  // Engine::AddStatsSource's id
 
   std::mutex mu;
   bool closed ABSL_GUARDED_BY(mu) = false;
@@ -162,6 +170,9 @@ struct NatsBridge::Impl {
       export_loops{0}, export_invalid{0};
   std::atomic<std::uint64_t> imported{0}, import_redelivered{0}, import_duplicates{0},
       import_refused{0}, import_invalid{0}, import_loops{0}, fetch_errors{0};
+  std::mutex closed_cb_mu;
+  std::condition_variable closed_cb_cv;
+  bool closed_cb_ran ABSL_GUARDED_BY(closed_cb_mu) = false;
   mutable std::mutex error_mu;
   std::string last_error ABSL_GUARDED_BY(error_mu);
 
@@ -181,8 +192,14 @@ struct NatsBridge::Impl {
     self->connected.store(true);
     self->reconnects.fetch_add(1);
   }
+  // The last callback of a connection; libnats runs it on its own thread after
+  // natsConnection_Close returned, so Close waits for it before the Impl goes.
   static void OnClosed(natsConnection*, void* closure) {
-    static_cast<Impl*>(closure)->connected.store(false);
+    auto* self = static_cast<Impl*>(closure);
+    self->connected.store(false);
+    std::lock_guard l(self->closed_cb_mu);
+    self->closed_cb_ran = true;
+    self->closed_cb_cv.notify_all();
   }
   static void OnAsyncError(natsConnection* nc, natsSubscription*, natsStatus err, void* closure) {
     auto* self = static_cast<Impl*>(closure);
@@ -263,10 +280,15 @@ struct NatsBridge::Impl {
     auto* ex = static_cast<Export*>(closure);
     Impl* self = ex->impl;
     std::optional<Message> m;
+    bool destroy = true;
     {
       std::lock_guard l(ex->mu);
       auto node = ex->in_flight.extract(msg);
       if (!node.empty()) m = std::move(node.mapped());
+      if (msg == ex->publishing) {
+        ex->destroy_after_publish = true;
+        destroy = false;
+      }
     }
     if (m) {
       if (pa != nullptr) {
@@ -284,7 +306,7 @@ struct NatsBridge::Impl {
       self->export_pending.fetch_sub(1);
       ex->cv.notify_all();
     }
-    natsMsg_Destroy(msg);
+    if (destroy) natsMsg_Destroy(msg);
   }
 
   // The NATS message for local message `m`, or nullopt when `m` was settled here
@@ -327,9 +349,11 @@ struct NatsBridge::Impl {
         (void)m.Nak();
         return;
       }
+      export_pending.fetch_add(1);  // before OnPubAck can take it off
       ex.in_flight.emplace(nm->get(), std::move(m));
+      ex.publishing = nm->get();
+      ex.destroy_after_publish = false;
     }
-    export_pending.fetch_add(1);
     jsPubOptions po;
     jsPubOptions_Init(&po);
     po.MaxWait = Millis(ex.cfg.ack_timeout);
@@ -337,13 +361,22 @@ struct NatsBridge::Impl {
     natsMsg* key = raw;
     ex.published = true;
     const natsStatus s = js_PublishMsgAsync(ex.js, &raw, &po);
-    if (s == NATS_OK) return;  // the client owns it now; OnPubAck settles it
+    bool destroy_now = false;
     std::optional<Message> back;
     {
       std::lock_guard l(ex.mu);
-      auto node = ex.in_flight.extract(key);
-      if (!node.empty()) back = std::move(node.mapped());
+      ex.publishing = nullptr;
+      destroy_now = ex.destroy_after_publish;  // OnPubAck ran: the client is done with it
+      if (s != NATS_OK && !destroy_now) {
+        auto node = ex.in_flight.extract(key);
+        if (!node.empty()) back = std::move(node.mapped());
+      }
     }
+    if (destroy_now) {
+      natsMsg_Destroy(key);
+      return;
+    }
+    if (s == NATS_OK) return;  // the client owns it now; OnPubAck settles it
     if (raw != nullptr) natsMsg_Destroy(raw);
     if (back) {
       export_pending.fetch_sub(1);
@@ -491,6 +524,52 @@ struct NatsBridge::Impl {
     }
   }
 
+  BridgeStats Snapshot() const {
+    BridgeStats s;
+    s.connected = connected.load();
+    s.disconnects = disconnects.load();
+    s.reconnects = reconnects.load();
+    s.exported = exported.load();
+    s.export_pending = export_pending.load();
+    s.export_failures = export_failures.load();
+    s.export_duplicates = export_duplicates.load();
+    s.export_loops = export_loops.load();
+    s.export_invalid = export_invalid.load();
+    s.imported = imported.load();
+    s.import_redelivered = import_redelivered.load();
+    s.import_duplicates = import_duplicates.load();
+    s.import_refused = import_refused.load();
+    s.import_invalid = import_invalid.load();
+    s.import_loops = import_loops.load();
+    s.fetch_errors = fetch_errors.load();
+    std::lock_guard l(error_mu);
+    s.last_error = last_error;
+    return s;
+  }
+
+  // The engine's view (EngineStats::components, "nats_bridge.<origin>").
+  void FillComponent(ComponentStats& out) const {
+    const BridgeStats s = Snapshot();
+    auto d = [](std::uint64_t v) { return static_cast<double>(v); };
+    out.values = {{"connected", s.connected ? 1.0 : 0.0},
+                  {"disconnects_total", d(s.disconnects)},
+                  {"reconnects_total", d(s.reconnects)},
+                  {"exported_total", d(s.exported)},
+                  {"export_pending", d(s.export_pending)},
+                  {"export_failures_total", d(s.export_failures)},
+                  {"export_duplicates_total", d(s.export_duplicates)},
+                  {"export_loops_total", d(s.export_loops)},
+                  {"export_invalid_total", d(s.export_invalid)},
+                  {"imported_total", d(s.imported)},
+                  {"import_redelivered_total", d(s.import_redelivered)},
+                  {"import_duplicates_total", d(s.import_duplicates)},
+                  {"import_refused_total", d(s.import_refused)},
+                  {"import_invalid_total", d(s.import_invalid)},
+                  {"import_loops_total", d(s.import_loops)},
+                  {"fetch_errors_total", d(s.fetch_errors)}};
+    out.detail = s.last_error;
+  }
+
   void Close(absl::Duration drain) {
     std::vector<std::unique_ptr<Export>> exs;
     std::vector<std::unique_ptr<Import>> ims;
@@ -501,6 +580,7 @@ struct NatsBridge::Impl {
       exs = std::move(exports);
       ims = std::move(imports);
     }
+    if (stats_source) (void)engine.RemoveStatsSource(*stats_source);
     stopping.store(true);
     for (auto& ex : exs) {
       {
@@ -552,6 +632,10 @@ struct NatsBridge::Impl {
     js = nullptr;
     if (nc != nullptr) {
       natsConnection_Close(nc);
+      {
+        std::unique_lock l(closed_cb_mu);
+        closed_cb_cv.wait(l, [&] { return closed_cb_ran; });
+      }
       natsConnection_Destroy(nc);
       nc = nullptr;
     }
@@ -595,6 +679,14 @@ absl::StatusOr<std::unique_ptr<NatsBridge>> NatsBridge::Connect(Engine& engine, 
     impl->Close(absl::ZeroDuration());
     return st;
   }
+  Impl* raw = impl.get();
+  auto id = engine.AddStatsSource("nats_bridge." + raw->options.origin,
+                                  [raw](ComponentStats& out) { raw->FillComponent(out); });
+  if (!id.ok()) {
+    impl->Close(absl::ZeroDuration());
+    return id.status();
+  }
+  impl->stats_source = *id;
   return std::unique_ptr<NatsBridge>(new NatsBridge(std::move(impl)));
 }
 
@@ -695,28 +787,6 @@ absl::Status NatsBridge::AddImport(ImportConfig config) {
   return absl::OkStatus();
 }
 
-BridgeStats NatsBridge::Stats() const {
-  const Impl& im = *impl_;
-  BridgeStats s;
-  s.connected = im.connected.load();
-  s.disconnects = im.disconnects.load();
-  s.reconnects = im.reconnects.load();
-  s.exported = im.exported.load();
-  s.export_pending = im.export_pending.load();
-  s.export_failures = im.export_failures.load();
-  s.export_duplicates = im.export_duplicates.load();
-  s.export_loops = im.export_loops.load();
-  s.export_invalid = im.export_invalid.load();
-  s.imported = im.imported.load();
-  s.import_redelivered = im.import_redelivered.load();
-  s.import_duplicates = im.import_duplicates.load();
-  s.import_refused = im.import_refused.load();
-  s.import_invalid = im.import_invalid.load();
-  s.import_loops = im.import_loops.load();
-  s.fetch_errors = im.fetch_errors.load();
-  std::lock_guard l(im.error_mu);
-  s.last_error = im.last_error;
-  return s;
-}
+BridgeStats NatsBridge::Stats() const { return impl_->Snapshot(); }
 
 }  // namespace inferq::nats

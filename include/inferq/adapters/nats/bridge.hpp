@@ -128,6 +128,10 @@ struct ImportConfig {
   absl::Duration retry_delay = absl::Milliseconds(200);
 };
 
+// The bridge's figures. The engine's Stats() carries them too, as the component
+// "nats_bridge.<origin>" (EngineStats::components): "connected" (0 or 1),
+// "export_pending", and each counter below as "<name>_total" ("exported_total",
+// "reconnects_total", ...), with last_error as its detail.
 struct BridgeStats {
   bool connected = false;
   std::uint64_t disconnects = 0;
@@ -152,10 +156,12 @@ struct BridgeStats {
 
 class NatsBridge {
  public:
-  // Connects to `options.connection.servers`. InvalidArgument naming the field for
-  // bad options (no server, two kinds of credentials, a bad origin, TLS files that
-  // cannot be read); Unavailable with the client's error when no server can be
-  // reached, the TLS handshake fails or the credentials are refused.
+  // Connects to `options.connection.servers` and attaches the bridge's figures to
+  // `engine`'s Stats() (Engine::AddStatsSource, "nats_bridge.<origin>"). InvalidArgument
+  // naming the field for bad options (no server, two kinds of credentials, a bad
+  // origin, TLS files that cannot be read); AlreadyExists when a bridge of the same
+  // origin is attached to the engine; Unavailable with the client's error when no
+  // server can be reached, the TLS handshake fails or the credentials are refused.
   static absl::StatusOr<std::unique_ptr<NatsBridge>> Connect(Engine& engine, BridgeOptions options);
 
   // Adds the export's local consumer and starts forwarding. InvalidArgument for a bad

@@ -378,3 +378,139 @@ TEST_CASE("nats bridge: an outage holds the export's work, and nothing is lost w
   }
   CHECK(ids.size() == kN);
 }
+
+TEST_CASE("nats bridge: export to core NATS acks locally after a flush") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  natsSubscription* sub = nullptr;
+  REQUIRE(natsConnection_SubscribeSync(&sub, client.nc, "core.>") == NATS_OK);
+  REQUIRE(natsConnection_Flush(client.nc) == NATS_OK);
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());
+  auto bridge = NatsBridge::Connect(*engine, Options(server, "site-a"));
+  REQUIRE(bridge.ok());
+  REQUIRE((*bridge)->AddExport({.consumer = {.stream = "LOCAL", .name = "to-core"},
+                                .subject_prefix = "core", .jetstream = false})
+              .ok());
+  constexpr int kN = 200;
+  for (int i = 0; i < kN; ++i) REQUIRE(engine->Publish(Work(i)).ok());
+  for (int i = 0; i < kN; ++i) {
+    natsMsg* m = nullptr;
+    REQUIRE(natsSubscription_NextMsg(&m, sub, 10'000) == NATS_OK);
+    CHECK(std::string(natsMsg_GetSubject(m)) == "core.work.item");
+    const char* v = nullptr;
+    REQUIRE(natsMsgHeader_Get(m, "Nats-Msg-Id", &v) == NATS_OK);
+    CHECK(std::string(v) == "m-" + std::to_string(i));
+    natsMsg_Destroy(m);
+  }
+  REQUIRE(WaitFor([&] { return (*bridge)->Stats().exported == kN; }));
+  const EngineStats es = engine->Stats();
+  CHECK(es.consumer("LOCAL", "to-core")->acked == kN);
+  natsSubscription_Destroy(sub);
+}
+
+TEST_CASE("nats bridge: an import into a file stream is on disk before NATS hears the ack") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("REQS", "in.>");
+  constexpr int kN = 100;
+  for (int i = 0; i < kN; ++i) client.Publish("in.req", "r" + std::to_string(i), {});
+  const std::string local_dir = (dir.path() / "local").string();
+  StreamConfig file{.name = "LOCAL", .subjects = {"in.>"}, .storage = StorageType::kFile,
+                    .directory = local_dir, .sync = SyncPolicy::kEveryCommit};
+  {
+    auto engine = NewEngine();
+    REQUIRE(engine->AddStream(file).ok());
+    auto bridge = NatsBridge::Connect(*engine, Options(server, "site-a"));
+    REQUIRE(bridge.ok());
+    REQUIRE((*bridge)->AddImport({.stream = "REQS", .durable = "d", .filter_subject = "in.>"}).ok());
+    REQUIRE(WaitFor([&] { return client.ConsumerState("REQS", "d") == std::pair<std::int64_t, std::uint64_t>{0, 0}; }));
+    CHECK((*bridge)->Stats().imported == kN);
+  }
+  // A new engine over the same directory holds every message, msg_id "<stream>:<seq>" of
+  // JetStream where the publisher set none; a new import under the same durable name
+  // has nothing left to bring.
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream(file).ok());
+  EngineStats s = engine->Stats();
+  CHECK(s.stream("LOCAL")->messages == kN);
+  auto first = engine->GetMessage("LOCAL", 1);
+  REQUIRE(first.ok());
+  CHECK((*first)->msg_id == "REQS:1");
+  CHECK((*first)->payload.view() == "r0");
+  auto bridge = NatsBridge::Connect(*engine, Options(server, "site-a"));
+  REQUIRE(bridge.ok());
+  REQUIRE((*bridge)->AddImport({.stream = "REQS", .durable = "d", .filter_subject = "in.>"}).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK((*bridge)->Stats().imported == 0);
+  s = engine->Stats();
+  CHECK(s.stream("LOCAL")->messages == kN);
+}
+
+TEST_CASE("nats bridge: an import the engine refuses is nak'ed and comes again, once stored") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("REQS", "in.>");
+  constexpr int kN = 20;
+  for (int i = 0; i < kN; ++i) client.Publish("in.req", "r" + std::to_string(i), {{"Nats-Msg-Id", std::to_string(i)}});
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"in.>"}}).ok());
+  // A lane of 2 that rejects when full: the import's publishes are refused until the
+  // member pulls.
+  auto consumer = engine->AddConsumer(
+      {.stream = "LOCAL", .name = "slow", .lane_capacity = 2, .overflow = OverflowPolicy::kReject});
+  REQUIRE(consumer.ok());
+  auto bridge = NatsBridge::Connect(*engine, Options(server, "site-a"));
+  REQUIRE(bridge.ok());
+  REQUIRE((*bridge)->AddImport({.stream = "REQS", .durable = "d", .filter_subject = "in.>",
+                                .ack_wait = absl::Milliseconds(400), .retry_delay = absl::Milliseconds(20)})
+              .ok());
+  REQUIRE(WaitFor([&] { return (*bridge)->Stats().import_refused > 0; }));
+  auto member = consumer->member(0);
+  std::set<std::string> got;
+  while (got.size() < kN) {
+    auto m = member->Next(absl::Seconds(20));
+    REQUIRE(m.ok());
+    CHECK(got.insert(std::string(m->event().payload.view())).second);  // never twice
+    REQUIRE(m->Ack().ok());
+  }
+  REQUIRE(WaitFor([&] { return client.ConsumerState("REQS", "d") == std::pair<std::int64_t, std::uint64_t>{0, 0}; }));
+  CHECK(member->Next(absl::Milliseconds(100)).status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK((*bridge)->Stats().imported == kN);
+  CHECK((*bridge)->Stats().import_redelivered > 0);
+}
+
+TEST_CASE("nats bridge: a NATS message that cannot be mapped is terminated and named, the rest flows") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("REQS", "in.>");
+  client.Publish("in.req", "bad", {{"Inferq-Qos", "platinum"}});
+  client.Publish("in.req", "good", {{"Inferq-Qos", "bronze"}});
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"in.>"}}).ok());
+  auto consumer = engine->AddConsumer({.stream = "LOCAL", .name = "c"});
+  REQUIRE(consumer.ok());
+  auto bridge = NatsBridge::Connect(*engine, Options(server, "site-a"));
+  REQUIRE(bridge.ok());
+  REQUIRE((*bridge)->AddImport({.stream = "REQS", .durable = "d", .filter_subject = "in.>"}).ok());
+  auto m = consumer->member(0)->Next(absl::Seconds(20));
+  REQUIRE(m.ok());
+  CHECK(m->event().payload.view() == "good");
+  CHECK(m->event().qos == Qos::kBronze);
+  REQUIRE(m->Ack().ok());
+  REQUIRE(WaitFor([&] { return client.ConsumerState("REQS", "d") == std::pair<std::int64_t, std::uint64_t>{0, 0}; }));
+  const BridgeStats s = (*bridge)->Stats();
+  CHECK(s.import_invalid == 1);
+  CHECK(s.imported == 1);
+  CHECK(s.last_error ==
+        "import of 'in.req' from JetStream stream 'REQS' refused: NATS header 'Inferq-Qos' has value "
+        "'platinum': not gold, silver or bronze");
+}

@@ -17,9 +17,10 @@ purposes (default: examples; --for may be given more than once):
   examples  the same as library: the main example (inference_server) needs
             nothing more; agent_router needs valijson too (the tests purpose)
   tests     library + Catch2, valijson (JSON Schema predicates, which the tests
-            check), the JSON Schema test suite, and libnats and nats-server (the
-            NATS bridge, inferq::nats, and the servers its tests start): the `dev`
-            preset and ctest
+            check), the JSON Schema test suite, libnats and nats-server (the NATS
+            bridge, inferq::nats, and the servers its tests start) and the openssl
+            tool (the certificates of the bridge's TLS tests): the `dev` preset and
+            ctest
   bench     library + Google Benchmark and the peers the benchmarks compare
             against (TBB, Boost, atomic_queue, moodycamel, xenium, RocksDB,
             SQLite, ZeroMQ, NNG, NATS JetStream: libnats and nats-server): the
@@ -44,7 +45,7 @@ library=(
   libabsl-dev libzstd-dev libmimalloc-dev libhwloc-dev libssl-dev libxxhash-dev
   rapidjson-dev libre2-dev flatbuffers-compiler libflatbuffers-dev
 )
-tests=(catch2 libvalijson-dev json-schema-test-suite libnats-dev nats-server)
+tests=(catch2 libvalijson-dev json-schema-test-suite libnats-dev nats-server openssl)
 bench=(
   libbenchmark-dev libtbb-dev libboost-dev libatomic-queue-dev libconcurrentqueue-dev
   libxenium-dev librocksdb-dev libsqlite3-dev libzmq3-dev libnng-dev libnats-dev nats-server

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -175,10 +176,23 @@ struct NatsBridge::Impl {
   bool closed_cb_ran ABSL_GUARDED_BY(closed_cb_mu) = false;
   mutable std::mutex error_mu;
   std::string last_error ABSL_GUARDED_BY(error_mu);
+  // The server's latest asynchronous errors (a permission violation names the
+  // subject), at most 16, so that a publish that fails can say why.
+  std::deque<std::string> async_errors ABSL_GUARDED_BY(error_mu);
 
   void Error(std::string what) {
     std::lock_guard l(error_mu);
     last_error = std::move(what);
+  }
+  // The latest asynchronous error of the server that names `subject` in quotes, as
+  // a permission violation does ("Permissions Violation for Publish to "a.b""), or "".
+  std::string AsyncErrorAbout(std::string_view subject) const {
+    const std::string quoted = "\"" + std::string(subject) + "\"";
+    std::lock_guard l(error_mu);
+    for (auto it = async_errors.rbegin(); it != async_errors.rend(); ++it) {
+      if (it->find(quoted) != std::string::npos) return *it;
+    }
+    return {};
   }
 
   // ---- connection callbacks (libnats threads) ----
@@ -207,6 +221,11 @@ struct NatsBridge::Impl {
     std::string detail = natsStatus_GetText(err);
     if (natsConnection_GetLastError(nc, &text) != NATS_OK && text != nullptr && *text != '\0') {
       detail += std::string(": ") + text;
+    }
+    {
+      std::lock_guard l(self->error_mu);
+      self->async_errors.push_back(text != nullptr ? std::string(text) : detail);
+      if (self->async_errors.size() > 16) self->async_errors.pop_front();
     }
     self->Error("NATS reported an asynchronous error: " + detail);
   }
@@ -298,6 +317,9 @@ struct NatsBridge::Impl {
       } else {
         std::string why = pae != nullptr && pae->ErrText != nullptr ? pae->ErrText
                           : pae != nullptr ? natsStatus_GetText(pae->Err) : "no PubAck";
+        if (std::string server = self->AsyncErrorAbout(natsMsg_GetSubject(msg)); !server.empty()) {
+          why += " (the server reported: " + server + ")";
+        }
         self->Error("export of '" + m->event().subject + "' (stream " + ex->cfg.consumer.stream +
                     " sequence " + std::to_string(m->stream_seq()) + ") to JetStream failed: " + why);
         (void)m->Nak(ex->cfg.retry_delay);

@@ -1,0 +1,294 @@
+// The NATS bridge's security on the wire (inferq/adapters/nats/bridge.hpp): TLS with a
+// verified server certificate and client certificates, user/password and token
+// credentials, and the server's subject permissions, against nats-server processes
+// configured by each test, with certificates the test makes with the openssl tool.
+#include "inferq/adapters/nats/bridge.hpp"
+
+#include <catch2/catch.hpp>
+#include <nats/nats.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include "nats_server.hpp"
+
+using namespace inferq;
+using namespace inferq::nats;
+using inferq_test::NatsServer;
+using inferq_test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+void Write(const fs::path& p, const std::string& text) {
+  std::ofstream out(p);
+  out << text;
+  REQUIRE(out.good());
+}
+
+// Runs `command` in `dir` (openssl's output to dir/openssl.log); REQUIREs success.
+void Run(const fs::path& dir, const std::string& command) {
+  const std::string line = "cd '" + dir.string() + "' && " + command + " >> openssl.log 2>&1";
+  INFO(line);
+  REQUIRE(std::system(line.c_str()) == 0);
+}
+
+// A CA, and certificates it signs for 127.0.0.1 (server), a client, and an expired
+// server certificate; and a second CA that signs nothing the server shows.
+struct Certificates {
+  fs::path dir;
+  explicit Certificates(const fs::path& d) : dir(d) {
+    fs::create_directories(dir);
+    const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+    Run(dir, "openssl req -x509 " + ec + " -keyout ca-key.pem -out ca.pem -days 2 -subj '/CN=inferq test CA'");
+    Run(dir, "openssl req -x509 " + ec + " -keyout other-ca-key.pem -out other-ca.pem -days 2 -subj '/CN=other CA'");
+    Write(dir / "server.ext", "subjectAltName=DNS:localhost,IP:127.0.0.1\n");
+    Write(dir / "client.ext", "extendedKeyUsage=clientAuth\n");
+    Run(dir, "openssl req " + ec + " -keyout server-key.pem -out server.csr -subj '/CN=localhost'");
+    Run(dir, "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 2 "
+             "-extfile server.ext -out server.pem");
+    Run(dir, "openssl req " + ec + " -keyout client-key.pem -out client.csr -subj '/CN=bridge'");
+    Run(dir, "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 2 "
+             "-extfile client.ext -out client.pem");
+    // Expired: `openssl ca` sets the validity period (2020-01-01 to 2020-01-02).
+    Write(dir / "ca.cnf",
+          "[ca]\ndefault_ca = test\n[test]\ndatabase = index.txt\nnew_certs_dir = .\nserial = serial\n"
+          "default_md = sha256\npolicy = any\ncopy_extensions = copy\n[any]\ncommonName = supplied\n");
+    Write(dir / "index.txt", "");
+    Write(dir / "serial", "1000\n");
+    Run(dir, "openssl ca -batch -config ca.cnf -cert ca.pem -keyfile ca-key.pem -in server.csr "
+             "-startdate 20200101000000Z -enddate 20200102000000Z -extfile server.ext -notext "
+             "-out expired.pem");
+  }
+  std::string operator()(const std::string& name) const { return (dir / name).string(); }
+};
+
+std::string TlsConfig(const Certificates& c, const std::string& cert, bool verify_clients) {
+  return "tls {\n  cert_file: \"" + c(cert) + "\"\n  key_file: \"" + c("server-key.pem") +
+         "\"\n  ca_file: \"" + c("ca.pem") + "\"\n" + (verify_clients ? "  verify: true\n" : "") +
+         "  timeout: 2\n}\n";
+}
+
+std::unique_ptr<Engine> NewEngine() {
+  auto e = Engine::Create();
+  REQUIRE(e.ok());
+  return std::move(*e);
+}
+
+BridgeOptions Tls(const NatsServer& server, const Certificates& c) {
+  BridgeOptions o;
+  o.connection.servers = {"tls://127.0.0.1:" + std::to_string(server.port())};
+  o.connection.tls.enabled = true;
+  o.connection.tls.ca_file = c("ca.pem");
+  o.connection.tls.cert_file = c("client.pem");
+  o.connection.tls.key_file = c("client-key.pem");
+  o.connection.max_reconnect = 0;
+  o.origin = "site-a";
+  return o;
+}
+
+std::string Text(const absl::Status& st) { return std::string(st.message()); }
+
+}  // namespace
+
+TEST_CASE("nats security: TLS with a verified server and a client certificate carries the export") {
+  TempDir dir;
+  Certificates certs(dir.path() / "certs");
+  Write(dir.path() / "server.conf", TlsConfig(certs, "server.pem", /*verify_clients=*/true));
+  NatsServer server(dir.path(), {"-c", (dir.path() / "server.conf").string()});
+  REQUIRE(server.Start());
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());
+
+  SECTION("the right CA and a client certificate: events flow") {
+    auto bridge = NatsBridge::Connect(*engine, Tls(server, certs));
+    REQUIRE(bridge.ok());
+    natsConnection* nc = nullptr;
+    natsSubscription* sub = nullptr;
+    natsOptions* o = nullptr;
+    REQUIRE(natsOptions_Create(&o) == NATS_OK);
+    const std::string url = "tls://127.0.0.1:" + std::to_string(server.port());
+    REQUIRE(natsOptions_SetURL(o, url.c_str()) == NATS_OK);
+    REQUIRE(natsOptions_SetSecure(o, true) == NATS_OK);
+    REQUIRE(natsOptions_LoadCATrustedCertificates(o, certs("ca.pem").c_str()) == NATS_OK);
+    REQUIRE(natsOptions_LoadCertificatesChain(o, certs("client.pem").c_str(), certs("client-key.pem").c_str()) ==
+            NATS_OK);
+    REQUIRE(natsConnection_Connect(&nc, o) == NATS_OK);
+    REQUIRE(natsConnection_SubscribeSync(&sub, nc, "tls.>") == NATS_OK);
+    REQUIRE(natsConnection_Flush(nc) == NATS_OK);
+    REQUIRE((*bridge)->AddExport({.consumer = {.stream = "LOCAL", .name = "out"}, .subject_prefix = "tls",
+                                  .jetstream = false})
+                .ok());
+    Event e;
+    e.subject = "work.x";
+    e.payload = Buffer::FromString("over tls");
+    REQUIRE(engine->Publish(std::move(e)).ok());
+    natsMsg* m = nullptr;
+    REQUIRE(natsSubscription_NextMsg(&m, sub, 10'000) == NATS_OK);
+    CHECK(std::string(natsMsg_GetSubject(m)) == "tls.work.x");
+    CHECK(std::string(natsMsg_GetData(m), 8) == "over tls");
+    natsMsg_Destroy(m);
+    natsSubscription_Destroy(sub);
+    natsConnection_Destroy(nc);
+    natsOptions_Destroy(o);
+  }
+
+  SECTION("a server certificate from another CA is refused") {
+    BridgeOptions o = Tls(server, certs);
+    o.connection.tls.ca_file = certs("other-ca.pem");
+    auto bridge = NatsBridge::Connect(*engine, o);
+    REQUIRE_FALSE(bridge.ok());
+    CHECK(bridge.status().code() == absl::StatusCode::kUnavailable);
+    INFO(Text(bridge.status()));
+    CHECK(Text(bridge.status()).rfind("cannot connect to NATS at 'tls://127.0.0.1:", 0) == 0);
+    CHECK(Text(bridge.status()).find("SSL handshake error: 20:unable to get local issuer certificate") !=
+          std::string::npos);
+  }
+
+  SECTION("no client certificate is refused by the server") {
+    BridgeOptions o = Tls(server, certs);
+    o.connection.tls.cert_file.clear();
+    o.connection.tls.key_file.clear();
+    auto bridge = NatsBridge::Connect(*engine, o);
+    REQUIRE_FALSE(bridge.ok());
+    CHECK(bridge.status().code() == absl::StatusCode::kUnavailable);
+  }
+
+  SECTION("a CA file that does not exist is named") {
+    BridgeOptions o = Tls(server, certs);
+    o.connection.tls.ca_file = certs("missing.pem");
+    auto bridge = NatsBridge::Connect(*engine, o);
+    REQUIRE_FALSE(bridge.ok());
+    CHECK(bridge.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Text(bridge.status()).rfind("NATS connection option tls.ca_file '" + certs("missing.pem") + "': ", 0) == 0);
+  }
+  const EngineStats s = engine->Stats();
+  CHECK(s.components.size() <= 1);
+}
+
+TEST_CASE("nats security: an expired server certificate is refused") {
+  TempDir dir;
+  Certificates certs(dir.path() / "certs");
+  Write(dir.path() / "server.conf", TlsConfig(certs, "expired.pem", /*verify_clients=*/false));
+  NatsServer server(dir.path(), {"-c", (dir.path() / "server.conf").string()});
+  REQUIRE(server.Start());
+  auto engine = NewEngine();
+  BridgeOptions o = Tls(server, certs);
+  auto bridge = NatsBridge::Connect(*engine, o);
+  REQUIRE_FALSE(bridge.ok());
+  CHECK(bridge.status().code() == absl::StatusCode::kUnavailable);
+  INFO(Text(bridge.status()));
+  CHECK(Text(bridge.status()).find("SSL handshake error: 10:certificate has expired") != std::string::npos);
+}
+
+TEST_CASE("nats security: user and password, token, and subject permissions") {
+  TempDir dir;
+  Write(dir.path() / "server.conf",
+        "authorization {\n"
+        "  users = [\n"
+        "    {user: bridge, password: s3cret, permissions: {\n"
+        "      publish: {allow: [\"allowed.>\", \"$JS.API.>\", \"_INBOX.>\"]}\n"
+        "      subscribe: {allow: [\"_INBOX.>\"]}}}\n"
+        "    {user: admin, password: root}\n"
+        "  ]\n"
+        "}\n");
+  NatsServer server(dir.path(), {"-c", (dir.path() / "server.conf").string()});
+  REQUIRE(server.Start());
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());
+  BridgeOptions o;
+  o.connection.servers = {server.url()};
+  o.connection.max_reconnect = 0;
+  o.origin = "site-a";
+
+  SECTION("a wrong password is refused, naming the authorization failure") {
+    o.connection.user = "bridge";
+    o.connection.password = "wrong";
+    auto bridge = NatsBridge::Connect(*engine, o);
+    REQUIRE_FALSE(bridge.ok());
+    CHECK(bridge.status().code() == absl::StatusCode::kUnavailable);
+    INFO(Text(bridge.status()));
+    CHECK(Text(bridge.status()).find("Authorization Violation") != std::string::npos);
+  }
+
+  SECTION("a publish the server does not permit surfaces as an error and is never acked locally") {
+    // The admin makes a JetStream stream on a subject the bridge may not publish to.
+    natsConnection* nc = nullptr;
+    natsOptions* ao = nullptr;
+    REQUIRE(natsOptions_Create(&ao) == NATS_OK);
+    REQUIRE(natsOptions_SetURL(ao, server.url().c_str()) == NATS_OK);
+    REQUIRE(natsOptions_SetUserInfo(ao, "admin", "root") == NATS_OK);
+    REQUIRE(natsConnection_Connect(&nc, ao) == NATS_OK);
+    jsCtx* js = nullptr;
+    REQUIRE(natsConnection_JetStream(&js, nc, nullptr) == NATS_OK);
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char* subjects[] = {"denied.>"};
+    sc.Name = "DENIED";
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 1;
+    jsStreamInfo* si = nullptr;
+    REQUIRE(js_AddStream(&si, js, &sc, nullptr, nullptr) == NATS_OK);
+    jsStreamInfo_Destroy(si);
+
+    o.connection.user = "bridge";
+    o.connection.password = "s3cret";
+    auto bridge = NatsBridge::Connect(*engine, o);
+    REQUIRE(bridge.ok());
+    REQUIRE((*bridge)->AddExport({.consumer = {.stream = "LOCAL", .name = "out"}, .subject_prefix = "denied",
+                                  .ack_timeout = absl::Milliseconds(300), .retry_delay = absl::Milliseconds(50)})
+                .ok());
+    Event e;
+    e.subject = "work.x";
+    REQUIRE(engine->Publish(std::move(e)).ok());
+    REQUIRE(WaitFor([&] { return (*bridge)->Stats().export_failures >= 2; }));
+    const BridgeStats s = (*bridge)->Stats();
+    CHECK(s.exported == 0);
+    INFO(s.last_error);
+    // The PubAck never comes; the failure names the server's permission error.
+    CHECK(s.last_error.rfind("export of 'work.x' (stream LOCAL sequence 1) to JetStream failed: ", 0) == 0);
+    CHECK(s.last_error.find("(the server reported: Permissions Violation for Publish to \"denied.work.x\")") !=
+          std::string::npos);
+    const EngineStats es = engine->Stats();
+    CHECK(es.consumer("LOCAL", "out")->acked == 0);
+    jsStreamInfo* info = nullptr;
+    REQUIRE(js_GetStreamInfo(&info, js, "DENIED", nullptr, nullptr) == NATS_OK);
+    CHECK(info->State.Msgs == 0);
+    jsStreamInfo_Destroy(info);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    natsOptions_Destroy(ao);
+  }
+}
+
+TEST_CASE("nats security: a token is checked") {
+  TempDir dir;
+  Write(dir.path() / "server.conf", "authorization {\n  token: \"t0ken\"\n}\n");
+  NatsServer server(dir.path(), {"-c", (dir.path() / "server.conf").string()});
+  REQUIRE(server.Start());
+  auto engine = NewEngine();
+  BridgeOptions o;
+  o.connection.servers = {server.url()};
+  o.connection.max_reconnect = 0;
+  o.origin = "site-a";
+  o.connection.token = "wrong";
+  auto bad = NatsBridge::Connect(*engine, o);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(Text(bad.status()).find("Authorization Violation") != std::string::npos);
+  o.connection.token = "t0ken";
+  auto good = NatsBridge::Connect(*engine, o);
+  REQUIRE(good.ok());
+  CHECK((*good)->Stats().connected);
+}

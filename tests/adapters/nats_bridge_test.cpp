@@ -514,3 +514,81 @@ TEST_CASE("nats bridge: a NATS message that cannot be mapped is terminated and n
         "import of 'in.req' from JetStream stream 'REQS' refused: NATS header 'Inferq-Qos' has value "
         "'platinum': not gold, silver or bronze");
 }
+
+TEST_CASE("nats bridge: a cluster node killed mid-export loses nothing") {
+  TempDir dir;
+  inferq_test::NatsCluster cluster(dir.path(), 3);
+  REQUIRE(cluster.Start());
+  natsConnection* nc = nullptr;
+  REQUIRE(natsConnection_ConnectTo(&nc, cluster.url_list().c_str()) == NATS_OK);
+  jsCtx* js = nullptr;
+  jsOptions jo;
+  jsOptions_Init(&jo);
+  jo.Wait = 10'000;
+  REQUIRE(natsConnection_JetStream(&js, nc, &jo) == NATS_OK);
+  // JetStream elects its meta leader once the routes are up: retry the stream's creation.
+  jsStreamConfig sc;
+  jsStreamConfig_Init(&sc);
+  const char* subjects[] = {"site-a.>"};
+  sc.Name = "REMOTE";
+  sc.Subjects = subjects;
+  sc.SubjectsLen = 1;
+  sc.Storage = js_FileStorage;
+  sc.Replicas = 3;
+  REQUIRE(WaitFor([&] {
+    jsStreamInfo* si = nullptr;
+    const bool ok = js_AddStream(&si, js, &sc, nullptr, nullptr) == NATS_OK;
+    if (si != nullptr) jsStreamInfo_Destroy(si);
+    return ok;
+  }, std::chrono::seconds(30)));
+
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());
+  BridgeOptions o;
+  o.connection.servers = cluster.urls();
+  o.connection.reconnect_wait = absl::Milliseconds(50);
+  o.origin = "site-a";
+  auto bridge = NatsBridge::Connect(*engine, o);
+  REQUIRE(bridge.ok());
+  REQUIRE((*bridge)->AddExport({.consumer = {.stream = "LOCAL", .name = "to-nats", .lane_capacity = 64},
+                                .subject_prefix = "site-a",
+                                .max_in_flight = 32,
+                                .ack_timeout = absl::Seconds(2),
+                                .retry_delay = absl::Milliseconds(50)})
+              .ok());
+  constexpr int kN = 300;
+  std::thread publisher([&] {
+    for (int i = 0; i < kN; ++i) {
+      (void)engine->Publish(Work(i));
+      if (i % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  });
+  REQUIRE(WaitFor([&] { return (*bridge)->Stats().exported >= kN / 4; }));
+  // Kill the node the bridge is connected to.
+  const std::string url = (*bridge)->Stats().connected_url;
+  int victim = -1;
+  for (int i = 0; i < cluster.size(); ++i) {
+    if (cluster.server(i).url() == url) victim = i;
+  }
+  INFO("connected to " << url);
+  REQUIRE(victim >= 0);
+  cluster.server(victim).Kill();
+  publisher.join();
+  REQUIRE(WaitFor([&] { return (*bridge)->Stats().exported >= kN; }, std::chrono::seconds(60)));
+  CHECK((*bridge)->Stats().reconnects >= 1);
+  CHECK((*bridge)->Stats().connected_url != url);
+  const EngineStats es = engine->Stats();
+  CHECK(es.consumer("LOCAL", "to-nats")->ack_pending == 0);
+  // Every event is in the stream once (a retried publish is dropped by Nats-Msg-Id).
+  std::uint64_t msgs = 0;
+  REQUIRE(WaitFor([&] {
+    jsStreamInfo* si = nullptr;
+    if (js_GetStreamInfo(&si, js, "REMOTE", nullptr, nullptr) != NATS_OK) return false;
+    msgs = si->State.Msgs;
+    jsStreamInfo_Destroy(si);
+    return msgs == kN;
+  }, std::chrono::seconds(30)));
+  CHECK(msgs == kN);
+  jsCtx_Destroy(js);
+  natsConnection_Destroy(nc);
+}

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -152,6 +153,56 @@ class NatsServer {
   std::vector<std::string> extra_;
   int port_;
   pid_t pid_ = -1;
+};
+
+}  // namespace inferq_test
+
+namespace inferq_test {
+
+// A cluster of `n` nats-servers with JetStream (names n0, n1, ...; cluster "inferq"),
+// each on free loopback ports (client and route), routes to all the others, stores
+// under dir/n<i>. Every server is stopped with the object.
+class NatsCluster {
+ public:
+  NatsCluster(const std::filesystem::path& dir, int n) {
+    std::vector<int> route_ports;
+    for (int i = 0; i < n; ++i) route_ports.push_back(FreeLoopbackPort());
+    for (int i = 0; i < n; ++i) {
+      const std::filesystem::path d = dir / ("n" + std::to_string(i));
+      std::filesystem::create_directories(d);
+      std::string routes;
+      for (int j = 0; j < n; ++j) {
+        if (j != i) routes += "    nats-route://127.0.0.1:" + std::to_string(route_ports[j]) + "\n";
+      }
+      std::ofstream(d / "server.conf") << "server_name: n" << i << "\n"
+                                       << "cluster {\n  name: inferq\n  listen: 127.0.0.1:" << route_ports[i]
+                                       << "\n  routes: [\n" << routes << "  ]\n}\n";
+      servers_.push_back(std::make_unique<NatsServer>(d, std::vector<std::string>{"-c", (d / "server.conf").string()}));
+    }
+  }
+  // Starts every server. False when one does not start.
+  bool Start() {
+    for (auto& s : servers_) {
+      if (!s->Start()) return false;
+    }
+    return true;
+  }
+  NatsServer& server(int i) { return *servers_[static_cast<std::size_t>(i)]; }
+  int size() const { return static_cast<int>(servers_.size()); }
+  std::vector<std::string> urls() const {
+    std::vector<std::string> out;
+    for (const auto& s : servers_) out.push_back(s->url());
+    return out;
+  }
+  // "nats://a,nats://b,..." as nats.c's natsConnection_ConnectTo takes it.
+  std::string url_list() const {
+    std::string out;
+    for (const auto& u : urls()) out += (out.empty() ? "" : ",") + u;
+    return out;
+  }
+
+ private:
+  std::vector<std::unique_ptr<NatsServer>> servers_;
 };
 
 }  // namespace inferq_test

@@ -176,6 +176,7 @@ struct NatsBridge::Impl {
   bool closed_cb_ran ABSL_GUARDED_BY(closed_cb_mu) = false;
   mutable std::mutex error_mu;
   std::string last_error ABSL_GUARDED_BY(error_mu);
+  std::string connected_url ABSL_GUARDED_BY(error_mu);  // the server's, as connected last
   // The server's latest asynchronous errors (a permission violation names the
   // subject), at most 16, so that a publish that fails can say why.
   std::deque<std::string> async_errors ABSL_GUARDED_BY(error_mu);
@@ -201,10 +202,17 @@ struct NatsBridge::Impl {
     self->connected.store(false);
     self->disconnects.fetch_add(1);
   }
-  static void OnReconnected(natsConnection*, void* closure) {
+  static void OnReconnected(natsConnection* nc, void* closure) {
     auto* self = static_cast<Impl*>(closure);
+    self->NoteUrl(nc);
     self->connected.store(true);
     self->reconnects.fetch_add(1);
+  }
+  void NoteUrl(natsConnection* c) {
+    char buf[512] = {};
+    if (natsConnection_GetConnectedUrl(c, buf, sizeof buf) != NATS_OK) buf[0] = '\0';
+    std::lock_guard l(error_mu);
+    connected_url = buf;
   }
   // The last callback of a connection; libnats runs it on its own thread after
   // natsConnection_Close returned, so Close waits for it before the Impl goes.
@@ -283,6 +291,7 @@ struct NatsBridge::Impl {
       return absl::UnavailableError("cannot connect to NATS at '" + Joined(c.servers) +
                                     "': " + NatsError(s));
     }
+    NoteUrl(nc);
     connected.store(true);
     jsOptions jo;
     jsOptions_Init(&jo);
@@ -566,6 +575,7 @@ struct NatsBridge::Impl {
     s.fetch_errors = fetch_errors.load();
     std::lock_guard l(error_mu);
     s.last_error = last_error;
+    s.connected_url = connected_url;
     return s;
   }
 

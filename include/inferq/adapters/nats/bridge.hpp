@@ -134,6 +134,7 @@ struct ImportConfig {
 // "reconnects_total", ...), with last_error as its detail.
 struct BridgeStats {
   bool connected = false;
+  std::string connected_url{};       // the server connected to last (after a failover: the new one)
   std::uint64_t disconnects = 0;
   std::uint64_t reconnects = 0;
   // Export.

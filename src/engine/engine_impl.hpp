@@ -358,7 +358,11 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   bool LockForPublish(StreamState& stream, std::unique_lock<std::mutex>& lock,
                       const Event& incoming, const PublishFlags& flags, PublishTally& tally);
   // A refusal of the event by `stream`: counted in its stats when `count`.
-  static void Refuse(StreamState& stream, absl::Status why, bool count, PublishTally& tally);
+  // `busy`: refused only because TryPublish does not wait (a full lane of a consumer
+  // with overflow block, or the stream held by a blocked publisher): counted in
+  // PublishAck::streams_busy too.
+  static void Refuse(StreamState& stream, absl::Status why, bool count, PublishTally& tally,
+                     bool busy = false);
   // The members of the stream's matching consumers that take `ev` (their selection
   // policies, under the stream's mutex, at `now` of the engine clock). Requires
   // stream.mu.
@@ -366,8 +370,9 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
                             Targets* targets, std::uint32_t* explicit_acks);
   // ResourceExhausted naming the lane when a target's full lane refuses the publish
   // (kReject, or kBlock for a publish that must not wait).
+  // `busy` is set when the refusal is a kBlock lane that a TryPublish does not wait for.
   static absl::Status CheckLanes(const StreamConfig& cfg, const Event& ev,
-                                 const Targets& targets, const PublishFlags& flags);
+                                 const Targets& targets, const PublishFlags& flags, bool* busy);
   // The conversions ConvertBeforeStore did not make (a consumer added since, a dead
   // letter). Requires stream.mu.
   absl::Status ConvertUnderLock(const Event& ev, const Targets& targets, Converted* converted);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/cord.h"
 #include "engine_impl.hpp"
 #include "inferq/base/error.hpp"
 #include "inferq/base/limits.hpp"
@@ -236,9 +237,10 @@ inline absl::Status Engine::Impl::ConvertBeforeStore(const Event& event,
 }
 
 inline void Engine::Impl::Refuse(StreamState& stream, absl::Status why, bool count,
-                          PublishTally& tally) {
+                          PublishTally& tally, bool busy) {
   if (count) stream.rejected.fetch_add(1, std::memory_order_relaxed);
   ++tally.ack.streams_rejected;
+  if (busy) ++tally.ack.streams_busy;
   if (tally.first_refusal.ok()) tally.first_refusal = std::move(why);
 }
 
@@ -255,7 +257,7 @@ inline bool Engine::Impl::LockForPublish(StreamState& stream, std::unique_lock<s
            absl::ResourceExhaustedError(
                "stream '" + stream.config.name + "': a Publish is blocked on a full lane "
                "(overflow block) and holds the stream; TryPublish does not wait"),
-           flags.count_refusals, tally);
+           flags.count_refusals, tally, /*busy=*/true);
     return false;
   }
   if (lock.try_lock()) return true;
@@ -295,7 +297,8 @@ inline void Engine::Impl::SelectTargets(StreamState& stream, const Event& ev, st
 }
 
 inline absl::Status Engine::Impl::CheckLanes(const StreamConfig& cfg, const Event& ev,
-                                      const Targets& targets, const PublishFlags& flags) {
+                                      const Targets& targets, const PublishFlags& flags,
+                                      bool* busy) {
   // kReject (and kBlock for a publish that must not wait) refuse the publish for this
   // stream before anything changes.
   for (const Target& t : targets) {
@@ -308,6 +311,7 @@ inline absl::Status Engine::Impl::CheckLanes(const StreamConfig& cfg, const Even
     Lane& lane = *t.consumer->lanes[t.member];
     if (!refuses || lane.ring.WouldAccept(QosKey::Of(ev))) continue;
     if (flags.count_refusals) t.consumer->counts.overflow_rejected.fetch_add(1, std::memory_order_relaxed);
+    *busy = overflow == OverflowPolicy::kBlock;
     return absl::ResourceExhaustedError(
         "stream '" + cfg.name + "': lane of consumer '" + t.consumer->config.name +
         "' member " + std::to_string(t.member) + " is full (" +
@@ -485,9 +489,10 @@ inline void Engine::Impl::PublishToStream(StreamState& stream, PublishedEvent& p
   // Full lanes refuse before anything changes. Internal publishes (dead letters) never
   // wait and never refuse: a full lane parks them (EnqueueTargets).
   if (!flags.internal) {
-    if (absl::Status full = CheckLanes(cfg, ev, targets, flags); !full.ok()) {
+    bool busy = false;
+    if (absl::Status full = CheckLanes(cfg, ev, targets, flags, &busy); !full.ok()) {
       lock.unlock();
-      Refuse(stream, std::move(full), flags.count_refusals, tally);
+      Refuse(stream, std::move(full), flags.count_refusals, tally, busy);
       return;
     }
   }
@@ -553,6 +558,11 @@ inline absl::StatusOr<PublishAck> Engine::Impl::FinishPublish(PublishTally& tall
   PublishAck& ack = tally.ack;
   if (ack.streams_stored == 0 && ack.streams_duplicate == 0 && tally.deferred == 0) {
     if (flags.count_refusals) Count(rejected, flags);
+    if (ack.streams_busy > 0 && ack.streams_busy == ack.streams_rejected) {
+      absl::Status st = tally.first_refusal;
+      st.SetPayload(kWouldBlockPayload, absl::Cord("1"));
+      return st;
+    }
     return tally.first_refusal;
   }
   if (ack.streams_stored > 0) Count(published, flags);  // not a duplicate everywhere

@@ -11,117 +11,12 @@
 #include <set>
 #include <thread>
 
-#include "nats_server.hpp"
+#include "nats_test_util.hpp"
 
 using namespace inferq;
 using namespace inferq::nats;
-using inferq_test::NatsServer;
-using inferq_test::TempDir;
+using namespace inferq_test;
 
-namespace {
-
-// Polls `done` until it holds or `limit` passes.
-bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
-
-// A plain nats.c client for the test's own checks.
-struct Client {
-  natsConnection* nc = nullptr;
-  jsCtx* js = nullptr;
-  explicit Client(const std::string& url) {
-    REQUIRE(natsConnection_ConnectTo(&nc, url.c_str()) == NATS_OK);
-    REQUIRE(natsConnection_JetStream(&js, nc, nullptr) == NATS_OK);
-  }
-  ~Client() {
-    jsCtx_Destroy(js);
-    natsConnection_Destroy(nc);
-  }
-  void AddStream(const char* name, const char* subject) {
-    jsStreamConfig c;
-    jsStreamConfig_Init(&c);
-    const char* subjects[] = {subject};
-    c.Name = name;
-    c.Subjects = subjects;
-    c.SubjectsLen = 1;
-    c.Storage = js_FileStorage;
-    jsStreamInfo* si = nullptr;
-    jsErrCode err = static_cast<jsErrCode>(0);
-    REQUIRE(js_AddStream(&si, js, &c, nullptr, &err) == NATS_OK);
-    jsStreamInfo_Destroy(si);
-  }
-  std::uint64_t Messages(const char* stream) {
-    jsStreamInfo* si = nullptr;
-    jsErrCode err = static_cast<jsErrCode>(0);
-    if (js_GetStreamInfo(&si, js, stream, nullptr, &err) != NATS_OK) return 0;
-    const std::uint64_t n = si->State.Msgs;
-    jsStreamInfo_Destroy(si);
-    return n;
-  }
-  // Consumer `durable` of `stream`: (messages waiting for its ack, messages not yet delivered).
-  std::pair<std::int64_t, std::uint64_t> ConsumerState(const char* stream, const char* durable) {
-    jsConsumerInfo* ci = nullptr;
-    jsErrCode err = static_cast<jsErrCode>(0);
-    if (js_GetConsumerInfo(&ci, js, stream, durable, nullptr, &err) != NATS_OK) return {-1, 0};
-    std::pair<std::int64_t, std::uint64_t> out{ci->NumAckPending, ci->NumPending};
-    jsConsumerInfo_Destroy(ci);
-    return out;
-  }
-  void Publish(const std::string& subject, const std::string& data,
-               const std::vector<std::pair<std::string, std::string>>& headers) {
-    natsMsg* m = nullptr;
-    REQUIRE(natsMsg_Create(&m, subject.c_str(), nullptr, data.data(), static_cast<int>(data.size())) == NATS_OK);
-    for (const auto& [k, v] : headers) REQUIRE(natsMsgHeader_Add(m, k.c_str(), v.c_str()) == NATS_OK);
-    jsPubAck* pa = nullptr;
-    jsErrCode err = static_cast<jsErrCode>(0);
-    REQUIRE(js_PublishMsg(&pa, js, m, nullptr, &err) == NATS_OK);
-    jsPubAck_Destroy(pa);
-    natsMsg_Destroy(m);
-  }
-  // Every message of `stream` from the start: subject, data and headers.
-  std::vector<natsMsg*> ReadAll(const char* stream, std::uint64_t count) {
-    std::vector<natsMsg*> out;
-    for (std::uint64_t seq = 1; seq <= count; ++seq) {
-      natsMsg* m = nullptr;
-      jsErrCode err = static_cast<jsErrCode>(0);
-      if (js_GetMsg(&m, js, stream, seq, nullptr, &err) == NATS_OK) out.push_back(m);
-    }
-    return out;
-  }
-};
-
-std::unique_ptr<Engine> NewEngine() {
-  auto e = Engine::Create();
-  REQUIRE(e.ok());
-  return std::move(*e);
-}
-
-BridgeOptions Options(const NatsServer& server, std::string origin) {
-  BridgeOptions o;
-  o.connection.servers = {server.url()};
-  o.connection.reconnect_wait = absl::Milliseconds(50);
-  o.origin = std::move(origin);
-  return o;
-}
-
-Event Work(int i) {
-  Event e;
-  e.subject = "work.item";
-  e.msg_id = "m-" + std::to_string(i);
-  e.tenant = "acme";
-  e.seq_id = "s";
-  e.seq_no = static_cast<std::uint64_t>(i);
-  e.headers.Set("i", std::to_string(i));
-  e.payload = Buffer::FromString("payload-" + std::to_string(i));
-  return e;
-}
-
-}  // namespace
 
 TEST_CASE("nats bridge: bad options and unreachable servers are refused") {
   auto engine = NewEngine();

@@ -12,24 +12,17 @@
 #include <functional>
 #include <thread>
 
-#include "nats_server.hpp"
+#include "nats_test_util.hpp"
 
 using namespace inferq;
 using namespace inferq::nats;
 using inferq_test::NatsServer;
+using inferq_test::NewEngine;
 using inferq_test::TempDir;
+using inferq_test::WaitFor;
 namespace fs = std::filesystem;
 
 namespace {
-
-bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
 
 void Write(const fs::path& p, const std::string& text) {
   std::ofstream out(p);
@@ -80,11 +73,6 @@ std::string TlsConfig(const Certificates& c, const std::string& cert, bool verif
          "  timeout: 2\n}\n";
 }
 
-std::unique_ptr<Engine> NewEngine() {
-  auto e = Engine::Create();
-  REQUIRE(e.ok());
-  return std::move(*e);
-}
 
 BridgeOptions Tls(const NatsServer& server, const Certificates& c) {
   BridgeOptions o;

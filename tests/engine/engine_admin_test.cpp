@@ -1644,3 +1644,45 @@ TEST_CASE("stats sources: a component's figures appear in Stats until it is remo
   CHECK(s.component("bridge.a") == nullptr);
   CHECK(s.components[0].name == "bridge.b");
 }
+
+TEST_CASE("TryPublish tells busy streams (a full kBlock lane) from refusing ones") {
+  auto engine = Engine::Create();
+  REQUIRE(engine.ok());
+  Engine& e = **engine;
+  REQUIRE(e.AddStream({.name = "BLOCK", .subjects = {"b.>", "all.>"}}).ok());
+  REQUIRE(e.AddStream({.name = "REJECT", .subjects = {"r.>", "all.>"}}).ok());
+  REQUIRE(e.AddStream({.name = "OPEN", .subjects = {"o.>"}}).ok());
+  REQUIRE(e.AddConsumer({.stream = "BLOCK", .name = "c", .lane_capacity = 2}).ok());
+  REQUIRE(e.AddConsumer({.stream = "REJECT", .name = "c", .lane_capacity = 2, .overflow = OverflowPolicy::kReject})
+              .ok());
+  auto ev = [](std::string subject) {
+    Event x;
+    x.subject = std::move(subject);
+    return x;
+  };
+  for (int i = 0; i < 2; ++i) REQUIRE(e.TryPublish(ev("all.x")).ok());  // both lanes full now
+
+  auto busy_only = e.TryPublish(ev("b.x"));
+  REQUIRE_FALSE(busy_only.ok());
+  CHECK(busy_only.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(WouldBlock(busy_only.status()));
+
+  auto reject_only = e.TryPublish(ev("r.x"));
+  REQUIRE_FALSE(reject_only.ok());
+  CHECK_FALSE(WouldBlock(reject_only.status()));
+
+  auto both = e.TryPublish(ev("all.x"));
+  REQUIRE_FALSE(both.ok());
+  CHECK_FALSE(WouldBlock(both.status()));  // one of them would refuse anyway
+
+  REQUIRE(e.AddStream({.name = "ALSO", .subjects = {"b.>"}}).ok());
+  auto partial = e.TryPublish(ev("b.y"));  // ALSO stores it, BLOCK is busy
+  REQUIRE(partial.ok());
+  CHECK(partial->streams_stored == 1);
+  CHECK(partial->streams_rejected == 1);
+  CHECK(partial->streams_busy == 1);
+  auto open = e.TryPublish(ev("o.x"));
+  REQUIRE(open.ok());
+  CHECK(open->streams_busy == 0);
+  CHECK_FALSE(WouldBlock(absl::ResourceExhaustedError("not from TryPublish")));
+}

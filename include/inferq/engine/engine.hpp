@@ -156,6 +156,15 @@ struct SyncPoint {
 };
 }  // namespace engine_internal
 
+// The payload (absl::Status::GetPayload) on a TryPublish refusal from streams that
+// were all busy, not full by their limits or kReject lanes (PublishAck::streams_busy):
+// trying again later, or Publish, would store it. WouldBlock(status) tests for it.
+inline constexpr char kWouldBlockPayload[] = "type.inferq.dev/would_block";
+inline bool WouldBlock(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kResourceExhausted &&
+         status.GetPayload(kWouldBlockPayload).has_value();
+}
+
 // Longest Event::msg_id Publish accepts, in bytes (InvalidArgument above it): ids are
 // kept in duplicate windows, so their size is bounded.
 inline constexpr std::size_t kMaxMsgIdBytes = 1024;
@@ -205,6 +214,10 @@ struct PublishAck {
   // Capturing streams that refused it: limits, a full lane, a failed payload
   // conversion, no memory (as StreamStats::rejected).
   std::uint32_t streams_rejected = 0;
+  // Of streams_rejected: those TryPublish refused only because it does not wait (a
+  // full lane of a consumer with OverflowPolicy::kBlock, or the stream held by a
+  // Publish blocked on one): Publish would have stored the event there. 0 for Publish.
+  std::uint32_t streams_busy = 0;
   std::uint32_t deliveries = 0;       // lanes the event was queued on
   // The event's msg_id was accepted within a capturing stream's duplicate window:
   // that stream (streams_duplicate counts them) did not store it again. Another
@@ -442,7 +455,9 @@ class Engine {
   // refuses the publish for that stream as kReject does (ResourceExhausted naming the
   // consumer and member; nothing stored there), and so does a stream whose mutex a
   // Publish blocked on a full lane holds (ResourceExhausted: "a Publish is blocked
-  // on a full lane"). It may spin (yielding) while another publisher holds a
+  // on a full lane"). Such streams count in PublishAck::streams_busy; when every
+  // capturing stream refused and all of them were busy, the ResourceExhausted carries
+  // kWouldBlockPayload (WouldBlock(status) is true): the caller may try again. It may spin (yielding) while another publisher holds a
   // stream's mutex for its short critical section, never for a lane to drain.
   // Otherwise as Publish.
   absl::StatusOr<PublishAck> TryPublish(Event event);

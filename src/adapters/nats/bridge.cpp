@@ -17,6 +17,7 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -24,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "inferq/routing/subject.hpp"
 
 namespace inferq::nats {
 namespace {
@@ -53,20 +55,30 @@ std::string Joined(const std::vector<std::string>& v) {
   return out;
 }
 
-absl::Status CheckName(std::string_view what, std::string_view name) {
+// 1..128 characters of [A-Za-z0-9_-], and '.' too when `dots` (an origin; JetStream
+// refuses '.' in stream and consumer names).
+absl::Status CheckName(std::string_view what, std::string_view name, bool dots) {
   if (name.empty() || name.size() > 128) {
     return absl::InvalidArgumentError(std::string(what) + " '" + std::string(name.substr(0, 128)) +
                                       "' must be 1..128 characters");
   }
   for (char c : name) {
     if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-          c == '-' || c == '.')) {
-      return absl::InvalidArgumentError(std::string(what) + " '" + std::string(name) +
-                                        "' may hold only [A-Za-z0-9_.-]");
+          c == '-' || (dots && c == '.'))) {
+      return absl::InvalidArgumentError(std::string(what) + " '" + std::string(name) + "' may hold only " +
+                                        (dots ? "[A-Za-z0-9_.-]" : "[A-Za-z0-9_-]"));
     }
   }
   return absl::OkStatus();
 }
+
+std::string Dur(absl::Duration d) { return absl::FormatDuration(d); }
+
+// The longest NATS subject the bridge sends. A server closes a connection whose
+// protocol line ("HPUB <subject> <reply> <sizes>") is longer than its
+// max_control_line (4 KiB by default), and the client then gives the connection up
+// for good; the margin leaves room for the reply inbox and the sizes.
+constexpr std::size_t kMaxNatsSubjectBytes = 3840;
 
 std::string DefaultOrigin() {
   char host[256] = {};
@@ -159,9 +171,14 @@ struct NatsBridge::Impl {
   jsCtx* js = nullptr;  // imports and stream lookups
   std::atomic<bool> stopping{false};
   std::optional<std::uint64_t> stats_source;  // Engine::AddStatsSource's id
+  // "<origin>.<random 64-bit hex>.": the Nats-Msg-Id the export gives an event without
+  // a msg_id begins with it (then "<stream>.<sequence>").
+  std::string msg_id_prefix;
 
+  std::mutex close_mu;  // held through Close: a second Close returns when the first is done
   std::mutex mu;
   bool closed ABSL_GUARDED_BY(mu) = false;
+  std::atomic<bool> closing{false};  // Close has begun (OnClosed tells our close from the server's)
   std::vector<std::unique_ptr<Export>> exports ABSL_GUARDED_BY(mu);
   std::vector<std::unique_ptr<Import>> imports ABSL_GUARDED_BY(mu);
 
@@ -216,9 +233,15 @@ struct NatsBridge::Impl {
   }
   // The last callback of a connection; libnats runs it on its own thread after
   // natsConnection_Close returned, so Close waits for it before the Impl goes.
-  static void OnClosed(natsConnection*, void* closure) {
+  static void OnClosed(natsConnection* nc, void* closure) {
     auto* self = static_cast<Impl*>(closure);
     self->connected.store(false);
+    if (!self->closing.load()) {
+      const char* text = nullptr;
+      const natsStatus st = natsConnection_GetLastError(nc, &text);
+      self->Error(std::string("the NATS connection was closed and is not reconnected: ") +
+                  natsStatus_GetText(st) + (text != nullptr && *text != '\0' ? std::string(": ") + text : ""));
+    }
     std::lock_guard l(self->closed_cb_mu);
     self->closed_cb_ran = true;
     self->closed_cb_cv.notify_all();
@@ -352,7 +375,32 @@ struct NatsBridge::Impl {
     absl::StatusOr<WireMessage> w = [&]() -> absl::StatusOr<WireMessage> {
       auto subject = AddSubjectPrefix(ex.cfg.subject_prefix, e.subject);
       if (!subject.ok()) return subject.status();
-      return ToWire(e, *subject, ex.cfg.format, options.origin);
+      if (subject->size() > kMaxNatsSubjectBytes) {
+        return absl::InvalidArgumentError("NATS subject of " + std::to_string(subject->size()) +
+                                          " bytes is longer than the bridge sends (" +
+                                          std::to_string(kMaxNatsSubjectBytes) +
+                                          "; a server closes a connection over its max_control_line)");
+      }
+      auto wire = ToWire(e, *subject, ex.cfg.format, options.origin);
+      if (!wire.ok()) return wire.status();
+      if (e.msg_id.empty()) {
+        // Without a msg_id a retried publish whose first try did arrive would be
+        // stored twice: the bridge names it itself, for JetStream's duplicate window.
+        // The nonce makes it this bridge's own (a restarted memory stream numbers
+        // its messages from 1 again).
+        wire->headers.insert(wire->headers.begin(),
+                             {std::string(kMsgIdHeader), msg_id_prefix + ex.cfg.consumer.stream + "." +
+                                                             std::to_string(m.stream_seq())});
+      }
+      std::size_t bytes = wire->payload.size() + 12;  // "NATS/1.0\r\n" ... "\r\n"
+      for (const auto& [k, v] : wire->headers) bytes += k.size() + v.size() + 4;
+      const std::int64_t max_payload = natsConnection_GetMaxPayload(nc);
+      if (max_payload > 0 && bytes > static_cast<std::size_t>(max_payload)) {
+        return absl::InvalidArgumentError("message of " + std::to_string(bytes) +
+                                          " bytes (payload and headers) is larger than the server's "
+                                          "max_payload of " + std::to_string(max_payload));
+      }
+      return wire;
     }();
     absl::StatusOr<NatsMsgPtr> nm = w.ok() ? MakeNatsMsg(*w) : absl::StatusOr<NatsMsgPtr>(w.status());
     if (!nm.ok()) {
@@ -428,7 +476,18 @@ struct NatsBridge::Impl {
       sent.push_back(&m);
     }
     if (sent.empty()) return;
-    if (s == NATS_OK) s = natsConnection_FlushTimeout(nc, Millis(ex.cfg.ack_timeout));
+    // The flush in slices of at most 100 ms, so that Close is not held for ack_timeout.
+    const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(ex.cfg.ack_timeout);
+    while (s == NATS_OK) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || stopping.load()) {
+        s = NATS_TIMEOUT;
+        break;
+      }
+      const natsStatus f = natsConnection_FlushTimeout(nc, std::min<std::int64_t>(100, left.count()));
+      if (f == NATS_OK) break;
+      if (f != NATS_TIMEOUT) s = f;
+    }
     for (Message* m : sent) {
       if (s == NATS_OK) {
         (void)m->Ack();
@@ -464,15 +523,52 @@ struct NatsBridge::Impl {
 
   // ---- import ----
 
-  // Publishes `event` into the engine, waiting while its lanes are full, at most
-  // until `give_up` or Close.
-  absl::StatusOr<PublishAck> PublishLocal(Event event, std::chrono::steady_clock::time_point give_up) {
+  // What became of an import's publish into the engine.
+  enum class Local { kStored, kBusy, kRefused, kInvalid };
+  struct LocalResult {
+    Local what;
+    std::string why;
+    bool duplicate = false;
+  };
+
+  // Publishes `event` into the engine (TryPublish, never blocking the bridge's Close).
+  // While a capturing stream is only busy (a full lane of a consumer with overflow
+  // block: PublishAck::streams_busy, WouldBlock) it tries again, at most until
+  // `give_up` or Close: kBusy then. A stream that refuses by its limits or a kReject
+  // lane makes it kRefused at once, also when other streams stored the event (their
+  // duplicate window drops the redelivery). kInvalid for an event the engine finds
+  // invalid.
+  LocalResult PublishLocal(const Event& event, std::chrono::steady_clock::time_point give_up) {
     auto pause = std::chrono::microseconds(100);
     for (;;) {
-      Event copy = event;
-      absl::StatusOr<PublishAck> r = engine.TryPublish(std::move(copy));
-      if (r.ok() || r.status().code() != absl::StatusCode::kResourceExhausted) return r;
-      if (stopping.load() || std::chrono::steady_clock::now() >= give_up) return r;
+      absl::StatusOr<PublishAck> r = engine.TryPublish(Event(event));
+      bool busy = false;
+      if (r.ok()) {
+        if (r->streams_rejected == 0) return {Local::kStored, {}, r->streams_stored == 0 && r->duplicate};
+        if (r->streams_busy < r->streams_rejected) {
+          return {Local::kRefused,
+                  std::to_string(r->streams_rejected - r->streams_busy) + " of the capturing streams refused it " +
+                      "(a limit or a full lane with overflow reject) while " + std::to_string(r->streams_stored) +
+                      " stored it"};
+        }
+        busy = true;
+      } else if (WouldBlock(r.status())) {
+        busy = true;
+      } else {
+        switch (r.status().code()) {
+          case absl::StatusCode::kResourceExhausted:
+          case absl::StatusCode::kNotFound:
+          case absl::StatusCode::kCancelled:
+          case absl::StatusCode::kUnavailable:
+          case absl::StatusCode::kFailedPrecondition:
+            return {Local::kRefused, std::string(r.status().message())};
+          default:
+            return {Local::kInvalid, std::string(r.status().message())};
+        }
+      }
+      if (busy && (stopping.load() || std::chrono::steady_clock::now() >= give_up)) {
+        return {Local::kBusy, "a lane it must go to stayed full (overflow block)"};
+      }
       std::this_thread::sleep_for(pause);
       pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
     }
@@ -508,25 +604,25 @@ struct NatsBridge::Impl {
     if (event->msg_id.empty() && meta != nullptr) {
       event->msg_id = std::string(meta->Stream) + ":" + std::to_string(meta->Sequence.Stream);
     }
+    // What an import brought in is never exported again (ExportConfig): mark it when
+    // its publisher did not.
+    if (!event->headers.Has(kOriginHeader)) event->headers.Set(std::string(kOriginHeader), "nats:" + im.cfg.stream);
     const auto give_up = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(im.cfg.ack_wait / 2);
-    absl::StatusOr<PublishAck> r = PublishLocal(std::move(*event), give_up);
-    if (r.ok()) {
-      if (r->streams_stored == 0 && r->duplicate) import_duplicates.fetch_add(1);
-      (void)natsMsg_Ack(m, nullptr);
-      imported.fetch_add(1);
-      return;
-    }
-    switch (r.status().code()) {
-      case absl::StatusCode::kResourceExhausted:
-      case absl::StatusCode::kNotFound:
-      case absl::StatusCode::kCancelled:
-      case absl::StatusCode::kUnavailable:
-        Error("import of '" + std::string(nats_subject) + "' into the engine: " + std::string(r.status().message()));
+    const LocalResult r = PublishLocal(*event, give_up);
+    switch (r.what) {
+      case Local::kStored:
+        if (r.duplicate) import_duplicates.fetch_add(1);
+        (void)natsMsg_Ack(m, nullptr);
+        imported.fetch_add(1);
+        return;
+      case Local::kBusy:
+      case Local::kRefused:
+        Error("import of '" + std::string(nats_subject) + "' into the engine: " + r.why + "; nak'ed");
         (void)natsMsg_NakWithDelay(m, Millis(im.cfg.retry_delay), nullptr);
         import_refused.fetch_add(1);
         return;
-      default:
-        return invalid(r.status());
+      case Local::kInvalid:
+        return invalid(absl::InvalidArgumentError(r.why));
     }
   }
 
@@ -603,6 +699,7 @@ struct NatsBridge::Impl {
   }
 
   void Close(absl::Duration drain) {
+    std::lock_guard whole(close_mu);
     std::vector<std::unique_ptr<Export>> exs;
     std::vector<std::unique_ptr<Import>> ims;
     {
@@ -612,6 +709,7 @@ struct NatsBridge::Impl {
       exs = std::move(exports);
       ims = std::move(imports);
     }
+    closing.store(true);
     if (stats_source) (void)engine.RemoveStatsSource(*stats_source);
     stopping.store(true);
     for (auto& ex : exs) {
@@ -701,12 +799,20 @@ absl::StatusOr<std::unique_ptr<NatsBridge>> NatsBridge::Connect(Engine& engine, 
   if (c.connect_timeout <= absl::ZeroDuration() || c.reconnect_wait < absl::ZeroDuration() ||
       c.jetstream_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "BridgeOptions.connection: connect_timeout and jetstream_timeout must be positive and "
-        "reconnect_wait not negative");
+        "BridgeOptions.connection: connect_timeout (" + Dur(c.connect_timeout) + ") and jetstream_timeout (" +
+        Dur(c.jetstream_timeout) + ") must be positive and reconnect_wait (" + Dur(c.reconnect_wait) +
+        ") not negative");
   }
   if (options.origin.empty()) options.origin = DefaultOrigin();
-  if (auto st = CheckName("BridgeOptions.origin", options.origin); !st.ok()) return st;
+  if (auto st = CheckName("BridgeOptions.origin", options.origin, /*dots=*/true); !st.ok()) return st;
   auto impl = std::make_unique<Impl>(engine, std::move(options));
+  {
+    std::random_device rd;
+    const std::uint64_t nonce = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(nonce));
+    impl->msg_id_prefix = impl->options.origin + "." + hex + ".";
+  }
   if (auto st = impl->Connect(); !st.ok()) {
     impl->Close(absl::ZeroDuration());
     return st;
@@ -729,7 +835,9 @@ absl::Status NatsBridge::AddExport(ExportConfig config) {
                                       " is not in 1..65536");
   }
   if (config.ack_timeout <= absl::ZeroDuration() || config.retry_delay < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("ExportConfig: ack_timeout must be positive and retry_delay not negative");
+    return absl::InvalidArgumentError("ExportConfig: ack_timeout (" + Dur(config.ack_timeout) +
+                                      ") must be positive and retry_delay (" + Dur(config.retry_delay) +
+                                      ") not negative");
   }
   if (config.consumer.ack != AckPolicy::kExplicit) {
     return absl::InvalidArgumentError("ExportConfig.consumer '" + config.consumer.name +
@@ -768,8 +876,8 @@ absl::Status NatsBridge::AddExport(ExportConfig config) {
 
 absl::Status NatsBridge::AddImport(ImportConfig config) {
   Impl& im = *impl_;
-  if (auto st = CheckName("ImportConfig.stream", config.stream); !st.ok()) return st;
-  if (auto st = CheckName("ImportConfig.durable", config.durable); !st.ok()) return st;
+  if (auto st = CheckName("ImportConfig.stream", config.stream, false); !st.ok()) return st;
+  if (auto st = CheckName("ImportConfig.durable", config.durable, false); !st.ok()) return st;
   if (config.filter_subject.empty()) {
     return absl::InvalidArgumentError("ImportConfig.filter_subject is empty (name the subjects to import)");
   }
@@ -778,10 +886,25 @@ absl::Status NatsBridge::AddImport(ImportConfig config) {
                                       " is not in 1..4096");
   }
   if (config.ack_wait <= absl::ZeroDuration() || config.retry_delay < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("ImportConfig: ack_wait must be positive and retry_delay not negative");
+    return absl::InvalidArgumentError("ImportConfig: ack_wait (" + Dur(config.ack_wait) +
+                                      ") must be positive and retry_delay (" + Dur(config.retry_delay) +
+                                      ") not negative");
+  }
+  if (auto pattern = SubjectPattern::Parse(config.filter_subject); !pattern.ok()) {
+    return absl::InvalidArgumentError("ImportConfig.filter_subject '" + config.filter_subject +
+                                      "': " + std::string(pattern.status().message()));
   }
   if (!config.strip_prefix.empty()) {
     if (auto p = AddSubjectPrefix(config.strip_prefix, "x"); !p.ok()) return p.status();
+    // Every subject the filter lets through must start with the prefix and a further
+    // token, or each message would be refused (terminated) on arrival.
+    const std::string lead = config.strip_prefix + ".";
+    if (config.filter_subject.size() <= lead.size() || config.filter_subject.compare(0, lead.size(), lead) != 0) {
+      return absl::InvalidArgumentError("ImportConfig.strip_prefix '" + config.strip_prefix +
+                                        "' does not lead every subject of filter_subject '" +
+                                        config.filter_subject + "' (the filter must start with '" + lead +
+                                        "' and a further token)");
+    }
   }
   if (auto p = AddSubjectPrefix(config.add_prefix, "x"); !p.ok()) return p.status();
   std::lock_guard l(im.mu);

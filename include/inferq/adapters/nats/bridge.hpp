@@ -12,17 +12,26 @@
 //    and during an outage the local lanes fill (backpressure) instead of dropping.
 //    At most ExportConfig::max_in_flight publishes await their PubAck.
 //  - Import: a durable JetStream pull consumer that the bridge creates (or binds to)
-//    fetches messages and publishes each into the engine; the message is acked to
-//    NATS only after Engine::Publish accepted it, which on a file stream is after
-//    the stream's sync policy is met. When the engine refuses it (a full lane with
-//    overflow reject, a limit) it is nak'ed with ImportConfig::retry_delay; a
-//    publish blocked on a full lane (overflow block) holds the fetch loop, so the
-//    import fetches as fast as the local lanes drain.
+//    fetches messages and publishes each into the engine (TryPublish); the message
+//    is acked to NATS only after every local stream that captures it stored it,
+//    which on a file stream is after the stream's sync policy is met. While a stream
+//    is only busy (a full lane of a consumer with overflow block: WouldBlock,
+//    PublishAck::streams_busy) the import tries again and fetches nothing more, for
+//    at most half of ImportConfig::ack_wait, so the import goes as fast as the local
+//    lanes drain; then, or at once when a stream refuses it by its limits or a
+//    kReject lane, it is nak'ed with ImportConfig::retry_delay and JetStream delivers
+//    it again (streams that stored it drop the copy by msg_id in their duplicate
+//    window; one without a window stores it again). An imported event carries
+//    Inferq-Origin (its publisher's, or "nats:<stream>"), so no export sends it back.
 // Subjects, attributes and payloads are mapped as adapters/nats/mapping.hpp says.
 // Delivery across the bridge is at least once: a redelivered NATS message whose
 // msg_id (Nats-Msg-Id, or "<stream>:<sequence>" of JetStream when it has none) is
 // still in the local stream's duplicate window is not stored twice, and JetStream's
-// own duplicate window drops an export retried with the same Nats-Msg-Id.
+// own duplicate window drops an export retried with the same Nats-Msg-Id (an event
+// without msg_id is sent with "<origin>.<this bridge's random nonce>.<stream>.<seq>").
+// An event that can never cross (a header NATS cannot carry, a NATS subject over
+// 3,840 bytes, which would make the server close the connection, a message over the
+// server's max_payload) is terminated locally with the reason (export_invalid).
 //
 // Usage:
 //   inferq::nats::BridgeOptions o;

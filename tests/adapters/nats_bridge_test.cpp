@@ -215,7 +215,8 @@ TEST_CASE("nats bridge: two sites bridging the same subjects both ways do not lo
     REQUIRE(m->Ack().ok());
   }
   REQUIRE(WaitFor([&] {
-    return (*bridge_a)->Stats().import_loops == kN && (*bridge_b)->Stats().export_loops == kN;
+    return (*bridge_a)->Stats().import_loops == kN && (*bridge_b)->Stats().export_loops == kN &&
+           (*bridge_b)->Stats().imported == kN;
   }));
   CHECK(ma->Next(absl::Milliseconds(200)).status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(mb->Next(absl::Milliseconds(10)).status().code() == absl::StatusCode::kDeadlineExceeded);

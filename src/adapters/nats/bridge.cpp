@@ -583,8 +583,8 @@ struct NatsBridge::Impl {
     const std::vector<std::pair<std::string, std::string>> headers = HeadersOf(m);
     for (const auto& [k, v] : headers) {
       if (k == kOriginHeader && v == options.origin) {
-        (void)natsMsg_Ack(m, nullptr);
         import_loops.fetch_add(1);
+        (void)natsMsg_Ack(m, nullptr);
         return;
       }
     }
@@ -592,8 +592,8 @@ struct NatsBridge::Impl {
     auto invalid = [&](const absl::Status& st) {
       Error("import of '" + std::string(nats_subject) + "' from JetStream stream '" + im.cfg.stream +
             "' refused: " + std::string(st.message()));
+      import_invalid.fetch_add(1);  // counted before NATS hears of it, like `imported`
       (void)natsMsg_Term(m, nullptr);
-      import_invalid.fetch_add(1);
     };
     auto subject = ReplaceSubjectPrefix(nats_subject, im.cfg.strip_prefix, im.cfg.add_prefix);
     if (!subject.ok()) return invalid(subject.status());
@@ -611,15 +611,16 @@ struct NatsBridge::Impl {
     const LocalResult r = PublishLocal(*event, give_up);
     switch (r.what) {
       case Local::kStored:
+        // Counted before the ack: whoever sees the ack in NATS sees the count.
         if (r.duplicate) import_duplicates.fetch_add(1);
-        (void)natsMsg_Ack(m, nullptr);
         imported.fetch_add(1);
+        (void)natsMsg_Ack(m, nullptr);
         return;
       case Local::kBusy:
       case Local::kRefused:
         Error("import of '" + std::string(nats_subject) + "' into the engine: " + r.why + "; nak'ed");
-        (void)natsMsg_NakWithDelay(m, Millis(im.cfg.retry_delay), nullptr);
         import_refused.fetch_add(1);
+        (void)natsMsg_NakWithDelay(m, Millis(im.cfg.retry_delay), nullptr);
         return;
       case Local::kInvalid:
         return invalid(absl::InvalidArgumentError(r.why));

@@ -330,6 +330,9 @@ struct NatsBridge::Impl {
   static void OnPubAck(jsCtx*, natsMsg* msg, jsPubAck* pa, jsPubAckErr* pae, void* closure) {
     auto* ex = static_cast<Export*>(closure);
     Impl* self = ex->impl;
+    // Read before the lock: once destroy_after_publish is set, the publishing thread
+    // may destroy `msg` (found by ThreadSanitizer: the subject was read after that).
+    const std::string nats_subject = pa == nullptr ? std::string(natsMsg_GetSubject(msg)) : std::string();
     std::optional<Message> m;
     bool destroy = true;
     {
@@ -349,7 +352,7 @@ struct NatsBridge::Impl {
       } else {
         std::string why = pae != nullptr && pae->ErrText != nullptr ? pae->ErrText
                           : pae != nullptr ? natsStatus_GetText(pae->Err) : "no PubAck";
-        if (std::string server = self->AsyncErrorAbout(natsMsg_GetSubject(msg)); !server.empty()) {
+        if (std::string server = self->AsyncErrorAbout(nats_subject); !server.empty()) {
           why += " (the server reported: " + server + ")";
         }
         self->Error("export of '" + m->event().subject + "' (stream " + ex->cfg.consumer.stream +

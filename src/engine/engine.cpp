@@ -34,8 +34,10 @@ namespace {
 // arena back and holds at most 64, so engines share them. nullptr when none can be
 // made (built without mimalloc); `why` then says so.
 NumaArena* ProcessArena(const Topology& topology, int node_index, std::string* why) {
+  // Never destroyed: pools in engines still running while std::exit destroys statics
+  // keep using the arenas' memory.
   static std::mutex mu;
-  static std::vector<std::pair<int, std::unique_ptr<NumaArena>>> arenas;
+  static auto& arenas = *new std::vector<std::pair<int, std::unique_ptr<NumaArena>>>();
   const int os_index = topology.nodes()[static_cast<std::size_t>(node_index)].index;
   std::lock_guard lock(mu);
   for (auto& [idx, arena] : arenas) {

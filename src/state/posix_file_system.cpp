@@ -373,7 +373,8 @@ absl::StatusOr<std::string> FileSystem::ReadAt(const std::string& path, std::uin
 }
 
 std::shared_ptr<FileSystem> PosixFileSystem() {
-  static const std::shared_ptr<FileSystem> fs = std::make_shared<Posix>();
+  // Never destroyed, like every static here that threads may use while std::exit runs.
+  static const auto& fs = *new std::shared_ptr<FileSystem>(std::make_shared<Posix>());
   return fs;
 }
 

@@ -431,7 +431,8 @@ class StateStore::Impl {
     return std::min<std::uint64_t>(std::uint64_t{1} << 20, opt_.segment_bytes);
   }
   absl::Status WriteZeros(std::uint64_t offset, std::uint64_t n) {
-    static const std::string zeros(std::size_t{1} << 20, '\0');
+    // Never destroyed: a log thread may still write while std::exit destroys statics.
+    static const std::string& zeros = *new std::string(std::size_t{1} << 20, '\0');
     while (n > 0) {
       const std::uint64_t k = std::min<std::uint64_t>(n, zeros.size());
       if (auto st = file_->WriteAt(offset, std::string_view(zeros).substr(0, k)); !st.ok()) return st;

@@ -634,7 +634,8 @@ class StreamLog::Impl {
     return absl::OkStatus();
   }
   absl::Status WriteZeros(std::uint64_t offset, std::uint64_t n) {
-    static const std::string zeros(std::size_t{1} << 20, '\0');
+    // Never destroyed: a log thread may still write while std::exit destroys statics.
+    static const std::string& zeros = *new std::string(std::size_t{1} << 20, '\0');
     while (n > 0) {
       const std::uint64_t k = std::min<std::uint64_t>(n, zeros.size());
       if (auto st = file_->WriteAt(offset, std::string_view(zeros).substr(0, k)); !st.ok()) return st;

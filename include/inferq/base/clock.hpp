@@ -39,10 +39,11 @@ class SteadyClock final : public Clock {
                std::chrono::steady_clock::now().time_since_epoch())
         .count();
   }
-  // A process-wide instance; lives for the whole program.
+  // A process-wide instance; lives for the whole program and is never destroyed, so
+  // engine threads still running while std::exit destroys statics can read it.
   static SteadyClock* Default() {
-    static SteadyClock clock;
-    return &clock;
+    static SteadyClock* const clock = new SteadyClock();
+    return clock;
   }
 };
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "inferq/base/histogram.hpp"
+#include "inferq/engine/config.hpp"
 #include "inferq/memory/fixed_pool.hpp"
 #include "inferq/routing/selection.hpp"
 #include "inferq/sched/batcher.hpp"
@@ -47,6 +48,7 @@ struct LatencySummary {
 
 struct StreamStats {
   std::string name;
+  RetentionPolicy retention = RetentionPolicy::kLimits;  // the stream's StreamConfig::retention
   std::uint64_t messages = 0;    // kept now
   std::uint64_t bytes = 0;       // kept now
   std::uint64_t last_seq = 0;    // last sequence assigned (0: none yet)

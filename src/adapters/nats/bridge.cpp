@@ -161,6 +161,16 @@ struct NatsBridge::Impl {
     ImportConfig cfg;
     natsSubscription* sub = nullptr;
     std::thread thread;
+    // ImportAck::kConsumed: messages stored in cfg.ack_stream under `seq` and not yet
+    // consumed there, oldest first; the NATS message is acked once the stream no
+    // longer holds `seq`. Only the import's thread touches them.
+    struct Held {
+      natsMsg* msg;
+      std::uint64_t seq;
+      std::chrono::steady_clock::time_point next_progress;
+    };
+    std::vector<Held> held;
+    bool warned_unsettled = false;  // last_error said once that a message was acked when stored
   };
 
   Impl(Engine& e, BridgeOptions o) : engine(e), options(std::move(o)) {}
@@ -187,7 +197,7 @@ struct NatsBridge::Impl {
   std::atomic<std::uint64_t> exported{0}, export_pending{0}, export_failures{0}, export_duplicates{0},
       export_loops{0}, export_invalid{0};
   std::atomic<std::uint64_t> imported{0}, import_redelivered{0}, import_duplicates{0},
-      import_refused{0}, import_invalid{0}, import_loops{0}, fetch_errors{0};
+      import_refused{0}, import_invalid{0}, import_loops{0}, fetch_errors{0}, import_held{0};
   std::mutex closed_cb_mu;
   std::condition_variable closed_cb_cv;
   bool closed_cb_ran ABSL_GUARDED_BY(closed_cb_mu) = false;
@@ -532,6 +542,8 @@ struct NatsBridge::Impl {
     Local what;
     std::string why;
     bool duplicate = false;
+    std::uint32_t streams = 0;  // streams that stored it or found it a duplicate
+    std::uint64_t seq = 0;      // PublishAck::seq
   };
 
   // Publishes `event` into the engine (TryPublish, never blocking the bridge's Close).
@@ -547,7 +559,10 @@ struct NatsBridge::Impl {
       absl::StatusOr<PublishAck> r = engine.TryPublish(Event(event));
       bool busy = false;
       if (r.ok()) {
-        if (r->streams_rejected == 0) return {Local::kStored, {}, r->streams_stored == 0 && r->duplicate};
+        if (r->streams_rejected == 0) {
+          return {Local::kStored, {}, r->streams_stored == 0 && r->duplicate,
+                  r->streams_stored + r->streams_duplicate, r->seq};
+        }
         if (r->streams_busy < r->streams_rejected) {
           return {Local::kRefused,
                   std::to_string(r->streams_rejected - r->streams_busy) + " of the capturing streams refused it " +
@@ -575,6 +590,67 @@ struct NatsBridge::Impl {
       std::this_thread::sleep_for(pause);
       pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
     }
+  }
+
+  // ImportAck::kConsumed, after `event` (from NATS message `m`) was stored: keeps `m`
+  // un-acked until cfg.ack_stream no longer holds it (SettleHeld), and takes it from
+  // the fetched list's ownership (true). False, with last_error saying why, when the
+  // stored message cannot be followed there: another stream stored it too, or the
+  // message at PublishAck::seq in ack_stream is not this event; the caller acks it.
+  bool Hold(Import& im, natsMsg* m, const Event& event, const LocalResult& r) {
+    std::string why;
+    if (r.streams != 1) {
+      why = std::to_string(r.streams) + " local streams stored it";
+    } else {
+      absl::StatusOr<std::shared_ptr<const Event>> got = engine.GetMessage(im.cfg.ack_stream, r.seq);
+      if (got.ok() && (*got)->msg_id != event.msg_id) {
+        why = "another stream stored it (ack_stream '" + im.cfg.ack_stream + "' holds '" + (*got)->msg_id +
+              "' at sequence " + std::to_string(r.seq) + ")";
+      } else if (!got.ok() && got.status().code() != absl::StatusCode::kNotFound) {
+        why = std::string(got.status().message());
+      }
+      // NotFound: consumed already (or stored elsewhere and the sequence is free in
+      // ack_stream; the ack is right either way: it was stored). Held until the next
+      // SettleHeld, which acks it.
+    }
+    if (!why.empty()) {
+      if (!im.warned_unsettled) {
+        im.warned_unsettled = true;
+        Error("import of '" + std::string(natsMsg_GetSubject(m)) + "' (ImportAck::kConsumed): " + why +
+              ", so it was acked to NATS once stored");
+      }
+      return false;
+    }
+    im.held.push_back({m, r.seq, std::chrono::steady_clock::now() + Progress(im)});
+    import_held.fetch_add(1);
+    return true;
+  }
+
+  static std::chrono::steady_clock::duration Progress(const Import& im) {
+    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        absl::ToChronoNanoseconds(im.cfg.ack_wait / 3));
+  }
+
+  // Acks to NATS the held messages that cfg.ack_stream no longer holds, and tells
+  // JetStream the others are in progress every ack_wait / 3.
+  void SettleHeld(Import& im) {
+    const auto now = std::chrono::steady_clock::now();
+    std::size_t kept = 0;
+    for (Import::Held& h : im.held) {
+      absl::StatusOr<std::shared_ptr<const Event>> got = engine.GetMessage(im.cfg.ack_stream, h.seq);
+      if (!got.ok() && got.status().code() == absl::StatusCode::kNotFound) {
+        import_held.fetch_sub(1);
+        (void)natsMsg_Ack(h.msg, nullptr);
+        natsMsg_Destroy(h.msg);
+        continue;
+      }
+      if (now >= h.next_progress) {
+        (void)natsMsg_InProgress(h.msg, nullptr);
+        h.next_progress = now + Progress(im);
+      }
+      im.held[kept++] = h;
+    }
+    im.held.resize(kept);
   }
 
   void HandleImported(Import& im, natsMsg* m) {
@@ -617,6 +693,7 @@ struct NatsBridge::Impl {
         // Counted before the ack: whoever sees the ack in NATS sees the count.
         if (r.duplicate) import_duplicates.fetch_add(1);
         imported.fetch_add(1);
+        if (im.cfg.ack == ImportAck::kConsumed && Hold(im, m, *event, r)) return;
         (void)natsMsg_Ack(m, nullptr);
         return;
       case Local::kBusy:
@@ -632,9 +709,12 @@ struct NatsBridge::Impl {
 
   void RunImport(Import& im) {
     while (!stopping.load()) {
+      if (!im.held.empty()) SettleHeld(im);
       natsMsgList list{};
       jsErrCode code = static_cast<jsErrCode>(0);
-      const natsStatus s = natsSubscription_Fetch(&list, im.sub, im.cfg.fetch_batch, 200, &code);
+      // Held messages are looked at every 20 ms while there are some.
+      const natsStatus s =
+          natsSubscription_Fetch(&list, im.sub, im.cfg.fetch_batch, im.held.empty() ? 200 : 20, &code);
       if (s == NATS_TIMEOUT) continue;
       if (s != NATS_OK) {
         if (stopping.load()) break;
@@ -648,10 +728,24 @@ struct NatsBridge::Impl {
         if (stopping.load()) {
           (void)natsMsg_Nak(list.Msgs[i], nullptr);
         } else {
+          const std::size_t held = im.held.size();
           HandleImported(im, list.Msgs[i]);
+          if (im.held.size() > held) list.Msgs[i] = nullptr;  // held: not destroyed with the list
         }
       }
       natsMsgList_Destroy(&list);
+    }
+    // Closing: what was consumed meanwhile is acked, the rest nak'ed, so that
+    // JetStream delivers it again (here after a restart, or to another process).
+    if (!im.held.empty()) {
+      SettleHeld(im);
+      for (Import::Held& h : im.held) {
+        (void)natsMsg_Nak(h.msg, nullptr);
+        natsMsg_Destroy(h.msg);
+        import_held.fetch_sub(1);
+      }
+      im.held.clear();
+      (void)natsConnection_FlushTimeout(nc, 1000);
     }
   }
 
@@ -672,6 +766,7 @@ struct NatsBridge::Impl {
     s.import_refused = import_refused.load();
     s.import_invalid = import_invalid.load();
     s.import_loops = import_loops.load();
+    s.import_held = import_held.load();
     s.fetch_errors = fetch_errors.load();
     std::lock_guard l(error_mu);
     s.last_error = last_error;
@@ -698,6 +793,7 @@ struct NatsBridge::Impl {
                   {"import_refused_total", d(s.import_refused)},
                   {"import_invalid_total", d(s.import_invalid)},
                   {"import_loops_total", d(s.import_loops)},
+                  {"import_held", d(s.import_held)},
                   {"fetch_errors_total", d(s.fetch_errors)}};
     out.detail = s.last_error;
   }
@@ -911,6 +1007,27 @@ absl::Status NatsBridge::AddImport(ImportConfig config) {
     }
   }
   if (auto p = AddSubjectPrefix(config.add_prefix, "x"); !p.ok()) return p.status();
+  if (config.max_ack_pending < 0 || config.max_ack_pending > 1'000'000) {
+    return absl::InvalidArgumentError("ImportConfig.max_ack_pending " + std::to_string(config.max_ack_pending) +
+                                      " is not in 0..1000000");
+  }
+  if (config.ack == ImportAck::kStored && !config.ack_stream.empty()) {
+    return absl::InvalidArgumentError("ImportConfig.ack_stream '" + config.ack_stream +
+                                      "' is set, but ack is kStored (it names the stream of ImportAck::kConsumed)");
+  }
+  if (config.ack == ImportAck::kConsumed) {
+    const EngineStats st = im.engine.Stats();
+    const StreamStats* local = st.stream(config.ack_stream);
+    if (local == nullptr) {
+      return absl::InvalidArgumentError("ImportConfig.ack_stream '" + config.ack_stream +
+                                        "' is not a stream of the engine (ImportAck::kConsumed needs one)");
+    }
+    if (local->retention != RetentionPolicy::kWorkQueue) {
+      return absl::InvalidArgumentError("ImportConfig.ack_stream '" + config.ack_stream +
+                                        "' does not have work-queue retention (ImportAck::kConsumed acks NATS "
+                                        "when its consumer's ack removes the message)");
+    }
+  }
   std::lock_guard l(im.mu);
   if (im.closed) return absl::FailedPreconditionError("the NATS bridge is closed");
   jsStreamInfo* si = nullptr;
@@ -933,6 +1050,7 @@ absl::Status NatsBridge::AddImport(ImportConfig config) {
   so.Config.AckPolicy = js_AckExplicit;
   so.Config.AckWait = absl::ToInt64Nanoseconds(config.ack_wait);
   so.Config.DeliverPolicy = js_DeliverAll;
+  so.Config.MaxAckPending = config.max_ack_pending;
   s = js_PullSubscribe(&imp->sub, im.js, imp->cfg.filter_subject.c_str(), imp->cfg.durable.c_str(), nullptr,
                        &so, &code);
   if (s != NATS_OK) {

@@ -23,6 +23,10 @@
 //    it again (streams that stored it drop the copy by msg_id in their duplicate
 //    window; one without a window stores it again). An imported event carries
 //    Inferq-Origin (its publisher's, or "nats:<stream>"), so no export sends it back.
+//    With ImportAck::kConsumed the NATS ack waits further, until the local consumer
+//    of a work-queue stream acked the message: processes that share a durable then
+//    share the work at least once, and a process that dies hands its unfinished
+//    work to the others (JetStream redelivers it after ack_wait).
 // Subjects, attributes and payloads are mapped as adapters/nats/mapping.hpp says.
 // Delivery across the bridge is at least once: a redelivered NATS message whose
 // msg_id (Nats-Msg-Id, or "<stream>:<sequence>" of JetStream when it has none) is
@@ -121,6 +125,18 @@ struct ExportConfig {
   absl::Duration retry_delay = absl::Milliseconds(200);
 };
 
+// When an import acks a message to NATS (ImportConfig::ack).
+//  kStored: once every local stream that captures it stored it (on a file stream,
+//    once the stream's sync policy is met). From then on the process answers for it.
+//  kConsumed: once ImportConfig::ack_stream no longer holds it, that is once the
+//    local consumer of that work-queue stream acked it (or its dead-letter handling
+//    or a limit removed it). Until then the bridge tells JetStream every ack_wait / 3
+//    that the message is in progress (natsMsg_InProgress), and Close naks it. When
+//    the process dies first, JetStream delivers it again after ack_wait, to another
+//    process importing through the same durable: the work is done at least once
+//    across processes, as by a JetStream worker that acks when its work is done.
+enum class ImportAck { kStored, kConsumed };
+
 struct ImportConfig {
   std::string stream{};          // the JetStream stream to read (it must exist)
   std::string durable{};         // the durable pull consumer's name (created if missing)
@@ -135,6 +151,18 @@ struct ImportConfig {
   // message the engine refused waits before JetStream redelivers it.
   absl::Duration ack_wait = absl::Seconds(30);
   absl::Duration retry_delay = absl::Milliseconds(200);
+  ImportAck ack = ImportAck::kStored;
+  // kConsumed: the local stream whose consumer's ack settles an imported message. It
+  // must exist with RetentionPolicy::kWorkQueue and be the only local stream that
+  // captures the imported subjects: a message another stream also stored (or that
+  // this one did not store) is acked once stored, as under kStored, and last_error
+  // names it. Empty under kStored.
+  std::string ack_stream{};
+  // The JetStream consumer's MaxAckPending (created consumers only): messages
+  // delivered and not yet acked, at most, over every process that imports through
+  // the durable; 0 = the server's default (1,000 for nats-server 2.9). Under
+  // kConsumed it bounds the work the importing processes hold. 0..1,000,000.
+  int max_ack_pending = 0;
 };
 
 // The bridge's figures. The engine's Stats() carries them too, as the component
@@ -160,6 +188,8 @@ struct BridgeStats {
   std::uint64_t import_refused = 0;  // the engine refused (nak'ed with retry_delay)
   std::uint64_t import_invalid = 0;  // could not be mapped or stored (terminated in NATS)
   std::uint64_t import_loops = 0;    // this bridge's own exports (acked, not stored)
+  // ImportAck::kConsumed: stored locally, not consumed yet: held un-acked in NATS (now).
+  std::uint64_t import_held = 0;
   std::uint64_t fetch_errors = 0;    // fetches that failed other than by timing out
   std::string last_error{};          // the latest error from NATS or the engine, with context
 };
@@ -180,9 +210,10 @@ class NatsBridge {
   absl::Status AddExport(ExportConfig config);
 
   // Looks up the JetStream stream, creates or binds the durable pull consumer and
-  // starts importing. InvalidArgument for a bad name, prefix or fetch_batch; NotFound
-  // when the stream does not exist; Unavailable or the JetStream error otherwise;
-  // FailedPrecondition after Close.
+  // starts importing. InvalidArgument for a bad name, prefix, fetch_batch,
+  // max_ack_pending, or an ack_stream that is not a local work-queue stream (kConsumed)
+  // or is set under kStored; NotFound when the JetStream stream does not exist;
+  // Unavailable or the JetStream error otherwise; FailedPrecondition after Close.
   absl::Status AddImport(ImportConfig config);
 
   BridgeStats Stats() const;
@@ -193,7 +224,9 @@ class NatsBridge {
   // consumer name fails AlreadyExists, Engine::DeleteConsumer removes it; on a file
   // stream the consumer's unacked messages come again after a restart), leaves the
   // imports' durable JetStream consumers on the servers (a later import under the
-  // same durable name resumes them), and closes the connection. Idempotent; the
+  // same durable name resumes them), naks to NATS what kConsumed imports still hold
+  // (JetStream delivers it again, here after a restart or to another process), and
+  // closes the connection. Idempotent; the
   // destructor calls it.
   void Close(absl::Duration drain = absl::Seconds(2));
   ~NatsBridge();

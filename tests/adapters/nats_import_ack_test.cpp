@@ -1,0 +1,204 @@
+// ImportAck::kConsumed (inferq/adapters/nats/bridge.hpp): an import that acks NATS
+// only once the local consumer acked, against a real nats-server.
+#include <catch2/catch.hpp>
+#include <nats/nats.h>
+
+#include <chrono>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "inferq/adapters/nats/bridge.hpp"
+#include "nats_test_util.hpp"
+
+using namespace inferq;
+using namespace inferq::nats;
+using namespace inferq_test;
+
+namespace {
+
+// Publishes jobs.x with Nats-Msg-Id j-<i> for i in [from, to).
+void PublishJobs(Client& client, int from, int to) {
+  for (int i = from; i < to; ++i) client.Publish("jobs.x", "job-" + std::to_string(i), {{"Nats-Msg-Id", "j-" + std::to_string(i)}});
+}
+
+ImportConfig Consumed(int max_ack_pending = 0) {
+  return {.stream = "JOBS",
+          .durable = "workers",
+          .filter_subject = "jobs.>",
+          .ack_wait = absl::Seconds(1),
+          .ack = ImportAck::kConsumed,
+          .ack_stream = "WORK",
+          .max_ack_pending = max_ack_pending};
+}
+
+std::unique_ptr<Engine> WorkEngine(std::optional<Consumer>* consumer) {
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "WORK", .subjects = {"jobs.>"}, .retention = RetentionPolicy::kWorkQueue}).ok());
+  auto c = engine->AddConsumer(
+      {.stream = "WORK", .name = "w", .deliver = DeliverPolicy::kAll, .ack_wait = absl::Seconds(60)});
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  consumer->emplace(*c);
+  return engine;
+}
+
+std::uint64_t Held(const NatsBridge& b) { return b.Stats().import_held; }
+
+}  // namespace
+
+TEST_CASE("nats import with ImportAck::kConsumed acks NATS only when the local consumer acked") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("JOBS", "jobs.>");
+  PublishJobs(client, 0, 10);
+  std::optional<Consumer> consumer;
+  auto engine = WorkEngine(&consumer);
+  auto bridge = NatsBridge::Connect(*engine, Options(server, "worker-1"));
+  REQUIRE(bridge.ok());
+  // At most 4 un-acked in NATS: the import holds 4 and fetches no more.
+  REQUIRE((*bridge)->AddImport(Consumed(/*max_ack_pending=*/4)).ok());
+  REQUIRE(WaitFor([&] { return Held(**bridge) == 4; }));
+  // Three ack_waits later: nothing was redelivered (the bridge told JetStream they
+  // are in progress), nothing more was fetched, and NATS still counts 4 pending.
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  BridgeStats s = (*bridge)->Stats();
+  CHECK(s.imported == 4);
+  CHECK(s.import_held == 4);
+  CHECK(s.import_redelivered == 0);
+  CHECK(WaitFor([&] { return client.ConsumerState("JOBS", "workers") == std::pair<std::int64_t, std::uint64_t>{4, 6}; }));
+
+  // Two consumed locally: NATS hears two acks, and the import takes two more.
+  auto member = consumer->member(0);
+  std::set<std::string> got;
+  for (int i = 0; i < 2; ++i) {
+    auto m = member->Next(absl::Seconds(5));
+    REQUIRE(m.ok());
+    got.insert(m->event().msg_id);
+    REQUIRE(m->Ack().ok());
+  }
+  REQUIRE(WaitFor([&] { return (*bridge)->Stats().imported == 6 && Held(**bridge) == 4; }));
+  CHECK(WaitFor([&] { return client.ConsumerState("JOBS", "workers") == std::pair<std::int64_t, std::uint64_t>{4, 4}; }));
+
+  // The rest: every job once, and nothing pending in NATS.
+  while (got.size() < 10) {
+    auto m = member->Next(absl::Seconds(5));
+    REQUIRE(m.ok());
+    CHECK(got.insert(m->event().msg_id).second);
+    REQUIRE(m->Ack().ok());
+  }
+  REQUIRE(WaitFor([&] { return Held(**bridge) == 0; }));
+  CHECK(WaitFor([&] { return client.ConsumerState("JOBS", "workers") == std::pair<std::int64_t, std::uint64_t>{0, 0}; }));
+  s = (*bridge)->Stats();
+  CHECK(s.imported == 10);
+  CHECK(s.import_redelivered == 0);
+  std::set<std::string> want;
+  for (int i = 0; i < 10; ++i) want.insert("j-" + std::to_string(i));
+  CHECK(got == want);
+}
+
+TEST_CASE("nats imports sharing a durable with ImportAck::kConsumed: what one process held goes to the other") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("JOBS", "jobs.>");
+  std::optional<Consumer> ca, cb;
+  auto a = WorkEngine(&ca);
+  auto b = WorkEngine(&cb);
+  auto bridge_a = NatsBridge::Connect(*a, Options(server, "worker-a"));
+  auto bridge_b = NatsBridge::Connect(*b, Options(server, "worker-b"));
+  REQUIRE(bridge_a.ok());
+  REQUIRE(bridge_b.ok());
+  REQUIRE((*bridge_a)->AddImport(Consumed()).ok());
+  PublishJobs(client, 0, 20);
+  REQUIRE(WaitFor([&] { return Held(**bridge_a) == 20; }));
+  // Process a consumes 5 and stops with 15 stored locally and not consumed: its
+  // Close naks them in NATS, and process b, importing through the same durable, gets
+  // those 15 and nothing else.
+  std::set<std::string> done_a, done_b;
+  auto ma = ca->member(0);
+  for (int i = 0; i < 5; ++i) {
+    auto m = ma->Next(absl::Seconds(5));
+    REQUIRE(m.ok());
+    done_a.insert(m->event().msg_id);
+    REQUIRE(m->Ack().ok());
+  }
+  REQUIRE(WaitFor([&] { return Held(**bridge_a) == 15; }));
+  REQUIRE((*bridge_b)->AddImport(Consumed()).ok());
+  (*bridge_a)->Close();
+  auto mb = cb->member(0);
+  while (done_b.size() < 15) {
+    auto m = mb->Next(absl::Seconds(10));
+    REQUIRE(m.ok());
+    CHECK(done_b.insert(m->event().msg_id).second);
+    REQUIRE(m->Ack().ok());
+  }
+  REQUIRE(WaitFor([&] { return Held(**bridge_b) == 0; }));
+  CHECK(WaitFor([&] { return client.ConsumerState("JOBS", "workers") == std::pair<std::int64_t, std::uint64_t>{0, 0}; }));
+  CHECK((*bridge_b)->Stats().import_redelivered == 15);
+  std::set<std::string> all = done_a;
+  for (const auto& id : done_b) CHECK(all.insert(id).second);  // none done twice
+  CHECK(all.size() == 20);
+  CHECK(mb->Next(absl::Milliseconds(300)).status().code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("nats import with ImportAck::kConsumed acks once stored what a second local stream stores too") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("JOBS", "jobs.>");
+  std::optional<Consumer> consumer;
+  auto engine = WorkEngine(&consumer);
+  REQUIRE(engine->AddStream({.name = "AUDIT", .subjects = {"jobs.>"}}).ok());
+  auto bridge = NatsBridge::Connect(*engine, Options(server, "worker-1"));
+  REQUIRE(bridge.ok());
+  REQUIRE((*bridge)->AddImport(Consumed()).ok());
+  PublishJobs(client, 0, 3);
+  // Nothing consumed locally, yet NATS has its acks: both streams stored each job.
+  REQUIRE(WaitFor([&] { return client.ConsumerState("JOBS", "workers") == std::pair<std::int64_t, std::uint64_t>{0, 0}; }));
+  const BridgeStats s = (*bridge)->Stats();
+  CHECK(s.imported == 3);
+  CHECK(s.import_held == 0);
+  CHECK(s.last_error ==
+        "import of 'jobs.x' (ImportAck::kConsumed): 2 local streams stored it, so it was acked to NATS once stored");
+}
+
+TEST_CASE("nats import: ImportAck::kConsumed needs a local work-queue stream, and bad values are refused") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("JOBS", "jobs.>");
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "KEPT", .subjects = {"jobs.>"}}).ok());
+  auto bridge = NatsBridge::Connect(*engine, Options(server, "worker-1"));
+  REQUIRE(bridge.ok());
+  ImportConfig c = Consumed();
+  std::string want;
+  SECTION("no such local stream") {
+    want = "ImportConfig.ack_stream 'WORK' is not a stream of the engine (ImportAck::kConsumed needs one)";
+  }
+  SECTION("a stream with limits retention") {
+    c.ack_stream = "KEPT";
+    want = "ImportConfig.ack_stream 'KEPT' does not have work-queue retention (ImportAck::kConsumed acks NATS when "
+           "its consumer's ack removes the message)";
+  }
+  SECTION("an ack_stream under kStored") {
+    c.ack = ImportAck::kStored;
+    want = "ImportConfig.ack_stream 'WORK' is set, but ack is kStored (it names the stream of ImportAck::kConsumed)";
+  }
+  SECTION("max_ack_pending out of range") {
+    c.max_ack_pending = -1;
+    want = "ImportConfig.max_ack_pending -1 is not in 0..1000000";
+  }
+  const absl::Status st = (*bridge)->AddImport(c);
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(st.message()) == want);
+  // Nothing was created in NATS.
+  CHECK(client.ConsumerState("JOBS", "workers").first == -1);
+}

@@ -100,6 +100,33 @@ TEST_CASE("nats import with ImportAck::kConsumed acks NATS only when the local c
   CHECK(got == want);
 }
 
+TEST_CASE("nats import with ImportAck::kConsumed and max_held fetches only while it holds fewer") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("JOBS", "jobs.>");
+  PublishJobs(client, 0, 10);
+  std::optional<Consumer> consumer;
+  auto engine = WorkEngine(&consumer);
+  auto bridge = NatsBridge::Connect(*engine, Options(server, "worker-1"));
+  REQUIRE(bridge.ok());
+  ImportConfig c = Consumed();
+  c.max_held = 3;
+  REQUIRE((*bridge)->AddImport(c).ok());
+  REQUIRE(WaitFor([&] { return Held(**bridge) == 3; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  CHECK((*bridge)->Stats().imported == 3);
+  // The other 7 stay in JetStream for other processes: 3 delivered, 7 pending.
+  CHECK(WaitFor([&] { return client.ConsumerState("JOBS", "workers") == std::pair<std::int64_t, std::uint64_t>{3, 7}; }));
+  auto member = consumer->member(0);
+  auto m = member->Next(absl::Seconds(5));
+  REQUIRE(m.ok());
+  REQUIRE(m->Ack().ok());
+  REQUIRE(WaitFor([&] { return (*bridge)->Stats().imported == 4 && Held(**bridge) == 3; }));
+  CHECK(WaitFor([&] { return client.ConsumerState("JOBS", "workers") == std::pair<std::int64_t, std::uint64_t>{3, 6}; }));
+}
+
 TEST_CASE("nats imports sharing a durable with ImportAck::kConsumed: what one process held goes to the other") {
   TempDir dir;
   NatsServer server(dir.path());
@@ -195,6 +222,16 @@ TEST_CASE("nats import: ImportAck::kConsumed needs a local work-queue stream, an
   SECTION("max_ack_pending out of range") {
     c.max_ack_pending = -1;
     want = "ImportConfig.max_ack_pending -1 is not in 0..1000000";
+  }
+  SECTION("max_held out of range") {
+    c.max_held = 1'000'001;
+    want = "ImportConfig.max_held 1000001 is not in 0..1000000";
+  }
+  SECTION("max_held under kStored") {
+    c.ack = ImportAck::kStored;
+    c.ack_stream.clear();
+    c.max_held = 8;
+    want = "ImportConfig.max_held 8 is set, but ack is kStored (it bounds what ImportAck::kConsumed holds)";
   }
   const absl::Status st = (*bridge)->AddImport(c);
   CHECK(st.code() == absl::StatusCode::kInvalidArgument);

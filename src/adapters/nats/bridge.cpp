@@ -710,11 +710,19 @@ struct NatsBridge::Impl {
   void RunImport(Import& im) {
     while (!stopping.load()) {
       if (!im.held.empty()) SettleHeld(im);
+      // Under max_held, only what there is room for (none: wait for a settle).
+      int batch = im.cfg.fetch_batch;
+      if (im.cfg.max_held > 0) {
+        batch = std::min(batch, im.cfg.max_held - static_cast<int>(im.held.size()));
+        if (batch <= 0) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          continue;
+        }
+      }
       natsMsgList list{};
       jsErrCode code = static_cast<jsErrCode>(0);
       // Held messages are looked at every 20 ms while there are some.
-      const natsStatus s =
-          natsSubscription_Fetch(&list, im.sub, im.cfg.fetch_batch, im.held.empty() ? 200 : 20, &code);
+      const natsStatus s = natsSubscription_Fetch(&list, im.sub, batch, im.held.empty() ? 200 : 20, &code);
       if (s == NATS_TIMEOUT) continue;
       if (s != NATS_OK) {
         if (stopping.load()) break;
@@ -1010,6 +1018,14 @@ absl::Status NatsBridge::AddImport(ImportConfig config) {
   if (config.max_ack_pending < 0 || config.max_ack_pending > 1'000'000) {
     return absl::InvalidArgumentError("ImportConfig.max_ack_pending " + std::to_string(config.max_ack_pending) +
                                       " is not in 0..1000000");
+  }
+  if (config.max_held < 0 || config.max_held > 1'000'000) {
+    return absl::InvalidArgumentError("ImportConfig.max_held " + std::to_string(config.max_held) +
+                                      " is not in 0..1000000");
+  }
+  if (config.ack == ImportAck::kStored && config.max_held != 0) {
+    return absl::InvalidArgumentError("ImportConfig.max_held " + std::to_string(config.max_held) +
+                                      " is set, but ack is kStored (it bounds what ImportAck::kConsumed holds)");
   }
   if (config.ack == ImportAck::kStored && !config.ack_stream.empty()) {
     return absl::InvalidArgumentError("ImportConfig.ack_stream '" + config.ack_stream +

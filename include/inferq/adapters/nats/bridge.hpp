@@ -163,6 +163,11 @@ struct ImportConfig {
   // the durable; 0 = the server's default (1,000 for nats-server 2.9). Under
   // kConsumed it bounds the work the importing processes hold. 0..1,000,000.
   int max_ack_pending = 0;
+  // kConsumed: messages this import holds at most (stored locally and not consumed
+  // yet); it fetches only while it holds fewer, as a worker pulls when it has room,
+  // so that processes sharing a durable share the work by their room. 0 = no bound
+  // of its own (max_ack_pending bounds them all). 0..1,000,000.
+  int max_held = 0;
 };
 
 // The bridge's figures. The engine's Stats() carries them too, as the component

@@ -27,6 +27,8 @@ purposes (default: examples; --for may be given more than once):
             `bench` preset
   fuzz      library + clang with its libFuzzer runtime, and valijson: the
             `fuzz` preset
+  cluster   library + libnats and nats-server: the main example across
+            processes over a NATS JetStream cluster (scripts/cluster_demo.sh)
 
 options:
   --for PURPOSE, --for=PURPOSE  a purpose above
@@ -51,13 +53,14 @@ bench=(
   libxenium-dev librocksdb-dev libsqlite3-dev libzmq3-dev libnng-dev libnats-dev nats-server
 )
 fuzz=(clang libclang-rt-14-dev libvalijson-dev)
+cluster=(libnats-dev nats-server)
 
 purposes=()
 dry_run=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --for) if [ $# -lt 2 ] || [ "${2#-}" != "$2" ]; then
-             echo "install-deps: --for needs a purpose (library, examples, tests, bench or fuzz)${2+, got '$2'}" >&2
+             echo "install-deps: --for needs a purpose (library, examples, tests, bench, fuzz or cluster)${2+, got '$2'}" >&2
              exit 2
            fi
            purposes+=("$2"); shift 2 ;;
@@ -76,7 +79,8 @@ for p in "${purposes[@]}"; do
     tests) packages+=("${tests[@]}") ;;
     bench) packages+=("${bench[@]}") ;;
     fuzz) packages+=("${fuzz[@]}") ;;
-    *) echo "install-deps: unknown purpose '$p' (library, examples, tests, bench or fuzz)" >&2
+    cluster) packages+=("${cluster[@]}") ;;
+    *) echo "install-deps: unknown purpose '$p' (library, examples, tests, bench, fuzz or cluster)" >&2
        exit 2 ;;
   esac
 done

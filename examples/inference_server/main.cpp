@@ -114,6 +114,9 @@
 #include "durable.hpp"
 #include "inferq/inferq.hpp"
 #include "trace.hpp"
+#ifdef INFERQ_EXAMPLE_NATS
+#include "cluster.hpp"
+#endif
 
 namespace {
 
@@ -147,6 +150,11 @@ struct Options {
   // empty = memory streams. crash_at_s: SIGKILL at this trace second; < 0 = never.
   std::string state_dir;
   double crash_at_s = -1;
+  // Across processes (see the banner): "" = one process, "client" or "replica"; the
+  // NATS servers; JetStream replicas of the shared streams.
+  std::string role;
+  std::vector<std::string> nats;
+  int js_replicas = 1;
 };
 
 constexpr std::array<const char*, 3> kTierNames{"gold", "silver", "bronze"};
@@ -227,6 +235,13 @@ void Usage(std::FILE* f) {
                "  --crash-at T              SIGKILL this process at trace second T, 0..1e9\n"
                "                            (needs --state-dir and --speed > 0; after the trace\n"
                "                            time a resumed replay starts at)\n"
+               "  --role client|replica     run one side of the replay across processes over\n"
+               "                            NATS JetStream (needs --nats and --speed > 0): the\n"
+               "                            client publishes the trace and checks the tokens,\n"
+               "                            each replica process runs --replicas replicas until\n"
+               "                            SIGTERM or SIGINT\n"
+               "  --nats URL[,URL...]       the NATS servers (nats://host:port) for --role\n"
+               "  --js-replicas N           replicas of the JetStream streams, 1..5 (default 1)\n"
                "  --help, -h                this text\n"
                "  --version                 the inferq version\n"
                "\n"
@@ -310,7 +325,7 @@ bool KnownOption(std::string_view a) {
       "--trace", "--json", "--model", "--replicas", "--max-batch", "--speed", "--limit",
       "--prefill-base-ms", "--prefill-us-per-token", "--decode-base-ms", "--decode-us-per-seq",
       "--policy", "--ack-wait-ms", "--kill-replica", "--tier-mix", "--tenants", "--sla-ms",
-      "--overload", "--max-deliver", "--state-dir", "--crash-at"};
+      "--overload", "--max-deliver", "--state-dir", "--crash-at", "--role", "--nats", "--js-replicas"};
   return std::find(std::begin(kOptions), std::end(kOptions), a) != std::end(kOptions);
 }
 
@@ -395,6 +410,23 @@ Options ParseArgs(int argc, char** argv) {
       o.state_dir = v;
     }
     else if (a == "--crash-at") o.crash_at_s = ParseDouble(a, v, 0, 1e9);
+    else if (a == "--role") {
+      if (v != "client" && v != "replica") Fail("--role '" + v + "' is not client or replica");
+      o.role = v;
+    }
+    else if (a == "--nats") {
+      o.nats.clear();
+      std::size_t start = 0;
+      for (;;) {
+        const std::size_t comma = v.find(',', start);
+        const std::string url = v.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        if (url.empty()) Fail("--nats '" + v + "' has an empty URL (expected URL[,URL...])");
+        o.nats.push_back(url);
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+      }
+    }
+    else if (a == "--js-replicas") o.js_replicas = static_cast<int>(ParseUint(a, v, 1, 5));
     else {
       Fail("unknown option '" + a + "' (see --help)");
     }
@@ -412,6 +444,19 @@ Options ParseArgs(int argc, char** argv) {
   }
   if (o.crash_at_s >= 0 && o.speed <= 0) {
     Fail("--crash-at needs --speed > 0 (the trace clock runs in wall time)");
+  }
+  if (!o.role.empty()) {
+#ifndef INFERQ_EXAMPLE_NATS
+    Fail("--role needs the NATS bridge, which this build lacks (libnats-dev; INFERQ_WITH_NATS)");
+#endif
+    if (o.nats.empty()) Fail("--role " + o.role + " needs --nats URL[,URL...]");
+    if (o.speed <= 0) Fail("--role needs --speed > 0 (replica processes pace the trace in wall time)");
+    if (!o.state_dir.empty()) Fail("--state-dir is for one process (not with --role)");
+    if (o.kill_replica >= 0) {
+      Fail("--kill-replica is for one process (with --role, kill a replica process: scripts/cluster_demo.sh)");
+    }
+  } else if (!o.nats.empty()) {
+    Fail("--nats needs --role client or --role replica");
   }
   if (!o.state_dir.empty() && !o.json.empty()) {
     // The summary must not land on (or in) the replay's state.
@@ -475,9 +520,34 @@ struct Shared {
   std::atomic<std::size_t> killed_holding{0};
   std::mutex graveyard_mu;
   std::vector<inferq::Message> graveyard;  // what the killed replica held, never acked
+  // --role replica: requests are held (not acked) until their generation is
+  // complete, so that the bridge acks them to NATS only then (ImportAck::kConsumed);
+  // `held` is keyed by request index. Trace time 0 is anchor_ns on this process's
+  // steady clock (0 until the first request says when the client began), and tokens
+  // carry header "replica" = `producer`.
+  bool replica_role = false;
+  bool local_replicas = true;  // false for --role client: its replicas are elsewhere
+  std::string producer;
+  std::atomic<std::int64_t> anchor_ns{0};
+  std::mutex held_mu;
+  std::unordered_map<std::uint64_t, inferq::Message> held;
+  std::atomic<std::uint64_t> generations_done{0};  // a replica process's figures
+  std::atomic<std::uint64_t> tokens_emitted{0};
 
-  // Waits until every request that arrives by trace time `vt_us` is published.
+  // Waits until every request that arrives by trace time `vt_us` is published. A
+  // replica process cannot see the client's publisher: it waits until the trace
+  // clock is kTransitUs past vt_us, so that a request published by then has arrived.
+  static constexpr double kTransitUs = 20'000;  // wall µs
   void AwaitPublishedThrough(double vt_us) const {
+    if (replica_role) {
+      const std::int64_t anchor = anchor_ns.load(std::memory_order_acquire);
+      if (anchor == 0) return;
+      const auto at = Clock::time_point(std::chrono::nanoseconds(anchor)) +
+                      std::chrono::duration_cast<Clock::duration>(
+                          std::chrono::duration<double, std::micro>(vt_us / opt->speed + kTransitUs));
+      std::this_thread::sleep_until(at);
+      return;
+    }
     while (static_cast<double>(next_unpublished_us.load(std::memory_order_acquire)) <= vt_us) {
       if (opt->speed > 0) {
         std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -491,8 +561,13 @@ struct Shared {
   void PaceTo(double trace_us) const {
     if (opt->speed <= 0) return;
     const auto wall = std::chrono::duration<double, std::micro>(trace_us / opt->speed);
-    std::this_thread::sleep_until(wall_start +
-                                  std::chrono::duration_cast<Clock::duration>(wall));
+    Clock::time_point start = wall_start;
+    if (replica_role) {
+      const std::int64_t anchor = anchor_ns.load(std::memory_order_acquire);
+      if (anchor == 0) return;
+      start = Clock::time_point(std::chrono::nanoseconds(anchor));
+    }
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(wall));
   }
 };
 
@@ -508,6 +583,7 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
     std::uint32_t generated = 0;
     std::uint32_t produced = 0;
     Assignment who{};
+    bool decode = false;  // msg is a decode step (else the request itself)
   };
   // New requests pulled and not yet admitted, by request index (= arrival order):
   // `future` arrive after this replica's clock vt; `ready` have arrived and wait in
@@ -534,7 +610,7 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
   const std::string from = std::to_string(index);
   // Half the consumer's ack_wait in wall ns (its setting in main); 0 = no ack_wait.
   const std::int64_t heartbeat_ns =
-      o.speed > 0 ? static_cast<std::int64_t>(o.ack_wait_ms * 1e6 / o.speed / 2) : 0;
+      o.speed > 0 && !sh.replica_role ? static_cast<std::int64_t>(o.ack_wait_ms * 1e6 / o.speed / 2) : 0;
   std::int64_t last_heartbeat_ns = SteadyNs();
 
   auto classify = [&](inferq::Message& m) {
@@ -545,6 +621,19 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
     s.context = static_cast<std::uint32_t>(HeaderU64(e, "context_tokens"));
     s.generated = static_cast<std::uint32_t>(HeaderU64(e, "generated_tokens"));
     const bool decode = e.subject.ends_with(".decode");
+    s.decode = decode;
+    if (sh.replica_role && !decode && sh.anchor_ns.load(std::memory_order_relaxed) == 0) {
+      // Trace time 0 on this process's clock: the client's start (Unix ns) less the
+      // time since then, read on the system clock (the processes may be on
+      // different machines; their clocks' skew adds to the transit time).
+      const std::uint64_t start_unix_ns = HeaderU64(e, "replay_start_unix_ns");
+      const std::int64_t since_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+              .count() -
+          static_cast<std::int64_t>(start_unix_ns);
+      std::int64_t unset = 0;
+      sh.anchor_ns.compare_exchange_strong(unset, SteadyNs() - since_ns, std::memory_order_release);
+    }
     if (decode) {
       s.produced = static_cast<std::uint32_t>(HeaderU64(e, "produced"));
       s.ready_us = static_cast<double>(HeaderU64(e, "ready_us"));
@@ -586,6 +675,8 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
     const TokenPayload p{static_cast<std::int64_t>(vt),
                          static_cast<std::int32_t>((s.request * 7919 + s.produced) % 32000), 0};
     e.payload = inferq::Buffer::Copy(std::as_bytes(std::span<const TokenPayload>(&p, 1)));
+    if (!sh.producer.empty()) e.headers.Set("replica", sh.producer);
+    sh.tokens_emitted.fetch_add(1, std::memory_order_relaxed);
     auto r = sh.engine->Publish(std::move(e));
     if (!r.ok()) {
       std::fprintf(stderr, "replica %u: token publish failed: %s\n", index,
@@ -596,9 +687,12 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
   };
 
   // After a step: the sequence either finished or continues as a decode event that
-  // affinity routes back here; either way the consumed event is acked.
+  // affinity routes back here; either way the consumed event is acked. A replica
+  // process holds a request until its generation finished (see Shared::held).
   auto settle = [&](Seq& s) {
-    if (s.produced == s.generated) {
+    const bool finished = s.produced == s.generated;
+    if (finished) {
+      sh.generations_done.fetch_add(1, std::memory_order_relaxed);
       kv.erase(s.request);
     } else {
       inferq::Event e;
@@ -626,9 +720,24 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
       }
       if (!r.ok() || !r->duplicate) ++expected;
     }
-    if (absl::Status st = s.msg.Ack(); !st.ok()) {
-      std::fprintf(stderr, "replica %u: ack failed: %s\n", index, std::string(st.message()).c_str());
-      sh.fatal.store(1);
+    auto ack = [&](inferq::Message& m) {
+      if (absl::Status st = m.Ack(); !st.ok()) {
+        std::fprintf(stderr, "replica %u: ack failed: %s\n", index, std::string(st.message()).c_str());
+        sh.fatal.store(1);
+      }
+    };
+    if (sh.replica_role && !s.decode && !finished) {
+      std::lock_guard lock(sh.held_mu);
+      sh.held.insert_or_assign(s.request, std::move(s.msg));
+    } else {
+      ack(s.msg);
+    }
+    if (sh.replica_role && s.decode && finished) {
+      std::lock_guard lock(sh.held_mu);
+      if (auto it = sh.held.find(s.request); it != sh.held.end()) {
+        ack(it->second);
+        sh.held.erase(it);
+      }
     }
   };
 
@@ -765,6 +874,9 @@ struct ClientResult {
   // copies of a token this run received (an ack_wait redelivery to a replica that
   // still held the step: a failure, as in any run).
   std::uint64_t duplicates_before = 0, duplicates_after_crash = 0, duplicates_in_run = 0;
+  // --role client: copies from another replica process than the token's first copy
+  // came from (a request run again after its replica died: at least once).
+  std::uint64_t duplicates_rerun = 0;
   std::uint64_t out_of_order = 0;      // arrived ahead of a missing number (then held)
   std::size_t completed = 0;
   inferq::HistogramSnapshot ttft_us, tbt_us, e2e_us;
@@ -786,7 +898,8 @@ struct ClientResult {
 class TokenReceiver {
  public:
   TokenReceiver(Shared& sh, const std::vector<TraceRequest>& trace)
-      : sh_(sh), trace_(trace), req_(trace.size()), rb_(BufferOptions(trace)) {
+      : sh_(sh), trace_(trace), req_(trace.size()), first_producer_(trace.size(), kUnknown),
+        rb_(BufferOptions(trace)) {
     for (std::size_t i = 0; i < trace.size(); ++i) {
       ++r_.tier_requests[static_cast<std::size_t>(Assign(*sh.opt, i).tier)];
     }
@@ -805,6 +918,12 @@ class TokenReceiver {
     if (e.seq_no >= trace_[id].generated_tokens) Fail("token seq_no beyond the generation", 1);
     TokenPayload p;
     std::memcpy(&p, e.payload.data(), sizeof p);
+    // Which replica process made it (--role client; kNone in one process).
+    std::int32_t producer = kNone;
+    if (const auto r = e.headers.Get("replica")) {
+      producer = producers_.try_emplace(std::string(*r), static_cast<std::int32_t>(producers_.size())).first->second;
+    }
+    if (first_producer_[id] == kUnknown) first_producer_[id] = producer;
     // Arrival times only matter to gap expiry, which the client does not use.
     const inferq::ReorderResult res =
         rb_.Offer(e.seq_id, e.seq_no, p, /*now_ns=*/0,
@@ -815,6 +934,8 @@ class TokenReceiver {
       case inferq::ReorderResult::kDuplicate:  // dropped, counted by the buffer
         if (!live_) {
           ++r_.duplicates_before;
+        } else if (producer != first_producer_[id]) {
+          ++r_.duplicates_rerun;
         } else if (e.seq_no < req_[id].got_before) {
           ++r_.duplicates_after_crash;
         } else {
@@ -885,9 +1006,14 @@ class TokenReceiver {
     }
   }
 
+  static constexpr std::int32_t kUnknown = -2;  // no token of the request yet
+  static constexpr std::int32_t kNone = -1;     // a token without a "replica" header
+
   Shared& sh_;
   const std::vector<TraceRequest>& trace_;
   std::vector<PerRequest> req_;
+  std::vector<std::int32_t> first_producer_;  // per request: who made its first token
+  std::unordered_map<std::string, std::int32_t> producers_;
   inferq::ReorderBuffer<TokenPayload> rb_;
   ClientResult r_;
   bool live_ = false;  // false while RecoverReplay reads back the stored tokens
@@ -905,7 +1031,7 @@ void RunClient(Shared& sh, TokenReceiver& rx, inferq::Member tokens, std::uint64
       if (m.status().code() == absl::StatusCode::kCancelled) break;
       // Every replica is gone, or nothing came for 30 s after the last publish:
       // what is missing is reported as lost.
-      if (sh.replicas_done.load(std::memory_order_acquire) == sh.opt->replicas ||
+      if ((sh.local_replicas && sh.replicas_done.load(std::memory_order_acquire) == sh.opt->replicas) ||
           (sh.all_published.load(std::memory_order_acquire) &&
            Clock::now() - last_token > std::chrono::seconds(30))) {
         break;
@@ -1001,8 +1127,69 @@ std::string FormatDuration(double seconds) {
 
 }  // namespace
 
+#ifdef INFERQ_EXAMPLE_NATS
+// --role replica: runs the replicas until SIGTERM or SIGINT (blocked in every thread
+// since main began, taken here by sigtimedwait). Then it lets the tokens still in REPLIES reach NATS (10 s at most), closes the
+// bridge, which naks in NATS the requests not finished (JetStream gives them to
+// another replica process), and prints what this process did.
+int RunReplicaProcess(Shared& sh, inferq::Engine& engine, const inferq::Consumer& replicas,
+                      inferq::nats::NatsBridge& bridge, const sigset_t& stop_signals) {
+  const Options& o = *sh.opt;
+  std::vector<std::thread> threads;
+  for (std::uint32_t i = 0; i < o.replicas; ++i) {
+    threads.emplace_back(RunReplica, std::ref(sh), *replicas.member(i), i);
+  }
+  std::fprintf(stderr, "inference_server replica %s: %u replicas ready, taking requests from JetStream stream %s\n",
+               sh.producer.c_str(), o.replicas, inferq::example::kRequestsJetStream);
+  int sig = 0;
+  while (sig <= 0 && sh.fatal.load() == 0) {
+    const timespec tick{0, 20'000'000};
+    sig = sigtimedwait(&stop_signals, nullptr, &tick);
+  }
+  sh.done.store(true, std::memory_order_release);
+  for (auto& t : threads) t.join();
+  const auto until = Clock::now() + std::chrono::seconds(10);
+  std::uint64_t unexported = 0;
+  for (;;) {
+    const inferq::EngineStats st = engine.Stats();
+    unexported = st.stream("REPLIES")->messages;
+    if (unexported == 0 || Clock::now() > until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::size_t unfinished = 0;
+  {
+    std::lock_guard lock(sh.held_mu);
+    unfinished = sh.held.size();
+  }
+  bridge.Close(absl::Seconds(2));
+  const inferq::nats::BridgeStats b = bridge.Stats();
+  std::printf("inference_server replica %s: %s; %llu generations completed, %llu tokens made "
+              "(%llu not exported), %zu requests unfinished (nak'ed in NATS for another replica)\n"
+              "  nats: %llu requests imported (%llu delivered before), %llu tokens exported "
+              "(%llu failed publishes retried), %llu reconnects%s%s\n",
+              sh.producer.c_str(), sig > 0 ? strsignal(sig) : "a replica failed",
+              static_cast<unsigned long long>(sh.generations_done.load()),
+              static_cast<unsigned long long>(sh.tokens_emitted.load()),
+              static_cast<unsigned long long>(unexported), unfinished,
+              static_cast<unsigned long long>(b.imported), static_cast<unsigned long long>(b.import_redelivered),
+              static_cast<unsigned long long>(b.exported), static_cast<unsigned long long>(b.export_failures),
+              static_cast<unsigned long long>(b.reconnects), b.last_error.empty() ? "" : "; last error: ",
+              b.last_error.c_str());
+  return sh.fatal.load() == 0 && unexported == 0 ? 0 : 1;
+}
+#endif
+
 int main(int argc, char** argv) {
   const Options opt = ParseArgs(argc, argv);
+  const bool client_role = opt.role == "client";
+  const bool replica_role = opt.role == "replica";
+  // A replica process stops on SIGTERM or SIGINT, taken by sigtimedwait: blocked
+  // before any thread starts, so that every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  if (replica_role) pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   if (!opt.json.empty()) {
     // Checked before the replay, without truncating: the file is written at the end.
     std::error_code ec;
@@ -1106,6 +1293,10 @@ int main(int argc, char** argv) {
   inferq::StreamConfig requests_stream{.name = "REQUESTS",
                                        .subjects = {"infer.*.request", "infer.*.decode"},
                                        .retention = inferq::RetentionPolicy::kInterest};
+  // --role client: requests go to NATS only; --role replica: a work queue, whose
+  // consumer's ack the bridge waits for before it acks a request to NATS.
+  if (client_role) requests_stream.subjects = {"infer." + opt.model + ".request"};
+  if (replica_role) requests_stream.retention = inferq::RetentionPolicy::kWorkQueue;
   // Request ids (req-<i>) and decode step ids (dec-<request>-<produced>) are kept
   // as long as the engine allows, so that a restart however late still finds them;
   // duplicate_window_max_entries (default 240,000) bounds the memory, forgetting the
@@ -1115,7 +1306,7 @@ int main(int argc, char** argv) {
   // Dead letters of the replicas' consumer (an event given up after --max-deliver
   // deliveries) are kept here and counted in the summary.
   const std::string dead_subject = "infer.dead." + opt.model;
-  check(engine.AddStream(stored({.name = "DEAD", .subjects = {dead_subject}, .max_msgs = 100000})));
+  if (!client_role) check(engine.AddStream(stored({.name = "DEAD", .subjects = {dead_subject}, .max_msgs = 100000})));
   check(engine.AddStream(stored({.name = "REPLIES",
                                  .subjects = {"infer.reply.>"},
                                  .retention = inferq::RetentionPolicy::kInterest})));
@@ -1163,19 +1354,60 @@ int main(int argc, char** argv) {
   }
   // Durable consumers start with everything stored the first time they are added
   // (a later run gets what they had not acked, whatever the policy).
-  if (durable) replicas_cfg.deliver = inferq::DeliverPolicy::kAll;
-  auto client = engine.AddConsumer({.stream = "REPLIES",
-                                    .name = "client",
-                                    .deliver = durable ? inferq::DeliverPolicy::kAll
-                                                       : inferq::DeliverPolicy::kNew,
-                                    .members = 1,
-                                    .lane_capacity = 65536});
-  check(client.status());
+  if (durable || replica_role) replicas_cfg.deliver = inferq::DeliverPolicy::kAll;
+  // A replica process: its replicas are threads that do not die alone (a process
+  // that dies hands its requests to the others through NATS), so no local ack_wait:
+  // under load a busy machine would redeliver work a replica still holds, and the
+  // copy would run twice.
+  if (replica_role) replicas_cfg.ack_wait = absl::ZeroDuration();
+  std::optional<inferq::Consumer> client;
+  if (!replica_role) {
+    auto c = engine.AddConsumer({.stream = "REPLIES",
+                                 .name = "client",
+                                 .deliver = durable ? inferq::DeliverPolicy::kAll : inferq::DeliverPolicy::kNew,
+                                 .members = 1,
+                                 .lane_capacity = 65536});
+    check(c.status());
+    client.emplace(*c);
+  }
 
   Shared sh;
   sh.opt = &opt;
   sh.trace = &trace;
   sh.engine = &engine;
+  sh.replica_role = replica_role;
+  sh.local_replicas = !client_role;
+#ifdef INFERQ_EXAMPLE_NATS
+  std::unique_ptr<inferq::nats::NatsBridge> bridge;
+  if (!opt.role.empty()) {
+    const inferq::example::ClusterConfig cluster{
+        .servers = opt.nats,
+        .model = opt.model,
+        .stream_replicas = opt.js_replicas,
+        // What its replicas run in a batch: the rest wait in JetStream for whichever
+        // process has room (1.5 batches per replica held more back, and the figures
+        // were worse).
+        .replica_room = static_cast<int>(
+            std::min<std::uint64_t>(std::uint64_t{opt.replicas} * opt.max_batch, 1'000'000))};
+    // The client empties the streams: a replay starts from nothing.
+    check(inferq::example::EnsureReplayStreams(cluster, /*purge=*/client_role));
+    if (client_role) {
+      auto b = inferq::example::StartClientBridge(engine, cluster);
+      check(b.status());
+      bridge = *std::move(b);
+    } else {
+      char host[256] = {};
+      (void)gethostname(host, sizeof host - 1);
+      sh.producer = "replica-" + std::string(host) + "-" + std::to_string(getpid());
+      auto replicas = engine.AddConsumer(replicas_cfg);
+      check(replicas.status());
+      auto b = inferq::example::StartReplicaBridge(engine, cluster, sh.producer);
+      check(b.status());
+      bridge = *std::move(b);
+      return RunReplicaProcess(sh, engine, *replicas, *bridge, stop_signals);
+    }
+  }
+#endif
   TokenReceiver receiver(sh, trace);
   // Durable replay: what the state directory holds. Nothing runs yet that publishes.
   const Resume resume = durable ? RecoverReplay(engine, receiver, trace) : Resume{};
@@ -1189,8 +1421,12 @@ int main(int argc, char** argv) {
   // Added after the reading back: the requests and decode steps a resumed replay
   // gets again are queued on the replicas' lanes when the consumer is added, and a
   // lane nobody pulls from for ack_wait counts as a stalled replica.
-  auto replicas = engine.AddConsumer(replicas_cfg);
-  check(replicas.status());
+  std::optional<inferq::Consumer> replicas;
+  if (!client_role) {
+    auto r = engine.AddConsumer(replicas_cfg);
+    check(r.status());
+    replicas.emplace(*r);
+  }
   sh.published.store(resume.requests_stored);
   sh.all_published.store(resume.requests_stored == trace.size());
   sh.next_unpublished_us.store(resume.requests_stored < trace.size()
@@ -1205,7 +1441,7 @@ int main(int argc, char** argv) {
   }
 
   std::vector<std::thread> threads;
-  for (std::uint32_t i = 0; i < opt.replicas; ++i) {
+  for (std::uint32_t i = 0; replicas && i < opt.replicas; ++i) {
     threads.emplace_back(RunReplica, std::ref(sh), *replicas->member(i), i);
   }
   std::thread client_thread([&] { RunClient(sh, receiver, *client->member(0), resume.rebuilt_through); });
@@ -1289,7 +1525,12 @@ int main(int argc, char** argv) {
   });
 
   // Every replica has reported its load once before the first request is placed.
-  while (sh.reported.load(std::memory_order_acquire) < opt.replicas) std::this_thread::yield();
+  while (sh.local_replicas && sh.reported.load(std::memory_order_acquire) < opt.replicas) std::this_thread::yield();
+  // Trace time 0 in Unix ns, for replica processes (header replay_start_unix_ns).
+  const std::int64_t replay_start_unix_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count() -
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - sh.wall_start).count();
 
   // The client's publishing side: each request at its arrival time (in a resumed
   // durable replay, from the first request not stored yet).
@@ -1311,6 +1552,7 @@ int main(int argc, char** argv) {
     e.headers.Set("arrival_us", std::to_string(t.arrival_us));
     e.headers.Set("context_tokens", std::to_string(t.context_tokens));
     e.headers.Set("generated_tokens", std::to_string(t.generated_tokens));
+    if (client_role) e.headers.Set("replay_start_unix_ns", std::to_string(replay_start_unix_ns));
     auto ack = engine.Publish(std::move(e));
     if (!ack.ok()) Fail("publishing request " + std::to_string(i) + ": " + std::string(ack.status().message()), 1);
     if (ack->duplicate) ++duplicate_publishes;
@@ -1329,6 +1571,13 @@ int main(int argc, char** argv) {
   if (tty) std::fprintf(stderr, "\n");
   const double wall = std::chrono::duration<double>(Clock::now() - sh.run_start).count();
   const ClientResult result = receiver.Result();
+#ifdef INFERQ_EXAMPLE_NATS
+  std::optional<inferq::nats::BridgeStats> nats_stats;
+  if (bridge != nullptr) {
+    bridge->Close();
+    nats_stats = bridge->Stats();
+  }
+#endif
 
   const inferq::EngineStats stats = engine.Stats();
   inferq::HistogramSnapshot engine_ns;
@@ -1362,20 +1611,41 @@ int main(int argc, char** argv) {
   std::printf("  wall       %.2f s, %.0f tokens/s, %.0f engine events/s\n", wall,
               static_cast<double>(result.tokens_delivered - resume.tokens_delivered) / wall,
               static_cast<double>(engine_ns.count()) / wall);
+  // --role client: the replicas are other processes; their figures are in their
+  // own summaries, and these show zeros.
+  const inferq::ConsumerStats no_replicas{};
   const inferq::ConsumerStats* rs = stats.consumer("REQUESTS", "replicas");
+  if (rs == nullptr) rs = &no_replicas;
+#ifdef INFERQ_EXAMPLE_NATS
+  if (nats_stats) {
+    const inferq::nats::BridgeStats& b = *nats_stats;
+    std::printf("  nats       %llu requests exported to JetStream stream %s, %llu tokens imported from %s "
+                "(%llu delivered again, %llu dropped as copies), %llu reconnects\n",
+                static_cast<unsigned long long>(b.exported), inferq::example::kRequestsJetStream,
+                static_cast<unsigned long long>(b.imported), inferq::example::kTokensJetStream,
+                static_cast<unsigned long long>(b.import_redelivered),
+                static_cast<unsigned long long>(b.import_duplicates), static_cast<unsigned long long>(b.reconnects));
+    std::printf("             %llu duplicate tokens from requests run again on another replica process "
+                "(dropped by the reorder buffer), %llu within one replica's run\n",
+                static_cast<unsigned long long>(result.duplicates_rerun),
+                static_cast<unsigned long long>(result.duplicates_in_run));
+  }
+#endif
   std::string per_replica;
   for (const auto& m : rs->members) per_replica += " " + std::to_string(m.delivered);
-  std::printf("  routing    affinity(seq_id) over %s; events per replica:%s\n", opt.policy.c_str(),
-              per_replica.c_str());
-  // redelivered counts messages delivered before (ack_wait expiries, naks); moved,
-  // queued work taken off a stalled replica before it pulled it.
-  std::printf("             %llu redelivered (%llu ack_wait expiries), %llu moved off a stalled "
-              "replica, %llu ejections, %llu sequences moved to another replica\n",
-              static_cast<unsigned long long>(rs->redelivered),
-              static_cast<unsigned long long>(rs->ack_timeouts),
-              static_cast<unsigned long long>(rs->moved),
-              static_cast<unsigned long long>(rs->group.ejections),
-              static_cast<unsigned long long>(affinity_policy->moves()));
+  if (!client_role) {
+    std::printf("  routing    affinity(seq_id) over %s; events per replica:%s\n", opt.policy.c_str(),
+                per_replica.c_str());
+    // redelivered counts messages delivered before (ack_wait expiries, naks); moved,
+    // queued work taken off a stalled replica before it pulled it.
+    std::printf("             %llu redelivered (%llu ack_wait expiries), %llu moved off a stalled "
+                "replica, %llu ejections, %llu sequences moved to another replica\n",
+                static_cast<unsigned long long>(rs->redelivered),
+                static_cast<unsigned long long>(rs->ack_timeouts),
+                static_cast<unsigned long long>(rs->moved),
+                static_cast<unsigned long long>(rs->group.ejections),
+                static_cast<unsigned long long>(affinity_policy->moves()));
+  }
   // QoS: SLA attainment per tier (first tokens within the tier's TTFT SLA, of all
   // the tier's requests), and what the scheduled lanes served.
   std::printf("\n  %-8s %9s %9s %10s %12s %12s %12s\n", "tier", "requests", "TTFT SLA",
@@ -1404,15 +1674,17 @@ int main(int argc, char** argv) {
     batch_sizes += " " + (lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi)) +
                    ":" + std::to_string(rs->batches_by_size[k]);
   }
-  std::printf("  batches    %llu pulls (adaptive batcher), by size:%s\n",
-              static_cast<unsigned long long>(rs->batches), batch_sizes.c_str());
   const inferq::StreamStats* dead = stats.stream("DEAD");
-  std::printf("  delivery   %llu redelivered, %llu dead letters (%llu kept in stream DEAD), "
-              "max deliver %lld\n",
-              static_cast<unsigned long long>(rs->redelivered),
-              static_cast<unsigned long long>(rs->dead_letters),
-              static_cast<unsigned long long>(dead != nullptr ? dead->stored : 0),
-              static_cast<long long>(opt.max_deliver));
+  if (!client_role) {
+    std::printf("  batches    %llu pulls (adaptive batcher), by size:%s\n",
+                static_cast<unsigned long long>(rs->batches), batch_sizes.c_str());
+    std::printf("  delivery   %llu redelivered, %llu dead letters (%llu kept in stream DEAD), "
+                "max deliver %lld\n",
+                static_cast<unsigned long long>(rs->redelivered),
+                static_cast<unsigned long long>(rs->dead_letters),
+                static_cast<unsigned long long>(dead != nullptr ? dead->stored : 0),
+                static_cast<long long>(opt.max_deliver));
+  }
   const std::int64_t killed_ns = sh.killed_at_wall_ns.load();
   auto trace_s_after_kill = [&](std::int64_t ns) {
     return ns == 0 || killed_ns == 0 ? -1.0 : static_cast<double>(ns - killed_ns) / 1e9 * opt.speed;
@@ -1481,6 +1753,9 @@ int main(int argc, char** argv) {
       << "  \"tokens_out_of_order\": " << result.out_of_order << ",\n"
       << "  \"tokens_lost\": " << lost << ",\n"
       << "  \"duplicates\": " << result.duplicates << ",\n"
+      << "  \"duplicates_rerun\": " << result.duplicates_rerun << ",\n"
+      << "  \"duplicates_in_run\": " << result.duplicates_in_run << ",\n"
+      << "  \"role\": \"" << (opt.role.empty() ? "one process" : opt.role) << "\",\n"
       << "  \"ttft_ms\": " << pct(result.ttft_us, 1000) << ",\n"
       << "  \"tbt_ms\": " << pct(result.tbt_us, 1000) << ",\n"
       << "  \"e2e_ms\": " << pct(result.e2e_us, 1000) << ",\n"
@@ -1549,7 +1824,11 @@ int main(int argc, char** argv) {
   // and the tokens it had produced come again: at least once delivery, the copies
   // dropped by the client's buffer. A copy of a token this run received is a defect
   // (an ack_wait redelivery to a replica that still held the step), as in any run.
+  // Across processes (--role client), a token published again after a failover may
+  // arrive ahead of one retried: the reorder buffer holds it, and what reaches the
+  // user is in order all the same; copies from a request run again elsewhere are
+  // at least once (duplicates_rerun). Neither fails the run.
   const bool ok = sh.fatal.load() == 0 && result.completed == trace.size() && lost == 0 &&
-                  result.duplicates_in_run == 0 && result.out_of_order == 0;
+                  result.duplicates_in_run == 0 && (client_role || result.out_of_order == 0);
   return ok ? 0 : 1;
 }

@@ -1,0 +1,152 @@
+#include "cluster.hpp"
+
+#include <nats/nats.h>
+
+#include <chrono>
+#include <thread>
+
+namespace inferq::example {
+namespace {
+
+std::string ServerList(const std::vector<std::string>& servers) {
+  std::string out;
+  for (const std::string& s : servers) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
+
+std::string JsError(natsStatus s, jsErrCode code) {
+  std::string out = natsStatus_GetText(s);
+  if (const char* last = nats_GetLastError(nullptr); last != nullptr && *last != '\0') out += std::string(": ") + last;
+  if (code != 0) out += " (JetStream error " + std::to_string(static_cast<int>(code)) + ")";
+  return out;
+}
+
+// One stream: created when missing, then (with `purge`) emptied.
+absl::Status EnsureStream(jsCtx* js, const char* name, const std::string& subject, int replicas, bool purge) {
+  jsStreamConfig c;
+  jsStreamConfig_Init(&c);
+  const char* subjects[] = {subject.c_str()};
+  c.Name = name;
+  c.Subjects = subjects;
+  c.SubjectsLen = 1;
+  c.Retention = js_WorkQueuePolicy;
+  c.Storage = js_FileStorage;
+  c.Replicas = replicas;
+  jsStreamInfo* si = nullptr;
+  jsErrCode code = static_cast<jsErrCode>(0);
+  // Two processes may create it at once: the server answers the second with the
+  // stream when the configurations are the same.
+  natsStatus s = NATS_OK;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    s = js_AddStream(&si, js, &c, nullptr, &code);
+    if (s == NATS_OK || code == JSStreamNameExistErr) break;
+    // A cluster that has just started elects its meta leader first.
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  if (si != nullptr) jsStreamInfo_Destroy(si);
+  if (s != NATS_OK) {
+    return absl::FailedPreconditionError("JetStream stream '" + std::string(name) + "' (" + subject + ", work queue, " +
+                                         std::to_string(replicas) + " replicas): " + JsError(s, code));
+  }
+  if (purge) {
+    s = js_PurgeStream(js, name, nullptr, &code);
+    if (s != NATS_OK) {
+      return absl::UnavailableError("purging JetStream stream '" + std::string(name) + "': " + JsError(s, code));
+    }
+  }
+  return absl::OkStatus();
+}
+
+nats::BridgeOptions Options(const ClusterConfig& config, std::string origin, std::string name) {
+  nats::BridgeOptions o;
+  o.connection.servers = config.servers;
+  o.connection.name = std::move(name);
+  o.connection.reconnect_wait = absl::Milliseconds(100);
+  o.connection.reconnect_buffer_bytes = 32 << 20;
+  o.origin = std::move(origin);
+  return o;
+}
+
+}  // namespace
+
+absl::Status EnsureReplayStreams(const ClusterConfig& config, bool purge) {
+  natsOptions* opts = nullptr;
+  natsConnection* nc = nullptr;
+  jsCtx* js = nullptr;
+  std::vector<const char*> urls;
+  for (const std::string& s : config.servers) urls.push_back(s.c_str());
+  natsStatus s = natsOptions_Create(&opts);
+  if (s == NATS_OK) s = natsOptions_SetServers(opts, urls.data(), static_cast<int>(urls.size()));
+  if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
+  if (s == NATS_OK) s = natsConnection_Connect(&nc, opts);
+  if (s == NATS_OK) s = natsConnection_JetStream(&js, nc, nullptr);
+  absl::Status out = absl::OkStatus();
+  if (s != NATS_OK) {
+    out = absl::UnavailableError("cannot reach NATS at '" + ServerList(config.servers) + "': " +
+                                 JsError(s, static_cast<jsErrCode>(0)));
+  } else {
+    out = EnsureStream(js, kRequestsJetStream, "infer." + config.model + ".request", config.stream_replicas, purge);
+    if (out.ok()) out = EnsureStream(js, kTokensJetStream, "infer.reply.>", config.stream_replicas, purge);
+  }
+  if (js != nullptr) jsCtx_Destroy(js);
+  if (nc != nullptr) natsConnection_Destroy(nc);
+  if (opts != nullptr) natsOptions_Destroy(opts);
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<nats::NatsBridge>> StartClientBridge(Engine& engine, const ClusterConfig& config) {
+  auto bridge = nats::NatsBridge::Connect(engine, Options(config, "", "inference_server client"));
+  if (!bridge.ok()) return bridge.status();
+  // Requests: acked locally once INFER_REQUESTS stored them (PubAck).
+  if (auto st = (*bridge)->AddExport({.consumer = {.stream = "REQUESTS",
+                                                   .name = "to-nats",
+                                                   .deliver = DeliverPolicy::kAll,
+                                                   .lane_capacity = 65536,
+                                                   .ack_wait = absl::Seconds(30)}});
+      !st.ok()) {
+    return st;
+  }
+  // Tokens: acked to NATS once the local REPLIES stored them; a redelivery is dropped
+  // by REPLIES' duplicate window (the replicas' exports give every token a
+  // Nats-Msg-Id).
+  if (auto st = (*bridge)->AddImport({.stream = kTokensJetStream,
+                                      .durable = "client",
+                                      .filter_subject = "infer.reply.>",
+                                      .fetch_batch = 512,
+                                      .max_ack_pending = 65536});
+      !st.ok()) {
+    return st;
+  }
+  return bridge;
+}
+
+absl::StatusOr<std::unique_ptr<nats::NatsBridge>> StartReplicaBridge(Engine& engine, const ClusterConfig& config,
+                                                                     const std::string& origin) {
+  auto bridge = nats::NatsBridge::Connect(engine, Options(config, origin, "inference_server " + origin));
+  if (!bridge.ok()) return bridge.status();
+  if (auto st = (*bridge)->AddExport({.consumer = {.stream = "REPLIES",
+                                                   .name = "to-nats",
+                                                   .deliver = DeliverPolicy::kAll,
+                                                   .lane_capacity = 65536,
+                                                   .ack_wait = absl::Seconds(30)},
+                                      .max_in_flight = 4096});
+      !st.ok()) {
+    return st;
+  }
+  // Small fetches: the replicas share the requests as they come.
+  if (auto st = (*bridge)->AddImport({.stream = kRequestsJetStream,
+                                      .durable = "replicas",
+                                      .filter_subject = "infer." + config.model + ".request",
+                                      .fetch_batch = 2,
+                                      .ack_wait = kJetStreamAckWait,
+                                      .ack = nats::ImportAck::kConsumed,
+                                      .ack_stream = "REQUESTS",
+                                      .max_ack_pending = 20000,
+                                      .max_held = config.replica_room});
+      !st.ok()) {
+    return st;
+  }
+  return bridge;
+}
+
+}  // namespace inferq::example

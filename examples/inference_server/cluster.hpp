@@ -1,0 +1,58 @@
+// The NATS side of inference_server --role client|replica: the JetStream streams the
+// processes share and the bridges that connect each process's engine to them.
+//
+//   client                                  replica (one or more processes)
+//   REQUESTS --export--> INFER_REQUESTS --import (durable "replicas")--> REQUESTS
+//   REPLIES  <--import (durable "client")-- INFER_TOKENS <--export-- REPLIES
+//
+// INFER_REQUESTS and INFER_TOKENS are work-queue streams on file storage with
+// --js-replicas replicas. The replicas share one durable, so each request goes to one
+// of them; their import acks a request to NATS only when the replica acked it locally,
+// which it does when the generation is complete (ImportAck::kConsumed), so a replica
+// process that dies hands its unfinished requests to the others after kJetStreamAckWait.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "inferq/adapters/nats/bridge.hpp"
+#include "inferq/engine/engine.hpp"
+
+namespace inferq::example {
+
+inline constexpr char kRequestsJetStream[] = "INFER_REQUESTS";
+inline constexpr char kTokensJetStream[] = "INFER_TOKENS";
+// How long JetStream waits for a replica's ack (or in-progress) before it gives the
+// request to another replica: the time a killed replica's work takes to move.
+inline constexpr absl::Duration kJetStreamAckWait = absl::Seconds(5);
+
+struct ClusterConfig {
+  std::vector<std::string> servers;  // nats://host:port, ...
+  std::string model;                 // requests are infer.<model>.request
+  int stream_replicas = 1;           // JetStream replicas of the two streams (1..5)
+  // A replica process: the requests it takes from NATS at once (what its replicas
+  // run in a batch); the rest wait in JetStream for whichever process has room.
+  int replica_room = 32;
+};
+
+// Creates INFER_REQUESTS and INFER_TOKENS when they are missing (a second process
+// finds them); with `purge`, empties both (the client, before a replay). Unavailable
+// naming the servers when none answers; FailedPrecondition with JetStream's error when
+// a stream exists with another configuration (another --model or --js-replicas).
+absl::Status EnsureReplayStreams(const ClusterConfig& config, bool purge);
+
+// The client's bridge: exports the local stream REQUESTS (consumer "to-nats") to
+// INFER_REQUESTS, imports INFER_TOKENS (durable "client") into the local REPLIES.
+absl::StatusOr<std::unique_ptr<nats::NatsBridge>> StartClientBridge(Engine& engine, const ClusterConfig& config);
+
+// A replica's bridge: imports INFER_REQUESTS (durable "replicas", ImportAck::kConsumed
+// on the local work-queue stream REQUESTS), exports the local REPLIES (consumer
+// "to-nats") to INFER_TOKENS. `origin` names this process in Inferq-Origin.
+absl::StatusOr<std::unique_ptr<nats::NatsBridge>> StartReplicaBridge(Engine& engine, const ClusterConfig& config,
+                                                                     const std::string& origin);
+
+}  // namespace inferq::example

@@ -1,0 +1,272 @@
+// cluster_demo: the main example across processes. Starts a nats-server cluster with
+// JetStream on free loopback ports (each node's store in a temporary directory),
+// replica processes (inference_server --role replica) and one client (--role client),
+// optionally breaks something mid-run (a node SIGKILLed, a replica process SIGKILLed,
+// every node down for a while), waits for the client, stops the replicas (SIGTERM)
+// and the servers, and prints the client's table and each replica's summary.
+// scripts/cluster_demo.sh builds and runs it; ctest runs it with each failure.
+//
+// Exit status: the client's (0: every request completed, no token lost, no token
+// duplicated but by a request run again after its replica died); 1 when a replica
+// that was not killed failed, or something could not start; 2 usage.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../../tests/adapters/nats_server.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string inference_server = INFERQ_INFERENCE_SERVER;
+  int servers = 3;
+  int replica_processes = 2;
+  int replicas_per_process = 2;
+  std::string limit = "2000";
+  double speed = 20;
+  std::string json;
+  // Faults, at trace seconds (the client's clock, about: its start-up is not counted).
+  std::optional<std::pair<int, double>> kill_node;     // node I at T
+  std::optional<std::pair<int, double>> kill_replica;  // replica process I at T
+  std::optional<std::pair<double, double>> outage;     // every node down at T for D wall seconds
+};
+
+[[noreturn]] void Usage(int code, const std::string& why = "") {
+  if (!why.empty()) std::fprintf(stderr, "cluster_demo: %s\n", why.c_str());
+  std::fprintf(code == 0 ? stdout : stderr,
+               "usage: cluster_demo [options]   (--option VALUE)\n"
+               "Runs inference_server across processes: a nats-server cluster with JetStream on free\n"
+               "loopback ports, replica processes and a client replaying the Azure trace, and prints\n"
+               "the client's table (0 lost, 0 duplicated, 0 out of order when nothing fails).\n"
+               "\n"
+               "  --servers N              nats-server nodes, 3..5 (default 3; the streams have 3 replicas)\n"
+               "  --replica-processes N    inference_server --role replica processes, 1..16 (default 2)\n"
+               "  --replicas N             replicas in each of them, 1..64 (default 2)\n"
+               "  --limit N                requests of the trace (default 2000)\n"
+               "  --speed X                trace seconds per wall second (default 20)\n"
+               "  --json FILE              the client's JSON summary\n"
+               "  --kill-node I@T          SIGKILL node I (0..N-1) at trace second T; it stays down\n"
+               "  --kill-replica I@T       SIGKILL replica process I at trace second T\n"
+               "  --outage T:D             SIGKILL every node at trace second T, restart them D wall\n"
+               "                           seconds later (their JetStream stores are kept)\n"
+               "  --inference-server PATH  the inference_server to run (default: the one built with this)\n");
+  std::exit(code);
+}
+
+double Number(const std::string& flag, const std::string& v, double lo, double hi) {
+  double d = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size() || !(d >= lo && d <= hi)) {
+    Usage(2, flag + " '" + v + "' is not a number in " + std::to_string(lo) + ".." + std::to_string(hi));
+  }
+  return d;
+}
+
+// "I@T" -> {I, T}.
+std::pair<int, double> At(const std::string& flag, const std::string& v, int max_index) {
+  const auto at = v.find('@');
+  if (at == std::string::npos) Usage(2, flag + " '" + v + "' must be I@T");
+  return {static_cast<int>(Number(flag, v.substr(0, at), 0, max_index)), Number(flag, v.substr(at + 1), 0, 1e6)};
+}
+
+Options Parse(int argc, char** argv) {
+  Options o;
+  std::vector<std::pair<std::string, std::string>> later;  // parsed once --servers is known
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") Usage(0);
+    if (i + 1 >= argc) Usage(2, "unknown option or missing value '" + a + "'");
+    const std::string v = argv[++i];
+    if (a == "--servers") o.servers = static_cast<int>(Number(a, v, 3, 5));
+    else if (a == "--replica-processes") o.replica_processes = static_cast<int>(Number(a, v, 1, 16));
+    else if (a == "--replicas") o.replicas_per_process = static_cast<int>(Number(a, v, 1, 64));
+    else if (a == "--limit") o.limit = v;
+    else if (a == "--speed") o.speed = Number(a, v, 0.001, 1e6);
+    else if (a == "--json") o.json = v;
+    else if (a == "--inference-server") o.inference_server = v;
+    else if (a == "--kill-node" || a == "--kill-replica" || a == "--outage") later.emplace_back(a, v);
+    else Usage(2, "unknown option '" + a + "'");
+  }
+  for (const auto& [a, v] : later) {
+    if (a == "--kill-node") o.kill_node = At(a, v, o.servers - 1);
+    if (a == "--kill-replica") o.kill_replica = At(a, v, o.replica_processes - 1);
+    if (a == "--outage") {
+      const auto colon = v.find(':');
+      if (colon == std::string::npos) Usage(2, "--outage '" + v + "' must be T:D");
+      o.outage = {Number(a, v.substr(0, colon), 0, 1e6), Number(a, v.substr(colon + 1), 0, 600)};
+    }
+  }
+  return o;
+}
+
+// A child process that dies with this one (PR_SET_PDEATHSIG); its output goes to
+// `log` (empty: this process's stdout and stderr).
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (!log.empty()) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, STDOUT_FILENO);
+      ::dup2(fd, STDERR_FILENO);
+      ::close(fd);
+    }
+  }
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv(argv[0], argv.data());
+  std::fprintf(stderr, "cluster_demo: cannot run '%s': %s\n", argv[0], std::strerror(errno));
+  std::_Exit(127);
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Exit code of `pid` (128 + signal when it was killed), waiting at most `limit`; -1
+// if it still runs.
+int WaitExit(pid_t pid, std::chrono::milliseconds limit) {
+  const auto until = Clock::now() + limit;
+  for (;;) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    if (Clock::now() > until) return -1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = Parse(argc, argv);
+  inferq_test::TempDir dir;
+  inferq_test::NatsCluster cluster(dir.path(), o.servers);
+  if (!cluster.Start()) {
+    std::fprintf(stderr, "cluster_demo: a nats-server did not start; its log:\n");
+    for (int i = 0; i < cluster.size(); ++i) std::fprintf(stderr, "%s\n", cluster.server(i).Log().c_str());
+    return 1;
+  }
+  const std::string urls = cluster.url_list();
+  const std::string js_replicas = "3";
+  char speed[32];
+  std::snprintf(speed, sizeof speed, "%g", o.speed);
+  std::printf("cluster_demo: %d nats-server nodes (%s), JetStream streams with %s replicas; %d replica "
+              "processes of %d replicas; %s requests at speed %s\n",
+              o.servers, urls.c_str(), js_replicas.c_str(), o.replica_processes, o.replicas_per_process,
+              o.limit.c_str(), speed);
+  std::fflush(stdout);
+  const std::vector<std::string> common = {"--nats", urls, "--js-replicas", js_replicas, "--limit", o.limit,
+                                           "--speed", speed};
+
+  std::vector<pid_t> replicas;
+  std::vector<std::string> logs;
+  for (int i = 0; i < o.replica_processes; ++i) {
+    std::vector<std::string> args = {o.inference_server, "--role", "replica", "--replicas",
+                                     std::to_string(o.replicas_per_process)};
+    args.insert(args.end(), common.begin(), common.end());
+    logs.push_back((dir.path() / ("replica-" + std::to_string(i) + ".log")).string());
+    replicas.push_back(Spawn(args, logs.back()));
+  }
+  // Each replica says when it takes requests.
+  for (int i = 0; i < o.replica_processes; ++i) {
+    const auto until = Clock::now() + std::chrono::seconds(60);
+    while (Read(logs[static_cast<std::size_t>(i)]).find("replicas ready") == std::string::npos) {
+      int status = 0;
+      if (Clock::now() > until || ::waitpid(replicas[static_cast<std::size_t>(i)], &status, WNOHANG) != 0) {
+        std::fprintf(stderr, "cluster_demo: replica process %d did not start:\n%s\n", i,
+                     Read(logs[static_cast<std::size_t>(i)]).c_str());
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+  std::vector<std::string> args = {o.inference_server, "--role", "client"};
+  args.insert(args.end(), common.begin(), common.end());
+  if (!o.json.empty()) args.insert(args.end(), {"--json", o.json});
+  const auto start = Clock::now();
+  const pid_t client = Spawn(args, "");
+  auto trace_s = [&] { return std::chrono::duration<double>(Clock::now() - start).count() * o.speed; };
+  bool node_killed = false, replica_killed = false, outage_begun = false, outage_over = !o.outage;
+  Clock::time_point outage_end;
+  int client_status = -1;
+  while (client_status < 0) {
+    client_status = WaitExit(client, std::chrono::milliseconds(20));
+    const double t = trace_s();
+    if (o.kill_node && !node_killed && t >= o.kill_node->second) {
+      node_killed = true;
+      cluster.server(o.kill_node->first).Kill();
+      std::fprintf(stderr, "\ncluster_demo: SIGKILL nats-server node %d at trace second %.1f\n", o.kill_node->first, t);
+    }
+    if (o.kill_replica && !replica_killed && t >= o.kill_replica->second) {
+      replica_killed = true;
+      ::kill(replicas[static_cast<std::size_t>(o.kill_replica->first)], SIGKILL);
+      std::fprintf(stderr, "\ncluster_demo: SIGKILL replica process %d at trace second %.1f\n",
+                   o.kill_replica->first, t);
+    }
+    if (o.outage && !outage_begun && t >= o.outage->first) {
+      outage_begun = true;
+      for (int i = 0; i < cluster.size(); ++i) cluster.server(i).Kill();
+      outage_end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(o.outage->second));
+      std::fprintf(stderr, "\ncluster_demo: SIGKILL every nats-server node at trace second %.1f, for %g s\n", t,
+                   o.outage->second);
+    }
+    if (outage_begun && !outage_over && Clock::now() >= outage_end) {
+      outage_over = true;
+      for (int i = 0; i < cluster.size(); ++i) {
+        if (!cluster.server(i).Start()) {
+          std::fprintf(stderr, "cluster_demo: nats-server node %d did not restart:\n%s\n", i,
+                       cluster.server(i).Log().c_str());
+        }
+      }
+      std::fprintf(stderr, "cluster_demo: every nats-server node restarted\n");
+    }
+  }
+
+  // The replicas: SIGTERM, then their summaries.
+  int status = client_status;
+  for (std::size_t i = 0; i < replicas.size(); ++i) {
+    const bool killed = o.kill_replica && static_cast<std::size_t>(o.kill_replica->first) == i;
+    if (!killed) ::kill(replicas[i], SIGTERM);
+    int rc = WaitExit(replicas[i], std::chrono::seconds(30));
+    if (rc < 0) {
+      ::kill(replicas[i], SIGKILL);
+      rc = WaitExit(replicas[i], std::chrono::seconds(5));
+    }
+    // Its summary: the last lines it printed, from its last "inference_server replica".
+    const std::string log = Read(logs[i]);
+    const std::size_t at = log.rfind("inference_server replica");
+    const std::string summary = at == std::string::npos ? "" : log.substr(at);
+    std::printf("\nreplica process %zu: %s\n%s", i,
+                killed ? "SIGKILLed by cluster_demo" : (rc == 0 ? "exit 0" : ("exit " + std::to_string(rc)).c_str()),
+                killed ? "" : summary.c_str());
+    if (!killed && rc != 0) {
+      std::printf("its log:\n%s\n", log.c_str());
+      if (status == 0) status = 1;
+    }
+  }
+  std::fflush(stdout);
+  return status;
+}

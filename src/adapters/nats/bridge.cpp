@@ -24,6 +24,7 @@
 #include <nats/nats.h>
 
 #include "absl/base/thread_annotations.h"
+#include "fetch.hpp"
 #include "absl/container/flat_hash_map.h"
 #include "inferq/routing/subject.hpp"
 
@@ -719,17 +720,11 @@ struct NatsBridge::Impl {
           continue;
         }
       }
-      // libnats 3.4.1's fetch writes past its array when messages from an earlier,
-      // expired pull are queued and make up more than half the batch (after taking
-      // them it lowers the batch it counts to, and the count passes it; fixed in
-      // later versions): while any are queued, take them one by one (a fetch of 1
-      // cannot overflow). Found by AddressSanitizer in a replica of the main example.
-      int queued = 0;
-      if (natsSubscription_GetPending(im.sub, &queued, nullptr) == NATS_OK && queued > 0) batch = 1;
       natsMsgList list{};
       jsErrCode code = static_cast<jsErrCode>(0);
-      // Held messages are looked at every 5 ms while there are some.
-      const natsStatus s = natsSubscription_Fetch(&list, im.sub, batch, im.held.empty() ? 200 : 5, &code);
+      // Held messages are looked at every 5 ms while there are some. Not
+      // natsSubscription_Fetch: libnats 3.4.1's can overflow (fetch.hpp).
+      const natsStatus s = internal::FetchQueuedFirst(&list, im.sub, batch, im.held.empty() ? 200 : 5, &code);
       if (s == NATS_TIMEOUT) continue;
       if (s != NATS_OK) {
         if (stopping.load()) break;

@@ -33,11 +33,12 @@ ImportConfig Consumed(int max_ack_pending = 0) {
           .max_ack_pending = max_ack_pending};
 }
 
-std::unique_ptr<Engine> WorkEngine(std::optional<Consumer>* consumer) {
+std::unique_ptr<Engine> WorkEngine(std::optional<Consumer>* consumer, std::size_t lane_capacity = 1024) {
   auto engine = NewEngine();
   REQUIRE(engine->AddStream({.name = "WORK", .subjects = {"jobs.>"}, .retention = RetentionPolicy::kWorkQueue}).ok());
   auto c = engine->AddConsumer(
-      {.stream = "WORK", .name = "w", .deliver = DeliverPolicy::kAll, .ack_wait = absl::Seconds(60)});
+      {.stream = "WORK", .name = "w", .deliver = DeliverPolicy::kAll, .lane_capacity = lane_capacity,
+       .ack_wait = absl::Seconds(60)});
   INFO(c.status().ToString());
   REQUIRE(c.ok());
   consumer->emplace(*c);
@@ -45,6 +46,10 @@ std::unique_ptr<Engine> WorkEngine(std::optional<Consumer>* consumer) {
 }
 
 std::uint64_t Held(const NatsBridge& b) { return b.Stats().import_held; }
+std::uint64_t Stored(const Engine& e) {
+  const EngineStats st = e.Stats();
+  return st.stream("WORK")->messages;
+}
 
 }  // namespace
 
@@ -238,4 +243,82 @@ TEST_CASE("nats import: ImportAck::kConsumed needs a local work-queue stream, an
   CHECK(std::string(st.message()) == want);
   // Nothing was created in NATS.
   CHECK(client.ConsumerState("JOBS", "workers").first == -1);
+}
+
+// Regressions of the adversarial review of ImportAck::kConsumed.
+TEST_CASE("nats import with ImportAck::kConsumed keeps held messages in progress while later ones wait on a busy lane") {
+  // A holds 2 jobs its full lane (capacity 2) took and waits on the lane for the
+  // rest; B imports through the same durable. JetStream's ack_wait is 1 s: without
+  // in-progress during the wait, B got the 2 held jobs too and they ran twice.
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("JOBS", "jobs.>");
+  PublishJobs(client, 0, 6);
+  std::optional<Consumer> ca, cb;
+  auto a = WorkEngine(&ca, 2);
+  auto b = WorkEngine(&cb);
+  auto bridge_a = NatsBridge::Connect(*a, Options(server, "worker-a"));
+  auto bridge_b = NatsBridge::Connect(*b, Options(server, "worker-b"));
+  REQUIRE(bridge_a.ok());
+  REQUIRE(bridge_b.ok());
+  REQUIRE((*bridge_a)->AddImport(Consumed()).ok());
+  REQUIRE(WaitFor([&] { return Held(**bridge_a) == 2; }));
+  REQUIRE(Stored(*a) == 2);
+  REQUIRE((*bridge_b)->AddImport(Consumed()).ok());
+  std::set<std::string> got_b;
+  auto mb = cb->member(0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < until) {
+    auto m = mb->Next(absl::Milliseconds(100));
+    if (!m.ok()) continue;
+    got_b.insert(m->event().msg_id);
+    REQUIRE(m->Ack().ok());
+  }
+  CHECK(got_b == std::set<std::string>{"j-2", "j-3", "j-4", "j-5"});
+  CHECK(Held(**bridge_a) == 2);
+}
+
+TEST_CASE("nats import with ImportAck::kConsumed counts a message once however often NATS redelivers it") {
+  // A's lane is full and the lane-blocked import naks what it cannot store; the 2
+  // held jobs stay held once each (they were counted again at each redelivery).
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("JOBS", "jobs.>");
+  PublishJobs(client, 0, 6);
+  std::optional<Consumer> ca;
+  auto a = WorkEngine(&ca, 2);
+  auto bridge_a = NatsBridge::Connect(*a, Options(server, "worker-a"));
+  REQUIRE(bridge_a.ok());
+  REQUIRE((*bridge_a)->AddImport(Consumed()).ok());
+  REQUIRE(WaitFor([&] { return Held(**bridge_a) == 2; }));
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  CHECK(Stored(*a) == 2);
+  CHECK(Held(**bridge_a) == 2);
+}
+
+TEST_CASE("nats import with ImportAck::kConsumed naks, not acks, what a deleted ack_stream held") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("JOBS", "jobs.>");
+  PublishJobs(client, 0, 3);
+  std::optional<Consumer> ca;
+  auto a = WorkEngine(&ca);
+  auto bridge_a = NatsBridge::Connect(*a, Options(server, "worker-a"));
+  REQUIRE(bridge_a.ok());
+  REQUIRE((*bridge_a)->AddImport(Consumed()).ok());
+  REQUIRE(WaitFor([&] { return Held(**bridge_a) == 3; }));
+  ca.reset();
+  REQUIRE(a->DeleteStream("WORK").ok());
+  REQUIRE(WaitFor([&] { return Held(**bridge_a) == 0; }));
+  // Nothing was consumed: all 3 are still to do in NATS (pending or delivered again
+  // and refused: no local stream captures them now).
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto st = client.ConsumerState("JOBS", "workers");
+  CHECK(st.first + static_cast<std::int64_t>(st.second) == 3);
 }

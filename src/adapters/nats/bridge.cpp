@@ -554,7 +554,7 @@ struct NatsBridge::Impl {
   // lane makes it kRefused at once, also when other streams stored the event (their
   // duplicate window drops the redelivery). kInvalid for an event the engine finds
   // invalid.
-  LocalResult PublishLocal(const Event& event, std::chrono::steady_clock::time_point give_up) {
+  LocalResult PublishLocal(const Event& event, std::chrono::steady_clock::time_point give_up, Import& im) {
     auto pause = std::chrono::microseconds(100);
     for (;;) {
       absl::StatusOr<PublishAck> r = engine.TryPublish(Event(event));
@@ -588,6 +588,8 @@ struct NatsBridge::Impl {
       if (busy && (stopping.load() || std::chrono::steady_clock::now() >= give_up)) {
         return {Local::kBusy, "a lane it must go to stayed full (overflow block)"};
       }
+      // Held messages stay in progress in NATS while this waits.
+      if (!im.held.empty()) ProgressHeld(im);
       std::this_thread::sleep_for(pause);
       pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
     }
@@ -622,9 +624,31 @@ struct NatsBridge::Impl {
       }
       return false;
     }
+    // A redelivery of a message held already (the local duplicate window dropped the
+    // copy, and PublishAck::seq is the original's): the newer delivery replaces the
+    // older, which NATS no longer tracks; counted once.
+    for (Import::Held& h : im.held) {
+      if (h.seq == r.seq) {
+        natsMsg_Destroy(h.msg);
+        h.msg = m;
+        h.next_progress = std::chrono::steady_clock::now() + Progress(im);
+        return true;
+      }
+    }
     im.held.push_back({m, r.seq, std::chrono::steady_clock::now() + Progress(im)});
     import_held.fetch_add(1);
     return true;
+  }
+
+  // Tells JetStream that the held messages whose time has come are in progress.
+  void ProgressHeld(Import& im) {
+    const auto now = std::chrono::steady_clock::now();
+    for (Import::Held& h : im.held) {
+      if (now >= h.next_progress) {
+        (void)natsMsg_InProgress(h.msg, nullptr);
+        h.next_progress = now + Progress(im);
+      }
+    }
   }
 
   static std::chrono::steady_clock::duration Progress(const Import& im) {
@@ -632,16 +656,28 @@ struct NatsBridge::Impl {
         absl::ToChronoNanoseconds(im.cfg.ack_wait / 3));
   }
 
-  // Acks to NATS the held messages that cfg.ack_stream no longer holds, and tells
-  // JetStream the others are in progress every ack_wait / 3.
+  // Acks to NATS the held messages that cfg.ack_stream no longer holds (its consumer
+  // acked them, or a dead letter, a limit or a purge removed them), and tells
+  // JetStream the others are in progress every ack_wait / 3. When the stream itself
+  // is gone (deleted), what it held was never consumed: it is nak'ed, for another
+  // process or a later import.
   void SettleHeld(Import& im) {
     const auto now = std::chrono::steady_clock::now();
     std::size_t kept = 0;
     for (Import::Held& h : im.held) {
       absl::StatusOr<std::shared_ptr<const Event>> got = engine.GetMessage(im.cfg.ack_stream, h.seq);
       if (!got.ok() && got.status().code() == absl::StatusCode::kNotFound) {
+        // GetMessage says "holds no message <seq>" for a sequence the stream no
+        // longer has, else the stream does not exist (any more).
+        const bool consumed = got.status().message().find("holds no message") != absl::string_view::npos;
         import_held.fetch_sub(1);
-        (void)natsMsg_Ack(h.msg, nullptr);
+        if (consumed) {
+          (void)natsMsg_Ack(h.msg, nullptr);
+        } else {
+          Error("import into ack_stream '" + im.cfg.ack_stream + "' (ImportAck::kConsumed): " +
+                std::string(got.status().message()) + "; what it held is nak'ed in NATS");
+          (void)natsMsg_Nak(h.msg, nullptr);
+        }
         natsMsg_Destroy(h.msg);
         continue;
       }
@@ -654,7 +690,11 @@ struct NatsBridge::Impl {
     im.held.resize(kept);
   }
 
-  void HandleImported(Import& im, natsMsg* m) {
+  // `give_up`: when a message that meets only busy lanes is nak'ed; one time for the
+  // whole fetched batch, so that the last message of a batch waits no longer in
+  // NATS (un-acked, without in-progress) than the first. True when the message is
+  // held (ImportAck::kConsumed): the caller must not destroy it.
+  bool HandleImported(Import& im, natsMsg* m, std::chrono::steady_clock::time_point give_up) {
     jsMsgMetaData* meta = nullptr;
     if (natsMsg_GetMetaData(&meta, m) == NATS_OK && meta != nullptr) {
       if (meta->NumDelivered > 1) import_redelivered.fetch_add(1);
@@ -665,7 +705,7 @@ struct NatsBridge::Impl {
       if (k == kOriginHeader && v == options.origin) {
         import_loops.fetch_add(1);
         (void)natsMsg_Ack(m, nullptr);
-        return;
+        return false;
       }
     }
     const char* nats_subject = natsMsg_GetSubject(m);
@@ -674,6 +714,7 @@ struct NatsBridge::Impl {
             "' refused: " + std::string(st.message()));
       import_invalid.fetch_add(1);  // counted before NATS hears of it, like `imported`
       (void)natsMsg_Term(m, nullptr);
+      return false;
     };
     auto subject = ReplaceSubjectPrefix(nats_subject, im.cfg.strip_prefix, im.cfg.add_prefix);
     if (!subject.ok()) return invalid(subject.status());
@@ -687,25 +728,25 @@ struct NatsBridge::Impl {
     // What an import brought in is never exported again (ExportConfig): mark it when
     // its publisher did not.
     if (!event->headers.Has(kOriginHeader)) event->headers.Set(std::string(kOriginHeader), "nats:" + im.cfg.stream);
-    const auto give_up = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(im.cfg.ack_wait / 2);
-    const LocalResult r = PublishLocal(*event, give_up);
+    const LocalResult r = PublishLocal(*event, give_up, im);
     switch (r.what) {
       case Local::kStored:
         // Counted before the ack: whoever sees the ack in NATS sees the count.
         if (r.duplicate) import_duplicates.fetch_add(1);
         imported.fetch_add(1);
-        if (im.cfg.ack == ImportAck::kConsumed && Hold(im, m, *event, r)) return;
+        if (im.cfg.ack == ImportAck::kConsumed && Hold(im, m, *event, r)) return true;
         (void)natsMsg_Ack(m, nullptr);
-        return;
+        return false;
       case Local::kBusy:
       case Local::kRefused:
         Error("import of '" + std::string(nats_subject) + "' into the engine: " + r.why + "; nak'ed");
         import_refused.fetch_add(1);
         (void)natsMsg_NakWithDelay(m, Millis(im.cfg.retry_delay), nullptr);
-        return;
+        return false;
       case Local::kInvalid:
         return invalid(absl::InvalidArgumentError(r.why));
     }
+    return false;
   }
 
   void RunImport(Import& im) {
@@ -716,6 +757,17 @@ struct NatsBridge::Impl {
       if (im.cfg.max_held > 0) {
         batch = std::min(batch, im.cfg.max_held - static_cast<int>(im.held.size()));
         if (batch <= 0) {
+          // No room. A message that an expired pull left queued here gets no
+          // in-progress: give it back at once, for a process with room.
+          int queued = 0;
+          if (natsSubscription_GetPending(im.sub, &queued, nullptr) == NATS_OK && queued > 0) {
+            natsMsgList back{};
+            jsErrCode code = static_cast<jsErrCode>(0);
+            if (internal::FetchQueuedFirst(&back, im.sub, 1, 5, &code) == NATS_OK) {
+              for (int i = 0; i < back.Count; ++i) (void)natsMsg_Nak(back.Msgs[i], nullptr);
+              natsMsgList_Destroy(&back);
+            }
+          }
           std::this_thread::sleep_for(std::chrono::milliseconds(2));
           continue;
         }
@@ -734,13 +786,15 @@ struct NatsBridge::Impl {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         continue;
       }
+      const auto give_up = std::chrono::steady_clock::now() +
+                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               absl::ToChronoNanoseconds(im.cfg.ack_wait / 2));
       for (int i = 0; i < list.Count; ++i) {
         if (stopping.load()) {
           (void)natsMsg_Nak(list.Msgs[i], nullptr);
         } else {
-          const std::size_t held = im.held.size();
-          HandleImported(im, list.Msgs[i]);
-          if (im.held.size() > held) list.Msgs[i] = nullptr;  // held: not destroyed with the list
+          if (!im.held.empty()) ProgressHeld(im);
+          if (HandleImported(im, list.Msgs[i], give_up)) list.Msgs[i] = nullptr;  // held: not destroyed with the list
         }
       }
       natsMsgList_Destroy(&list);

@@ -48,7 +48,10 @@ struct Options {
 };
 
 [[noreturn]] void Usage(int code, const std::string& why = "") {
-  if (!why.empty()) std::fprintf(stderr, "cluster_demo: %s\n", why.c_str());
+  if (!why.empty()) {
+    std::fprintf(stderr, "cluster_demo: %s (see --help)\n", why.c_str());
+    std::exit(code);
+  }
   std::fprintf(code == 0 ? stdout : stderr,
                "usage: cluster_demo [options]   (--option VALUE)\n"
                "Runs inference_server across processes: a nats-server cluster with JetStream on free\n"
@@ -73,8 +76,16 @@ double Number(const std::string& flag, const std::string& v, double lo, double h
   double d = 0;
   const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
   if (v.empty() || ec != std::errc() || end != v.data() + v.size() || !(d >= lo && d <= hi)) {
-    Usage(2, flag + " '" + v + "' is not a number in " + std::to_string(lo) + ".." + std::to_string(hi));
+    char range[64];
+    std::snprintf(range, sizeof range, "%g..%g", lo, hi);
+    Usage(2, flag + " '" + v + "' is not a number in " + range);
   }
+  return d;
+}
+
+double Integer(const std::string& flag, const std::string& v, double lo, double hi) {
+  const double d = Number(flag, v, lo, hi);
+  if (d != std::floor(d)) Usage(2, flag + " '" + v + "' is not an integer");
   return d;
 }
 
@@ -82,7 +93,7 @@ double Number(const std::string& flag, const std::string& v, double lo, double h
 std::pair<int, double> At(const std::string& flag, const std::string& v, int max_index) {
   const auto at = v.find('@');
   if (at == std::string::npos) Usage(2, flag + " '" + v + "' must be I@T");
-  return {static_cast<int>(Number(flag, v.substr(0, at), 0, max_index)), Number(flag, v.substr(at + 1), 0, 1e6)};
+  return {static_cast<int>(Integer(flag, v.substr(0, at), 0, max_index)), Number(flag, v.substr(at + 1), 0, 1e6)};
 }
 
 Options Parse(int argc, char** argv) {
@@ -93,10 +104,10 @@ Options Parse(int argc, char** argv) {
     if (a == "--help" || a == "-h") Usage(0);
     if (i + 1 >= argc) Usage(2, "unknown option or missing value '" + a + "'");
     const std::string v = argv[++i];
-    if (a == "--servers") o.servers = static_cast<int>(Number(a, v, 3, 5));
-    else if (a == "--replica-processes") o.replica_processes = static_cast<int>(Number(a, v, 1, 16));
-    else if (a == "--replicas") o.replicas_per_process = static_cast<int>(Number(a, v, 1, 64));
-    else if (a == "--limit") o.limit = v;
+    if (a == "--servers") o.servers = static_cast<int>(Integer(a, v, 3, 5));
+    else if (a == "--replica-processes") o.replica_processes = static_cast<int>(Integer(a, v, 1, 16));
+    else if (a == "--replicas") o.replicas_per_process = static_cast<int>(Integer(a, v, 1, 64));
+    else if (a == "--limit") o.limit = std::to_string(static_cast<long long>(Integer(a, v, 1, 1e9)));
     else if (a == "--speed") o.speed = Number(a, v, 0.001, 1e6);
     else if (a == "--json") o.json = v;
     else if (a == "--inference-server") o.inference_server = v;
@@ -104,6 +115,9 @@ Options Parse(int argc, char** argv) {
     else Usage(2, "unknown option '" + a + "'");
   }
   for (const auto& [a, v] : later) {
+    if (a == "--kill-replica" && o.replica_processes < 2) {
+      Usage(2, "--kill-replica needs --replica-processes >= 2 (another must take over the work)");
+    }
     if (a == "--kill-node") o.kill_node = At(a, v, o.servers - 1);
     if (a == "--kill-replica") o.kill_replica = At(a, v, o.replica_processes - 1);
     if (a == "--outage") {
@@ -112,6 +126,7 @@ Options Parse(int argc, char** argv) {
       o.outage = {Number(a, v.substr(0, colon), 0, 1e6), Number(a, v.substr(colon + 1), 0, 600)};
     }
   }
+  if (o.kill_node && o.outage) Usage(2, "--kill-node and --outage do not go together (the outage restarts every node)");
   return o;
 }
 
@@ -121,6 +136,10 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() == 1) std::_Exit(127);  // the demo died before prctl took effect
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);  // the demo blocks SIGTERM and SIGINT
   if (!log.empty()) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
@@ -158,8 +177,21 @@ int WaitExit(pid_t pid, std::chrono::milliseconds limit) {
 
 }  // namespace
 
+// SIGTERM or SIGINT arrived (both blocked in main, taken here without waiting).
+bool Interrupted(const sigset_t& stop) {
+  const timespec now{0, 0};
+  return sigtimedwait(&stop, nullptr, &now) > 0;
+}
+
 int main(int argc, char** argv) {
   const Options o = Parse(argc, argv);
+  // SIGTERM and SIGINT stop the demo through its own path: every process it started
+  // is killed and the temporary directory removed (the destructors below).
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  ::sigprocmask(SIG_BLOCK, &stop, nullptr);
   inferq_test::TempDir dir;
   inferq_test::NatsCluster cluster(dir.path(), o.servers);
   if (!cluster.Start()) {
@@ -193,6 +225,11 @@ int main(int argc, char** argv) {
     const auto until = Clock::now() + std::chrono::seconds(60);
     while (Read(logs[static_cast<std::size_t>(i)]).find("replicas ready") == std::string::npos) {
       int status = 0;
+      if (Interrupted(stop)) {
+        for (pid_t r : replicas) ::kill(r, SIGKILL);
+        std::fprintf(stderr, "cluster_demo: interrupted\n");
+        return 130;
+      }
       if (Clock::now() > until || ::waitpid(replicas[static_cast<std::size_t>(i)], &status, WNOHANG) != 0) {
         std::fprintf(stderr, "cluster_demo: replica process %d did not start:\n%s\n", i,
                      Read(logs[static_cast<std::size_t>(i)]).c_str());
@@ -213,6 +250,12 @@ int main(int argc, char** argv) {
   int client_status = -1;
   while (client_status < 0) {
     client_status = WaitExit(client, std::chrono::milliseconds(20));
+    if (client_status < 0 && Interrupted(stop)) {
+      ::kill(client, SIGKILL);
+      for (pid_t r : replicas) ::kill(r, SIGKILL);
+      std::fprintf(stderr, "\ncluster_demo: interrupted; the client, the replicas and the servers are stopped\n");
+      return 130;
+    }
     const double t = trace_s();
     if (o.kill_node && !node_killed && t >= o.kill_node->second) {
       node_killed = true;

@@ -238,8 +238,8 @@ void Usage(std::FILE* f) {
                "  --role client|replica     run one side of the replay across processes over\n"
                "                            NATS JetStream (needs --nats and --speed > 0): the\n"
                "                            client publishes the trace and checks the tokens,\n"
-               "                            each replica process runs --replicas replicas until\n"
-               "                            SIGTERM or SIGINT\n"
+               "                            each replica process runs --replicas replicas for\n"
+               "                            one replay, until SIGTERM or SIGINT\n"
                "  --nats URL[,URL...]       the NATS servers (nats://host:port) for --role\n"
                "  --js-replicas N           replicas of the JetStream streams, 1..5 (default 1)\n"
                "  --help, -h                this text\n"
@@ -529,6 +529,7 @@ struct Shared {
   bool local_replicas = true;  // false for --role client: its replicas are elsewhere
   std::string producer;
   std::atomic<std::int64_t> anchor_ns{0};
+  std::atomic<std::int64_t> replay_start_unix_ns{0};  // the replay this replica process serves
   std::mutex held_mu;
   std::unordered_map<std::uint64_t, inferq::Message> held;
   std::atomic<std::uint64_t> generations_done{0};  // a replica process's figures
@@ -622,17 +623,25 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
     s.generated = static_cast<std::uint32_t>(HeaderU64(e, "generated_tokens"));
     const bool decode = e.subject.ends_with(".decode");
     s.decode = decode;
-    if (sh.replica_role && !decode && sh.anchor_ns.load(std::memory_order_relaxed) == 0) {
-      // Trace time 0 on this process's clock: the client's start (Unix ns) less the
-      // time since then, read on the system clock (the processes may be on
-      // different machines; their clocks' skew adds to the transit time).
-      const std::uint64_t start_unix_ns = HeaderU64(e, "replay_start_unix_ns");
-      const std::int64_t since_ns =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-              .count() -
-          static_cast<std::int64_t>(start_unix_ns);
+    if (sh.replica_role && !decode) {
+      // A replica process serves one replay (its replicas' clocks run on from it).
+      const auto start_unix_ns = static_cast<std::int64_t>(HeaderU64(e, "replay_start_unix_ns"));
       std::int64_t unset = 0;
-      sh.anchor_ns.compare_exchange_strong(unset, SteadyNs() - since_ns, std::memory_order_release);
+      if (sh.replay_start_unix_ns.compare_exchange_strong(unset, start_unix_ns)) {
+        // Trace time 0 on this process's clock: the client's start (Unix ns) less
+        // the time since then, read on the system clock (the processes may be on
+        // different machines; their clocks' skew adds to the transit time).
+        const std::int64_t since_ns =
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count() -
+            start_unix_ns;
+        sh.anchor_ns.store(SteadyNs() - since_ns, std::memory_order_release);
+      } else if (unset != start_unix_ns) {
+        Fail("request " + e.msg_id + " belongs to another replay (its client began at Unix ns " +
+                 std::to_string(start_unix_ns) + ", this replica process serves the one begun at " +
+                 std::to_string(unset) + "): a replica process serves one replay, start new ones for the next",
+             1);
+      }
     }
     if (decode) {
       s.produced = static_cast<std::uint32_t>(HeaderU64(e, "produced"));
@@ -898,8 +907,7 @@ struct ClientResult {
 class TokenReceiver {
  public:
   TokenReceiver(Shared& sh, const std::vector<TraceRequest>& trace)
-      : sh_(sh), trace_(trace), req_(trace.size()), first_producer_(trace.size(), kUnknown),
-        rb_(BufferOptions(trace)) {
+      : sh_(sh), trace_(trace), req_(trace.size()), first_producer_(trace.size()), rb_(BufferOptions(trace)) {
     for (std::size_t i = 0; i < trace.size(); ++i) {
       ++r_.tier_requests[static_cast<std::size_t>(Assign(*sh.opt, i).tier)];
     }
@@ -923,7 +931,11 @@ class TokenReceiver {
     if (const auto r = e.headers.Get("replica")) {
       producer = producers_.try_emplace(std::string(*r), static_cast<std::int32_t>(producers_.size())).first->second;
     }
-    if (first_producer_[id] == kUnknown) first_producer_[id] = producer;
+    // Per token: who sent its first copy.
+    std::vector<std::int32_t>& firsts = first_producer_[id];
+    if (firsts.empty()) firsts.assign(trace_[id].generated_tokens, kUnknown);
+    std::int32_t& first = firsts[e.seq_no];
+    if (first == kUnknown) first = producer;
     // Arrival times only matter to gap expiry, which the client does not use.
     const inferq::ReorderResult res =
         rb_.Offer(e.seq_id, e.seq_no, p, /*now_ns=*/0,
@@ -934,7 +946,7 @@ class TokenReceiver {
       case inferq::ReorderResult::kDuplicate:  // dropped, counted by the buffer
         if (!live_) {
           ++r_.duplicates_before;
-        } else if (producer != first_producer_[id]) {
+        } else if (producer != first) {
           ++r_.duplicates_rerun;
         } else if (e.seq_no < req_[id].got_before) {
           ++r_.duplicates_after_crash;
@@ -1006,13 +1018,15 @@ class TokenReceiver {
     }
   }
 
-  static constexpr std::int32_t kUnknown = -2;  // no token of the request yet
+  static constexpr std::int32_t kUnknown = -2;  // no copy of the token yet
   static constexpr std::int32_t kNone = -1;     // a token without a "replica" header
 
   Shared& sh_;
   const std::vector<TraceRequest>& trace_;
   std::vector<PerRequest> req_;
-  std::vector<std::int32_t> first_producer_;  // per request: who made its first token
+  // Per request and token number: who sent the token's first copy (allocated at the
+  // request's first token).
+  std::vector<std::vector<std::int32_t>> first_producer_;
   std::unordered_map<std::string, std::int32_t> producers_;
   inferq::ReorderBuffer<TokenPayload> rb_;
   ClientResult r_;
@@ -1541,7 +1555,10 @@ int main(int argc, char** argv) {
     inferq::Event e;
     e.subject = "infer." + opt.model + ".request";
     e.task_id = {0, i};
-    e.msg_id = "req-" + std::to_string(i);
+    // Across processes the id names the run too: JetStream's duplicate window (2
+    // minutes) would drop a later run's req-<i> as a copy, even after a purge.
+    e.msg_id = client_role ? "req-" + std::to_string(replay_start_unix_ns) + "-" + std::to_string(i)
+                           : "req-" + std::to_string(i);
     e.seq_id = std::to_string(i);  // the affinity key of the generation
     const Assignment who = Assign(opt, i);
     e.tenant = "tenant-" + std::to_string(who.tenant);
@@ -1587,8 +1604,9 @@ int main(int argc, char** argv) {
   auto ms = [](std::uint64_t us) { return static_cast<double>(us) / 1000.0; };
   auto us = [](std::uint64_t ns) { return static_cast<double>(ns) / 1000.0; };
   std::printf("\ninferq inference_server: Azure LLM inference trace 2023 (conversation)\n");
-  std::printf("  %zu requests over %s of trace, %u replicas, speed %s, max batch %u\n\n",
-              trace.size(), FormatDuration(trace_seconds).c_str(), opt.replicas,
+  std::printf("  %zu requests over %s of trace, %s, speed %s, max batch %u\n\n",
+              trace.size(), FormatDuration(trace_seconds).c_str(),
+              client_role ? "replicas in the replica processes" : (std::to_string(opt.replicas) + " replicas").c_str(),
               opt.speed > 0 ? (std::to_string(static_cast<int>(opt.speed)) + "x").c_str()
                             : "as fast as possible",
               opt.max_batch);

@@ -101,6 +101,11 @@ class NatsServer {
     if (pid_ == 0) {
       // The server dies with the test, also when the test is killed.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      // Signals the parent blocks (cluster_demo takes SIGTERM with sigtimedwait)
+      // must reach the server: Stop sends SIGTERM.
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
       ::execvp("nats-server", argv.data());
       std::_Exit(127);
     }

@@ -129,8 +129,8 @@ struct ExportConfig {
 //  kStored: once every local stream that captures it stored it (on a file stream,
 //    once the stream's sync policy is met). From then on the process answers for it.
 //  kConsumed: once ImportConfig::ack_stream no longer holds it, that is once the
-//    local consumer of that work-queue stream acked it (or its dead-letter handling
-//    or a limit removed it). Until then the bridge tells JetStream every ack_wait / 3
+//    local consumer of that work-queue stream acked it (or its dead-letter handling,
+//    a limit or a purge removed it; a deleted stream's messages are nak'ed instead). Until then the bridge tells JetStream every ack_wait / 3
 //    that the message is in progress (natsMsg_InProgress), and Close naks it. When
 //    the process dies first, JetStream delivers it again after ack_wait, to another
 //    process importing through the same durable: the work is done at least once

@@ -1179,9 +1179,11 @@ int RunReplicaProcess(Shared& sh, inferq::Engine& engine, const inferq::Consumer
   const inferq::nats::BridgeStats b = bridge.Stats();
   std::printf("inference_server replica %s: %s; %llu generations completed, %llu tokens made "
               "(%llu not exported), %zu requests unfinished (nak'ed in NATS for another replica)\n"
-              "  nats: %llu requests imported (%llu delivered before), %llu tokens exported "
+              "  nats: %llu requests imported (%llu JetStream had delivered before, to this or "
+              "another process), %llu tokens exported "
               "(%llu failed publishes retried), %llu reconnects%s%s\n",
-              sh.producer.c_str(), sig > 0 ? strsignal(sig) : "a replica failed",
+              sh.producer.c_str(),
+              sig == SIGTERM ? "stopped by SIGTERM" : sig == SIGINT ? "stopped by SIGINT" : "a replica failed",
               static_cast<unsigned long long>(sh.generations_done.load()),
               static_cast<unsigned long long>(sh.tokens_emitted.load()),
               static_cast<unsigned long long>(unexported), unfinished,

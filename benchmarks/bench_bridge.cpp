@@ -8,6 +8,10 @@
 //       The floor: a publisher thread js_PublishAsync's to a JetStream stream (up to
 //       1024 PubAcks outstanding); a consumer thread fetches from a durable pull
 //       consumer (256 at a time) and acks each message (natsMsg_Ack).
+//   BM_Bridge/raw_nats_msg_id
+//       The same with a Nats-Msg-Id header on every message (js_PublishMsgAsync), as
+//       a producer that relies on JetStream's duplicate window sends it, and as the
+//       bridge's export does: the server then also keeps each id for its window.
 //   BM_Bridge/inferq
 //       The same messages through two engines and two bridges: a publisher thread
 //       Publishes into engine A's stream; bridge A exports it to the JetStream stream
@@ -17,17 +21,31 @@
 //   BM_Bridge/in_process
 //       One engine: a publisher thread Publishes, a consumer thread pulls and acks.
 //
+// The local streams are work queues (RetentionPolicy::kWorkQueue: a message is gone
+// once acked), as an outbox that a bridge forwards and an inbox that a worker drains
+// are; with the default kLimits every message of the run stays in memory, and the
+// pool growth that costs (page faults on fresh chunks) would be measured instead of
+// the path.
+//
 // Each iteration moves kMessages messages from the first publish to the last
-// delivery. Counters: msgs_per_s, and p50_us / p99_us from publish to delivery.
+// delivery. Counters: msgs_per_s, p50_us / p99_us from publish to delivery, and
+// client_cpu_us_per_msg / server_cpu_us_per_msg: CPU time (user + system, every
+// thread) of this process and of nats-server per message, from /proc, in flooded
+// runs: on a machine whose cores are all busy, throughput follows the CPU a message
+// costs.
 // With /paced, the publisher waits for each message's delivery before it sends the
 // next (kPacedMessages of them): the latency of one message through an idle path,
 // where the flooded runs measure mostly queueing.
 #include <nats/nats.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -73,6 +91,36 @@ std::int64_t SentAt(const void* data) {
   return t;
 }
 
+// CPU time (user + system, all threads) of process `pid` (0: this one), in µs.
+double CpuMicros(pid_t pid) {
+  std::ifstream f(pid == 0 ? std::string("/proc/self/stat") : "/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  // Fields after the command's closing parenthesis; utime and stime are the 12th
+  // and 13th of them (proc(5): fields 14 and 15), in clock ticks.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 1; i <= 13 && rest >> field; ++i) {
+    if (i >= 12) ticks += std::stod(field);
+  }
+  return ticks * 1e6 / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// CPU time of this process and of the server over the benchmark's iterations.
+struct CpuMeter {
+  pid_t server;
+  double self0;
+  double server0;
+  explicit CpuMeter(pid_t server_pid)
+      : server(server_pid), self0(CpuMicros(0)), server0(server_pid > 0 ? CpuMicros(server_pid) : 0) {}
+  void Report(benchmark::State& state, int messages) const {
+    if (state.range(0) == 1) return;  // paced: the publisher's wait for each delivery spins
+    state.counters["client_cpu_us_per_msg"] = (CpuMicros(0) - self0) / messages;
+    if (server > 0) state.counters["server_cpu_us_per_msg"] = (CpuMicros(server) - server0) / messages;
+  }
+};
+
 void Report(benchmark::State& state, double seconds, inferq::Histogram& lat) {
   const inferq::HistogramSnapshot h = lat.Snapshot();
   state.counters["msgs_per_s"] =
@@ -95,7 +143,8 @@ bool AddStream(jsCtx* js, const char* name, const char* subject) {
   return ok;
 }
 
-void BM_BridgeRaw(benchmark::State& state) {
+void BM_BridgeRaw(benchmark::State& state, bool with_msg_id) {
+  std::uint64_t next_id = 0;
   inferq_test::TempDir dir;
   inferq_test::NatsServer server(dir.path());
   if (!server.Start()) return state.SkipWithError("nats-server did not start");
@@ -124,6 +173,7 @@ void BM_BridgeRaw(benchmark::State& state) {
   }
   inferq::Histogram lat;
   double seconds = 0;
+  const CpuMeter cpu(server.pid());
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     g_delivered.store(0);
@@ -144,7 +194,17 @@ void BM_BridgeRaw(benchmark::State& state) {
     });
     for (int i = 0; i < n; ++i) {
       const std::string p = Payload();
-      while (js_PublishAsync(pub_js, "bench.x", p.data(), static_cast<int>(p.size()), nullptr) != NATS_OK) {
+      if (with_msg_id) {
+        // As the bridge sends it: a message id for JetStream's duplicate window.
+        natsMsg* m = nullptr;
+        natsMsg_Create(&m, "bench.x", nullptr, p.data(), static_cast<int>(p.size()));
+        const std::string id = "raw." + std::to_string(next_id++);
+        natsMsgHeader_Set(m, "Nats-Msg-Id", id.c_str());
+        while (js_PublishMsgAsync(pub_js, &m, nullptr) != NATS_OK) {
+        }
+      } else {
+        while (js_PublishAsync(pub_js, "bench.x", p.data(), static_cast<int>(p.size()), nullptr) != NATS_OK) {
+        }
       }
       Pace(state, i);
     }
@@ -153,6 +213,7 @@ void BM_BridgeRaw(benchmark::State& state) {
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   Report(state, seconds, lat);
+  cpu.Report(state, Count(state) * static_cast<int>(state.iterations()));
   natsSubscription_Destroy(sub);
   jsCtx_Destroy(pub_js);
   jsCtx_Destroy(sub_js);
@@ -203,9 +264,11 @@ void BM_BridgeInferq(benchmark::State& state) {
   auto a = inferq::Engine::Create();
   auto b = inferq::Engine::Create();
   if (!a.ok() || !b.ok()) return state.SkipWithError("engine");
-  (void)(*a)->AddStream({.name = "OUT", .subjects = {"out.>"}, .duplicate_window = absl::ZeroDuration()});
-  (void)(*b)->AddStream({.name = "IN", .subjects = {"in.>"}, .duplicate_window = absl::ZeroDuration()});
-  auto sink = (*b)->AddConsumer({.stream = "IN", .name = "sink"});
+  (void)(*a)->AddStream({.name = "OUT", .subjects = {"out.>"}, .retention = inferq::RetentionPolicy::kWorkQueue,
+                         .duplicate_window = absl::ZeroDuration()});
+  (void)(*b)->AddStream({.name = "IN", .subjects = {"in.>"}, .retention = inferq::RetentionPolicy::kWorkQueue,
+                         .duplicate_window = absl::ZeroDuration()});
+  auto sink = (*b)->AddConsumer({.stream = "IN", .name = "sink", .deliver = inferq::DeliverPolicy::kAll});
   inferq::nats::BridgeOptions oa;
   oa.connection.servers = {server.url()};
   oa.origin = "a";
@@ -213,16 +276,23 @@ void BM_BridgeInferq(benchmark::State& state) {
   ob.origin = "b";
   auto ba = inferq::nats::NatsBridge::Connect(**a, oa);
   auto bb = inferq::nats::NatsBridge::Connect(**b, ob);
-  if (!sink.ok() || !ba.ok() || !bb.ok()) return state.SkipWithError("bridge");
-  if (!(*ba)->AddExport({.consumer = {.stream = "OUT", .name = "to-nats"}, .subject_prefix = "bench"}).ok() ||
-      !(*bb)->AddImport({.stream = "BENCH", .durable = "b", .filter_subject = "bench.>",
-                         .strip_prefix = "bench.out", .add_prefix = "in", .fetch_batch = 256})
-           .ok()) {
-    return state.SkipWithError("export/import");
+  for (const absl::Status& st : {sink.status(), ba.status(), bb.status()}) {
+    if (!st.ok()) return state.SkipWithError(std::string(st.message()).c_str());
+  }
+  if (absl::Status st = (*ba)->AddExport(
+          {.consumer = {.stream = "OUT", .name = "to-nats", .deliver = inferq::DeliverPolicy::kAll}, .subject_prefix = "bench"});
+      !st.ok()) {
+    return state.SkipWithError(("AddExport: " + std::string(st.message())).c_str());
+  }
+  if (absl::Status st = (*bb)->AddImport({.stream = "BENCH", .durable = "b", .filter_subject = "bench.out.>",
+                                          .strip_prefix = "bench.out", .add_prefix = "in", .fetch_batch = 256});
+      !st.ok()) {
+    return state.SkipWithError(("AddImport: " + std::string(st.message())).c_str());
   }
   auto member = sink->member(0);
   inferq::Histogram lat;
   double seconds = 0;
+  const CpuMeter cpu(server.pid());
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     g_delivered.store(0);
@@ -232,6 +302,7 @@ void BM_BridgeInferq(benchmark::State& state) {
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   Report(state, seconds, lat);
+  cpu.Report(state, Count(state) * static_cast<int>(state.iterations()));
   state.counters["export_failures"] = static_cast<double>((*ba)->Stats().export_failures);
   state.counters["import_refused"] = static_cast<double>((*bb)->Stats().import_refused);
 }
@@ -239,11 +310,13 @@ void BM_BridgeInferq(benchmark::State& state) {
 void BM_BridgeInProcess(benchmark::State& state) {
   auto e = inferq::Engine::Create();
   if (!e.ok()) return state.SkipWithError("engine");
-  (void)(*e)->AddStream({.name = "S", .subjects = {"in.>"}, .duplicate_window = absl::ZeroDuration()});
-  auto c = (*e)->AddConsumer({.stream = "S", .name = "sink"});
+  (void)(*e)->AddStream({.name = "S", .subjects = {"in.>"}, .retention = inferq::RetentionPolicy::kWorkQueue,
+                         .duplicate_window = absl::ZeroDuration()});
+  auto c = (*e)->AddConsumer({.stream = "S", .name = "sink", .deliver = inferq::DeliverPolicy::kAll});
   auto member = c->member(0);
   inferq::Histogram lat;
   double seconds = 0;
+  const CpuMeter cpu(0);
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
     g_delivered.store(0);
@@ -253,13 +326,15 @@ void BM_BridgeInProcess(benchmark::State& state) {
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   Report(state, seconds, lat);
+  cpu.Report(state, Count(state) * static_cast<int>(state.iterations()));
 }
 
 // Arg 0: flooded (the publisher runs ahead as far as the path lets it); 1: paced.
 void Modes(benchmark::internal::Benchmark* b) {
   b->ArgName("paced")->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
 }
-BENCHMARK(BM_BridgeRaw)->Name("BM_Bridge/raw_nats")->Apply(Modes);
+BENCHMARK_CAPTURE(BM_BridgeRaw, plain, false)->Name("BM_Bridge/raw_nats")->Apply(Modes);
+BENCHMARK_CAPTURE(BM_BridgeRaw, msg_id, true)->Name("BM_Bridge/raw_nats_msg_id")->Apply(Modes);
 BENCHMARK(BM_BridgeInferq)->Name("BM_Bridge/inferq")->Apply(Modes);
 BENCHMARK(BM_BridgeInProcess)->Name("BM_Bridge/in_process")->Apply(Modes);
 

@@ -118,6 +118,35 @@ TEST_CASE("nats bridge: export to JetStream acks locally only what JetStream sto
     }
     CHECK(ids.size() == kN);
   }
+
+  SECTION("at most max_in_flight PubAcks are outstanding, and the export goes on as they come") {
+    // The export waits for room and is woken once a quarter of the window is free:
+    // windows of 1, 2 and 5 (resume at 0, 1 and 3 in flight) must neither exceed
+    // the window nor stall.
+    const std::size_t window = GENERATE(1u, 2u, 5u);
+    REQUIRE((*bridge)->AddExport({.consumer = {.stream = "LOCAL", .name = "to-nats"},
+                                  .subject_prefix = "site-a", .max_in_flight = window})
+                .ok());
+    constexpr int kN = 300;
+    std::atomic<bool> done{false};
+    std::atomic<std::uint64_t> most{0};
+    std::thread watcher([&] {
+      while (!done.load()) {
+        const std::uint64_t now = (*bridge)->Stats().export_pending;
+        if (now > most.load()) most.store(now);
+      }
+    });
+    for (int i = 0; i < kN; ++i) REQUIRE(engine->Publish(Work(i)).ok());
+    const bool all = WaitFor([&] { return (*bridge)->Stats().exported == kN; });
+    done.store(true);
+    watcher.join();
+    INFO("window " << window);
+    REQUIRE(all);
+    CHECK(most.load() <= window);
+    CHECK(most.load() >= 1);
+    CHECK(client.Messages("REMOTE") == kN);
+    CHECK((*bridge)->Stats().export_pending == 0);
+  }
 }
 
 TEST_CASE("nats bridge: import publishes into the engine and acks NATS after") {

@@ -128,6 +128,7 @@ class NatsServer {
   // A crash.
   void Kill() { Signal(SIGKILL); }
   bool running() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
 
   int port() const { return port_; }
   std::string url() const { return "nats://127.0.0.1:" + std::to_string(port_); }

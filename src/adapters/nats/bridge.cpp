@@ -157,6 +157,15 @@ struct NatsBridge::Impl {
     // publishing thread to destroy (found by ThreadSanitizer, a use after free).
     natsMsg* publishing ABSL_GUARDED_BY(mu) = nullptr;
     bool destroy_after_publish ABSL_GUARDED_BY(mu) = false;
+    // The export's thread waits on `cv` for room (in_flight at max_in_flight) and is
+    // woken once in_flight is down to resume_at(), not at every PubAck: a wake-up per
+    // PubAck cost a context switch per message (bench_bridge, perf).
+    bool waiting ABSL_GUARDED_BY(mu) = false;
+    std::size_t resume_at() const { return cfg.max_in_flight - 1 - cfg.max_in_flight / 4; }
+    // Under `mu`, after in_flight shrank: wakes a waiting export thread when due.
+    void NoteRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      if (waiting && in_flight.size() <= resume_at()) cv.notify_all();
+    }
   };
   struct Import {
     ImportConfig cfg;
@@ -349,7 +358,11 @@ struct NatsBridge::Impl {
     {
       std::lock_guard l(ex->mu);
       auto node = ex->in_flight.extract(msg);
-      if (!node.empty()) m = std::move(node.mapped());
+      if (!node.empty()) {
+        m = std::move(node.mapped());
+        self->export_pending.fetch_sub(1);  // under `mu`: never above max_in_flight
+        ex->NoteRoom();
+      }
       if (msg == ex->publishing) {
         ex->destroy_after_publish = true;
         destroy = false;
@@ -371,8 +384,6 @@ struct NatsBridge::Impl {
         (void)m->Nak(ex->cfg.retry_delay);
         self->export_failures.fetch_add(1);
       }
-      self->export_pending.fetch_sub(1);
-      ex->cv.notify_all();
     }
     if (destroy) natsMsg_Destroy(msg);
   }
@@ -436,7 +447,11 @@ struct NatsBridge::Impl {
     if (!nm) return;
     {
       std::unique_lock l(ex.mu);
-      ex.cv.wait(l, [&] { return ex.in_flight.size() < ex.cfg.max_in_flight || stopping.load(); });
+      if (ex.in_flight.size() >= ex.cfg.max_in_flight) {
+        ex.waiting = true;
+        ex.cv.wait(l, [&] { return ex.in_flight.size() <= ex.resume_at() || stopping.load(); });
+        ex.waiting = false;
+      }
       if (stopping.load()) {
         l.unlock();
         (void)m.Nak();
@@ -476,7 +491,6 @@ struct NatsBridge::Impl {
       Error("export to JetStream failed: js_PublishMsgAsync: " + NatsError(s));
       (void)back->Nak(ex.cfg.retry_delay);
       export_failures.fetch_add(1);
-      ex.cv.notify_all();
     }
   }
 
@@ -547,17 +561,25 @@ struct NatsBridge::Impl {
     std::uint64_t seq = 0;      // PublishAck::seq
   };
 
-  // Publishes `event` into the engine (TryPublish, never blocking the bridge's Close).
-  // While a capturing stream is only busy (a full lane of a consumer with overflow
-  // block: PublishAck::streams_busy, WouldBlock) it tries again, at most until
-  // `give_up` or Close: kBusy then. A stream that refuses by its limits or a kReject
+  // Publishes the event into the engine (TryPublish, never blocking the bridge's
+  // Close): `event` first, then, since TryPublish takes its event, one that `remake`
+  // maps again from the NATS message. While a capturing stream is only busy (a full
+  // lane of a consumer with overflow block: PublishAck::streams_busy, WouldBlock) it
+  // tries again, at most until `give_up` or Close: kBusy then. A stream that refuses by its limits or a kReject
   // lane makes it kRefused at once, also when other streams stored the event (their
   // duplicate window drops the redelivery). kInvalid for an event the engine finds
   // invalid.
-  LocalResult PublishLocal(const Event& event, std::chrono::steady_clock::time_point give_up, Import& im) {
+  template <typename Remake>
+  LocalResult PublishLocal(Event event, const Remake& remake, std::chrono::steady_clock::time_point give_up,
+                           Import& im) {
     auto pause = std::chrono::microseconds(100);
-    for (;;) {
-      absl::StatusOr<PublishAck> r = engine.TryPublish(Event(event));
+    for (bool first = true;; first = false) {
+      if (!first) {
+        absl::StatusOr<Event> again = remake();
+        if (!again.ok()) return {Local::kInvalid, std::string(again.status().message())};
+        event = std::move(*again);
+      }
+      absl::StatusOr<PublishAck> r = engine.TryPublish(std::move(event));
       bool busy = false;
       if (r.ok()) {
         if (r->streams_rejected == 0) {
@@ -600,13 +622,13 @@ struct NatsBridge::Impl {
   // the fetched list's ownership (true). False, with last_error saying why, when the
   // stored message cannot be followed there: another stream stored it too, or the
   // message at PublishAck::seq in ack_stream is not this event; the caller acks it.
-  bool Hold(Import& im, natsMsg* m, const Event& event, const LocalResult& r) {
+  bool Hold(Import& im, natsMsg* m, const std::string& msg_id, const LocalResult& r) {
     std::string why;
     if (r.streams != 1) {
       why = std::to_string(r.streams) + " local streams stored it";
     } else {
       absl::StatusOr<std::shared_ptr<const Event>> got = engine.GetMessage(im.cfg.ack_stream, r.seq);
-      if (got.ok() && (*got)->msg_id != event.msg_id) {
+      if (got.ok() && (*got)->msg_id != msg_id) {
         why = "another stream stored it (ack_stream '" + im.cfg.ack_stream + "' holds '" + (*got)->msg_id +
               "' at sequence " + std::to_string(r.seq) + ")";
       } else if (!got.ok() && got.status().code() != absl::StatusCode::kNotFound) {
@@ -720,21 +742,29 @@ struct NatsBridge::Impl {
     if (!subject.ok()) return invalid(subject.status());
     const auto* data = reinterpret_cast<const std::byte*>(natsMsg_GetData(m));
     const auto size = static_cast<std::size_t>(std::max(0, natsMsg_GetDataLength(m)));
-    absl::StatusOr<Event> event = FromWire(*subject, headers, std::span<const std::byte>(data, size), im.cfg.format);
+    // The event of `m`; again for each retry of a busy publish (the engine takes it).
+    auto map = [&]() -> absl::StatusOr<Event> {
+      absl::StatusOr<Event> event =
+          FromWire(*subject, headers, std::span<const std::byte>(data, size), im.cfg.format);
+      if (!event.ok()) return event;
+      if (event->msg_id.empty() && meta != nullptr) {
+        event->msg_id = std::string(meta->Stream) + ":" + std::to_string(meta->Sequence.Stream);
+      }
+      // What an import brought in is never exported again (ExportConfig): mark it
+      // when its publisher did not.
+      if (!event->headers.Has(kOriginHeader)) event->headers.Set(std::string(kOriginHeader), "nats:" + im.cfg.stream);
+      return event;
+    };
+    absl::StatusOr<Event> event = map();
     if (!event.ok()) return invalid(event.status());
-    if (event->msg_id.empty() && meta != nullptr) {
-      event->msg_id = std::string(meta->Stream) + ":" + std::to_string(meta->Sequence.Stream);
-    }
-    // What an import brought in is never exported again (ExportConfig): mark it when
-    // its publisher did not.
-    if (!event->headers.Has(kOriginHeader)) event->headers.Set(std::string(kOriginHeader), "nats:" + im.cfg.stream);
-    const LocalResult r = PublishLocal(*event, give_up, im);
+    const std::string msg_id = im.cfg.ack == ImportAck::kConsumed ? event->msg_id : std::string();
+    const LocalResult r = PublishLocal(std::move(*event), map, give_up, im);
     switch (r.what) {
       case Local::kStored:
         // Counted before the ack: whoever sees the ack in NATS sees the count.
         if (r.duplicate) import_duplicates.fetch_add(1);
         imported.fetch_add(1);
-        if (im.cfg.ack == ImportAck::kConsumed && Hold(im, m, *event, r)) return true;
+        if (im.cfg.ack == ImportAck::kConsumed && Hold(im, m, msg_id, r)) return true;
         (void)natsMsg_Ack(m, nullptr);
         return false;
       case Local::kBusy:

@@ -1,16 +1,22 @@
 // The NATS bridge's security on the wire (inferq/adapters/nats/bridge.hpp): TLS with a
-// verified server certificate and client certificates, user/password and token
-// credentials, and the server's subject permissions, against nats-server processes
-// configured by each test, with certificates the test makes with the openssl tool.
+// verified server certificate and client certificates, user/password, token and
+// `.creds` (JWT and NKey) credentials, and the server's subject permissions, against
+// nats-server processes configured by each test, with certificates and keys the test
+// makes with the openssl tool.
 #include "inferq/adapters/nats/bridge.hpp"
 
 #include <catch2/catch.hpp>
 #include <nats/nats.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iterator>
+#include <string>
 #include <thread>
+
+#include "absl/time/clock.h"
 
 #include "nats_test_util.hpp"
 
@@ -279,4 +285,243 @@ TEST_CASE("nats security: a token is checked") {
   auto good = NatsBridge::Connect(*engine, o);
   REQUIRE(good.ok());
   CHECK((*good)->Stats().connected);
+}
+
+// ---- NKeys and JWTs, for `.creds` files ----
+//
+// The test makes an operator, accounts and users the way `nsc` would, from ed25519
+// keys that the openssl tool generates and signs with:
+//  - an NKey is base32 (RFC 4648, no padding) of a prefix byte, the 32-byte ed25519
+//    public key and a CRC-16/XMODEM of both (little endian); a seed has two prefix
+//    bytes (the seed marker and the key's type) before the 32-byte private seed;
+//  - a JWT is base64url(header) "." base64url(claims) "." base64url(ed25519 signature
+//    of the first two parts by the issuer's key), header {"typ":"JWT","alg":"ed25519-nkey"}.
+namespace {
+
+constexpr unsigned char kOperatorPrefix = 14 << 3;  // 'O...'
+constexpr unsigned char kAccountPrefix = 0;         // 'A...'
+constexpr unsigned char kUserPrefix = 20 << 3;      // 'U...'
+constexpr unsigned char kSeedPrefix = 18 << 3;      // 'S...'
+
+std::string ReadBytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  REQUIRE(in.good());
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::uint16_t Crc16(const std::string& bytes) {
+  std::uint16_t crc = 0;
+  for (unsigned char c : bytes) {
+    crc = static_cast<std::uint16_t>(crc ^ (c << 8));
+    for (int i = 0; i < 8; ++i) {
+      crc = static_cast<std::uint16_t>((crc & 0x8000) != 0 ? (crc << 1) ^ 0x1021 : crc << 1);
+    }
+  }
+  return crc;
+}
+
+std::string Base32(const std::string& bytes) {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+  std::string out;
+  unsigned buffer = 0;
+  int bits = 0;
+  for (unsigned char c : bytes) {
+    buffer = (buffer << 8) | c;
+    bits += 8;
+    while (bits >= 5) {
+      out += kAlphabet[(buffer >> (bits - 5)) & 31];
+      bits -= 5;
+    }
+  }
+  if (bits > 0) out += kAlphabet[(buffer << (5 - bits)) & 31];
+  return out;
+}
+
+std::string Base64Url(const std::string& bytes) {
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  std::string out;
+  unsigned buffer = 0;
+  int bits = 0;
+  for (unsigned char c : bytes) {
+    buffer = (buffer << 8) | c;
+    bits += 8;
+    while (bits >= 6) {
+      out += kAlphabet[(buffer >> (bits - 6)) & 63];
+      bits -= 6;
+    }
+  }
+  if (bits > 0) out += kAlphabet[(buffer << (6 - bits)) & 63];
+  return out;
+}
+
+std::string WithCrc(std::string bytes) {
+  const std::uint16_t crc = Crc16(bytes);
+  bytes += static_cast<char>(crc & 0xff);
+  bytes += static_cast<char>(crc >> 8);
+  return bytes;
+}
+
+struct NKey {
+  fs::path pem;
+  std::string public_key;  // "O...", "A...", "U..."
+  std::string seed;        // "SO...", "SA...", "SU..."
+};
+
+NKey MakeNKey(const fs::path& dir, const std::string& name, unsigned char prefix) {
+  Run(dir, "openssl genpkey -algorithm ed25519 -out " + name + ".pem");
+  Run(dir, "openssl pkey -in " + name + ".pem -outform DER -out " + name + ".der");
+  Run(dir, "openssl pkey -in " + name + ".pem -pubout -outform DER -out " + name + ".pub.der");
+  const std::string priv = ReadBytes(dir / (name + ".der"));
+  const std::string pub = ReadBytes(dir / (name + ".pub.der"));
+  REQUIRE(priv.size() >= 32);
+  REQUIRE(pub.size() >= 32);
+  NKey k;
+  k.pem = dir / (name + ".pem");
+  k.public_key = Base32(WithCrc(std::string(1, static_cast<char>(prefix)) + pub.substr(pub.size() - 32)));
+  std::string seed_head;
+  seed_head += static_cast<char>(kSeedPrefix | (prefix >> 5));
+  seed_head += static_cast<char>((prefix & 31) << 3);
+  k.seed = Base32(WithCrc(seed_head + priv.substr(priv.size() - 32)));
+  return k;
+}
+
+// A JWT with `claims` (a JSON object's members after "iss"), issued and signed by `issuer`.
+std::string MakeJwt(const fs::path& dir, const NKey& issuer, const std::string& subject, const std::string& claims,
+                    std::int64_t expires_unix_s = 0) {
+  static int serial = 0;
+  const std::int64_t now = absl::ToUnixSeconds(absl::Now());
+  const std::string header = Base64Url(R"({"typ":"JWT","alg":"ed25519-nkey"})");
+  const std::string body = Base64Url(
+      "{\"jti\":\"inferq-test-" + std::to_string(++serial) + "\",\"iat\":" + std::to_string(now) +
+      (expires_unix_s != 0 ? ",\"exp\":" + std::to_string(expires_unix_s) : std::string()) + ",\"iss\":\"" +
+      issuer.public_key + "\",\"name\":\"inferq test\",\"sub\":\"" + subject + "\"," + claims + "}");
+  const std::string input = header + "." + body;
+  Write(dir / "jwt-input", input);
+  Run(dir, "openssl pkeyutl -sign -rawin -inkey '" + issuer.pem.string() + "' -in jwt-input -out jwt-signature");
+  return input + "." + Base64Url(ReadBytes(dir / "jwt-signature"));
+}
+
+// A `.creds` file as nsc writes it: the user's JWT, then its NKey seed.
+fs::path WriteCreds(const fs::path& dir, const std::string& name, const std::string& jwt, const std::string& seed) {
+  const fs::path p = dir / (name + ".creds");
+  Write(p, "-----BEGIN NATS USER JWT-----\n" + jwt + "\n------END NATS USER JWT------\n\n" +
+               "-----BEGIN USER NKEY SEED-----\n" + seed + "\n------END USER NKEY SEED------\n");
+  return p;
+}
+
+const std::string kAccountClaims =
+    R"("nats":{"limits":{"subs":-1,"data":-1,"payload":-1,"imports":-1,"exports":-1,"wildcards":true,)"
+    R"("conn":-1,"leaf":-1,"mem_storage":-1,"disk_storage":-1,"streams":-1,"consumer":-1},)"
+    R"("type":"account","version":2})";
+const std::string kUserClaims =
+    R"("nats":{"pub":{},"sub":{},"subs":-1,"data":-1,"payload":-1,"type":"user","version":2})";
+
+}  // namespace
+
+TEST_CASE("nats security: a .creds file (user JWT and NKey seed) is checked by an operator-mode server") {
+  TempDir dir;
+  const fs::path keys = dir.path() / "keys";
+  fs::create_directories(keys);
+  const NKey op = MakeNKey(keys, "operator", kOperatorPrefix);
+  const NKey account = MakeNKey(keys, "account", kAccountPrefix);
+  const NKey system = MakeNKey(keys, "system", kAccountPrefix);      // the server's own (JetStream needs it)
+  const NKey stranger = MakeNKey(keys, "stranger", kAccountPrefix);  // an account the server does not know
+  const NKey user = MakeNKey(keys, "user", kUserPrefix);
+  const NKey other_user = MakeNKey(keys, "other-user", kUserPrefix);
+  REQUIRE(op.public_key[0] == 'O');
+  REQUIRE(account.public_key[0] == 'A');
+  REQUIRE(user.public_key[0] == 'U');
+  REQUIRE(user.seed.rfind("SU", 0) == 0);
+  Write(dir.path() / "operator.jwt",
+        MakeJwt(keys, op, op.public_key, R"("nats":{"type":"operator","version":2})"));
+  // The account's JWT is issued by the operator; the account issues its users'.
+  const std::string trusted_account_jwt = MakeJwt(keys, op, account.public_key, kAccountClaims);
+  const std::string system_jwt =
+      MakeJwt(keys, op, system.public_key, R"("nats":{"limits":{"subs":-1,"data":-1,"payload":-1,"conn":-1},)"
+                                           R"("type":"account","version":2})");
+  Write(dir.path() / "server.conf",
+        "operator: \"" + (dir.path() / "operator.jwt").string() + "\"\nsystem_account: " + system.public_key +
+            "\nresolver: MEMORY\nresolver_preload: {\n  " + account.public_key + ": \"" + trusted_account_jwt +
+            "\"\n  " + system.public_key + ": \"" + system_jwt + "\"\n}\n");
+  NatsServer server(dir.path(), {"-c", (dir.path() / "server.conf").string()});
+  if (!server.Start()) FAIL("nats-server did not start:\n" << server.Log());
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());
+  BridgeOptions o;
+  o.connection.servers = {server.url()};
+  o.connection.max_reconnect = 0;
+  o.origin = "site-a";
+
+  SECTION("the user of a trusted account connects, and its export reaches JetStream") {
+    const fs::path creds = WriteCreds(dir.path(), "user", MakeJwt(keys, account, user.public_key, kUserClaims),
+                                      user.seed);
+    // The stream, made over a plain nats.c connection with the same credentials.
+    natsOptions* no = nullptr;
+    REQUIRE(natsOptions_Create(&no) == NATS_OK);
+    REQUIRE(natsOptions_SetURL(no, server.url().c_str()) == NATS_OK);
+    REQUIRE(natsOptions_SetUserCredentialsFromFiles(no, creds.c_str(), nullptr) == NATS_OK);
+    natsConnection* nc = nullptr;
+    REQUIRE(natsConnection_Connect(&nc, no) == NATS_OK);
+    jsCtx* js = nullptr;
+    REQUIRE(natsConnection_JetStream(&js, nc, nullptr) == NATS_OK);
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char* subjects[] = {"site-a.>"};
+    sc.Name = "REMOTE";
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 1;
+    jsStreamInfo* si = nullptr;
+    REQUIRE(js_AddStream(&si, js, &sc, nullptr, nullptr) == NATS_OK);
+    jsStreamInfo_Destroy(si);
+
+    o.connection.credentials_file = creds.string();
+    auto bridge = NatsBridge::Connect(*engine, o);
+    REQUIRE(bridge.ok());
+    REQUIRE((*bridge)->AddExport({.consumer = {.stream = "LOCAL", .name = "out"}, .subject_prefix = "site-a"}).ok());
+    Event e;
+    e.subject = "work.x";
+    REQUIRE(engine->Publish(std::move(e)).ok());
+    REQUIRE(WaitFor([&] { return (*bridge)->Stats().exported == 1; }));
+    jsStreamInfo* info = nullptr;
+    REQUIRE(js_GetStreamInfo(&info, js, "REMOTE", nullptr, nullptr) == NATS_OK);
+    CHECK(info->State.Msgs == 1);
+    jsStreamInfo_Destroy(info);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    natsOptions_Destroy(no);
+  }
+
+  // Each refusal: Unavailable naming the server's verdict, and no connection.
+  auto refused = [&](const fs::path& creds) {
+    o.connection.credentials_file = creds.string();
+    auto bridge = NatsBridge::Connect(*engine, o);
+    REQUIRE_FALSE(bridge.ok());
+    CHECK(bridge.status().code() == absl::StatusCode::kUnavailable);
+    INFO(Text(bridge.status()));
+    CHECK(Text(bridge.status()).find("Authorization Violation") != std::string::npos);
+    const EngineStats es = engine->Stats();
+    CHECK(es.component("nats_bridge.site-a") == nullptr);
+  };
+  SECTION("a user of an account the operator did not sign is refused") {
+    refused(WriteCreds(dir.path(), "stranger", MakeJwt(keys, stranger, user.public_key, kUserClaims), user.seed));
+  }
+  SECTION("an expired user JWT is refused") {
+    const std::int64_t an_hour_ago = absl::ToUnixSeconds(absl::Now()) - 3600;
+    refused(WriteCreds(dir.path(), "expired", MakeJwt(keys, account, user.public_key, kUserClaims, an_hour_ago),
+                       user.seed));
+  }
+  SECTION("a seed that is not the JWT's user is refused") {
+    refused(WriteCreds(dir.path(), "mismatch", MakeJwt(keys, account, user.public_key, kUserClaims),
+                       other_user.seed));
+  }
+  SECTION("a credentials file that cannot be read is named") {
+    o.connection.credentials_file = (dir.path() / "missing.creds").string();
+    auto bridge = NatsBridge::Connect(*engine, o);
+    REQUIRE_FALSE(bridge.ok());
+    INFO(Text(bridge.status()));
+    CHECK(bridge.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Text(bridge.status()) == "NATS connection option credentials_file '" +
+                                       (dir.path() / "missing.creds").string() +
+                                       "': cannot be read: No such file or directory");
+  }
 }

@@ -13,8 +13,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -309,6 +312,13 @@ struct NatsBridge::Impl {
     }
     if (st.ok() && !c.token.empty()) st = check(natsOptions_SetToken(o, c.token.c_str()), "token");
     if (st.ok() && !c.credentials_file.empty()) {
+      // libnats reads the file only when it connects, and then names it as a failure
+      // to connect: read it here, as the TLS files are.
+      if (std::ifstream creds(c.credentials_file); !creds.good()) {
+        const int e = errno;
+        return absl::InvalidArgumentError("NATS connection option credentials_file '" + c.credentials_file +
+                                          "': cannot be read: " + std::strerror(e));
+      }
       st = check(natsOptions_SetUserCredentialsFromFiles(o, c.credentials_file.c_str(), nullptr),
                  "credentials_file '" + c.credentials_file + "'");
     }

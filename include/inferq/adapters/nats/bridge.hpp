@@ -204,7 +204,7 @@ class NatsBridge {
   // Connects to `options.connection.servers` and attaches the bridge's figures to
   // `engine`'s Stats() (Engine::AddStatsSource, "nats_bridge.<origin>"). InvalidArgument
   // naming the field for bad options (no server, two kinds of credentials, a bad
-  // origin, TLS files that cannot be read); AlreadyExists when a bridge of the same
+  // origin, TLS or credentials files that cannot be read); AlreadyExists when a bridge of the same
   // origin is attached to the engine; Unavailable with the client's error when no
   // server can be reached, the TLS handshake fails or the credentials are refused.
   static absl::StatusOr<std::unique_ptr<NatsBridge>> Connect(Engine& engine, BridgeOptions options);

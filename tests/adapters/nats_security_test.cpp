@@ -14,6 +14,7 @@
 #include <functional>
 #include <iterator>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "absl/time/clock.h"
@@ -22,6 +23,7 @@
 
 using namespace inferq;
 using namespace inferq::nats;
+using inferq_test::Client;
 using inferq_test::NatsServer;
 using inferq_test::NewEngine;
 using inferq_test::TempDir;
@@ -93,6 +95,15 @@ BridgeOptions Tls(const NatsServer& server, const Certificates& c) {
 }
 
 std::string Text(const absl::Status& st) { return std::string(st.message()); }
+
+// Options for `server` without TLS or credentials, and without reconnects.
+BridgeOptions Plain(const NatsServer& server) {
+  BridgeOptions o;
+  o.connection.servers = {server.url()};
+  o.connection.max_reconnect = 0;
+  o.origin = "site-a";
+  return o;
+}
 
 }  // namespace
 
@@ -201,10 +212,7 @@ TEST_CASE("nats security: user and password, token, and subject permissions") {
   REQUIRE(server.Start());
   auto engine = NewEngine();
   REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());
-  BridgeOptions o;
-  o.connection.servers = {server.url()};
-  o.connection.max_reconnect = 0;
-  o.origin = "site-a";
+  BridgeOptions o = Plain(server);
 
   SECTION("a wrong password is refused, naming the authorization failure") {
     o.connection.user = "bridge";
@@ -218,23 +226,13 @@ TEST_CASE("nats security: user and password, token, and subject permissions") {
 
   SECTION("a publish the server does not permit surfaces as an error and is never acked locally") {
     // The admin makes a JetStream stream on a subject the bridge may not publish to.
-    natsConnection* nc = nullptr;
     natsOptions* ao = nullptr;
     REQUIRE(natsOptions_Create(&ao) == NATS_OK);
     REQUIRE(natsOptions_SetURL(ao, server.url().c_str()) == NATS_OK);
     REQUIRE(natsOptions_SetUserInfo(ao, "admin", "root") == NATS_OK);
-    REQUIRE(natsConnection_Connect(&nc, ao) == NATS_OK);
-    jsCtx* js = nullptr;
-    REQUIRE(natsConnection_JetStream(&js, nc, nullptr) == NATS_OK);
-    jsStreamConfig sc;
-    jsStreamConfig_Init(&sc);
-    const char* subjects[] = {"denied.>"};
-    sc.Name = "DENIED";
-    sc.Subjects = subjects;
-    sc.SubjectsLen = 1;
-    jsStreamInfo* si = nullptr;
-    REQUIRE(js_AddStream(&si, js, &sc, nullptr, nullptr) == NATS_OK);
-    jsStreamInfo_Destroy(si);
+    Client admin(ao);
+    natsOptions_Destroy(ao);
+    admin.AddStream("DENIED", "denied.>");
 
     o.connection.user = "bridge";
     o.connection.password = "s3cret";
@@ -257,12 +255,9 @@ TEST_CASE("nats security: user and password, token, and subject permissions") {
     const EngineStats es = engine->Stats();
     CHECK(es.consumer("LOCAL", "out")->acked == 0);
     jsStreamInfo* info = nullptr;
-    REQUIRE(js_GetStreamInfo(&info, js, "DENIED", nullptr, nullptr) == NATS_OK);
+    REQUIRE(js_GetStreamInfo(&info, admin.js, "DENIED", nullptr, nullptr) == NATS_OK);
     CHECK(info->State.Msgs == 0);
     jsStreamInfo_Destroy(info);
-    jsCtx_Destroy(js);
-    natsConnection_Destroy(nc);
-    natsOptions_Destroy(ao);
   }
 }
 
@@ -320,38 +315,26 @@ std::uint16_t Crc16(const std::string& bytes) {
   return crc;
 }
 
-std::string Base32(const std::string& bytes) {
-  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+// `bytes` in an RFC 4648 alphabet of 2^`width` characters, without padding.
+std::string Encode(const std::string& bytes, std::string_view alphabet, int width) {
   std::string out;
   unsigned buffer = 0;
   int bits = 0;
+  const unsigned mask = (1u << width) - 1;
   for (unsigned char c : bytes) {
     buffer = (buffer << 8) | c;
     bits += 8;
-    while (bits >= 5) {
-      out += kAlphabet[(buffer >> (bits - 5)) & 31];
-      bits -= 5;
+    while (bits >= width) {
+      out += alphabet[(buffer >> (bits - width)) & mask];
+      bits -= width;
     }
   }
-  if (bits > 0) out += kAlphabet[(buffer << (5 - bits)) & 31];
+  if (bits > 0) out += alphabet[(buffer << (width - bits)) & mask];
   return out;
 }
-
+std::string Base32(const std::string& bytes) { return Encode(bytes, "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", 5); }
 std::string Base64Url(const std::string& bytes) {
-  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-  std::string out;
-  unsigned buffer = 0;
-  int bits = 0;
-  for (unsigned char c : bytes) {
-    buffer = (buffer << 8) | c;
-    bits += 8;
-    while (bits >= 6) {
-      out += kAlphabet[(buffer >> (bits - 6)) & 63];
-      bits -= 6;
-    }
-  }
-  if (bits > 0) out += kAlphabet[(buffer << (6 - bits)) & 63];
-  return out;
+  return Encode(bytes, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", 6);
 }
 
 std::string WithCrc(std::string bytes) {
@@ -447,10 +430,7 @@ TEST_CASE("nats security: a .creds file (user JWT and NKey seed) is checked by a
   if (!server.Start()) FAIL("nats-server did not start:\n" << server.Log());
   auto engine = NewEngine();
   REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());
-  BridgeOptions o;
-  o.connection.servers = {server.url()};
-  o.connection.max_reconnect = 0;
-  o.origin = "site-a";
+  BridgeOptions o = Plain(server);
 
   SECTION("the user of a trusted account connects, and its export reaches JetStream") {
     const fs::path creds = WriteCreds(dir.path(), "user", MakeJwt(keys, account, user.public_key, kUserClaims),
@@ -460,19 +440,9 @@ TEST_CASE("nats security: a .creds file (user JWT and NKey seed) is checked by a
     REQUIRE(natsOptions_Create(&no) == NATS_OK);
     REQUIRE(natsOptions_SetURL(no, server.url().c_str()) == NATS_OK);
     REQUIRE(natsOptions_SetUserCredentialsFromFiles(no, creds.c_str(), nullptr) == NATS_OK);
-    natsConnection* nc = nullptr;
-    REQUIRE(natsConnection_Connect(&nc, no) == NATS_OK);
-    jsCtx* js = nullptr;
-    REQUIRE(natsConnection_JetStream(&js, nc, nullptr) == NATS_OK);
-    jsStreamConfig sc;
-    jsStreamConfig_Init(&sc);
-    const char* subjects[] = {"site-a.>"};
-    sc.Name = "REMOTE";
-    sc.Subjects = subjects;
-    sc.SubjectsLen = 1;
-    jsStreamInfo* si = nullptr;
-    REQUIRE(js_AddStream(&si, js, &sc, nullptr, nullptr) == NATS_OK);
-    jsStreamInfo_Destroy(si);
+    Client client(no);
+    natsOptions_Destroy(no);
+    client.AddStream("REMOTE", "site-a.>");
 
     o.connection.credentials_file = creds.string();
     auto bridge = NatsBridge::Connect(*engine, o);
@@ -482,13 +452,7 @@ TEST_CASE("nats security: a .creds file (user JWT and NKey seed) is checked by a
     e.subject = "work.x";
     REQUIRE(engine->Publish(std::move(e)).ok());
     REQUIRE(WaitFor([&] { return (*bridge)->Stats().exported == 1; }));
-    jsStreamInfo* info = nullptr;
-    REQUIRE(js_GetStreamInfo(&info, js, "REMOTE", nullptr, nullptr) == NATS_OK);
-    CHECK(info->State.Msgs == 1);
-    jsStreamInfo_Destroy(info);
-    jsCtx_Destroy(js);
-    natsConnection_Destroy(nc);
-    natsOptions_Destroy(no);
+    CHECK(client.Messages("REMOTE") == 1);
   }
 
   // Each refusal: Unavailable naming the server's verdict, and no connection.

@@ -40,6 +40,11 @@ struct Client {
     REQUIRE(natsConnection_ConnectTo(&nc, url.c_str()) == NATS_OK);
     REQUIRE(natsConnection_JetStream(&js, nc, nullptr) == NATS_OK);
   }
+  // Connects with `options` (credentials, TLS); the caller keeps and destroys them.
+  explicit Client(natsOptions* options) {
+    REQUIRE(natsConnection_Connect(&nc, options) == NATS_OK);
+    REQUIRE(natsConnection_JetStream(&js, nc, nullptr) == NATS_OK);
+  }
   ~Client() {
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);

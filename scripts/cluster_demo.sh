@@ -15,7 +15,7 @@ Installs the Debian packages the demo needs (scripts/install-deps.sh --for clust
 builds the `release` preset's inference_server and cluster_demo, and runs
 cluster_demo --limit 2000 --speed 5 with the options given (a later --limit or
 --speed wins). The replay takes about two minutes; on a fresh machine the package
-install and the build before it take about five more (2 vCPUs). cluster_demo's own
+install and the build before it take about four more (2 vCPUs). cluster_demo's own
 options are listed below once it is built.
 Exit status: the client's (0: every request completed, no token lost), 1 when a
 replica process that was not killed failed, or the failing step's.

@@ -155,6 +155,7 @@ struct Options {
   std::string role;
   std::vector<std::string> nats;
   int js_replicas = 1;
+  bool js_replicas_given = false;
 };
 
 constexpr std::array<const char*, 3> kTierNames{"gold", "silver", "bronze"};
@@ -426,7 +427,10 @@ Options ParseArgs(int argc, char** argv) {
         start = comma + 1;
       }
     }
-    else if (a == "--js-replicas") o.js_replicas = static_cast<int>(ParseUint(a, v, 1, 5));
+    else if (a == "--js-replicas") {
+      o.js_replicas = static_cast<int>(ParseUint(a, v, 1, 5));
+      o.js_replicas_given = true;
+    }
     else {
       Fail("unknown option '" + a + "' (see --help)");
     }
@@ -457,6 +461,8 @@ Options ParseArgs(int argc, char** argv) {
     }
   } else if (!o.nats.empty()) {
     Fail("--nats needs --role client or --role replica");
+  } else if (o.js_replicas_given) {
+    Fail("--js-replicas needs --role client or --role replica (they create the JetStream streams)");
   }
   if (!o.state_dir.empty() && !o.json.empty()) {
     // The summary must not land on (or in) the replay's state.
@@ -1667,22 +1673,25 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(affinity_policy->moves()));
   }
   // QoS: SLA attainment per tier (first tokens within the tier's TTFT SLA, of all
-  // the tier's requests), and what the scheduled lanes served.
+  // the tier's requests), and what the scheduled lanes served (in the replicas'
+  // engines: "-" in the client role).
+  auto served = [&](std::size_t t) {
+    return client_role ? std::string("-") : std::to_string(rs->qos_tiers[t].served);
+  };
   std::printf("\n  %-8s %9s %9s %10s %12s %12s %12s\n", "tier", "requests", "TTFT SLA",
               "within", "TTFT p50", "TTFT p99", "lane served");
   for (std::size_t t = 0; t < 3; ++t) {
     const std::uint64_t n = result.tier_requests[t];
     if (n == 0) {  // no requests: no attainment to show
-      std::printf("  %-8s %9llu %7.0f ms %10s %12s %12s %12llu\n", kTierNames[t], 0ULL,
-                  opt.sla_ms[t], "-", "-", "-",
-                  static_cast<unsigned long long>(rs->qos_tiers[t].served));
+      std::printf("  %-8s %9llu %7.0f ms %10s %12s %12s %12s\n", kTierNames[t], 0ULL,
+                  opt.sla_ms[t], "-", "-", "-", served(t).c_str());
       continue;
     }
-    std::printf("  %-8s %9llu %7.0f ms %9.1f%% %9.1f ms %9.1f ms %12llu\n", kTierNames[t],
+    std::printf("  %-8s %9llu %7.0f ms %9.1f%% %9.1f ms %9.1f ms %12s\n", kTierNames[t],
                 static_cast<unsigned long long>(n), opt.sla_ms[t],
                 100.0 * static_cast<double>(result.tier_within_sla[t]) / static_cast<double>(n),
                 ms(result.tier_ttft_us[t].Percentile(0.5)), ms(result.tier_ttft_us[t].Percentile(0.99)),
-                static_cast<unsigned long long>(rs->qos_tiers[t].served));
+                served(t).c_str());
   }
   std::printf("  (tier mix %u:%u:%u over %u tenant%s, arrivals x%g; decode steps ride in gold)\n",
               opt.tier_mix[0], opt.tier_mix[1], opt.tier_mix[2], opt.tenants,
@@ -1779,13 +1788,26 @@ int main(int argc, char** argv) {
       << "  \"ttft_ms\": " << pct(result.ttft_us, 1000) << ",\n"
       << "  \"tbt_ms\": " << pct(result.tbt_us, 1000) << ",\n"
       << "  \"e2e_ms\": " << pct(result.e2e_us, 1000) << ",\n"
-      << "  \"engine_latency_us\": " << pct(engine_ns, 1000) << ",\n"
-      << "  \"policy\": \"" << opt.policy << "\",\n"
-      << "  \"redelivered\": " << rs->redelivered << ",\n"
-      << "  \"ejections\": " << rs->group.ejections << ",\n"
-      << "  \"affinity_moves\": " << affinity_policy->moves() << ",\n"
-      << "  \"dead_letters\": " << rs->dead_letters << ",\n"
-      << "  \"overload\": " << opt.overload << ",\n";
+      << "  \"engine_latency_us\": " << pct(engine_ns, 1000) << ",\n";
+    // Routing, batching and delivery happen in the replicas' engines: the client role
+    // has none of them to report; it reports what crossed NATS instead.
+    if (!client_role) {
+      j << "  \"policy\": \"" << opt.policy << "\",\n"
+        << "  \"redelivered\": " << rs->redelivered << ",\n"
+        << "  \"ejections\": " << rs->group.ejections << ",\n"
+        << "  \"affinity_moves\": " << affinity_policy->moves() << ",\n"
+        << "  \"dead_letters\": " << rs->dead_letters << ",\n";
+    }
+#ifdef INFERQ_EXAMPLE_NATS
+    if (nats_stats) {
+      const inferq::nats::BridgeStats& b = *nats_stats;
+      j << "  \"nats\": {\"requests_exported\": " << b.exported << ", \"tokens_imported\": " << b.imported
+        << ", \"tokens_delivered_again\": " << b.import_redelivered
+        << ", \"tokens_dropped_as_copies\": " << b.import_duplicates << ", \"reconnects\": " << b.reconnects
+        << ", \"failed_publishes_retried\": " << b.export_failures << "},\n";
+    }
+#endif
+    j << "  \"overload\": " << opt.overload << ",\n";
     // null for a tier without requests (nothing to attain).
     auto attainment = [](std::uint64_t n, std::uint64_t within) {
       if (n == 0) return std::string("null");
@@ -1798,18 +1820,21 @@ int main(int argc, char** argv) {
       char buf[320];
       std::snprintf(buf, sizeof buf,
                     "  \"tier_%s\": {\"requests\": %llu, \"ttft_sla_ms\": %.3f, \"within_sla\": %llu, "
-                    "\"sla_attainment\": %s, \"ttft_ms\": %s, \"lane_served\": %llu},\n",
+                    "\"sla_attainment\": %s, \"ttft_ms\": %s",
                     kTierNames[t], static_cast<unsigned long long>(n), opt.sla_ms[t],
                     static_cast<unsigned long long>(result.tier_within_sla[t]),
                     attainment(n, result.tier_within_sla[t]).c_str(),
-                    pct(result.tier_ttft_us[t], 1000).c_str(),
-                    static_cast<unsigned long long>(rs->qos_tiers[t].served));
+                    pct(result.tier_ttft_us[t], 1000).c_str());
       j << buf;
+      if (!client_role) j << ", \"lane_served\": " << rs->qos_tiers[t].served;
+      j << "},\n";
     }
     // Batch sizes depend on how much the lane held at each pull: real time.
-    j << "  \"batches_by_size\": [";
-    for (std::size_t k = 0; k < inferq::kBatchSizeBuckets; ++k) j << (k ? ", " : "") << rs->batches_by_size[k];
-    j << "],\n";
+    if (!client_role) {
+      j << "  \"batches_by_size\": [";
+      for (std::size_t k = 0; k < inferq::kBatchSizeBuckets; ++k) j << (k ? ", " : "") << rs->batches_by_size[k];
+      j << "],\n";
+    }
     if (opt.kill_replica >= 0) {
       j << "  \"kill\": {\"replica\": " << opt.kill_replica << ", \"at_s\": " << opt.kill_at_s
         << ", \"killed\": " << (killed_ns != 0 ? "true" : "false")

@@ -258,6 +258,78 @@ TEST_CASE("nats defects: import names and prefixes JetStream cannot use are refu
   CHECK(filter.code() == absl::StatusCode::kInvalidArgument);
   auto timing = (*bridge)->AddImport(
       {.stream = "REQS", .durable = "d", .filter_subject = "in.>", .ack_wait = absl::ZeroDuration()});
-  CHECK(std::string(timing.message()) == "ImportConfig: ack_wait (0) must be positive and retry_delay (200ms) not negative");
+  CHECK(std::string(timing.message()) ==
+        "ImportConfig: ack_wait (0) must be positive and retry_delay (200ms) not negative, both at most 168h");
+  // Found by an adversarial review: an infinite ack_wait overflowed the import's
+  // deadlines into the past (busy lanes nak'ed at once, in-progress on every poll).
+  auto infinite = (*bridge)->AddImport(
+      {.stream = "REQS", .durable = "d", .filter_subject = "in.>", .ack_wait = absl::InfiniteDuration()});
+  CHECK(std::string(infinite.message()) ==
+        "ImportConfig: ack_wait (inf) must be positive and retry_delay (200ms) not negative, both at most 168h");
   CHECK(client.ConsumerState("REQS", "d").first == -1);  // nothing was created
+}
+
+// Found by an adversarial review: each of these was accepted, then failed every
+// event (a prefix that leaves no room) or every try (headers JetStream refuses,
+// retried without end), or reached libnats unchecked.
+TEST_CASE("nats defects: exports that could never cross are refused up front or terminated once") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("REMOTE", "x.>");
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());
+
+  SECTION("connection options libnats would misread are named") {
+    BridgeOptions empty_url = Options(server, "site-a");
+    empty_url.connection.servers.push_back("");
+    auto b = NatsBridge::Connect(*engine, empty_url);
+    CHECK(b.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(b.status().message()) ==
+          "BridgeOptions.connection.servers[1] '' is not a server URL (empty, or white space, a comma or a NUL in it)");
+    BridgeOptions quote = Options(server, "site-a");
+    quote.connection.name = "a\"b";
+    b = NatsBridge::Connect(*engine, quote);
+    CHECK(b.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(b.status().message()) ==
+          "BridgeOptions.connection.name 'a\"b' has a control character, '\"' or '\\', which libnats sends "
+          "unescaped");
+  }
+
+  auto bridge = NatsBridge::Connect(*engine, Options(server, "site-a"));
+  REQUIRE(bridge.ok());
+
+  SECTION("a prefix that leaves no room for a subject") {
+    const std::string prefix(4000, 'p');
+    auto st = (*bridge)->AddExport({.consumer = {.stream = "LOCAL", .name = "js"}, .subject_prefix = prefix});
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(st.message()) ==
+          "ExportConfig.subject_prefix of 4000 bytes leaves no room for a subject under the 3840 bytes the bridge "
+          "sends");
+    auto forever = (*bridge)->AddExport({.consumer = {.stream = "LOCAL", .name = "js"}, .subject_prefix = "x",
+                                         .ack_timeout = absl::InfiniteDuration()});
+    CHECK(std::string(forever.message()) == "ExportConfig: ack_timeout (inf) and retry_delay (200ms) must be finite");
+    const EngineStats es = engine->Stats();
+    CHECK(es.consumers.empty());
+  }
+
+  SECTION("headers over JetStream's 64 KiB, and a Nats-* header, are terminated once; the rest flows") {
+    REQUIRE((*bridge)->AddExport({.consumer = {.stream = "LOCAL", .name = "js"}, .subject_prefix = "x",
+                                  .retry_delay = absl::Milliseconds(20)})
+                .ok());
+    Event big = Work(0);
+    big.headers.Set("big", std::string(70'000, 'h'));
+    REQUIRE(engine->Publish(std::move(big)).ok());
+    Event rollup = Work(1);
+    rollup.headers.Set("Nats-Rollup", "all");
+    REQUIRE(engine->Publish(std::move(rollup)).ok());
+    REQUIRE(engine->Publish(Work(2)).ok());
+    REQUIRE(WaitFor([&] { return (*bridge)->Stats().exported == 1 && (*bridge)->Stats().export_invalid == 2; }));
+    const BridgeStats s = (*bridge)->Stats();
+    CHECK(s.export_failures == 0);
+    CHECK(client.Messages("REMOTE") == 1);
+    const EngineStats es = engine->Stats();
+    CHECK(es.consumer("LOCAL", "js")->ack_pending == 0);
+  }
 }

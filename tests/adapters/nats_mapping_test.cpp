@@ -38,7 +38,7 @@ Event FullEvent() {
   e.shape = {2, -1, 4096};
   e.dtype = DType::kBFloat16;
   e.headers.Set("context_tokens", "374");
-  e.headers.Set("x-empty", "");
+  e.headers.Set("x-spaced", "a  b");
   e.payload = Buffer::FromString(std::string("pay\0load", 8));
   return e;
 }
@@ -97,7 +97,7 @@ TEST_CASE("nats mapping: every attribute has its header, in the table's order") 
       {"Inferq-Shape", "2,-1,4096"},
       {"Inferq-Dtype", "bfloat16"},
       {"context_tokens", "374"},
-      {"x-empty", ""},
+      {"x-spaced", "a  b"},
   };
   CHECK(w->headers == expected);
   CHECK(w->payload.view() == std::string("pay\0load", 8));
@@ -131,7 +131,7 @@ TEST_CASE("nats mapping: raw and TensorEvent payloads come back as the same even
     REQUIRE(back.ok());
     CheckSameEvent(e, *back);
     CHECK(back->headers.Get("context_tokens") == std::optional<std::string_view>("374"));
-    CHECK(back->headers.Get("x-empty") == std::optional<std::string_view>(""));
+    CHECK(back->headers.Get("x-spaced") == std::optional<std::string_view>("a  b"));
     CHECK(back->headers.Get("Inferq-Origin") == std::optional<std::string_view>("site-a"));
   }
   Event zstd;
@@ -170,7 +170,56 @@ TEST_CASE("nats mapping: headers that cannot cross are refused, naming them") {
   w = ToWire(bad_value, "a", PayloadFormat::kRaw, "");
   REQUIRE_FALSE(w.ok());
   CHECK(std::string(w.status().message()) ==
-        "header 'Inferq-Tenant' has a value with CR or LF, which cannot travel in NATS: 'a\r\nInjected: 1'");
+        "header 'Inferq-Tenant' has a value with a CR or LF, which cannot travel in NATS: 'a\r\nInjected: 1'");
+}
+
+// Found by an adversarial review: libnats 3.4.1 takes C strings (a NUL cut the rest
+// off, and two msg_ids differing after it were one to JetStream's duplicate window:
+// an acked event lost), reads an empty header value as the next header line
+// (Inferq-Origin swallowed), trims white space, and JetStream obeys Nats-* headers
+// (Nats-Rollup purged a stream).
+TEST_CASE("nats mapping: values libnats would change and JetStream's control headers are refused") {
+  using namespace std::string_literals;
+  struct Case {
+    std::string what;
+    Event event;
+    std::string message;
+  };
+  auto with = [](auto set) {
+    Event e;
+    e.subject = "a";
+    set(e);
+    return e;
+  };
+  const std::vector<Case> cases = {
+      {"NUL in msg_id", with([](Event& e) { e.msg_id = "job\0" "1"s; }),
+       "header 'Nats-Msg-Id' has a value with a NUL byte, which cannot travel in NATS: 'job\0" "1'"s},
+      {"empty header value", with([](Event& e) { e.headers.Set("x", ""); }),
+       "header 'x' has a value with no characters, which cannot travel in NATS: ''"},
+      {"leading space", with([](Event& e) { e.headers.Set("x", " v"); }),
+       "header 'x' has a value with white space at an end, which cannot travel in NATS: ' v'"},
+      {"trailing tab", with([](Event& e) { e.tenant = "acme\t"; }),
+       "header 'Inferq-Tenant' has a value with white space at an end, which cannot travel in NATS: 'acme\t'"},
+      {"Nats-Rollup", with([](Event& e) { e.headers.Set("Nats-Rollup", "all"); }),
+       "event header 'Nats-Rollup' is in JetStream's own Nats-* namespace, where it would act on the broker; "
+       "rename it to cross to NATS"},
+      {"nats-expected-stream", with([](Event& e) { e.headers.Set("nats-expected-stream", "X"); }),
+       "event header 'nats-expected-stream' is in JetStream's own Nats-* namespace, where it would act on the "
+       "broker; rename it to cross to NATS"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    auto w = ToWire(c.event, "a", PayloadFormat::kRaw, "site-a");
+    REQUIRE_FALSE(w.ok());
+    CHECK(w.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(w.status().message()) == c.message);
+  }
+  // A subject (or prefix) with a NUL would be cut there on the wire.
+  const std::string nul_subject = "work.a\0.b"s;
+  CHECK(std::string(AddSubjectPrefix("site", nul_subject).status().message()) ==
+        "subject 'work.a\0.b' has a control byte, which cannot travel in NATS"s);
+  CHECK(std::string(AddSubjectPrefix("a\0b"s, "x").status().message()) ==
+        "subject prefix 'a\0b' has a control byte, which cannot travel in NATS"s);
 }
 
 TEST_CASE("nats mapping: unreadable header values are refused, naming header and value") {

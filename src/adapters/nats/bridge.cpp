@@ -83,6 +83,12 @@ std::string Dur(absl::Duration d) { return absl::FormatDuration(d); }
 // max_control_line (4 KiB by default), and the client then gives the connection up
 // for good; the margin leaves room for the reply inbox and the sizes.
 constexpr std::size_t kMaxNatsSubjectBytes = 3840;
+// The header block JetStream stores at most (nats-server refuses a larger one with
+// "header size exceeds maximum allowed of 64k": every retry would fail alike).
+constexpr std::size_t kMaxJetStreamHeaderBytes = 65535;
+// ImportConfig::ack_wait and retry_delay at most: finite, so that the deadlines the
+// import computes from them (now + ack_wait / 2) cannot overflow.
+constexpr absl::Duration kMaxImportWait = absl::Hours(24 * 7);
 
 std::string DefaultOrigin() {
   char host[256] = {};
@@ -427,8 +433,14 @@ struct NatsBridge::Impl {
                              {std::string(kMsgIdHeader), msg_id_prefix + ex.cfg.consumer.stream + "." +
                                                              std::to_string(m.stream_seq())});
       }
-      std::size_t bytes = wire->payload.size() + 12;  // "NATS/1.0\r\n" ... "\r\n"
-      for (const auto& [k, v] : wire->headers) bytes += k.size() + v.size() + 4;
+      std::size_t header_bytes = 12;  // "NATS/1.0\r\n" ... "\r\n"
+      for (const auto& [k, v] : wire->headers) header_bytes += k.size() + v.size() + 4;
+      if (ex.cfg.jetstream && header_bytes > kMaxJetStreamHeaderBytes) {
+        return absl::InvalidArgumentError("headers of " + std::to_string(header_bytes) +
+                                          " bytes are more than JetStream stores (" +
+                                          std::to_string(kMaxJetStreamHeaderBytes) + ")");
+      }
+      const std::size_t bytes = wire->payload.size() + header_bytes;
       const std::int64_t max_payload = natsConnection_GetMaxPayload(nc);
       if (max_payload > 0 && bytes > static_cast<std::size_t>(max_payload)) {
         return absl::InvalidArgumentError("message of " + std::to_string(bytes) +
@@ -987,6 +999,21 @@ const std::string& NatsBridge::origin() const { return impl_->options.origin; }
 absl::StatusOr<std::unique_ptr<NatsBridge>> NatsBridge::Connect(Engine& engine, BridgeOptions options) {
   const ConnectionOptions& c = options.connection;
   if (c.servers.empty()) return absl::InvalidArgumentError("BridgeOptions.connection.servers is empty");
+  for (std::size_t i = 0; i < c.servers.size(); ++i) {
+    if (c.servers[i].empty() || c.servers[i].find_first_of(std::string_view(" \t\r\n,\0", 6)) != std::string::npos) {
+      return absl::InvalidArgumentError("BridgeOptions.connection.servers[" + std::to_string(i) + "] '" +
+                                        c.servers[i] + "' is not a server URL (empty, or white space, a comma "
+                                        "or a NUL in it)");
+    }
+  }
+  // libnats 3.4.1 writes the name into its CONNECT line's JSON without escaping it.
+  for (char ch : c.name) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u < 32 || u == 127 || ch == '"' || ch == '\\') {
+      return absl::InvalidArgumentError("BridgeOptions.connection.name '" + c.name +
+                                        "' has a control character, '\"' or '\\', which libnats sends unescaped");
+    }
+  }
   const int credentials = (!c.user.empty() ? 1 : 0) + (!c.token.empty() ? 1 : 0) +
                           (!c.credentials_file.empty() ? 1 : 0);
   if (credentials > 1) {
@@ -1049,6 +1076,15 @@ absl::Status NatsBridge::AddExport(ExportConfig config) {
                                       "once NATS has it");
   }
   if (auto p = AddSubjectPrefix(config.subject_prefix, "x"); !p.ok()) return p.status();
+  if (config.subject_prefix.size() + 2 > kMaxNatsSubjectBytes) {
+    return absl::InvalidArgumentError("ExportConfig.subject_prefix of " + std::to_string(config.subject_prefix.size()) +
+                                      " bytes leaves no room for a subject under the " +
+                                      std::to_string(kMaxNatsSubjectBytes) + " bytes the bridge sends");
+  }
+  if (config.ack_timeout == absl::InfiniteDuration() || config.retry_delay == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError("ExportConfig: ack_timeout (" + Dur(config.ack_timeout) + ") and retry_delay (" +
+                                      Dur(config.retry_delay) + ") must be finite");
+  }
   config.consumer.members = 1;
   std::lock_guard l(im.mu);
   if (im.closed) return absl::FailedPreconditionError("the NATS bridge is closed");
@@ -1089,10 +1125,11 @@ absl::Status NatsBridge::AddImport(ImportConfig config) {
     return absl::InvalidArgumentError("ImportConfig.fetch_batch " + std::to_string(config.fetch_batch) +
                                       " is not in 1..4096");
   }
-  if (config.ack_wait <= absl::ZeroDuration() || config.retry_delay < absl::ZeroDuration()) {
+  if (config.ack_wait <= absl::ZeroDuration() || config.retry_delay < absl::ZeroDuration() ||
+      config.ack_wait > kMaxImportWait || config.retry_delay > kMaxImportWait) {
     return absl::InvalidArgumentError("ImportConfig: ack_wait (" + Dur(config.ack_wait) +
                                       ") must be positive and retry_delay (" + Dur(config.retry_delay) +
-                                      ") not negative");
+                                      ") not negative, both at most " + Dur(kMaxImportWait));
   }
   if (auto pattern = SubjectPattern::Parse(config.filter_subject); !pattern.ok()) {
     return absl::InvalidArgumentError("ImportConfig.filter_subject '" + config.filter_subject +

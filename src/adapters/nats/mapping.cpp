@@ -4,6 +4,7 @@
 #include "inferq/adapters/nats/mapping.hpp"
 
 #include <array>
+#include <cctype>
 #include <cstdint>
 #include <limits>
 
@@ -56,12 +57,52 @@ absl::Status CheckName(std::string_view name) {
   return absl::OkStatus();
 }
 
+// A header value libnats 3.4.1 carries as it is. Refused: CR or LF (they end the
+// header line); NUL (libnats takes C strings: the rest would be cut off silently);
+// an empty value (its parser then reads the next header line as the value: found by
+// an adversarial review, an empty header swallowed Inferq-Origin); white space at
+// either end (trimmed on the way).
 absl::Status CheckValue(std::string_view name, std::string_view value) {
+  std::string_view why;
   if (value.find_first_of("\r\n") != std::string_view::npos) {
-    return absl::InvalidArgumentError("header " + Quoted(name) + " has a value with CR or LF, " +
-                                      "which cannot travel in NATS: " + Quoted(value));
+    why = "a CR or LF";
+  } else if (value.find('\0') != std::string_view::npos) {
+    why = "a NUL byte";
+  } else if (value.empty()) {
+    why = "no characters";
+  } else if (value.front() == ' ' || value.front() == '\t' || value.back() == ' ' || value.back() == '\t') {
+    why = "white space at an end";
+  }
+  if (!why.empty()) {
+    return absl::InvalidArgumentError("header " + Quoted(name) + " has a value with " + std::string(why) +
+                                      ", which cannot travel in NATS: " + Quoted(value));
   }
   return absl::OkStatus();
+}
+
+// NATS subjects are text: a control byte (a NUL above all, which libnats would cut
+// the subject at) cannot travel.
+absl::Status CheckSubjectBytes(std::string_view what, std::string_view subject) {
+  for (char c : subject) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 32 || u == 127) {
+      return absl::InvalidArgumentError(std::string(what) + " " + Quoted(subject) +
+                                        " has a control byte, which cannot travel in NATS");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// JetStream's own headers (Nats-Rollup purges a stream, Nats-Expected-* make the
+// publish fail): an event header by such a name would act on the broker. The bridge
+// sets Nats-Msg-Id itself, from Event::msg_id.
+bool NatsControlHeader(std::string_view name) {
+  constexpr std::string_view kPrefix = "nats-";
+  if (name.size() < kPrefix.size()) return false;
+  for (std::size_t i = 0; i < kPrefix.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(name[i])) != kPrefix[i]) return false;
+  }
+  return true;
 }
 
 std::string Hex64(std::uint64_t v) {
@@ -217,7 +258,12 @@ std::string_view DTypeName(DType dtype) {
 }
 
 absl::StatusOr<std::string> AddSubjectPrefix(std::string_view prefix, std::string_view subject) {
-  if (prefix.empty()) return std::string(subject);
+  if (prefix.empty()) {
+    if (auto st = CheckSubjectBytes("subject", subject); !st.ok()) return st;
+    return std::string(subject);
+  }
+  if (auto st = CheckSubjectBytes("subject prefix", prefix); !st.ok()) return st;
+  if (auto st = CheckSubjectBytes("subject", subject); !st.ok()) return st;
   if (!IsValidSubject(prefix) || prefix.find_first_of("*>") != std::string_view::npos) {
     return absl::InvalidArgumentError("subject prefix " + Quoted(prefix) +
                                       " is not a valid literal subject");
@@ -307,6 +353,11 @@ absl::StatusOr<WireMessage> ToWire(const Event& event, std::string_view subject,
       return absl::InvalidArgumentError("event header " + Quoted(name) +
                                         " takes the name of a mapped attribute; rename it to cross "
                                         "to NATS");
+    }
+    if (NatsControlHeader(name)) {
+      return absl::InvalidArgumentError("event header " + Quoted(name) +
+                                        " is in JetStream's own Nats-* namespace, where it would act on "
+                                        "the broker; rename it to cross to NATS");
     }
     if (st = CheckName(name); st.ok()) put(name, value);
   }

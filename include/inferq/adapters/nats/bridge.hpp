@@ -110,7 +110,8 @@ struct ExportConfig {
   // predicates, ack_wait, max_ack_pending, max_deliver, dead letters. It must use
   // explicit acks; members and selection are the bridge's (1 member).
   ConsumerConfig consumer{};
-  // NATS subject = "<subject_prefix>.<local subject>" (empty: the local subject).
+  // NATS subject = "<subject_prefix>.<local subject>" (empty: the local subject);
+  // the prefix leaves room for a subject under the 3,840 bytes the bridge sends.
   std::string subject_prefix{};
   // True: publish to JetStream (a stream there must capture the subjects; the local
   // ack waits for the PubAck). False: core NATS (the local ack waits for a flush).
@@ -120,6 +121,7 @@ struct ExportConfig {
   std::size_t max_in_flight = 1024;
   // A PubAck not received within this time fails the publish (it is nak'ed locally
   // and tried again: JetStream drops the copy by Nats-Msg-Id if the first arrived).
+  // Finite, as retry_delay.
   absl::Duration ack_timeout = absl::Seconds(5);
   // How long a failed publish waits before the engine redelivers it.
   absl::Duration retry_delay = absl::Milliseconds(200);
@@ -148,7 +150,8 @@ struct ImportConfig {
   PayloadFormat format = PayloadFormat::kRaw;
   int fetch_batch = 64;          // messages per fetch, 1..4096
   // The JetStream consumer's AckWait (created consumers only) and how long a
-  // message the engine refused waits before JetStream redelivers it.
+  // message the engine refused waits before JetStream redelivers it; each at most
+  // 7 days (168 h).
   absl::Duration ack_wait = absl::Seconds(30);
   absl::Duration retry_delay = absl::Milliseconds(200);
   ImportAck ack = ImportAck::kStored;
@@ -203,8 +206,9 @@ class NatsBridge {
  public:
   // Connects to `options.connection.servers` and attaches the bridge's figures to
   // `engine`'s Stats() (Engine::AddStatsSource, "nats_bridge.<origin>"). InvalidArgument
-  // naming the field for bad options (no server, two kinds of credentials, a bad
-  // origin, TLS or credentials files that cannot be read); AlreadyExists when a bridge of the same
+  // naming the field for bad options (no server, an empty server URL, a name with a
+  // control character or quote, two kinds of credentials, a bad origin, TLS or
+  // credentials files that cannot be read); AlreadyExists when a bridge of the same
   // origin is attached to the engine; Unavailable with the client's error when no
   // server can be reached, the TLS handshake fails or the credentials are refused.
   static absl::StatusOr<std::unique_ptr<NatsBridge>> Connect(Engine& engine, BridgeOptions options);

@@ -322,3 +322,40 @@ TEST_CASE("nats import with ImportAck::kConsumed naks, not acks, what a deleted 
   const auto st = client.ConsumerState("JOBS", "workers");
   CHECK(st.first + static_cast<std::int64_t>(st.second) == 3);
 }
+
+// Found by an adversarial review: a stream of the ack_stream's name added again
+// "holds no message" at the held sequences, and they were acked although nobody
+// consumed them. Now: nak'ed, whether the new stream is empty or holds other
+// messages at those sequences.
+TEST_CASE("nats import with ImportAck::kConsumed naks what it held when ack_stream is added again") {
+  TempDir dir;
+  NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  Client client(server.url());
+  client.AddStream("JOBS", "jobs.>");
+  PublishJobs(client, 0, 3);
+  std::optional<Consumer> ca;
+  auto a = WorkEngine(&ca);
+  auto bridge_a = NatsBridge::Connect(*a, Options(server, "worker-a"));
+  REQUIRE(bridge_a.ok());
+  ImportConfig config = Consumed();
+  config.max_held = 3;
+  REQUIRE((*bridge_a)->AddImport(config).ok());
+  REQUIRE(WaitFor([&] { return Held(**bridge_a) == 3; }));
+  ca.reset();
+  const int local = GENERATE(0, 3);  // messages the new stream holds at the held sequences
+  INFO(local << " local messages in the new stream");
+  REQUIRE(a->DeleteStream("WORK").ok());
+  REQUIRE(a->AddStream({.name = "WORK", .subjects = {"other.>"}, .retention = RetentionPolicy::kWorkQueue}).ok());
+  for (int i = 0; i < local; ++i) {
+    Event e;
+    e.subject = "other.x";
+    e.msg_id = "local-" + std::to_string(i);
+    REQUIRE(a->Publish(std::move(e)).ok());
+  }
+  REQUIRE(WaitFor([&] { return Held(**bridge_a) == 0; }));
+  // Nothing was consumed: all 3 are still to do in NATS.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto st = client.ConsumerState("JOBS", "workers");
+  CHECK(st.first + static_cast<std::int64_t>(st.second) == 3);
+}

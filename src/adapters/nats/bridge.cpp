@@ -187,6 +187,7 @@ struct NatsBridge::Impl {
       natsMsg* msg;
       std::uint64_t seq;
       std::chrono::steady_clock::time_point next_progress;
+      std::string msg_id;  // of the local message at `seq`, to tell a stream added again
     };
     std::vector<Held> held;
     bool warned_unsettled = false;  // last_error said once that a message was acked when stored
@@ -679,7 +680,7 @@ struct NatsBridge::Impl {
         return true;
       }
     }
-    im.held.push_back({m, r.seq, std::chrono::steady_clock::now() + Progress(im)});
+    im.held.push_back({m, r.seq, std::chrono::steady_clock::now() + Progress(im), msg_id});
     import_held.fetch_add(1);
     return true;
   }
@@ -708,18 +709,47 @@ struct NatsBridge::Impl {
   void SettleHeld(Import& im) {
     const auto now = std::chrono::steady_clock::now();
     std::size_t kept = 0;
+    // ack_stream's last sequence, read once per pass and only when a held message
+    // is gone: a sequence past it was never given out by this stream, which is then
+    // another one of the same name (deleted and added again; found by an adversarial
+    // review: the held messages were acked although nobody consumed them).
+    std::optional<std::uint64_t> last_seq;
+    auto stream_last_seq = [&]() -> std::uint64_t {
+      if (!last_seq) {
+        const EngineStats st = engine.Stats();
+        const StreamStats* ss = st.stream(im.cfg.ack_stream);
+        last_seq = ss != nullptr ? ss->last_seq : 0;
+      }
+      return *last_seq;
+    };
     for (Import::Held& h : im.held) {
       absl::StatusOr<std::shared_ptr<const Event>> got = engine.GetMessage(im.cfg.ack_stream, h.seq);
+      if (got.ok() && (*got)->msg_id != h.msg_id) {
+        // ack_stream was deleted and added again, and the new one holds another
+        // message at this sequence (found by an adversarial review): not consumed.
+        import_held.fetch_sub(1);
+        Error("import into ack_stream '" + im.cfg.ack_stream + "' (ImportAck::kConsumed): its sequence " +
+              std::to_string(h.seq) + " holds '" + (*got)->msg_id + "', not the held '" + h.msg_id +
+              "' (the stream was added again); the held message is nak'ed in NATS");
+        (void)natsMsg_Nak(h.msg, nullptr);
+        natsMsg_Destroy(h.msg);
+        continue;
+      }
       if (!got.ok() && got.status().code() == absl::StatusCode::kNotFound) {
         // GetMessage says "holds no message <seq>" for a sequence the stream no
         // longer has, else the stream does not exist (any more).
-        const bool consumed = got.status().message().find("holds no message") != absl::string_view::npos;
+        const bool consumed = got.status().message().find("holds no message") != absl::string_view::npos &&
+                              stream_last_seq() >= h.seq;
         import_held.fetch_sub(1);
         if (consumed) {
           (void)natsMsg_Ack(h.msg, nullptr);
         } else {
           Error("import into ack_stream '" + im.cfg.ack_stream + "' (ImportAck::kConsumed): " +
-                std::string(got.status().message()) + "; what it held is nak'ed in NATS");
+                std::string(got.status().message()) +
+                (got.status().message().find("holds no message") != absl::string_view::npos
+                     ? " and never gave out that sequence (the stream was added again)"
+                     : "") +
+                "; what it held is nak'ed in NATS");
           (void)natsMsg_Nak(h.msg, nullptr);
         }
         natsMsg_Destroy(h.msg);

@@ -132,11 +132,19 @@ struct ExportConfig {
 //    once the stream's sync policy is met). From then on the process answers for it.
 //  kConsumed: once ImportConfig::ack_stream no longer holds it, that is once the
 //    local consumer of that work-queue stream acked it (or its dead-letter handling,
-//    a limit or a purge removed it; a deleted stream's messages are nak'ed instead). Until then the bridge tells JetStream every ack_wait / 3
-//    that the message is in progress (natsMsg_InProgress), and Close naks it. When
-//    the process dies first, JetStream delivers it again after ack_wait, to another
-//    process importing through the same durable: the work is done at least once
-//    across processes, as by a JetStream worker that acks when its work is done.
+//    a limit or a purge removed it; a deleted stream's messages are nak'ed instead,
+//    also when a stream of the same name was added again, unless that one has given
+//    out the held sequences itself and removed them). Until then the bridge tells
+//    JetStream every ack_wait / 3 that the message is in progress
+//    (natsMsg_InProgress), and Close naks it. When the process dies first,
+//    JetStream delivers it again after ack_wait, to another process importing
+//    through the same durable: the work is done at least once across processes, as
+//    by a JetStream worker that acks when its work is done. The import looks the
+//    held messages up in ack_stream (Engine::GetMessage), which waits while a
+//    Publish is blocked on a full lane of that stream: for that time no in-progress
+//    goes out (JetStream may deliver the work to another process after ack_wait)
+//    and Close waits with it. Let a lane of ack_stream's consumer drain, or publish
+//    into it with TryPublish.
 enum class ImportAck { kStored, kConsumed };
 
 struct ImportConfig {

@@ -1699,7 +1699,9 @@ int main(int argc, char** argv) {
   std::string batch_sizes;
   for (std::size_t k = 0; k < inferq::kBatchSizeBuckets; ++k) {
     if (rs->batches_by_size[k] == 0) continue;
-    const std::uint64_t lo = std::uint64_t{1} << k, hi = (std::uint64_t{2} << k) - 1;
+    // Power-of-two buckets, the last one cut at max_batch ("32", not "32-63").
+    const std::uint64_t lo = std::uint64_t{1} << k;
+    const std::uint64_t hi = std::min<std::uint64_t>((std::uint64_t{2} << k) - 1, opt.max_batch);
     batch_sizes += " " + (lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi)) +
                    ":" + std::to_string(rs->batches_by_size[k]);
   }

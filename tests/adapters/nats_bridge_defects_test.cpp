@@ -65,11 +65,7 @@ TEST_CASE("nats defects: an import is acked only when every capturing stream too
   REQUIRE(WaitFor([&] { return client.ConsumerState("REQS", "d") == std::pair<std::int64_t, std::uint64_t>{0, 0}; }));
 }
 
-TEST_CASE("nats defects: an engine limit refusal is nak'ed at once, not held for ack_wait") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats defects: an engine limit refusal is nak'ed at once, not held for ack_wait") {
   client.AddStream("REQS", "in.>");
   for (int i = 0; i < 3; ++i) client.Publish("in.x", "r", {{"Nats-Msg-Id", "id-" + std::to_string(i)}});
   auto engine = NewEngine();
@@ -108,11 +104,7 @@ TEST_CASE("nats defects: Close of a core export while the server is down takes t
   CHECK(Acked(*engine, "LOCAL", "core") == 0);
 }
 
-TEST_CASE("nats defects: a subject too long for the server is refused alone, the connection stays") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats defects: a subject too long for the server is refused alone, the connection stays") {
   client.AddStream("REMOTE", "x.>");
   auto engine = NewEngine();
   REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());
@@ -184,11 +176,7 @@ TEST_CASE("nats defects: a second Close waits for the first") {
   first.join();
 }
 
-TEST_CASE("nats defects: an event imported from a plain NATS publisher is not exported back") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats defects: an event imported from a plain NATS publisher is not exported back") {
   client.AddStream("SHARED", "shared.>");
   auto engine = NewEngine();
   REQUIRE(engine->AddStream({.name = "WORK", .subjects = {"work.>"}}).ok());
@@ -208,11 +196,7 @@ TEST_CASE("nats defects: an event imported from a plain NATS publisher is not ex
   CHECK((*m)->headers.Get("Inferq-Origin") == std::optional<std::string_view>("nats:SHARED"));
 }
 
-TEST_CASE("nats defects: retried exports of events without msg_id are stored once") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats defects: retried exports of events without msg_id are stored once") {
   client.AddStream("REMOTE", "x.>");
   auto engine = NewEngine();
   REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());
@@ -236,11 +220,7 @@ TEST_CASE("nats defects: retried exports of events without msg_id are stored onc
   CHECK(ids.begin()->rfind("site-a.", 0) == 0);
 }
 
-TEST_CASE("nats defects: import names and prefixes JetStream cannot use are refused up front") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats defects: import names and prefixes JetStream cannot use are refused up front") {
   client.AddStream("REQS", "in.>");
   auto engine = NewEngine();
   auto bridge = NatsBridge::Connect(*engine, Options(server, "site-a"));
@@ -272,11 +252,7 @@ TEST_CASE("nats defects: import names and prefixes JetStream cannot use are refu
 // Found by an adversarial review: each of these was accepted, then failed every
 // event (a prefix that leaves no room) or every try (headers JetStream refuses,
 // retried without end), or reached libnats unchecked.
-TEST_CASE("nats defects: exports that could never cross are refused up front or terminated once") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats defects: exports that could never cross are refused up front or terminated once") {
   client.AddStream("REMOTE", "x.>");
   auto engine = NewEngine();
   REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());

@@ -45,11 +45,7 @@ TEST_CASE("nats bridge: bad options and unreachable servers are refused") {
   CHECK(std::string(b.status().message()).rfind("cannot connect to NATS at '" + down.connection.servers[0] + "': ", 0) == 0);
 }
 
-TEST_CASE("nats bridge: export to JetStream acks locally only what JetStream stored") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats bridge: export to JetStream acks locally only what JetStream stored") {
   client.AddStream("REMOTE", "site-a.>");
   auto engine = NewEngine();
   REQUIRE(engine->AddStream({.name = "LOCAL", .subjects = {"work.>"}}).ok());
@@ -149,11 +145,7 @@ TEST_CASE("nats bridge: export to JetStream acks locally only what JetStream sto
   }
 }
 
-TEST_CASE("nats bridge: import publishes into the engine and acks NATS after") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats bridge: import publishes into the engine and acks NATS after") {
   client.AddStream("REQS", "site-b.>");
   constexpr int kN = 300;
   for (int i = 0; i < kN; ++i) {
@@ -201,11 +193,7 @@ TEST_CASE("nats bridge: import publishes into the engine and acks NATS after") {
   }
 }
 
-TEST_CASE("nats bridge: two sites bridging the same subjects both ways do not loop") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats bridge: two sites bridging the same subjects both ways do not loop") {
   client.AddStream("SHARED", "shared.>");
   auto a = NewEngine();
   auto b = NewEngine();
@@ -304,11 +292,7 @@ TEST_CASE("nats bridge: an outage holds the export's work, and nothing is lost w
   CHECK(ids.size() == kN);
 }
 
-TEST_CASE("nats bridge: export to core NATS acks locally after a flush") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats bridge: export to core NATS acks locally after a flush") {
   natsSubscription* sub = nullptr;
   REQUIRE(natsConnection_SubscribeSync(&sub, client.nc, "core.>") == NATS_OK);
   REQUIRE(natsConnection_Flush(client.nc) == NATS_OK);
@@ -336,11 +320,7 @@ TEST_CASE("nats bridge: export to core NATS acks locally after a flush") {
   natsSubscription_Destroy(sub);
 }
 
-TEST_CASE("nats bridge: an import into a file stream is on disk before NATS hears the ack") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats bridge: an import into a file stream is on disk before NATS hears the ack") {
   client.AddStream("REQS", "in.>");
   constexpr int kN = 100;
   for (int i = 0; i < kN; ++i) client.Publish("in.req", "r" + std::to_string(i), {});
@@ -376,11 +356,7 @@ TEST_CASE("nats bridge: an import into a file stream is on disk before NATS hear
   CHECK(s.stream("LOCAL")->messages == kN);
 }
 
-TEST_CASE("nats bridge: an import the engine refuses is nak'ed and comes again, once stored") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats bridge: an import the engine refuses is nak'ed and comes again, once stored") {
   client.AddStream("REQS", "in.>");
   constexpr int kN = 20;
   for (int i = 0; i < kN; ++i) client.Publish("in.req", "r" + std::to_string(i), {{"Nats-Msg-Id", std::to_string(i)}});
@@ -411,11 +387,7 @@ TEST_CASE("nats bridge: an import the engine refuses is nak'ed and comes again, 
   CHECK((*bridge)->Stats().import_redelivered > 0);
 }
 
-TEST_CASE("nats bridge: a NATS message that cannot be mapped is terminated and named, the rest flows") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats bridge: a NATS message that cannot be mapped is terminated and named, the rest flows") {
   client.AddStream("REQS", "in.>");
   client.Publish("in.req", "bad", {{"Inferq-Qos", "platinum"}});
   client.Publish("in.req", "good", {{"Inferq-Qos", "bronze"}});

@@ -21,11 +21,7 @@ std::string Data(natsMsg* m) { return std::string(natsMsg_GetData(m), static_cas
 
 }  // namespace
 
-TEST_CASE("the bridge's fetch takes queued messages of an earlier pull one at a time, then fetches a batch") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "the bridge's fetch takes queued messages of an earlier pull one at a time, then fetches a batch") {
   client.AddStream("JOBS", "jobs.>");
   for (int i = 0; i < 10; ++i) client.Publish("jobs.x", "job-" + std::to_string(i), {});
   natsSubscription* sub = nullptr;

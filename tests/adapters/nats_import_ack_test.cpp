@@ -51,13 +51,21 @@ std::uint64_t Stored(const Engine& e) {
   return st.stream("WORK")->messages;
 }
 
+// A bridge of `engine` importing JOBS under kConsumed with max_held `held`, once it
+// holds that many.
+std::unique_ptr<NatsBridge> Holding(Engine& engine, const NatsServer& server, const std::string& origin, int held) {
+  auto bridge = NatsBridge::Connect(engine, Options(server, origin));
+  REQUIRE(bridge.ok());
+  ImportConfig c = Consumed();
+  c.max_held = held;
+  REQUIRE((*bridge)->AddImport(c).ok());
+  REQUIRE(WaitFor([&] { return Held(**bridge) == static_cast<std::uint64_t>(held); }));
+  return std::move(*bridge);
+}
+
 }  // namespace
 
-TEST_CASE("nats import with ImportAck::kConsumed acks NATS only when the local consumer acked") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats import with ImportAck::kConsumed acks NATS only when the local consumer acked") {
   client.AddStream("JOBS", "jobs.>");
   PublishJobs(client, 0, 10);
   std::optional<Consumer> consumer;
@@ -105,38 +113,25 @@ TEST_CASE("nats import with ImportAck::kConsumed acks NATS only when the local c
   CHECK(got == want);
 }
 
-TEST_CASE("nats import with ImportAck::kConsumed and max_held fetches only while it holds fewer") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats import with ImportAck::kConsumed and max_held fetches only while it holds fewer") {
   client.AddStream("JOBS", "jobs.>");
   PublishJobs(client, 0, 10);
   std::optional<Consumer> consumer;
   auto engine = WorkEngine(&consumer);
-  auto bridge = NatsBridge::Connect(*engine, Options(server, "worker-1"));
-  REQUIRE(bridge.ok());
-  ImportConfig c = Consumed();
-  c.max_held = 3;
-  REQUIRE((*bridge)->AddImport(c).ok());
-  REQUIRE(WaitFor([&] { return Held(**bridge) == 3; }));
+  std::unique_ptr<NatsBridge> bridge = Holding(*engine, server, "worker-1", 3);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  CHECK((*bridge)->Stats().imported == 3);
+  CHECK(bridge->Stats().imported == 3);
   // The other 7 stay in JetStream for other processes: 3 delivered, 7 pending.
   CHECK(WaitFor([&] { return client.ConsumerState("JOBS", "workers") == std::pair<std::int64_t, std::uint64_t>{3, 7}; }));
   auto member = consumer->member(0);
   auto m = member->Next(absl::Seconds(5));
   REQUIRE(m.ok());
   REQUIRE(m->Ack().ok());
-  REQUIRE(WaitFor([&] { return (*bridge)->Stats().imported == 4 && Held(**bridge) == 3; }));
+  REQUIRE(WaitFor([&] { return bridge->Stats().imported == 4 && Held(*bridge) == 3; }));
   CHECK(WaitFor([&] { return client.ConsumerState("JOBS", "workers") == std::pair<std::int64_t, std::uint64_t>{3, 6}; }));
 }
 
-TEST_CASE("nats imports sharing a durable with ImportAck::kConsumed: what one process held goes to the other") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats imports sharing a durable with ImportAck::kConsumed: what one process held goes to the other") {
   client.AddStream("JOBS", "jobs.>");
   std::optional<Consumer> ca, cb;
   auto a = WorkEngine(&ca);
@@ -178,11 +173,7 @@ TEST_CASE("nats imports sharing a durable with ImportAck::kConsumed: what one pr
   CHECK(mb->Next(absl::Milliseconds(300)).status().code() == absl::StatusCode::kDeadlineExceeded);
 }
 
-TEST_CASE("nats import with ImportAck::kConsumed acks once stored what a second local stream stores too") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats import with ImportAck::kConsumed acks once stored what a second local stream stores too") {
   client.AddStream("JOBS", "jobs.>");
   std::optional<Consumer> consumer;
   auto engine = WorkEngine(&consumer);
@@ -200,11 +191,7 @@ TEST_CASE("nats import with ImportAck::kConsumed acks once stored what a second 
         "import of 'jobs.x' (ImportAck::kConsumed): 2 local streams stored it, so it was acked to NATS once stored");
 }
 
-TEST_CASE("nats import: ImportAck::kConsumed needs a local work-queue stream, and bad values are refused") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats import: ImportAck::kConsumed needs a local work-queue stream, and bad values are refused") {
   client.AddStream("JOBS", "jobs.>");
   auto engine = NewEngine();
   REQUIRE(engine->AddStream({.name = "KEPT", .subjects = {"jobs.>"}}).ok());
@@ -300,11 +287,7 @@ TEST_CASE("nats import with ImportAck::kConsumed counts a message once however o
   CHECK(Held(**bridge_a) == 2);
 }
 
-TEST_CASE("nats import with ImportAck::kConsumed naks, not acks, what a deleted ack_stream held") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats import with ImportAck::kConsumed naks, not acks, what a deleted ack_stream held") {
   client.AddStream("JOBS", "jobs.>");
   PublishJobs(client, 0, 3);
   std::optional<Consumer> ca;
@@ -327,21 +310,12 @@ TEST_CASE("nats import with ImportAck::kConsumed naks, not acks, what a deleted 
 // "holds no message" at the held sequences, and they were acked although nobody
 // consumed them. Now: nak'ed, whether the new stream is empty or holds other
 // messages at those sequences.
-TEST_CASE("nats import with ImportAck::kConsumed naks what it held when ack_stream is added again") {
-  TempDir dir;
-  NatsServer server(dir.path());
-  REQUIRE(server.Start());
-  Client client(server.url());
+TEST_CASE_METHOD(OneServer, "nats import with ImportAck::kConsumed naks what it held when ack_stream is added again") {
   client.AddStream("JOBS", "jobs.>");
   PublishJobs(client, 0, 3);
   std::optional<Consumer> ca;
   auto a = WorkEngine(&ca);
-  auto bridge_a = NatsBridge::Connect(*a, Options(server, "worker-a"));
-  REQUIRE(bridge_a.ok());
-  ImportConfig config = Consumed();
-  config.max_held = 3;
-  REQUIRE((*bridge_a)->AddImport(config).ok());
-  REQUIRE(WaitFor([&] { return Held(**bridge_a) == 3; }));
+  std::unique_ptr<NatsBridge> bridge_a = Holding(*a, server, "worker-a", 3);
   ca.reset();
   const int local = GENERATE(0, 3);  // messages the new stream holds at the held sequences
   INFO(local << " local messages in the new stream");
@@ -353,7 +327,7 @@ TEST_CASE("nats import with ImportAck::kConsumed naks what it held when ack_stre
     e.msg_id = "local-" + std::to_string(i);
     REQUIRE(a->Publish(std::move(e)).ok());
   }
-  REQUIRE(WaitFor([&] { return Held(**bridge_a) == 0; }));
+  REQUIRE(WaitFor([&] { return Held(*bridge_a) == 0; }));
   // Nothing was consumed: all 3 are still to do in NATS.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const auto st = client.ConsumerState("JOBS", "workers");

@@ -162,4 +162,17 @@ inline int Drain(Consumer& c, absl::Duration wait = absl::Milliseconds(300)) {
 }
 
 
+// The fixture of a test against one nats-server of its own (TEST_CASE_METHOD): its
+// temporary directory, the server (started), and a JetStream client of it.
+struct OneServer {
+  TempDir dir;
+  NatsServer server{dir.path()};
+  Client client;
+  OneServer() : client(Started(server)) {}
+  static std::string Started(NatsServer& s) {
+    REQUIRE(s.Start());
+    return s.url();
+  }
+};
+
 }  // namespace inferq_test

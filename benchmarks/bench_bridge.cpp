@@ -52,6 +52,7 @@
 #include <benchmark/benchmark.h>
 
 #include "../tests/adapters/nats_server.hpp"
+#include "bench_util.hpp"
 #include "inferq/adapters/nats/bridge.hpp"
 #include "inferq/base/histogram.hpp"
 #include "inferq/engine/engine.hpp"
@@ -72,11 +73,7 @@ void Pace(const benchmark::State& state, int i) {
 }
 constexpr std::size_t kPayloadBytes = 256;
 
-std::int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using inferq_bench::NowNs;
 
 std::string Payload() {
   std::string p(kPayloadBytes, 'x');
@@ -91,9 +88,10 @@ std::int64_t SentAt(const void* data) {
   return t;
 }
 
-// CPU time (user + system, all threads) of process `pid` (0: this one), in µs.
-double CpuMicros(pid_t pid) {
-  std::ifstream f(pid == 0 ? std::string("/proc/self/stat") : "/proc/" + std::to_string(pid) + "/stat");
+// CPU time (user + system, all threads) of another process, in µs: getrusage
+// (inferq_bench::ProcessCpuSeconds) reads only this one.
+double OtherProcessCpuMicros(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
   std::getline(f, line);
   // Fields after the command's closing parenthesis; utime and stime are the 12th
@@ -113,11 +111,13 @@ struct CpuMeter {
   double self0;
   double server0;
   explicit CpuMeter(pid_t server_pid)
-      : server(server_pid), self0(CpuMicros(0)), server0(server_pid > 0 ? CpuMicros(server_pid) : 0) {}
+      : server(server_pid),
+        self0(inferq_bench::ProcessCpuSeconds() * 1e6),
+        server0(server_pid > 0 ? OtherProcessCpuMicros(server_pid) : 0) {}
   void Report(benchmark::State& state, int messages) const {
     if (state.range(0) == 1) return;  // paced: the publisher's wait for each delivery spins
-    state.counters["client_cpu_us_per_msg"] = (CpuMicros(0) - self0) / messages;
-    if (server > 0) state.counters["server_cpu_us_per_msg"] = (CpuMicros(server) - server0) / messages;
+    state.counters["client_cpu_us_per_msg"] = (inferq_bench::ProcessCpuSeconds() * 1e6 - self0) / messages;
+    if (server > 0) state.counters["server_cpu_us_per_msg"] = (OtherProcessCpuMicros(server) - server0) / messages;
   }
 };
 

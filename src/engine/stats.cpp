@@ -37,6 +37,10 @@ absl::StatusOr<std::shared_ptr<const Event>> Engine::GetMessage(std::string_view
   }
   std::unique_lock lock(s->mu);
   if (s->deleted) return absl::NotFoundError("stream '" + s->config.name + "' was deleted");
+  if (const std::uint64_t last = s->last_seq.load(std::memory_order_relaxed); seq > last) {
+    return absl::OutOfRangeError("stream '" + s->config.name + "' has not given out sequence " +
+                                 std::to_string(seq) + " (last sequence " + std::to_string(last) + ")");
+  }
   s->DrainRemoved();
   if (s->log != nullptr) {
     // A file stream's index, in ascending sequence; the event is read back from the

@@ -804,7 +804,8 @@ TEST_CASE("GetMessage returns the stored event of a sequence and names what it d
   // 1 went to max_msgs; 5 was never stored.
   CHECK(engine->GetMessage("S", 1).status().code() == absl::StatusCode::kNotFound);
   CHECK(Msg(engine->GetMessage("S", 1).status()) == "stream 'S' holds no message 1 (last sequence 4)");
-  CHECK(Msg(engine->GetMessage("S", 5).status()) == "stream 'S' holds no message 5 (last sequence 4)");
+  CHECK(engine->GetMessage("S", 5).status().code() == absl::StatusCode::kOutOfRange);
+  CHECK(Msg(engine->GetMessage("S", 5).status()) == "stream 'S' has not given out sequence 5 (last sequence 4)");
   CHECK(engine->GetMessage("S", 0).status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Msg(engine->GetMessage("S", 0).status()) == "stream 'S': sequence 0 is invalid (sequences start at 1)");
   CHECK(Msg(engine->GetMessage("T", 1).status()) == "stream 'T' does not exist");

@@ -544,8 +544,10 @@ class Engine {
   // message by sequence): its event, shared with its deliveries, not copied; on a
   // file stream read back from its log (a new copy, read after the stream's mutex
   // is let go). NotFound naming the stream for an unknown stream, and naming both
-  // for a sequence it does not hold (never stored, or removed by a limit, max_age or
-  // the acks of interest retention); InvalidArgument for seq 0; FailedPrecondition
+  // for a sequence it gave out and no longer holds (removed by a limit, max_age, a
+  // purge, or the acks of its retention); OutOfRange naming both and the stream's
+  // last sequence for a sequence past it (never given out: a stream deleted and
+  // added again under the same name starts again at 1); InvalidArgument for seq 0; FailedPrecondition
   // for a stream that keeps no index of its messages (interest retention without
   // max_age and without a discard-old limit: StreamConfig::retention); on a file
   // stream, DataLoss naming the stream, its directory and the sequence when the

@@ -655,7 +655,7 @@ struct NatsBridge::Impl {
         why = "another stream stored it (ack_stream '" + im.cfg.ack_stream + "' holds '" + (*got)->msg_id +
               "' at sequence " + std::to_string(r.seq) + ")";
       } else if (!got.ok() && got.status().code() != absl::StatusCode::kNotFound) {
-        why = std::string(got.status().message());
+        why = std::string(got.status().message());  // OutOfRange: ack_stream did not store it
       }
       // NotFound: consumed already (or stored elsewhere and the sequence is free in
       // ack_stream; the ack is right either way: it was stored). Held until the next
@@ -709,19 +709,6 @@ struct NatsBridge::Impl {
   void SettleHeld(Import& im) {
     const auto now = std::chrono::steady_clock::now();
     std::size_t kept = 0;
-    // ack_stream's last sequence, read once per pass and only when a held message
-    // is gone: a sequence past it was never given out by this stream, which is then
-    // another one of the same name (deleted and added again; found by an adversarial
-    // review: the held messages were acked although nobody consumed them).
-    std::optional<std::uint64_t> last_seq;
-    auto stream_last_seq = [&]() -> std::uint64_t {
-      if (!last_seq) {
-        const EngineStats st = engine.Stats();
-        const StreamStats* ss = st.stream(im.cfg.ack_stream);
-        last_seq = ss != nullptr ? ss->last_seq : 0;
-      }
-      return *last_seq;
-    };
     for (Import::Held& h : im.held) {
       absl::StatusOr<std::shared_ptr<const Event>> got = engine.GetMessage(im.cfg.ack_stream, h.seq);
       if (got.ok() && (*got)->msg_id != h.msg_id) {
@@ -735,21 +722,21 @@ struct NatsBridge::Impl {
         natsMsg_Destroy(h.msg);
         continue;
       }
-      if (!got.ok() && got.status().code() == absl::StatusCode::kNotFound) {
-        // GetMessage says "holds no message <seq>" for a sequence the stream no
-        // longer has, else the stream does not exist (any more).
-        const bool consumed = got.status().message().find("holds no message") != absl::string_view::npos &&
-                              stream_last_seq() >= h.seq;
+      // NotFound: the stream gave out the sequence and removed it ("holds no
+      // message"): consumed; or the stream does not exist (any more). OutOfRange: it
+      // never gave the sequence out, so it is another stream of the same name
+      // (deleted and added again; found by an adversarial review: the held messages
+      // were acked although nobody consumed them).
+      if (!got.ok() && (got.status().code() == absl::StatusCode::kNotFound ||
+                        got.status().code() == absl::StatusCode::kOutOfRange)) {
+        const bool consumed = got.status().code() == absl::StatusCode::kNotFound &&
+                              got.status().message().find("holds no message") != absl::string_view::npos;
         import_held.fetch_sub(1);
         if (consumed) {
           (void)natsMsg_Ack(h.msg, nullptr);
         } else {
           Error("import into ack_stream '" + im.cfg.ack_stream + "' (ImportAck::kConsumed): " +
-                std::string(got.status().message()) +
-                (got.status().message().find("holds no message") != absl::string_view::npos
-                     ? " and never gave out that sequence (the stream was added again)"
-                     : "") +
-                "; what it held is nak'ed in NATS");
+                std::string(got.status().message()) + "; what it held is nak'ed in NATS");
           (void)natsMsg_Nak(h.msg, nullptr);
         }
         natsMsg_Destroy(h.msg);

@@ -4,10 +4,10 @@
 #include "inferq/adapters/nats/mapping.hpp"
 
 #include <array>
-#include <cctype>
 #include <cstdint>
 #include <limits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "inferq/event/tensor_event.hpp"
@@ -97,12 +97,8 @@ absl::Status CheckSubjectBytes(std::string_view what, std::string_view subject) 
 // publish fail): an event header by such a name would act on the broker. The bridge
 // sets Nats-Msg-Id itself, from Event::msg_id.
 bool NatsControlHeader(std::string_view name) {
-  constexpr std::string_view kPrefix = "nats-";
-  if (name.size() < kPrefix.size()) return false;
-  for (std::size_t i = 0; i < kPrefix.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(name[i])) != kPrefix[i]) return false;
-  }
-  return true;
+  // Debian's Abseil has its own string_view type.
+  return absl::StartsWithIgnoreCase(absl::string_view(name.data(), name.size()), "Nats-");
 }
 
 std::string Hex64(std::uint64_t v) {

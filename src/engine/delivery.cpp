@@ -27,7 +27,14 @@ namespace {
 // A first delivery on the member Publish selected, with the consumer's overflow policy.
 bool PlaceFirst(ConsumerState& c, Delivery& d, std::uint32_t m, FirstDeliveryWait first) {
   auto& ring = c.lanes[m]->ring;
-  if (ring.try_push(std::move(d))) return true;  // on failure d is untouched
+  if (DeferredWakes* wakes = t_deferred_wakes; wakes != nullptr && !first.wait) {
+    if (ring.try_push_quiet(std::move(d))) {  // on failure d is untouched
+      wakes->Add(ring);
+      return true;
+    }
+  } else if (ring.try_push(std::move(d))) {
+    return true;  // on failure d is untouched
+  }
   switch (c.config.overflow) {
     case OverflowPolicy::kBlock: {
       if (!first.wait || ring.closed()) return false;

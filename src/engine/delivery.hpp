@@ -13,6 +13,9 @@
 #include <atomic>
 #include <cstdint>
 #include <string_view>
+#include <utility>
+
+#include "absl/container/inlined_vector.h"
 
 #include "consumer_state.hpp"
 
@@ -35,6 +38,39 @@ struct FirstDeliveryWait {
   bool wait = false;
   std::atomic<std::uint32_t>* blocked_publishers = nullptr;
 };
+// The wake-ups that Engine::TryPublishBatch holds back until its last event: each
+// lane a first delivery was pushed to quietly (LaneQueue::try_push_quiet), with how
+// many. Lanes live as long as the engine (a deleted consumer's state is kept), so
+// the pointers outlive the batch.
+class DeferredWakes {
+ public:
+  DeferredWakes() = default;
+  DeferredWakes(const DeferredWakes&) = delete;
+  DeferredWakes& operator=(const DeferredWakes&) = delete;
+  ~DeferredWakes() { Flush(); }
+  void Add(LaneQueue<Delivery>& lane) {
+    for (auto& [l, n] : lanes_) {
+      if (l == &lane) {
+        ++n;
+        return;
+      }
+    }
+    lanes_.emplace_back(&lane, 1);
+  }
+  void Flush() {
+    for (auto& [l, n] : lanes_) l->wake_pullers(n);
+    lanes_.clear();
+  }
+
+ private:
+  absl::InlinedVector<std::pair<LaneQueue<Delivery>*, std::size_t>, 4> lanes_;
+};
+// The calling thread's open batch (TryPublishBatch sets it for its duration), or
+// nullptr: a first delivery that does not wait is then pushed quietly and its lane
+// recorded here. Only TryPublish's placements use it, which never wait for a lane:
+// a publisher holding back a wake-up never waits for the puller it did not wake.
+inline thread_local DeferredWakes* t_deferred_wakes = nullptr;
+
 // Places `d` on a lane of consumer `c`, counting it queued on that member
 // (MemberGroup::OnQueued). Only a first delivery on a kBlock consumer with
 // `first.wait` waits for room (holding whatever the caller holds: the stream's mutex

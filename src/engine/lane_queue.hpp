@@ -60,6 +60,18 @@ class LaneQueue {
     return true;
   }
 
+  // As try_push, but the ring side wakes no sleeping puller: the caller owes
+  // wake_pullers() after its burst (MpmcRing::try_push_quiet). The scheduler side
+  // wakes as try_push does (its wake-up is a condition variable's, under mu_).
+  bool try_push_quiet(T&& v) {
+    if (ring_) return ring_->try_push_quiet(std::move(v));
+    return try_push(std::move(v));
+  }
+  // Wakes up to `n` pullers asleep on the ring side (after n try_push_quiet).
+  void wake_pullers(std::size_t n) {
+    if (ring_) ring_->wake_consumers(n);
+  }
+
   // Blocks while full. False only when closed.
   bool push(T&& v) {
     if (ring_) return ring_->push(std::move(v));

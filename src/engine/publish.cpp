@@ -37,6 +37,22 @@ absl::StatusOr<PublishAck> Engine::TryPublish(Event event) {
   return Publish(std::move(event), PublishMode::kTry);
 }
 
+std::vector<absl::StatusOr<PublishAck>> Engine::TryPublishBatch(std::span<Event> events) {
+  std::vector<absl::StatusOr<PublishAck>> results;
+  results.reserve(events.size());
+  engine_internal::DeferredWakes wakes;  // its destructor wakes, also when a callback throws
+  struct Restore {
+    engine_internal::DeferredWakes* outer;
+    ~Restore() { engine_internal::t_deferred_wakes = outer; }
+  } restore{std::exchange(engine_internal::t_deferred_wakes, &wakes)};
+  for (Event& e : events) {
+    results.push_back(TryPublish(std::move(e)));
+    const absl::StatusOr<PublishAck>& r = results.back();
+    if (!r.ok() || r->streams_rejected > 0) break;
+  }
+  return results;
+}
+
 absl::StatusOr<PublishAckFuture> Engine::PublishAsync(Event event) {
   PublishAckFuture f;
   f.ack_ = Publish(std::move(event), PublishMode::kWait, nullptr, &f.syncs_);

@@ -859,3 +859,94 @@ TEST_CASE("after an active phase without its item the next 1 then 3 then 7 up to
   ec.Record(false);
   CHECK(skipped() == 1);
 }
+
+TEST_CASE("a quiet push reaches a sleeping consumer once the producer wakes it") {
+  MpmcRing<int> ring(16);
+  std::atomic<int> returned{0}, sum{0};
+  std::vector<std::thread> consumers;
+  for (int c = 0; c < 4; ++c) {
+    consumers.emplace_back([&] {
+      int v;
+      if (ring.pop(v)) {
+        sum += v;
+        ++returned;
+      }
+    });
+  }
+  std::this_thread::sleep_for(50ms);
+  for (int v : {1, 2, 3, 4}) REQUIRE(ring.try_push_quiet(std::move(v)));
+  ring.wake_consumers(4);
+  for (auto& t : consumers) t.join();
+  CHECK(returned == 4);
+  CHECK(sum == 10);
+  CHECK(ring.size_approx() == 0);
+}
+
+TEST_CASE("a quiet push fails as try_push does: full or closed, the item left with the caller") {
+  MpmcRing<std::unique_ptr<int>> ring(2);
+  REQUIRE(ring.try_push_quiet(std::make_unique<int>(1)));
+  REQUIRE(ring.try_push_quiet(std::make_unique<int>(2)));
+  auto third = std::make_unique<int>(3);
+  CHECK_FALSE(ring.try_push_quiet(std::move(third)));
+  REQUIRE(third != nullptr);
+  CHECK(*third == 3);
+  ring.close();
+  std::unique_ptr<int> out;
+  REQUIRE(ring.try_pop(out));
+  CHECK(*out == 1);
+  CHECK_FALSE(ring.try_push_quiet(std::move(third)));
+  CHECK(*third == 3);
+}
+
+TEST_CASE("bursts of quiet pushes, each woken once, lose and duplicate nothing (4 x 4 threads)") {
+  constexpr int kProducers = 4, kConsumers = 4, kPerProducer = 20'000, kBurst = 16;
+  MpmcRing<std::uint64_t> ring(64);
+  std::vector<std::vector<std::uint64_t>> got(kConsumers);
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kConsumers; ++c) {
+    threads.emplace_back([&, c] {
+      std::uint64_t v;
+      while (ring.pop(v)) got[static_cast<std::size_t>(c)].push_back(v);
+    });
+  }
+  std::vector<std::thread> producers;
+  for (int p = 0; p < kProducers; ++p) {
+    producers.emplace_back([&, p] {
+      int i = 0;
+      while (i < kPerProducer) {
+        std::size_t pushed = 0;
+        for (int b = 0; b < kBurst && i < kPerProducer; ++b) {
+          std::uint64_t v = (static_cast<std::uint64_t>(p) << 32) | static_cast<std::uint64_t>(i);
+          if (!ring.try_push_quiet(std::move(v))) break;
+          ++pushed;
+          ++i;
+        }
+        ring.wake_consumers(pushed);
+        if (pushed == 0) std::this_thread::yield();
+      }
+    });
+  }
+  for (auto& t : producers) t.join();
+  ring.close();
+  for (auto& t : threads) t.join();
+  std::size_t total = 0;
+  for (const auto& list : got) {
+    std::vector<int> last(kProducers, -1);
+    for (std::uint64_t v : list) {
+      const auto p = static_cast<std::size_t>(v >> 32);
+      const auto i = static_cast<int>(v & 0xffffffffu);
+      REQUIRE(i > last[p]);  // per producer, each consumer sees increasing items
+      last[p] = i;
+    }
+    total += list.size();
+  }
+  CHECK(total == static_cast<std::size_t>(kProducers) * kPerProducer);
+  std::vector<std::vector<bool>> seen(kProducers, std::vector<bool>(kPerProducer, false));
+  for (const auto& list : got) {
+    for (std::uint64_t v : list) {
+      auto&& s = seen[static_cast<std::size_t>(v >> 32)][static_cast<std::size_t>(v & 0xffffffffu)];
+      REQUIRE_FALSE(s);
+      s = true;
+    }
+  }
+}

@@ -462,6 +462,18 @@ class Engine {
   // Otherwise as Publish.
   absl::StatusOr<PublishAck> TryPublish(Event event);
 
+  // TryPublish of each of `events` in order, with the wake-ups of sleeping pullers
+  // held back to the end: a lane that received k of the events wakes up to k
+  // pullers asleep on it once, not once per event (one futex wake, and one context
+  // switch of the puller, for a burst such as a batch a bridge fetched). A puller
+  // that is awake, or about to sleep, sees each event as soon as it is queued.
+  // Stops after the first event that is not stored in every stream capturing it (an
+  // error, or PublishAck::streams_rejected > 0), so that nothing after a refused
+  // event overtakes it: one result per event tried, in order, every one but the last
+  // an OK PublishAck with streams_rejected == 0. The events after the last one tried
+  // are left as they were (the tried ones are moved from). Empty for no events.
+  std::vector<absl::StatusOr<PublishAck>> TryPublishBatch(std::span<Event> events);
+
   // Publish without waiting for file streams' sync policies (JetStream's
   // PublishAsync): stores and queues `event` as Publish does, waiting as Publish
   // for room and mutexes, and returns once it is written to the OS; the future's

@@ -134,6 +134,19 @@ class MpmcRing {
   bool try_push(T&& v) { return try_emplace(std::move(v)); }
   bool try_push(const T& v) { return try_emplace(v); }
 
+  // As try_push, but wakes no consumer asleep in pop: the caller owes the ring a
+  // wake_consumers() once it pushed what it had (a producer of a burst pays one
+  // futex wake for it instead of one per item). Until then a sleeping consumer
+  // sleeps on; one that is about to sleep sees the item (its re-check after
+  // announcing itself), so nothing is lost, only delayed.
+  bool try_push_quiet(T&& v) { return try_emplace_nothrow<false>(std::move(v)); }
+  // Wakes up to `n` consumers asleep in pop (after try_push_quiet of n items).
+  void wake_consumers(std::size_t n) {
+    if constexpr (Wait::kSleeps) {
+      if (n > 0) not_empty_.NotifyMany(n);
+    }
+  }
+
   // Constructs the item in its slot. When T is not nothrow-constructible from `a...`
   // a temporary T is built first and moved in (see "Requirements on T").
   template <class... A>
@@ -364,7 +377,7 @@ class MpmcRing {
   }
 
 
-  template <class... A>
+  template <bool kNotify = true, class... A>
   bool try_emplace_nothrow(A&&... a) {
     std::uint64_t h = head_.load(std::memory_order_relaxed);
     for (;;) {
@@ -378,7 +391,7 @@ class MpmcRing {
           ::new (static_cast<void*>(s.storage)) T(std::forward<A>(a)...);
           // release (at least): the consumer of ticket h sees the constructed item.
           s.seq.store((h + 1) & kTicketMask, kPublish);
-          NotifyNotEmpty();
+          if constexpr (kNotify) NotifyNotEmpty();
           return true;
         }
       } else if (diff < 0) {

@@ -584,59 +584,66 @@ struct NatsBridge::Impl {
     std::uint64_t seq = 0;      // PublishAck::seq
   };
 
-  // Publishes the event into the engine (TryPublish, never blocking the bridge's
-  // Close): `event` first, then, since TryPublish takes its event, one that `remake`
-  // maps again from the NATS message. While a capturing stream is only busy (a full
-  // lane of a consumer with overflow block: PublishAck::streams_busy, WouldBlock) it
-  // tries again, at most until `give_up` or Close: kBusy then. A stream that refuses by its limits or a kReject
-  // lane makes it kRefused at once, also when other streams stored the event (their
-  // duplicate window drops the redelivery). kInvalid for an event the engine finds
-  // invalid.
-  template <typename Remake>
-  LocalResult PublishLocal(Event event, const Remake& remake, std::chrono::steady_clock::time_point give_up,
-                           Import& im) {
+  // A fetched message on its way into the engine, with what mapping it again (for a
+  // retry of a busy publish) needs.
+  struct Incoming {
+    natsMsg* msg = nullptr;
+    std::unique_ptr<jsMsgMetaData, void (*)(jsMsgMetaData*)> meta{nullptr, jsMsgMetaData_Destroy};
+    std::vector<std::pair<std::string, std::string>> headers;
+    std::string subject;  // the local subject
+    std::string msg_id;   // ImportAck::kConsumed: the event's, to follow it in ack_stream
+  };
+
+  // What TryPublish's result `r` means for an import: nullopt when it found only
+  // busy lanes (a full lane of a consumer with overflow block: PublishAck::streams_busy,
+  // WouldBlock), so that trying again later may store it. A stream that refuses by
+  // its limits or a kReject lane makes it kRefused, also when other streams stored the
+  // event (their duplicate window drops the redelivery). kInvalid for an event the
+  // engine finds invalid.
+  static std::optional<LocalResult> Outcome(const absl::StatusOr<PublishAck>& r) {
+    if (r.ok()) {
+      if (r->streams_rejected == 0) {
+        return LocalResult{Local::kStored, {}, r->streams_stored == 0 && r->duplicate,
+                           r->streams_stored + r->streams_duplicate, r->seq};
+      }
+      if (r->streams_busy < r->streams_rejected) {
+        return LocalResult{Local::kRefused,
+                           std::to_string(r->streams_rejected - r->streams_busy) +
+                               " of the capturing streams refused it (a limit or a full lane with overflow "
+                               "reject) while " + std::to_string(r->streams_stored) + " stored it"};
+      }
+      return std::nullopt;
+    }
+    if (WouldBlock(r.status())) return std::nullopt;
+    switch (r.status().code()) {
+      case absl::StatusCode::kResourceExhausted:
+      case absl::StatusCode::kNotFound:
+      case absl::StatusCode::kCancelled:
+      case absl::StatusCode::kUnavailable:
+      case absl::StatusCode::kFailedPrecondition:
+        return LocalResult{Local::kRefused, std::string(r.status().message())};
+      default:
+        return LocalResult{Local::kInvalid, std::string(r.status().message())};
+    }
+  }
+
+  // The rest of an import's publish whose first try (`first`, from TryPublishBatch)
+  // found only busy lanes: tries again (TryPublish, never blocking the bridge's
+  // Close) with the event mapped anew from the NATS message, at most until `give_up`
+  // or Close: kBusy then.
+  LocalResult RetryBusy(Import& im, const Incoming& in, std::chrono::steady_clock::time_point give_up) {
     auto pause = std::chrono::microseconds(100);
-    for (bool first = true;; first = false) {
-      if (!first) {
-        absl::StatusOr<Event> again = remake();
-        if (!again.ok()) return {Local::kInvalid, std::string(again.status().message())};
-        event = std::move(*again);
-      }
-      absl::StatusOr<PublishAck> r = engine.TryPublish(std::move(event));
-      bool busy = false;
-      if (r.ok()) {
-        if (r->streams_rejected == 0) {
-          return {Local::kStored, {}, r->streams_stored == 0 && r->duplicate,
-                  r->streams_stored + r->streams_duplicate, r->seq};
-        }
-        if (r->streams_busy < r->streams_rejected) {
-          return {Local::kRefused,
-                  std::to_string(r->streams_rejected - r->streams_busy) + " of the capturing streams refused it " +
-                      "(a limit or a full lane with overflow reject) while " + std::to_string(r->streams_stored) +
-                      " stored it"};
-        }
-        busy = true;
-      } else if (WouldBlock(r.status())) {
-        busy = true;
-      } else {
-        switch (r.status().code()) {
-          case absl::StatusCode::kResourceExhausted:
-          case absl::StatusCode::kNotFound:
-          case absl::StatusCode::kCancelled:
-          case absl::StatusCode::kUnavailable:
-          case absl::StatusCode::kFailedPrecondition:
-            return {Local::kRefused, std::string(r.status().message())};
-          default:
-            return {Local::kInvalid, std::string(r.status().message())};
-        }
-      }
-      if (busy && (stopping.load() || std::chrono::steady_clock::now() >= give_up)) {
+    for (;;) {
+      if (stopping.load() || std::chrono::steady_clock::now() >= give_up) {
         return {Local::kBusy, "a lane it must go to stayed full (overflow block)"};
       }
       // Held messages stay in progress in NATS while this waits.
       if (!im.held.empty()) ProgressHeld(im);
       std::this_thread::sleep_for(pause);
       pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
+      absl::StatusOr<Event> again = Map(im, in);
+      if (!again.ok()) return {Local::kInvalid, std::string(again.status().message())};
+      if (std::optional<LocalResult> r = Outcome(engine.TryPublish(std::move(*again)))) return *r;
     }
   }
 
@@ -751,71 +758,128 @@ struct NatsBridge::Impl {
     im.held.resize(kept);
   }
 
-  // `give_up`: when a message that meets only busy lanes is nak'ed; one time for the
-  // whole fetched batch, so that the last message of a batch waits no longer in
-  // NATS (un-acked, without in-progress) than the first. True when the message is
-  // held (ImportAck::kConsumed): the caller must not destroy it.
-  bool HandleImported(Import& im, natsMsg* m, std::chrono::steady_clock::time_point give_up) {
+  // The event of fetched message `in`: again for each retry of a busy publish (the
+  // engine takes it).
+  absl::StatusOr<Event> Map(const Import& im, const Incoming& in) const {
+    const auto* data = reinterpret_cast<const std::byte*>(natsMsg_GetData(in.msg));
+    const auto size = static_cast<std::size_t>(std::max(0, natsMsg_GetDataLength(in.msg)));
+    absl::StatusOr<Event> event =
+        FromWire(in.subject, in.headers, std::span<const std::byte>(data, size), im.cfg.format);
+    if (!event.ok()) return event;
+    if (event->msg_id.empty() && in.meta != nullptr) {
+      event->msg_id = std::string(in.meta->Stream) + ":" + std::to_string(in.meta->Sequence.Stream);
+    }
+    // What an import brought in is never exported again (ExportConfig): mark it
+    // when its publisher did not.
+    if (!event->headers.Has(kOriginHeader)) event->headers.Set(std::string(kOriginHeader), "nats:" + im.cfg.stream);
+    return event;
+  }
+
+  // Reads fetched message `m` and maps it to its event. Nullopt when it was settled
+  // here: its own export coming back (a loop: acked) or one the mapping refuses
+  // (termed).
+  std::optional<std::pair<Incoming, Event>> Admit(Import& im, natsMsg* m) {
+    Incoming in;
+    in.msg = m;
     jsMsgMetaData* meta = nullptr;
     if (natsMsg_GetMetaData(&meta, m) == NATS_OK && meta != nullptr) {
+      in.meta.reset(meta);
       if (meta->NumDelivered > 1) import_redelivered.fetch_add(1);
     }
-    std::unique_ptr<jsMsgMetaData, void (*)(jsMsgMetaData*)> meta_owner(meta, jsMsgMetaData_Destroy);
-    const std::vector<std::pair<std::string, std::string>> headers = HeadersOf(m);
-    for (const auto& [k, v] : headers) {
+    in.headers = HeadersOf(m);
+    for (const auto& [k, v] : in.headers) {
       if (k == kOriginHeader && v == options.origin) {
         import_loops.fetch_add(1);
         (void)natsMsg_Ack(m, nullptr);
-        return false;
+        return std::nullopt;
       }
     }
-    const char* nats_subject = natsMsg_GetSubject(m);
-    auto invalid = [&](const absl::Status& st) {
-      Error("import of '" + std::string(nats_subject) + "' from JetStream stream '" + im.cfg.stream +
-            "' refused: " + std::string(st.message()));
-      import_invalid.fetch_add(1);  // counted before NATS hears of it, like `imported`
-      (void)natsMsg_Term(m, nullptr);
-      return false;
-    };
-    auto subject = ReplaceSubjectPrefix(nats_subject, im.cfg.strip_prefix, im.cfg.add_prefix);
-    if (!subject.ok()) return invalid(subject.status());
-    const auto* data = reinterpret_cast<const std::byte*>(natsMsg_GetData(m));
-    const auto size = static_cast<std::size_t>(std::max(0, natsMsg_GetDataLength(m)));
-    // The event of `m`; again for each retry of a busy publish (the engine takes it).
-    auto map = [&]() -> absl::StatusOr<Event> {
-      absl::StatusOr<Event> event =
-          FromWire(*subject, headers, std::span<const std::byte>(data, size), im.cfg.format);
-      if (!event.ok()) return event;
-      if (event->msg_id.empty() && meta != nullptr) {
-        event->msg_id = std::string(meta->Stream) + ":" + std::to_string(meta->Sequence.Stream);
-      }
-      // What an import brought in is never exported again (ExportConfig): mark it
-      // when its publisher did not.
-      if (!event->headers.Has(kOriginHeader)) event->headers.Set(std::string(kOriginHeader), "nats:" + im.cfg.stream);
-      return event;
-    };
-    absl::StatusOr<Event> event = map();
-    if (!event.ok()) return invalid(event.status());
-    const std::string msg_id = im.cfg.ack == ImportAck::kConsumed ? event->msg_id : std::string();
-    const LocalResult r = PublishLocal(std::move(*event), map, give_up, im);
+    auto subject = ReplaceSubjectPrefix(natsMsg_GetSubject(m), im.cfg.strip_prefix, im.cfg.add_prefix);
+    if (!subject.ok()) {
+      Invalid(im, m, subject.status());
+      return std::nullopt;
+    }
+    in.subject = std::move(*subject);
+    absl::StatusOr<Event> event = Map(im, in);
+    if (!event.ok()) {
+      Invalid(im, m, event.status());
+      return std::nullopt;
+    }
+    if (im.cfg.ack == ImportAck::kConsumed) in.msg_id = event->msg_id;
+    return std::pair<Incoming, Event>(std::move(in), std::move(*event));
+  }
+
+  void Invalid(Import& im, natsMsg* m, const absl::Status& st) {
+    Error("import of '" + std::string(natsMsg_GetSubject(m)) + "' from JetStream stream '" + im.cfg.stream +
+          "' refused: " + std::string(st.message()));
+    import_invalid.fetch_add(1);  // counted before NATS hears of it, like `imported`
+    (void)natsMsg_Term(m, nullptr);
+  }
+
+  // Settles fetched message `in` in NATS by what its local publish did. True when
+  // it is held (ImportAck::kConsumed): the caller must not destroy it.
+  bool Finish(Import& im, const Incoming& in, const LocalResult& r) {
+    natsMsg* m = in.msg;
     switch (r.what) {
       case Local::kStored:
         // Counted before the ack: whoever sees the ack in NATS sees the count.
         if (r.duplicate) import_duplicates.fetch_add(1);
         imported.fetch_add(1);
-        if (im.cfg.ack == ImportAck::kConsumed && Hold(im, m, msg_id, r)) return true;
+        if (im.cfg.ack == ImportAck::kConsumed && Hold(im, m, in.msg_id, r)) return true;
         (void)natsMsg_Ack(m, nullptr);
         return false;
       case Local::kBusy:
       case Local::kRefused:
-        Error("import of '" + std::string(nats_subject) + "' into the engine: " + r.why + "; nak'ed");
+        Error("import of '" + std::string(natsMsg_GetSubject(m)) + "' into the engine: " + r.why + "; nak'ed");
         import_refused.fetch_add(1);
         (void)natsMsg_NakWithDelay(m, Millis(im.cfg.retry_delay), nullptr);
         return false;
       case Local::kInvalid:
-        return invalid(absl::InvalidArgumentError(r.why));
+        Invalid(im, m, absl::InvalidArgumentError(r.why));
+        return false;
     }
     return false;
+  }
+
+  // Publishes the fetched messages `list` into the engine in order, as one
+  // TryPublishBatch while they are all stored (a puller of the local stream is woken
+  // once for the batch, not per message: bench_bridge), and settles each in NATS.
+  // A message that meets only busy lanes is tried again until `give_up` (one time for
+  // the whole batch, so that its last message waits no longer in NATS, un-acked and
+  // without in-progress, than the first) before the ones after it, which never
+  // overtake it.
+  void HandleFetched(Import& im, natsMsgList& list, std::chrono::steady_clock::time_point give_up) {
+    std::vector<Incoming> ins;
+    std::vector<Event> events;
+    std::vector<int> index;  // of ins[k] in list
+    ins.reserve(static_cast<std::size_t>(list.Count));
+    events.reserve(static_cast<std::size_t>(list.Count));
+    for (int i = 0; i < list.Count; ++i) {
+      if (stopping.load()) {
+        (void)natsMsg_Nak(list.Msgs[i], nullptr);
+        continue;
+      }
+      if (auto a = Admit(im, list.Msgs[i])) {
+        ins.push_back(std::move(a->first));
+        events.push_back(std::move(a->second));
+        index.push_back(i);
+      }
+    }
+    std::size_t next = 0;
+    while (next < events.size()) {
+      if (stopping.load()) {
+        for (; next < ins.size(); ++next) (void)natsMsg_Nak(ins[next].msg, nullptr);
+        break;
+      }
+      if (!im.held.empty()) ProgressHeld(im);
+      std::vector<absl::StatusOr<PublishAck>> results =
+          engine.TryPublishBatch(std::span<Event>(events).subspan(next));
+      for (std::size_t k = 0; k < results.size(); ++k, ++next) {
+        std::optional<LocalResult> r = Outcome(results[k]);
+        if (!r) r = RetryBusy(im, ins[next], give_up);
+        if (Finish(im, ins[next], *r)) list.Msgs[index[next]] = nullptr;  // held: not destroyed with the list
+      }
+    }
   }
 
   void RunImport(Import& im) {
@@ -858,14 +922,7 @@ struct NatsBridge::Impl {
       const auto give_up = std::chrono::steady_clock::now() +
                            std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                absl::ToChronoNanoseconds(im.cfg.ack_wait / 2));
-      for (int i = 0; i < list.Count; ++i) {
-        if (stopping.load()) {
-          (void)natsMsg_Nak(list.Msgs[i], nullptr);
-        } else {
-          if (!im.held.empty()) ProgressHeld(im);
-          if (HandleImported(im, list.Msgs[i], give_up)) list.Msgs[i] = nullptr;  // held: not destroyed with the list
-        }
-      }
+      HandleFetched(im, list, give_up);
       natsMsgList_Destroy(&list);
     }
     // Closing: what was consumed meanwhile is acked, the rest nak'ed, so that

@@ -12,7 +12,9 @@
 //    and during an outage the local lanes fill (backpressure) instead of dropping.
 //    At most ExportConfig::max_in_flight publishes await their PubAck.
 //  - Import: a durable JetStream pull consumer that the bridge creates (or binds to)
-//    fetches messages and publishes each into the engine (TryPublish); the message
+//    fetches messages and publishes each fetched batch into the engine
+//    (Engine::TryPublishBatch: a puller asleep on a local lane is woken once per
+//    batch, not per message, and the messages keep their order); a message
 //    is acked to NATS only after every local stream that captures it stored it,
 //    which on a file stream is after the stream's sync policy is met. While a stream
 //    is only busy (a full lane of a consumer with overflow block: WouldBlock,

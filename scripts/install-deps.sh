@@ -18,9 +18,10 @@ purposes (default: examples; --for may be given more than once):
             nothing more; agent_router needs valijson too (the tests purpose)
   tests     library + Catch2, valijson (JSON Schema predicates, which the tests
             check), the JSON Schema test suite, libnats and nats-server (the NATS
-            bridge, inferq::nats, and the servers its tests start) and the openssl
-            tool (the certificates of the bridge's TLS tests): the `dev` preset and
-            ctest
+            bridge, inferq::nats, and the servers its tests start), the openssl
+            tool (the certificates of the bridge's TLS tests), prometheus-cpp and
+            the Prometheus server with promtool (the exposition and its checks):
+            the `dev` preset and ctest
   bench     library + Google Benchmark and the peers the benchmarks compare
             against (TBB, Boost, atomic_queue, moodycamel, xenium, RocksDB,
             SQLite, ZeroMQ, NNG, NATS JetStream: libnats and nats-server): the
@@ -29,6 +30,8 @@ purposes (default: examples; --for may be given more than once):
             `fuzz` preset
   cluster   library + libnats and nats-server: the main example across
             processes over a NATS JetStream cluster (scripts/cluster_demo.sh)
+  metrics   library + prometheus-cpp (the Prometheus exposition,
+            inferq::prometheus) and the Prometheus server with promtool
 
 options:
   --for PURPOSE, --for=PURPOSE  a purpose above
@@ -47,20 +50,23 @@ library=(
   libabsl-dev libzstd-dev libmimalloc-dev libhwloc-dev libssl-dev libxxhash-dev
   rapidjson-dev libre2-dev flatbuffers-compiler libflatbuffers-dev
 )
-tests=(catch2 libvalijson-dev json-schema-test-suite libnats-dev nats-server openssl)
+tests=(
+  catch2 libvalijson-dev json-schema-test-suite libnats-dev nats-server openssl prometheus-cpp-dev prometheus
+)
 bench=(
   libbenchmark-dev libtbb-dev libboost-dev libatomic-queue-dev libconcurrentqueue-dev
   libxenium-dev librocksdb-dev libsqlite3-dev libzmq3-dev libnng-dev libnats-dev nats-server
 )
 fuzz=(clang libclang-rt-14-dev libvalijson-dev)
 cluster=(libnats-dev nats-server)
+metrics=(prometheus-cpp-dev prometheus)
 
 purposes=()
 dry_run=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --for) if [ $# -lt 2 ] || [ "${2#-}" != "$2" ]; then
-             echo "install-deps: --for needs a purpose (library, examples, tests, bench, fuzz or cluster)${2+, got '$2'}" >&2
+             echo "install-deps: --for needs a purpose (library, examples, tests, bench, fuzz, cluster or metrics)${2+, got '$2'}" >&2
              exit 2
            fi
            purposes+=("$2"); shift 2 ;;
@@ -80,7 +86,8 @@ for p in "${purposes[@]}"; do
     bench) packages+=("${bench[@]}") ;;
     fuzz) packages+=("${fuzz[@]}") ;;
     cluster) packages+=("${cluster[@]}") ;;
-    *) echo "install-deps: unknown purpose '$p' (library, examples, tests, bench, fuzz or cluster)" >&2
+    metrics) packages+=("${metrics[@]}") ;;
+    *) echo "install-deps: unknown purpose '$p' (library, examples, tests, bench, fuzz, cluster or metrics)" >&2
        exit 2 ;;
   esac
 done

@@ -126,10 +126,12 @@ struct Lane {
   // Batches returned by either NextBatch form, by their size: [k] counts sizes in
   // [2^k, 2^(k+1)), the last bucket everything above (ConsumerStats::batches_by_size).
   std::array<std::atomic<std::uint64_t>, kBatchSizeBuckets> batch_sizes{};
+  std::atomic<std::uint64_t> batched_messages{0};  // the sum of those sizes
   void CountBatch(std::size_t size) {  // size >= 1: NextBatch never returns an empty batch
     const auto k = std::min<std::size_t>(static_cast<std::size_t>(std::bit_width(size)) - 1,
                                          kBatchSizeBuckets - 1);
     batch_sizes[k].fetch_add(1, std::memory_order_relaxed);
+    batched_messages.fetch_add(size, std::memory_order_relaxed);
   }
 };
 

@@ -155,7 +155,9 @@ EngineStats Engine::Stats() const {
         cs.batches_by_size[k] += n;
         cs.batches += n;
       }
+      cs.batched_messages += c->lanes[i]->batched_messages.load(std::memory_order_relaxed);
       if (c->lanes[i]->ring.scheduled()) {
+        cs.qos = true;
         const QosStats q = c->lanes[i]->ring.QosStatsSnapshot();
         for (std::size_t t = 0; t < kQosTiers; ++t) {
           cs.qos_tiers[t].queued += q.tiers[t].queued;

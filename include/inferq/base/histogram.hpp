@@ -100,6 +100,18 @@ class HistogramSnapshot {
     return max_;
   }
 
+  // Records in the buckets whose largest value is at most `v`: exactly the records
+  // <= v when v is a bucket's upper bound (every v below 64 is; above, one in each
+  // run of 2^(msb-5) values). Otherwise the bucket that straddles v is left out, and
+  // with it records up to 1/32 (3.1 %) of v below v: the count is a lower bound.
+  // Prometheus histogram buckets ("le") are read off with it.
+  std::uint64_t CountAtMost(std::uint64_t v) const {
+    std::uint64_t n = 0;
+    for (std::size_t b = 0; b < counts_.size() && histogram_internal::BucketUpper(b) <= v; ++b) {
+      n += counts_[b];
+    }
+    return n;
+  }
   std::uint64_t count() const { return count_; }
   std::uint64_t sum() const { return sum_; }
   std::uint64_t min() const { return count_ == 0 ? 0 : min_; }

@@ -174,9 +174,11 @@ struct ConsumerStats : ConsumerCounts<std::uint64_t> {
   // batches is their sum.
   std::array<std::uint64_t, kBatchSizeBuckets> batches_by_size{};
   std::uint64_t batches = 0;
+  std::uint64_t batched_messages = 0;  // messages in those batches (the sum of their sizes)
   // Scheduled lanes (ConsumerConfig::qos), summed over members: per tier served,
   // floor picks, evictions, refusals.
   std::array<QosTierStats, kQosTiers> qos_tiers{};
+  bool qos = false;               // the lanes are QoS-scheduled (ConsumerConfig::qos)
   std::string policy;             // SelectionPolicy::name()
   GroupSnapshot group;            // health, load and selection counts per member
   std::vector<MemberStats> members;

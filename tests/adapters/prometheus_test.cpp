@@ -1,0 +1,297 @@
+// The Prometheus exposition (inferq::prometheus): the engine's and a StateStore's
+// figures with their exact values, histogram buckets, the HTTP endpoint, bad options,
+// promtool's check of the exposition, and the README's table of every metric.
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "http_get.hpp"
+#include "inferq/adapters/prometheus/engine_collector.hpp"
+#include "inferq/adapters/prometheus/metrics_server.hpp"
+#include "inferq/engine/engine.hpp"
+#include "inferq/state/state_store.hpp"
+#include "nats_server.hpp"  // TempDir
+
+using inferq::prometheus::EngineCollector;
+using inferq::prometheus::ExpositionText;
+using inferq::prometheus::MetricsServer;
+using inferq::prometheus::StateStoreCollector;
+
+namespace {
+
+inferq::Event Ev(std::string subject, std::string id = "") {
+  inferq::Event e;
+  e.subject = std::move(subject);
+  e.msg_id = std::move(id);
+  return e;
+}
+
+// "name{labels}" -> value, from the text exposition's sample lines.
+std::map<std::string, std::string> Samples(const std::string& text) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const std::size_t sp = line.rfind(' ');
+    out[line.substr(0, sp)] = line.substr(sp + 1);
+  }
+  return out;
+}
+
+// The value of `series` in `text`, or "<absent>".
+std::string Value(const std::string& text, const std::string& series) {
+  const auto s = Samples(text);
+  const auto it = s.find(series);
+  return it == s.end() ? "<absent>" : it->second;
+}
+
+// Families (names) in an exposition.
+std::set<std::string> FamilyNames(const std::string& text) {
+  std::set<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("# TYPE ", 0) == 0) out.insert(line.substr(7, line.find(' ', 7) - 7));
+  }
+  return out;
+}
+
+// Runs `promtool check metrics` on `text`: its exit status and output.
+std::pair<int, std::string> Promtool(const std::string& text) {
+  inferq_test::TempDir dir;
+  const std::string in = dir.path().string() + "/metrics.txt";
+  const std::string out = dir.path().string() + "/promtool.out";
+  std::ofstream(in) << text;
+  const std::string cmd = std::string(INFERQ_PROMTOOL) + " check metrics < " + in + " > " + out + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream o(out);
+  std::stringstream ss;
+  ss << o.rdbuf();
+  return {WEXITSTATUS(rc), ss.str()};
+}
+
+// An engine with every kind of figure: a stream, a QoS consumer of two members,
+// flow control, and a stats source.
+struct FullEngine {
+  std::unique_ptr<inferq::Engine> engine = inferq::Engine::Create(
+      {.flow_control = inferq::FlowControlConfig{.memory_budget_bytes = 1 << 20,
+                                                  .latency_sla = absl::Milliseconds(50)}}).value();
+  FullEngine() {
+    REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+    REQUIRE(engine->AddConsumer({.stream = "S", .name = "c", .members = 2, .qos = inferq::QosConfig{}}).ok());
+    REQUIRE(engine
+                ->AddStatsSource("nats_bridge.site-a",
+                                 [](inferq::ComponentStats& out) {
+                                   out.values = {{"connected", 1}, {"exported_total", 7}};
+                                 })
+                .ok());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the engine's counts appear with their exact values") {
+  auto engine = inferq::Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}, .duplicate_window = absl::Minutes(1)}).ok());
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .ack_wait = absl::Seconds(30)});
+  REQUIRE(c.ok());
+  for (const char* id : {"1", "2", "3", "4"}) REQUIRE(engine->Publish(Ev("work.a", id)).ok());
+  REQUIRE(engine->Publish(Ev("work.a", "4")).ok());  // a duplicate-window hit
+  CHECK(engine->Publish(Ev("nowhere.a")).status().code() == absl::StatusCode::kNotFound);
+  CHECK(engine->Publish(Ev("work..a")).status().code() == absl::StatusCode::kInvalidArgument);
+  inferq::Member m = *c->member(0);
+  auto batch = m.NextBatch(3, absl::ZeroDuration(), absl::ZeroDuration());
+  REQUIRE(batch.ok());
+  REQUIRE(batch->size() == 3);
+  REQUIRE((*batch)[0].Ack().ok());
+  REQUIRE((*batch)[1].Ack().ok());
+  REQUIRE((*batch)[2].Nak().ok());
+
+  const EngineCollector collector(*engine);
+  const std::string text = ExpositionText(collector);
+  const std::string sc = "{stream=\"S\",consumer=\"c\"}";
+  CHECK(Value(text, "inferq_published_total") == "4");
+  CHECK(Value(text, "inferq_publish_refused_total{reason=\"unrouted\"}") == "1");
+  CHECK(Value(text, "inferq_publish_refused_total{reason=\"invalid\"}") == "1");
+  CHECK(Value(text, "inferq_publish_refused_total{reason=\"rejected\"}") == "0");
+  CHECK(Value(text, "inferq_stream_messages{stream=\"S\"}") == "4");
+  CHECK(Value(text, "inferq_stream_stored_total{stream=\"S\"}") == "4");
+  CHECK(Value(text, "inferq_stream_duplicates_total{stream=\"S\"}") == "1");
+  CHECK(Value(text, "inferq_stream_last_sequence{stream=\"S\"}") == "4");
+  CHECK(Value(text, "inferq_consumer_delivered_total" + sc) == "3");
+  CHECK(Value(text, "inferq_consumer_acked_total" + sc) == "2");
+  CHECK(Value(text, "inferq_consumer_naks_total" + sc) == "1");
+  // Message 4 waits, and the nak'ed one is queued again: lag 2; nothing out now.
+  CHECK(Value(text, "inferq_consumer_num_pending" + sc) == "2");
+  CHECK(Value(text, "inferq_consumer_ack_pending" + sc) == "0");
+  CHECK(Value(text, "inferq_member_delivered_total{stream=\"S\",consumer=\"c\",member=\"0\"}") == "3");
+  CHECK(Value(text, "inferq_member_queued{stream=\"S\",consumer=\"c\",member=\"0\"}") == "2");
+  // One batch of 3: in the le="3" bucket, not in le="1".
+  CHECK(Value(text, "inferq_consumer_batch_size_count" + sc) == "1");
+  CHECK(Value(text, "inferq_consumer_batch_size_sum" + sc) == "3");
+  CHECK(Value(text, "inferq_consumer_batch_size_bucket{stream=\"S\",consumer=\"c\",le=\"1\"}") == "0");
+  CHECK(Value(text, "inferq_consumer_batch_size_bucket{stream=\"S\",consumer=\"c\",le=\"3\"}") == "1");
+  CHECK(Value(text, "inferq_consumer_batch_size_bucket{stream=\"S\",consumer=\"c\",le=\"+Inf\"}") == "1");
+  CHECK(Value(text, "inferq_consumer_ack_latency_seconds_count" + sc) == "2");
+  CHECK(Value(text, "inferq_consumer_deliver_latency_seconds_count" + sc) == "3");
+  // Without QoS lanes, flow control or a stats source, their families are left out.
+  const std::set<std::string> names = FamilyNames(text);
+  CHECK(names.count("inferq_consumer_tier_served_total") == 0);
+  CHECK(names.count("inferq_flow_throttle") == 0);
+}
+
+TEST_CASE("latency histograms: cumulative buckets in seconds, exact at a bucket bound") {
+  inferq::EngineStats s;
+  inferq::ConsumerStats c;
+  c.stream = "S";
+  c.name = "c";
+  c.deliver_latency_ns.Record(500, 3);        // 0.5 µs
+  c.deliver_latency_ns.Record(2'000'000, 1);  // 2 ms
+  s.consumers.push_back(c);
+  const auto families = EngineCollector::Families(s);
+  const ::prometheus::MetricFamily* f = nullptr;
+  for (const auto& fam : families) {
+    if (fam.name == "inferq_consumer_deliver_latency_seconds") f = &fam;
+  }
+  REQUIRE(f != nullptr);
+  CHECK(f->type == ::prometheus::MetricType::Histogram);
+  REQUIRE(f->metric.size() == 1);
+  const auto& h = f->metric[0].histogram;
+  CHECK(h.sample_count == 4);
+  CHECK(h.sample_sum == Approx(2'001'500e-9));
+  REQUIRE(h.bucket.size() == inferq::prometheus::kLatencyBuckets.size() + 1);
+  std::map<double, std::uint64_t> le;
+  for (const auto& b : h.bucket) le[b.upper_bound] = b.cumulative_count;
+  CHECK(le[1e-6] == 3);
+  CHECK(le[1e-3] == 3);
+  CHECK(le[2.5e-3] == 4);
+  CHECK(le[10.0] == 4);
+  CHECK(le[std::numeric_limits<double>::infinity()] == 4);
+}
+
+TEST_CASE("components become families by kind, with their source as a label") {
+  FullEngine f;
+  const std::string text = ExpositionText(EngineCollector(*f.engine));
+  CHECK(Value(text, "inferq_nats_bridge_connected{source=\"site-a\"}") == "1");
+  CHECK(Value(text, "inferq_nats_bridge_exported_total{source=\"site-a\"}") == "7");
+  CHECK(text.find("# TYPE inferq_nats_bridge_exported_total counter") != std::string::npos);
+  CHECK(text.find("# TYPE inferq_nats_bridge_connected gauge") != std::string::npos);
+  CHECK(Value(text, "inferq_flow_throttle") == "0");
+  CHECK(Value(text, "inferq_consumer_tier_served_total{stream=\"S\",consumer=\"c\",tier=\"gold\"}") == "0");
+}
+
+TEST_CASE("a StateStore's figures appear with their exact values") {
+  inferq_test::TempDir dir;
+  inferq::StateStoreOptions o;
+  o.dir = dir.path().string() + "/state";
+  auto store = inferq::StateStore::Open(o);
+  REQUIRE(store.ok());
+  for (int i = 0; i < 3; ++i) {
+    auto tx = (*store)->Begin();
+    tx.Put("k." + std::to_string(i), "v");
+    REQUIRE(tx.Commit().ok());
+  }
+  const std::string text = ExpositionText(StateStoreCollector(**store));
+  CHECK(Value(text, "inferq_state_commits_total") == "3");
+  CHECK(Value(text, "inferq_state_keys") == "3");
+  CHECK(Value(text, "inferq_state_last_tx") == "3");
+  CHECK(Value(text, "inferq_state_log_syncs_total") == "3");  // kEveryCommit
+  CHECK(Value(text, "inferq_state_failed") == "0");
+  CHECK(Value(text, "inferq_state_checkpoints_total{kind=\"full\"}") == "0");
+}
+
+TEST_CASE("the metrics server serves the exposition over HTTP on a free loopback port") {
+  FullEngine f;
+  auto server = MetricsServer::Start({});
+  REQUIRE(server.ok());
+  REQUIRE((*server)->port() > 0);
+  CHECK((*server)->url() == "http://127.0.0.1:" + std::to_string((*server)->port()) + "/metrics");
+  (*server)->Add(std::make_shared<EngineCollector>(*f.engine));
+  REQUIRE(f.engine->Publish(Ev("work.a")).ok());
+  auto r = inferq_test::HttpGet((*server)->port(), "/metrics");
+  REQUIRE(r.has_value());
+  CHECK(r->status == 200);
+  INFO(r->headers);
+  CHECK(r->headers.find("Content-Type: text/plain") != std::string::npos);
+  CHECK(Value(r->body, "inferq_published_total") == "1");
+  CHECK(Value(r->body, "inferq_stream_messages{stream=\"S\"}") == "1");
+  auto missing = inferq_test::HttpGet((*server)->port(), "/other");
+  REQUIRE(missing.has_value());
+  CHECK(missing->status == 404);
+}
+
+TEST_CASE("bad metrics server options are refused, naming the value") {
+  using inferq::prometheus::MetricsServerOptions;
+  auto bad = [](MetricsServerOptions o) { return MetricsServer::Start(std::move(o)).status(); };
+  absl::Status st = bad({.port = 70000});
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(st.message() == "MetricsServerOptions.port 70000 is outside 0..65535");
+  st = bad({.address = "localhost"});
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(st.message() == "MetricsServerOptions.address 'localhost' is not a dotted IPv4 address (such as 127.0.0.1 or 0.0.0.0)");
+  st = bad({.path = "metrics"});
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(st.message() == "MetricsServerOptions.path 'metrics' must start with '/' and hold no space or control character");
+  st = bad({.path = "/a b"});
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  st = bad({.threads = 0});
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(st.message() == "MetricsServerOptions.threads 0 is outside 1..64");
+  // A port in use: Unavailable, naming it.
+  auto first = MetricsServer::Start({});
+  REQUIRE(first.ok());
+  const int port = (*first)->port();
+  st = bad({.port = port});
+  CHECK(st.code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(st.message()).rfind("metrics server cannot listen on 127.0.0.1:" + std::to_string(port) + ": ", 0) ==
+        0);
+}
+
+TEST_CASE("promtool check metrics passes on the exposition") {
+  FullEngine f;
+  REQUIRE(f.engine->Publish(Ev("work.a")).ok());
+  inferq_test::TempDir dir;
+  inferq::StateStoreOptions o;
+  o.dir = dir.path().string() + "/state";
+  auto store = inferq::StateStore::Open(o);
+  REQUIRE(store.ok());
+  const std::string text = ExpositionText(EngineCollector(*f.engine)) + ExpositionText(StateStoreCollector(**store));
+  const auto [rc, out] = Promtool(text);
+  INFO(out);
+  CHECK(rc == 0);
+  CHECK(out.empty());  // no lint finding either
+  // And it finds a fault when there is one (the check can fail).
+  const auto [bad_rc, bad_out] = Promtool("# TYPE x_total counter\nx_total{a=\"1\"} one\n");
+  CHECK(bad_rc != 0);
+}
+
+TEST_CASE("the README lists every metric family") {
+  FullEngine f;
+  REQUIRE(f.engine->Publish(Ev("work.a")).ok());
+  inferq_test::TempDir dir;
+  inferq::StateStoreOptions o;
+  o.dir = dir.path().string() + "/state";
+  auto store = inferq::StateStore::Open(o);
+  REQUIRE(store.ok());
+  std::ifstream readme(std::string(INFERQ_SOURCE_DIR) + "/README.md");
+  std::stringstream ss;
+  ss << readme.rdbuf();
+  const std::string text = ss.str();
+  REQUIRE(!text.empty());
+  std::set<std::string> names = FamilyNames(ExpositionText(EngineCollector(*f.engine)));
+  for (const std::string& n : FamilyNames(ExpositionText(StateStoreCollector(**store)))) names.insert(n);
+  CHECK(names.size() > 60);
+  for (const std::string& n : names) {
+    if (n.rfind("inferq_nats_bridge_", 0) == 0) continue;  // components: one row for the pattern
+    INFO(n);
+    CHECK(text.find("`" + n + "`") != std::string::npos);
+  }
+}

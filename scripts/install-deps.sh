@@ -24,8 +24,8 @@ purposes (default: examples; --for may be given more than once):
             the `dev` preset and ctest
   bench     library + Google Benchmark and the peers the benchmarks compare
             against (TBB, Boost, atomic_queue, moodycamel, xenium, RocksDB,
-            SQLite, ZeroMQ, NNG, NATS JetStream: libnats and nats-server): the
-            `bench` preset
+            SQLite, ZeroMQ, NNG, NATS JetStream: libnats and nats-server), and
+            prometheus-cpp (bench_metrics): the `bench` preset
   fuzz      library + clang with its libFuzzer runtime, and valijson: the
             `fuzz` preset
   cluster   library + libnats and nats-server: the main example across
@@ -56,6 +56,7 @@ tests=(
 bench=(
   libbenchmark-dev libtbb-dev libboost-dev libatomic-queue-dev libconcurrentqueue-dev
   libxenium-dev librocksdb-dev libsqlite3-dev libzmq3-dev libnng-dev libnats-dev nats-server
+  prometheus-cpp-dev
 )
 fuzz=(clang libclang-rt-14-dev libvalijson-dev)
 cluster=(libnats-dev nats-server)

@@ -1,5 +1,6 @@
 #include "inferq/base/histogram.hpp"
 
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -97,4 +98,19 @@ TEST_CASE("a snapshot racing the first records is never torn") {
     }
     writer.join();
   }
+}
+
+TEST_CASE("CountAtMost is exact at a bucket's upper bound and a lower bound between") {
+  inferq::HistogramSnapshot h;
+  h.Record(10, 2);
+  h.Record(1000, 1);   // bucket [992, 1007]
+  h.Record(1007, 1);
+  h.Record(5000, 3);
+  CHECK(h.CountAtMost(9) == 0);
+  CHECK(h.CountAtMost(10) == 2);
+  CHECK(h.CountAtMost(991) == 2);
+  CHECK(h.CountAtMost(1000) == 2);  // 1000 and 1007 share a bucket that reaches past 1000
+  CHECK(h.CountAtMost(1007) == 4);  // that bucket's upper bound: exact
+  CHECK(h.CountAtMost(1'000'000) == 7);
+  CHECK(h.CountAtMost(std::numeric_limits<std::uint64_t>::max()) == 7);
 }

@@ -30,7 +30,7 @@ constexpr int kMessages = 300'000;
 
 void BM_PublishScrape(benchmark::State& state, bool scrape) {
   auto engine = inferq::Engine::Create().value();
-  // Four streams with a consumer of two members each: the exposition of a small
+  // Four streams with a consumer each (two members but for S0's): the exposition of a small
   // deployment (some 300 series), not of an empty engine.
   for (int s = 0; s < 4; ++s) {
     const std::string name = "S" + std::to_string(s);

@@ -87,6 +87,12 @@
 // the streams: a resumed run reads back every token stored, and the directory grows
 // by about 280 MB per 1,000 requests.
 //
+// Prometheus (--metrics-port N, with inferq::prometheus): the engine's metrics
+// (EngineCollector: streams, consumers, members, tiers, pools, the NATS bridge) at
+// http://127.0.0.1:N/metrics while the replay runs. --metrics-hold S keeps serving
+// after the replay, up to S seconds, until a scraper has taken the final figures,
+// which are the ones the summary and --json report.
+//
 // Data: Azure LLM inference trace 2023 (Patel et al., "Splitwise", ISCA 2024),
 // CC-BY-4.0; see examples/data/README.md.
 
@@ -116,6 +122,10 @@
 #include "trace.hpp"
 #ifdef INFERQ_EXAMPLE_NATS
 #include "cluster.hpp"
+#endif
+#ifdef INFERQ_EXAMPLE_PROMETHEUS
+#include "inferq/adapters/prometheus/engine_collector.hpp"
+#include "inferq/adapters/prometheus/metrics_server.hpp"
 #endif
 
 namespace {
@@ -156,6 +166,11 @@ struct Options {
   std::vector<std::string> nats;
   int js_replicas = 1;
   bool js_replicas_given = false;
+  // Prometheus (see the banner): the port of /metrics on 127.0.0.1, -1 = none (0 = a
+  // free port); after the replay, serve for up to metrics_hold_s more seconds until
+  // two scrapes began after the final figures (so a scraper holds them).
+  int metrics_port = -1;
+  double metrics_hold_s = 0;
 };
 
 constexpr std::array<const char*, 3> kTierNames{"gold", "silver", "bronze"};
@@ -243,6 +258,12 @@ void Usage(std::FILE* f) {
                "                            one replay, until SIGTERM or SIGINT\n"
                "  --nats URL[,URL...]       the NATS servers (nats://host:port) for --role\n"
                "  --js-replicas N           replicas of the JetStream streams, 1..5 (default 1)\n"
+               "  --metrics-port N          serve Prometheus metrics at http://127.0.0.1:N/metrics\n"
+               "                            while replaying, 0..65535 (0: a free port, printed\n"
+               "                            on stderr); needs inferq::prometheus\n"
+               "  --metrics-hold S          after the replay, keep serving up to S seconds\n"
+               "                            (0..3600, default 0) until two scrapes began after\n"
+               "                            the final figures, so the scraper has them\n"
                "  --help, -h                this text\n"
                "  --version                 the inferq version\n"
                "\n"
@@ -253,6 +274,25 @@ void Usage(std::FILE* f) {
                "read or written; 2 a bad option or value, or a --state-dir of another replay.\n"
                "--crash-at ends the process by SIGKILL (status 137 in a shell).\n");
 }
+
+#ifdef INFERQ_EXAMPLE_PROMETHEUS
+// The engine's metrics, counting the scrapes that began (--metrics-hold waits for two
+// after the final figures: the first takes them, and the second begins only once the
+// first was answered, a scraper never overlapping its scrapes of one target).
+class CountedEngineCollector final : public ::prometheus::Collectable {
+ public:
+  explicit CountedEngineCollector(const inferq::Engine& engine) : inner_(engine) {}
+  std::vector<::prometheus::MetricFamily> Collect() const override {
+    began_.fetch_add(1);
+    return inner_.Collect();
+  }
+  std::uint64_t began() const { return began_.load(); }
+
+ private:
+  inferq::prometheus::EngineCollector inner_;
+  mutable std::atomic<std::uint64_t> began_{0};
+};
+#endif
 
 [[noreturn]] void Fail(const std::string& msg, int code = 2) {
   std::fprintf(stderr, "inference_server: %s\n", msg.c_str());
@@ -326,7 +366,8 @@ bool KnownOption(std::string_view a) {
       "--trace", "--json", "--model", "--replicas", "--max-batch", "--speed", "--limit",
       "--prefill-base-ms", "--prefill-us-per-token", "--decode-base-ms", "--decode-us-per-seq",
       "--policy", "--ack-wait-ms", "--kill-replica", "--tier-mix", "--tenants", "--sla-ms",
-      "--overload", "--max-deliver", "--state-dir", "--crash-at", "--role", "--nats", "--js-replicas"};
+      "--overload", "--max-deliver", "--state-dir", "--crash-at", "--role", "--nats", "--js-replicas",
+      "--metrics-port", "--metrics-hold"};
   return std::find(std::begin(kOptions), std::end(kOptions), a) != std::end(kOptions);
 }
 
@@ -431,6 +472,8 @@ Options ParseArgs(int argc, char** argv) {
       o.js_replicas = static_cast<int>(ParseUint(a, v, 1, 5));
       o.js_replicas_given = true;
     }
+    else if (a == "--metrics-port") o.metrics_port = static_cast<int>(ParseUint(a, v, 0, 65535));
+    else if (a == "--metrics-hold") o.metrics_hold_s = ParseDouble(a, v, 0, 3600);
     else {
       Fail("unknown option '" + a + "' (see --help)");
     }
@@ -463,6 +506,14 @@ Options ParseArgs(int argc, char** argv) {
     Fail("--nats needs --role client or --role replica");
   } else if (o.js_replicas_given) {
     Fail("--js-replicas needs --role client or --role replica (they create the JetStream streams)");
+  }
+  if (o.metrics_port >= 0) {
+#ifndef INFERQ_EXAMPLE_PROMETHEUS
+    Fail("--metrics-port needs the Prometheus exposition, which this build lacks (prometheus-cpp-dev; "
+         "INFERQ_WITH_PROMETHEUS)");
+#endif
+  } else if (o.metrics_hold_s > 0) {
+    Fail("--metrics-hold needs --metrics-port");
   }
   if (!o.state_dir.empty() && !o.json.empty()) {
     // The summary must not land on (or in) the replay's state.
@@ -1393,6 +1444,21 @@ int main(int argc, char** argv) {
     client.emplace(*c);
   }
 
+#ifdef INFERQ_EXAMPLE_PROMETHEUS
+  // --metrics-port: /metrics on loopback while the replay runs (declared after the
+  // engine: it stops serving before the engine goes).
+  std::unique_ptr<inferq::prometheus::MetricsServer> metrics;
+  std::shared_ptr<CountedEngineCollector> scrapes;
+  if (opt.metrics_port >= 0) {
+    auto m = inferq::prometheus::MetricsServer::Start({.port = opt.metrics_port});
+    if (!m.ok()) Fail("--metrics-port " + std::to_string(opt.metrics_port) + ": " + std::string(m.status().message()), 1);
+    metrics = *std::move(m);
+    scrapes = std::make_shared<CountedEngineCollector>(engine);
+    metrics->Add(scrapes);
+    std::fprintf(stderr, "inference_server: metrics at %s\n", metrics->url().c_str());
+  }
+#endif
+
   Shared sh;
   sh.opt = &opt;
   sh.trace = &trace;
@@ -1605,6 +1671,9 @@ int main(int argc, char** argv) {
 #endif
 
   const inferq::EngineStats stats = engine.Stats();
+#ifdef INFERQ_EXAMPLE_PROMETHEUS
+  const std::uint64_t scrapes_before_final = scrapes != nullptr ? scrapes->began() : 0;
+#endif
   inferq::HistogramSnapshot engine_ns;
   for (const auto& c : stats.consumers) engine_ns.Merge(c.deliver_latency_ns);
   const std::uint64_t lost = tokens_total - result.tokens_delivered;
@@ -1877,5 +1946,17 @@ int main(int argc, char** argv) {
   // at least once (duplicates_rerun). Neither fails the run.
   const bool ok = sh.fatal.load() == 0 && result.completed == trace.size() && lost == 0 &&
                   result.duplicates_in_run == 0 && (client_role || result.out_of_order == 0);
+#ifdef INFERQ_EXAMPLE_PROMETHEUS
+  if (scrapes != nullptr && opt.metrics_hold_s > 0) {
+    const auto until = Clock::now() + std::chrono::microseconds(static_cast<std::int64_t>(opt.metrics_hold_s * 1e6));
+    while (scrapes->began() < scrapes_before_final + 2 && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (scrapes->began() < scrapes_before_final + 2) {
+      std::fprintf(stderr, "inference_server: --metrics-hold %g: no scraper took the final figures\n",
+                   opt.metrics_hold_s);
+    }
+  }
+#endif
   return ok ? 0 : 1;
 }

@@ -1,0 +1,106 @@
+// A real Prometheus (Debian's prometheus 2.42, started by the test on loopback)
+// scrapes the main example (inference_server --metrics-port) while it replays the
+// bundled trace; the series it stored must equal the example's own --json summary.
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <numeric>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "prometheus_server.hpp"
+
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The integer after "<key>": in `json` (the first one after `after`, when given).
+std::uint64_t JsonUint(const std::string& json, const std::string& key, const std::string& after = "") {
+  const std::size_t from = after.empty() ? 0 : json.find("\"" + after + "\"");
+  REQUIRE(from != std::string::npos);
+  std::smatch m;
+  const std::regex re("\"" + key + "\": ([0-9]+)");
+  const std::string rest = json.substr(from);
+  REQUIRE(std::regex_search(rest, m, re));
+  return std::stoull(m[1].str());
+}
+
+// The last sample Prometheus holds of `series` (last_over_time: a target that went
+// away leaves its series stale, and an instant query would find nothing), once it
+// has one: Prometheus ingests the last scrape a moment after the example exits.
+std::optional<std::string> Last(const inferq_test::PrometheusServer& prom, const std::string& series) {
+  for (int i = 0; i < 100; ++i) {
+    if (auto v = prom.Query("last_over_time(" + series + "[10m])")) return v;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("Prometheus scrapes the replaying example and holds the figures of its summary") {
+  inferq_test::TempDir dir;
+  const int metrics_port = inferq_test::FreeLoopbackPort();
+  REQUIRE(metrics_port > 0);
+  inferq_test::PrometheusServer prom(dir.path() / "prometheus", {metrics_port});
+  if (!prom.Start()) FAIL("prometheus did not start: " + prom.Log());
+
+  const std::string json_path = (dir.path() / "summary.json").string();
+  const std::string out_path = (dir.path() / "out.txt").string();
+  // Paced (--speed 100), so that scrapes land while it replays, and held after it until
+  // Prometheus has scraped the final figures.
+  const std::string cmd = std::string(INFERQ_INFERENCE_SERVER) + " --limit 300 --speed 100 --json " + json_path +
+                          " --metrics-port " + std::to_string(metrics_port) + " --metrics-hold 60 > " + out_path +
+                          " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  INFO(ReadFile(out_path));
+  REQUIRE(WIFEXITED(rc));
+  REQUIRE(WEXITSTATUS(rc) == 0);
+  const std::string out = ReadFile(out_path);
+  CHECK(out.find("no scraper took the final figures") == std::string::npos);
+  const std::string json = ReadFile(json_path);
+  REQUIRE(!json.empty());
+
+  const std::string replicas = "{stream=\"REQUESTS\",consumer=\"replicas\"}";
+  // Prometheus scraped the example while it ran: more than the one final scrape.
+  const auto scrapes = prom.Query("count_over_time(up{job=\"inferq\"}[10m])");
+  REQUIRE(scrapes.has_value());
+  CHECK(std::stoi(*scrapes) >= 3);
+
+  // The summary's figures, as Prometheus stored them.
+  CHECK(Last(prom, "inferq_consumer_redelivered_total" + replicas) == std::to_string(JsonUint(json, "redelivered")));
+  CHECK(Last(prom, "inferq_consumer_ejections_total" + replicas) == std::to_string(JsonUint(json, "ejections")));
+  CHECK(Last(prom, "inferq_consumer_dead_letters_total" + replicas) == std::to_string(JsonUint(json, "dead_letters")));
+  for (const char* tier : {"gold", "silver", "bronze"}) {
+    INFO(tier);
+    const std::uint64_t served = JsonUint(json, "lane_served", std::string("tier_") + tier);
+    CHECK(served > 0);
+    CHECK(Last(prom, "inferq_consumer_tier_served_total{stream=\"REQUESTS\",consumer=\"replicas\",tier=\"" +
+                         std::string(tier) + "\"}") == std::to_string(served));
+  }
+  // Batches: the histogram's count is the sum of the summary's batches_by_size.
+  std::smatch m;
+  REQUIRE(std::regex_search(json, m, std::regex("\"batches_by_size\": \\[([0-9, ]+)\\]")));
+  std::uint64_t batches = 0;
+  std::istringstream sizes(m[1].str());
+  for (std::string n; std::getline(sizes, n, ',');) batches += std::stoull(n);
+  CHECK(batches > 0);
+  CHECK(Last(prom, "inferq_consumer_batch_size_count" + replicas) == std::to_string(batches));
+  // Every request was stored in REQUESTS once (requests and decode steps share it).
+  const auto stored = Last(prom, "inferq_stream_stored_total{stream=\"REQUESTS\"}");
+  REQUIRE(stored.has_value());
+  CHECK(std::stoull(*stored) >= JsonUint(json, "requests_total"));
+}

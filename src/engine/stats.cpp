@@ -170,6 +170,7 @@ EngineStats Engine::Stats() const {
       }
     }
     cs.policy = std::string(c->policy->name());
+    cs.policy_counts = c->policy->Counts();
     cs.group = c->group->Stats();
     cs.ack_latency_ns = c->ack_latency_ns.Snapshot();
     out.consumers.push_back(std::move(cs));

@@ -911,6 +911,7 @@ Selection AffinityPolicy::Select(const Event& event, const SelectionView& v) {
   std::lock_guard lock(t.mu);
   if (auto it = t.map.find(scratch_); it != t.map.end()) {
     if (it->second.member < v.size() && v.eligible(it->second.member)) {
+      kept_.fetch_add(1, std::memory_order_relaxed);
       return {it->second.member, kNoMember};
     }
     Selection s = inner_->Select(event, v);
@@ -928,9 +929,14 @@ Selection AffinityPolicy::Select(const Event& event, const SelectionView& v) {
     t.order.pop_front();
   }
   const std::uint64_t gen = t.next_gen++;
+  placed_.fetch_add(1, std::memory_order_relaxed);
   t.map.emplace(scratch_, Table::Entry{s.member, gen});
   t.order.emplace_back(scratch_, gen);
   return s;
+}
+
+std::vector<std::pair<std::string, std::uint64_t>> AffinityPolicy::Counts() const {
+  return {{"affinity_kept", kept()}, {"affinity_moved", moves()}, {"affinity_new", placed()}};
 }
 
 bool AffinityPolicy::Forget(std::string_view key_bytes) {

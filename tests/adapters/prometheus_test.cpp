@@ -188,6 +188,27 @@ TEST_CASE("components become families by kind, with their source as a label") {
   CHECK(Value(text, "inferq_consumer_tier_served_total{stream=\"S\",consumer=\"c\",tier=\"gold\"}") == "0");
 }
 
+TEST_CASE("an affinity policy's counts give the KV-cache hit rate") {
+  auto engine = inferq::Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  auto affinity = inferq::AffinityPolicy::Create(std::make_unique<inferq::RoundRobinPolicy>(),
+                                                 inferq::HashKey::SeqId());
+  REQUIRE(affinity.ok());
+  inferq::ConsumerConfig cc{.stream = "S", .name = "c", .members = 2};
+  cc.selection = std::shared_ptr<inferq::SelectionPolicy>(*std::move(affinity));
+  REQUIRE(engine->AddConsumer(cc).ok());
+  for (const char* seq : {"a", "b", "a", "a", "b"}) {
+    inferq::Event e = Ev("work.a");
+    e.seq_id = seq;
+    REQUIRE(engine->Publish(std::move(e)).ok());
+  }
+  const std::string text = ExpositionText(EngineCollector(*engine));
+  const std::string sc = "{stream=\"S\",consumer=\"c\"}";
+  CHECK(Value(text, "inferq_consumer_policy_affinity_new_total" + sc) == "2");
+  CHECK(Value(text, "inferq_consumer_policy_affinity_kept_total" + sc) == "3");
+  CHECK(Value(text, "inferq_consumer_policy_affinity_moved_total" + sc) == "0");
+}
+
 TEST_CASE("a StateStore's figures appear with their exact values") {
   inferq_test::TempDir dir;
   inferq::StateStoreOptions o;
@@ -291,6 +312,7 @@ TEST_CASE("the README lists every metric family") {
   CHECK(names.size() > 60);
   for (const std::string& n : names) {
     if (n.rfind("inferq_nats_bridge_", 0) == 0) continue;  // components: one row for the pattern
+    if (n.rfind("inferq_consumer_policy_", 0) == 0) continue;  // a policy's counts: likewise
     INFO(n);
     CHECK(text.find("`" + n + "`") != std::string::npos);
   }

@@ -464,6 +464,11 @@ TEST_CASE("affinity keeps a key on its first member and re-places it when ejecte
   CHECK(g->Select(**p, ev("b")).member == moved_to);
   // Capacity 3: a fourth key forgets the oldest ("a").
   g->Select(**p, ev("d"));
+  // a, b, c, d placed new; a, b, b after it moved kept on their member; b moved once.
+  CHECK((*p)->kept() == 3);
+  CHECK((*p)->placed() == 4);
+  CHECK((*p)->Counts() == std::vector<std::pair<std::string, std::uint64_t>>{
+                               {"affinity_kept", 3}, {"affinity_moved", 1}, {"affinity_new", 4}});
   CHECK((*p)->Forget("a") == false);
   CHECK((*p)->Forget("c") == true);
   CHECK(std::string(inferq::AffinityPolicy::Create(nullptr, HashKey::SeqId()).status().message()) ==

@@ -180,6 +180,9 @@ struct ConsumerStats : ConsumerCounts<std::uint64_t> {
   std::array<QosTierStats, kQosTiers> qos_tiers{};
   bool qos = false;               // the lanes are QoS-scheduled (ConsumerConfig::qos)
   std::string policy;             // SelectionPolicy::name()
+  // SelectionPolicy::Counts(): the policy's own counts (AffinityPolicy: affinity_kept,
+  // affinity_moved, affinity_new).
+  std::vector<std::pair<std::string, std::uint64_t>> policy_counts;
   GroupSnapshot group;            // health, load and selection counts per member
   std::vector<MemberStats> members;
   HistogramSnapshot deliver_latency_ns;  // publish -> handed to a member

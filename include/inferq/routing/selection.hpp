@@ -52,6 +52,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -190,6 +191,10 @@ class SelectionPolicy {
   // redelivery or a move whose pick is full or ejected), it never puts one there.
   // Constant for the policy's life; called from any thread without the policy's lock.
   virtual bool ServesPrimary(std::uint32_t /*member*/) const { return true; }
+  // The policy's own monotonic counts, by name (e.g. AffinityPolicy's "affinity_kept"),
+  // for statistics (ConsumerStats::policy_counts); empty by default. Called from any
+  // thread, also while the engine calls Select: read atomics.
+  virtual std::vector<std::pair<std::string, std::uint64_t>> Counts() const { return {}; }
 };
 
 class MemberGroup {
@@ -509,6 +514,13 @@ class AffinityPolicy final : public SelectionPolicy {
   bool Forget(std::string_view key_bytes);
   // Keys re-placed because their member left; any thread.
   std::uint64_t moves() const { return moves_.load(std::memory_order_relaxed); }
+  // Keyed events placed on the member their key was on (its KV cache kept: a cache
+  // hit), and keys placed for the first time; any thread. kept / (kept + moves) is
+  // the share of a sequence's later steps that found their cache.
+  std::uint64_t kept() const { return kept_.load(std::memory_order_relaxed); }
+  std::uint64_t placed() const { return placed_.load(std::memory_order_relaxed); }
+  // {"affinity_kept", kept()}, {"affinity_moved", moves()}, {"affinity_new", placed()}.
+  std::vector<std::pair<std::string, std::uint64_t>> Counts() const override;
 
  private:
   struct Table;
@@ -519,6 +531,8 @@ class AffinityPolicy final : public SelectionPolicy {
   std::size_t capacity_;
   std::string scratch_;  // Select's only (one thread at a time, as for every policy)
   std::atomic<std::uint64_t> moves_{0};
+  std::atomic<std::uint64_t> kept_{0};
+  std::atomic<std::uint64_t> placed_{0};
 };
 
 // The policy named `name` ("round_robin", "least_loaded", "peak_ewma",

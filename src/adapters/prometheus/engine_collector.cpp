@@ -166,6 +166,12 @@ void AddConsumers(Builder& b, const EngineStats& s) {
     batch.histogram.bucket.push_back({c.batches, std::numeric_limits<double>::infinity()});
     b.RawHistogram("inferq_consumer_batch_size", "Messages per batch returned by NextBatch.", std::move(batch));
     b.Counter("inferq_consumer_selections_total", "Members chosen by the selection policy.", l, D(c.group.selections));
+    // The policy's own counts: AffinityPolicy's keep its KV-cache locality
+    // (affinity_kept / (affinity_kept + affinity_moved): the cache hit rate).
+    for (const auto& [name, v] : c.policy_counts) {
+      b.Counter("inferq_consumer_policy_" + MetricNamePart(name) + "_total",
+                "Counted by the consumer's selection policy as '" + name + "'.", l, D(v));
+    }
     b.Counter("inferq_consumer_panic_selections_total",
               "Selections made in panic mode (too many members ejected: all treated as healthy).", l,
               D(c.group.panics));

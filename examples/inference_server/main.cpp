@@ -552,6 +552,9 @@ struct Shared {
   const Options* opt;
   const std::vector<TraceRequest>* trace;
   inferq::Engine* engine;
+  // The client's token-level figures (trace time, ns): TTFT and TBT of the summary,
+  // and --metrics-port's inferq_token_* (probe="client").
+  inferq::TokenProbe* probe = nullptr;
   // Trace time 0 in wall time: PaceTo's anchor. A resumed durable replay sets it in
   // the past, so that the trace clock goes on where the stored replay stopped.
   Clock::time_point wall_start;
@@ -945,7 +948,7 @@ struct ClientResult {
   std::uint64_t duplicates_rerun = 0;
   std::uint64_t out_of_order = 0;      // arrived ahead of a missing number (then held)
   std::size_t completed = 0;
-  inferq::HistogramSnapshot ttft_us, tbt_us, e2e_us;
+  inferq::HistogramSnapshot e2e_us;  // TTFT and TBT: Shared::probe
   // Per tier (gold, silver, bronze): requests in the trace, first tokens within
   // the tier's TTFT SLA, TTFT.
   std::array<std::uint64_t, 3> tier_requests{}, tier_within_sla{};
@@ -1001,6 +1004,7 @@ class TokenReceiver {
       case inferq::ReorderResult::kReleased:
         break;
       case inferq::ReorderResult::kDuplicate:  // dropped, counted by the buffer
+        sh_.probe->Duplicates();
         if (!live_) {
           ++r_.duplicates_before;
         } else if (producer != first) {
@@ -1013,6 +1017,7 @@ class TokenReceiver {
         break;
       case inferq::ReorderResult::kBuffered:
         ++r_.out_of_order;
+        sh_.probe->Reordered();
         break;
       default:
         Fail("token " + std::to_string(e.seq_no) + " of request " + std::to_string(id) +
@@ -1058,21 +1063,28 @@ class TokenReceiver {
     ++pr.got;
     ++r_.tokens_delivered;
     sh_.tokens_received.fetch_add(1, std::memory_order_relaxed);
+    // The probe follows the sequence in trace time (ns): it starts at the request's
+    // arrival, and its first token is the TTFT.
+    const std::string seq_id = std::to_string(id);
+    if (seq_no == 0) CheckProbe(sh_.probe->Start(seq_id, t.arrival_us * 1000));
+    CheckProbe(sh_.probe->Token(seq_id, p.trace_us * 1000));
     if (seq_no == 0) {
       const auto ttft = static_cast<std::uint64_t>(std::max<std::int64_t>(0, p.trace_us - t.arrival_us));
-      r_.ttft_us.Record(ttft);
       const auto tier = static_cast<std::size_t>(Assign(*sh_.opt, id).tier);
       r_.tier_ttft_us[tier].Record(ttft);
       if (static_cast<double>(ttft) <= sh_.opt->sla_ms[tier] * 1000) ++r_.tier_within_sla[tier];
-    } else {
-      r_.tbt_us.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, p.trace_us - pr.last_us)));
     }
     pr.last_us = p.trace_us;
     if (pr.got == t.generated_tokens) {
+      CheckProbe(sh_.probe->Finish(seq_id));
       ++r_.completed;
       sh_.completed.fetch_add(1, std::memory_order_relaxed);
       r_.e2e_us.Record(static_cast<std::uint64_t>(std::max<std::int64_t>(0, p.trace_us - t.arrival_us)));
     }
+  }
+
+  static void CheckProbe(const absl::Status& s) {
+    if (!s.ok()) Fail("token probe: " + std::string(s.message()), 1);
   }
 
   static constexpr std::int32_t kUnknown = -2;  // no copy of the token yet
@@ -1444,9 +1456,10 @@ int main(int argc, char** argv) {
     client.emplace(*c);
   }
 
+  inferq::TokenProbe token_probe(std::max<std::size_t>(trace.size(), 1));
 #ifdef INFERQ_EXAMPLE_PROMETHEUS
   // --metrics-port: /metrics on loopback while the replay runs (declared after the
-  // engine: it stops serving before the engine goes).
+  // engine and the probe: it stops serving before they go).
   std::unique_ptr<inferq::prometheus::MetricsServer> metrics;
   std::shared_ptr<CountedEngineCollector> scrapes;
   if (opt.metrics_port >= 0) {
@@ -1455,12 +1468,16 @@ int main(int argc, char** argv) {
     metrics = *std::move(m);
     scrapes = std::make_shared<CountedEngineCollector>(engine);
     metrics->Add(scrapes);
+    if (!replica_role) {
+      metrics->Add(std::make_shared<inferq::prometheus::TokenProbeCollector>(token_probe, "client"));
+    }
     std::fprintf(stderr, "inference_server: metrics at %s\n", metrics->url().c_str());
   }
 #endif
 
   Shared sh;
   sh.opt = &opt;
+  sh.probe = &token_probe;
   sh.trace = &trace;
   sh.engine = &engine;
   sh.replica_role = replica_role;
@@ -1671,6 +1688,7 @@ int main(int argc, char** argv) {
 #endif
 
   const inferq::EngineStats stats = engine.Stats();
+  const inferq::TokenProbeStats probe_stats = token_probe.Stats();
 #ifdef INFERQ_EXAMPLE_PROMETHEUS
   const std::uint64_t scrapes_before_final = scrapes != nullptr ? scrapes->began() : 0;
 #endif
@@ -1691,8 +1709,11 @@ int main(int argc, char** argv) {
   auto row = [](const char* name, double a, double b, double c) {
     std::printf("  %-28s %12.1f %12.1f %12.1f\n", name, a, b, c);
   };
-  row("TTFT (ms, trace time)", ms(result.ttft_us.Percentile(0.5)), ms(result.ttft_us.Percentile(0.95)), ms(result.ttft_us.Percentile(0.99)));
-  row("TBT (ms, trace time)", ms(result.tbt_us.Percentile(0.5)), ms(result.tbt_us.Percentile(0.95)), ms(result.tbt_us.Percentile(0.99)));
+  auto ms_ns = [](std::uint64_t ns) { return static_cast<double>(ns) / 1e6; };
+  row("TTFT (ms, trace time)", ms_ns(probe_stats.ttft_ns.Percentile(0.5)), ms_ns(probe_stats.ttft_ns.Percentile(0.95)),
+      ms_ns(probe_stats.ttft_ns.Percentile(0.99)));
+  row("TBT (ms, trace time)", ms_ns(probe_stats.inter_token_ns.Percentile(0.5)),
+      ms_ns(probe_stats.inter_token_ns.Percentile(0.95)), ms_ns(probe_stats.inter_token_ns.Percentile(0.99)));
   row("E2E (ms, trace time)", ms(result.e2e_us.Percentile(0.5)), ms(result.e2e_us.Percentile(0.95)), ms(result.e2e_us.Percentile(0.99)));
   row("engine publish->deliver (us)", us(engine_ns.Percentile(0.5)), us(engine_ns.Percentile(0.95)), us(engine_ns.Percentile(0.99)));
   std::printf("\n  requests   %zu total, %zu completed\n", trace.size(), result.completed);
@@ -1740,6 +1761,12 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(rs->moved),
                 static_cast<unsigned long long>(rs->group.ejections),
                 static_cast<unsigned long long>(affinity_policy->moves()));
+    // KV-cache locality: a decode step placed on the replica holding its sequence
+    // (affinity kept) finds its KV cache; one re-placed (moved) does not.
+    const std::uint64_t kept = affinity_policy->kept(), moved = affinity_policy->moves();
+    std::printf("  kv cache   %.1f%% hit rate: %llu steps on the replica holding their sequence, %llu moved\n",
+                kept + moved == 0 ? 100.0 : 100.0 * static_cast<double>(kept) / static_cast<double>(kept + moved),
+                static_cast<unsigned long long>(kept), static_cast<unsigned long long>(moved));
   }
   // QoS: SLA attainment per tier (first tokens within the tier's TTFT SLA, of all
   // the tier's requests), and what the scheduled lanes served (in the replicas'
@@ -1856,8 +1883,8 @@ int main(int argc, char** argv) {
       << "  \"duplicates_rerun\": " << result.duplicates_rerun << ",\n"
       << "  \"duplicates_in_run\": " << result.duplicates_in_run << ",\n"
       << "  \"role\": \"" << (opt.role.empty() ? "one process" : opt.role) << "\",\n"
-      << "  \"ttft_ms\": " << pct(result.ttft_us, 1000) << ",\n"
-      << "  \"tbt_ms\": " << pct(result.tbt_us, 1000) << ",\n"
+      << "  \"ttft_ms\": " << pct(probe_stats.ttft_ns, 1e6) << ",\n"
+      << "  \"tbt_ms\": " << pct(probe_stats.inter_token_ns, 1e6) << ",\n"
       << "  \"e2e_ms\": " << pct(result.e2e_us, 1000) << ",\n"
       << "  \"engine_latency_us\": " << pct(engine_ns, 1000) << ",\n";
     // Routing, batching and delivery happen in the replicas' engines: the client role
@@ -1867,6 +1894,7 @@ int main(int argc, char** argv) {
         << "  \"redelivered\": " << rs->redelivered << ",\n"
         << "  \"ejections\": " << rs->group.ejections << ",\n"
         << "  \"affinity_moves\": " << affinity_policy->moves() << ",\n"
+        << "  \"affinity_kept\": " << affinity_policy->kept() << ",\n"
         << "  \"dead_letters\": " << rs->dead_letters << ",\n";
     }
 #ifdef INFERQ_EXAMPLE_NATS

@@ -99,6 +99,16 @@ TEST_CASE("Prometheus scrapes the replaying example and holds the figures of its
   for (std::string n; std::getline(sizes, n, ',');) batches += std::stoull(n);
   CHECK(batches > 0);
   CHECK(Last(prom, "inferq_consumer_batch_size_count" + replicas) == std::to_string(batches));
+  // KV-cache locality: decode steps placed on the replica holding their sequence.
+  CHECK(Last(prom, "inferq_consumer_policy_affinity_kept_total" + replicas) ==
+        std::to_string(JsonUint(json, "affinity_kept")));
+  // The client's token probe: every token and sequence of the summary.
+  const std::string client = "{probe=\"client\"}";
+  CHECK(Last(prom, "inferq_tokens_total" + client) == std::to_string(JsonUint(json, "tokens_delivered")));
+  CHECK(Last(prom, "inferq_token_reordered_total" + client) == std::to_string(JsonUint(json, "tokens_out_of_order")));
+  CHECK(Last(prom, "inferq_token_sequences_finished_total" + client) ==
+        std::to_string(JsonUint(json, "requests_completed")));
+  CHECK(Last(prom, "inferq_token_ttft_seconds_count" + client) == std::to_string(JsonUint(json, "requests_completed")));
   // Every request was stored in REQUESTS once (requests and decode steps share it).
   const auto stored = Last(prom, "inferq_stream_stored_total{stream=\"REQUESTS\"}");
   REQUIRE(stored.has_value());

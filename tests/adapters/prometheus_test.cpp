@@ -209,6 +209,24 @@ TEST_CASE("an affinity policy's counts give the KV-cache hit rate") {
   CHECK(Value(text, "inferq_consumer_policy_affinity_moved_total" + sc) == "0");
 }
 
+TEST_CASE("a token probe's figures appear with their exact values") {
+  inferq::TokenProbe probe;
+  REQUIRE(probe.Start("a", 0).ok());
+  REQUIRE(probe.Token("a", 2'000'000).ok());  // TTFT 2 ms
+  REQUIRE(probe.Token("a", 2'500'000).ok());  // 0.5 ms later
+  probe.Reordered();
+  const std::string text = ExpositionText(inferq::prometheus::TokenProbeCollector(probe, "client"));
+  const std::string l = "{probe=\"client\"}";
+  CHECK(Value(text, "inferq_tokens_total" + l) == "2");
+  CHECK(Value(text, "inferq_token_sequences_open" + l) == "1");
+  CHECK(Value(text, "inferq_token_reordered_total" + l) == "1");
+  CHECK(Value(text, "inferq_token_ttft_seconds_count" + l) == "1");
+  CHECK(Value(text, "inferq_token_ttft_seconds_bucket{probe=\"client\",le=\"0.001\"}") == "0");
+  CHECK(Value(text, "inferq_token_ttft_seconds_bucket{probe=\"client\",le=\"0.0025\"}") == "1");
+  CHECK(Value(text, "inferq_token_inter_token_seconds_count" + l) == "1");
+  CHECK(Promtool(text).first == 0);
+}
+
 TEST_CASE("a StateStore's figures appear with their exact values") {
   inferq_test::TempDir dir;
   inferq::StateStoreOptions o;
@@ -309,6 +327,10 @@ TEST_CASE("the README lists every metric family") {
   REQUIRE(!text.empty());
   std::set<std::string> names = FamilyNames(ExpositionText(EngineCollector(*f.engine)));
   for (const std::string& n : FamilyNames(ExpositionText(StateStoreCollector(**store)))) names.insert(n);
+  inferq::TokenProbe probe;
+  for (const std::string& n : FamilyNames(ExpositionText(inferq::prometheus::TokenProbeCollector(probe)))) {
+    names.insert(n);
+  }
   CHECK(names.size() > 60);
   for (const std::string& n : names) {
     if (n.rfind("inferq_nats_bridge_", 0) == 0) continue;  // components: one row for the pattern

@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <span>
 #include <atomic>
 #include <filesystem>
 #include <optional>
@@ -1064,4 +1066,45 @@ TEST_CASE("a queued delivery of a message a file stream discarded is skipped") {
   // 1..3 were queued before max_msgs removed them from the stream.
   CHECK(Drain(c) == Seen{{4, "m4"}, {5, "m5"}});
   CHECK(engine->Stats().consumers[0].skipped == 3);
+}
+
+TEST_CASE("TryPublishBatch wakes a sleeping puller before it waits for a file stream's sync") {
+  // Found by an adversarial review: the batch held the wake-ups through every event's
+  // fdatasync, so an idle member slept until the whole batch was durable (and queue
+  // timeouts expired the events it waited for). Here the first sync never ends until
+  // the puller has its event.
+  TempDir d;
+  auto faulty = std::make_shared<state_test::FaultyFileSystem>();
+  StreamConfig s = FileStream(d.path());
+  s.file_system = faulty;
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(s).ok());
+  auto c = engine->AddConsumer({.stream = "REQ", .name = "c"});
+  REQUIRE(c.ok());
+  Member m = *c->member(0);
+  std::atomic<int> got{0};
+  std::thread puller([&] {
+    while (got.load() < 2) {
+      auto r = m.Next(absl::Seconds(60));
+      if (!r.ok()) return;
+      (void)r->Ack();
+      ++got;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // asleep by now, most likely
+  faulty->HoldSyncs();
+  std::vector<Event> events{Payload("req.a", "1"), Payload("req.a", "2")};
+  std::vector<absl::StatusOr<PublishAck>> results;
+  std::thread publisher([&] { results = engine->TryPublishBatch(std::span(events)); });
+  // The first event is queued and its publish waits in the held sync: the puller
+  // has it all the same.
+  CHECK(inferq::engine_test::Eventually([&] { return got.load() >= 1; }));
+  CHECK(faulty->syncs_waiting() >= 1);
+  faulty->Release();
+  publisher.join();
+  puller.join();
+  REQUIRE(results.size() == 2);
+  CHECK(results[0].ok());
+  CHECK(results[1].ok());
+  CHECK(got.load() == 2);
 }

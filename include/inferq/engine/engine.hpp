@@ -466,7 +466,9 @@ class Engine {
   // held back to the end: a lane that received k of the events wakes up to k
   // pullers asleep on it once, not once per event (one futex wake, and one context
   // switch of the puller, for a burst such as a batch a bridge fetched). A puller
-  // that is awake, or about to sleep, sees each event as soon as it is queued.
+  // that is awake, or about to sleep, sees each event as soon as it is queued. An
+  // event stored in a file stream whose sync policy the publish waits for wakes
+  // the pullers of everything queued so far before that wait.
   // Stops after the first event that is not stored in every stream capturing it (an
   // error, or PublishAck::streams_rejected > 0), so that nothing after a refused
   // event overtakes it: one result per event tried, in order, every one but the last

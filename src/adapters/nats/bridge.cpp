@@ -846,8 +846,9 @@ struct NatsBridge::Impl {
   // once for the batch, not per message: bench_bridge), and settles each in NATS.
   // A message that meets only busy lanes is tried again until `give_up` (one time for
   // the whole batch, so that its last message waits no longer in NATS, un-acked and
-  // without in-progress, than the first) before the ones after it, which never
-  // overtake it.
+  // without in-progress, than the first) before the ones after it are tried; they
+  // overtake it only when it is nak'ed (refused, or busy past give_up) and comes
+  // again from JetStream.
   void HandleFetched(Import& im, natsMsgList& list, std::chrono::steady_clock::time_point give_up) {
     std::vector<Incoming> ins;
     std::vector<Event> events;

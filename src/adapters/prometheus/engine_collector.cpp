@@ -290,6 +290,26 @@ std::vector<MetricFamily> EngineCollector::Families(const EngineStats& s) {
 
 std::vector<MetricFamily> EngineCollector::Collect() const { return Families(engine_.Stats()); }
 
+std::vector<MetricFamily> TokenProbeCollector::Families(const TokenProbeStats& s, const std::string& name) {
+  Builder b;
+  const Labels l = name.empty() ? Labels{} : Labels{{"probe", name}};
+  b.LatencyHistogram("inferq_token_ttft_seconds", "Time to first token: request start to the sequence's first token.", l,
+                     s.ttft_ns);
+  b.LatencyHistogram("inferq_token_inter_token_seconds", "Gap between consecutive tokens of a sequence (TBT).", l,
+                     s.inter_token_ns);
+  b.Counter("inferq_token_sequences_started_total", "Sequences started.", l, D(s.sequences_started));
+  b.Counter("inferq_token_sequences_finished_total", "Sequences finished.", l, D(s.sequences_finished));
+  b.Gauge("inferq_token_sequences_open", "Sequences started and not finished.", l, D(s.sequences_open));
+  b.Counter("inferq_tokens_total", "Tokens received in order.", l, D(s.tokens));
+  b.Counter("inferq_token_reordered_total", "Tokens that arrived ahead of a missing one and were held.", l,
+            D(s.reordered));
+  b.Counter("inferq_token_missing_total", "Token numbers reported missing (never received).", l, D(s.missing));
+  b.Counter("inferq_token_duplicates_total", "Copies of tokens received again and dropped.", l, D(s.duplicates));
+  return b.Take();
+}
+
+std::vector<MetricFamily> TokenProbeCollector::Collect() const { return Families(probe_.Stats(), name_); }
+
 std::vector<MetricFamily> StateStoreCollector::Families(const StateStoreStats& s) {
   Builder b;
   b.Gauge("inferq_state_last_tx", "Newest durable transaction id.", {}, D(s.last_tx_id));

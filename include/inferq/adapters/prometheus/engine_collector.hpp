@@ -28,10 +28,13 @@
 #pragma once
 
 #include <array>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "inferq/engine/engine.hpp"
 #include "inferq/engine/stats.hpp"
+#include "inferq/sched/token_probe.hpp"
 #include "inferq/state/state_store.hpp"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
@@ -57,6 +60,20 @@ class EngineCollector final : public ::prometheus::Collectable {
 
  private:
   const Engine& engine_;
+};
+
+// A TokenProbe's figures (inferq/sched/token_probe.hpp): families inferq_token_*,
+// with label probe="<name>" when a name is given.
+class TokenProbeCollector final : public ::prometheus::Collectable {
+ public:
+  explicit TokenProbeCollector(const TokenProbe& probe, std::string name = "")
+      : probe_(probe), name_(std::move(name)) {}
+  std::vector<::prometheus::MetricFamily> Collect() const override;
+  static std::vector<::prometheus::MetricFamily> Families(const TokenProbeStats& stats, const std::string& name);
+
+ private:
+  const TokenProbe& probe_;
+  std::string name_;
 };
 
 class StateStoreCollector final : public ::prometheus::Collectable {

@@ -47,7 +47,7 @@ TEST_CASE("bad calls are refused, naming the sequence, and change nothing") {
   CHECK(p.Start("", 0).code() == absl::StatusCode::kInvalidArgument);
   REQUIRE(p.Start("a", 0).ok());
   absl::Status st = p.Start("a", 5);
-  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(st.code() == absl::StatusCode::kAlreadyExists);
   CHECK(st.message() == "TokenProbe::Start 'a': the sequence is open already");
   st = p.Start("b", 0);
   CHECK(st.code() == absl::StatusCode::kResourceExhausted);

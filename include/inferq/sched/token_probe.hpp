@@ -57,8 +57,8 @@ class TokenProbe {
   TokenProbe& operator=(const TokenProbe&) = delete;
 
   // Opens sequence `seq_id`, whose request started at `start_ns`. InvalidArgument for
-  // an empty seq_id or one open already; ResourceExhausted when max_sequences are
-  // open. Nothing changes on an error.
+  // an empty seq_id, AlreadyExists for one open already (as ReorderBuffer::Start),
+  // ResourceExhausted when max_sequences are open. Nothing changes on an error.
   absl::Status Start(std::string_view seq_id, std::int64_t start_ns) {
     if (seq_id.empty()) return absl::InvalidArgumentError("TokenProbe::Start: empty seq_id");
     std::lock_guard lock(mu_);
@@ -68,7 +68,7 @@ class TokenProbe {
     }
     auto [it, inserted] = open_.try_emplace(std::string(seq_id), Open{start_ns, 0, false});
     if (!inserted) {
-      return absl::InvalidArgumentError("TokenProbe::Start '" + std::string(seq_id) + "': the sequence is open already");
+      return absl::AlreadyExistsError("TokenProbe::Start '" + std::string(seq_id) + "': the sequence is open already");
     }
     started_.fetch_add(1, std::memory_order_relaxed);
     return absl::OkStatus();

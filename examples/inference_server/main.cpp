@@ -171,6 +171,8 @@ struct Options {
   // two scrapes began after the final figures (so a scraper holds them).
   int metrics_port = -1;
   double metrics_hold_s = 0;
+  // --timeline FILE: a CSV row every 100 ms of wall time (scripts/plot_replay.py).
+  std::string timeline;
 };
 
 constexpr std::array<const char*, 3> kTierNames{"gold", "silver", "bronze"};
@@ -261,6 +263,9 @@ void Usage(std::FILE* f) {
                "  --metrics-port N          serve Prometheus metrics at http://127.0.0.1:N/metrics\n"
                "                            while replaying, 0..65535 (0: a free port, printed\n"
                "                            on stderr); needs inferq::prometheus\n"
+               "  --timeline FILE           write a CSV row every 100 ms: wall and trace time,\n"
+               "                            requests published and completed, tokens, the\n"
+               "                            replicas' queued steps (scripts/plot_replay.py)\n"
                "  --metrics-hold S          after the replay, keep serving up to S seconds\n"
                "                            (0..3600, default 0) until two scrapes began after\n"
                "                            the final figures, so the scraper has them\n"
@@ -367,7 +372,7 @@ bool KnownOption(std::string_view a) {
       "--prefill-base-ms", "--prefill-us-per-token", "--decode-base-ms", "--decode-us-per-seq",
       "--policy", "--ack-wait-ms", "--kill-replica", "--tier-mix", "--tenants", "--sla-ms",
       "--overload", "--max-deliver", "--state-dir", "--crash-at", "--role", "--nats", "--js-replicas",
-      "--metrics-port", "--metrics-hold"};
+      "--metrics-port", "--metrics-hold", "--timeline"};
   return std::find(std::begin(kOptions), std::end(kOptions), a) != std::end(kOptions);
 }
 
@@ -474,6 +479,10 @@ Options ParseArgs(int argc, char** argv) {
     }
     else if (a == "--metrics-port") o.metrics_port = static_cast<int>(ParseUint(a, v, 0, 65535));
     else if (a == "--metrics-hold") o.metrics_hold_s = ParseDouble(a, v, 0, 3600);
+    else if (a == "--timeline") {
+      if (v.empty()) Fail("--timeline needs a file name");
+      o.timeline = v;
+    }
     else {
       Fail("unknown option '" + a + "' (see --help)");
     }
@@ -953,6 +962,7 @@ struct ClientResult {
   // the tier's TTFT SLA, TTFT.
   std::array<std::uint64_t, 3> tier_requests{}, tier_within_sla{};
   std::array<inferq::HistogramSnapshot, 3> tier_ttft_us;
+  std::array<inferq::HistogramSnapshot, 3> tier_tbt_us;  // per tier: the CDFs of --json
 };
 
 // The user's side of the token streams. Every token goes through a ReorderBuffer
@@ -1073,6 +1083,9 @@ class TokenReceiver {
       const auto tier = static_cast<std::size_t>(Assign(*sh_.opt, id).tier);
       r_.tier_ttft_us[tier].Record(ttft);
       if (static_cast<double>(ttft) <= sh_.opt->sla_ms[tier] * 1000) ++r_.tier_within_sla[tier];
+    } else {
+      r_.tier_tbt_us[static_cast<std::size_t>(Assign(*sh_.opt, id).tier)].Record(
+          static_cast<std::uint64_t>(std::max<std::int64_t>(0, p.trace_us - pr.last_us)));
     }
     pr.last_us = p.trace_us;
     if (pr.got == t.generated_tokens) {
@@ -1283,6 +1296,18 @@ int main(int argc, char** argv) {
     }
     if (absl::Status s = inferq::example::CheckOutputPath(opt.json); !s.ok()) {
       Fail("--json: " + std::string(s.message()), 1);
+    }
+  }
+  if (!opt.timeline.empty()) {
+    std::error_code ec;
+    if (std::filesystem::equivalent(opt.timeline, opt.trace, ec)) {
+      Fail("--timeline file '" + opt.timeline + "' is the trace file: it would be overwritten");
+    }
+    if (opt.timeline == opt.json || std::filesystem::equivalent(opt.timeline, opt.json, ec)) {
+      Fail("--timeline file '" + opt.timeline + "' is the --json file");
+    }
+    if (absl::Status s = inferq::example::CheckOutputPath(opt.timeline); !s.ok()) {
+      Fail("--timeline: " + std::string(s.message()), 1);
     }
   }
   const bool durable = !opt.state_dir.empty();
@@ -1612,10 +1637,36 @@ int main(int argc, char** argv) {
   std::atomic<bool> stop_progress{false};
   const bool tty = isatty(STDERR_FILENO) != 0;
   const double trace_seconds = static_cast<double>(trace.back().arrival_us) / 1e6;
+  // --timeline: opened here (checked writable before the replay), a row per 100 ms.
+  std::ofstream timeline;
+  if (!opt.timeline.empty()) {
+    timeline.open(opt.timeline);
+    if (!timeline) Fail("cannot write --timeline file '" + opt.timeline + "'", 1);
+    timeline << "wall_s,trace_s,published,completed,tokens,queued\n";
+  }
+  auto timeline_row = [&] {
+    if (!timeline.is_open()) return;
+    const double wall = std::chrono::duration<double>(Clock::now() - sh.run_start).count();
+    // Trace time now: the paced clock, or (--speed 0) the last request published.
+    const std::size_t published = sh.published.load();
+    const double trace_s =
+        opt.speed > 0 ? std::chrono::duration<double>(Clock::now() - sh.wall_start).count() * opt.speed
+                      : static_cast<double>(trace[std::max<std::size_t>(published, 1) - 1].arrival_us) / 1e6;
+    std::uint64_t queued = 0;
+    const inferq::EngineStats st = engine.Stats();
+    if (const inferq::ConsumerStats* cs = st.consumer("REQUESTS", "replicas")) {
+      for (const auto& m : cs->members) queued += m.queued;
+    }
+    char row[160];
+    std::snprintf(row, sizeof row, "%.3f,%.3f,%zu,%zu,%llu,%llu\n", wall, trace_s, published, sh.completed.load(),
+                  static_cast<unsigned long long>(sh.tokens_received.load()), static_cast<unsigned long long>(queued));
+    timeline << row;
+  };
   std::thread progress([&] {
     while (!stop_progress.load()) {
       for (int i = 0; i < 10 && !stop_progress.load(); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        timeline_row();
       }
       const double wall = std::chrono::duration<double>(Clock::now() - sh.run_start).count();
       std::fprintf(stderr, "%s[%6.1f s] trace %s/%s  published %zu/%zu  completed %zu  tokens %llu/%llu%s",
@@ -1674,6 +1725,11 @@ int main(int argc, char** argv) {
   client_thread.join();
   stop_progress = true;
   progress.join();
+  if (timeline.is_open()) {
+    timeline_row();  // the end
+    timeline.close();
+    if (!timeline) Fail("writing --timeline file '" + opt.timeline + "' failed", 1);
+  }
   if (kill_watch.joinable()) kill_watch.join();
   if (crash_watch.joinable()) crash_watch.join();
   if (tty) std::fprintf(stderr, "\n");
@@ -1925,6 +1981,18 @@ int main(int argc, char** argv) {
                     attainment(n, result.tier_within_sla[t]).c_str(),
                     pct(result.tier_ttft_us[t], 1000).c_str());
       j << buf;
+      // CDFs for plots (scripts/plot_replay.py): the value (trace ms) at each
+      // percentile 1..100.
+      auto cdf = [](const inferq::HistogramSnapshot& h) {
+        std::string out = "[";
+        for (int q = 1; q <= 100; ++q) {
+          char v[32];
+          std::snprintf(v, sizeof v, "%s%.3f", q > 1 ? ", " : "", static_cast<double>(h.Percentile(q / 100.0)) / 1000);
+          out += v;
+        }
+        return out + "]";
+      };
+      j << ", \"ttft_cdf_ms\": " << cdf(result.tier_ttft_us[t]) << ", \"tbt_cdf_ms\": " << cdf(result.tier_tbt_us[t]);
       if (!client_role) j << ", \"lane_served\": " << rs->qos_tiers[t].served;
       j << "},\n";
     }

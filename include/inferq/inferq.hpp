@@ -40,6 +40,7 @@
 #include "inferq/sched/qos_scheduler.hpp"
 #include "inferq/sched/reorder_buffer.hpp"
 #include "inferq/sched/timer_wheel.hpp"
+#include "inferq/sched/token_probe.hpp"
 #include "inferq/schema/record.hpp"
 #include "inferq/schema/registry.hpp"
 #include "inferq/schema/schema_reader.hpp"

@@ -32,6 +32,8 @@ purposes (default: examples; --for may be given more than once):
             processes over a NATS JetStream cluster (scripts/cluster_demo.sh)
   metrics   library + prometheus-cpp (the Prometheus exposition,
             inferq::prometheus) and the Prometheus server with promtool
+  plot      python3-matplotlib: scripts/plot_replay.py, which draws a replay
+            of the main example from its --json and --timeline files
 
 options:
   --for PURPOSE, --for=PURPOSE  a purpose above
@@ -61,13 +63,14 @@ bench=(
 fuzz=(clang libclang-rt-14-dev libvalijson-dev)
 cluster=(libnats-dev nats-server)
 metrics=(prometheus-cpp-dev prometheus)
+plot=(python3-matplotlib)
 
 purposes=()
 dry_run=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --for) if [ $# -lt 2 ] || [ "${2#-}" != "$2" ]; then
-             echo "install-deps: --for needs a purpose (library, examples, tests, bench, fuzz, cluster or metrics)${2+, got '$2'}" >&2
+             echo "install-deps: --for needs a purpose (library, examples, tests, bench, fuzz, cluster, metrics or plot)${2+, got '$2'}" >&2
              exit 2
            fi
            purposes+=("$2"); shift 2 ;;
@@ -88,7 +91,8 @@ for p in "${purposes[@]}"; do
     fuzz) packages+=("${fuzz[@]}") ;;
     cluster) packages+=("${cluster[@]}") ;;
     metrics) packages+=("${metrics[@]}") ;;
-    *) echo "install-deps: unknown purpose '$p' (library, examples, tests, bench, fuzz, cluster or metrics)" >&2
+    plot) packages+=("${plot[@]}") ;;
+    *) echo "install-deps: unknown purpose '$p' (library, examples, tests, bench, fuzz, cluster, metrics or plot)" >&2
        exit 2 ;;
   esac
 done

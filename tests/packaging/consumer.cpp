@@ -6,6 +6,10 @@
 #include <string>
 
 #include "inferq/inferq.hpp"
+#ifdef CONSUMER_PROMETHEUS
+#include "inferq/adapters/prometheus/engine_collector.hpp"
+#include "inferq/adapters/prometheus/metrics_server.hpp"
+#endif
 
 int main() {
   absl::StatusOr<std::unique_ptr<inferq::Engine>> created = inferq::Engine::Create();
@@ -47,6 +51,11 @@ int main() {
                  schema.status().ToString().c_str());
     return 11;
   }
+#endif
+#ifdef CONSUMER_PROMETHEUS
+  // inferq::prometheus from the installed package: the one publish above, exposed.
+  const std::string text = inferq::prometheus::ExpositionText(inferq::prometheus::EngineCollector(engine));
+  if (text.find("\ninferq_published_total 1\n") == std::string::npos) return 12;
 #endif
   std::printf("inferq %s consumer ok (JSON Schema predicates %s)\n", INFERQ_VERSION_STRING,
               CONSUMER_EXPECTS_JSON_SCHEMA ? "built in" : "off");

@@ -87,9 +87,11 @@ struct ConsumerCounts {
   // (limits, max_age, expiry) before delivery, or superseded (another delivery of
   // the message was acked, or a newer one is out).
   Count skipped{};
-  // Deliveries of a message that had been delivered before: after an ack_wait
-  // expiry or a nak, or moved off a stalled member after a delivery. Queued work
-  // moved before anyone pulled it counts in `moved` only.
+  // Redeliveries queued: a message that had been delivered before, put on a lane
+  // again after an ack_wait expiry or a nak, or moved off a stalled member after a
+  // delivery; counted when it is queued, before a member pulls it (`delivered`
+  // counts the pull). Queued work moved before anyone pulled it counts in `moved`
+  // only.
   Count redelivered{};
   Count ack_timeouts{}; // deliveries not acked within ack_wait
   Count naks{};

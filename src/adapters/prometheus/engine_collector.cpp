@@ -75,7 +75,7 @@ double D(std::uint64_t v) { return static_cast<double>(v); }
 constexpr std::pair<const char*, const char*> kConsumerCounts[] = {
     {"acked", "Deliveries acked."},
     {"skipped", "Queued copies passed over: removed by the stream before delivery, or superseded."},
-    {"redelivered", "Deliveries of a message delivered before (ack_wait expiry, nak, moved off a stalled member)."},
+    {"redelivered", "Redeliveries queued: a message delivered before, put on a lane again (ack_wait expiry, nak, moved)."},
     {"ack_timeouts", "Deliveries not acked within ack_wait."},
     {"naks", "Naks."},
     {"moved", "Queued items moved off a stalled member."},

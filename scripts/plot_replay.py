@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Draws a replay of the main example (inference_server) from its --json summary and
 its --timeline CSV: TTFT and TBT CDFs per QoS tier, throughput and queue depth over
 trace time, and the batch-size histogram, into one PNG.
@@ -60,9 +60,13 @@ def main():
     summary = read_summary(args.json)
     rows = read_timeline(args.timeline)
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        fail("matplotlib is missing for this python3: ./scripts/install-deps.sh --for plot "
+             "installs Debian's python3-matplotlib (for /usr/bin/python3)")
 
     fig, ax = plt.subplots(2, 2, figsize=(12, 8))
     pct = [q / 100 for q in range(1, 101)]

@@ -55,6 +55,24 @@ inline bool Listening(int port) {
   return ok;
 }
 
+// Sends `sig` to child `pid` and reaps it, SIGKILL after 10 s; sets pid to -1. No-op
+// for pid <= 0.
+inline void SignalAndReap(pid_t& pid, int sig) {
+  if (pid <= 0) return;
+  ::kill(pid, sig);
+  int status = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > until) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  pid = -1;
+}
+
 // A fresh directory under the system's temporary directory, removed with the object.
 class TempDir {
  public:
@@ -139,21 +157,7 @@ class NatsServer {
   }
 
  private:
-  void Signal(int sig) {
-    if (pid_ <= 0) return;
-    ::kill(pid_, sig);
-    int status = 0;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > until) {
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    pid_ = -1;
-  }
+  void Signal(int sig) { SignalAndReap(pid_, sig); }
 
   std::filesystem::path dir_;
   std::vector<std::string> extra_;

@@ -83,21 +83,7 @@ class PrometheusServer {
   }
 
   // SIGTERM, then SIGKILL after 10 s.
-  void Stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (::waitpid(pid_, &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > until) {
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    pid_ = -1;
-  }
+  void Stop() { SignalAndReap(pid_, SIGTERM); }
 
   // The value of a PromQL instant query whose result is one sample, as text
   // ("12", "0.5"); nullopt when the query fails or gives no sample or several.

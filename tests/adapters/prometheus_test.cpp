@@ -78,6 +78,15 @@ std::pair<int, std::string> Promtool(const std::string& text) {
   return {WEXITSTATUS(rc), ss.str()};
 }
 
+// A StateStore in `dir`.
+std::unique_ptr<inferq::StateStore> OpenStore(const inferq_test::TempDir& dir) {
+  inferq::StateStoreOptions o;
+  o.dir = dir.path().string() + "/state";
+  auto store = inferq::StateStore::Open(o);
+  REQUIRE(store.ok());
+  return *std::move(store);
+}
+
 // An engine with every kind of figure: a stream, a QoS consumer of two members,
 // flow control, and a stats source.
 struct FullEngine {
@@ -229,16 +238,13 @@ TEST_CASE("a token probe's figures appear with their exact values") {
 
 TEST_CASE("a StateStore's figures appear with their exact values") {
   inferq_test::TempDir dir;
-  inferq::StateStoreOptions o;
-  o.dir = dir.path().string() + "/state";
-  auto store = inferq::StateStore::Open(o);
-  REQUIRE(store.ok());
+  auto store = OpenStore(dir);
   for (int i = 0; i < 3; ++i) {
-    auto tx = (*store)->Begin();
+    auto tx = store->Begin();
     tx.Put("k." + std::to_string(i), "v");
     REQUIRE(tx.Commit().ok());
   }
-  const std::string text = ExpositionText(StateStoreCollector(**store));
+  const std::string text = ExpositionText(StateStoreCollector(*store));
   CHECK(Value(text, "inferq_state_commits_total") == "3");
   CHECK(Value(text, "inferq_state_keys") == "3");
   CHECK(Value(text, "inferq_state_last_tx") == "3");
@@ -298,11 +304,8 @@ TEST_CASE("promtool check metrics passes on the exposition") {
   FullEngine f;
   REQUIRE(f.engine->Publish(Ev("work.a")).ok());
   inferq_test::TempDir dir;
-  inferq::StateStoreOptions o;
-  o.dir = dir.path().string() + "/state";
-  auto store = inferq::StateStore::Open(o);
-  REQUIRE(store.ok());
-  const std::string text = ExpositionText(EngineCollector(*f.engine)) + ExpositionText(StateStoreCollector(**store));
+  auto store = OpenStore(dir);
+  const std::string text = ExpositionText(EngineCollector(*f.engine)) + ExpositionText(StateStoreCollector(*store));
   const auto [rc, out] = Promtool(text);
   INFO(out);
   CHECK(rc == 0);
@@ -316,17 +319,14 @@ TEST_CASE("the README lists every metric family") {
   FullEngine f;
   REQUIRE(f.engine->Publish(Ev("work.a")).ok());
   inferq_test::TempDir dir;
-  inferq::StateStoreOptions o;
-  o.dir = dir.path().string() + "/state";
-  auto store = inferq::StateStore::Open(o);
-  REQUIRE(store.ok());
+  auto store = OpenStore(dir);
   std::ifstream readme(std::string(INFERQ_SOURCE_DIR) + "/README.md");
   std::stringstream ss;
   ss << readme.rdbuf();
   const std::string text = ss.str();
   REQUIRE(!text.empty());
   std::set<std::string> names = FamilyNames(ExpositionText(EngineCollector(*f.engine)));
-  for (const std::string& n : FamilyNames(ExpositionText(StateStoreCollector(**store)))) names.insert(n);
+  for (const std::string& n : FamilyNames(ExpositionText(StateStoreCollector(*store)))) names.insert(n);
   inferq::TokenProbe probe;
   for (const std::string& n : FamilyNames(ExpositionText(inferq::prometheus::TokenProbeCollector(probe)))) {
     names.insert(n);

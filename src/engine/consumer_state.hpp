@@ -41,6 +41,7 @@
 #include "inferq/sched/timer_wheel.hpp"
 #include "inferq/state/stream_log.hpp"
 #include "lane_queue.hpp"
+#include "tracer.hpp"
 
 namespace inferq {
 namespace engine_internal {
@@ -226,6 +227,9 @@ struct ConsumerState {
   // The engine that owns this consumer (set by AddConsumer before the consumer is
   // reachable); dead letters and timer wake-ups go through it.
   ConsumerHost* host = nullptr;
+  // The engine's tracer (EngineOptions::trace), null when tracing is off. Set with
+  // `host`.
+  Tracer* tracer = nullptr;
   // Told of every message this consumer gives up, before its dead letter goes out
   // (Engine::Call completes the caller's future); false: the message has ended
   // otherwise already (a call that timed out or was cancelled meanwhile), and no dead

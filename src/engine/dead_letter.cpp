@@ -22,10 +22,46 @@
 namespace inferq {
 namespace engine_internal {
 
+namespace {
+
+// Reports the dead_letter span of message `h` and returns its context (sampled), the
+// trace of the dead letter published next.
+TraceContext TraceDeadLetter(ConsumerState& c, const StoredMessage& h, std::uint32_t attempt,
+                             std::string_view reason, std::string_view description,
+                             const SpanId& via) {
+  Tracer& tracer = *c.tracer;
+  const Event& ev = *h.event;
+  Span s;
+  s.stage = SpanStage::kDeadLetter;
+  s.context = ev.trace;
+  if (!HasTrace(s.context)) {  // stored before tracing was on (a file stream's past)
+    s.context.trace_id = tracer.NewTraceId();
+    s.context.flags = 0;
+  }
+  s.context.span_id = tracer.NewSpanId();
+  s.parent_span_id = IsZero(via) ? ev.trace.span_id : via;
+  s.destination = c.config.dead_letter_subject;
+  s.stream = c.config.stream;
+  s.consumer = c.config.name;
+  s.stream_seq = h.seq;
+  s.delivery_count = attempt;
+  s.message_id = ev.msg_id;
+  s.body_size = ev.payload.size();
+  s.error_type = std::string(reason);
+  s.error_message = std::string(description);
+  TraceContext next = s.context;
+  next.flags |= 1U;
+  const std::int64_t now = tracer.NowNanos();
+  tracer.Emit(std::move(s), now, now);
+  return next;
+}
+
+}  // namespace
+
 // Gives message `h` up after delivery `attempt`: a copy goes to the consumer's
 // dead-letter subject with the reason headers (kDeadLetterReasonHeader, ...).
 void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
-                std::string_view reason, std::string_view description) {
+                std::string_view reason, std::string_view description, const SpanId& via) {
   // Expired in the consumer's lifecycle first: a crash before the ack record below
   // delivers it again, and the delivery finds it Expired and terminates it (a second
   // dead letter, as at-least-once allows), never Processing forever.
@@ -38,6 +74,9 @@ void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
   if (c.ack_log != nullptr && reason != "term") (void)c.Record("A " + std::to_string(h->seq));
   if (c.on_dead_letter && !c.on_dead_letter(*h->event, attempt, reason)) return;
   c.counts.dead_letters.fetch_add(1, std::memory_order_relaxed);
+  // Recorded whether the event was sampled or not (engine/trace.hpp).
+  TraceContext dead_letter_trace{};
+  if (c.tracer != nullptr) [[unlikely]] dead_letter_trace = TraceDeadLetter(c, *h, attempt, reason, description, via);
   if (c.config.dead_letter_subject.empty() || c.host == nullptr) {
     c.counts.dead_letters_lost.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -65,6 +104,8 @@ void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
     e.deadline = absl::InfiniteFuture();
   }
   e.attempt = attempt;
+  // Traced: the dead letter's publish is a child of the dead_letter span, sampled.
+  if (c.tracer != nullptr) e.trace = dead_letter_trace;
   if (!c.host->PublishDeadLetter(std::move(e)).ok()) {
     c.counts.dead_letters_lost.fetch_add(1, std::memory_order_relaxed);
   }

@@ -113,8 +113,10 @@ void ReleaseInterest(ConsumerState& c, StoredMessage& h);
 
 // Gives message `h` up after delivery `attempt`: a copy goes to the consumer's
 // dead-letter subject with the reason headers (kDeadLetterReasonHeader, ...).
+// `via`: the span id of the delivery whose settle gave it up (all zero: none, or
+// not sampled), the parent of the dead_letter span when the engine traces.
 void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
-                std::string_view reason, std::string_view description);
+                std::string_view reason, std::string_view description, const SpanId& via = {});
 
 }  // namespace engine_internal
 }  // namespace inferq

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
 #include "engine_impl.hpp"
 #include "inferq/base/error.hpp"
 #include "inferq/base/limits.hpp"
@@ -135,6 +136,11 @@ absl::Status ValidateOptions(const EngineOptions& options) {
       return s;
     }
   }
+  const double ratio = options.trace.sample_ratio;
+  if (!(ratio >= 0.0 && ratio <= 1.0)) {  // NaN fails both
+    return absl::InvalidArgumentError("EngineOptions::trace.sample_ratio " + absl::StrCat(ratio) +
+                                      " is outside 0..1");
+  }
   return absl::OkStatus();
 }
 
@@ -154,6 +160,9 @@ Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>()) {
         options.codecs.dictionaries->Find(options.codecs.compress_dictionary_id);
   }
   impl_->clock = options.clock ? options.clock : SteadyClock::Default();
+  if (options.trace.sink != nullptr) {
+    impl_->tracer = std::make_unique<engine_internal::Tracer>(options.trace, impl_->clock);
+  }
   impl_->manual_timers = options.manual_timers;
   impl_->call_wheel = std::make_unique<TimerWheel<std::uint64_t>>(impl_->clock->NowNanos());
   if (options.flow_control) {
@@ -871,6 +880,7 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   if (!made.ok()) return made.status();
   std::unique_ptr<ConsumerState> state = *std::move(made);
   state->host = impl_.get();
+  state->tracer = impl_->tracer.get();
   state->replay_start_ns = impl_->clock->NowNanos();  // ReplayPolicy::kOriginal
 
   StreamState* stream = nullptr;

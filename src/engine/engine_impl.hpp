@@ -77,6 +77,8 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // AddStream changes it under config_mu.
   engine_internal::RouteIndex<StreamState*> routes;
   std::atomic<bool> closed{false};
+  // EngineOptions::trace: null when no sink is set (tracing off).
+  std::unique_ptr<engine_internal::Tracer> tracer;
 
   // Memory by NUMA node. Declared before the streams and consumers so that it is
   // destroyed after them (their records and lanes hold blocks of these pools).

@@ -91,6 +91,21 @@ absl::Status Engine::SyncStored(std::span<const engine_internal::SyncPoint> sync
 
 absl::StatusOr<PublishAck> Engine::Publish(Event&& event, PublishMode mode, StreamState* only,
                                            std::vector<engine_internal::SyncPoint>* deferred) {
+  engine_internal::Tracer* tracer = impl_->tracer.get();
+  // An outbox flush (`only`) publishes a dead letter whose publish was traced when
+  // it was deferred.
+  if (tracer == nullptr || only != nullptr) [[likely]] {
+    return PublishEvent(std::move(event), mode, only, deferred);
+  }
+  engine_internal::Tracer::PublishScope scope;
+  tracer->BeginPublish(event, scope);
+  absl::StatusOr<PublishAck> result = PublishEvent(std::move(event), mode, only, deferred);
+  tracer->EndPublish(scope, result);
+  return result;
+}
+
+absl::StatusOr<PublishAck> Engine::PublishEvent(Event&& event, PublishMode mode, StreamState* only,
+                                                std::vector<engine_internal::SyncPoint>* deferred) {
   if (impl_->closed.load(std::memory_order_acquire)) {
     return absl::CancelledError("engine is closed");
   }

@@ -273,9 +273,34 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
                      std::to_string(out.attempt_ + out.prior_));
     }
     out.acked_.store(false, std::memory_order_relaxed);
+    out.span_id_ = {};
+    out.batch_ = 0;
     if (c.config.lifecycle != nullptr && !d.shadow && !ThroughLifecycle(out)) continue;
+    if (c.tracer != nullptr) [[unlikely]] TraceDelivery(out, now);
     return absl::OkStatus();
   }
+}
+
+void Member::TraceDelivery(Message& m, std::int64_t now) {
+  ConsumerState& c = *consumer_;
+  const Event& ev = *m.msg_->event;
+  m.span_id_ = c.tracer->DeliverSpanId(ev.trace);
+  // queue_wait: the store to the first delivery to this consumer (engine/trace.hpp).
+  if (engine_internal::IsZero(m.span_id_) || m.attempt() != 1) return;
+  Span s;
+  s.stage = SpanStage::kQueueWait;
+  s.context = ev.trace;
+  s.context.span_id = c.tracer->NewSpanId();
+  s.parent_span_id = ev.trace.span_id;
+  s.destination = ev.subject;
+  s.stream = c.config.stream;
+  s.consumer = c.config.name;
+  s.member = index_;
+  s.stream_seq = m.msg_->seq;
+  s.delivery_count = 1;
+  s.message_id = ev.msg_id;
+  s.body_size = ev.payload.size();
+  c.tracer->Emit(std::move(s), m.msg_->publish_ns, now);
 }
 
 bool Member::ThroughLifecycle(Message& m) {
@@ -366,6 +391,7 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
     batch.push_back(std::move(m));
   }
   consumer_->lanes[index_]->CountBatch(batch.size());
+  for (Message& m : batch) m.batch_ = static_cast<std::uint32_t>(batch.size());
   return batch;
 }
 
@@ -392,6 +418,7 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(absl::Duration timeout) {
         batch.push_back(std::move(m));
       }
       lane.CountBatch(batch.size());
+      for (Message& m : batch) m.batch_ = static_cast<std::uint32_t>(batch.size());
       return batch;
     }
     // Wait for one more message, at most until the batch's delay runs out (the

@@ -56,6 +56,8 @@ Message::Message(Message&& o) noexcept
       ack_tx_(o.ack_tx_),
       out_tx_(o.out_tx_),
       shadow_(o.shadow_),
+      span_id_(o.span_id_),
+      batch_(o.batch_),
       acked_(o.acked_.load(std::memory_order_relaxed)) {}
 Message& Message::operator=(Message&& o) noexcept {
   if (this == &o) return *this;
@@ -69,6 +71,8 @@ Message& Message::operator=(Message&& o) noexcept {
   ack_tx_ = o.ack_tx_;
   out_tx_ = o.out_tx_;
   shadow_ = o.shadow_;
+  span_id_ = o.span_id_;
+  batch_ = o.batch_;
   acked_.store(o.acked_.load(std::memory_order_relaxed), std::memory_order_relaxed);
   return *this;
 }
@@ -96,6 +100,11 @@ const Event& Message::event() const {
   const std::shared_ptr<const Event>& converted =
       msg_->converted[static_cast<std::size_t>(consumer_->convert_to)];
   return converted != nullptr ? *converted : e;
+}
+TraceContext Message::trace() const {
+  TraceContext t = msg_->event->trace;
+  if (!engine_internal::IsZero(span_id_)) t.span_id = span_id_;
+  return t;
 }
 std::uint64_t Message::stream_seq() const { return msg_ ? msg_->seq : 0; }
 std::int64_t Message::publish_time_ns() const { return msg_ ? msg_->publish_ns : 0; }
@@ -164,6 +173,56 @@ absl::Status Message::InProgress() {
   if (it->second.deadline_ns == deadline) return absl::OkStatus();  // that timer is set already
   c.ExtendAckWait(msg_->seq, it->second, deadline);
   return absl::OkStatus();
+}
+
+absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_view description) {
+  engine_internal::Tracer* tracer = msg_ != nullptr ? consumer_->tracer : nullptr;
+  if (tracer == nullptr) [[likely]] return Settle(how, delay_ns, description, /*through_lifecycle=*/true);
+  // What the spans need, read before the settle (a settle may let go of nothing, but
+  // the Message may be moved by the caller right after it returns).
+  const std::int64_t start = tracer->NowNanos();
+  const bool sampled = !engine_internal::IsZero(span_id_);
+  absl::Status st = Settle(how, delay_ns, description, /*through_lifecycle=*/true);
+  if (!sampled && st.ok()) return st;  // errors are recorded whether sampled or not
+  const ConsumerState& c = *consumer_;
+  const Event& ev = *msg_->event;
+  const std::int64_t end = tracer->NowNanos();
+  auto base = [&](SpanStage stage) {
+    Span s;
+    s.stage = stage;
+    s.context = ev.trace;
+    s.destination = ev.subject;
+    s.stream = c.config.stream;
+    s.consumer = c.config.name;
+    s.member = member_;
+    s.stream_seq = msg_->seq;
+    s.delivery_count = attempt();
+    s.message_id = ev.msg_id;
+    s.body_size = ev.payload.size();
+    return s;
+  };
+  const SpanStage stage = how == Settlement::kAck   ? SpanStage::kAck
+                          : how == Settlement::kNak ? SpanStage::kNak
+                                                    : SpanStage::kTerm;
+  if (sampled && st.ok()) {  // a failed settle may be tried again: one deliver span
+    Span d = base(SpanStage::kDeliver);
+    d.context.span_id = span_id_;
+    d.parent_span_id = ev.trace.span_id;
+    d.batch_message_count = batch_;
+    if (how != Settlement::kAck) d.error_type = std::string(StageName(stage));
+    tracer->Emit(std::move(d), deliver_ns_, start);
+  }
+  Span settle = base(stage);
+  settle.context.span_id = tracer->NewSpanId();
+  settle.parent_span_id = sampled ? span_id_ : ev.trace.span_id;
+  if (!st.ok()) {
+    settle.error_type = absl::StatusCodeToString(st.code());
+    settle.error_message = std::string(st.message());
+  } else if (how == Settlement::kTerm) {
+    settle.error_message = std::string(description);
+  }
+  tracer->Emit(std::move(settle), start, end);
+  return st;
 }
 
 absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_view description,
@@ -288,7 +347,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
                           latency);
           engine_internal::DeadLetter(c, msg_, attempt_ + prior_,
                                       how == Settlement::kTerm ? "term" : "max_deliver",
-                                      how == Settlement::kTerm ? description : "nak");
+                                      how == Settlement::kTerm ? description : "nak", span_id_);
           return absl::OkStatus();
         }
         // Queued again for the next attempt; an ack of this delivery still wins.
@@ -327,7 +386,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
         forget_prior();
         engine_internal::DeadLetter(c, msg_, attempt_ + prior_,
                                     how == Settlement::kTerm ? "term" : "max_deliver",
-                                      how == Settlement::kTerm ? description : "nak");
+                                    how == Settlement::kTerm ? description : "nak", span_id_);
         return absl::OkStatus();
       }
       if (delay_ns > 0) {

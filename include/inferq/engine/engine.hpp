@@ -110,10 +110,10 @@
 // must outlive them. A Member should be drained by one thread at a time for per-
 // member order, but any number of threads may call Next on it safely.
 //
-// The engine's types are split over four headers, all included by this one:
+// The engine's types are split over five headers, all included by this one:
 // engine/config.hpp (StreamConfig, ConsumerConfig), engine/message.hpp (Message,
 // Member, Consumer, dead-letter headers), engine/stats.hpp (EngineStats and its
-// parts), and this one (Engine, EngineOptions, PublishAck, function-in-flight types).
+// parts), engine/trace.hpp (Span, TraceSink, TraceOptions), and this one (Engine, EngineOptions, PublishAck, function-in-flight types).
 #pragma once
 
 #include <cstddef>
@@ -134,6 +134,7 @@
 #include "inferq/engine/config.hpp"
 #include "inferq/engine/message.hpp"
 #include "inferq/engine/stats.hpp"
+#include "inferq/engine/trace.hpp"
 #include "inferq/event/codec.hpp"
 #include "inferq/event/event.hpp"
 #include "inferq/memory/buffer.hpp"
@@ -306,6 +307,10 @@ struct EngineOptions {
   // InvalidArgument (naming the value) for a zstd_level outside 1..22, a
   // max_payload_bytes of 0, or a compress_dictionary_id not in `dictionaries`.
   EngineCodecOptions codecs{};
+  // Spans of each stage (publish, queue wait, delivery, settle, dead letter) to
+  // trace.sink, sampled by trace.sample_ratio (engine/trace.hpp). No sink = off:
+  // events keep their trace as published and no span is made.
+  TraceOptions trace{};
 };
 
 class Engine {
@@ -314,8 +319,9 @@ class Engine {
   // control or a lifecycle needs one, else at the first AddConsumer (never with
   // manual_timers). InvalidArgument naming the field and value for a
   // codecs.zstd_level outside 1..22, a codecs.max_payload_bytes of 0, a
-  // codecs.compress_dictionary_id not in codecs.dictionaries, or a flow_control
-  // that DualChannelController::Validate refuses.
+  // codecs.compress_dictionary_id not in codecs.dictionaries, a flow_control
+  // that DualChannelController::Validate refuses, or a trace.sample_ratio outside
+  // 0..1 (NaN included).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(EngineOptions options = {});
   ~Engine();  // Close()s, then frees everything
   Engine(const Engine&) = delete;
@@ -603,6 +609,10 @@ class Engine {
   absl::StatusOr<PublishAck> Publish(Event&& event, PublishMode mode,
                                      engine_internal::StreamState* only = nullptr,
                                      std::vector<engine_internal::SyncPoint>* deferred = nullptr);
+  // Publish's work, without its span (Publish makes it around this when tracing).
+  absl::StatusOr<PublishAck> PublishEvent(Event&& event, PublishMode mode,
+                                          engine_internal::StreamState* only,
+                                          std::vector<engine_internal::SyncPoint>* deferred);
   // Syncs each of `syncs` as its stream's policy says; the first error, naming the
   // stream and the sequence.
   static absl::Status SyncStored(std::span<const engine_internal::SyncPoint> syncs);

@@ -17,6 +17,7 @@
 // called from any thread, two at once included (see Message).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -99,6 +100,12 @@ class Message {
   // True for a mirrored copy (WeightedShadowPolicy): its ack does not count for the
   // message, only for the member's health.
   bool shadow() const { return shadow_; }
+  // This delivery's trace context: the event's trace-id and flags with the span id
+  // of this delivery's "deliver" span (engine/trace.hpp) when the engine traces and
+  // the event is sampled; otherwise the event's trace as stored. A member makes its
+  // own spans children of it, and sets it as the trace of what it publishes in
+  // reply (Event::trace), so the trace follows the work. Precondition: !empty().
+  TraceContext trace() const;
 
   // Acknowledges the delivery. FailedPrecondition for an empty Message, a consumer
   // with AckPolicy::kNone, a second settle (Ack, Nak or Term) of the same Message,
@@ -137,9 +144,9 @@ class Message {
   friend class Member;
   friend class Engine;
   enum class Settlement { kAck, kNak, kTerm };
-  absl::Status Settle(Settlement how, std::int64_t delay_ns, std::string_view description) {
-    return Settle(how, delay_ns, description, /*through_lifecycle=*/true);
-  }
+  // A settle by the member (Ack, AckSync, Nak, Term): through the lifecycle, and
+  // traced (the deliver and settle spans) when the engine traces.
+  absl::Status Settle(Settlement how, std::int64_t delay_ns, std::string_view description);
   // through_lifecycle false: the consumer's lifecycle (ConsumerConfig::lifecycle)
   // has decided already (Member's delivery step), so Ack does not Complete it and
   // Nak does not Requeue it.
@@ -156,6 +163,10 @@ class Message {
   std::uint64_t ack_tx_ = 0;    // the ack's record in the consumer's ack log (AckSync)
   std::uint64_t out_tx_ = 0;    // a file work queue's record of the removal (AckSync)
   bool shadow_ = false;
+  // The "deliver" span's id (all zero: not traced) and the size of the NextBatch
+  // batch this came in (0: Next), for its span.
+  std::array<std::uint8_t, 8> span_id_{};
+  std::uint32_t batch_ = 0;
   // Set by the one settle that wins (an exchange), so that two threads settling the
   // same delivery cannot both succeed.
   std::atomic<bool> acked_{false};
@@ -214,6 +225,9 @@ class Member {
   // out (now Processing); false when it was settled instead (put back while its
   // model warms up, terminated, or acked because its lifecycle says Completed).
   bool ThroughLifecycle(Message& m);
+  // EngineOptions::trace: gives `m` (just delivered at `now`) its deliver span id
+  // and reports its queue_wait span (a first delivery of a sampled event).
+  void TraceDelivery(Message& m, std::int64_t now);
   engine_internal::ConsumerState* consumer_;
   std::uint32_t index_;
 };

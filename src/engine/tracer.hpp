@@ -1,0 +1,101 @@
+// File: src/engine/tracer.hpp
+//
+// The engine's side of tracing (engine/trace.hpp): ids, the sampling decision and
+// the spans of each stage, handed to EngineOptions::trace.sink. One Tracer per
+// engine, made only when a sink is set; the stages call it through a pointer that is
+// null otherwise, so tracing off costs one branch.
+//
+// Thread safety: every method may be called from any thread at once. Ids come from
+// one atomic counter mixed by SplitMix64 (a fetch_add per id, traced events only).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "inferq/base/clock.hpp"
+#include "inferq/engine/trace.hpp"
+#include "inferq/event/event.hpp"
+
+namespace inferq {
+struct PublishAck;
+namespace engine_internal {
+
+using SpanId = std::array<std::uint8_t, 8>;
+
+inline bool IsZero(const SpanId& id) {
+  for (std::uint8_t b : id) {
+    if (b != 0) return false;
+  }
+  return true;
+}
+inline bool HasTrace(const TraceContext& t) {
+  for (std::uint8_t b : t.trace_id) {
+    if (b != 0) return true;
+  }
+  return false;
+}
+inline bool Sampled(const TraceContext& t) { return (t.flags & 1U) != 0; }
+
+class Tracer {
+ public:
+  // `options.sink` is not null; `options.sample_ratio` in [0, 1] (Create checked).
+  Tracer(const TraceOptions& options, const Clock* clock);
+
+  // What a traced publish remembers between its start and its end.
+  struct PublishScope {
+    bool active = false;  // false: this publish is not traced (an outbox flush)
+    TraceContext context{};  // the publish span's
+    SpanId parent{};
+    std::int64_t start_ns = 0;  // engine clock
+    std::string subject;
+    std::string msg_id;
+    std::uint64_t body_size = 0;
+  };
+  // Decides sampling and gives `event` the publish span's context (a new trace-id
+  // when it had none; a new span id, parented to the one it had).
+  void BeginPublish(Event& event, PublishScope& scope);
+  // Reports the publish span when sampled, or when `result` is an error other than
+  // WouldBlock.
+  void EndPublish(PublishScope& scope, const absl::StatusOr<PublishAck>& result);
+
+  // A new span id for a delivery of a sampled event (Message::trace), or zero.
+  SpanId DeliverSpanId(const TraceContext& event_trace) {
+    return Sampled(event_trace) ? NewSpanId() : SpanId{};
+  }
+
+  // Emits `span` with its times converted from the engine clock.
+  void Emit(Span&& span, std::int64_t start_ns, std::int64_t end_ns);
+
+  SpanId NewSpanId();
+  std::array<std::uint8_t, 16> NewTraceId();
+  std::int64_t NowNanos() const { return clock_->NowNanos(); }
+
+ private:
+  std::uint64_t Next() {
+    // SplitMix64 (Steele, Lea, Flood: "Fast splittable pseudorandom number
+    // generators", OOPSLA 2014) over a shared counter: distinct inputs, well mixed.
+    std::uint64_t z = seed_ + counter_.fetch_add(0x9E3779B97F4A7C15ULL, std::memory_order_relaxed);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+
+  std::shared_ptr<TraceSink> sink_;
+  const Clock* clock_;
+  std::int64_t unix_offset_ns_;  // Unix ns minus the engine clock's ns, at creation
+  // TraceIdRatioBased: sampled when the trace-id's last 8 bytes (big-endian) are
+  // below this; sample_all_ for a ratio of 1 (2^64 does not fit).
+  std::uint64_t threshold_;
+  bool sample_all_;
+  std::uint64_t seed_;
+  std::atomic<std::uint64_t> counter_{0};
+};
+
+}  // namespace engine_internal
+}  // namespace inferq

@@ -1,0 +1,137 @@
+// File: inferq/adapters/otlp/otlp_exporter.hpp
+//
+// OtlpHttpExporter: a TraceSink (engine/trace.hpp) that sends the engine's spans to
+// an OpenTelemetry collector over OTLP/HTTP with the JSON encoding (libcurl), in
+// batches, from its own thread. Spans follow OpenTelemetry's messaging semantic
+// conventions (1.27 and later): messaging.system "inferq", messaging.operation.type,
+// messaging.operation.name, messaging.destination.name,
+// messaging.consumer.group.name, messaging.message.id, messaging.message.body.size,
+// messaging.batch.message_count and error.type, plus inferq.stream,
+// inferq.stream_seq, inferq.member and inferq.delivery_count.
+//
+// Usage:
+//   auto exporter = inferq::otlp::OtlpHttpExporter::Create(
+//       {.endpoint = "http://127.0.0.1:4318/v1/traces", .service_name = "my-server"}).value();
+//   inferq::EngineOptions o;
+//   o.trace = {.sink = exporter, .sample_ratio = 0.05};
+//   auto engine = inferq::Engine::Create(std::move(o)).value();
+//   ...
+//   exporter->ForceFlush(absl::Seconds(5));  // before exiting, or let it go:
+//                                            // destruction sends what is queued
+//
+// The batching follows OpenTelemetry's BatchSpanProcessor: a bounded queue
+// (max_queue_spans; a span that finds it full is dropped and counted, Export never
+// waits), sent every schedule_delay or as soon as max_batch_spans are queued. The
+// request is the OTLP/HTTP JSON mapping (opentelemetry-proto, "JSON Protobuf
+// Encoding"): trace and span ids as lowercase hex, 64-bit integers and times as
+// decimal strings, enums as numbers. A response 429, 502, 503 or 504, or a failed
+// connection, is retried (the specification's retryable cases) up to max_attempts
+// with a doubling backoff; any other non-2xx fails the batch. A 2xx whose body
+// reports partialSuccess.rejectedSpans counts those as failed.
+//
+// Thread safety: Export may be called from any number of threads at once (the
+// engine's); ForceFlush, Shutdown and stats from any thread. Destroy it after the
+// engine whose sink it is, or after that engine stopped tracing (the engine holds a
+// shared_ptr, so it stays alive as long as the engine does).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "inferq/engine/trace.hpp"
+#include "inferq/ring/mpmc_ring.hpp"
+
+namespace inferq::otlp {
+
+struct OtlpExporterOptions {
+  // Where to POST: "http://" or "https://" and a host (OTLP/HTTP's default port is
+  // 4318, path /v1/traces).
+  std::string endpoint = "http://127.0.0.1:4318/v1/traces";
+  std::string service_name = "inferq";  // the resource's service.name
+  // Extra request headers (an authorization token, ...): names of [A-Za-z0-9-],
+  // values without CR or LF.
+  std::vector<std::pair<std::string, std::string>> headers{};
+  std::size_t max_queue_spans = 2048;  // 2..2^24, rounded up to a power of two
+  std::size_t max_batch_spans = 512;   // 1..max_queue_spans, spans per request
+  absl::Duration schedule_delay = absl::Seconds(5);  // > 0: longest a span waits
+  absl::Duration export_timeout = absl::Seconds(10);  // > 0: one request's limit
+  int max_attempts = 5;                               // 1..20 tries per batch
+  absl::Duration retry_backoff = absl::Milliseconds(100);  // >= 0, doubled per retry
+};
+
+struct OtlpExporterStats {
+  std::uint64_t exported = 0;  // spans the collector accepted
+  std::uint64_t dropped = 0;   // spans Export found no room for (or after Shutdown)
+  std::uint64_t failed = 0;    // spans of batches that failed, or rejected by the collector
+  std::uint64_t requests = 0;  // HTTP requests made, retries included
+  std::uint64_t retries = 0;
+  std::string last_error{};    // the last failure, naming the endpoint; empty if none
+};
+
+class OtlpHttpExporter final : public TraceSink {
+ public:
+  // Starts the sending thread. InvalidArgument naming the field and value for an
+  // endpoint without "http://" or "https://" and a host, an empty service_name, a
+  // bad header, or a count or duration outside the ranges above.
+  static absl::StatusOr<std::shared_ptr<OtlpHttpExporter>> Create(OtlpExporterOptions options);
+
+  ~OtlpHttpExporter() override;  // Shutdown()
+  OtlpHttpExporter(const OtlpHttpExporter&) = delete;
+  OtlpHttpExporter& operator=(const OtlpHttpExporter&) = delete;
+
+  // Queues `span`; never waits. Drops it (stats().dropped) when the queue is full or
+  // after Shutdown.
+  void Export(Span&& span) noexcept override;
+
+  // Sends every span queued before the call and waits until they are sent or
+  // given up, at most `timeout`. OK when all were exported; DeadlineExceeded when
+  // the time ran out; Unavailable, with the last error, when a batch failed
+  // meanwhile.
+  absl::Status ForceFlush(absl::Duration timeout);
+
+  // Sends what is queued (each request still bounded by export_timeout and its
+  // retries), then stops the thread. Later Exports drop. Idempotent.
+  void Shutdown();
+
+  OtlpExporterStats stats() const;
+
+  // The request body for `spans`: one ExportTraceServiceRequest in the OTLP JSON
+  // encoding, with resource attribute service.name = `service_name` and the
+  // instrumentation scope "inferq" with the library's version.
+  static std::string EncodeJson(std::span<const Span> spans, std::string_view service_name);
+
+ private:
+  explicit OtlpHttpExporter(OtlpExporterOptions options);
+  void Run();
+  // Sends `batch` with retries; true when the collector took it.
+  bool Send(const std::vector<Span>& batch);
+
+  const OtlpExporterOptions options_;
+  MpmcRing<Span> queue_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<std::uint64_t> queued_{0}, dropped_{0};
+  mutable std::mutex mu_;
+  std::condition_variable wake_;  // the sender: a flush, a full batch, or stopping
+  std::condition_variable done_;  // flushers: `processed_` moved
+  std::uint64_t processed_ = 0;   // spans taken off the queue and sent or given up; guarded by mu_
+  std::uint64_t flushes_ = 0;     // ForceFlush calls waiting; guarded by mu_
+  std::uint64_t exported_ = 0, failed_ = 0, requests_ = 0, retries_ = 0;  // guarded by mu_
+  std::string last_error_;        // guarded by mu_
+  std::thread thread_;
+  std::once_flag shutdown_once_;
+};
+
+}  // namespace inferq::otlp

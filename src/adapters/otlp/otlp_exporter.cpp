@@ -1,0 +1,431 @@
+// File: src/adapters/otlp/otlp_exporter.cpp
+//
+// OtlpHttpExporter: the queue, the sending thread, the OTLP JSON encoding
+// (RapidJSON's Writer) and the HTTP POST with retries (libcurl's easy interface).
+#include "inferq/adapters/otlp/otlp_exporter.hpp"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "inferq/version.hpp"
+#include "rapidjson/document.h"
+#include "rapidjson/stringbuffer.h"
+#include "rapidjson/writer.h"
+
+namespace inferq::otlp {
+namespace {
+
+template <std::size_t N>
+std::string Hex(const std::array<std::uint8_t, N>& bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out(2 * N, '0');
+  for (std::size_t i = 0; i < N; ++i) {
+    out[2 * i] = kDigits[bytes[i] >> 4];
+    out[2 * i + 1] = kDigits[bytes[i] & 0xF];
+  }
+  return out;
+}
+
+template <std::size_t N>
+bool AllZero(const std::array<std::uint8_t, N>& bytes) {
+  return std::all_of(bytes.begin(), bytes.end(), [](std::uint8_t b) { return b == 0; });
+}
+
+using JsonWriter = rapidjson::Writer<rapidjson::StringBuffer>;
+
+void Str(JsonWriter& w, std::string_view s) {
+  w.String(s.data(), static_cast<rapidjson::SizeType>(s.size()));
+}
+
+void StringAttribute(JsonWriter& w, std::string_view key, std::string_view value) {
+  w.StartObject();
+  Str(w, "key");
+  Str(w, key);
+  Str(w, "value");
+  w.StartObject();
+  Str(w, "stringValue");
+  Str(w, value);
+  w.EndObject();
+  w.EndObject();
+}
+
+// OTLP JSON: int64 values are decimal strings.
+void IntAttribute(JsonWriter& w, std::string_view key, std::uint64_t value) {
+  w.StartObject();
+  Str(w, "key");
+  Str(w, key);
+  Str(w, "value");
+  w.StartObject();
+  Str(w, "intValue");
+  Str(w, std::to_string(value));
+  w.EndObject();
+  w.EndObject();
+}
+
+void EncodeSpan(JsonWriter& w, const Span& s) {
+  const std::string_view op = StageName(s.stage);
+  w.StartObject();
+  Str(w, "traceId");
+  Str(w, Hex(s.context.trace_id));
+  Str(w, "spanId");
+  Str(w, Hex(s.context.span_id));
+  if (!AllZero(s.parent_span_id)) {
+    Str(w, "parentSpanId");
+    Str(w, Hex(s.parent_span_id));
+  }
+  Str(w, "flags");
+  w.Uint(s.context.flags);
+  Str(w, "name");
+  // The conventions' span name: "{messaging.operation.name} {destination}".
+  Str(w, s.destination.empty() ? std::string(op) : std::string(op) + " " + s.destination);
+  Str(w, "kind");
+  w.Uint(static_cast<unsigned>(KindOf(s.stage)));
+  Str(w, "startTimeUnixNano");
+  Str(w, std::to_string(s.start_unix_ns));
+  Str(w, "endTimeUnixNano");
+  Str(w, std::to_string(s.end_unix_ns));
+  Str(w, "attributes");
+  w.StartArray();
+  StringAttribute(w, "messaging.system", "inferq");
+  StringAttribute(w, "messaging.operation.type", OperationType(s.stage));
+  StringAttribute(w, "messaging.operation.name", op);
+  if (!s.destination.empty()) StringAttribute(w, "messaging.destination.name", s.destination);
+  if (!s.consumer.empty()) StringAttribute(w, "messaging.consumer.group.name", s.consumer);
+  if (!s.message_id.empty()) StringAttribute(w, "messaging.message.id", s.message_id);
+  IntAttribute(w, "messaging.message.body.size", s.body_size);
+  if (s.batch_message_count > 0) {
+    IntAttribute(w, "messaging.batch.message_count", s.batch_message_count);
+  }
+  if (!s.stream.empty()) StringAttribute(w, "inferq.stream", s.stream);
+  if (s.stream_seq > 0) IntAttribute(w, "inferq.stream_seq", s.stream_seq);
+  if (!s.consumer.empty()) IntAttribute(w, "inferq.member", s.member);
+  if (s.delivery_count > 0) IntAttribute(w, "inferq.delivery_count", s.delivery_count);
+  if (!s.error_type.empty()) StringAttribute(w, "error.type", s.error_type);
+  w.EndArray();
+  if (!s.error_type.empty()) {
+    Str(w, "status");
+    w.StartObject();
+    Str(w, "code");
+    w.Uint(2);  // STATUS_CODE_ERROR
+    if (!s.error_message.empty()) {
+      Str(w, "message");
+      Str(w, s.error_message);
+    }
+    w.EndObject();
+  }
+  w.EndObject();
+}
+
+bool ValidHeaderName(std::string_view name) {
+  if (name.empty()) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+  });
+}
+
+absl::Status Validate(const OtlpExporterOptions& o) {
+  auto bad = [](std::string field, std::string value, std::string why) {
+    return absl::InvalidArgumentError("OtlpExporterOptions::" + field + " " + value + " " + why);
+  };
+  const std::string_view ep = o.endpoint;
+  std::string_view rest;
+  if (ep.substr(0, 7) == "http://") {
+    rest = ep.substr(7);
+  } else if (ep.substr(0, 8) == "https://") {
+    rest = ep.substr(8);
+  } else {
+    return bad("endpoint", "'" + o.endpoint + "'", "does not start with http:// or https://");
+  }
+  if (rest.empty() || rest.front() == '/' || rest.front() == ':' ||
+      std::any_of(ep.begin(), ep.end(), [](char c) { return c <= ' ' || c == 0x7F; })) {
+    return bad("endpoint", "'" + o.endpoint + "'", "has no host, or a space or control character");
+  }
+  if (o.service_name.empty()) return bad("service_name", "''", "is empty");
+  for (const auto& [name, value] : o.headers) {
+    if (!ValidHeaderName(name)) return bad("headers", "name '" + name + "'", "is not a header name");
+    if (value.find_first_of("\r\n") != std::string::npos) {
+      return bad("headers", "value of '" + name + "'", "holds CR or LF");
+    }
+  }
+  if (o.max_queue_spans < 2 || o.max_queue_spans > (std::size_t{1} << 24)) {
+    return bad("max_queue_spans", std::to_string(o.max_queue_spans), "is outside 2..2^24");
+  }
+  if (o.max_batch_spans < 1 || o.max_batch_spans > o.max_queue_spans) {
+    return bad("max_batch_spans", std::to_string(o.max_batch_spans),
+               "is outside 1..max_queue_spans (" + std::to_string(o.max_queue_spans) + ")");
+  }
+  if (o.schedule_delay <= absl::ZeroDuration() || o.schedule_delay == absl::InfiniteDuration()) {
+    return bad("schedule_delay", absl::FormatDuration(o.schedule_delay), "is not positive and finite");
+  }
+  if (o.export_timeout <= absl::ZeroDuration() || o.export_timeout == absl::InfiniteDuration()) {
+    return bad("export_timeout", absl::FormatDuration(o.export_timeout), "is not positive and finite");
+  }
+  if (o.max_attempts < 1 || o.max_attempts > 20) {
+    return bad("max_attempts", std::to_string(o.max_attempts), "is outside 1..20");
+  }
+  if (o.retry_backoff < absl::ZeroDuration() || o.retry_backoff > absl::Minutes(1)) {
+    return bad("retry_backoff", absl::FormatDuration(o.retry_backoff), "is outside 0..1m");
+  }
+  return absl::OkStatus();
+}
+
+std::size_t Collect(char* data, std::size_t size, std::size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+
+// The curl handle of the sending thread, set up once (the connection is kept).
+struct Http {
+  CURL* curl = nullptr;
+  curl_slist* headers = nullptr;
+  std::string response;
+  char error[CURL_ERROR_SIZE] = {};
+  ~Http() {
+    if (curl != nullptr) curl_easy_cleanup(curl);
+    curl_slist_free_all(headers);
+  }
+};
+
+}  // namespace
+
+std::string OtlpHttpExporter::EncodeJson(std::span<const Span> spans, std::string_view service_name) {
+  rapidjson::StringBuffer buffer;
+  JsonWriter w(buffer);
+  w.StartObject();
+  Str(w, "resourceSpans");
+  w.StartArray();
+  w.StartObject();
+  Str(w, "resource");
+  w.StartObject();
+  Str(w, "attributes");
+  w.StartArray();
+  StringAttribute(w, "service.name", service_name);
+  w.EndArray();
+  w.EndObject();
+  Str(w, "scopeSpans");
+  w.StartArray();
+  w.StartObject();
+  Str(w, "scope");
+  w.StartObject();
+  Str(w, "name");
+  Str(w, "inferq");
+  Str(w, "version");
+  Str(w, INFERQ_VERSION_STRING);
+  w.EndObject();
+  Str(w, "spans");
+  w.StartArray();
+  for (const Span& s : spans) EncodeSpan(w, s);
+  w.EndArray();
+  w.EndObject();
+  w.EndArray();
+  w.EndObject();
+  w.EndArray();
+  w.EndObject();
+  return std::string(buffer.GetString(), buffer.GetSize());
+}
+
+absl::StatusOr<std::shared_ptr<OtlpHttpExporter>> OtlpHttpExporter::Create(OtlpExporterOptions options) {
+  if (absl::Status s = Validate(options); !s.ok()) return s;
+  static const CURLcode global = curl_global_init(CURL_GLOBAL_DEFAULT);
+  if (global != CURLE_OK) {
+    return absl::InternalError(std::string("curl_global_init failed: ") + curl_easy_strerror(global));
+  }
+  std::shared_ptr<OtlpHttpExporter> e(new OtlpHttpExporter(std::move(options)));
+  e->thread_ = std::thread([raw = e.get()] { raw->Run(); });
+  return e;
+}
+
+OtlpHttpExporter::OtlpHttpExporter(OtlpExporterOptions options)
+    : options_(std::move(options)), queue_(std::bit_ceil(options_.max_queue_spans)) {}
+
+OtlpHttpExporter::~OtlpHttpExporter() { Shutdown(); }
+
+void OtlpHttpExporter::Export(Span&& span) noexcept {
+  if (stopping_.load(std::memory_order_acquire) || !queue_.try_push(std::move(span))) {
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  queued_.fetch_add(1, std::memory_order_acq_rel);
+  // A full batch wakes the sender at once; else it wakes at schedule_delay. The
+  // notify is not under mu_: a wake-up lost to a race only waits for the delay.
+  if (queue_.size_approx() >= options_.max_batch_spans) wake_.notify_one();
+}
+
+absl::Status OtlpHttpExporter::ForceFlush(absl::Duration timeout) {
+  std::unique_lock lock(mu_);
+  const std::uint64_t target = queued_.load(std::memory_order_acquire);
+  const std::uint64_t failed_before = failed_;
+  ++flushes_;
+  wake_.notify_one();
+  const bool done = done_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                                   [&] { return processed_ >= target; });
+  --flushes_;
+  if (!done) {
+    return absl::DeadlineExceededError("OTLP exporter: " + std::to_string(target - processed_) +
+                                       " span(s) not sent to " + options_.endpoint + " within " +
+                                       absl::FormatDuration(timeout));
+  }
+  if (failed_ != failed_before) {
+    return absl::UnavailableError("OTLP exporter: " + std::to_string(failed_ - failed_before) +
+                                  " span(s) not exported: " + last_error_);
+  }
+  return absl::OkStatus();
+}
+
+void OtlpHttpExporter::Shutdown() {
+  std::call_once(shutdown_once_, [this] {
+    {
+      std::lock_guard lock(mu_);
+      stopping_.store(true, std::memory_order_release);
+    }
+    queue_.close();  // later pushes fail; the sender drains what is left
+    wake_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  });
+}
+
+OtlpExporterStats OtlpHttpExporter::stats() const {
+  std::lock_guard lock(mu_);
+  OtlpExporterStats s;
+  s.exported = exported_;
+  s.dropped = dropped_.load(std::memory_order_relaxed);
+  s.failed = failed_;
+  s.requests = requests_;
+  s.retries = retries_;
+  s.last_error = last_error_;
+  return s;
+}
+
+void OtlpHttpExporter::Run() {
+  std::vector<Span> batch;
+  batch.reserve(options_.max_batch_spans);
+  const auto delay = absl::ToChronoNanoseconds(options_.schedule_delay);
+  for (;;) {
+    bool stopping;
+    {
+      std::unique_lock lock(mu_);
+      wake_.wait_for(lock, delay, [&] {
+        return stopping_.load(std::memory_order_relaxed) || flushes_ > 0 ||
+               queue_.size_approx() >= options_.max_batch_spans;
+      });
+      stopping = stopping_.load(std::memory_order_relaxed);
+    }
+    // Everything queued now, a batch at a time. Once stopping, pop() waits for a push
+    // that claimed its slot before close() and returns false when all is drained.
+    for (;;) {
+      batch.clear();
+      Span s;
+      while (batch.size() < options_.max_batch_spans && (stopping ? queue_.pop(s) : queue_.try_pop(s))) {
+        batch.push_back(std::move(s));
+      }
+      if (batch.empty()) break;
+      (void)Send(batch);
+      {
+        std::lock_guard lock(mu_);
+        processed_ += batch.size();
+      }
+      done_.notify_all();
+    }
+    if (stopping) return;
+  }
+}
+
+bool OtlpHttpExporter::Send(const std::vector<Span>& batch) {
+  // Only the exporter's own thread sends: its handle (and kept connection) is that
+  // thread's.
+  thread_local Http http;
+  const std::string body = EncodeJson(batch, options_.service_name);
+  const std::uint64_t n = batch.size();
+  const std::string what = "OTLP export of " + std::to_string(n) + " span(s) to " + options_.endpoint;
+  if (http.curl == nullptr) {
+    http.curl = curl_easy_init();
+    if (http.curl == nullptr) {
+      std::lock_guard lock(mu_);
+      failed_ += n;
+      last_error_ = what + " failed: curl_easy_init failed";
+      return false;
+    }
+    http.headers = curl_slist_append(http.headers, "Content-Type: application/json");
+    http.headers = curl_slist_append(http.headers, "Expect:");  // no 100-continue round trip
+    for (const auto& [name, value] : options_.headers) {
+      http.headers = curl_slist_append(http.headers, (name + ": " + value).c_str());
+    }
+    curl_easy_setopt(http.curl, CURLOPT_URL, options_.endpoint.c_str());
+    curl_easy_setopt(http.curl, CURLOPT_HTTPHEADER, http.headers);
+    curl_easy_setopt(http.curl, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(http.curl, CURLOPT_TIMEOUT_MS,
+                     static_cast<long>(absl::ToInt64Milliseconds(options_.export_timeout)));
+    curl_easy_setopt(http.curl, CURLOPT_WRITEFUNCTION, &Collect);
+    curl_easy_setopt(http.curl, CURLOPT_WRITEDATA, &http.response);
+    curl_easy_setopt(http.curl, CURLOPT_ERRORBUFFER, http.error);
+  }
+  curl_easy_setopt(http.curl, CURLOPT_POSTFIELDS, body.data());
+  curl_easy_setopt(http.curl, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
+  absl::Duration backoff = options_.retry_backoff;
+  for (int attempt = 1;; ++attempt) {
+    http.response.clear();
+    http.error[0] = '\0';
+    const CURLcode rc = curl_easy_perform(http.curl);
+    long code = 0;
+    if (rc == CURLE_OK) curl_easy_getinfo(http.curl, CURLINFO_RESPONSE_CODE, &code);
+    {
+      std::lock_guard lock(mu_);
+      ++requests_;
+    }
+    std::string why;
+    bool retryable = true;
+    if (rc != CURLE_OK) {
+      why = std::string(http.error[0] != '\0' ? http.error : curl_easy_strerror(rc)) +
+            " (curl error " + std::to_string(static_cast<int>(rc)) + ")";
+    } else if (code >= 200 && code < 300) {
+      // partialSuccess.rejectedSpans: spans the collector refused (a 2xx all the same).
+      std::uint64_t rejected = 0;
+      std::string message;
+      rapidjson::Document doc;
+      if (!http.response.empty() && !doc.Parse(http.response.c_str()).HasParseError() &&
+          doc.IsObject() && doc.HasMember("partialSuccess") && doc["partialSuccess"].IsObject()) {
+        const auto& ps = doc["partialSuccess"];
+        if (ps.HasMember("rejectedSpans")) {
+          const auto& r = ps["rejectedSpans"];
+          if (r.IsUint64()) rejected = r.GetUint64();
+          if (r.IsString()) rejected = std::strtoull(r.GetString(), nullptr, 10);
+        }
+        if (ps.HasMember("errorMessage") && ps["errorMessage"].IsString()) message = ps["errorMessage"].GetString();
+      }
+      rejected = std::min(rejected, n);
+      std::lock_guard lock(mu_);
+      exported_ += n - rejected;
+      failed_ += rejected;
+      if (rejected > 0) {
+        last_error_ = what + ": the collector rejected " + std::to_string(rejected) + ": " + message;
+      }
+      return rejected == 0;
+    } else {
+      retryable = code == 429 || code == 502 || code == 503 || code == 504;
+      why = "HTTP " + std::to_string(code) + ": " + http.response.substr(0, 200);
+    }
+    if (!retryable || attempt >= options_.max_attempts) {
+      std::lock_guard lock(mu_);
+      failed_ += n;
+      last_error_ = what + " failed after " + std::to_string(attempt) + " attempt(s): " + why;
+      return false;
+    }
+    {
+      std::lock_guard lock(mu_);
+      ++retries_;
+    }
+    std::this_thread::sleep_for(absl::ToChronoNanoseconds(backoff));
+    backoff *= 2;
+  }
+}
+
+}  // namespace inferq::otlp

@@ -20,8 +20,9 @@ purposes (default: examples; --for may be given more than once):
             check), the JSON Schema test suite, libnats and nats-server (the NATS
             bridge, inferq::nats, and the servers its tests start), the openssl
             tool (the certificates of the bridge's TLS tests), prometheus-cpp and
-            the Prometheus server with promtool (the exposition and its checks):
-            the `dev` preset and ctest
+            the Prometheus server with promtool (the exposition and its checks),
+            and libcurl (the OTLP trace exporter, inferq::otlp): the `dev`
+            preset and ctest
   bench     library + Google Benchmark and the peers the benchmarks compare
             against (TBB, Boost, atomic_queue, moodycamel, xenium, RocksDB,
             SQLite, ZeroMQ, NNG, NATS JetStream: libnats and nats-server), and
@@ -31,7 +32,8 @@ purposes (default: examples; --for may be given more than once):
   cluster   library + libnats and nats-server: the main example across
             processes over a NATS JetStream cluster (scripts/cluster_demo.sh)
   metrics   library + prometheus-cpp (the Prometheus exposition,
-            inferq::prometheus) and the Prometheus server with promtool
+            inferq::prometheus), the Prometheus server with promtool, and
+            libcurl (the OTLP/HTTP trace exporter, inferq::otlp)
   plot      python3-matplotlib: scripts/plot_replay.py, which draws a replay
             of the main example from its --json and --timeline files
 
@@ -54,6 +56,7 @@ library=(
 )
 tests=(
   catch2 libvalijson-dev json-schema-test-suite libnats-dev nats-server openssl prometheus-cpp-dev prometheus
+  libcurl4-openssl-dev
 )
 bench=(
   libbenchmark-dev libtbb-dev libboost-dev libatomic-queue-dev libconcurrentqueue-dev
@@ -62,7 +65,7 @@ bench=(
 )
 fuzz=(clang libclang-rt-14-dev libvalijson-dev)
 cluster=(libnats-dev nats-server)
-metrics=(prometheus-cpp-dev prometheus)
+metrics=(prometheus-cpp-dev prometheus libcurl4-openssl-dev)
 plot=(python3-matplotlib)
 
 purposes=()

@@ -1076,7 +1076,9 @@ class TokenReceiver {
     // The probe follows the sequence in trace time (ns): it starts at the request's
     // arrival, and its first token is the TTFT.
     const std::string seq_id = std::to_string(id);
-    if (seq_no == 0) CheckProbe(sh_.probe->Start(seq_id, t.arrival_us * 1000));
+    if (seq_no == 0) {
+      CheckProbe(sh_.probe->Start(seq_id, t.arrival_us * 1000, Assign(*sh_.opt, id).tier));
+    }
     CheckProbe(sh_.probe->Token(seq_id, p.trace_us * 1000));
     if (seq_no == 0) {
       const auto ttft = static_cast<std::uint64_t>(std::max<std::int64_t>(0, p.trace_us - t.arrival_us));
@@ -1482,6 +1484,9 @@ int main(int argc, char** argv) {
   }
 
   inferq::TokenProbe token_probe(std::max<std::size_t>(trace.size(), 1));
+  for (std::size_t t = 0; t < 3; ++t) {  // --sla-ms: the probe's SLA attainment per tier
+    check(token_probe.SetTtftSla(static_cast<inferq::Qos>(t), static_cast<std::int64_t>(opt.sla_ms[t] * 1e6)));
+  }
 #ifdef INFERQ_EXAMPLE_PROMETHEUS
   // --metrics-port: /metrics on loopback while the replay runs (declared after the
   // engine and the probe: it stops serving before they go).

@@ -19,6 +19,7 @@
 #include "inferq/engine/lifecycle.hpp"
 #include "inferq/engine/message.hpp"
 #include "inferq/engine/stats.hpp"
+#include "inferq/engine/trace.hpp"
 #include "inferq/event/codec.hpp"
 #include "inferq/event/event.hpp"
 #include "inferq/event/tensor_event.hpp"

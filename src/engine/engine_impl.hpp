@@ -40,6 +40,7 @@
 #include "node_pools.hpp"
 #include "route_index.hpp"
 #include "stream_state.hpp"
+#include "striped_counter.hpp"
 
 namespace inferq {
 
@@ -121,6 +122,9 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   std::vector<std::pair<std::filesystem::path, std::string>> opening_dirs;
 
   std::atomic<std::uint64_t> published{0}, unrouted{0}, rejected{0}, invalid{0};
+  // Publishes whose subject this thread's route cache held (RouteIndex::MatchCached)
+  // and those that searched the subject index (EngineStats::subject_cache_hits, ...).
+  engine_internal::StripedCounter subject_cache_hits, subject_cache_misses;
   // Payload conversion (EngineOptions::codecs); compress_dictionary points into
   // codecs.dictionaries (nullptr = none).
   EngineCodecOptions codecs;

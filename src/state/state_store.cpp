@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "inferq/base/error.hpp"
+#include "inferq/base/histogram.hpp"
 #include "log_format.hpp"
 #include "log_options.hpp"
 #include "recovery.hpp"
@@ -610,8 +611,7 @@ class StateStore::Impl {
       if (p.new_segment_salt != 0) {
         if (auto st = flush(); !st.ok()) return st;
         // The old segment is complete: make it durable before starting the next.
-        if (auto st = file_->Sync(); !st.ok()) return st;
-        ++stats_log_syncs_;
+        if (auto st = SyncLog(); !st.ok()) return st;
         if (auto st = file_->Close(); !st.ok()) return st;
         if (auto st = CreateSegment(p.tx, p.new_segment_salt); !st.ok()) return st;
       }
@@ -619,8 +619,7 @@ class StateStore::Impl {
     }
     if (auto st = flush(); !st.ok()) return st;
     if (opt_.sync == SyncPolicy::kEveryCommit || opt_.sync == SyncPolicy::kGroupCommit) {
-      if (auto st = file_->Sync(); !st.ok()) return st;
-      ++stats_log_syncs_;
+      if (auto st = SyncLog(); !st.ok()) return st;
       unsynced_bytes_ = 0;
     }
     return absl::OkStatus();
@@ -657,11 +656,8 @@ class StateStore::Impl {
         {
           std::lock_guard io(io_mu_);
           if (unsynced_bytes_ > 0) {
-            st = file_->Sync();
-            if (st.ok()) {
-              unsynced_bytes_ = 0;
-              ++stats_log_syncs_;
-            }
+            st = SyncLog();
+            if (st.ok()) unsynced_bytes_ = 0;
           }
         }
         lock.lock();
@@ -682,7 +678,19 @@ class StateStore::Impl {
     }
   }
 
+  // A checkpoint, timed (checkpoint_ns_) when it is written. Requires ckpt_mu_.
   absl::Status CheckpointLocked() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::uint64_t written = ckpt_full_written_ + ckpt_incr_written_;
+    absl::Status st = WriteCheckpointLocked();
+    if (ckpt_full_written_ + ckpt_incr_written_ != written) {
+      checkpoint_ns_.Record(static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()));
+    }
+    return st;
+  }
+
+  absl::Status WriteCheckpointLocked() {
     {
       std::lock_guard lock(mu_);
       if (opt_.read_only) {
@@ -855,6 +863,20 @@ class StateStore::Impl {
   std::uint64_t unsynced_bytes_ = 0;
   std::uint64_t allocated_ = 0;  // bytes of the open segment file, zero-filled ahead
   std::uint64_t stats_log_syncs_ = 0;
+  Histogram log_sync_ns_;     // each fdatasync of the log that succeeded
+  Histogram checkpoint_ns_;   // each checkpoint written (snapshot, write, retire)
+
+  // fdatasync of the open segment, timed and counted. Requires io_mu_.
+  absl::Status SyncLog() {
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status st = file_->Sync();
+    if (st.ok()) {
+      ++stats_log_syncs_;
+      log_sync_ns_.Record(static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count()));
+    }
+    return st;
+  }
 
   // state_mu_: the applied state.
   mutable std::shared_mutex state_mu_;
@@ -879,6 +901,8 @@ class StateStore::Impl {
     std::lock_guard io(io_mu_);
     return stats_log_syncs_;
   }
+  HistogramSnapshot log_sync_ns() const { return log_sync_ns_.Snapshot(); }
+  HistogramSnapshot checkpoint_ns() const { return checkpoint_ns_.Snapshot(); }
 };
 
 // ---------------------------------------------------------------------------------
@@ -962,6 +986,8 @@ std::uint64_t StateStore::last_tx_id() const { return impl_->last_tx_id(); }
 StateStoreStats StateStore::Stats() const {
   StateStoreStats s = impl_->Stats();
   s.log_syncs = impl_->log_syncs();
+  s.log_sync_ns = impl_->log_sync_ns();
+  s.checkpoint_ns = impl_->checkpoint_ns();
   return s;
 }
 

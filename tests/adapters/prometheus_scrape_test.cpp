@@ -62,7 +62,7 @@ TEST_CASE("Prometheus scrapes the replaying example and holds the figures of its
   const std::string out_path = (dir.path() / "out.txt").string();
   // Paced (--speed 100), so that scrapes land while it replays, and held after it until
   // Prometheus has scraped the final figures.
-  const std::string cmd = std::string(INFERQ_INFERENCE_SERVER) + " --limit 300 --speed 100 --json " + json_path +
+  const std::string cmd = std::string(INFERQ_INFERENCE_SERVER) + " --limit 300 --speed 100 --sla-ms 60:60:60 --json " + json_path +
                           " --metrics-port " + std::to_string(metrics_port) + " --metrics-hold 60 > " + out_path +
                           " 2>&1";
   const int rc = std::system(cmd.c_str());
@@ -109,6 +109,21 @@ TEST_CASE("Prometheus scrapes the replaying example and holds the figures of its
   CHECK(Last(prom, "inferq_token_sequences_finished_total" + client) ==
         std::to_string(JsonUint(json, "requests_completed")));
   CHECK(Last(prom, "inferq_token_ttft_seconds_count" + client) == std::to_string(JsonUint(json, "requests_completed")));
+  // SLA attainment per tier (--sla-ms 60:60:60, trace time: some first tokens are late).
+  std::uint64_t within = 0, late = 0;
+  for (const char* tier : {"gold", "silver", "bronze"}) {
+    INFO(tier);
+    const std::string l = "{probe=\"client\",tier=\"" + std::string(tier) + "\"}";
+    const std::uint64_t requests = JsonUint(json, "requests", std::string("tier_") + tier);
+    const std::uint64_t in_sla = JsonUint(json, "within_sla", std::string("tier_") + tier);
+    CHECK(Last(prom, "inferq_token_tier_first_tokens_total" + l) == std::to_string(requests));
+    CHECK(Last(prom, "inferq_token_tier_within_sla_total" + l) == std::to_string(in_sla));
+    CHECK(Last(prom, "inferq_token_tier_ttft_sla_seconds" + l) == "0.06");
+    within += in_sla;
+    late += requests - in_sla;
+  }
+  CHECK(within > 0);
+  CHECK(late > 0);
   // Every request was stored in REQUESTS once (requests and decode steps share it).
   const auto stored = Last(prom, "inferq_stream_stored_total{stream=\"REQUESTS\"}");
   REQUIRE(stored.has_value());

@@ -131,6 +131,11 @@ TEST_CASE("the engine's counts appear with their exact values") {
   CHECK(Value(text, "inferq_publish_refused_total{reason=\"unrouted\"}") == "1");
   CHECK(Value(text, "inferq_publish_refused_total{reason=\"invalid\"}") == "1");
   CHECK(Value(text, "inferq_publish_refused_total{reason=\"rejected\"}") == "0");
+  // Six publishes on this thread: work.a routed once from the index, then from the
+  // cache four times; nowhere.a searched (and not cached: nothing captures it);
+  // work..a searched too (an invalid subject is found nowhere).
+  CHECK(Value(text, "inferq_subject_cache_hits_total") == "4");
+  CHECK(Value(text, "inferq_subject_cache_misses_total") == "3");
   CHECK(Value(text, "inferq_stream_messages{stream=\"S\"}") == "4");
   CHECK(Value(text, "inferq_stream_stored_total{stream=\"S\"}") == "4");
   CHECK(Value(text, "inferq_stream_duplicates_total{stream=\"S\"}") == "1");
@@ -224,14 +229,23 @@ TEST_CASE("a token probe's figures appear with their exact values") {
   REQUIRE(probe.Token("a", 2'000'000).ok());  // TTFT 2 ms
   REQUIRE(probe.Token("a", 2'500'000).ok());  // 0.5 ms later
   probe.Reordered();
+  REQUIRE(probe.SetTtftSla(inferq::Qos::kGold, 3'000'000).ok());
+  REQUIRE(probe.Start("g", 0, inferq::Qos::kGold).ok());
+  REQUIRE(probe.Token("g", 500'000).ok());  // TTFT 0.5 ms, within gold's 3 ms
   const std::string text = ExpositionText(inferq::prometheus::TokenProbeCollector(probe, "client"));
   const std::string l = "{probe=\"client\"}";
-  CHECK(Value(text, "inferq_tokens_total" + l) == "2");
-  CHECK(Value(text, "inferq_token_sequences_open" + l) == "1");
+  const std::string gold = "{probe=\"client\",tier=\"gold\"}";
+  CHECK(Value(text, "inferq_token_tier_first_tokens_total" + gold) == "1");
+  CHECK(Value(text, "inferq_token_tier_within_sla_total" + gold) == "1");
+  CHECK(Value(text, "inferq_token_tier_ttft_sla_seconds" + gold) == "0.003");
+  CHECK(text.find("tier=\"silver\"") == std::string::npos);  // no target, no sequence
+  CHECK(Value(text, "inferq_tokens_total" + l) == "3");
+  CHECK(Value(text, "inferq_token_sequences_open" + l) == "2");
   CHECK(Value(text, "inferq_token_reordered_total" + l) == "1");
-  CHECK(Value(text, "inferq_token_ttft_seconds_count" + l) == "1");
-  CHECK(Value(text, "inferq_token_ttft_seconds_bucket{probe=\"client\",le=\"0.001\"}") == "0");
-  CHECK(Value(text, "inferq_token_ttft_seconds_bucket{probe=\"client\",le=\"0.0025\"}") == "1");
+  CHECK(Value(text, "inferq_token_ttft_seconds_count" + l) == "2");
+  CHECK(Value(text, "inferq_token_ttft_seconds_bucket{probe=\"client\",le=\"0.0005\"}") == "0");
+  CHECK(Value(text, "inferq_token_ttft_seconds_bucket{probe=\"client\",le=\"0.001\"}") == "1");
+  CHECK(Value(text, "inferq_token_ttft_seconds_bucket{probe=\"client\",le=\"0.0025\"}") == "2");
   CHECK(Value(text, "inferq_token_inter_token_seconds_count" + l) == "1");
   CHECK(Promtool(text).first == 0);
 }
@@ -249,8 +263,14 @@ TEST_CASE("a StateStore's figures appear with their exact values") {
   CHECK(Value(text, "inferq_state_keys") == "3");
   CHECK(Value(text, "inferq_state_last_tx") == "3");
   CHECK(Value(text, "inferq_state_log_syncs_total") == "3");  // kEveryCommit
+  CHECK(Value(text, "inferq_state_log_sync_seconds_count") == "3");
   CHECK(Value(text, "inferq_state_failed") == "0");
   CHECK(Value(text, "inferq_state_checkpoints_total{kind=\"full\"}") == "0");
+  CHECK(Value(text, "inferq_state_checkpoint_seconds_count") == "0");
+  REQUIRE(store->Checkpoint().ok());
+  const std::string after = ExpositionText(StateStoreCollector(*store));
+  CHECK(Value(after, "inferq_state_checkpoints_total{kind=\"full\"}") == "1");
+  CHECK(Value(after, "inferq_state_checkpoint_seconds_count") == "1");
 }
 
 TEST_CASE("the metrics server serves the exposition over HTTP on a free loopback port") {
@@ -328,6 +348,7 @@ TEST_CASE("the README lists every metric family") {
   std::set<std::string> names = FamilyNames(ExpositionText(EngineCollector(*f.engine)));
   for (const std::string& n : FamilyNames(ExpositionText(StateStoreCollector(*store)))) names.insert(n);
   inferq::TokenProbe probe;
+  REQUIRE(probe.SetTtftSla(inferq::Qos::kGold, 1'000'000).ok());  // the per-tier SLA families
   for (const std::string& n : FamilyNames(ExpositionText(inferq::prometheus::TokenProbeCollector(probe)))) {
     names.insert(n);
   }

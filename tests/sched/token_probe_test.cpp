@@ -91,3 +91,45 @@ TEST_CASE("sequences on several threads at once: every token counted once") {
   CHECK(s.inter_token_ns.count() == kThreads * kSeqs * (kTokens - 1));
   CHECK(s.inter_token_ns.sum() == 10u * kThreads * kSeqs * (kTokens - 1));
 }
+
+TEST_CASE("SLA attainment per tier: first tokens within the tier's TTFT target") {
+  inferq::TokenProbe probe;
+  REQUIRE(probe.SetTtftSla(inferq::Qos::kGold, 2'000'000).ok());    // 2 ms
+  REQUIRE(probe.SetTtftSla(inferq::Qos::kBronze, 10'000'000).ok()); // 10 ms
+  REQUIRE(probe.Start("g1", 0, inferq::Qos::kGold).ok());
+  REQUIRE(probe.Start("g2", 0, inferq::Qos::kGold).ok());
+  REQUIRE(probe.Start("s1", 0, inferq::Qos::kSilver).ok());
+  REQUIRE(probe.Start("b1", 0, inferq::Qos::kBronze).ok());
+  REQUIRE(probe.Start("untiered", 0).ok());
+  REQUIRE(probe.Token("g1", 2'000'000).ok());   // exactly at the target: within
+  REQUIRE(probe.Token("g1", 9'000'000).ok());   // a later token does not count
+  REQUIRE(probe.Token("g2", 2'000'001).ok());   // 1 ns late
+  REQUIRE(probe.Token("s1", 1).ok());           // silver has no target
+  REQUIRE(probe.Token("untiered", 1).ok());
+  const inferq::TokenProbeStats s = probe.Stats();
+  CHECK(s.tiers[0].ttft_sla_ns == 2'000'000);
+  CHECK(s.tiers[0].first_tokens == 2);
+  CHECK(s.tiers[0].within_sla == 1);
+  CHECK(s.tiers[1].ttft_sla_ns == 0);
+  CHECK(s.tiers[1].first_tokens == 1);
+  CHECK(s.tiers[1].within_sla == 0);
+  CHECK(s.tiers[2].ttft_sla_ns == 10'000'000);
+  CHECK(s.tiers[2].first_tokens == 0);  // b1 has no token yet
+  CHECK(s.ttft_ns.count() == 4);
+}
+
+TEST_CASE("bad SLA calls are refused and change nothing") {
+  inferq::TokenProbe probe;
+  absl::Status st = probe.SetTtftSla(inferq::Qos::kGold, -1);
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(st.message()) ==
+        "TokenProbe::SetTtftSla: tier 0 target -1 ns is invalid (a QoS tier, a target >= 0)");
+  st = probe.SetTtftSla(static_cast<inferq::Qos>(3), 5);
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  st = probe.Start("x", 0, static_cast<inferq::Qos>(7));
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(st.message()) == "TokenProbe::Start 'x': tier 7 is not a QoS tier");
+  const inferq::TokenProbeStats s = probe.Stats();
+  CHECK(s.sequences_started == 0);
+  CHECK(s.tiers[0].ttft_sla_ns == 0);
+}

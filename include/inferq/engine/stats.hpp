@@ -228,6 +228,12 @@ struct EngineStats {
   // Payloads converted for consumers (ConsumerConfig::accept_codecs): one per publish
   // and target codec, however many consumers and streams share the result.
   std::uint64_t codec_conversions = 0;
+  // Routing of every publish (the application's and the engine's dead letters): the
+  // capturing streams of a subject this thread routed before (since the last
+  // AddStream or DeleteStream) come from the thread's route cache (a hit); else the
+  // subject index is searched (a miss). Hit rate = hits / (hits + misses).
+  std::uint64_t subject_cache_hits = 0;
+  std::uint64_t subject_cache_misses = 0;
   std::vector<StreamStats> streams;
   std::vector<ConsumerStats> consumers;
   std::vector<NodeMemoryStats> memory;  // one per NUMA node

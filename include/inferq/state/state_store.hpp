@@ -77,6 +77,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "inferq/base/histogram.hpp"
 #include "inferq/state/file_system.hpp"
 
 namespace inferq {
@@ -132,6 +133,11 @@ struct StateStoreStats {
   std::uint64_t checkpoints_incremental = 0;  // written since Open
   std::uint64_t last_checkpoint_tx = 0;       // newest checkpoint on disk
   std::uint64_t last_checkpoint_bytes = 0;
+  // Durations in ns since Open: each fdatasync of the log that succeeded, and each
+  // checkpoint written (taking the snapshot, writing, syncing and renaming the file,
+  // retiring what it replaces).
+  HistogramSnapshot log_sync_ns{};
+  HistogramSnapshot checkpoint_ns{};
   // Recovery at Open.
   std::uint64_t recovered_checkpoints = 0;    // checkpoint files loaded
   std::uint64_t recovered_log_records = 0;    // log records replayed after them

@@ -280,6 +280,11 @@ std::vector<MetricFamily> EngineCollector::Families(const EngineStats& s) {
   b.Counter("inferq_publish_refused_total", "", {{"reason", "invalid"}}, D(s.invalid));
   b.Counter("inferq_codec_conversions_total", "Payloads converted for consumers' accepted codecs.", {},
             D(s.codec_conversions));
+  b.Counter("inferq_subject_cache_hits_total",
+            "Publishes routed from the publishing thread's route cache (subject routed before).", {},
+            D(s.subject_cache_hits));
+  b.Counter("inferq_subject_cache_misses_total", "Publishes that searched the subject index.", {},
+            D(s.subject_cache_misses));
   AddStreams(b, s);
   AddConsumers(b, s);
   AddMemory(b, s);
@@ -305,6 +310,22 @@ std::vector<MetricFamily> TokenProbeCollector::Families(const TokenProbeStats& s
             D(s.reordered));
   b.Counter("inferq_token_missing_total", "Token numbers reported missing (never received).", l, D(s.missing));
   b.Counter("inferq_token_duplicates_total", "Copies of tokens received again and dropped.", l, D(s.duplicates));
+  // SLA attainment per tier: only for tiers whose sequences were started with one.
+  bool first_tier = true;
+  for (std::size_t t = 0; t < s.tiers.size(); ++t) {
+    const TokenTierStats& ts = s.tiers[t];
+    if (ts.first_tokens == 0 && ts.ttft_sla_ns == 0) continue;
+    Labels tl = l;
+    tl.push_back({"tier", kTierNames[t]});
+    b.Counter("inferq_token_tier_first_tokens_total",
+              first_tier ? "First tokens of sequences started with a QoS tier." : "", tl, D(ts.first_tokens));
+    b.Counter("inferq_token_tier_within_sla_total",
+              first_tier ? "Of those, first tokens within the tier's TTFT SLA (TokenProbe::SetTtftSla)." : "", tl,
+              D(ts.within_sla));
+    b.Gauge("inferq_token_tier_ttft_sla_seconds", first_tier ? "The tier's TTFT SLA; 0 = none." : "", tl,
+            static_cast<double>(ts.ttft_sla_ns) / 1e9);
+    first_tier = false;
+  }
   return b.Take();
 }
 
@@ -316,6 +337,11 @@ std::vector<MetricFamily> StateStoreCollector::Families(const StateStoreStats& s
   b.Gauge("inferq_state_keys", "Live keys.", {}, D(s.keys));
   b.Counter("inferq_state_commits_total", "Transactions committed since open.", {}, D(s.commits));
   b.Counter("inferq_state_log_syncs_total", "fdatasync calls on the write-ahead log since open.", {}, D(s.log_syncs));
+  b.LatencyHistogram("inferq_state_log_sync_seconds", "Duration of each fdatasync of the write-ahead log.", {},
+                     s.log_sync_ns);
+  b.LatencyHistogram("inferq_state_checkpoint_seconds",
+                     "Duration of each checkpoint written (snapshot, write, sync, rename, retire).", {},
+                     s.checkpoint_ns);
   b.Counter("inferq_state_log_written_bytes_total", "Bytes appended to the write-ahead log since open.", {},
             D(s.log_bytes));
   b.Gauge("inferq_state_log_segments", "Write-ahead log segment files now.", {}, D(s.segments));

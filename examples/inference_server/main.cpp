@@ -93,6 +93,12 @@
 // after the replay, up to S seconds, until a scraper has taken the final figures,
 // which are the ones the summary and --json report.
 //
+// Tracing (--otlp-endpoint URL, with inferq::otlp): the engine's spans (publish,
+// queue wait, delivery, ack or nak, dead letter) of a --trace-sample share of the
+// requests and decode steps (default 0.01), sent as OTLP/HTTP JSON to a collector
+// (an OpenTelemetry Collector, Jaeger, Tempo: http://HOST:4318/v1/traces); the
+// summary says how many spans went out.
+//
 // Data: Azure LLM inference trace 2023 (Patel et al., "Splitwise", ISCA 2024),
 // CC-BY-4.0; see examples/data/README.md.
 
@@ -122,6 +128,9 @@
 #include "trace.hpp"
 #ifdef INFERQ_EXAMPLE_NATS
 #include "cluster.hpp"
+#endif
+#ifdef INFERQ_EXAMPLE_OTLP
+#include "inferq/adapters/otlp/otlp_exporter.hpp"
 #endif
 #ifdef INFERQ_EXAMPLE_PROMETHEUS
 #include "inferq/adapters/prometheus/engine_collector.hpp"
@@ -173,6 +182,8 @@ struct Options {
   double metrics_hold_s = 0;
   // --timeline FILE: a CSV row every 100 ms of wall time (scripts/plot_replay.py).
   std::string timeline;
+  std::string otlp_endpoint;  // --otlp-endpoint: where spans go; empty = no tracing
+  double trace_sample = -1;   // --trace-sample, 0..1; -1 = not given (0.01)
 };
 
 constexpr std::array<const char*, 3> kTierNames{"gold", "silver", "bronze"};
@@ -269,6 +280,9 @@ void Usage(std::FILE* f) {
                "  --metrics-hold S          after the replay, keep serving up to S seconds\n"
                "                            (0..3600, default 0) until two scrapes began after\n"
                "                            the final figures, so the scraper has them\n"
+               "  --otlp-endpoint URL       send trace spans as OTLP/HTTP JSON to URL (e.g.\n"
+               "                            http://127.0.0.1:4318/v1/traces); needs inferq::otlp\n"
+               "  --trace-sample R          share of events traced, 0..1 (default 0.01)\n"
                "  --help, -h                this text\n"
                "  --version                 the inferq version\n"
                "\n"
@@ -372,7 +386,7 @@ bool KnownOption(std::string_view a) {
       "--prefill-base-ms", "--prefill-us-per-token", "--decode-base-ms", "--decode-us-per-seq",
       "--policy", "--ack-wait-ms", "--kill-replica", "--tier-mix", "--tenants", "--sla-ms",
       "--overload", "--max-deliver", "--state-dir", "--crash-at", "--role", "--nats", "--js-replicas",
-      "--metrics-port", "--metrics-hold", "--timeline"};
+      "--metrics-port", "--metrics-hold", "--timeline", "--otlp-endpoint", "--trace-sample"};
   return std::find(std::begin(kOptions), std::end(kOptions), a) != std::end(kOptions);
 }
 
@@ -479,6 +493,11 @@ Options ParseArgs(int argc, char** argv) {
     }
     else if (a == "--metrics-port") o.metrics_port = static_cast<int>(ParseUint(a, v, 0, 65535));
     else if (a == "--metrics-hold") o.metrics_hold_s = ParseDouble(a, v, 0, 3600);
+    else if (a == "--otlp-endpoint") {
+      if (v.empty()) Fail("--otlp-endpoint needs a URL");
+      o.otlp_endpoint = v;
+    }
+    else if (a == "--trace-sample") o.trace_sample = ParseDouble(a, v, 0, 1);
     else if (a == "--timeline") {
       if (v.empty()) Fail("--timeline needs a file name");
       o.timeline = v;
@@ -523,6 +542,14 @@ Options ParseArgs(int argc, char** argv) {
 #endif
   } else if (o.metrics_hold_s > 0) {
     Fail("--metrics-hold needs --metrics-port");
+  }
+  if (!o.otlp_endpoint.empty()) {
+#ifndef INFERQ_EXAMPLE_OTLP
+    Fail("--otlp-endpoint needs the OTLP exporter, which this build lacks (libcurl4-openssl-dev; INFERQ_WITH_OTLP)");
+#endif
+    if (o.trace_sample < 0) o.trace_sample = 0.01;
+  } else if (o.trace_sample >= 0) {
+    Fail("--trace-sample needs --otlp-endpoint");
   }
   if (!o.state_dir.empty() && !o.json.empty()) {
     // The summary must not land on (or in) the replay's state.
@@ -1379,7 +1406,20 @@ int main(int argc, char** argv) {
     }
   }
 
-  absl::StatusOr<std::unique_ptr<inferq::Engine>> created = inferq::Engine::Create();
+  inferq::EngineOptions engine_options;
+#ifdef INFERQ_EXAMPLE_OTLP
+  // --otlp-endpoint: the engine's spans go to the exporter, which sends them on its
+  // own thread (declared before the engine, which holds it, and flushed at the end).
+  std::shared_ptr<inferq::otlp::OtlpHttpExporter> exporter;
+  if (!opt.otlp_endpoint.empty()) {
+    auto e = inferq::otlp::OtlpHttpExporter::Create(
+        {.endpoint = opt.otlp_endpoint, .service_name = "inference_server", .max_queue_spans = 1 << 16});
+    if (!e.ok()) Fail("--otlp-endpoint: " + std::string(e.status().message()));
+    exporter = *std::move(e);
+    engine_options.trace = {.sink = exporter, .sample_ratio = opt.trace_sample};
+  }
+#endif
+  absl::StatusOr<std::unique_ptr<inferq::Engine>> created = inferq::Engine::Create(std::move(engine_options));
   if (!created.ok()) Fail(std::string(created.status().message()), 1);
   inferq::Engine& engine = **created;
   auto check = [](const absl::Status& s) {
@@ -1829,6 +1869,18 @@ int main(int argc, char** argv) {
                 kept + moved == 0 ? 100.0 : 100.0 * static_cast<double>(kept) / static_cast<double>(kept + moved),
                 static_cast<unsigned long long>(kept), static_cast<unsigned long long>(moved));
   }
+#ifdef INFERQ_EXAMPLE_OTLP
+  if (exporter != nullptr) {
+    // What is still queued goes out now (at most 30 s); a collector that is down
+    // does not fail the replay, the line says what was lost.
+    const absl::Status flushed = exporter->ForceFlush(absl::Seconds(30));
+    const inferq::otlp::OtlpExporterStats ts = exporter->stats();
+    std::printf("  traces     %llu spans exported to %s (sample %g; %llu dropped, %llu failed)%s%s\n",
+                static_cast<unsigned long long>(ts.exported), opt.otlp_endpoint.c_str(), opt.trace_sample,
+                static_cast<unsigned long long>(ts.dropped), static_cast<unsigned long long>(ts.failed),
+                flushed.ok() ? "" : ": ", flushed.ok() ? "" : std::string(flushed.message()).c_str());
+  }
+#endif
   // QoS: SLA attainment per tier (first tokens within the tier's TTFT SLA, of all
   // the tier's requests), and what the scheduled lanes served (in the replicas'
   // engines: "-" in the client role).

@@ -257,7 +257,7 @@ TEST_CASE("an engine's spans reach the receiver as OTLP JSON, linked by parent i
   CHECK(st.last_error.empty());
 }
 
-TEST_CASE("a 503 is retried with the same body; a 400 fails the batch at once") {
+TEST_CASE("a 503 is retried with the same body, a 400 fails the batch at once") {
   HttpReceiver receiver;
   auto exporter = OtlpHttpExporter::Create(To(receiver));
   REQUIRE(exporter.ok());
@@ -342,7 +342,7 @@ TEST_CASE("a refused connection is retried, then reported naming the endpoint") 
   CHECK(st.failed == 1);
 }
 
-TEST_CASE("a full queue drops spans and counts them; Export never waits") {
+TEST_CASE("a full queue drops spans and counts them, and Export never waits") {
   HttpReceiver receiver;
   OtlpExporterOptions o = To(receiver);
   o.max_queue_spans = 4;
@@ -362,7 +362,7 @@ TEST_CASE("a full queue drops spans and counts them; Export never waits") {
   CHECK(st.dropped == 3);
 }
 
-TEST_CASE("destroying the exporter sends what is queued; Export after Shutdown drops") {
+TEST_CASE("destroying the exporter sends what is queued, and Export after Shutdown drops") {
   HttpReceiver receiver;
   OtlpExporterOptions o = To(receiver);
   o.schedule_delay = absl::Hours(1);

@@ -333,7 +333,7 @@ TEST_CASE("a batch's deliver spans carry its size") {
   CHECK(one.status().code() == absl::StatusCode::kDeadlineExceeded);
 }
 
-TEST_CASE("ratio 0 still records errors: a refused publish and a second settle; not WouldBlock") {
+TEST_CASE("ratio 0 still records errors (a refused publish, a second settle) but not WouldBlock") {
   Traced t(/*ratio=*/0.0);
   Member m = t.Add({.lane_capacity = 2});
   // NotFound: no stream captures the subject.

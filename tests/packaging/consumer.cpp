@@ -10,6 +10,9 @@
 #include "inferq/adapters/prometheus/engine_collector.hpp"
 #include "inferq/adapters/prometheus/metrics_server.hpp"
 #endif
+#ifdef CONSUMER_OTLP
+#include "inferq/adapters/otlp/otlp_exporter.hpp"
+#endif
 
 int main() {
   absl::StatusOr<std::unique_ptr<inferq::Engine>> created = inferq::Engine::Create();
@@ -56,6 +59,13 @@ int main() {
   // inferq::prometheus from the installed package: the one publish above, exposed.
   const std::string text = inferq::prometheus::ExpositionText(inferq::prometheus::EngineCollector(engine));
   if (text.find("\ninferq_published_total 1\n") == std::string::npos) return 12;
+#endif
+#ifdef CONSUMER_OTLP
+  // inferq::otlp from the installed package (links libcurl): a span encoded.
+  inferq::Span span;
+  span.destination = "hello.world";
+  const std::string json = inferq::otlp::OtlpHttpExporter::EncodeJson({&span, 1}, "consumer");
+  if (json.find("\"publish hello.world\"") == std::string::npos) return 13;
 #endif
   std::printf("inferq %s consumer ok (JSON Schema predicates %s)\n", INFERQ_VERSION_STRING,
               CONSUMER_EXPECTS_JSON_SCHEMA ? "built in" : "off");

@@ -40,7 +40,7 @@
 #include "node_pools.hpp"
 #include "route_index.hpp"
 #include "stream_state.hpp"
-#include "striped_counter.hpp"
+#include "per_thread_counters.hpp"
 
 namespace inferq {
 
@@ -122,9 +122,11 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   std::vector<std::pair<std::filesystem::path, std::string>> opening_dirs;
 
   std::atomic<std::uint64_t> published{0}, unrouted{0}, rejected{0}, invalid{0};
-  // Publishes whose subject this thread's route cache held (RouteIndex::MatchCached)
-  // and those that searched the subject index (EngineStats::subject_cache_hits, ...).
-  engine_internal::StripedCounter subject_cache_hits, subject_cache_misses;
+  // [kRouteCacheHit]: publishes whose subject this thread's route cache held
+  // (RouteIndex::MatchCached); [kRouteCacheMiss]: those that searched the subject
+  // index (EngineStats::subject_cache_hits, subject_cache_misses).
+  enum RouteCount : std::size_t { kRouteCacheHit, kRouteCacheMiss };
+  engine_internal::PerThreadCounters<2> route_counts;
   // Payload conversion (EngineOptions::codecs); compress_dictionary points into
   // codecs.dictionaries (nullptr = none).
   EngineCodecOptions codecs;

@@ -114,7 +114,7 @@ absl::StatusOr<PublishAck> Engine::PublishEvent(Event&& event, PublishMode mode,
   // (RouteIndex::MatchCached): the check below skips it.
   absl::InlinedVector<StreamState*, 4> capturing;
   const bool routed_before = impl_->routes.MatchCached(event.subject, &capturing);
-  (routed_before ? impl_->subject_cache_hits : impl_->subject_cache_misses).Add();
+  impl_->route_counts.Add(routed_before ? Impl::kRouteCacheHit : Impl::kRouteCacheMiss);
   if (absl::Status s = Impl::CheckEvent(event, !routed_before); !s.ok()) {
     impl_->Count(impl_->invalid, flags);
     return s;

@@ -85,8 +85,9 @@ EngineStats Engine::Stats() const {
   out.rejected = impl_->rejected.load(std::memory_order_relaxed);
   out.invalid = impl_->invalid.load(std::memory_order_relaxed);
   out.codec_conversions = impl_->codec_conversions.load(std::memory_order_relaxed);
-  out.subject_cache_hits = impl_->subject_cache_hits.Sum();
-  out.subject_cache_misses = impl_->subject_cache_misses.Sum();
+  const std::array<std::uint64_t, 2> routes = impl_->route_counts.Sum();
+  out.subject_cache_hits = routes[Impl::kRouteCacheHit];
+  out.subject_cache_misses = routes[Impl::kRouteCacheMiss];
   std::unique_lock lock(impl_->config_mu);
   for (const auto& s : impl_->streams) {
     if (s->keeps_index && s->config.retention != RetentionPolicy::kLimits) {

@@ -10,6 +10,19 @@
 //
 // Counters: msgs_per_s (publish to last ack), scrapes, and the scrape's own latency
 // (scrape_ms, the mean) and size (exposition_bytes). BENCHMARKS.md records the ratio.
+//
+// The same for trace spans (engine/trace.hpp), sent by an OtlpHttpExporter to an
+// OTLP/HTTP receiver on loopback in the same process (tests/adapters/http_receiver.hpp:
+// it reads each request and answers 200), when inferq::otlp is built:
+//
+//   BM_PublishTraced/none        no sink
+//   BM_PublishTraced/otlp_0.01   1 % of events traced (4 spans each: publish,
+//                                queue_wait, deliver, ack)
+//   BM_PublishTraced/otlp_1      every event traced
+//
+// Counters: msgs_per_s, spans (exported), dropped (the exporter's queue was full),
+// requests (HTTP posts). The exporter's thread and the receiver run on the same two
+// cores as the publisher and the member: their CPU is part of the cost.
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -23,6 +36,10 @@
 #include "inferq/adapters/prometheus/engine_collector.hpp"
 #include "inferq/adapters/prometheus/metrics_server.hpp"
 #include "inferq/engine/engine.hpp"
+#ifdef INFERQ_BENCH_OTLP
+#include "../tests/adapters/http_receiver.hpp"
+#include "inferq/adapters/otlp/otlp_exporter.hpp"
+#endif
 
 namespace {
 
@@ -108,6 +125,60 @@ void BM_PublishScrape(benchmark::State& state, bool scrape) {
   }
 }
 
+#ifdef INFERQ_BENCH_OTLP
+void BM_PublishTraced(benchmark::State& state, double ratio) {
+  inferq_test::HttpReceiver receiver;
+  receiver.KeepRequests(false);
+  std::shared_ptr<inferq::otlp::OtlpHttpExporter> exporter;
+  inferq::EngineOptions options;
+  if (ratio > 0) {
+    auto e = inferq::otlp::OtlpHttpExporter::Create(
+        {.endpoint = receiver.url("/v1/traces"), .max_queue_spans = 1 << 16, .schedule_delay = absl::Milliseconds(200)});
+    if (!e.ok()) return state.SkipWithError(std::string(e.status().message()).c_str());
+    exporter = *e;
+    options.trace = {.sink = exporter, .sample_ratio = ratio};
+  }
+  auto engine = inferq::Engine::Create(std::move(options)).value();
+  if (!engine->AddStream({.name = "S", .subjects = {"work.>"}, .retention = inferq::RetentionPolicy::kWorkQueue,
+                          .duplicate_window = absl::ZeroDuration()})
+           .ok()) {
+    return state.SkipWithError("AddStream");
+  }
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .deliver = inferq::DeliverPolicy::kAll});
+  if (!c.ok()) return state.SkipWithError(std::string(c.status().message()).c_str());
+  inferq::Member m = *c->member(0);
+  double seconds = 0;
+  for (auto _ : state) {
+    std::atomic<int> acked{0};
+    std::thread drainer([&] {
+      while (acked.load(std::memory_order_relaxed) < kMessages) {
+        auto batch = m.NextBatch(64, absl::ZeroDuration(), absl::Milliseconds(20));
+        if (!batch.ok()) continue;
+        for (inferq::Message& msg : *batch) (void)msg.Ack();
+        acked.fetch_add(static_cast<int>(batch->size()), std::memory_order_relaxed);
+      }
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kMessages; ++i) {
+      inferq::Event e;
+      e.subject = "work.x";
+      (void)engine->Publish(std::move(e));
+    }
+    drainer.join();
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  state.counters["msgs_per_s"] =
+      benchmark::Counter(static_cast<double>(kMessages) * static_cast<double>(state.iterations()) / seconds);
+  if (exporter != nullptr) {
+    (void)exporter->ForceFlush(absl::Seconds(60));
+    const inferq::otlp::OtlpExporterStats st = exporter->stats();
+    state.counters["spans"] = static_cast<double>(st.exported);
+    state.counters["dropped"] = static_cast<double>(st.dropped);
+    state.counters["requests"] = static_cast<double>(st.requests);
+  }
+}
+#endif
+
 // The parts of one scrape of the engine above, each alone: Engine::Stats(), its
 // families, and the text exposition (what the server sends).
 void BM_ScrapeParts(benchmark::State& state) {
@@ -141,5 +212,15 @@ BENCHMARK_CAPTURE(BM_PublishScrape, every_100ms, true)
     ->Iterations(3)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+#ifdef INFERQ_BENCH_OTLP
+BENCHMARK_CAPTURE(BM_PublishTraced, none, 0.0)->Name("BM_PublishTraced/none")->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_PublishTraced, otlp_001, 0.01)
+    ->Name("BM_PublishTraced/otlp_0.01")
+    ->Iterations(3)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_PublishTraced, otlp_1, 1.0)->Name("BM_PublishTraced/otlp_1")->Iterations(3)->UseRealTime()->Unit(benchmark::kMillisecond);
+#endif
 
 BENCHMARK_MAIN();

@@ -100,7 +100,7 @@ absl::StatusOr<PublishAck> Engine::Publish(Event&& event, PublishMode mode, Stre
   engine_internal::Tracer::PublishScope scope;
   tracer->BeginPublish(event, scope);
   absl::StatusOr<PublishAck> result = PublishEvent(std::move(event), mode, only, deferred);
-  tracer->EndPublish(scope, result);
+  tracer->EndPublish(scope, event, result);
   return result;
 }
 

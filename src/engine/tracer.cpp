@@ -61,11 +61,12 @@ Tracer::Tracer(const TraceOptions& options, const Clock* clock)
                      ? ~std::uint64_t{0}
                      : static_cast<std::uint64_t>(options.sample_ratio * 18446744073709551616.0)),
       sample_all_(options.sample_ratio >= 1.0),
-      seed_(options.id_seed) {
-  if (seed_ == 0) {
-    std::random_device rd;
-    seed_ = (std::uint64_t{rd()} << 32) ^ rd();
-  }
+      fixed_seed_(options.id_seed != 0),
+      seed_(options.id_seed) {}
+
+std::uint64_t Tracer::RandomSeed() {
+  std::random_device rd;
+  return (std::uint64_t{rd()} << 32) ^ rd();
 }
 
 SpanId Tracer::NewSpanId() {
@@ -90,13 +91,10 @@ std::array<std::uint8_t, 16> Tracer::NewTraceId() {
 }
 
 void Tracer::BeginPublish(Event& event, PublishScope& scope) {
-  scope.active = true;
-  scope.start_ns = clock_->NowNanos();
   if (HasTrace(event.trace)) {  // ParentBased: the parent decided
     scope.parent = event.trace.span_id;
   } else {
     event.trace.trace_id = NewTraceId();
-    event.trace.span_id = {};
     std::uint64_t low = 0;
     for (int i = 8; i < 16; ++i) low = (low << 8) | event.trace.trace_id[i];
     const bool sampled = sample_all_ || low < threshold_;
@@ -104,29 +102,38 @@ void Tracer::BeginPublish(Event& event, PublishScope& scope) {
   }
   event.trace.span_id = NewSpanId();
   scope.context = event.trace;
+  if (!Sampled(event.trace)) return;
+  scope.start_ns = clock_->NowNanos();
   scope.subject = event.subject;
   scope.msg_id = event.msg_id;
   scope.body_size = event.payload.size();
 }
 
-void Tracer::EndPublish(PublishScope& scope, const absl::StatusOr<PublishAck>& result) {
-  if (!scope.active) return;
+void Tracer::EndPublish(PublishScope& scope, const Event& event, const absl::StatusOr<PublishAck>& result) {
+  const bool sampled = Sampled(scope.context);
   const bool error = !result.ok() && !WouldBlock(result.status());
-  if (!Sampled(scope.context) && !error) return;
+  if (!sampled && !error) return;
   Span s;
   s.stage = SpanStage::kPublish;
   s.context = scope.context;
   s.parent_span_id = scope.parent;
-  s.destination = std::move(scope.subject);
-  s.message_id = std::move(scope.msg_id);
-  s.body_size = scope.body_size;
+  if (sampled) {
+    s.destination = std::move(scope.subject);
+    s.message_id = std::move(scope.msg_id);
+    s.body_size = scope.body_size;
+  } else {
+    s.destination = event.subject;
+    s.message_id = event.msg_id;
+    s.body_size = event.payload.size();
+  }
   if (result.ok()) {
     s.stream_seq = result->seq;
   } else {
     s.error_type = absl::StatusCodeToString(result.status().code());
     s.error_message = std::string(result.status().message());
   }
-  Emit(std::move(s), scope.start_ns, clock_->NowNanos());
+  const std::int64_t end = clock_->NowNanos();
+  Emit(std::move(s), sampled ? scope.start_ns : end, end);
 }
 
 void Tracer::Emit(Span&& span, std::int64_t start_ns, std::int64_t end_ns) {

@@ -49,9 +49,10 @@ class Tracer {
 
   // What a traced publish remembers between its start and its end.
   struct PublishScope {
-    bool active = false;  // false: this publish is not traced (an outbox flush)
     TraceContext context{};  // the publish span's
     SpanId parent{};
+    // Sampled only (an unsampled publish reads no clock and copies nothing; its error
+    // span, if any, is instant and reads the event as the failed publish left it).
     std::int64_t start_ns = 0;  // engine clock
     std::string subject;
     std::string msg_id;
@@ -61,8 +62,9 @@ class Tracer {
   // when it had none; a new span id, parented to the one it had).
   void BeginPublish(Event& event, PublishScope& scope);
   // Reports the publish span when sampled, or when `result` is an error other than
-  // WouldBlock.
-  void EndPublish(PublishScope& scope, const absl::StatusOr<PublishAck>& result);
+  // WouldBlock. `event`: the event Publish was given (after a failed publish it still
+  // holds its subject: a refused event is not stored).
+  void EndPublish(PublishScope& scope, const Event& event, const absl::StatusOr<PublishAck>& result);
 
   // A new span id for a delivery of a sampled event (Message::trace), or zero.
   SpanId DeliverSpanId(const TraceContext& event_trace) {
@@ -77,14 +79,24 @@ class Tracer {
   std::int64_t NowNanos() const { return clock_->NowNanos(); }
 
  private:
-  std::uint64_t Next() {
-    // SplitMix64 (Steele, Lea, Flood: "Fast splittable pseudorandom number
-    // generators", OOPSLA 2014) over a shared counter: distinct inputs, well mixed.
-    std::uint64_t z = seed_ + counter_.fetch_add(0x9E3779B97F4A7C15ULL, std::memory_order_relaxed);
+  // SplitMix64's output function (Steele, Lea, Flood: "Fast splittable pseudorandom
+  // number generators", OOPSLA 2014): a bijection that mixes consecutive inputs well.
+  static std::uint64_t Mix(std::uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
   }
+  static constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
+  // The next random 64 bits. With TraceOptions::id_seed, one sequence for the engine
+  // (an atomic counter: repeatable in a single-threaded run); else a sequence per
+  // thread from a random seed, with no shared cache line on the publish path.
+  std::uint64_t Next() {
+    if (fixed_seed_) return Mix(seed_ + counter_.fetch_add(kGolden, std::memory_order_relaxed));
+    thread_local std::uint64_t state = RandomSeed();
+    state += kGolden;
+    return Mix(state);
+  }
+  static std::uint64_t RandomSeed();
 
   std::shared_ptr<TraceSink> sink_;
   const Clock* clock_;
@@ -93,6 +105,7 @@ class Tracer {
   // below this; sample_all_ for a ratio of 1 (2^64 does not fit).
   std::uint64_t threshold_;
   bool sample_all_;
+  bool fixed_seed_;
   std::uint64_t seed_;
   std::atomic<std::uint64_t> counter_{0};
 };

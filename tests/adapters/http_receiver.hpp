@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cctype>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <deque>
 #include <mutex>
@@ -76,6 +77,20 @@ class HttpReceiver {
     script_ = std::move(statuses);
     answer_body_ = std::move(body);
   }
+  // false: requests are counted and their bodies' bytes summed, not kept (a
+  // benchmark's long run).
+  void KeepRequests(bool keep) {
+    std::lock_guard lock(mu_);
+    keep_ = keep;
+  }
+  std::size_t request_count() const {
+    std::lock_guard lock(mu_);
+    return count_;
+  }
+  std::uint64_t body_bytes() const {
+    std::lock_guard lock(mu_);
+    return body_bytes_;
+  }
   // Closed: a request is read and kept, but not answered until Open().
   void Close() {
     std::lock_guard lock(mu_);
@@ -95,7 +110,7 @@ class HttpReceiver {
   // Waits (real time, at most 30 s) until `n` requests arrived; whether they did.
   bool WaitForRequests(std::size_t n) {
     std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, std::chrono::seconds(30), [&] { return requests_.size() >= n; });
+    return cv_.wait_for(lock, std::chrono::seconds(30), [&] { return count_ >= n; });
   }
 
  private:
@@ -156,7 +171,9 @@ class HttpReceiver {
       std::string body;
       {
         std::unique_lock lock(mu_);
-        requests_.push_back(std::move(req));
+        ++count_;
+        body_bytes_ += req.body.size();
+        if (keep_) requests_.push_back(std::move(req));
         cv_.notify_all();
         cv_.wait(lock, [&] { return gate_open_; });
         if (!script_.empty()) {
@@ -198,6 +215,9 @@ class HttpReceiver {
   std::deque<int> script_;
   std::string answer_body_ = "{}";
   std::vector<HttpRequest> requests_;
+  bool keep_ = true;
+  std::size_t count_ = 0;
+  std::uint64_t body_bytes_ = 0;
   std::thread thread_;
 };
 

@@ -37,7 +37,10 @@
 // last 8 bytes, read big-endian, are below sample_ratio * 2^64. Only sampled events
 // get publish, queue_wait, deliver and settle spans, but errors are always recorded:
 // a Publish that returns an error (except TryPublish's WouldBlock refusal, which is
-// backpressure), a settle that returns one, and every dead letter. With no sink the
+// backpressure), a settle that returns one, and every dead letter. (An unsampled
+// publish reads no clock: its error span is instant, at the publish's end.) Ids come
+// from SplitMix64 sequences: per thread from a random seed, or one per engine from
+// TraceOptions::id_seed. With no sink the
 // engine neither changes Event::trace nor makes any span: its cost is one branch per
 // publish, pull and settle.
 //

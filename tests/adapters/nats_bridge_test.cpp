@@ -8,9 +8,11 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <mutex>
 #include <set>
 #include <thread>
 
+#include "inferq/event/traceparent.hpp"
 #include "nats_test_util.hpp"
 
 using namespace inferq;
@@ -240,6 +242,75 @@ TEST_CASE_METHOD(OneServer, "nats bridge: two sites bridging the same subjects b
   CHECK(client.Messages("SHARED") == kN);
   CHECK((*bridge_b)->Stats().imported == kN);
   CHECK((*bridge_a)->Stats().imported == 0);
+}
+
+namespace {
+class SpanRecorder final : public TraceSink {
+ public:
+  void Export(Span&& span) noexcept override {
+    std::lock_guard lock(mu_);
+    spans_.push_back(std::move(span));
+  }
+  std::vector<Span> Of(SpanStage stage) {
+    std::lock_guard lock(mu_);
+    std::vector<Span> out;
+    for (const Span& s : spans_) {
+      if (s.stage == stage) out.push_back(s);
+    }
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Span> spans_;
+};
+}  // namespace
+
+TEST_CASE_METHOD(OneServer, "nats bridge: a trace crosses the bridge, each engine's publish a new span of it") {
+  client.AddStream("SHARED", "shared.>");
+  auto rec_a = std::make_shared<SpanRecorder>();
+  auto rec_b = std::make_shared<SpanRecorder>();
+  EngineOptions oa, ob;
+  oa.trace = {.sink = rec_a};
+  ob.trace = {.sink = rec_b};
+  auto a = Engine::Create(std::move(oa));
+  auto b = Engine::Create(std::move(ob));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE((*a)->AddStream({.name = "WORK", .subjects = {"work.>"}}).ok());
+  REQUIRE((*b)->AddStream({.name = "WORK", .subjects = {"work.>"}}).ok());
+  auto sink_b = (*b)->AddConsumer({.stream = "WORK", .name = "sink"});
+  REQUIRE(sink_b.ok());
+  auto bridge_a = NatsBridge::Connect(**a, Options(server, "site-a"));
+  auto bridge_b = NatsBridge::Connect(**b, Options(server, "site-b"));
+  REQUIRE(bridge_a.ok());
+  REQUIRE(bridge_b.ok());
+  REQUIRE((*bridge_a)->AddExport({.consumer = {.stream = "WORK", .name = "out"}, .subject_prefix = "shared"}).ok());
+  REQUIRE((*bridge_b)->AddImport({.stream = "SHARED", .durable = "site-b", .filter_subject = "shared.>",
+                                  .strip_prefix = "shared"})
+              .ok());
+  Event e = Work(0);
+  e.trace = *ParseTraceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+  REQUIRE((*a)->Publish(std::move(e)).ok());
+  auto m = sink_b->member(0)->Next(absl::Seconds(20));
+  REQUIRE(m.ok());
+  const TraceContext at_b = m->event().trace;
+  REQUIRE(m->Ack().ok());
+  const std::vector<Span> pub_a = rec_a->Of(SpanStage::kPublish);
+  const std::vector<Span> pub_b = rec_b->Of(SpanStage::kPublish);
+  REQUIRE(pub_a.size() == 1);
+  REQUIRE(pub_b.size() == 1);
+  // One trace: the upstream span -> a's publish -> (traceparent over NATS) -> b's publish.
+  CHECK(FormatTraceparent(at_b).substr(0, 35) == "00-4bf92f3577b34da6a3ce929d0e0e4736");
+  CHECK(pub_a[0].parent_span_id == ParseTraceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")->span_id);
+  CHECK(pub_b[0].parent_span_id == pub_a[0].context.span_id);
+  CHECK(pub_b[0].context.span_id != pub_a[0].context.span_id);
+  CHECK(pub_b[0].context.trace_id == pub_a[0].context.trace_id);
+  CHECK(at_b.span_id == pub_b[0].context.span_id);
+  // a's export consumer delivered it (a deliver span of "out") and b's member too.
+  REQUIRE(WaitFor([&] { return rec_a->Of(SpanStage::kAck).size() == 1; }));
+  CHECK(rec_a->Of(SpanStage::kDeliver)[0].consumer == "out");
+  CHECK(rec_b->Of(SpanStage::kDeliver)[0].consumer == "sink");
 }
 
 TEST_CASE("nats bridge: an outage holds the export's work, and nothing is lost when the server returns") {

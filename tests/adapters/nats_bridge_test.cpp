@@ -14,6 +14,7 @@
 
 #include "inferq/event/traceparent.hpp"
 #include "nats_test_util.hpp"
+#include "../engine/span_recorder.hpp"
 
 using namespace inferq;
 using namespace inferq::nats;
@@ -243,28 +244,6 @@ TEST_CASE_METHOD(OneServer, "nats bridge: two sites bridging the same subjects b
   CHECK((*bridge_b)->Stats().imported == kN);
   CHECK((*bridge_a)->Stats().imported == 0);
 }
-
-namespace {
-class SpanRecorder final : public TraceSink {
- public:
-  void Export(Span&& span) noexcept override {
-    std::lock_guard lock(mu_);
-    spans_.push_back(std::move(span));
-  }
-  std::vector<Span> Of(SpanStage stage) {
-    std::lock_guard lock(mu_);
-    std::vector<Span> out;
-    for (const Span& s : spans_) {
-      if (s.stage == stage) out.push_back(s);
-    }
-    return out;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<Span> spans_;
-};
-}  // namespace
 
 TEST_CASE_METHOD(OneServer, "nats bridge: a trace crosses the bridge, each engine's publish a new span of it") {
   client.AddStream("SHARED", "shared.>");

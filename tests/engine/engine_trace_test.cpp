@@ -16,6 +16,7 @@
 #include <catch2/catch.hpp>
 
 #include "engine_test_util.hpp"
+#include "span_recorder.hpp"
 #include "inferq/engine/engine.hpp"
 #include "inferq/event/traceparent.hpp"
 
@@ -24,21 +25,7 @@ using namespace inferq::engine_test;
 
 namespace {
 
-class RecordingSink final : public TraceSink {
- public:
-  void Export(Span&& span) noexcept override {
-    std::lock_guard lock(mu_);
-    spans_.push_back(std::move(span));
-  }
-  std::vector<Span> Take() {
-    std::lock_guard lock(mu_);
-    return std::exchange(spans_, {});
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<Span> spans_;
-};
+using RecordingSink = inferq_test::SpanRecorder;
 
 constexpr std::int64_t kStart = 1'000'000'000;
 

@@ -45,10 +45,10 @@ TraceContext TraceDeadLetter(ConsumerState& c, const StoredMessage& h, std::uint
   s.consumer = c.config.name;
   s.stream_seq = h.seq;
   s.delivery_count = attempt;
-  s.message_id = ev.msg_id;
+  s.message_id = SpanText(ev.msg_id);
   s.body_size = ev.payload.size();
   s.error_type = std::string(reason);
-  s.error_message = std::string(description);
+  s.error_message = SpanText(description);
   TraceContext next = s.context;
   next.flags |= 1U;
   const std::int64_t now = tracer.NowNanos();

@@ -292,13 +292,13 @@ void Member::TraceDelivery(Message& m, std::int64_t now) {
   s.context = ev.trace;
   s.context.span_id = c.tracer->NewSpanId();
   s.parent_span_id = ev.trace.span_id;
-  s.destination = ev.subject;
+  s.destination = engine_internal::SpanText(ev.subject);
   s.stream = c.config.stream;
   s.consumer = c.config.name;
   s.member = index_;
   s.stream_seq = m.msg_->seq;
   s.delivery_count = 1;
-  s.message_id = ev.msg_id;
+  s.message_id = engine_internal::SpanText(ev.msg_id);
   s.body_size = ev.payload.size();
   c.tracer->Emit(std::move(s), m.msg_->publish_ns, now);
 }

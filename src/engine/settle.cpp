@@ -119,7 +119,19 @@ absl::Status Message::Deleted(std::string_view verb) const {
 absl::Status Message::Ack() { return Settle(Settlement::kAck, 0, {}); }
 
 absl::Status Message::AckSync() {
-  if (absl::Status st = Settle(Settlement::kAck, 0, {}); !st.ok()) return st;
+  engine_internal::Tracer* tracer = msg_ != nullptr ? consumer_->tracer : nullptr;
+  const std::int64_t start = tracer != nullptr ? tracer->NowNanos() : 0;
+  const bool sampled = !engine_internal::IsZero(span_id_);
+  absl::Status st = Settle(Settlement::kAck, 0, {}, /*through_lifecycle=*/true);
+  const bool settled = st.ok();
+  if (settled) st = SyncAck();
+  // The ack span ends after the sync, and carries its error (found by the adversarial
+  // review: it was reported OK before the sync failed).
+  if (tracer != nullptr) [[unlikely]] TraceSettle(*tracer, Settlement::kAck, start, sampled, settled, st, {});
+  return st;
+}
+
+absl::Status Message::SyncAck() {
   if (ack_tx_ != 0) {
     if (absl::Status st = consumer_->ack_log->Sync(ack_tx_); !st.ok()) {
       consumer_->FailAckLog(st);
@@ -178,51 +190,54 @@ absl::Status Message::InProgress() {
 absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_view description) {
   engine_internal::Tracer* tracer = msg_ != nullptr ? consumer_->tracer : nullptr;
   if (tracer == nullptr) [[likely]] return Settle(how, delay_ns, description, /*through_lifecycle=*/true);
-  // What the spans need, read before the settle (a settle may let go of nothing, but
-  // the Message may be moved by the caller right after it returns).
   const std::int64_t start = tracer->NowNanos();
   const bool sampled = !engine_internal::IsZero(span_id_);
   absl::Status st = Settle(how, delay_ns, description, /*through_lifecycle=*/true);
-  if (!sampled && st.ok()) return st;  // errors are recorded whether sampled or not
+  TraceSettle(*tracer, how, start, sampled, st.ok(), st, description);
+  return st;
+}
+
+void Message::TraceSettle(engine_internal::Tracer& tracer, Settlement how, std::int64_t start, bool sampled,
+                          bool settled, const absl::Status& st, std::string_view description) {
+  if (!sampled && st.ok()) return;  // errors are recorded whether sampled or not
   const ConsumerState& c = *consumer_;
   const Event& ev = *msg_->event;
-  const std::int64_t end = tracer->NowNanos();
+  const std::int64_t end = tracer.NowNanos();
   auto base = [&](SpanStage stage) {
     Span s;
     s.stage = stage;
     s.context = ev.trace;
-    s.destination = ev.subject;
+    s.destination = engine_internal::SpanText(ev.subject);
     s.stream = c.config.stream;
     s.consumer = c.config.name;
     s.member = member_;
     s.stream_seq = msg_->seq;
     s.delivery_count = attempt();
-    s.message_id = ev.msg_id;
+    s.message_id = engine_internal::SpanText(ev.msg_id);
     s.body_size = ev.payload.size();
     return s;
   };
   const SpanStage stage = how == Settlement::kAck   ? SpanStage::kAck
                           : how == Settlement::kNak ? SpanStage::kNak
                                                     : SpanStage::kTerm;
-  if (sampled && st.ok()) {  // a failed settle may be tried again: one deliver span
+  if (sampled && settled) {  // a settle that failed may be tried again: one deliver span
     Span d = base(SpanStage::kDeliver);
     d.context.span_id = span_id_;
     d.parent_span_id = ev.trace.span_id;
     d.batch_message_count = batch_;
     if (how != Settlement::kAck) d.error_type = std::string(StageName(stage));
-    tracer->Emit(std::move(d), deliver_ns_, start);
+    tracer.Emit(std::move(d), deliver_ns_, start);
   }
   Span settle = base(stage);
-  settle.context.span_id = tracer->NewSpanId();
+  settle.context.span_id = tracer.NewSpanId();
   settle.parent_span_id = sampled ? span_id_ : ev.trace.span_id;
   if (!st.ok()) {
     settle.error_type = absl::StatusCodeToString(st.code());
-    settle.error_message = std::string(st.message());
+    settle.error_message = engine_internal::StatusText(st);
   } else if (how == Settlement::kTerm) {
-    settle.error_message = std::string(description);
+    settle.error_message = engine_internal::SpanText(description);
   }
-  tracer->Emit(std::move(settle), start, end);
-  return st;
+  tracer.Emit(std::move(settle), start, end);
 }
 
 absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_view description,

@@ -104,8 +104,8 @@ void Tracer::BeginPublish(Event& event, PublishScope& scope) {
   scope.context = event.trace;
   if (!Sampled(event.trace)) return;
   scope.start_ns = clock_->NowNanos();
-  scope.subject = event.subject;
-  scope.msg_id = event.msg_id;
+  scope.subject = SpanText(event.subject);
+  scope.msg_id = SpanText(event.msg_id);
   scope.body_size = event.payload.size();
 }
 
@@ -122,15 +122,15 @@ void Tracer::EndPublish(PublishScope& scope, const Event& event, const absl::Sta
     s.message_id = std::move(scope.msg_id);
     s.body_size = scope.body_size;
   } else {
-    s.destination = event.subject;
-    s.message_id = event.msg_id;
+    s.destination = SpanText(event.subject);
+    s.message_id = SpanText(event.msg_id);
     s.body_size = event.payload.size();
   }
   if (result.ok()) {
     s.stream_seq = result->seq;
   } else {
     s.error_type = absl::StatusCodeToString(result.status().code());
-    s.error_message = std::string(result.status().message());
+    s.error_message = StatusText(result.status());
   }
   const std::int64_t end = clock_->NowNanos();
   Emit(std::move(s), sampled ? scope.start_ns : end, end);

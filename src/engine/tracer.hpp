@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "inferq/base/clock.hpp"
 #include "inferq/engine/trace.hpp"
 #include "inferq/event/event.hpp"
@@ -41,6 +42,22 @@ inline bool HasTrace(const TraceContext& t) {
   return false;
 }
 inline bool Sampled(const TraceContext& t) { return (t.flags & 1U) != 0; }
+
+// Span strings come from events and status messages, whose size the engine does not
+// bound (a refused publish may carry an 8 MB subject): a span keeps at most the first
+// kMaxSpanTextBytes of each, then "...".
+inline constexpr std::size_t kMaxSpanTextBytes = 1024;
+inline std::string SpanText(std::string_view s) {
+  if (s.size() <= kMaxSpanTextBytes) return std::string(s);
+  std::string out(s.substr(0, kMaxSpanTextBytes));
+  out += "...";
+  return out;
+}
+// A status's message, bounded as SpanText (Debian's Abseil has its own string_view).
+inline std::string StatusText(const absl::Status& st) {
+  const absl::string_view m = st.message();
+  return SpanText(std::string_view(m.data(), m.size()));
+}
 
 class Tracer {
  public:

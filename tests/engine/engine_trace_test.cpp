@@ -17,6 +17,7 @@
 
 #include "engine_test_util.hpp"
 #include "span_recorder.hpp"
+#include "../state/state_test_util.hpp"
 #include "inferq/engine/engine.hpp"
 #include "inferq/event/traceparent.hpp"
 
@@ -428,4 +429,54 @@ TEST_CASE("tracing under contention: every stage once per event, ids unique") {
     traces.insert(s.context.trace_id);
   }
   CHECK(traces.size() == kTotal);
+}
+
+TEST_CASE("an AckSync whose sync fails is an error span, after the deliver span") {
+  // Found by the adversarial review: the ack span was reported OK before the sync.
+  state_test::TempDir d;
+  auto faulty = std::make_shared<state_test::FaultyFileSystem>();
+  auto sink = std::make_shared<RecordingSink>();
+  EngineOptions o;
+  o.trace = {.sink = sink, .sample_ratio = 1.0, .id_seed = 3};
+  auto engine = Engine::Create(std::move(o));
+  REQUIRE(engine.ok());
+  StreamConfig sc;
+  sc.name = "REQ";
+  sc.subjects = {"req.>"};
+  sc.storage = StorageType::kFile;
+  sc.directory = d.path();
+  sc.sync = SyncPolicy::kEveryCommit;
+  sc.file_system = faulty;
+  REQUIRE((*engine)->AddStream(sc).ok());
+  auto c = (*engine)->AddConsumer({.stream = "REQ", .name = "w"});
+  REQUIRE(c.ok());
+  REQUIRE((*engine)->Publish(Ev("req.a", "m1")).ok());
+  auto m = c->member(0)->Next(absl::Seconds(5));
+  REQUIRE(m.ok());
+  (void)sink->Take();
+  faulty->FailNth("sync", 1, EIO);  // the ack log's fdatasync of this ack
+  const absl::Status st = m->AckSync();
+  REQUIRE(st.code() == absl::StatusCode::kDataLoss);
+  const std::vector<Span> spans = sink->Take();
+  REQUIRE(spans.size() == 2);
+  CHECK(spans[0].stage == SpanStage::kDeliver);
+  CHECK(spans[0].error_type.empty());
+  CHECK(spans[1].stage == SpanStage::kAck);
+  CHECK(spans[1].error_type == "DATA_LOSS");
+  CHECK_THAT(spans[1].error_message, Catch::Contains("is not durable"));
+  CHECK(spans[1].parent_span_id == spans[0].context.span_id);
+}
+
+TEST_CASE("span texts are bounded: an 8 MB subject refused is a 1 KiB error span") {
+  // Found by the adversarial review: every refused publish's span kept its subject
+  // and the status message quoting it whole.
+  Traced t(/*ratio=*/0.0);
+  Event e = Ev(std::string(8 << 20, 'a') + " b", std::string(2000, 'm'));
+  REQUIRE(t.engine().Publish(std::move(e)).status().code() == absl::StatusCode::kInvalidArgument);
+  const std::vector<Span> spans = t.sink->Take();
+  REQUIRE(spans.size() == 1);
+  CHECK(spans[0].destination == std::string(1024, 'a') + "...");
+  CHECK(spans[0].message_id == std::string(1024, 'm') + "...");
+  CHECK(spans[0].error_type == "INVALID_ARGUMENT");
+  CHECK(spans[0].error_message.size() <= 1027);
 }

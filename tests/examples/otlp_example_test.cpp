@@ -80,3 +80,26 @@ TEST_CASE("inference_server --otlp-endpoint sends the replay's spans to the coll
     CHECK(parent->second == (op == "ack" ? "deliver" : "publish"));
   }
 }
+
+TEST_CASE("inference_server with a collector that never answers ends soon after the replay") {
+  // Found by the adversarial review: the exporter's destructor went on retrying every
+  // queued batch (minutes to hours). Now: a 10 s flush, then 5 s of shutdown.
+  inferq_test::HttpReceiver receiver;
+  receiver.Close();  // reads requests, never answers
+  char dir_template[] = "/tmp/inferq_otlp_example_XXXXXX";
+  REQUIRE(::mkdtemp(dir_template) != nullptr);
+  const std::string out_path = std::string(dir_template) + "/out.txt";
+  const std::string cmd = "timeout 120 " + std::string(INFERQ_INFERENCE_SERVER) +
+                          " --limit 20 --speed 0 --otlp-endpoint " + receiver.url("/v1/traces") +
+                          " --trace-sample 1 > " + out_path + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string out = ReadFile(out_path);
+  std::remove(out_path.c_str());
+  ::rmdir(dir_template);
+  receiver.Open();
+  INFO(out);
+  REQUIRE(WIFEXITED(rc));
+  CHECK(WEXITSTATUS(rc) == 0);  // 124 would be timeout's: still running after 120 s
+  CHECK(out.find("  traces     0 spans exported to " + receiver.url("/v1/traces")) != std::string::npos);
+  CHECK(out.find("not sent to " + receiver.url("/v1/traces") + " within 10s") != std::string::npos);
+}

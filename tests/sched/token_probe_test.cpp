@@ -1,5 +1,6 @@
 #include "inferq/sched/token_probe.hpp"
 
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
@@ -132,4 +133,35 @@ TEST_CASE("bad SLA calls are refused and change nothing") {
   const inferq::TokenProbeStats s = probe.Stats();
   CHECK(s.sequences_started == 0);
   CHECK(s.tiers[0].ttft_sla_ns == 0);
+}
+
+TEST_CASE("a snapshot never shows more first tokens within the SLA than first tokens") {
+  // Found by the adversarial review: within_sla > first_tokens in 3 of 220k reads.
+  inferq::TokenProbe probe;
+  REQUIRE(probe.SetTtftSla(inferq::Qos::kGold, 1'000'000'000).ok());
+  constexpr int kThreads = 2, kEach = 20'000;
+  std::atomic<bool> done{false};
+  std::thread reader([&] {
+    while (!done.load()) {
+      const inferq::TokenProbeStats s = probe.Stats();
+      REQUIRE(s.tiers[0].within_sla <= s.tiers[0].first_tokens);
+    }
+  });
+  std::vector<std::thread> writers;
+  for (int t = 0; t < kThreads; ++t) {
+    writers.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        const std::string id = std::to_string(t) + "-" + std::to_string(i);
+        REQUIRE(probe.Start(id, 0, inferq::Qos::kGold).ok());
+        REQUIRE(probe.Token(id, 1).ok());
+        REQUIRE(probe.Finish(id).ok());
+      }
+    });
+  }
+  for (auto& w : writers) w.join();
+  done.store(true);
+  reader.join();
+  const inferq::TokenProbeStats s = probe.Stats();
+  CHECK(s.tiers[0].first_tokens == kThreads * kEach);
+  CHECK(s.tiers[0].within_sla == kThreads * kEach);
 }

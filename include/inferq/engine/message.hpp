@@ -37,6 +37,7 @@ namespace inferq {
 namespace engine_internal {
 struct StoredMessage;
 struct ConsumerState;
+class Tracer;
 }  // namespace engine_internal
 
 // Headers of a dead letter: the engine publishes a copy of the event (same payload,
@@ -152,6 +153,12 @@ class Message {
   // Nak does not Requeue it.
   absl::Status Settle(Settlement how, std::int64_t delay_ns, std::string_view description,
                       bool through_lifecycle);
+  // AckSync's second half: waits for the ack log's (and a file work queue's) sync.
+  absl::Status SyncAck();
+  // EngineOptions::trace: the deliver span (when `settled`, sampled) and the settle's
+  // own span (sampled, or `st` an error) of a settle that began at `start`.
+  void TraceSettle(engine_internal::Tracer& tracer, Settlement how, std::int64_t start, bool sampled,
+                   bool settled, const absl::Status& st, std::string_view description);
   // FailedPrecondition: "cannot <verb> message N: consumer 'c' of stream 'S' was deleted".
   absl::Status Deleted(std::string_view verb) const;
   std::shared_ptr<engine_internal::StoredMessage> msg_;

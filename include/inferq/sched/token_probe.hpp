@@ -77,22 +77,6 @@ class TokenProbe {
   absl::Status Start(std::string_view seq_id, std::int64_t start_ns) {
     return Open(seq_id, start_ns, kNoTier);
   }
-  // (Open is Start's body; `tier` is kNoTier or a Qos value.)
-  absl::Status Open(std::string_view seq_id, std::int64_t start_ns, std::uint8_t tier) {
-    if (seq_id.empty()) return absl::InvalidArgumentError("TokenProbe::Start: empty seq_id");
-    std::lock_guard lock(mu_);
-    if (open_.size() >= max_sequences_ && !open_.contains(Key(seq_id))) {
-      return absl::ResourceExhaustedError("TokenProbe::Start '" + std::string(seq_id) + "': " +
-                                          std::to_string(max_sequences_) + " sequences are open already");
-    }
-    auto [it, inserted] = open_.try_emplace(std::string(seq_id), OpenSequence{start_ns, 0, false, tier});
-    if (!inserted) {
-      return absl::AlreadyExistsError("TokenProbe::Start '" + std::string(seq_id) + "': the sequence is open already");
-    }
-    started_.fetch_add(1, std::memory_order_relaxed);
-    return absl::OkStatus();
-  }
-
   // As Start, for a request of QoS tier `tier`: its first token counts for the tier's
   // SLA attainment. InvalidArgument also for a tier that is not a Qos value.
   absl::Status Start(std::string_view seq_id, std::int64_t start_ns, Qos tier) {
@@ -140,7 +124,9 @@ class TokenProbe {
     if (first && tier != kNoTier) {
       tier_first_[tier].fetch_add(1, std::memory_order_relaxed);
       const std::int64_t sla = tier_sla_ns_[tier].load(std::memory_order_relaxed);
-      if (sla > 0 && d <= static_cast<std::uint64_t>(sla)) tier_within_[tier].fetch_add(1, std::memory_order_relaxed);
+      // release, paired with Stats' acquire: a snapshot that counts this first token
+      // within the SLA counts it among the first tokens too (within <= first).
+      if (sla > 0 && d <= static_cast<std::uint64_t>(sla)) tier_within_[tier].fetch_add(1, std::memory_order_release);
     }
     tokens_.fetch_add(1, std::memory_order_relaxed);
     return absl::OkStatus();
@@ -180,13 +166,31 @@ class TokenProbe {
     s.duplicates = duplicates_.load(std::memory_order_relaxed);
     for (std::size_t t = 0; t < kQosTiers; ++t) {
       s.tiers[t].ttft_sla_ns = tier_sla_ns_[t].load(std::memory_order_relaxed);
+      // within first (acquire), then first: see Token (found by the adversarial review:
+      // a snapshot could show more within the SLA than first tokens).
+      s.tiers[t].within_sla = tier_within_[t].load(std::memory_order_acquire);
       s.tiers[t].first_tokens = tier_first_[t].load(std::memory_order_relaxed);
-      s.tiers[t].within_sla = tier_within_[t].load(std::memory_order_relaxed);
     }
     return s;
   }
 
  private:
+  // Start's body; `tier` is kNoTier or a Qos value (the public Starts check it).
+  absl::Status Open(std::string_view seq_id, std::int64_t start_ns, std::uint8_t tier) {
+    if (seq_id.empty()) return absl::InvalidArgumentError("TokenProbe::Start: empty seq_id");
+    std::lock_guard lock(mu_);
+    if (open_.size() >= max_sequences_ && !open_.contains(Key(seq_id))) {
+      return absl::ResourceExhaustedError("TokenProbe::Start '" + std::string(seq_id) + "': " +
+                                          std::to_string(max_sequences_) + " sequences are open already");
+    }
+    auto [it, inserted] = open_.try_emplace(std::string(seq_id), OpenSequence{start_ns, 0, false, tier});
+    if (!inserted) {
+      return absl::AlreadyExistsError("TokenProbe::Start '" + std::string(seq_id) + "': the sequence is open already");
+    }
+    started_.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+
   // Debian's Abseil has its own string_view, which the map's lookups take.
   static absl::string_view Key(std::string_view s) { return absl::string_view(s.data(), s.size()); }
   static constexpr std::uint8_t kNoTier = 0xFF;

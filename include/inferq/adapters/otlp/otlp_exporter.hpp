@@ -26,8 +26,11 @@
 // Encoding"): trace and span ids as lowercase hex, 64-bit integers and times as
 // decimal strings, enums as numbers. A response 429, 502, 503 or 504, or a failed
 // connection, is retried (the specification's retryable cases) up to max_attempts
-// with a doubling backoff; any other non-2xx fails the batch. A 2xx whose body
-// reports partialSuccess.rejectedSpans counts those as failed.
+// with a doubling backoff; any other non-2xx, and a URL or reply curl cannot use,
+// fails the batch. A 2xx whose body reports partialSuccess.rejectedSpans counts those
+// as failed (only the first 64 KiB of a body are read; it is parsed without
+// recursion). Strings that are not valid UTF-8 (subjects and msg_ids are bytes) are
+// sent with U+FFFD in place of each bad byte.
 //
 // Thread safety: Export may be called from any number of threads at once (the
 // engine's); ForceFlush, Shutdown and stats from any thread. Destroy it after the
@@ -36,6 +39,7 @@
 #pragma once
 
 #include <atomic>
+#include <climits>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -66,10 +70,13 @@ struct OtlpExporterOptions {
   std::vector<std::pair<std::string, std::string>> headers{};
   std::size_t max_queue_spans = 2048;  // 2..2^24, rounded up to a power of two
   std::size_t max_batch_spans = 512;   // 1..max_queue_spans, spans per request
-  absl::Duration schedule_delay = absl::Seconds(5);  // > 0: longest a span waits
-  absl::Duration export_timeout = absl::Seconds(10);  // > 0: one request's limit
+  absl::Duration schedule_delay = absl::Seconds(5);   // (0, 24h]: longest a span waits
+  absl::Duration export_timeout = absl::Seconds(10);  // 1ms..1h: one request's limit
   int max_attempts = 5;                               // 1..20 tries per batch
-  absl::Duration retry_backoff = absl::Milliseconds(100);  // >= 0, doubled per retry
+  absl::Duration retry_backoff = absl::Milliseconds(100);  // 0..1m, doubled per retry
+  // 0..1h: how long Shutdown (and the destructor) goes on sending what is queued;
+  // what is still unsent then counts as failed.
+  absl::Duration shutdown_timeout = absl::Seconds(5);
 };
 
 struct OtlpExporterStats {
@@ -84,8 +91,11 @@ struct OtlpExporterStats {
 class OtlpHttpExporter final : public TraceSink {
  public:
   // Starts the sending thread. InvalidArgument naming the field and value for an
-  // endpoint without "http://" or "https://" and a host, an empty service_name, a
-  // bad header, or a count or duration outside the ranges above.
+  // endpoint that is not an http:// or https:// URL with a host (libcurl's URL
+  // parser decides), an empty service_name, a header name outside [A-Za-z0-9-] or one
+  // the exporter sets (Content-Length, Content-Type, Host, Transfer-Encoding, Expect,
+  // Connection, TE, Upgrade), a header value with CR or LF, or a count or duration
+  // outside the ranges above.
   static absl::StatusOr<std::shared_ptr<OtlpHttpExporter>> Create(OtlpExporterOptions options);
 
   ~OtlpHttpExporter() override;  // Shutdown()
@@ -97,13 +107,14 @@ class OtlpHttpExporter final : public TraceSink {
   void Export(Span&& span) noexcept override;
 
   // Sends every span queued before the call and waits until they are sent or
-  // given up, at most `timeout`. OK when all were exported; DeadlineExceeded when
-  // the time ran out; Unavailable, with the last error, when a batch failed
-  // meanwhile.
+  // given up, at most `timeout` (a year or more, InfiniteDuration included: no
+  // limit). OK when all were exported; DeadlineExceeded when the time ran out;
+  // Unavailable, with the last error, when a batch failed meanwhile.
   absl::Status ForceFlush(absl::Duration timeout);
 
-  // Sends what is queued (each request still bounded by export_timeout and its
-  // retries), then stops the thread. Later Exports drop. Idempotent.
+  // Sends what is queued for at most shutdown_timeout (a request in flight is cut
+  // short at it; a retry's backoff ends at once), counts what is left as failed, and
+  // stops the thread. Later Exports drop. Idempotent.
   void Shutdown();
 
   OtlpExporterStats stats() const;
@@ -126,6 +137,10 @@ class OtlpHttpExporter final : public TraceSink {
   mutable std::mutex mu_;
   std::condition_variable wake_;  // the sender: a flush, a full batch, or stopping
   std::condition_variable done_;  // flushers: `processed_` moved
+  std::condition_variable stop_;  // a retry's backoff: Shutdown began
+  // Shutdown's end for sending (steady ns); INT64_MAX before Shutdown. Read by the
+  // request's progress callback, which aborts a request in flight past it.
+  std::atomic<std::int64_t> deadline_ns_{INT64_MAX};
   std::uint64_t processed_ = 0;   // spans taken off the queue and sent or given up; guarded by mu_
   std::uint64_t flushes_ = 0;     // ForceFlush calls waiting; guarded by mu_
   std::uint64_t exported_ = 0, failed_ = 0, requests_ = 0, retries_ = 0;  // guarded by mu_

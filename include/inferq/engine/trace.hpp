@@ -118,6 +118,8 @@ struct Span {
   // reason ("max_deliver", "term", "expired") for a dead letter.
   std::string error_type{};
   std::string error_message{};  // the status message, or the dead letter's description
+  // (destination, message_id and error_message keep at most their first 1,024 bytes,
+  // then "...": a refused event may carry a subject of any size.)
 };
 
 // Receives the engine's finished spans. See the file comment for the contract.

@@ -124,7 +124,7 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   std::atomic<std::uint64_t> published{0}, unrouted{0}, rejected{0}, invalid{0};
   // [kRouteCacheHit]: publishes whose subject this thread's route cache held
   // (RouteIndex::MatchCached); [kRouteCacheMiss]: those that searched the subject
-  // index (EngineStats::subject_cache_hits, subject_cache_misses).
+  // index (EngineStats::route_cache_hits, route_cache_misses).
   enum RouteCount : std::size_t { kRouteCacheHit, kRouteCacheMiss };
   engine_internal::PerThreadCounters<2> route_counts;
   // Payload conversion (EngineOptions::codecs); compress_dictionary points into

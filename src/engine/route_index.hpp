@@ -115,6 +115,16 @@ class RouteIndex {
     return result;
   }
 
+  // The match caches' hits and misses of both copies, summed (cache_hits and
+  // cache_misses; the rest of the first copy's stats). Requires that no Change runs.
+  SubjectIndexStats IndexStats() const {
+    SubjectIndexStats s = index_[0].Stats();
+    const SubjectIndexStats other = index_[1].Stats();
+    s.cache_hits += other.cache_hits;
+    s.cache_misses += other.cache_misses;
+    return s;
+  }
+
   // Heap bytes of both copies (SubjectIndexStats::memory_bytes).
   std::uint64_t MemoryBytes() const {
     return index_[0].Stats().memory_bytes + index_[1].Stats().memory_bytes;

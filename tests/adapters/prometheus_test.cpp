@@ -134,8 +134,12 @@ TEST_CASE("the engine's counts appear with their exact values") {
   // Six publishes on this thread: work.a routed once from the index, then from the
   // cache four times; nowhere.a searched (and not cached: nothing captures it);
   // work..a searched too (an invalid subject is found nowhere).
-  CHECK(Value(text, "inferq_subject_cache_hits_total") == "4");
-  CHECK(Value(text, "inferq_subject_cache_misses_total") == "3");
+  CHECK(Value(text, "inferq_route_cache_hits_total") == "4");
+  CHECK(Value(text, "inferq_route_cache_misses_total") == "3");
+  // Two of the three misses searched the index and walked its trie (work.a, nowhere.a);
+  // work..a was refused as invalid before any search.
+  CHECK(Value(text, "inferq_subject_index_cache_hits_total") == "0");
+  CHECK(Value(text, "inferq_subject_index_cache_misses_total") == "2");
   CHECK(Value(text, "inferq_stream_messages{stream=\"S\"}") == "4");
   CHECK(Value(text, "inferq_stream_stored_total{stream=\"S\"}") == "4");
   CHECK(Value(text, "inferq_stream_duplicates_total{stream=\"S\"}") == "1");

@@ -228,12 +228,17 @@ struct EngineStats {
   // Payloads converted for consumers (ConsumerConfig::accept_codecs): one per publish
   // and target codec, however many consumers and streams share the result.
   std::uint64_t codec_conversions = 0;
-  // Routing of every publish (the application's and the engine's dead letters): the
-  // capturing streams of a subject this thread routed before (since the last
-  // AddStream or DeleteStream) come from the thread's route cache (a hit); else the
-  // subject index is searched (a miss). Hit rate = hits / (hits + misses).
-  std::uint64_t subject_cache_hits = 0;
-  std::uint64_t subject_cache_misses = 0;
+  // Routing of every publish (the application's and the engine's dead letters), in
+  // two levels. First the publishing thread's route cache: the last 4 subjects it
+  // routed since the last AddStream or DeleteStream (one per way; a way is picked by
+  // the subject's length and first and last characters, so many live subjects evict
+  // each other). A hit gives the capturing streams at once; a miss searches the
+  // subject index, whose match cache (4,096 subjects, shared by every thread, the
+  // SubjectIndex's own) answers or walks the trie. Hit rates = hits / (hits + misses).
+  std::uint64_t route_cache_hits = 0;
+  std::uint64_t route_cache_misses = 0;
+  std::uint64_t subject_index_cache_hits = 0;
+  std::uint64_t subject_index_cache_misses = 0;
   std::vector<StreamStats> streams;
   std::vector<ConsumerStats> consumers;
   std::vector<NodeMemoryStats> memory;  // one per NUMA node

@@ -280,11 +280,16 @@ std::vector<MetricFamily> EngineCollector::Families(const EngineStats& s) {
   b.Counter("inferq_publish_refused_total", "", {{"reason", "invalid"}}, D(s.invalid));
   b.Counter("inferq_codec_conversions_total", "Payloads converted for consumers' accepted codecs.", {},
             D(s.codec_conversions));
-  b.Counter("inferq_subject_cache_hits_total",
-            "Publishes routed from the publishing thread's route cache (subject routed before).", {},
-            D(s.subject_cache_hits));
-  b.Counter("inferq_subject_cache_misses_total", "Publishes that searched the subject index.", {},
-            D(s.subject_cache_misses));
+  b.Counter("inferq_route_cache_hits_total",
+            "Publishes routed from the publishing thread's route cache (its last 4 subjects).", {},
+            D(s.route_cache_hits));
+  b.Counter("inferq_route_cache_misses_total", "Publishes that searched the subject index.", {},
+            D(s.route_cache_misses));
+  b.Counter("inferq_subject_index_cache_hits_total",
+            "Subject index searches answered by its match cache (4,096 subjects, shared).", {},
+            D(s.subject_index_cache_hits));
+  b.Counter("inferq_subject_index_cache_misses_total", "Subject index searches that walked the trie.", {},
+            D(s.subject_index_cache_misses));
   AddStreams(b, s);
   AddConsumers(b, s);
   AddMemory(b, s);

@@ -94,7 +94,7 @@
 // which are the ones the summary and --json report.
 //
 // Tracing (--otlp-endpoint URL, with inferq::otlp): the engine's spans (publish,
-// queue wait, delivery, ack or nak, dead letter) of a --trace-sample share of the
+// queue wait, delivery, ack or nak, dead letter) of a --otlp-sample share of the
 // requests and decode steps (default 0.01), sent as OTLP/HTTP JSON to a collector
 // (an OpenTelemetry Collector, Jaeger, Tempo: http://HOST:4318/v1/traces); the
 // summary says how many spans went out. A collector that is down or never answers
@@ -185,7 +185,7 @@ struct Options {
   // --timeline FILE: a CSV row every 100 ms of wall time (scripts/plot_replay.py).
   std::string timeline;
   std::string otlp_endpoint;  // --otlp-endpoint: where spans go; empty = no tracing
-  double trace_sample = -1;   // --trace-sample, 0..1; -1 = not given (0.01)
+  double otlp_sample = -1;   // --otlp-sample, 0..1; -1 = not given (0.01)
 };
 
 constexpr std::array<const char*, 3> kTierNames{"gold", "silver", "bronze"};
@@ -284,7 +284,7 @@ void Usage(std::FILE* f) {
                "                            the final figures, so the scraper has them\n"
                "  --otlp-endpoint URL       send trace spans as OTLP/HTTP JSON to URL (e.g.\n"
                "                            http://127.0.0.1:4318/v1/traces); needs inferq::otlp\n"
-               "  --trace-sample R          share of events traced, 0..1 (default 0.01)\n"
+               "  --otlp-sample R           share of events traced, 0..1 (default 0.01)\n"
                "  --help, -h                this text\n"
                "  --version                 the inferq version\n"
                "\n"
@@ -388,7 +388,7 @@ bool KnownOption(std::string_view a) {
       "--prefill-base-ms", "--prefill-us-per-token", "--decode-base-ms", "--decode-us-per-seq",
       "--policy", "--ack-wait-ms", "--kill-replica", "--tier-mix", "--tenants", "--sla-ms",
       "--overload", "--max-deliver", "--state-dir", "--crash-at", "--role", "--nats", "--js-replicas",
-      "--metrics-port", "--metrics-hold", "--timeline", "--otlp-endpoint", "--trace-sample"};
+      "--metrics-port", "--metrics-hold", "--timeline", "--otlp-endpoint", "--otlp-sample"};
   return std::find(std::begin(kOptions), std::end(kOptions), a) != std::end(kOptions);
 }
 
@@ -499,7 +499,7 @@ Options ParseArgs(int argc, char** argv) {
       if (v.empty()) Fail("--otlp-endpoint needs a URL");
       o.otlp_endpoint = v;
     }
-    else if (a == "--trace-sample") o.trace_sample = ParseDouble(a, v, 0, 1);
+    else if (a == "--otlp-sample") o.otlp_sample = ParseDouble(a, v, 0, 1);
     else if (a == "--timeline") {
       if (v.empty()) Fail("--timeline needs a file name");
       o.timeline = v;
@@ -549,9 +549,9 @@ Options ParseArgs(int argc, char** argv) {
 #ifndef INFERQ_EXAMPLE_OTLP
     Fail("--otlp-endpoint needs the OTLP exporter, which this build lacks (libcurl4-openssl-dev; INFERQ_WITH_OTLP)");
 #endif
-    if (o.trace_sample < 0) o.trace_sample = 0.01;
-  } else if (o.trace_sample >= 0) {
-    Fail("--trace-sample needs --otlp-endpoint");
+    if (o.otlp_sample < 0) o.otlp_sample = 0.01;
+  } else if (o.otlp_sample >= 0) {
+    Fail("--otlp-sample needs --otlp-endpoint");
   }
   if (!o.state_dir.empty() && !o.json.empty()) {
     // The summary must not land on (or in) the replay's state.
@@ -1418,7 +1418,7 @@ int main(int argc, char** argv) {
         {.endpoint = opt.otlp_endpoint, .service_name = "inference_server", .max_queue_spans = 1 << 16});
     if (!e.ok()) Fail("--otlp-endpoint: " + std::string(e.status().message()));
     exporter = *std::move(e);
-    engine_options.trace = {.sink = exporter, .sample_ratio = opt.trace_sample};
+    engine_options.trace = {.sink = exporter, .sample_ratio = opt.otlp_sample};
   }
 #endif
   absl::StatusOr<std::unique_ptr<inferq::Engine>> created = inferq::Engine::Create(std::move(engine_options));
@@ -1880,7 +1880,7 @@ int main(int argc, char** argv) {
     exporter->Shutdown();
     const inferq::otlp::OtlpExporterStats ts = exporter->stats();
     std::printf("  traces     %llu spans exported to %s (sample %g; %llu dropped, %llu failed)%s%s\n",
-                static_cast<unsigned long long>(ts.exported), opt.otlp_endpoint.c_str(), opt.trace_sample,
+                static_cast<unsigned long long>(ts.exported), opt.otlp_endpoint.c_str(), opt.otlp_sample,
                 static_cast<unsigned long long>(ts.dropped), static_cast<unsigned long long>(ts.failed),
                 flushed.ok() ? "" : ": ", flushed.ok() ? "" : std::string(flushed.message()).c_str());
   }

@@ -32,7 +32,7 @@ TEST_CASE("inference_server --otlp-endpoint sends the replay's spans to the coll
   REQUIRE(::mkdtemp(dir_template) != nullptr);
   const std::string out_path = std::string(dir_template) + "/out.txt";
   const std::string cmd = std::string(INFERQ_INFERENCE_SERVER) + " --limit 20 --speed 0 --otlp-endpoint " +
-                          receiver.url("/v1/traces") + " --trace-sample 1 > " + out_path + " 2>&1";
+                          receiver.url("/v1/traces") + " --otlp-sample 1 > " + out_path + " 2>&1";
   const int rc = std::system(cmd.c_str());
   const std::string out = ReadFile(out_path);
   std::remove(out_path.c_str());
@@ -91,7 +91,7 @@ TEST_CASE("inference_server with a collector that never answers ends soon after 
   const std::string out_path = std::string(dir_template) + "/out.txt";
   const std::string cmd = "timeout 120 " + std::string(INFERQ_INFERENCE_SERVER) +
                           " --limit 20 --speed 0 --otlp-endpoint " + receiver.url("/v1/traces") +
-                          " --trace-sample 1 > " + out_path + " 2>&1";
+                          " --otlp-sample 1 > " + out_path + " 2>&1";
   const int rc = std::system(cmd.c_str());
   const std::string out = ReadFile(out_path);
   std::remove(out_path.c_str());

@@ -95,7 +95,8 @@
 //
 // Tracing (--otlp-endpoint URL, with inferq::otlp): the engine's spans (publish,
 // queue wait, delivery, ack or nak, dead letter) of a --otlp-sample share of the
-// requests and decode steps (default 0.01), sent as OTLP/HTTP JSON to a collector
+// requests (default 0.01), one trace per request (the replicas publish its tokens and
+// decode steps as children of the delivery they work on), sent as OTLP/HTTP JSON to a collector
 // (an OpenTelemetry Collector, Jaeger, Tempo: http://HOST:4318/v1/traces); the
 // summary says how many spans went out. A collector that is down or never answers
 // costs at most 15 s after the replay (a 10 s flush, then 5 s to shut the exporter
@@ -779,6 +780,9 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
     e.seq_id = std::to_string(s.request);
     e.seq_no = s.produced;
     e.model = o.model;
+    // One trace per request: its tokens and decode steps are children of the
+    // delivery being worked on (--otlp-endpoint; a sampled request is traced whole).
+    if (!s.msg.empty()) e.trace = s.msg.trace();
     const TokenPayload p{static_cast<std::int64_t>(vt),
                          static_cast<std::int32_t>((s.request * 7919 + s.produced) % 32000), 0};
     e.payload = inferq::Buffer::Copy(std::as_bytes(std::span<const TokenPayload>(&p, 1)));
@@ -816,6 +820,7 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
       e.headers.Set("produced", std::to_string(s.produced));
       e.headers.Set("ready_us", std::to_string(static_cast<std::int64_t>(vt)));
       e.headers.Set("from", from);
+      if (!s.msg.empty()) e.trace = s.msg.trace();  // the next step continues this request's trace
       // Durable replay: a step redone after a restart whose successor was stored
       // before the crash publishes it again; the duplicate window keeps one chain.
       if (durable) e.msg_id = "dec-" + e.seq_id + "-" + std::to_string(s.produced);

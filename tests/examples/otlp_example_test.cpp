@@ -44,6 +44,8 @@ TEST_CASE("inference_server --otlp-endpoint sends the replay's spans to the coll
   std::map<std::string, std::string> op_of;      // span id -> operation name
   std::map<std::string, std::string> parent_of;  // span id -> parent span id
   std::size_t spans = 0;
+  std::set<std::string> traces;
+  std::size_t roots = 0;  // publish spans without a parent: the client's requests
   for (const auto& r : receiver.requests()) {
     CHECK(r.target == "/v1/traces");
     rapidjson::Document doc;
@@ -58,6 +60,8 @@ TEST_CASE("inference_server --otlp-endpoint sends the replay's spans to the coll
       ++by_op[op];
       ++spans;
       op_of[s["spanId"].GetString()] = op;
+      traces.insert(s["traceId"].GetString());
+      if (op == "publish" && !s.HasMember("parentSpanId")) ++roots;
       parent_of[s["spanId"].GetString()] = s.HasMember("parentSpanId") ? s["parentSpanId"].GetString() : "";
     }
   }
@@ -70,14 +74,18 @@ TEST_CASE("inference_server --otlp-endpoint sends the replay's spans to the coll
   CHECK(by_op["deliver"] >= 40);
   CHECK(by_op["queue_wait"] >= 40);
   CHECK(by_op["ack"] == by_op["deliver"] - by_op["nak"] - by_op["term"]);
+  // One trace per request: its tokens and decode steps are published as children of
+  // the delivery being worked on (Message::trace()).
+  CHECK(traces.size() == 20);
+  CHECK(roots == 20);
   // Every queue wait and delivery hangs off a publish the receiver got; every ack off
-  // a delivery.
+  // a delivery; every other publish off a delivery.
   for (const auto& [id, op] : op_of) {
-    if (op != "queue_wait" && op != "deliver" && op != "ack") continue;
+    if (op == "publish" && parent_of[id].empty()) continue;  // a request
     INFO(op << " " << id);
     const auto parent = op_of.find(parent_of[id]);
     REQUIRE(parent != op_of.end());
-    CHECK(parent->second == (op == "ack" ? "deliver" : "publish"));
+    CHECK(parent->second == (op == "ack" || op == "publish" ? "deliver" : "publish"));
   }
 }
 

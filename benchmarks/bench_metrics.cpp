@@ -133,7 +133,7 @@ void BM_PublishTraced(benchmark::State& state, double ratio) {
   inferq::EngineOptions options;
   if (ratio > 0) {
     auto e = inferq::otlp::OtlpHttpExporter::Create(
-        {.endpoint = receiver.url("/v1/traces"), .max_queue_spans = 1 << 16, .schedule_delay = absl::Milliseconds(200)});
+        {.endpoint = receiver.url("/v1/traces"), .schedule_delay = absl::Milliseconds(200)});  // queue 2048
     if (!e.ok()) return state.SkipWithError(std::string(e.status().message()).c_str());
     exporter = *e;
     options.trace = {.sink = exporter, .sample_ratio = ratio};

@@ -372,9 +372,14 @@ void OtlpHttpExporter::Export(Span&& span) noexcept {
     return;
   }
   queued_.fetch_add(1, std::memory_order_acq_rel);
-  // A full batch wakes the sender at once; else it wakes at schedule_delay. The
-  // notify is not under mu_: a wake-up lost to a race only waits for the delay.
-  if (queue_.size_approx() >= options_.max_batch_spans) wake_.notify_one();
+  // A full batch wakes the sender at once; else it wakes at schedule_delay. One
+  // notify per wake-up (wake_requested_), not one per span while the sender has not
+  // run yet: each would be a futex call on the publishing thread. The notify is not
+  // under mu_: a wake-up lost to a race only waits for the delay.
+  if (queue_.size_approx() >= options_.max_batch_spans &&
+      !wake_requested_.exchange(true, std::memory_order_acq_rel)) {
+    wake_.notify_one();
+  }
 }
 
 absl::Status OtlpHttpExporter::ForceFlush(absl::Duration timeout) {
@@ -437,6 +442,9 @@ void OtlpHttpExporter::Run() {
   const auto delay = absl::ToChronoNanoseconds(options_.schedule_delay);
   for (;;) {
     bool stopping;
+    // The next full batch notifies again. Cleared before the wait's first look at the
+    // queue: a push that found it set is seen by that look, and a later one notifies.
+    wake_requested_.store(false, std::memory_order_seq_cst);
     {
       std::unique_lock lock(mu_);
       wake_.wait_for(lock, delay, [&] {

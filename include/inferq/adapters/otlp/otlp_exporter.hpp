@@ -134,6 +134,7 @@ class OtlpHttpExporter final : public TraceSink {
   MpmcRing<Span> queue_;
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> queued_{0}, dropped_{0};
+  std::atomic<bool> wake_requested_{false};  // Export notified the sender, which has not woken since
   mutable std::mutex mu_;
   std::condition_variable wake_;  // the sender: a flush, a full batch, or stopping
   std::condition_variable done_;  // flushers: `processed_` moved

@@ -6,7 +6,8 @@
 // null otherwise, so tracing off costs one branch.
 //
 // Thread safety: every method may be called from any thread at once. Ids come from
-// one atomic counter mixed by SplitMix64 (a fetch_add per id, traced events only).
+// SplitMix64 sequences: one per thread (thread-local state), or one for the engine
+// (an atomic counter) with TraceOptions::id_seed.
 #pragma once
 
 #include <array>

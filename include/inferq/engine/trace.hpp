@@ -25,7 +25,7 @@
 //                Parent: publish. Message::trace() names it, so that the member's
 //                own spans (and a reply it publishes) are its children.
 //   ack, nak,    the settle call (Message::Ack, AckSync, Nak, Term; AckSync's span
-//   term         ends before it waits for the ack log's sync). Parent: deliver.
+//   term         ends after the ack log's sync and carries its error). Parent: deliver.
 //   dead_letter  a message given up (max_deliver, term, expired) and sent to the
 //                consumer's dead-letter subject, or lost for want of one. Parent:
 //                deliver when a settle gave it up, else publish. The dead letter's
@@ -134,8 +134,9 @@ struct TraceOptions {
   // Share of new traces sampled, 0..1 (Engine::Create: InvalidArgument naming the
   // value outside it, NaN included).
   double sample_ratio = 1.0;
-  // Seed of the engine's trace and span ids; 0 = from std::random_device. A fixed
-  // seed makes a single-threaded run's ids, and so its sampling, repeatable (tests).
+  // Seed of the engine's trace and span ids: 0 = a sequence per thread, seeded from
+  // std::random_device; else one sequence for the engine from this seed, so that a
+  // single-threaded run's ids, and its sampling, repeat (tests).
   std::uint64_t id_seed = 0;
 };
 

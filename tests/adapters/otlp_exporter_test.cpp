@@ -386,6 +386,26 @@ TEST_CASE("a full queue drops spans and counts them, and Export never waits") {
   CHECK(st.dropped == 3);
 }
 
+// The smallest input of a lost wake-up (CI, under TSan): the full batch was pushed
+// while the new sender thread had looked at the empty queue but not yet slept, and
+// with an hour's schedule_delay nothing sent it. Export right after Create races
+// with that first look, so many exporters are made.
+TEST_CASE("a full batch pushed as the sender starts is sent without waiting for the delay") {
+  HttpReceiver receiver;
+  OtlpExporterOptions o = To(receiver);
+  o.max_batch_spans = 1;
+  o.schedule_delay = absl::Hours(1);
+  constexpr std::size_t kExporters = 200;
+  for (std::size_t i = 0; i < kExporters; ++i) {
+    auto exporter = OtlpHttpExporter::Create(o);
+    REQUIRE(exporter.ok());
+    (*exporter)->Export(Sample(static_cast<std::uint8_t>(i)));
+    REQUIRE(receiver.WaitForRequests(i + 1));  // no flush: only the wake-up sends it
+    CHECK((*exporter)->stats().dropped == 0);
+  }
+  CHECK(receiver.requests().size() == kExporters);
+}
+
 TEST_CASE("destroying the exporter sends what is queued, and Export after Shutdown drops") {
   HttpReceiver receiver;
   OtlpExporterOptions o = To(receiver);

@@ -10,10 +10,12 @@
 #include <array>
 #include <bit>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 #include <thread>
 #include <utility>
@@ -362,9 +364,14 @@ absl::StatusOr<std::shared_ptr<OtlpHttpExporter>> OtlpHttpExporter::Create(OtlpE
 }
 
 OtlpHttpExporter::OtlpHttpExporter(OtlpExporterOptions options)
-    : options_(std::move(options)), queue_(std::bit_ceil(options_.max_queue_spans)) {}
+    : options_(std::move(options)), queue_(std::bit_ceil(options_.max_queue_spans)) {
+  ::sem_init(&wake_, /*pshared=*/0, 0);  // cannot fail: not shared, initial value 0
+}
 
-OtlpHttpExporter::~OtlpHttpExporter() { Shutdown(); }
+OtlpHttpExporter::~OtlpHttpExporter() {
+  Shutdown();
+  ::sem_destroy(&wake_);
+}
 
 void OtlpHttpExporter::Export(Span&& span) noexcept {
   if (stopping_.load(std::memory_order_acquire) || !queue_.try_push(std::move(span))) {
@@ -372,13 +379,12 @@ void OtlpHttpExporter::Export(Span&& span) noexcept {
     return;
   }
   queued_.fetch_add(1, std::memory_order_acq_rel);
-  // A full batch wakes the sender at once; else it wakes at schedule_delay. One
-  // notify per wake-up (wake_requested_), not one per span while the sender has not
-  // run yet: each would be a futex call on the publishing thread. The notify is not
-  // under mu_: a wake-up lost to a race only waits for the delay.
+  // A full batch wakes the sender at once; else it wakes at schedule_delay. One post
+  // per look of the sender (wake_requested_), not one per span while it has not run
+  // yet: each would be a futex call on the publishing thread.
   if (queue_.size_approx() >= options_.max_batch_spans &&
       !wake_requested_.exchange(true, std::memory_order_acq_rel)) {
-    wake_.notify_one();
+    ::sem_post(&wake_);
   }
 }
 
@@ -386,8 +392,7 @@ absl::Status OtlpHttpExporter::ForceFlush(absl::Duration timeout) {
   std::unique_lock lock(mu_);
   const std::uint64_t target = queued_.load(std::memory_order_acquire);
   const std::uint64_t failed_before = failed_;
-  ++flushes_;
-  wake_.notify_one();
+  ::sem_post(&wake_);
   const auto done = [&] { return processed_ >= target; };
   bool finished;
   if (timeout >= absl::Hours(24 * 365)) {  // forever (chrono's wait_for would overflow)
@@ -396,7 +401,6 @@ absl::Status OtlpHttpExporter::ForceFlush(absl::Duration timeout) {
   } else {
     finished = done_.wait_for(lock, absl::ToChronoNanoseconds(std::max(timeout, absl::ZeroDuration())), done);
   }
-  --flushes_;
   if (!finished) {
     return absl::DeadlineExceededError("OTLP exporter: " + std::to_string(target - processed_) +
                                        " span(s) not sent to " + options_.endpoint + " within " +
@@ -418,7 +422,7 @@ void OtlpHttpExporter::Shutdown() {
       stopping_.store(true, std::memory_order_release);
     }
     queue_.close();  // later pushes fail; the sender drains what is left
-    wake_.notify_all();
+    ::sem_post(&wake_);
     stop_.notify_all();
     if (thread_.joinable()) thread_.join();
   });
@@ -436,23 +440,28 @@ OtlpExporterStats OtlpHttpExporter::stats() const {
   return s;
 }
 
+void OtlpHttpExporter::WaitForWake(std::int64_t deadline_ns) {
+  // sem_clockwait takes an absolute CLOCK_MONOTONIC time, the clock of SteadyClock.
+  const timespec at{static_cast<time_t>(deadline_ns / 1'000'000'000),
+                    static_cast<long>(deadline_ns % 1'000'000'000)};
+  while (::sem_clockwait(&wake_, CLOCK_MONOTONIC, &at) != 0 && errno == EINTR) {
+  }
+}
+
 void OtlpHttpExporter::Run() {
   std::vector<Span> batch;
   batch.reserve(options_.max_batch_spans);
-  const auto delay = absl::ToChronoNanoseconds(options_.schedule_delay);
+  const std::int64_t delay_ns = absl::ToInt64Nanoseconds(options_.schedule_delay);
   for (;;) {
-    bool stopping;
-    // The next full batch notifies again. Cleared before the wait's first look at the
-    // queue: a push that found it set is seen by that look, and a later one notifies.
-    wake_requested_.store(false, std::memory_order_seq_cst);
-    {
-      std::unique_lock lock(mu_);
-      wake_.wait_for(lock, delay, [&] {
-        return stopping_.load(std::memory_order_relaxed) || flushes_ > 0 ||
-               queue_.size_approx() >= options_.max_batch_spans;
-      });
-      stopping = stopping_.load(std::memory_order_relaxed);
+    // The next full batch posts again. Cleared before the look at the queue below: an
+    // Export that found it set pushed before this exchange (which acquires its
+    // release), so the look sees its span; a later one posts. A post left over from a
+    // batch already drained only sends early what is queued then.
+    wake_requested_.exchange(false, std::memory_order_acq_rel);
+    if (!stopping_.load(std::memory_order_acquire) && queue_.size_approx() < options_.max_batch_spans) {
+      WaitForWake(SteadyClock::Now() + delay_ns);
     }
+    const bool stopping = stopping_.load(std::memory_order_acquire);
     // Everything queued now, a batch at a time. Once stopping, pop() waits for a push
     // that claimed its slot before close() and returns false when all is drained.
     for (;;) {

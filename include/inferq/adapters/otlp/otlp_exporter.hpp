@@ -38,6 +38,8 @@
 // shared_ptr, so it stays alive as long as the engine does).
 #pragma once
 
+#include <semaphore.h>
+
 #include <atomic>
 #include <climits>
 #include <condition_variable>
@@ -127,6 +129,8 @@ class OtlpHttpExporter final : public TraceSink {
  private:
   explicit OtlpHttpExporter(OtlpExporterOptions options);
   void Run();
+  // Waits for a post to wake_ or until `deadline_ns` (steady ns), whichever is first.
+  void WaitForWake(std::int64_t deadline_ns);
   // Sends `batch` with retries; true when the collector took it.
   bool Send(const std::vector<Span>& batch);
 
@@ -134,16 +138,18 @@ class OtlpHttpExporter final : public TraceSink {
   MpmcRing<Span> queue_;
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> queued_{0}, dropped_{0};
-  std::atomic<bool> wake_requested_{false};  // Export notified the sender, which has not woken since
+  std::atomic<bool> wake_requested_{false};  // Export posted `wake_`; the sender has not looked since
+  // Wakes the sender: a full batch, a flush, or stopping. A POSIX semaphore and not
+  // a condition variable: a post is never lost to a sender between its look at the
+  // queue and its wait, and it needs no lock, so Export never waits.
+  sem_t wake_;
   mutable std::mutex mu_;
-  std::condition_variable wake_;  // the sender: a flush, a full batch, or stopping
   std::condition_variable done_;  // flushers: `processed_` moved
   std::condition_variable stop_;  // a retry's backoff: Shutdown began
   // Shutdown's end for sending (steady ns); INT64_MAX before Shutdown. Read by the
   // request's progress callback, which aborts a request in flight past it.
   std::atomic<std::int64_t> deadline_ns_{INT64_MAX};
   std::uint64_t processed_ = 0;   // spans taken off the queue and sent or given up; guarded by mu_
-  std::uint64_t flushes_ = 0;     // ForceFlush calls waiting; guarded by mu_
   std::uint64_t exported_ = 0, failed_ = 0, requests_ = 0, retries_ = 0;  // guarded by mu_
   std::string last_error_;        // guarded by mu_
   std::thread thread_;

@@ -88,11 +88,10 @@ EngineStats Engine::Stats() const {
   const std::array<std::uint64_t, 2> routes = impl_->route_counts.Sum();
   out.route_cache_hits = routes[Impl::kRouteCacheHit];
   out.route_cache_misses = routes[Impl::kRouteCacheMiss];
+  const auto index = impl_->routes.IndexCacheCounts();
+  out.subject_index_cache_hits = index.hits;
+  out.subject_index_cache_misses = index.misses;
   std::unique_lock lock(impl_->config_mu);
-  // Under config_mu: no AddStream or DeleteStream changes the index meanwhile.
-  const SubjectIndexStats index = impl_->routes.IndexStats();
-  out.subject_index_cache_hits = index.cache_hits;
-  out.subject_index_cache_misses = index.cache_misses;
   for (const auto& s : impl_->streams) {
     if (s->keeps_index && s->config.retention != RetentionPolicy::kLimits) {
       // Acks retire messages without the stream's mutex; when it is free, take them

@@ -229,10 +229,10 @@ struct EngineStats {
   // and target codec, however many consumers and streams share the result.
   std::uint64_t codec_conversions = 0;
   // Routing of every publish (the application's and the engine's dead letters), in
-  // two levels. First the publishing thread's route cache: the last 4 subjects it
-  // routed since the last AddStream or DeleteStream (one per way; a way is picked by
-  // the subject's length and first and last characters, so many live subjects evict
-  // each other). A hit gives the capturing streams at once; a miss searches the
+  // two levels. First the publishing thread's route cache: 64 entries of subjects it
+  // routed since the last AddStream or DeleteStream (direct-mapped: an entry is
+  // picked by a hash of the subject's last 8 bytes and length, and a subject evicts
+  // the one before it in its entry). A hit gives the capturing streams at once; a miss searches the
   // subject index, whose match cache (4,096 subjects, shared by every thread, the
   // SubjectIndex's own) answers or walks the trie. Hit rates = hits / (hits + misses).
   std::uint64_t route_cache_hits = 0;

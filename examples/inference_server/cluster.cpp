@@ -36,11 +36,25 @@ absl::Status EnsureStream(jsCtx* js, const char* name, const std::string& subjec
   jsErrCode code = static_cast<jsErrCode>(0);
   // Two processes may create it at once: the server answers the second with the
   // stream when the configurations are the same.
+  // A cluster that has just started elects its meta leader (until then requests time
+  // out, or find no responders, or the system is unavailable), then learns its peers
+  // (until then a replicated stream finds "no suitable peers for placement"): those
+  // are retried for up to 30 s, as a loaded machine took more than the 10 s of
+  // 20 attempts (CI). Any
+  // other error is final.
+  const auto forming = [](natsStatus st, jsErrCode err) {
+    return st == NATS_TIMEOUT || st == NATS_NO_RESPONDERS || err == JSClusterNoPeersErr ||
+           err == JSClusterNotAvailErr || err == JSClusterNotLeaderErr;
+  };
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   natsStatus s = NATS_OK;
-  for (int attempt = 0; attempt < 20; ++attempt) {
+  for (;;) {
+    code = static_cast<jsErrCode>(0);
     s = js_AddStream(&si, js, &c, nullptr, &code);
-    if (s == NATS_OK || code == JSStreamNameExistErr) break;
-    // A cluster that has just started elects its meta leader first.
+    if (s == NATS_OK || code == JSStreamNameExistErr || !forming(s, code) ||
+        std::chrono::steady_clock::now() >= give_up) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }
   if (si != nullptr) jsStreamInfo_Destroy(si);

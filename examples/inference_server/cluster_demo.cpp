@@ -141,36 +141,9 @@ Options Parse(int argc, char** argv) {
   return o;
 }
 
-// A child process that dies with this one (PR_SET_PDEATHSIG); its output goes to
-// `log` (empty: this process's stdout and stderr).
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
-  const pid_t pid = ::fork();
-  if (pid != 0) return pid;
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() == 1) std::_Exit(127);  // the demo died before prctl took effect
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);  // the demo blocks SIGTERM and SIGINT
-  if (!log.empty()) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      ::dup2(fd, STDOUT_FILENO);
-      ::dup2(fd, STDERR_FILENO);
-      ::close(fd);
-    }
-  }
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  ::execv(argv[0], argv.data());
-  std::fprintf(stderr, "cluster_demo: cannot run '%s': %s\n", argv[0], std::strerror(errno));
-  std::_Exit(127);
-}
+using inferq_test::Spawn;
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+std::string Read(const std::string& path) { return inferq_test::ReadText(path); }
 
 // Exit code of `pid` (128 + signal when it was killed), waiting at most `limit`; -1
 // if it still runs.

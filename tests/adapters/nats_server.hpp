@@ -6,6 +6,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -13,10 +14,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -53,6 +58,39 @@ inline bool Listening(int port) {
   const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
   ::close(fd);
   return ok;
+}
+
+// A file's whole text; empty when it cannot be read.
+inline std::string ReadText(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Starts `args` (args[0] a path) as a child process that dies with this one
+// (PR_SET_PDEATHSIG), with no signal blocked; its stdout and stderr go to the file
+// `log` (empty: this process's). Returns its pid; the caller reaps it.
+inline pid_t Spawn(const std::vector<std::string>& args, const std::string& log) {
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() == 1) std::_Exit(127);  // the parent died before prctl took effect
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);  // cluster_demo blocks SIGTERM and SIGINT
+  if (!log.empty()) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, STDOUT_FILENO);
+      ::dup2(fd, STDERR_FILENO);
+      ::close(fd);
+    }
+  }
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv(argv[0], argv.data());
+  std::fprintf(stderr, "cannot run '%s': %s\n", argv[0], std::strerror(errno));
+  std::_Exit(127);
 }
 
 // Sends `sig` to child `pid` and reaps it, SIGKILL after 10 s; sets pid to -1. No-op
@@ -151,10 +189,7 @@ class NatsServer {
   int port() const { return port_; }
   std::string url() const { return "nats://127.0.0.1:" + std::to_string(port_); }
   std::filesystem::path log_path() const { return dir_ / "server.log"; }
-  std::string Log() const {
-    std::ifstream in(log_path());
-    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
+  std::string Log() const { return ReadText(log_path()); }
 
  private:
   void Signal(int sig) { SignalAndReap(pid_, sig); }

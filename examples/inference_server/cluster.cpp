@@ -40,8 +40,7 @@ absl::Status EnsureStream(jsCtx* js, const char* name, const std::string& subjec
   // out, or find no responders, or the system is unavailable), then learns its peers
   // (until then a replicated stream finds "no suitable peers for placement"): those
   // are retried for up to 30 s, as a loaded machine took more than the 10 s of
-  // 20 attempts (CI). Any
-  // other error is final.
+  // 20 attempts (CI). Any other error is final.
   const auto forming = [](natsStatus st, jsErrCode err) {
     return st == NATS_TIMEOUT || st == NATS_NO_RESPONDERS || err == JSClusterNoPeersErr ||
            err == JSClusterNotAvailErr || err == JSClusterNotLeaderErr;

@@ -225,7 +225,7 @@ inline std::int64_t Engine::Impl::EventLimitNs(const Event& event) {
 
 inline bool Engine::Impl::Route(std::string_view subject, StreamState* only, bool matched,
                          absl::InlinedVector<StreamState*, 4>* capturing) {
-  if (!matched) routes.Match(subject, capturing);
+  if (!matched) routes.MatchAndCache(subject, capturing);
   if (only != nullptr) {
     const bool captures = std::find(capturing->begin(), capturing->end(), only) != capturing->end();
     capturing->clear();

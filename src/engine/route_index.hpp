@@ -43,7 +43,6 @@
 // a time (the engine holds config_mu), concurrently with Match.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -73,6 +72,13 @@ class RouteIndex {
   template <class Out>
   std::size_t Match(std::string_view subject, Out* out) const {
     if (std::size_t n = 0; MatchCached(subject, out, &n)) return n;
+    return MatchAndCache(subject, out);
+  }
+
+  // Match for a caller that found `subject` not in MatchCached: searches the shared
+  // copy and keeps the result in this thread's cache, without a second look there.
+  template <class Out>
+  std::size_t MatchAndCache(std::string_view subject, Out* out) const {
     // invariant 4: acquire pairs with Change's release, so a thread that sees the
     // generation a Change set also sees both copies changed.
     const std::uint64_t generation = generation_.load(std::memory_order_acquire);
@@ -154,8 +160,11 @@ class RouteIndex {
   // multiply by 2^64 / golden ratio, the top bits kept; Knuth, TAOCP vol. 3, 6.4).
   static std::size_t CacheWay(std::string_view subject) {
     std::uint64_t tail = 0;
-    const std::size_t n = std::min<std::size_t>(subject.size(), sizeof tail);
-    if (n != 0) std::memcpy(&tail, subject.data() + subject.size() - n, n);
+    if (subject.size() >= sizeof tail) {
+      std::memcpy(&tail, subject.data() + subject.size() - sizeof tail, sizeof tail);  // one load
+    } else {
+      for (const char c : subject) tail = (tail << 8) | static_cast<unsigned char>(c);
+    }
     const std::uint64_t mix = (tail ^ (static_cast<std::uint64_t>(subject.size()) << 56)) * 0x9E3779B97F4A7C15ull;
     return static_cast<std::size_t>(mix >> (64 - std::countr_zero(kCacheWays)));
   }

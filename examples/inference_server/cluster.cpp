@@ -41,7 +41,12 @@ absl::Status EnsureStream(jsCtx* js, const char* name, const std::string& subjec
   // (until then a replicated stream finds "no suitable peers for placement"): those
   // are retried for up to 30 s, as a loaded machine took more than the 10 s of
   // 20 attempts (CI). Any other error is final.
+  // A server without JetStream answers no-responders too, with JSNotEnabledErr:
+  // final. So is 10005 from a formed cluster with fewer servers than `replicas`; it
+  // cannot be told from a forming one, so it fails after the 30 s, and the message
+  // names that cause.
   const auto forming = [](natsStatus st, jsErrCode err) {
+    if (err == JSNotEnabledErr || err == JSNotEnabledForAccountErr) return false;
     return st == NATS_TIMEOUT || st == NATS_NO_RESPONDERS || err == JSClusterNoPeersErr ||
            err == JSClusterNotAvailErr || err == JSClusterNotLeaderErr;
   };
@@ -58,8 +63,13 @@ absl::Status EnsureStream(jsCtx* js, const char* name, const std::string& subjec
   }
   if (si != nullptr) jsStreamInfo_Destroy(si);
   if (s != NATS_OK) {
+    std::string why = JsError(s, code);
+    if (code == JSClusterNoPeersErr) {
+      why += " for 30 s: are there fewer than " + std::to_string(replicas) +
+             " JetStream servers in the cluster? (--js-replicas)";
+    }
     return absl::FailedPreconditionError("JetStream stream '" + std::string(name) + "' (" + subject + ", work queue, " +
-                                         std::to_string(replicas) + " replicas): " + JsError(s, code));
+                                         std::to_string(replicas) + " replicas): " + why);
   }
   if (purge) {
     s = js_PurgeStream(js, name, nullptr, &code);

@@ -136,8 +136,9 @@ class NatsServer {
  public:
   // `dir`: the store (dir/store), the log (dir/server.log) and any config file.
   // `extra_args`: more nats-server arguments (a config file with -c, ...).
-  explicit NatsServer(std::filesystem::path dir, std::vector<std::string> extra_args = {})
-      : dir_(std::move(dir)), extra_(std::move(extra_args)), port_(FreeLoopbackPort()) {}
+  // `jetstream`: false starts a server without JetStream (-js left out).
+  explicit NatsServer(std::filesystem::path dir, std::vector<std::string> extra_args = {}, bool jetstream = true)
+      : dir_(std::move(dir)), extra_(std::move(extra_args)), jetstream_(jetstream), port_(FreeLoopbackPort()) {}
   ~NatsServer() { Kill(); }
   NatsServer(const NatsServer&) = delete;
   NatsServer& operator=(const NatsServer&) = delete;
@@ -147,8 +148,9 @@ class NatsServer {
   bool Start() {
     if (pid_ > 0) return true;
     std::filesystem::create_directories(dir_ / "store");
-    std::vector<std::string> args = {"nats-server", "-js", "-sd", (dir_ / "store").string(), "-a",
+    std::vector<std::string> args = {"nats-server", "-sd", (dir_ / "store").string(), "-a",
                                      "127.0.0.1", "-p", std::to_string(port_), "-l", log_path().string()};
+    if (jetstream_) args.insert(args.begin() + 1, "-js");
     args.insert(args.end(), extra_.begin(), extra_.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -196,6 +198,7 @@ class NatsServer {
 
   std::filesystem::path dir_;
   std::vector<std::string> extra_;
+  bool jetstream_;
   int port_;
   pid_t pid_ = -1;
 };

@@ -117,7 +117,10 @@ TEST_CASE("OTLP exporter options are checked, naming the bad value") {
   CHECK(Msg(refused(o)) == "OtlpExporterOptions::max_batch_spans 4096 is outside 1..max_queue_spans (2048)");
   o = {};
   o.schedule_delay = absl::ZeroDuration();
-  CHECK(Msg(refused(o)) == "OtlpExporterOptions::schedule_delay 0 is outside (0, 24h]");
+  CHECK(Msg(refused(o)) == "OtlpExporterOptions::schedule_delay 0 is outside 1ms..24h");
+  o = {};
+  o.schedule_delay = absl::Nanoseconds(0.25);  // was: taken, 0 ns to the sender, which spun
+  CHECK(Msg(refused(o)) == "OtlpExporterOptions::schedule_delay 0.25ns is outside 1ms..24h");
   o = {};
   o.export_timeout = absl::InfiniteDuration();
   CHECK(Msg(refused(o)) == "OtlpExporterOptions::export_timeout inf is outside 1ms..1h");

@@ -61,30 +61,50 @@ TEST_CASE("a replica process waits for a forming JetStream cluster to place its 
   }
 }
 
-TEST_CASE("a replica process gives up at once on a JetStream error that waiting does not cure") {
-  inferq_test::TempDir dir;
-  // One server, not clustered: a stream of 3 replicas is refused for good (JetStream
-  // replicas > 1 not supported in non-clustered mode, error 10074).
-  inferq_test::NatsServer server(dir.path());
-  REQUIRE(server.Start());
+namespace {
+
+// Runs a replica process against `nats_url` asking for `js_replicas`; waits at most
+// 20 s (shorter than the 30 s of retries) for it to exit. Returns its output; sets
+// *exit_code to its exit code, or -1 when it did not exit (it is killed then).
+std::string RunReplica(const inferq_test::TempDir& dir, const std::string& nats_url, const std::string& js_replicas,
+                       int* exit_code) {
   const std::string log = (dir.path() / "replica.log").string();
   pid_t replica = inferq_test::Spawn({INFERQ_INFERENCE_SERVER, "--role", "replica", "--replicas", "1", "--nats",
-                                      server.url(), "--js-replicas", "3", "--limit", "1", "--speed", "1000"},
+                                      nats_url, "--js-replicas", js_replicas, "--limit", "1", "--speed", "1000"},
                                      log);
-  REQUIRE(replica > 0);
-  // Longer than a process that exits at once needs, shorter than the 30 s of retries.
   const auto until = Clock::now() + std::chrono::seconds(20);
   int status = 0;
   bool exited = false;
-  while (!(exited = ::waitpid(replica, &status, WNOHANG) == replica) && Clock::now() < until) {
+  while (replica > 0 && !(exited = ::waitpid(replica, &status, WNOHANG) == replica) && Clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  const std::string out = inferq_test::ReadText(log);
-  INFO(out);
   if (!exited) inferq_test::SignalAndReap(replica, SIGKILL);
-  REQUIRE(exited);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 1);
-  CHECK(out.find("JetStream stream 'INFER_REQUESTS' (infer.llama2-70b.request, work queue, 3 replicas)") !=
-        std::string::npos);
+  *exit_code = exited && WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return inferq_test::ReadText(log);
+}
+
+}  // namespace
+
+TEST_CASE("a replica process gives up at once on a JetStream error that waiting does not cure") {
+  inferq_test::TempDir dir;
+  SECTION("replicas on a server that is not clustered (10074)") {
+    inferq_test::NatsServer server(dir.path());
+    REQUIRE(server.Start());
+    int code = 0;
+    const std::string out = RunReplica(dir, server.url(), "3", &code);
+    INFO(out);
+    CHECK(code == 1);
+    CHECK(out.find("JetStream stream 'INFER_REQUESTS' (infer.llama2-70b.request, work queue, 3 replicas): ") !=
+          std::string::npos);
+    CHECK(out.find("(JetStream error 10074)") != std::string::npos);
+  }
+  SECTION("a server without JetStream (10076, with no responders)") {
+    inferq_test::NatsServer server(dir.path(), {}, /*jetstream=*/false);
+    REQUIRE(server.Start());
+    int code = 0;
+    const std::string out = RunReplica(dir, server.url(), "1", &code);
+    INFO(out);
+    CHECK(code == 1);
+    CHECK(out.find("(JetStream error 10076)") != std::string::npos);
+  }
 }

@@ -231,8 +231,8 @@ struct EngineStats {
   // Routing of every publish (the application's and the engine's dead letters), in
   // two levels. First the publishing thread's route cache: 64 entries of subjects it
   // routed since the last AddStream or DeleteStream (direct-mapped: an entry is
-  // picked by a hash of the subject's last 8 bytes and length, and a subject evicts
-  // the one before it in its entry). A hit gives the capturing streams at once; a miss searches the
+  // picked by a hash of the subject, and a subject evicts the one before it in its
+  // entry). A hit gives the capturing streams at once; a miss searches the
   // subject index, whose match cache (4,096 subjects, shared by every thread, the
   // SubjectIndex's own) answers or walks the trie. Hit rates = hits / (hits + misses).
   std::uint64_t route_cache_hits = 0;

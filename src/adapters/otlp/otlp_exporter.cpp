@@ -236,8 +236,9 @@ absl::Status Validate(const OtlpExporterOptions& o) {
     return bad("max_batch_spans", std::to_string(o.max_batch_spans),
                "is outside 1..max_queue_spans (" + std::to_string(o.max_queue_spans) + ")");
   }
-  if (o.schedule_delay <= absl::ZeroDuration() || o.schedule_delay > absl::Hours(24)) {
-    return bad("schedule_delay", absl::FormatDuration(o.schedule_delay), "is outside (0, 24h]");
+  // At least 1 ms: a sub-nanosecond delay was 0 ns to the sender, which then spun.
+  if (o.schedule_delay < absl::Milliseconds(1) || o.schedule_delay > absl::Hours(24)) {
+    return bad("schedule_delay", absl::FormatDuration(o.schedule_delay), "is outside 1ms..24h");
   }
   if (o.export_timeout < absl::Milliseconds(1) || o.export_timeout > absl::Hours(1)) {
     return bad("export_timeout", absl::FormatDuration(o.export_timeout), "is outside 1ms..1h");

@@ -72,7 +72,7 @@ struct OtlpExporterOptions {
   std::vector<std::pair<std::string, std::string>> headers{};
   std::size_t max_queue_spans = 2048;  // 2..2^24, rounded up to a power of two
   std::size_t max_batch_spans = 512;   // 1..max_queue_spans, spans per request
-  absl::Duration schedule_delay = absl::Seconds(5);   // (0, 24h]: longest a span waits
+  absl::Duration schedule_delay = absl::Seconds(5);   // 1ms..24h: longest a span waits
   absl::Duration export_timeout = absl::Seconds(10);  // 1ms..1h: one request's limit
   int max_attempts = 5;                               // 1..20 tries per batch
   absl::Duration retry_backoff = absl::Milliseconds(100);  // 0..1m, doubled per retry

@@ -26,12 +26,12 @@
 //  3. Writers are serialised by the caller (Change must not run concurrently with
 //     itself); `change` must do the same to both copies (it is called twice).
 //  4. In front of the two copies, each thread keeps its last results for up to 64
-//     subjects (tls_cache_, direct-mapped), tagged with the generation they were read at. Change
-//     sets a new generation after both copies are changed, so a result tagged with
-//     the current generation was read from copies that held every change before it;
-//     one read during a Change carries the older tag and is not used again.
-//     Generations are unique across every RouteIndex of the process. A hit costs a
-//     load and a string compare: no read indicator, no lock.
+//     subjects (tls_cache_, direct-mapped), tagged with the generation they were read
+//     at. Change sets a new generation after both copies are changed, so a result
+//     tagged with the current generation was read from copies that held every change
+//     before it; one read during a Change carries the older tag and is not used
+//     again. Generations are unique across every RouteIndex of the process. A hit
+//     costs a hash, a load and a string compare: no read indicator, no lock.
 //
 // Memory orders: the reader's announce (fetch_add) and its load of left_right_, and
 // the writer's store of left_right_ and its loads of the indicators, are seq_cst: a
@@ -162,6 +162,10 @@ class RouteIndex {
   // ("<tenant>.orders.created"), ids inside ("orders.<id>.created"). The multiplier
   // is 2^64 / golden ratio and the top bits are kept (Fibonacci hashing, Knuth,
   // TAOCP vol. 3, 6.4); each round's top bits depend on every bit of its word.
+  // Not XXH3, which the engine uses elsewhere: a multiplicative hash spreads
+  // consecutive ids over distinct entries, a random one lets them collide. With XXH3
+  // here, 8 subjects infer.reply.100000..100007 hit 62.5 % and 32 hit 69 %, against
+  // 100 % and 56 % with this one (BM_PublishSubjects, the same run).
   static std::size_t CacheWay(std::string_view subject) {
     constexpr std::uint64_t kGolden = 0x9E3779B97F4A7C15ull;
     const char* p = subject.data();

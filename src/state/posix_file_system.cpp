@@ -157,6 +157,14 @@ class Posix final : public FileSystem {
             holder = "process " + std::string(text);
           }
         }
+        // Its own pid: another store of this process holds the lock (flock conflicts
+        // between open file descriptions of one process too). The pid alone would
+        // send the reader looking for another process.
+        if (holder == "process " + std::to_string(::getpid())) {
+          return absl::FailedPreconditionError(QuoteValue(path) +
+                                               " is held by this process: another store in "
+                                               "this process has this directory open");
+        }
         return absl::FailedPreconditionError(QuoteValue(path) + " is held by " + holder +
                                              ": another store has this directory open");
       }

@@ -70,7 +70,9 @@ class FileSystem {
   // Takes an exclusive lock on `path` (created if absent) without waiting:
   // kFailedPrecondition when another holder, in this process or another, has it.
   // The POSIX implementation writes the holder's pid into the file and names it in
-  // that error ("'/d/LOCK' is held by process 4242: ...").
+  // that error ("'/d/LOCK' is held by process 4242: another store has this
+  // directory open"), or says "is held by this process: another store in this
+  // process has this directory open" when the holder is the caller's own process.
   virtual absl::StatusOr<std::unique_ptr<FileLock>> Lock(const std::string& path) = 0;
   // Creates `path`, which must not exist.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> Create(const std::string& path) = 0;

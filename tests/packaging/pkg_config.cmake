@@ -16,6 +16,14 @@ if(NOT rc EQUAL 0)
   message(FATAL_ERROR "pkg-config --cflags --libs inferq failed (${rc})")
 endif()
 message(STATUS "pkg-config --cflags --libs inferq: ${flags}")
+# No Windows macro in a consumer's flags: Abseil's .pc files carry -DNOMINMAX, and
+# inferq.pc passed it on through Requires: before it read Abseil's flags itself.
+execute_process(COMMAND pkg-config --cflags inferq
+                OUTPUT_VARIABLE cflags RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT rc EQUAL 0 OR cflags MATCHES "NOMINMAX")
+  message(FATAL_ERROR "pkg-config --cflags inferq gives '${cflags}' (exit ${rc}): it must not hold -DNOMINMAX")
+endif()
+message(STATUS "pkg-config --cflags inferq: ${cflags}")
 separate_arguments(flags UNIX_COMMAND "${flags}")
 execute_process(COMMAND "${CXX}" -std=c++20 -DCONSUMER_EXPECTS_JSON_SCHEMA=${JSON_SCHEMA}
                         "${SOURCE}" ${flags} -o "${OUT}" RESULT_VARIABLE rc)

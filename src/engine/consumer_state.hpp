@@ -318,6 +318,11 @@ struct ConsumerState {
   // pending_mu. has_prior: not empty (read without the lock).
   absl::flat_hash_map<std::uint64_t, std::uint32_t> prior_deliveries;
   std::atomic<bool> has_prior{false};
+  // An untracked consumer's deliveries out with Message::attempt() > 1 (after a nak,
+  // or delivered before a restart) and not yet settled: its
+  // ConsumerStats::num_redelivered (a tracked one counts its pending entries).
+  // Raised by the pull that hands one out, lowered by its settle; relaxed: a count.
+  std::atomic<std::int64_t> redelivered_out{0};
   // Deliveries of `seq` before the restart (0 when none). Requires pending_mu.
   std::uint32_t PriorDeliveries(std::uint64_t seq) const {
     if (!has_prior.load(std::memory_order_acquire)) return 0;

@@ -266,7 +266,11 @@ Fill FillFromBacklog(ConsumerState& c, bool wait) {
     std::lock_guard lock(c.pending_mu);
     if (c.retired) return Fill::kClosed;  // deleted: its sweep is done, nothing takes these
     for (const auto& [seq, prior] : priors) c.prior_deliveries[seq] = prior;
-    if (!priors.empty()) c.has_prior.store(true, std::memory_order_release);
+    if (!priors.empty()) {
+      c.has_prior.store(true, std::memory_order_release);
+      // Delivered before the restart: each is queued again as a redelivery.
+      c.counts.redelivered.fetch_add(priors.size(), std::memory_order_relaxed);
+    }
     for (Delivery& d : loaded) {
       if (timed && d.h->seq >= end_seq) {
         const Event& ev = *d.h->event;

@@ -272,6 +272,10 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
       (void)c.Record("D " + std::to_string(out.msg_->seq) + " " +
                      std::to_string(out.attempt_ + out.prior_));
     }
+    if (!c.tracked && !d.shadow && c.config.ack == AckPolicy::kExplicit &&
+        out.attempt_ + out.prior_ > 1) {
+      c.redelivered_out.fetch_add(1, std::memory_order_relaxed);
+    }
     out.acked_.store(false, std::memory_order_relaxed);
     out.span_id_ = {};
     out.batch_ = 0;

@@ -389,6 +389,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
     }
   } else {
     c.Unsettle();
+    if (attempt_ + prior_ > 1) c.redelivered_out.fetch_sub(1, std::memory_order_relaxed);
     auto forget_prior = [&] {
       if (!c.has_prior.load(std::memory_order_acquire)) return;
       std::lock_guard lock(c.pending_mu);

@@ -154,6 +154,10 @@ EngineStats Engine::Stats() const {
       for (const auto& [seq, p] : c->pending) {
         if (p.attempt + c->PriorDeliveries(seq) > 1) ++cs.num_redelivered;
       }
+      if (!c->tracked) {
+        cs.num_redelivered = static_cast<std::uint64_t>(
+            std::max<std::int64_t>(0, c->redelivered_out.load(std::memory_order_relaxed)));
+      }
     }
     for (std::uint32_t i = 0; i < c->lanes.size(); ++i) {
       for (std::size_t k = 0; k < kBatchSizeBuckets; ++k) {

@@ -89,8 +89,9 @@ struct ConsumerCounts {
   Count skipped{};
   // Redeliveries queued: a message that had been delivered before, put on a lane
   // again after an ack_wait expiry or a nak, or moved off a stalled member after a
-  // delivery; counted when it is queued, before a member pulls it (`delivered`
-  // counts the pull). Queued work moved before anyone pulled it counts in `moved`
+  // delivery, or (a durable consumer) delivered before a restart and not acked;
+  // counted when it is queued, before a member pulls it (`delivered` counts the
+  // pull). Queued work moved before anyone pulled it counts in `moved`
   // only.
   Count redelivered{};
   Count ack_timeouts{}; // deliveries not acked within ack_wait
@@ -162,8 +163,9 @@ struct ConsumerStats : ConsumerCounts<std::uint64_t> {
   // Messages not yet acked that were delivered before (counting the deliveries before
   // a restart, for durable consumers) and are out again or waiting to be, after an
   // ack_wait expiry or a nak; JetStream's num_redelivered, which counts a message
-  // only once it is sent again. Tracked consumers only (explicit acks with ack_wait
-  // or backoff); 0 for the others.
+  // only once it is sent again. A consumer without ack_wait or backoff (untracked)
+  // counts the deliveries out with Message::attempt() > 1 that are not yet settled
+  // (it keeps no entry for one waiting to be sent).
   std::uint64_t num_redelivered = 0;
   // ...and the counts of ConsumerCounts: acked, skipped, redelivered, ack_timeouts,
   // naks, moved, late_acks, mirrored, shadow_acked, terminated, dead_letters,

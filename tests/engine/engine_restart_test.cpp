@@ -1,0 +1,99 @@
+// The durable promises of engine/config.hpp and engine/engine.hpp that name a
+// restart, each checked across real process restarts on the same directory: every
+// step is its own process (restart_child), and the test compares what each printed
+// with exact expected lines. A step that ends in "crash" leaves with _exit, as a
+// killed process would, without closing its engine.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "../state/state_test_util.hpp"
+
+namespace {
+
+struct Run {
+  int exit_code = -1;
+  std::vector<std::string> lines;
+};
+
+// Runs `restart_child scenario step dir` to its end; its stdout as lines.
+Run Step(const std::string& scenario, const std::string& step, const std::string& dir) {
+  const std::string cmd = std::string(INFERQ_RESTART_CHILD) + " " + scenario + " " + step +
+                          " '" + dir + "'";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  Run r;
+  std::string line;
+  for (int ch; (ch = std::fgetc(p)) != EOF;) {
+    if (ch == '\n') {
+      r.lines.push_back(line);
+      line.clear();
+    } else {
+      line.push_back(static_cast<char>(ch));
+    }
+  }
+  if (!line.empty()) r.lines.push_back(line);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// The lines of a step that must exit 0.
+std::vector<std::string> Lines(const std::string& scenario, const std::string& step,
+                               const std::string& dir) {
+  Run r = Step(scenario, step, dir);
+  INFO(scenario << " step " << step << " printed " << r.lines.size() << " line(s)");
+  REQUIRE(r.exit_code == 0);
+  return r.lines;
+}
+
+using V = std::vector<std::string>;
+
+}  // namespace
+
+TEST_CASE("the duplicate window survives a restart after a work queue retired the acked messages") {
+  state_test::TempDir d;
+  // 60 ids, each acked (AckSync) at once: the work queue keeps none, and with
+  // 4 KiB segments the log retires the segments that held them.
+  CHECK(Lines("dedup_work_queue", "1", d.path()) ==
+        V{"stored=60", "job-0 seq=1 duplicate=1", "messages=0 last_seq=60"});
+  // A new process publishes the same 60 ids again, within the window: none is
+  // stored again (before the fix, 56 were, job-0 as seq 61).
+  CHECK(Lines("dedup_work_queue", "2", d.path()) ==
+        V{"stored=0", "job-0 seq=1 duplicate=1", "messages=0 last_seq=60"});
+}
+
+TEST_CASE("the duplicate window survives a restart after max_msgs removed the messages") {
+  state_test::TempDir d;
+  CHECK(Lines("dedup_limits", "1", d.path()) ==
+        V{"stored=60", "job-0 seq=1 duplicate=1", "messages=5 last_seq=60"});
+  // Before the fix, 49 of the 60 were stored again.
+  CHECK(Lines("dedup_limits", "2", d.path()) ==
+        V{"stored=0", "job-0 seq=1 duplicate=1", "messages=5 last_seq=60"});
+}
+
+TEST_CASE("a redelivery after a restart counts as a redelivery") {
+  state_test::TempDir d;
+  // r-1 acked; r-2 and r-3 delivered and never acked, then the process dies.
+  CHECK(Lines("redelivery", "1", d.path()) == V{"t r-1@1,r-2@1,r-3@1", "u r-1@1,r-2@1,r-3@1"});
+  // Both come again as second deliveries, are counted as redelivered when queued,
+  // and as num_redelivered while out unacked; the process dies again.
+  CHECK(Lines("redelivery", "2", d.path()) ==
+        V{"t r-2@2,r-3@2", "u r-2@2,r-3@2",
+          "t delivered=2 redelivered=2 num_redelivered=2 ack_pending=2",
+          "u delivered=2 redelivered=2 num_redelivered=2 ack_pending=2"});
+  // Third deliveries, acked: nothing left out.
+  CHECK(Lines("redelivery", "3", d.path()) ==
+        V{"t r-2@3,r-3@3", "u r-2@3,r-3@3",
+          "t delivered=2 redelivered=2 num_redelivered=0 ack_pending=0",
+          "u delivered=2 redelivered=2 num_redelivered=0 ack_pending=0"});
+  // And after that nothing comes again.
+  CHECK(Lines("redelivery", "4", d.path()) ==
+        V{"t -", "u -", "t delivered=0 redelivered=0 num_redelivered=0 ack_pending=0",
+          "u delivered=0 redelivered=0 num_redelivered=0 ack_pending=0"});
+}

@@ -1,0 +1,197 @@
+// Child of engine_restart_test: one step of a scenario, run as its own process on a
+// directory that earlier steps (earlier processes) wrote. It prints what it saw, one
+// "key=value" line each, for the test to compare with exact expected lines. A step
+// ends with a normal exit (the engine closed) unless the scenario says "crash": then
+// it leaves with _exit(0) after its last durable call, as a killed process would.
+//
+// Usage: restart_child SCENARIO STEP DIR
+// Exit status: 0 when the step ran (what it saw is on stdout), 1 when a call the step
+// needs failed (the error on stderr), 2 for bad arguments.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "inferq/engine/engine.hpp"
+#include "inferq/engine/lifecycle.hpp"
+#include "inferq/state/state_store.hpp"
+
+namespace {
+
+using inferq::Engine;
+
+[[noreturn]] void Fail(const std::string& what, const absl::Status& st) {
+  std::fprintf(stderr, "restart_child: %s: %s\n", what.c_str(), st.ToString().c_str());
+  std::fflush(stdout);
+  std::exit(1);
+}
+
+template <class T>
+T Must(absl::StatusOr<T> v, const std::string& what) {
+  if (!v.ok()) Fail(what, v.status());
+  return *std::move(v);
+}
+
+void Must(const absl::Status& st, const std::string& what) {
+  if (!st.ok()) Fail(what, st);
+}
+
+void Out(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+[[noreturn]] void Crash() {
+  std::fflush(stdout);
+  ::_exit(0);
+}
+
+inferq::Event Ev(std::string subject, std::string msg_id, std::size_t body = 0) {
+  inferq::Event e;
+  e.subject = std::move(subject);
+  e.msg_id = std::move(msg_id);
+  if (body > 0) e.payload = inferq::Buffer::FromString(std::string(body, 'x'));
+  return e;
+}
+
+inferq::StreamConfig FileStream(std::string name, std::vector<std::string> subjects,
+                                const std::string& dir) {
+  inferq::StreamConfig s;
+  s.name = std::move(name);
+  s.subjects = std::move(subjects);
+  s.storage = inferq::StorageType::kFile;
+  s.directory = dir + "/" + s.name;
+  return s;
+}
+
+std::unique_ptr<Engine> NewEngine(inferq::EngineOptions o = {}) {
+  return Must(Engine::Create(o), "Engine::Create");
+}
+
+inferq::StreamStats Stream(const Engine& e, std::string_view name) {
+  const inferq::EngineStats st = e.Stats();
+  if (st.stream(name) == nullptr) Fail("stats of stream " + std::string(name), absl::NotFoundError("none"));
+  return *st.stream(name);
+}
+
+inferq::ConsumerStats Consumer(const Engine& e, std::string_view stream, std::string_view name) {
+  const inferq::EngineStats st = e.Stats();
+  const inferq::ConsumerStats* c = st.consumer(stream, name);
+  if (c == nullptr) Fail("stats of consumer " + std::string(name), absl::NotFoundError("none"));
+  return *c;
+}
+
+// The msg_ids a member has ready now (each pull waits at most `wait`), settled as
+// `ack` says: "none", "first" (AckSync the first only) or "all" (AckSync each).
+// Unacked messages stay out in `held` (a Message's destructor neither acks nor naks;
+// `held` must go before the engine).
+std::string PullIds(inferq::Member& m, const std::string& ack, std::vector<inferq::Message>& held,
+                    absl::Duration wait = absl::Milliseconds(500)) {
+  std::string ids;
+  bool first = true;
+  for (;;) {
+    absl::StatusOr<inferq::Message> msg = m.Next(wait);
+    if (!msg.ok()) break;
+    if (!ids.empty()) ids += ",";
+    ids += msg->event().msg_id + "@" + std::to_string(msg->attempt());
+    if (ack == "all" || (ack == "first" && first)) Must(msg->AckSync(), "AckSync");
+    first = false;
+    held.push_back(*std::move(msg));
+  }
+  return ids.empty() ? "-" : ids;
+}
+
+// ---- The duplicate window across a restart (a work queue, and limits). ----
+int Dedup(const std::string& step, const std::string& dir, bool work_queue) {
+  inferq::StreamConfig s = FileStream(work_queue ? "WQ" : "LIM", {"job.>"}, dir);
+  s.segment_bytes = 4096;
+  if (work_queue) {
+    s.retention = inferq::RetentionPolicy::kWorkQueue;
+  } else {
+    s.max_msgs = 5;
+  }
+  auto engine = NewEngine();
+  Must(engine->AddStream(s), "AddStream");
+  std::unique_ptr<inferq::Member> member;
+  if (work_queue) {
+    inferq::Consumer c = Must(engine->AddConsumer({.stream = s.name, .name = "w",
+                                                   .deliver = inferq::DeliverPolicy::kAll}),
+                              "AddConsumer");
+    member = std::make_unique<inferq::Member>(Must(c.member(0), "member"));
+  }
+  int stored = 0;
+  for (int i = 0; i < 60; ++i) {
+    const std::string id = "job-" + std::to_string(i);
+    inferq::PublishAck ack = Must(engine->Publish(Ev("job.a", id, 300)), "Publish " + id);
+    if (!ack.duplicate) ++stored;
+    if (work_queue && !ack.duplicate) {
+      inferq::Message m = Must(member->Next(absl::Seconds(10)), "Next " + id);
+      Must(m.AckSync(), "AckSync " + id);
+    }
+  }
+  Out("stored=" + std::to_string(stored));
+  const inferq::PublishAck again = Must(engine->Publish(Ev("job.a", "job-0", 300)), "Publish job-0");
+  Out("job-0 seq=" + std::to_string(again.seq) + " duplicate=" + std::to_string(again.duplicate));
+  const inferq::StreamStats st = Stream(*engine, s.name);
+  Out("messages=" + std::to_string(st.messages) + " last_seq=" + std::to_string(st.last_seq));
+  (void)step;
+  return 0;
+}
+
+// ---- Delivery counts across a crash: attempt(), redelivered, num_redelivered. ----
+int Redelivery(const std::string& step, const std::string& dir) {
+  auto engine = NewEngine();
+  Must(engine->AddStream(FileStream("R", {"r.>"}, dir)), "AddStream");
+  // "t": tracked (ack_wait); "u": untracked (no ack_wait).
+  inferq::Consumer t = Must(engine->AddConsumer({.stream = "R", .name = "t",
+                                                 .deliver = inferq::DeliverPolicy::kAll,
+                                                 .ack_wait = absl::Hours(1)}),
+                            "AddConsumer t");
+  inferq::Consumer u = Must(
+      engine->AddConsumer({.stream = "R", .name = "u", .deliver = inferq::DeliverPolicy::kAll}),
+      "AddConsumer u");
+  inferq::Member mt = Must(t.member(0), "member");
+  inferq::Member mu = Must(u.member(0), "member");
+  std::vector<inferq::Message> held;
+  if (step == "1") {
+    for (int i = 1; i <= 3; ++i) {
+      Must(engine->Publish(Ev("r.x", "r-" + std::to_string(i))), "Publish");
+    }
+    Out("t " + PullIds(mt, "first", held));
+    Out("u " + PullIds(mu, "first", held));
+    Crash();
+  }
+  const std::string got_t = PullIds(mt, step == "2" ? "none" : "all", held);
+  const std::string got_u = PullIds(mu, step == "2" ? "none" : "all", held);
+  Out("t " + got_t);
+  Out("u " + got_u);
+  for (const char* name : {"t", "u"}) {
+    const inferq::ConsumerStats cs = Consumer(*engine, "R", name);
+    Out(std::string(name) + " delivered=" + std::to_string(cs.delivered) +
+        " redelivered=" + std::to_string(cs.redelivered) +
+        " num_redelivered=" + std::to_string(cs.num_redelivered) +
+        " ack_pending=" + std::to_string(cs.ack_pending));
+  }
+  if (step == "2") Crash();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: restart_child SCENARIO STEP DIR\n");
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  const std::string step = argv[2];
+  const std::string dir = argv[3];
+  if (scenario == "dedup_work_queue") return Dedup(step, dir, true);
+  if (scenario == "dedup_limits") return Dedup(step, dir, false);
+  if (scenario == "redelivery") return Redelivery(step, dir);
+  std::fprintf(stderr, "restart_child: unknown scenario '%s'\n", scenario.c_str());
+  return 2;
+}

@@ -165,6 +165,15 @@ TEST_CASE("nats mapping: headers that cannot cross are refused, naming them") {
   REQUIRE_FALSE(w.ok());
   CHECK(std::string(w.status().message()) ==
         "header name 'has space' cannot travel in NATS (a control character, space, ':' or non-ASCII byte)");
+  // mapping.hpp lists non-ASCII names too (UTF-8 "X-Grüße": bytes over 126).
+  Event non_ascii;
+  non_ascii.headers.Set("X-Gr\xC3\xBC\xC3\x9F" "e", "x");
+  w = ToWire(non_ascii, "a", PayloadFormat::kRaw, "");
+  REQUIRE_FALSE(w.ok());
+  CHECK(w.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(w.status().message()) ==
+        "header name 'X-Gr\xC3\xBC\xC3\x9F" "e' cannot travel in NATS (a control character, space, ':' or "
+        "non-ASCII byte)");
   Event bad_value;
   bad_value.tenant = "a\r\nInjected: 1";
   w = ToWire(bad_value, "a", PayloadFormat::kRaw, "");

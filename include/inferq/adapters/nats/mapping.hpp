@@ -109,9 +109,11 @@ absl::StatusOr<std::string> ReplaceSubjectPrefix(std::string_view subject, std::
 // Inferq-Origin (left out when empty). InvalidArgument naming the header when a user
 // header of the event uses a name of the table above or of JetStream's own `Nats-*`
 // headers (Nats-Rollup would purge the stream), or a header name or value cannot
-// travel in a NATS header unchanged through libnats 3.4.1 (a name with a control
-// character, ':' or a space; a value with CR, LF or NUL, an empty value, or one with
-// white space at an end); the encoder's error for kTensorEvent.
+// travel in a NATS header unchanged through libnats 3.4.1 (an empty name, or one with
+// a control character, a space, ':' or a non-ASCII byte: a name crosses only as
+// printable ASCII, bytes 33..126 but ':', so "X-Grüße" is refused; a value with CR,
+// LF or NUL, an empty value, or one with white space at an end); the encoder's error
+// for kTensorEvent.
 absl::StatusOr<WireMessage> ToWire(const Event& event, std::string_view subject,
                                    PayloadFormat format, std::string_view origin);
 

@@ -21,6 +21,15 @@ std::string JsError(natsStatus s, jsErrCode code) {
   return out;
 }
 
+// True when a JetStream request failed as it does while a cluster forms: see
+// EnsureStream. The bridge's AddImport retries the same errors
+// (ConnectionOptions::jetstream_forming_wait).
+bool Forming(natsStatus st, jsErrCode err) {
+  if (err == JSNotEnabledErr || err == JSNotEnabledForAccountErr) return false;
+  return st == NATS_TIMEOUT || st == NATS_NO_RESPONDERS || err == JSClusterNoPeersErr ||
+         err == JSClusterNotAvailErr || err == JSClusterNotLeaderErr;
+}
+
 // One stream: created when missing, then (with `purge`) emptied.
 absl::Status EnsureStream(jsCtx* js, const char* name, const std::string& subject, int replicas, bool purge) {
   jsStreamConfig c;
@@ -39,42 +48,51 @@ absl::Status EnsureStream(jsCtx* js, const char* name, const std::string& subjec
   // A cluster that has just started elects its meta leader (until then requests time
   // out, or find no responders, or the system is unavailable), then learns its peers
   // (until then a replicated stream finds "no suitable peers for placement"): those
-  // are retried for up to 30 s, as a loaded machine took more than the 10 s of
-  // 20 attempts (CI). Any other error is final.
+  // are retried for kFormingWait (30 s), as a loaded machine took more than the 10 s
+  // of 20 attempts (CI), and so is the purge. Any other error is final.
   // A server without JetStream answers no-responders too, with JSNotEnabledErr:
   // final. So is 10005 from a formed cluster with fewer servers than `replicas`; it
-  // cannot be told from a forming one, so it fails after the 30 s, and the message
-  // names that cause.
-  const auto forming = [](natsStatus st, jsErrCode err) {
-    if (err == JSNotEnabledErr || err == JSNotEnabledForAccountErr) return false;
-    return st == NATS_TIMEOUT || st == NATS_NO_RESPONDERS || err == JSClusterNoPeersErr ||
-           err == JSClusterNotAvailErr || err == JSClusterNotLeaderErr;
-  };
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  natsStatus s = NATS_OK;
-  for (;;) {
-    code = static_cast<jsErrCode>(0);
-    s = js_AddStream(&si, js, &c, nullptr, &code);
-    if (s == NATS_OK || code == JSStreamNameExistErr || !forming(s, code) ||
-        std::chrono::steady_clock::now() >= give_up) {
-      break;
+  // cannot be told from a forming one, so it fails after kFormingWait, and the
+  // message names that cause.
+  const auto give_up = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(kFormingWait);
+  bool waited = false;  // the last error was a forming one, retried until give_up
+  const auto retry = [&](const auto& request) {
+    for (;;) {
+      code = static_cast<jsErrCode>(0);
+      const natsStatus st = request();
+      if (st == NATS_OK || code == JSStreamNameExistErr || !Forming(st, code)) return st;
+      if (std::chrono::steady_clock::now() >= give_up) {
+        waited = true;
+        return st;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
-  }
+  };
+  const auto how_long = [&] {
+    return waited ? " (retried for " + absl::FormatDuration(kFormingWait) + " while the cluster formed)" : "";
+  };
+  natsStatus s = retry([&] {
+    if (si != nullptr) jsStreamInfo_Destroy(si);
+    si = nullptr;
+    return js_AddStream(&si, js, &c, nullptr, &code);
+  });
   if (si != nullptr) jsStreamInfo_Destroy(si);
   if (s != NATS_OK) {
-    std::string why = JsError(s, code);
+    std::string why = JsError(s, code) + how_long();
     if (code == JSClusterNoPeersErr) {
-      why += " for 30 s: are there fewer than " + std::to_string(replicas) +
+      why += ": are there fewer than " + std::to_string(replicas) +
              " JetStream servers in the cluster? (--js-replicas)";
     }
     return absl::FailedPreconditionError("JetStream stream '" + std::string(name) + "' (" + subject + ", work queue, " +
                                          std::to_string(replicas) + " replicas): " + why);
   }
   if (purge) {
-    s = js_PurgeStream(js, name, nullptr, &code);
+    // The stream's leader may still be elected (a stream that existed before).
+    waited = false;
+    s = retry([&] { return js_PurgeStream(js, name, nullptr, &code); });
     if (s != NATS_OK) {
-      return absl::UnavailableError("purging JetStream stream '" + std::string(name) + "': " + JsError(s, code));
+      return absl::UnavailableError("purging JetStream stream '" + std::string(name) + "': " + JsError(s, code) +
+                                    how_long());
     }
   }
   return absl::OkStatus();
@@ -86,6 +104,10 @@ nats::BridgeOptions Options(const ClusterConfig& config, std::string origin, std
   o.connection.name = std::move(name);
   o.connection.reconnect_wait = absl::Milliseconds(100);
   o.connection.reconnect_buffer_bytes = 32 << 20;
+  // The durable consumers are created (or looked up) while the cluster may still
+  // form, as the streams are (a CI run: "JetStream pull consumer 'replicas' ...
+  // Timeout" after one try).
+  o.connection.jetstream_forming_wait = kFormingWait;
   o.origin = std::move(origin);
   return o;
 }

@@ -29,6 +29,10 @@ inline constexpr char kTokensJetStream[] = "INFER_TOKENS";
 // How long JetStream waits for a replica's ack (or in-progress) before it gives the
 // request to another replica: the time a killed replica's work takes to move.
 inline constexpr absl::Duration kJetStreamAckWait = absl::Seconds(5);
+// How long each JetStream step of a starting process (a stream's creation or purge,
+// a durable consumer's creation or lookup) is tried again while the cluster forms
+// (no meta or stream leader yet, no suitable peers for placement, timeouts).
+inline constexpr absl::Duration kFormingWait = absl::Seconds(30);
 
 struct ClusterConfig {
   std::vector<std::string> servers;  // nats://host:port, ...
@@ -42,7 +46,8 @@ struct ClusterConfig {
 // Creates INFER_REQUESTS and INFER_TOKENS when they are missing (a second process
 // finds them); with `purge`, empties both (the client, before a replay). Unavailable
 // naming the servers when none answers; FailedPrecondition with JetStream's error when
-// a stream exists with another configuration (another --model or --js-replicas).
+// a stream exists with another configuration (another --model or --js-replicas), or
+// when the cluster did not form within kFormingWait (the error says so).
 absl::Status EnsureReplayStreams(const ClusterConfig& config, bool purge);
 
 // The client's bridge: exports the local stream REQUESTS (consumer "to-nats") to

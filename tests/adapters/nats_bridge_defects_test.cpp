@@ -309,3 +309,139 @@ TEST_CASE_METHOD(OneServer, "nats defects: exports that could never cross are re
     CHECK(es.consumer("LOCAL", "js")->ack_pending == 0);
   }
 }
+
+namespace {
+
+// Stream `name` capturing `subjects`, on the server `js` talks to, tried every 250 ms
+// for up to 30 s while a cluster forms (its meta leader, its peers). True once made.
+bool AddStreamWhenFormed(jsCtx* js, const char* name, std::vector<const char*> subjects, int replicas) {
+  jsStreamConfig c;
+  jsStreamConfig_Init(&c);
+  c.Name = name;
+  c.Subjects = subjects.data();
+  c.SubjectsLen = static_cast<int>(subjects.size());
+  c.Storage = js_FileStorage;
+  c.Replicas = replicas;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (;;) {
+    jsStreamInfo* si = nullptr;
+    jsErrCode err = static_cast<jsErrCode>(0);
+    const natsStatus s = js_AddStream(&si, js, &c, nullptr, &err);
+    if (si != nullptr) jsStreamInfo_Destroy(si);
+    if (s == NATS_OK) return true;
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+}
+
+}  // namespace
+
+// bridge.hpp said "(empty: the whole stream)" and AddImport refused an empty filter.
+TEST_CASE_METHOD(OneServer, "nats defects: an import with an empty filter_subject takes the whole stream") {
+  REQUIRE(AddStreamWhenFormed(client.js, "ALL", {"a.>", "b.>"}, 1));
+  client.Publish("a.x", "one", {{"Nats-Msg-Id", "id-1"}});
+  client.Publish("b.y.z", "two", {{"Nats-Msg-Id", "id-2"}});
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "IN", .subjects = {"a.>", "b.>"}}).ok());
+  auto local = engine->AddConsumer({.stream = "IN", .name = "c", .deliver = DeliverPolicy::kAll});
+  REQUIRE(local.ok());
+  auto bridge = NatsBridge::Connect(*engine, Options(server, "site-a"));
+  REQUIRE(bridge.ok());
+
+  SECTION("a new durable is created without a filter and gets every subject") {
+    const absl::Status st = (*bridge)->AddImport({.stream = "ALL", .durable = "all"});
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+    std::set<std::string> got;
+    auto m = local->member(0);
+    for (int i = 0; i < 2; ++i) {
+      auto x = m->Next(absl::Seconds(20));
+      REQUIRE(x.ok());
+      got.insert(x->event().subject + "=" + std::string(x->event().payload.view()));
+      REQUIRE(x->Ack().ok());
+    }
+    CHECK(got == std::set<std::string>{"a.x=one", "b.y.z=two"});
+    CHECK(WaitFor([&] { return client.ConsumerState("ALL", "all") == std::pair<std::int64_t, std::uint64_t>{0, 0}; }));
+    jsConsumerInfo* ci = nullptr;
+    jsErrCode err = static_cast<jsErrCode>(0);
+    REQUIRE(js_GetConsumerInfo(&ci, client.js, "ALL", "all", nullptr, &err) == NATS_OK);
+    CHECK(ci->Config->FilterSubject == nullptr);
+    jsConsumerInfo_Destroy(ci);
+    CHECK((*bridge)->Stats().imported == 2);
+  }
+  SECTION("a durable that exists with a filter is refused, naming the filter") {
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = "part";
+    cc.AckPolicy = js_AckExplicit;
+    cc.FilterSubject = "a.>";
+    jsConsumerInfo* ci = nullptr;
+    jsErrCode err = static_cast<jsErrCode>(0);
+    REQUIRE(js_AddConsumer(&ci, client.js, "ALL", &cc, nullptr, &err) == NATS_OK);
+    jsConsumerInfo_Destroy(ci);
+    const absl::Status st = (*bridge)->AddImport({.stream = "ALL", .durable = "part"});
+    CHECK(st.code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(std::string(st.message()) ==
+          "JetStream pull consumer 'part' on stream 'ALL' (filter '') exists with filter 'a.>': it does not "
+          "deliver the whole stream (name a durable without a filter, or set ImportConfig.filter_subject to "
+          "'a.>')");
+  }
+}
+
+// The smallest input of a flaky cluster_demo run: stream creation was retried while
+// the cluster formed, the consumer's creation was tried once ("JetStream pull
+// consumer 'replicas' ... Timeout"). Here two of three nodes are down (no quorum: no
+// meta or stream leader) when AddImport runs.
+TEST_CASE("nats defects: AddImport retries a forming cluster for jetstream_forming_wait and names it") {
+  TempDir dir;
+  NatsCluster cluster(dir.path(), 3);
+  REQUIRE(cluster.Start());
+  {
+    Client client(cluster.url_list());
+    REQUIRE(AddStreamWhenFormed(client.js, "JOBS", {"jobs.>"}, 3));
+  }
+  cluster.server(1).Kill();
+  cluster.server(2).Kill();
+  auto engine = NewEngine();
+  REQUIRE(engine->AddStream({.name = "WORK", .subjects = {"jobs.>"}}).ok());
+  BridgeOptions o = Options(cluster.server(0), "site-a");
+  o.connection.jetstream_timeout = absl::Milliseconds(500);
+
+  SECTION("an error after the wait says how long it was tried") {
+    o.connection.jetstream_forming_wait = absl::Seconds(2);
+    auto bridge = NatsBridge::Connect(*engine, o);
+    REQUIRE(bridge.ok());
+    const absl::Status st = (*bridge)->AddImport({.stream = "JOBS", .durable = "d", .filter_subject = "jobs.>"});
+    INFO(st.ToString());
+    CHECK(st.code() == absl::StatusCode::kUnavailable);
+    const std::string msg(st.message());
+    const std::string tail = " (a cluster still forming? retried for 2s, ConnectionOptions.jetstream_forming_wait)";
+    REQUIRE(msg.size() > tail.size());
+    CHECK(msg.substr(msg.size() - tail.size()) == tail);
+  }
+  SECTION("the import starts once the nodes are back") {
+    o.connection.jetstream_forming_wait = absl::Seconds(60);
+    auto bridge = NatsBridge::Connect(*engine, o);
+    REQUIRE(bridge.ok());
+    absl::Status st = absl::UnknownError("not run");
+    std::thread add([&] { st = (*bridge)->AddImport({.stream = "JOBS", .durable = "d", .filter_subject = "jobs.>"}); });
+    std::this_thread::sleep_for(std::chrono::seconds(3));  // AddImport meets the leaderless cluster first
+    REQUIRE(cluster.server(1).Start());
+    REQUIRE(cluster.server(2).Start());
+    add.join();
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+    Client client(cluster.url_list());
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    natsStatus s = NATS_ERR;
+    while (s != NATS_OK && std::chrono::steady_clock::now() < until) {  // the stream's leader may still be elected
+      jsPubAck* pa = nullptr;
+      jsErrCode err = static_cast<jsErrCode>(0);
+      s = js_Publish(&pa, client.js, "jobs.x", "j", 1, nullptr, &err);
+      jsPubAck_Destroy(pa);
+      if (s != NATS_OK) std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+    REQUIRE(s == NATS_OK);
+    CHECK(WaitFor([&] { return (*bridge)->Stats().imported == 1; }, std::chrono::seconds(30)));
+  }
+}

@@ -22,6 +22,7 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include <nats/nats.h>
@@ -77,6 +78,17 @@ absl::Status CheckName(std::string_view what, std::string_view name, bool dots) 
 }
 
 std::string Dur(absl::Duration d) { return absl::FormatDuration(d); }
+
+// True when a JetStream request failed as requests fail while a cluster forms, elects
+// its meta or stream leaders, or places replicas: a timeout, no responders (nothing
+// answers the API subject yet), no suitable peers for placement (10005), the system
+// temporarily unavailable (10008), not the leader (10009). A server or account
+// without JetStream answers no-responders with 10076 or 10039: final.
+bool ClusterForming(natsStatus s, jsErrCode code) {
+  if (code == JSNotEnabledErr || code == JSNotEnabledForAccountErr) return false;
+  return s == NATS_TIMEOUT || s == NATS_NO_RESPONDERS || code == JSClusterNoPeersErr ||
+         code == JSClusterNotAvailErr || code == JSClusterNotLeaderErr;
+}
 
 // The longest NATS subject the bridge sends. A server closes a connection whose
 // protocol line ("HPUB <subject> <reply> <sizes>") is longer than its
@@ -1193,9 +1205,6 @@ absl::Status NatsBridge::AddImport(ImportConfig config) {
   Impl& im = *impl_;
   if (auto st = CheckName("ImportConfig.stream", config.stream, false); !st.ok()) return st;
   if (auto st = CheckName("ImportConfig.durable", config.durable, false); !st.ok()) return st;
-  if (config.filter_subject.empty()) {
-    return absl::InvalidArgumentError("ImportConfig.filter_subject is empty (name the subjects to import)");
-  }
   if (config.fetch_batch < 1 || config.fetch_batch > 4096) {
     return absl::InvalidArgumentError("ImportConfig.fetch_batch " + std::to_string(config.fetch_batch) +
                                       " is not in 1..4096");
@@ -1206,9 +1215,11 @@ absl::Status NatsBridge::AddImport(ImportConfig config) {
                                       ") must be positive and retry_delay (" + Dur(config.retry_delay) +
                                       ") not negative, both at most " + Dur(kMaxImportWait));
   }
-  if (auto pattern = SubjectPattern::Parse(config.filter_subject); !pattern.ok()) {
-    return absl::InvalidArgumentError("ImportConfig.filter_subject '" + config.filter_subject +
-                                      "': " + std::string(pattern.status().message()));
+  if (!config.filter_subject.empty()) {
+    if (auto pattern = SubjectPattern::Parse(config.filter_subject); !pattern.ok()) {
+      return absl::InvalidArgumentError("ImportConfig.filter_subject '" + config.filter_subject +
+                                        "': " + std::string(pattern.status().message()));
+    }
   }
   if (!config.strip_prefix.empty()) {
     if (auto p = AddSubjectPrefix(config.strip_prefix, "x"); !p.ok()) return p.status();
@@ -1254,15 +1265,45 @@ absl::Status NatsBridge::AddImport(ImportConfig config) {
   }
   std::lock_guard l(im.mu);
   if (im.closed) return absl::FailedPreconditionError("the NATS bridge is closed");
-  jsStreamInfo* si = nullptr;
+  // Each JetStream request below is tried again while it fails as requests fail in a
+  // cluster that is forming or electing its leaders (ConnectionOptions::
+  // jetstream_forming_wait), and an error that remains says how long it was tried.
+  const absl::Duration forming_wait = im.options.connection.jetstream_forming_wait;
+  const auto give_up = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(forming_wait);
+  bool gave_up_forming = false;  // the last error was a forming one, retried until give_up
+  const auto request = [&](const auto& call) {
+    for (;;) {
+      jsErrCode c = static_cast<jsErrCode>(0);
+      const natsStatus st = call(&c);
+      if (st == NATS_OK || !ClusterForming(st, c)) return std::pair<natsStatus, jsErrCode>(st, c);
+      if (std::chrono::steady_clock::now() >= give_up || im.stopping.load()) {
+        gave_up_forming = true;
+        return std::pair<natsStatus, jsErrCode>(st, c);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  };
+  const auto waited = [&] {
+    if (!gave_up_forming) return std::string();
+    return forming_wait > absl::ZeroDuration()
+               ? " (a cluster still forming? retried for " + Dur(forming_wait) +
+                     ", ConnectionOptions.jetstream_forming_wait)"
+               : " (a cluster still forming? tried once: ConnectionOptions.jetstream_forming_wait is 0)";
+  };
+  natsStatus s = NATS_OK;
   jsErrCode code = static_cast<jsErrCode>(0);
-  natsStatus s = js_GetStreamInfo(&si, im.js, config.stream.c_str(), nullptr, &code);
-  if (si != nullptr) jsStreamInfo_Destroy(si);
+  std::tie(s, code) = request([&](jsErrCode* c) {
+    jsStreamInfo* si = nullptr;
+    const natsStatus st = js_GetStreamInfo(&si, im.js, config.stream.c_str(), nullptr, c);
+    if (si != nullptr) jsStreamInfo_Destroy(si);
+    return st;
+  });
   if (s == NATS_NOT_FOUND) {
     return absl::NotFoundError("JetStream stream '" + config.stream + "' does not exist");
   }
   if (s != NATS_OK) {
-    return absl::UnavailableError("JetStream stream '" + config.stream + "': " + JetStreamError(s, code));
+    return absl::UnavailableError("JetStream stream '" + config.stream + "': " + JetStreamError(s, code) +
+                                  waited());
   }
   auto imp = std::make_unique<Impl::Import>();
   imp->cfg = config;
@@ -1275,13 +1316,41 @@ absl::Status NatsBridge::AddImport(ImportConfig config) {
   so.Config.AckWait = absl::ToInt64Nanoseconds(config.ack_wait);
   so.Config.DeliverPolicy = js_DeliverAll;
   so.Config.MaxAckPending = config.max_ack_pending;
-  s = js_PullSubscribe(&imp->sub, im.js, imp->cfg.filter_subject.c_str(), imp->cfg.durable.c_str(), nullptr,
-                       &so, &code);
-  if (s != NATS_OK) {
-    return absl::UnavailableError("JetStream pull consumer '" + config.durable + "' on stream '" +
-                                  config.stream + "' (filter '" + config.filter_subject +
-                                  "'): " + JetStreamError(s, code));
+  const std::string consumer_name = "JetStream pull consumer '" + config.durable + "' on stream '" + config.stream +
+                                    "' (filter '" + config.filter_subject + "')";
+  if (config.filter_subject.empty()) {
+    // The whole stream. libnats 3.4.1 subscribes without a subject only to a
+    // consumer that exists (bound by stream and name): it is created here when
+    // missing (JetStream answers a second creation with the same configuration with
+    // the consumer), and one that exists must not filter, or the import would take
+    // only part of the stream.
+    std::string filter;
+    std::tie(s, code) = request([&](jsErrCode* c) {
+      jsConsumerInfo* ci = nullptr;
+      natsStatus st = js_GetConsumerInfo(&ci, im.js, config.stream.c_str(), config.durable.c_str(), nullptr, c);
+      if (st == NATS_NOT_FOUND) {
+        *c = static_cast<jsErrCode>(0);
+        st = js_AddConsumer(&ci, im.js, config.stream.c_str(), &so.Config, nullptr, c);
+      }
+      if (st == NATS_OK && ci != nullptr && ci->Config != nullptr && ci->Config->FilterSubject != nullptr) {
+        filter = ci->Config->FilterSubject;
+      }
+      if (ci != nullptr) jsConsumerInfo_Destroy(ci);
+      return st;
+    });
+    if (s != NATS_OK) return absl::UnavailableError(consumer_name + ": " + JetStreamError(s, code) + waited());
+    if (!filter.empty()) {
+      return absl::FailedPreconditionError(consumer_name + " exists with filter '" + filter +
+                                           "': it does not deliver the whole stream (name a durable without "
+                                           "a filter, or set ImportConfig.filter_subject to '" + filter + "')");
+    }
+    so.Consumer = imp->cfg.durable.c_str();
   }
+  std::tie(s, code) = request([&](jsErrCode* c) {
+    return js_PullSubscribe(&imp->sub, im.js, imp->cfg.filter_subject.empty() ? nullptr : imp->cfg.filter_subject.c_str(),
+                            imp->cfg.durable.c_str(), nullptr, &so, c);
+  });
+  if (s != NATS_OK) return absl::UnavailableError(consumer_name + ": " + JetStreamError(s, code) + waited());
   Impl::Import* raw = imp.get();
   imp->thread = std::thread([&im, raw] { im.RunImport(*raw); });
   im.imports.push_back(std::move(imp));

@@ -98,6 +98,14 @@ struct ConnectionOptions {
   int reconnect_buffer_bytes = 8 << 20;
   // JetStream API requests (stream and consumer lookups, consumer creation).
   absl::Duration jetstream_timeout = absl::Seconds(5);
+  // How long AddImport tries its JetStream requests again (every 250 ms, each with
+  // jetstream_timeout) while they fail as they do in a cluster that is forming or
+  // electing its leaders: a timeout, no responders, JetStream errors 10005 (no
+  // suitable peers for placement), 10008 (temporarily unavailable) and 10009 (not the
+  // leader). Any other error is final at once; so is JetStream not enabled (10076,
+  // 10039). Zero: one try. The error after the last try names this time. Close
+  // waits for an AddImport that is retrying.
+  absl::Duration jetstream_forming_wait = absl::ZeroDuration();
 };
 
 struct BridgeOptions {
@@ -152,7 +160,9 @@ enum class ImportAck { kStored, kConsumed };
 struct ImportConfig {
   std::string stream{};          // the JetStream stream to read (it must exist)
   std::string durable{};         // the durable pull consumer's name (created if missing)
-  std::string filter_subject{};  // NATS subject filter (empty: the whole stream)
+  // NATS subject filter; empty: the whole stream (the durable is created without a
+  // filter; one that exists must have none).
+  std::string filter_subject{};
   // Local subject = the NATS subject with `strip_prefix` replaced by `add_prefix`
   // (mapping.hpp, ReplaceSubjectPrefix).
   std::string strip_prefix{};
@@ -229,10 +239,14 @@ class NatsBridge {
   absl::Status AddExport(ExportConfig config);
 
   // Looks up the JetStream stream, creates or binds the durable pull consumer and
-  // starts importing. InvalidArgument for a bad name, prefix, fetch_batch,
+  // starts importing. InvalidArgument for a bad name, prefix, filter, fetch_batch,
   // max_ack_pending, or an ack_stream that is not a local work-queue stream (kConsumed)
   // or is set under kStored; NotFound when the JetStream stream does not exist;
-  // Unavailable or the JetStream error otherwise; FailedPrecondition after Close.
+  // FailedPrecondition after Close, or when filter_subject is empty and the durable
+  // exists with a filter; Unavailable with the JetStream error otherwise (after
+  // ConnectionOptions::jetstream_forming_wait for the errors of a forming cluster).
+  // Binding to a durable that exists with another filter or configuration fails
+  // with libnats' error.
   absl::Status AddImport(ImportConfig config);
 
   BridgeStats Stats() const;

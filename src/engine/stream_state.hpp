@@ -213,6 +213,30 @@ struct StreamState {
   std::vector<std::string> recovery_subjects;
   std::size_t recovery_next_purge = 0;
   std::uint64_t dedup_snapshot_seq = 0;
+  // Recovery: the duplicate-window ids read from the dedup log and an older purges
+  // file, (seq, wall ns of acceptance, id); inserted by LoadDedupLog.
+  struct SavedId {
+    std::uint64_t seq;
+    std::int64_t wall_ns;
+    std::string id;
+  };
+  std::vector<SavedId> recovery_dedup;
+  // kFile with a duplicate window: <directory>/dedup, the ids of the window whose
+  // message records left the stream's log (their segment was retired: a work
+  // queue's acks, limits, purges), so that a restart keeps the whole window, not
+  // only the ids of the records still in the log (nats-server#3272). One record per
+  // id, (seq u64 | wall-clock ns of acceptance i64 | msg_id), little-endian,
+  // written by SaveDedupBelow before RetireLog removes the segments that held them.
+  // Opened at the first save, or at recovery when the directory has one. Guarded by
+  // mu.
+  std::unique_ptr<StreamLog> dedup_log;
+  // The ids of every sequence below it are in the dedup log (or expired, or were
+  // never in the window); mu.
+  std::uint64_t dedup_saved_below = 0;
+  // The dedup log's records by save: (last tx, newest acceptance of the save on the
+  // engine clock), oldest first, to retire its segments once all their ids expired;
+  // mu.
+  std::deque<std::pair<std::uint64_t, std::int64_t>> dedup_saves;
   // next_seq when recovery ended (FinishRecovery), before the stream was visible;
   // constant after, so read without mu. A durable consumer's ack-log records beyond
   // it speak of a tail the log lost (OpenAckLog), not of this run's publishes.
@@ -519,17 +543,28 @@ struct StreamState {
   // header since record version 3; an older record's event is decoded). Errors as
   // LoadFromLog. Thread-safe as LoadFromLog.
   absl::StatusOr<std::string> SubjectFromLog(const IndexEntry& e) const;
-  // kFile: writes the "purges" file of the stream's directory with `purges` and a
-  // snapshot of the duplicate window (at `now_ns`), atomically (a temporary file,
-  // fdatasync, rename, fsync of the directory). The file system's error, naming the
+  // kFile: writes the "purges" file of the stream's directory with `purges`,
+  // atomically (a temporary file, fdatasync, rename, fsync of the directory). The file system's error, naming the
   // stream and the file; *renamed tells whether the new file took the old one's
   // place (only the directory's fsync failed). Requires mu.
   absl::Status WritePurges(const std::vector<Purge>& purges, std::int64_t now_ns, bool* renamed);
   // kFile recovery, once the log holds the directory's lock (RecoverOne or
   // FinishRecovery, whichever runs first): reads the "purges" file (none: no
-  // purges) into `purges` and the duplicate window (ids still inside it at
-  // `now_ns` / `wall_now_ns`). DataLoss naming the file when it is damaged.
+  // purges) into `purges`, and the duplicate-window ids an older version wrote
+  // there into `recovery_dedup`. DataLoss naming the file when it is damaged.
   absl::Status LoadPurges(std::int64_t now_ns, std::int64_t wall_now_ns);
+  // kFile recovery, after LoadPurges: reads the dedup log (<directory>/dedup) into
+  // `recovery_dedup` and puts the ids still inside the window at `now_ns` /
+  // `wall_now_ns` into it, oldest first; RecoverOne then adds the ids of the records
+  // above dedup_snapshot_seq. DataLoss naming the log when a record is damaged.
+  absl::Status LoadDedupLog(std::int64_t now_ns, std::int64_t wall_now_ns);
+  // kFile with a duplicate window: appends to the dedup log the ids of the window
+  // accepted under sequences in [dedup_saved_below, below) and syncs them per the
+  // stream's sync policy, so that they outlive the log segments about to be
+  // retired; then retires the dedup log's segments whose ids have all expired.
+  // False (the caller keeps the segments) when the dedup log cannot be written.
+  // Requires mu.
+  bool SaveDedupBelow(std::uint64_t below);
   // The subject and sequence of every message held, in sequence order (a file
   // stream's read back with SubjectFromLog, whose error it returns). Requires mu.
   absl::StatusOr<std::vector<std::pair<std::string, std::uint64_t>>> HeldSubjects() const;

@@ -23,10 +23,11 @@
 // removed from a file stream, since its records stay in the log until their segment
 // goes: text lines, "inferq-stream-purges 1", then one "purge <last_seq> <sequence>
 // <keep> <filter, or "." for none> <removed_tx>" per purge still needed, oldest first (removed_tx: a
-// work queue's removed log's last record when it was made, 0 for other streams), then one "dedup <seq>
-// <wall ns> <msg_id in hex>" per id of the duplicate window when it was written (so
-// that the window survives a purge and a restart: nats-server#3272 lost it), then
+// work queue's removed log's last record when it was made, 0 for other streams), then
 // "end <XXH3-64 of everything before, hex>". It is replaced atomically on each purge.
+// (Files of older versions also hold one "dedup <seq> <wall ns> <msg_id in hex>" line
+// per id of the duplicate window; recovery reads them. The window's ids now outlive
+// their records in the dedup log instead: SaveDedupBelow.)
 #include <xxhash.h>
 
 #include <cstdint>
@@ -207,6 +208,9 @@ absl::Status StreamState::AppendToLog(const Event& ev, std::uint64_t bytes) {
 void StreamState::RetireLog() {
   const std::uint64_t first = index.empty() ? next_seq : index.front().seq;
   if (removed_log != nullptr && first >= floor_recorded + 64) RecordFloor(false);
+  // The window's ids of the records about to go are saved first; when they cannot
+  // be, the segments stay (a restart reads the ids from them).
+  if (dedup != nullptr && !SaveDedupBelow(log->RetireBound(first))) return;
   // A failed removal leaves the segment for the next call; the log stays correct.
   (void)log->RetireBefore(first);
 }
@@ -224,6 +228,7 @@ absl::Status StreamState::RecoverOne(std::uint64_t tx, const StreamLog::Location
   // replays records).
   if (!purges_loaded) {
     if (absl::Status st = LoadPurges(now_ns, wall_now_ns); !st.ok()) return st;
+    if (absl::Status st = LoadDedupLog(now_ns, wall_now_ns); !st.ok()) return st;
     if (absl::Status st = OpenRemovedLog(); !st.ok()) return st;
   }
   // The purges made before this message was stored apply to what came before it.
@@ -241,7 +246,7 @@ absl::Status StreamState::RecoverOne(std::uint64_t tx, const StreamLog::Location
   stored.fetch_add(1, std::memory_order_relaxed);
   last_seq.store(r.seq, std::memory_order_relaxed);
   // Only what is still inside the window (older ids would be expired at once), and
-  // not what the purges file's snapshot of the window restored already.
+  // not what the dedup log (or an older purges file) restored already.
   if (dedup != nullptr && !r.msg_id.empty() && age_ns <= dedup->window_ns() &&
       r.seq > dedup_snapshot_seq) {
     dedup->Insert(std::string(r.msg_id), r.seq, publish_ns);
@@ -327,6 +332,7 @@ absl::StatusOr<Handle> StreamState::LoadFromLog(const IndexEntry& e) const {
 absl::Status StreamState::FinishRecovery(std::int64_t now_ns, std::int64_t wall_now_ns) {
   if (!purges_loaded) {  // a log without records
     if (absl::Status st = LoadPurges(now_ns, wall_now_ns); !st.ok()) return st;
+    if (absl::Status st = LoadDedupLog(now_ns, wall_now_ns); !st.ok()) return st;
     if (absl::Status st = OpenRemovedLog(); !st.ok()) return st;
   }
   // The purges made after the last record still in the log. One that names
@@ -383,8 +389,127 @@ absl::Status StreamState::FinishRecovery(std::int64_t now_ns, std::int64_t wall_
     PopIndexFront();
   }
   AfterRemovals();
+  // The ids below the log's first record are in the dedup log, or were lost by a
+  // version that did not keep one; from here on those of each retired segment are.
+  const std::uint64_t log_first = log->Stats().first_tx;
+  dedup_saved_below = std::max(dedup_saved_below, log_first != 0 ? log_first : next_seq);
   RetireLog();
   return absl::OkStatus();
+}
+
+// ---- A file stream's dedup log. ----
+
+namespace {
+constexpr std::string_view kDedupDir = "dedup";
+}  // namespace
+
+absl::Status StreamState::LoadDedupLog(std::int64_t now_ns, std::int64_t wall_now_ns) {
+  if (dedup == nullptr) {
+    recovery_dedup = {};
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<std::string>> names = fs->List(config.directory);
+  if (names.ok() && std::find(names->begin(), names->end(), kDedupDir) != names->end()) {
+    StreamLogOptions lo;
+    lo.dir = config.directory + "/" + std::string(kDedupDir);
+    lo.sync = config.sync;
+    lo.group_commit_window = config.sync_window;
+    lo.segment_bytes = std::min<std::uint64_t>(config.segment_bytes, std::uint64_t{4} << 20);
+    lo.file_system = fs;
+    absl::StatusOr<std::unique_ptr<StreamLog>> opened =
+        StreamLog::Open(lo, [&](const StreamLog::Entry& e) -> absl::Status {
+          if (e.value.size() < 16) {
+            return absl::DataLossError("stream '" + config.name + "': dedup log " +
+                                       QuoteValue(lo.dir) + " record " + std::to_string(e.tx) +
+                                       " holds " + std::to_string(e.value.size()) +
+                                       " bytes, not a sequence, a time and a msg_id");
+          }
+          const auto wall = static_cast<std::int64_t>(GetU64(e.value, 8));
+          recovery_dedup.push_back({GetU64(e.value, 0), wall, std::string(e.value.substr(16))});
+          const std::int64_t age_ns = std::max<std::int64_t>(0, SatSub(wall_now_ns, wall));
+          dedup_saves.emplace_back(e.tx, SatSub(now_ns, age_ns));
+          return absl::OkStatus();
+        });
+    if (!opened.ok()) {
+      std::string msg(opened.status().message());
+      if (msg.rfind("stream '", 0) != 0) {
+        msg = "stream '" + config.name + "': dedup log " + QuoteValue(lo.dir) + ": " + msg;
+      }
+      return absl::Status(opened.status().code(), std::move(msg));
+    }
+    dedup_log = *std::move(opened);
+  }
+  // Oldest first, each id once (an older purges file and the dedup log may both
+  // hold one), as the window was filled.
+  std::stable_sort(recovery_dedup.begin(), recovery_dedup.end(),
+                   [](const SavedId& a, const SavedId& b) { return a.seq < b.seq; });
+  std::uint64_t last = 0;
+  for (const SavedId& s : recovery_dedup) {
+    if (s.seq <= last && last != 0) continue;
+    last = s.seq;
+    const std::int64_t age_ns = std::max<std::int64_t>(0, SatSub(wall_now_ns, s.wall_ns));
+    if (age_ns <= dedup->window_ns()) dedup->Insert(s.id, s.seq, SatSub(now_ns, age_ns));
+  }
+  dedup_snapshot_seq = std::max(dedup_snapshot_seq, last);
+  dedup_saved_below = last + 1;
+  recovery_dedup = {};
+  return absl::OkStatus();
+}
+
+bool StreamState::SaveDedupBelow(std::uint64_t below) {
+  if (below <= dedup_saved_below) return true;
+  const std::int64_t now_ns = clock->NowNanos();
+  const std::int64_t wall_now = absl::ToUnixNanos(absl::Now());
+  std::string record;
+  std::uint64_t last_tx = 0;
+  std::int64_t newest = INT64_MIN;
+  bool failed = false;
+  dedup->ForEachInRange(dedup_saved_below, below, now_ns,
+                        [&](std::string_view id, std::uint64_t seq, std::int64_t accepted_ns) {
+    if (failed) return;
+    if (dedup_log == nullptr) {
+      StreamLogOptions lo;
+      lo.dir = config.directory + "/" + std::string(kDedupDir);
+      lo.sync = config.sync;
+      lo.group_commit_window = config.sync_window;
+      lo.segment_bytes = std::min<std::uint64_t>(config.segment_bytes, std::uint64_t{4} << 20);
+      lo.file_system = fs;
+      absl::StatusOr<std::unique_ptr<StreamLog>> opened =
+          StreamLog::Open(lo, [](const StreamLog::Entry&) { return absl::OkStatus(); });
+      if (!opened.ok()) {
+        failed = true;
+        return;
+      }
+      dedup_log = *std::move(opened);
+    }
+    record.clear();
+    PutU64(record, seq);
+    PutU64(record, static_cast<std::uint64_t>(SatSub(wall_now, SatSub(now_ns, accepted_ns))));
+    record.append(id);
+    absl::StatusOr<StreamLog::Entry> e = dedup_log->Append(record);
+    if (!e.ok()) {
+      failed = true;
+      return;
+    }
+    last_tx = e->tx;
+    newest = accepted_ns;
+  });
+  if (failed) return false;
+  if (last_tx != 0) {
+    if (!dedup_log->Sync(last_tx).ok()) return false;
+    dedup_saves.emplace_back(last_tx, newest);
+  }
+  dedup_saved_below = below;
+  // The saves whose ids have all expired.
+  std::uint64_t retire_below = 0;
+  while (!dedup_saves.empty() &&
+         SatAdd(dedup_saves.front().second, dedup->window_ns()) <= now_ns) {
+    retire_below = dedup_saves.front().first + 1;
+    dedup_saves.pop_front();
+  }
+  // A failed removal leaves the segment for the next call.
+  if (retire_below != 0 && dedup_log != nullptr) (void)dedup_log->RetireBefore(retire_below);
+  return true;
 }
 
 // ---- A file stream's removed log. ----
@@ -754,13 +879,7 @@ absl::Status StreamState::WritePurges(const std::vector<Purge>& list, std::int64
             std::to_string(p.keep) + " " + (p.filter ? p.filter->text() : std::string(".")) +
             " " + std::to_string(p.removed_tx) + "\n";
   }
-  if (dedup != nullptr) {
-    const std::int64_t wall_now = absl::ToUnixNanos(absl::Now());
-    dedup->ForEach(now_ns, [&](std::string_view id, std::uint64_t seq, std::int64_t accepted_ns) {
-      text += "dedup " + std::to_string(seq) + " " +
-              std::to_string(SatSub(wall_now, SatSub(now_ns, accepted_ns))) + " " + Hex(id) + "\n";
-    });
-  }
+  (void)now_ns;
   text += "end " + Hex64(XXH3_64bits(text.data(), text.size())) + "\n";
 
   FileSystem& fs = *this->fs;
@@ -817,7 +936,6 @@ absl::Status StreamState::LoadPurges(std::int64_t now_ns, std::int64_t wall_now_
     return damaged("its checksum does not match");
   }
   std::vector<Purge> list;
-  std::uint64_t snapshot_seq = 0;
   std::size_t line_no = 0;
   std::string id;
   for (absl::string_view split : absl::StrSplit(absl::string_view(body.data(), body.size()),
@@ -843,7 +961,6 @@ absl::Status StreamState::LoadPurges(std::int64_t now_ns, std::int64_t wall_now_
         p.filter = *std::move(pattern);
       }
       if (!list.empty() && p.last_seq < list.back().last_seq) return bad();
-      snapshot_seq = std::max(snapshot_seq, p.last_seq);
       list.push_back(std::move(p));
     } else if (f[0] == "dedup" && f.size() == 4) {
       std::uint64_t seq = 0;
@@ -852,16 +969,12 @@ absl::Status StreamState::LoadPurges(std::int64_t now_ns, std::int64_t wall_now_
           !Unhex(std::string_view(f[3].data(), f[3].size()), &id)) {
         return bad();
       }
-      const std::int64_t age_ns = std::max<std::int64_t>(0, SatSub(wall_now_ns, wall_ns));
-      if (dedup != nullptr && age_ns <= dedup->window_ns()) {
-        dedup->Insert(id, seq, SatSub(now_ns, age_ns));
-      }
+      if (dedup != nullptr) recovery_dedup.push_back({seq, wall_ns, id});
     } else {
       return bad();
     }
   }
   purges = std::move(list);
-  dedup_snapshot_seq = snapshot_seq;
   purges_loaded = true;
   return absl::OkStatus();
 }

@@ -426,6 +426,18 @@ class StreamLog::Impl {
     return absl::OkStatus();
   }
 
+  std::uint64_t RetireBound(std::uint64_t tx) const {
+    std::lock_guard lock(mu_);
+    // As RetireBefore: the segment kept first is the last one that starts at or
+    // below `tx`, or the first (the one appended to is never removed).
+    std::uint64_t bound = segments_.begin()->second.first_tx;
+    for (auto it = std::next(segments_.begin()); it != segments_.end(); ++it) {
+      if (it->second.first_tx > tx) break;
+      bound = it->second.first_tx;
+    }
+    return bound;
+  }
+
   absl::Status Rotate() {
     std::lock_guard lock(mu_);
     if (!failed_.ok()) return FailedError();
@@ -790,6 +802,7 @@ absl::StatusOr<std::string> StreamLog::Read(const Location& location) const {
 }
 absl::Status StreamLog::RetireBefore(std::uint64_t tx) { return impl_->RetireBefore(tx); }
 absl::Status StreamLog::Rotate() { return impl_->Rotate(); }
+std::uint64_t StreamLog::RetireBound(std::uint64_t tx) const { return impl_->RetireBound(tx); }
 std::uint64_t StreamLog::last_tx() const { return impl_->last_tx(); }
 bool StreamLog::failed() const { return impl_->failed(); }
 absl::Status StreamLog::failure() const { return impl_->failure(); }

@@ -124,7 +124,11 @@ struct StreamConfig {
   // stream accepted less than this long ago is acknowledged with the original
   // sequence and PublishAck::duplicate, and not stored again. The window runs from
   // the first acceptance; duplicates do not extend it. Zero = off; at most 365 days.
-  // Events with an empty msg_id are never duplicates.
+  // Events with an empty msg_id are never duplicates. A file stream keeps the whole
+  // window across restarts, whether or not its messages are still stored: the ids of
+  // messages whose log segment goes (a work queue's acks, limits, purges) are first
+  // saved in <directory>/dedup, under the stream's sync policy, and that log drops
+  // them once their window ended.
   absl::Duration duplicate_window = absl::Minutes(2);
   // Most ids the duplicate window holds, 1..2^26. When a new id would exceed it, the
   // oldest id is forgotten before its window ends (a later publish with it is stored

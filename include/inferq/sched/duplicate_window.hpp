@@ -24,7 +24,7 @@
 // Expire O(expired), amortised. Entries sit in acceptance order in a deque that owns
 // the ids, and an absl::flat_hash_map keyed by views of those ids finds them (one
 // copy of each id). Memory: one entry per id accepted within the last window (about
-// sizeof(std::string) + 48 bytes plus the id's bytes beyond the SSO buffer), at most
+// sizeof(std::string) + 56 bytes plus the id's bytes beyond the SSO buffer), at most
 // `max_entries` of them: a new id beyond that forgets the oldest before its window
 // ends (counted by evicted()). When expiry leaves the hash table less than a quarter
 // full it is shrunk, so the memory of a burst of ids goes back to the allocator once
@@ -111,7 +111,8 @@ class DuplicateWindow {
     }
     const std::int64_t expires =
         now_ns_ > INT64_MAX - window_ns_ ? INT64_MAX : now_ns_ + window_ns_;
-    order_.push_back(Record{std::move(msg_id), expires});
+    if (!order_.empty() && seq <= order_.back().seq) ascending_ = false;
+    order_.push_back(Record{std::move(msg_id), seq, expires});
     // The view is taken once the id sits in the deque: deque elements never move
     // when the deque grows or shrinks at its ends.
     ids_.emplace(std::string_view(order_.back().msg_id), Value{seq, expires});
@@ -152,6 +153,38 @@ class DuplicateWindow {
     }
   }
 
+  // Calls f(msg_id, seq, accepted_ns) as ForEach does, for the ids accepted under a
+  // sequence in [from_seq, below_seq) only: a file stream saves the ids of the
+  // messages whose log segment it retires. O(log size + ids called for), when the
+  // ids were inserted in ascending sequence order (as a stream inserts them); else
+  // every entry is looked at.
+  template <class F>
+  void ForEachInRange(std::uint64_t from_seq, std::uint64_t below_seq, std::int64_t now_ns,
+                      F&& f) const {
+    const std::int64_t now = std::max(now_ns, now_ns_);
+    std::size_t lo = 0;
+    if (ascending_) {
+      std::size_t hi = order_.size();
+      while (lo < hi) {
+        const std::size_t mid = lo + (hi - lo) / 2;
+        if (order_[mid].seq < from_seq) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+    }
+    for (std::size_t i = lo; i < order_.size(); ++i) {
+      const Record& r = order_[i];
+      if (r.seq >= below_seq) {
+        if (ascending_) break;
+        continue;
+      }
+      if (r.seq < from_seq || r.expires_ns <= now) continue;
+      f(std::string_view(r.msg_id), r.seq, r.expires_ns - window_ns_);
+    }
+  }
+
   // Forgets every id accepted under a sequence above `seq` (the engine's recovery,
   // when the messages of those sequences were lost with a log's tail). O(size).
   void ForgetAbove(std::uint64_t seq) {
@@ -188,6 +221,7 @@ class DuplicateWindow {
  private:
   struct Record {
     std::string msg_id;
+    std::uint64_t seq;  // as in the map's Value (for ForEachInRange's search)
     std::int64_t expires_ns;
   };
   struct Value {
@@ -200,6 +234,7 @@ class DuplicateWindow {
   std::uint64_t evicted_ = 0;
   std::int64_t now_ns_ = INT64_MIN;  // latest now_ns seen by Insert or Expire
   std::deque<Record> order_;         // acceptance order; owns the ids
+  bool ascending_ = true;            // every Insert's seq above the one before
   absl::flat_hash_map<std::string_view, Value> ids_;  // views into order_
 };
 

@@ -164,6 +164,11 @@ class StreamLog {
   // Removes every segment whose records all have tx_ids below `tx`, except the one
   // appended to. Their records can no longer be read. The error of a failed removal.
   absl::Status RetireBefore(std::uint64_t tx);
+  // The tx_id below which RetireBefore(tx) would remove every record now (the
+  // first tx_id of the segment it would keep first): what a caller must save
+  // elsewhere before retiring, such as a file stream's duplicate window. Changes
+  // nothing.
+  std::uint64_t RetireBound(std::uint64_t tx) const;
   // Starts a new segment now (the current one is fdatasync'ed first), so that
   // RetireBefore(last_tx + 1) can remove every record (a purge).
   absl::Status Rotate();

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
@@ -91,6 +92,59 @@ struct SubjectSeqs {
       head = 0;
     }
   }
+};
+
+// A set of sequences held as disjoint ranges [first, end): a file stream's
+// sequences removed from the middle. A work queue acks mostly in order, so the
+// removals above a message that waits merge into a range or a few: memory follows
+// the gaps (the messages still held), not the messages that passed through.
+class SeqRanges {
+ public:
+  bool empty() const { return ranges_.empty(); }
+  std::size_t ranges() const { return ranges_.size(); }
+  bool contains(std::uint64_t seq) const {
+    auto it = ranges_.upper_bound(seq);  // the first range starting above seq
+    if (it == ranges_.begin()) return false;
+    --it;
+    return seq < it->second;
+  }
+  void insert(std::uint64_t seq) {
+    auto next = ranges_.upper_bound(seq);
+    if (next != ranges_.begin()) {
+      auto prev = std::prev(next);
+      if (seq < prev->second) return;  // held already
+      if (prev->second == seq) {       // extends the range before it
+        prev->second = seq + 1;
+        if (next != ranges_.end() && next->first == seq + 1) {
+          prev->second = next->second;
+          ranges_.erase(next);
+        }
+        return;
+      }
+    }
+    if (next != ranges_.end() && next->first == seq + 1) {  // extends the one after it
+      const std::uint64_t end = next->second;
+      ranges_.erase(next);
+      ranges_.emplace(seq, end);
+      return;
+    }
+    ranges_.emplace(seq, seq + 1);
+  }
+  // Drops every sequence below `first`.
+  void erase_below(std::uint64_t first) {
+    while (!ranges_.empty() && ranges_.begin()->first < first) {
+      auto it = ranges_.begin();
+      const std::uint64_t end = it->second;
+      ranges_.erase(it);
+      if (end > first) {
+        ranges_.emplace(first, end);
+        break;
+      }
+    }
+  }
+
+ private:
+  absl::btree_map<std::uint64_t, std::uint64_t> ranges_;  // first -> end
 };
 
 // Why a message leaves a stream from the middle, for the counts it goes to:
@@ -161,12 +215,12 @@ struct StreamState {
   std::atomic<std::int64_t> max_age_ns{0};
   // kFile: sequences at or above first_kept removed from the middle (purges,
   // max_msgs_per_subject), so that deliveries of them are skipped (Discarded).
-  // removed_count mirrors removed_seqs.size(): a stream that never removed from
+  // removed_count mirrors removed_seqs.ranges(): a stream that never removed from
   // the middle costs a delivery one relaxed load, not a lock. Lock order: mu, then
   // removed_mu.
   std::atomic<std::size_t> removed_count{0};
   mutable std::mutex removed_mu;
-  absl::btree_set<std::uint64_t> removed_seqs;  // guarded by removed_mu
+  SeqRanges removed_seqs;  // guarded by removed_mu
   std::size_t removed_in_index = 0;             // kFile: index entries flagged; mu
   // config.max_msgs_per_subject > 0: each subject's sequences. Guarded by mu.
   absl::flat_hash_map<std::string, SubjectSeqs> per_subject;
@@ -197,9 +251,29 @@ struct StreamState {
   std::uint64_t recovered_floor = 0;
   std::vector<std::uint64_t> removed_pending;  // guarded by removed_mu: for DrainRemoved
   std::atomic<bool> has_removed_pending{false};
-  // Per acked-log record, oldest first: (tx, the largest sequence of the records up
-  // to it), to retire its segments. Guarded by removed_mu.
-  std::deque<std::pair<std::uint64_t, std::uint64_t>> removed_max;
+  // Per segment of the removed log, oldest first: its last record's tx and the
+  // largest sequence the records up to it name, to retire its segments (one entry
+  // per segment, not per record: a message that waits keeps every segment after it,
+  // and their entries must not grow with each ack). Guarded by removed_mu.
+  struct RemovedSegment {
+    std::uint64_t segment;  // StreamLog::Location::segment
+    std::uint64_t tx;
+    std::uint64_t max_seq;
+  };
+  std::deque<RemovedSegment> removed_max;
+  // Notes record `tx` of the removed log, at `at`, with the running maximum
+  // `max_seq`. Requires removed_mu (or recovery).
+  void NoteRemovedRecord(const StreamLog::Location& at, std::uint64_t tx, std::uint64_t max_seq) {
+    if (!removed_max.empty() && removed_max.back().segment == at.segment) {
+      removed_max.back().tx = tx;
+      removed_max.back().max_seq = max_seq;
+    } else {
+      removed_max.push_back({at.segment, tx, max_seq});
+    }
+  }
+  std::uint64_t RemovedMaxSeq() const {
+    return removed_max.empty() ? 0 : removed_max.back().max_seq;
+  }
   // Recovery: the removed log's records (tx, seq), applied in step with the purges.
   struct RecoveredRemoval {
     std::uint64_t tx;
@@ -366,8 +440,8 @@ struct StreamState {
     first_seq.store(first, std::memory_order_relaxed);
     if (removed_count.load(std::memory_order_relaxed) != 0) {
       std::lock_guard lock(removed_mu);
-      removed_seqs.erase(removed_seqs.begin(), removed_seqs.lower_bound(first));
-      removed_count.store(removed_seqs.size(), std::memory_order_release);
+      removed_seqs.erase_below(first);
+      removed_count.store(removed_seqs.ranges(), std::memory_order_release);
     }
   }
   // Memory: first_seq after the front of `messages` changed. Requires mu.

@@ -541,6 +541,7 @@ absl::Status StreamState::OpenRemovedLog(bool force) {
     std::uint64_t tx;
     std::uint64_t seq;
     char kind;
+    StreamLog::Location at;
   };
   std::vector<Loaded> loaded;
   absl::StatusOr<std::unique_ptr<StreamLog>> opened =
@@ -552,7 +553,7 @@ absl::Status StreamState::OpenRemovedLog(bool force) {
                                      " holds " + std::to_string(e.value.size()) +
                                      " bytes, not a removal");
         }
-        loaded.push_back({e.tx, GetU64(e.value, 0), e.value[8]});
+        loaded.push_back({e.tx, GetU64(e.value, 0), e.value[8], e.location});
         return absl::OkStatus();
       });
   if (!opened.ok()) {
@@ -586,7 +587,7 @@ absl::Status StreamState::OpenRemovedLog(bool force) {
     } else if (r.kind != 'x') {
       max_seq = std::max(max_seq, r.seq);
     }
-    removed_max.emplace_back(r.tx, max_seq);
+    NoteRemovedRecord(r.at, r.tx, max_seq);
   }
   floor_recorded = recovered_floor;
   removed_log = *std::move(opened);
@@ -605,11 +606,11 @@ absl::StatusOr<std::uint64_t> StreamState::RecordRemoval(std::uint64_t seq, Remo
                                                QuoteValue(removed_log->dir()) + ": " +
                                                std::string(e.status().message()));
   }
-  removed_max.emplace_back(e->tx, std::max(seq, removed_max.empty() ? 0 : removed_max.back().second));
+  NoteRemovedRecord(e->location, e->tx, std::max(seq, RemovedMaxSeq()));
   if (pending) {
     removed_seqs.insert(seq);
     // release: a delivery that sees the count sees the set (Discarded).
-    removed_count.store(removed_seqs.size(), std::memory_order_release);
+    removed_count.store(removed_seqs.ranges(), std::memory_order_release);
     removed_pending.push_back(seq);
     has_removed_pending.store(true, std::memory_order_relaxed);
   }
@@ -619,7 +620,7 @@ absl::StatusOr<std::uint64_t> StreamState::RecordRemoval(std::uint64_t seq, Remo
 absl::Status StreamState::VoidRemovalsAbove(std::uint64_t last) {
   if (removed_log == nullptr) return absl::OkStatus();
   std::lock_guard lock(removed_mu);
-  if (removed_max.empty() || removed_max.back().second <= last) return absl::OkStatus();
+  if (removed_max.empty() || RemovedMaxSeq() <= last) return absl::OkStatus();
   std::string value;
   PutU64(value, last);
   value.push_back('v');
@@ -634,8 +635,8 @@ absl::Status StreamState::VoidRemovalsAbove(std::uint64_t last) {
   }
   // Every record it voids named a sequence above `last`, and every other one at most
   // `last`: the running maxima are `last` at most from here on.
-  for (auto& [tx, max_seq] : removed_max) max_seq = std::min(max_seq, last);
-  removed_max.emplace_back(e->tx, last);
+  for (RemovedSegment& r : removed_max) r.max_seq = std::min(r.max_seq, last);
+  NoteRemovedRecord(e->location, e->tx, last);
   floor_recorded = std::min(floor_recorded, last + 1);
   return absl::OkStatus();
 }
@@ -651,8 +652,7 @@ void StreamState::RecordFloor(bool force) {
     std::lock_guard lock(removed_mu);
     absl::StatusOr<StreamLog::Entry> e = removed_log->Append(value);
     if (!e.ok()) return;  // the removed log failed: publishes are refused from now on (Admit)
-    removed_max.emplace_back(
-        e->tx, std::max(first - 1, removed_max.empty() ? 0 : removed_max.back().second));
+    NoteRemovedRecord(e->location, e->tx, std::max(first - 1, RemovedMaxSeq()));
   }
   floor_recorded = first;
   if (++limit_records % 64 == 0) RetireRemovedLog();
@@ -687,8 +687,8 @@ void StreamState::RetireRemovedLog() {
   std::uint64_t retire_below = 0;
   {
     std::lock_guard lock(removed_mu);
-    while (!removed_max.empty() && removed_max.front().second < first) {
-      retire_below = removed_max.front().first + 1;
+    while (!removed_max.empty() && removed_max.front().max_seq < first) {
+      retire_below = removed_max.front().tx + 1;
       removed_max.pop_front();
     }
   }
@@ -729,7 +729,7 @@ bool StreamState::RemoveSeq(std::uint64_t seq, Removal why) {
     std::lock_guard lock(removed_mu);
     removed_seqs.insert(seq);
     // release: a delivery that sees the count sees the set (Discarded).
-    removed_count.store(removed_seqs.size(), std::memory_order_release);
+    removed_count.store(removed_seqs.ranges(), std::memory_order_release);
     return true;
   }
   const std::size_t i = LowerBound(messages, seq, [](const Handle& h) { return h->seq; });

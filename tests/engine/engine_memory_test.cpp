@@ -2,7 +2,10 @@
 // with the streams' patterns and old tables are freed; the duplicate window is bounded
 // and gives its memory back. This binary replaces the global operator new to count the
 // bytes held (tests/alloc_counter.hpp), so it does not run under the sanitizers.
+#include <unistd.h>
+
 #include <cstdint>
+#include <filesystem>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -98,4 +101,52 @@ TEST_CASE("14.9 a stream's duplicate window holds at most duplicate_window_max_e
   ack = engine->Publish(old_id);
   REQUIRE(ack.ok());
   CHECK(ack->duplicate);
+}
+
+// Issue 36 item 6: a file work queue holding one message no consumer matches grew
+// 25.5 bytes per message passed through it (the removed sequences above the held one,
+// one entry per ack, and one entry per removed-log record), while it stored one.
+TEST_CASE("a file work queue's memory stays flat while one message waits and others pass through",
+          "[issue36][memory]") {
+  const std::string dir = std::filesystem::temp_directory_path().string() +
+                          "/inferq_wq_memory_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  {
+    auto engine = Engine::Create().value();
+    StreamConfig s{.name = "WQ", .subjects = {"wq.>"}};
+    s.retention = RetentionPolicy::kWorkQueue;
+    s.storage = StorageType::kFile;
+    s.directory = dir;
+    s.sync = SyncPolicy::kNone;
+    s.duplicate_window = absl::ZeroDuration();
+    REQUIRE(engine->AddStream(s).ok());
+    auto c = engine->AddConsumer({.stream = "WQ", .name = "b", .filter_subject = "wq.b",
+                                  .deliver = DeliverPolicy::kAll});
+    REQUIRE(c.ok());
+    Member m = c->member(0).value();
+    Event held;
+    held.subject = "wq.a";  // no consumer matches it: the work queue keeps it
+    REQUIRE(engine->Publish(held).ok());
+    auto cycle = [&](int n) {
+      for (int i = 0; i < n; ++i) {
+        Event e;
+        e.subject = "wq.b";
+        REQUIRE(engine->Publish(std::move(e)).ok());
+        absl::StatusOr<Message> msg = m.Next(absl::Seconds(10));
+        REQUIRE(msg.ok());
+        REQUIRE(msg->Ack().ok());
+      }
+    };
+    cycle(20'000);  // containers at their steady size
+    const std::int64_t before = Live();
+    cycle(60'000);
+    const std::int64_t grown = Live() - before;
+    INFO("grew " << grown << " bytes over 60,000 messages");
+    CHECK(grown < 60'000);  // under 1 byte per message (25.5 before the fix)
+    const EngineStats stats = engine->Stats();
+    REQUIRE(stats.stream("WQ") != nullptr);
+    CHECK(stats.stream("WQ")->messages == 1);
+    CHECK(stats.stream("WQ")->acked_out == 80'000);
+  }
+  std::filesystem::remove_all(dir);
 }

@@ -1,6 +1,15 @@
 // The Prometheus exposition (inferq::prometheus): the engine's and a StateStore's
 // figures with their exact values, histogram buckets, the HTTP endpoint, bad options,
 // promtool's check of the exposition, and the README's table of every metric.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -8,6 +17,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -104,6 +115,100 @@ struct FullEngine {
                 .ok());
   }
 };
+
+// A slow loris: sends "GET /metrics HTTP/1.1\r\n" at once, then the rest of its
+// request head one byte every 0.9 s (41 s in all) from its own thread, until the
+// server answers or closes. `order` numbers events across clients and the test.
+class SlowClient {
+ public:
+  static constexpr std::string_view kRequestLine = "GET /metrics HTTP/1.1\r\n";
+  static constexpr std::string_view kRest = "Host: 127.0.0.1\r\nX-Slow: 0123456789abcdefghijklm\r\n\r\n";
+
+  SlowClient(int port, std::atomic<int>& order) : order_(order) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::send(fd_, kRequestLine.data(), kRequestLine.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(kRequestLine.size()));
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~SlowClient() {
+    Join();
+    ::close(fd_);
+  }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::atomic<std::size_t> header_bytes_sent{0};
+  // Set by its thread, read after Join.
+  bool sent_whole_head = false;
+  std::string response;  // what the server sent before closing
+  int answered_at = 0;   // its number in `order` when the server answered or closed
+
+ private:
+  void Run() {
+    for (std::size_t i = 0; i < kRest.size(); ++i) {
+      if (::send(fd_, kRest.data() + i, 1, MSG_NOSIGNAL) != 1) break;  // reset: read what came
+      header_bytes_sent.store(i + 1);
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 900) != 0) break;  // an answer, or the server closed
+      if (i + 1 == kRest.size()) sent_whole_head = true;
+    }
+    timeval tv{10, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      response.append(buf, static_cast<std::size_t>(n));
+    }
+    answered_at = ++order_;
+  }
+
+  std::atomic<int>& order_;
+  int fd_ = -1;
+  std::thread thread_;
+};
+
+// Sends `request` to 127.0.0.1:`port`, shuts the sending side, and returns all that
+// comes back until the server closes (10 s per read at most).
+std::string Exchange(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
+    ::shutdown(fd, SHUT_WR);
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+// Waits (at most 30 s) until every client has sent its request line and a byte of
+// its headers.
+bool AllTrickling(const std::vector<std::unique_ptr<SlowClient>>& clients) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (const auto& c : clients) {
+    while (c->header_bytes_sent.load() == 0) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -295,6 +400,73 @@ TEST_CASE("the metrics server serves the exposition over HTTP on a free loopback
   auto missing = inferq_test::HttpGet((*server)->port(), "/other");
   REQUIRE(missing.has_value());
   CHECK(missing->status == 404);
+  // HEAD: the headers of a scrape, no body.
+  const std::string head = Exchange((*server)->port(), "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  CHECK(head.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  CHECK(head.size() == head.find("\r\n\r\n") + 4);
+  CHECK(Exchange((*server)->port(), "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.1 405 Method Not Allowed\r\n", 0) == 0);
+  CHECK(Exchange((*server)->port(), "GET /metrics\r\n\r\n").rfind("HTTP/1.1 400 Bad Request\r\n", 0) == 0);
+  CHECK(Exchange((*server)->port(), "GET /metrics HTTP/1.1\r\nX: " + std::string(9000, 'a') + "\r\n\r\n")
+            .rfind("HTTP/1.1 431 Request Header Fields Too Large\r\n", 0) == 0);
+}
+
+TEST_CASE("slow clients trickling their request heads do not hold up a scrape, and get 408") {
+  // As many slow clients as the server has threads, and one more: each would have
+  // held a thread until the 10 s request timeout (a scrape took 10.6 s).
+  FullEngine f;
+  auto server = MetricsServer::Start({});  // 2 threads, header_timeout 5 s
+  REQUIRE(server.ok());
+  (*server)->Add(std::make_shared<EngineCollector>(*f.engine));
+  REQUIRE(f.engine->Publish(Ev("work.a")).ok());
+  std::atomic<int> order{0};
+  std::vector<std::unique_ptr<SlowClient>> slow;
+  for (int i = 0; i < 3; ++i) slow.push_back(std::make_unique<SlowClient>((*server)->port(), order));
+  REQUIRE(AllTrickling(slow));
+
+  auto r = inferq_test::HttpGet((*server)->port(), "/metrics");
+  const int scraped_at = ++order;
+  REQUIRE(r.has_value());
+  CHECK(r->status == 200);
+  CHECK(Value(r->body, "inferq_published_total") == "1");
+  CHECK(Value(r->body, "exposer_scrapes_total") == "0");  // counted after its own collection
+
+  for (std::size_t i = 0; i < slow.size(); ++i) {
+    slow[i]->Join();
+    INFO("slow client " << i << " sent " << slow[i]->header_bytes_sent.load() << " header bytes; got: "
+                        << slow[i]->response);
+    CHECK(slow[i]->answered_at > scraped_at);  // still connected when the scrape was answered
+    CHECK_FALSE(slow[i]->sent_whole_head);     // cut off by the deadline for the whole head
+    CHECK(slow[i]->response.rfind("HTTP/1.1 408 Request Timeout\r\n", 0) == 0);
+  }
+}
+
+TEST_CASE("when every connection is taken by a slow client, a scrape takes the oldest one's place") {
+  FullEngine f;
+  auto server = MetricsServer::Start({.threads = 1, .header_timeout = absl::Seconds(60), .max_connections = 2});
+  REQUIRE(server.ok());
+  (*server)->Add(std::make_shared<EngineCollector>(*f.engine));
+  std::atomic<int> order{0};
+  std::vector<std::unique_ptr<SlowClient>> slow;
+  slow.push_back(std::make_unique<SlowClient>((*server)->port(), order));
+  REQUIRE(AllTrickling(slow));
+  slow.push_back(std::make_unique<SlowClient>((*server)->port(), order));
+  REQUIRE(AllTrickling(slow));
+
+  auto r = inferq_test::HttpGet((*server)->port(), "/metrics?format=text");  // the query is ignored
+  const int scraped_at = ++order;
+  REQUIRE(r.has_value());
+  CHECK(r->status == 200);
+  CHECK(Value(r->body, "inferq_published_total") == "0");
+  slow[0]->Join();
+  INFO("oldest got: " << slow[0]->response);
+  CHECK(slow[0]->response.rfind("HTTP/1.1 408 Request Timeout\r\n", 0) == 0);
+  CHECK_FALSE(slow[0]->sent_whole_head);
+  // The other stays until the server goes (its head deadline is a minute away).
+  server->reset();
+  slow[1]->Join();
+  CHECK(slow[1]->answered_at > scraped_at);
+  CHECK(slow[1]->response.empty());
+  CHECK_FALSE(slow[1]->sent_whole_head);
 }
 
 TEST_CASE("bad metrics server options are refused, naming the value") {
@@ -314,6 +486,15 @@ TEST_CASE("bad metrics server options are refused, naming the value") {
   st = bad({.threads = 0});
   CHECK(st.code() == absl::StatusCode::kInvalidArgument);
   CHECK(st.message() == "MetricsServerOptions.threads 0 is outside 1..64");
+  st = bad({.header_timeout = absl::ZeroDuration()});
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(st.message() == "MetricsServerOptions.header_timeout 0 is outside (0, 60s]");
+  st = bad({.response_timeout = absl::Minutes(11)});
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(st.message() == "MetricsServerOptions.response_timeout 11m is outside (0, 10m]");
+  st = bad({.max_connections = 0});
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(st.message() == "MetricsServerOptions.max_connections 0 is outside 1..4096");
   // A port in use: Unavailable, naming it.
   auto first = MetricsServer::Start({});
   REQUIRE(first.ok());

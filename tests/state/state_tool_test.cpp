@@ -5,13 +5,17 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <cstdio>
 #include <string>
 #include <thread>
 
 #include <catch2/catch.hpp>
 
+#include "inferq/engine/engine.hpp"
 #include "inferq/state/state_store.hpp"
+#include "inferq/state/stream_log.hpp"
 #include "inferq/version.hpp"
 #include "state/log_format.hpp"
 #include "state_test_util.hpp"
@@ -336,4 +340,151 @@ TEST_CASE("inferq-state verify and inspect next to a live writer report no damag
   stop = true;
   writer.join();
   CHECK(writer_errors == 0);
+}
+
+namespace {
+
+// A file stream "REQ" in `dir` as an Engine leaves it, in segments of 4 KiB: 20
+// messages of 300 bytes. A work queue has them pulled and acked (AckSync) by
+// consumer "w", so that the directory also holds the removed/ log and the
+// consumer's consumers/w log; with limits retention they all stay.
+void MakeFileStream(const std::string& dir, inferq::RetentionPolicy retention) {
+  auto engine = inferq::Engine::Create({}).value();
+  inferq::StreamConfig s;
+  s.name = "REQ";
+  s.subjects = {"req.>"};
+  s.storage = inferq::StorageType::kFile;
+  s.directory = dir;
+  s.retention = retention;
+  s.segment_bytes = 4096;
+  REQUIRE(engine->AddStream(s).ok());
+  std::optional<inferq::Consumer> consumer;
+  if (retention == inferq::RetentionPolicy::kWorkQueue) {
+    auto c = engine->AddConsumer({.stream = "REQ", .name = "w", .deliver = inferq::DeliverPolicy::kAll});
+    REQUIRE(c.ok());
+    consumer = *c;
+  }
+  for (int i = 0; i < 20; ++i) {
+    inferq::Event e;
+    e.subject = "req.a";
+    e.payload = inferq::Buffer::FromString(std::string(300, static_cast<char>('a' + i)));
+    REQUIRE(engine->Publish(std::move(e)).ok());
+    if (consumer) {
+      auto m = consumer->member(0)->Next(absl::Seconds(5));
+      REQUIRE(m.ok());
+      REQUIRE(m->AckSync().ok());
+    }
+  }
+}
+
+// Every file under `dir` with its bytes.
+std::map<std::string, std::string> Snapshot(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) out[e.path().string()] = state_test::ReadFile(e.path().string());
+  }
+  return out;
+}
+
+// verify's line for the stream log in `dir` (named `name`), from the log's own
+// strict recovery in this process: its segments, records and tx_ids.
+std::string VerifyLine(const std::string& dir, const std::string& name) {
+  inferq::StreamLogOptions o;
+  o.dir = dir;
+  o.recovery = inferq::RecoveryMode::kStrict;
+  std::uint64_t records = 0, first = 0, last = 0;
+  auto log = inferq::StreamLog::Open(o, [&](const inferq::StreamLog::Entry& e) {
+    if (records++ == 0) first = e.tx;
+    last = e.tx;
+    return absl::OkStatus();
+  });
+  REQUIRE(log.ok());
+  const std::uint64_t segments = (*log)->Stats().segments;
+  return "stream log " + name + ": " + std::to_string(segments) + (segments == 1 ? " segment, " : " segments, ") +
+         std::to_string(records) + " records, tx_id " + std::to_string(first) + ".." + std::to_string(last) + "\n";
+}
+
+}  // namespace
+
+TEST_CASE("inferq-state verify and inspect check a file stream's logs and change nothing") {
+  state_test::TempDir d;
+  MakeFileStream(d.path(), inferq::RetentionPolicy::kLimits);
+  const std::vector<std::string> segs = state_test::Files(d.path(), "log-");
+  const std::size_t n = std::count_if(segs.begin(), segs.end(), [](const std::string& f) { return f.ends_with(".seg"); });
+  REQUIRE(n >= 2);  // 20 frames of over 300 bytes in 4 KiB segments
+  const auto before = Snapshot(d.path());
+
+  Run verify = Tool("verify " + d.path());
+  CHECK(verify.status == 0);
+  CHECK(verify.out == "stream log .: " + std::to_string(n) + " segments, 20 records, tx_id 1..20\n"
+                      "ok: 1 stream log, 20 records verified (frame checksums, tx_ids, hash chain)\n");
+  Run inspect = Tool("inspect " + d.path());
+  CHECK(inspect.status == 0);
+  CHECK(inspect.out.rfind("stream directory " + d.path() + "\nstream log .\n  segments: " + std::to_string(n) +
+                              "\n    log-00000000000000000001.seg  ",
+                          0) == 0);
+  CHECK(inspect.out.ends_with("  20 records, tx_id 1..20: chain ok\n"));
+  // dump has no keys to show: it says what the directory is.
+  Run dump = Tool("dump " + d.path());
+  CHECK(dump.status == 1);
+  CHECK(dump.out == "inferq-state: '" + d.path() +
+                        "' is a file stream's directory (stream logs, log-<20 digits>.seg), not a "
+                        "StateStore: it has no keys to dump; inspect and verify check it\n");
+  CHECK(Snapshot(d.path()) == before);  // not a byte changed, LOCK included
+
+  SECTION("a flipped byte in a record: exit 1 naming the segment, offset and tx_id") {
+    const std::string seg_path = d / "log-00000000000000000001.seg";
+    std::string seg = state_test::ReadFile(seg_path);
+    auto h = si::DecodeSegmentHeader(seg);
+    REQUIRE(h.ok());
+    const std::size_t second = si::kSegmentHeaderBytes + si::DecodeFrame(seg, si::kSegmentHeaderBytes, h->salt).size;
+    const std::size_t third = second + si::DecodeFrame(seg, second, h->salt).size;
+    seg[second + 100] ^= 0x01;  // in the second record's value
+    state_test::WriteFile(seg_path, seg);
+    const std::string why = si::DecodeFrame(seg, second, h->salt).why;
+    REQUIRE(!why.empty());
+    const std::string damage = "DATA_LOSS: damaged record in stream log segment 'log-00000000000000000001.seg' "
+                               "at offset " + std::to_string(second) + " after tx_id 1: " + why +
+                               "; valid records follow at offset " + std::to_string(third);
+    Run bad = Tool("verify " + d.path());
+    CHECK(bad.status == 1);
+    CHECK(bad.out == "stream log .: FAILED: " + damage + "\nFAILED: 1 of 1 stream log is damaged\n");
+    Run bad_inspect = Tool("inspect " + d.path());
+    CHECK(bad_inspect.status == 1);
+    CHECK(bad_inspect.out.ends_with("  1 records, tx_id 1..1: FAILED: " + damage + "\n"));
+  }
+  SECTION("an open stream is refused, naming the process that has it") {
+    auto engine = inferq::Engine::Create({}).value();
+    REQUIRE(engine->AddStream({.name = "REQ", .subjects = {"req.>"}, .storage = inferq::StorageType::kFile,
+                               .directory = d.path(), .segment_bytes = 4096}).ok());
+    Run open = Tool("verify " + d.path());
+    CHECK(open.status == 1);
+    CHECK(open.out == "stream log .: FAILED: FAILED_PRECONDITION: '" + d.path() + "/LOCK' is held by process " +
+                          std::to_string(::getpid()) +
+                          ": the stream is open; inferq-state reads a stream log only while nothing writes it\n"
+                          "FAILED: 1 of 1 stream log is damaged\n");
+  }
+}
+
+TEST_CASE("inferq-state verify checks every stream log of a work queue's directory") {
+  state_test::TempDir d;
+  MakeFileStream(d.path(), inferq::RetentionPolicy::kWorkQueue);
+  REQUIRE(std::filesystem::is_directory(d / "removed"));
+  REQUIRE(std::filesystem::is_directory(d / "consumers/w"));
+  const std::string expected = VerifyLine(d.path(), ".") + VerifyLine(d / "consumers/w", "consumers/w") +
+                               VerifyLine(d / "removed", "removed");
+  Run verify = Tool("verify " + d.path());
+  CHECK(verify.status == 0);
+  CHECK(verify.out.rfind(expected + "ok: 3 stream logs, ", 0) == 0);
+  // Damage in a sub-log is found too, and named by it.
+  const std::string removed_seg = state_test::Files(d / "removed", "log-").front();
+  std::string seg = state_test::ReadFile(d / ("removed/" + removed_seg));
+  seg[si::kSegmentHeaderBytes + 40] ^= 0x01;
+  state_test::WriteFile(d / ("removed/" + removed_seg), seg);
+  Run bad = Tool("verify " + d.path());
+  CHECK(bad.status == 1);
+  CHECK(bad.out.find("stream log removed: FAILED: DATA_LOSS: ") != std::string::npos);
+  CHECK(bad.out.find("'" + removed_seg + "' at offset " + std::to_string(si::kSegmentHeaderBytes)) !=
+        std::string::npos);
+  CHECK(bad.out.ends_with("FAILED: 1 of 3 stream logs are damaged\n"));
 }

@@ -7,6 +7,12 @@
 //                                                    point-in-time); PREFIX takes the
 //                                                    same escapes as the output
 //
+// A file stream's directory (its stream logs: StreamLog, log-<20 digits>.seg) is
+// checked by inspect and verify too: every stream log in it (the messages, and the
+// logs in its subdirectories such as a work queue's removed/ and durable consumers'
+// consumers/<name>/) is opened read-only in strict recovery, which checks every
+// frame's checksum, the tx_ids and the hash chain. dump refuses it (no keys).
+//
 // Keys and values are printed with \t, \n, \\ and bytes outside printable ASCII as
 // \xNN. Exit status (kHelp spells it out): 0 fine (and for --help, --version), 1
 // damage, not a state directory, or an error reading it, 2 usage.
@@ -27,8 +33,12 @@
 #include <system_error>
 #include <vector>
 
+#include <map>
+
 #include "inferq/state/state_store.hpp"
+#include "inferq/state/stream_log.hpp"
 #include "inferq/version.hpp"
+#include "read_only_file_system.hpp"
 
 namespace {
 
@@ -62,6 +72,10 @@ constexpr char kHelp[] =
     "\n"
     "Reads a StateStore directory (the Delta-State Log: wal-*.log segments, ckpt-*\n"
     "checkpoints, IDENTITY) without changing it; safe next to a running writer.\n"
+    "inspect and verify also check a file stream's directory (log-*.seg stream\n"
+    "logs, in it and in its subdirectories such as removed/ and consumers/<name>/):\n"
+    "every frame's checksum, the tx_ids and the hash chain, without changing a\n"
+    "file; the stream must not be open (its LOCK held: that is an error, exit 1).\n"
     "\n"
     "commands:\n"
     "  inspect DIR   every checkpoint and log segment with its tx_id range and any\n"
@@ -71,6 +85,10 @@ constexpr char kHelp[] =
     "  verify DIR    strict recovery and a check of the whole SHA-256 hash chain:\n"
     "                prints \"ok: N keys at tx_id T; ...\" and exits 0, or prints\n"
     "                \"FAILED: <status>\" naming the file, offset and tx_id, exit 1.\n"
+    "                A stream directory: a line per stream log (segments, records,\n"
+    "                tx_ids, or FAILED naming the file, offset and tx_id), then\n"
+    "                \"ok: N stream logs, R records verified\" (exit 0) or\n"
+    "                \"FAILED: D of N stream logs are damaged\" (exit 1).\n"
     "  dump DIR [PREFIX]\n"
     "                key<TAB>value for every key starting with PREFIX, in key order,\n"
     "                as point-in-time recovery sees the store. Keys, values and\n"
@@ -80,7 +98,8 @@ constexpr char kHelp[] =
     "                exit status is 1, unless --allow-damage is given. Damage that\n"
     "                point-in-time recovery cannot pass (a bad record in the middle\n"
     "                of the log, a gap in tx_ids) prints no keys and exits 1 even\n"
-    "                with --allow-damage; inspect shows where it is.\n"
+    "                with --allow-damage; inspect shows where it is. A stream\n"
+    "                directory has no keys: dump refuses it (exit 1).\n"
     "\n"
     "options:\n"
     "  --allow-damage  (dump) exit 0 after reporting recovered damage\n"
@@ -141,9 +160,17 @@ bool IsStoreFileName(std::string_view name) {
   return false;
 }
 
-// Whether `dir` holds a state store's files (IsStoreFileName). Prints why not and
-// returns false; an empty or mistyped directory is not a store with 0 keys.
-bool IsStateDir(const std::string& dir) {
+// Whether `name` is a stream log segment, `log-<20 digits>.seg` (StreamLog).
+bool IsStreamSegmentName(std::string_view name) {
+  return name.size() == 28 && name.starts_with("log-") && name.ends_with(".seg") &&
+         std::all_of(name.begin() + 4, name.begin() + 24, [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// What a directory holds: a state store's files, a file stream's (stream log
+// segments and no state store file), or neither (printed, with why).
+enum class DirKind { kNone, kStateStore, kStream };
+
+DirKind Classify(const std::string& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     const int err = errno;
@@ -152,26 +179,196 @@ bool IsStateDir(const std::string& dir) {
                                                           : std::strerror(err);
     std::fprintf(stderr, "inferq-state: '%s' is not an inferq state directory: %s\n",
                  Escape(dir).c_str(), why.c_str());
-    return false;
+    return DirKind::kNone;
   }
   std::error_code ec;
+  bool identity = false, stream_segments = false;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (IsStoreFileName(name)) return true;
+    if (name == "IDENTITY") {
+      identity = true;
+    } else if (IsStoreFileName(name)) {
+      return DirKind::kStateStore;
+    } else if (IsStreamSegmentName(name)) {
+      stream_segments = true;
+    }
   }
   if (ec) {
     std::fprintf(stderr, "inferq-state: cannot list '%s': %s\n", Escape(dir).c_str(), ec.message().c_str());
-    return false;
+    return DirKind::kNone;
   }
+  if (stream_segments) return DirKind::kStream;
+  if (identity) return DirKind::kStateStore;
   std::fprintf(stderr,
                "inferq-state: '%s' is not an inferq state directory (no IDENTITY, "
                "wal-<20 digits>.log or ckpt-<20 digits>-{full,incr}.zst file)\n",
                Escape(dir).c_str());
+  return DirKind::kNone;
+}
+
+bool IsStateDir(const std::string& dir) {
+  switch (Classify(dir)) {
+    case DirKind::kStateStore:
+      return true;
+    case DirKind::kStream:
+      std::fprintf(stderr,
+                   "inferq-state: '%s' is a file stream's directory (stream logs, "
+                   "log-<20 digits>.seg), not a StateStore: it has no keys to dump; "
+                   "inspect and verify check it\n",
+                   Escape(dir).c_str());
+      return false;
+    case DirKind::kNone:
+      return false;
+  }
   return false;
 }
 
+// --- File stream directories ---------------------------------------------------
+
+bool HoldsStreamSegments(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (IsStreamSegmentName(entry.path().filename().string())) return true;
+  }
+  return false;
+}
+
+struct SegmentTally {
+  std::string name;
+  std::uint64_t bytes = 0;
+  std::uint64_t records = 0;
+  std::uint64_t first_tx = 0;
+  std::uint64_t last_tx = 0;
+};
+
+// One stream log, opened read-only in strict recovery (ReadOnlyFileSystem).
+struct StreamLogCheck {
+  std::string name;  // relative to the stream directory; "." for itself
+  absl::Status status;
+  std::map<std::uint64_t, SegmentTally> segments;  // by first tx_id, as the files are named
+  std::uint64_t records = 0;
+  std::uint64_t first_tx = 0;
+  std::uint64_t last_tx = 0;
+};
+
+StreamLogCheck CheckStreamLog(const std::string& dir, const std::string& name) {
+  StreamLogCheck r;
+  r.name = name;
+  const std::string path = name == "." ? dir : dir + "/" + name;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+    const std::string file = entry.path().filename().string();
+    if (!IsStreamSegmentName(file)) continue;
+    SegmentTally& s = r.segments[std::stoull(file.substr(4, 20))];
+    s.name = file;
+    s.bytes = entry.file_size(ec);
+  }
+  inferq::StreamLogOptions o;
+  o.dir = path;
+  o.sync = inferq::SyncPolicy::kNone;  // nothing is written: no fdatasync thread either
+  o.recovery = inferq::RecoveryMode::kStrict;
+  o.file_system = std::make_shared<inferq_state_tool::ReadOnlyFileSystem>();
+  auto log = inferq::StreamLog::Open(o, [&](const inferq::StreamLog::Entry& e) {
+    SegmentTally& s = r.segments[e.location.segment];
+    if (s.records++ == 0) s.first_tx = e.tx;
+    s.last_tx = e.tx;
+    if (r.records++ == 0) r.first_tx = e.tx;
+    r.last_tx = e.tx;
+    return absl::OkStatus();
+  });
+  r.status = log.status();
+  return r;
+}
+
+// Every stream log of the stream directory `dir` (itself first, then each directory
+// under it holding stream log segments, in name order), and the files in it that
+// belong to none (such as the engine's purges file), which no check covers.
+std::vector<StreamLogCheck> CheckStreamDir(const std::string& dir, std::vector<std::string>& unchecked) {
+  std::vector<std::string> logs = {"."};
+  std::error_code ec;
+  std::vector<std::filesystem::path> entries;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    entries.push_back(it->path());
+  }
+  std::sort(entries.begin(), entries.end());
+  auto relative = [&](const std::filesystem::path& p) { return p.lexically_relative(dir).string(); };
+  for (const auto& p : entries) {
+    if (std::filesystem::is_directory(p, ec) && HoldsStreamSegments(p)) {
+      logs.push_back(relative(p));
+    }
+  }
+  for (const auto& p : entries) {
+    if (std::filesystem::is_directory(p, ec)) continue;
+    const std::string file = p.filename().string();
+    const std::string parent = p.parent_path() == std::filesystem::path(dir) ? "." : relative(p.parent_path());
+    const bool in_log = std::find(logs.begin(), logs.end(), parent) != logs.end();
+    const bool log_file = file == "IDENTITY" || file == "LOCK" || IsStreamSegmentName(file) ||
+                          (file.size() == 29 && file.starts_with("log-") && file.ends_with(".seal"));
+    if (!(in_log && log_file)) unchecked.push_back(relative(p));
+  }
+  std::vector<StreamLogCheck> out;
+  for (const std::string& name : logs) out.push_back(CheckStreamLog(dir, name));
+  return out;
+}
+
+std::string TxRange(std::uint64_t records, std::uint64_t first, std::uint64_t last) {
+  return records == 0 ? "" : ", tx_id " + std::to_string(first) + ".." + std::to_string(last);
+}
+
+int InspectStream(const std::string& dir) {
+  std::vector<std::string> unchecked;
+  const std::vector<StreamLogCheck> logs = CheckStreamDir(dir, unchecked);
+  std::printf("stream directory %s\n", Escape(dir).c_str());
+  bool ok = true;
+  for (const StreamLogCheck& l : logs) {
+    std::printf("stream log %s\n", Escape(l.name).c_str());
+    std::printf("  segments: %zu\n", l.segments.size());
+    for (const auto& [tx, s] : l.segments) {
+      std::printf("    %s  %llu bytes  %llu records%s\n", s.name.c_str(),
+                  static_cast<unsigned long long>(s.bytes), static_cast<unsigned long long>(s.records),
+                  TxRange(s.records, s.first_tx, s.last_tx).c_str());
+    }
+    std::printf("  %llu records%s: %s\n", static_cast<unsigned long long>(l.records),
+                TxRange(l.records, l.first_tx, l.last_tx).c_str(),
+                l.status.ok() ? "chain ok" : ("FAILED: " + l.status.ToString()).c_str());
+    ok = ok && l.status.ok();
+  }
+  for (const std::string& f : unchecked) std::printf("not a stream log file, not checked: %s\n", Escape(f).c_str());
+  return ok ? 0 : 1;
+}
+
+int VerifyStream(const std::string& dir) {
+  std::vector<std::string> unchecked;
+  const std::vector<StreamLogCheck> logs = CheckStreamDir(dir, unchecked);
+  std::size_t damaged = 0;
+  std::uint64_t records = 0;
+  for (const StreamLogCheck& l : logs) {
+    if (!l.status.ok()) {
+      ++damaged;
+      std::printf("stream log %s: FAILED: %s\n", Escape(l.name).c_str(), l.status.ToString().c_str());
+      continue;
+    }
+    records += l.records;
+    std::printf("stream log %s: %zu segment%s, %llu records%s\n", Escape(l.name).c_str(), l.segments.size(),
+                l.segments.size() == 1 ? "" : "s", static_cast<unsigned long long>(l.records),
+                TxRange(l.records, l.first_tx, l.last_tx).c_str());
+  }
+  for (const std::string& f : unchecked) std::printf("not a stream log file, not checked: %s\n", Escape(f).c_str());
+  if (damaged != 0) {
+    std::printf("FAILED: %zu of %zu stream log%s damaged\n", damaged, logs.size(),
+                logs.size() == 1 ? " is" : "s are");
+    return 1;
+  }
+  std::printf("ok: %zu stream log%s, %llu records verified (frame checksums, tx_ids, hash chain)\n",
+              logs.size(), logs.size() == 1 ? "" : "s", static_cast<unsigned long long>(records));
+  return 0;
+}
+
 int Inspect(const std::string& dir) {
-  if (!IsStateDir(dir)) return 1;
+  const DirKind kind = Classify(dir);
+  if (kind == DirKind::kStream) return InspectStream(dir);
+  if (kind != DirKind::kStateStore) return 1;
   auto r = inferq::StateStore::Inspect(dir);
   if (!r.ok()) {
     std::fprintf(stderr, "inferq-state: %s\n", r.status().ToString().c_str());
@@ -224,7 +421,9 @@ absl::StatusOr<std::unique_ptr<inferq::StateStore>> OpenReadOnly(const std::stri
 }
 
 int Verify(const std::string& dir) {
-  if (!IsStateDir(dir)) return 1;
+  const DirKind kind = Classify(dir);
+  if (kind == DirKind::kStream) return VerifyStream(dir);
+  if (kind != DirKind::kStateStore) return 1;
   auto s = OpenReadOnly(dir, inferq::RecoveryMode::kStrict);
   absl::Status st = s.ok() ? (*s)->VerifyChain() : s.status();
   if (!st.ok()) {

@@ -136,7 +136,8 @@ struct Lane {
   }
 };
 
-// The id of stream message `seq` in a consumer's lifecycle (ConsumerConfig::lifecycle).
+// The id of stream message `seq` in a consumer's lifecycle (ConsumerConfig::lifecycle):
+// "<stream>/<incarnation>/<seq>" (ConsumerState::lifecycle_prefix).
 inline std::string LifecycleId(const ConsumerState& c, std::uint64_t seq);
 // A lifecycle expiry reason from a dead letter's reason and description: 1 to 256
 // printable ASCII characters (others become '?').
@@ -323,6 +324,9 @@ struct ConsumerState {
   // ConsumerStats::num_redelivered (a tracked one counts its pending entries).
   // Raised by the pull that hands one out, lowered by its settle; relaxed: a count.
   std::atomic<std::int64_t> redelivered_out{0};
+  // "<stream>/<incarnation>/" (StreamState::incarnation): the ids of its messages in
+  // its lifecycle (LifecycleId). Set when the consumer is added; constant after.
+  std::string lifecycle_prefix;
   // Deliveries of `seq` before the restart (0 when none). Requires pending_mu.
   std::uint32_t PriorDeliveries(std::uint64_t seq) const {
     if (!has_prior.load(std::memory_order_acquire)) return 0;
@@ -512,7 +516,7 @@ struct ConsumerState {
 };
 
 inline std::string LifecycleId(const ConsumerState& c, std::uint64_t seq) {
-  return c.config.stream + "/" + std::to_string(seq);
+  return c.lifecycle_prefix + std::to_string(seq);
 }
 
 }  // namespace engine_internal

@@ -66,7 +66,11 @@ void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
   // delivers it again, and the delivery finds it Expired and terminates it (a second
   // dead letter, as at-least-once allows), never Processing forever.
   if (c.config.lifecycle != nullptr) {
-    (void)c.config.lifecycle->Expire(LifecycleId(c, h->seq), LifecycleReason(reason, description));
+    const std::string id = LifecycleId(c, h->seq);
+    (void)c.config.lifecycle->Expire(id, LifecycleReason(reason, description));
+    // A memory stream's message never comes again: its record is done with (a file
+    // stream's goes at the next AddConsumer, once the ack record below is read back).
+    if (h->stream->log == nullptr) (void)c.config.lifecycle->Forget(id);
   }
   SettleWithoutAck(c, *h);
   // A durable consumer records it done, so a restart does not deliver it again

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <new>
+#include <random>
 #include <thread>
 #include <cstdint>
 #include <memory>
@@ -30,6 +31,13 @@
 namespace inferq {
 
 namespace {
+
+// 16 lowercase hex digits (StreamState::incarnation).
+std::string Hex16(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
 
 // One arena per real NUMA node for the whole process: mimalloc 2.0.9 cannot take an
 // arena back and holds at most 64, so engines share them. nullptr when none can be
@@ -316,6 +324,13 @@ absl::Status Engine::AddStream(const StreamConfig& config) {
   if (impl_->closed.load()) return absl::CancelledError("engine is closed");
   if (impl_->FindStream(config.name) != nullptr) {
     return absl::AlreadyExistsError("stream '" + config.name + "' already exists");
+  }
+  if (state->log != nullptr) {
+    state->incarnation = Hex16(state->log->store_id());
+  } else {
+    std::random_device rd;
+    state->incarnation =
+        Hex16((std::uint64_t{rd()} << 32) ^ rd() ^ static_cast<std::uint64_t>(absl::ToUnixNanos(absl::Now())));
   }
   StreamState* raw = state.get();
   impl_->stream_by_name.emplace(config.name, raw);
@@ -801,6 +816,38 @@ void QueueStoredFromLog(StreamState& stream, ConsumerState& c, LastScan& scan) {
 // last is queued the events published meanwhile are parked behind them
 // (EnqueueTargets), so every member sees the stream's order. A file stream's come
 // from its log (QueueStoredFromLog; `scan`: ScanForLast's). Requires stream.mu.
+// A consumer with a lifecycle, as it is added: forgets the records of its stream's
+// messages that no delivery can need again. Those of an earlier life of the stream
+// (a memory stream of an earlier process, a stream deleted and added again, or ids
+// of a version without the incarnation) name messages that are gone: a live one is
+// expired first. Of this life (a file stream after a restart), the finished ones
+// whose ack the consumer's ack log holds, or whose message the stream no longer
+// stores. Best effort: a failed commit leaves the record for the next time. Before
+// QueueStoredMessages (it takes c.resume).
+void RetireLifecycleRecords(StreamState& stream, ConsumerState& c) {
+  Lifecycle& lc = *c.config.lifecycle;
+  const std::uint64_t first = stream.first_seq.load(std::memory_order_relaxed);
+  for (const auto& [id, info] : lc.Messages(c.config.stream + "/")) {
+    const bool finished =
+        info.state == MessageState::kCompleted || info.state == MessageState::kExpired;
+    if (id.rfind(c.lifecycle_prefix, 0) == 0) {
+      std::uint64_t seq = 0;
+      const char* begin = id.data() + c.lifecycle_prefix.size();
+      const char* end = id.data() + id.size();
+      const auto [p, ec] = std::from_chars(begin, end, seq);
+      if (!finished || ec != std::errc() || p != end) continue;
+      const bool acked = c.resume.started && (seq <= c.resume.floor || c.resume.acked.contains(seq));
+      if (acked || (stream.log != nullptr && seq < first)) (void)lc.Forget(id);
+      continue;
+    }
+    if (!finished) {
+      (void)lc.Expire(id, "its message was lost with an earlier life of stream '" +
+                              c.config.stream + "'");
+    }
+    (void)lc.Forget(id);
+  }
+}
+
 void QueueStoredMessages(StreamState& stream, ConsumerState& c, LastScan& scan) {
   const ConsumerConfig& cfg = c.config;
   if (stream.log != nullptr) {
@@ -951,6 +998,7 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
       if (absl::Status s = OpenAckLog(*stream, *state); !s.ok()) return s;
     }
     state->stream = stream;
+    state->lifecycle_prefix = config.stream + "/" + stream->incarnation + "/";
     raw = state.get();
     impl_->consumers.push_back(std::move(state));
     impl_->consumer_count.store(impl_->consumers.size(), std::memory_order_relaxed);
@@ -971,6 +1019,7 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   }
   // Now the publishers of the stream start queueing for it. This waits for a
   // publisher blocked on a full lane of another consumer; Close() releases it.
+  if (config.lifecycle != nullptr) RetireLifecycleRecords(*stream, *raw);
   LastScan scan;
   if (stream->log != nullptr && !(raw->ack_log != nullptr && raw->resume.started) &&
       (config.deliver == DeliverPolicy::kLast || config.deliver == DeliverPolicy::kLastPerSubject)) {

@@ -609,6 +609,18 @@ absl::StatusOr<MessageInfo> Lifecycle::GetMessage(std::string_view msg_id) const
   return it->second.info;
 }
 
+std::vector<std::pair<std::string, MessageInfo>> Lifecycle::Messages(
+    std::string_view id_prefix) const {
+  std::vector<std::pair<std::string, MessageInfo>> out;
+  std::lock_guard lock(mu_);
+  for (auto it = messages_.lower_bound(id_prefix);
+       it != messages_.end() && std::string_view(it->first).substr(0, id_prefix.size()) == id_prefix;
+       ++it) {
+    out.emplace_back(it->first, it->second.info);
+  }
+  return out;
+}
+
 LifecycleStats Lifecycle::Stats() const {
   std::lock_guard lock(mu_);
   return stats_;

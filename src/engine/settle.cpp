@@ -116,7 +116,21 @@ absl::Status Message::Deleted(std::string_view verb) const {
                                        consumer_->config.stream + "' was deleted");
 }
 
-absl::Status Message::Ack() { return Settle(Settlement::kAck, 0, {}); }
+absl::Status Message::Ack() {
+  absl::Status st = Settle(Settlement::kAck, 0, {});
+  // A memory stream's message can come again only in this process, whose pending
+  // entry stops that: its lifecycle record is done with. (A file stream's waits for
+  // a durable ack: AckSync, or the next AddConsumer.)
+  if (st.ok() && msg_->stream->log == nullptr) ForgetLifecycleRecord();
+  return st;
+}
+
+void Message::ForgetLifecycleRecord() {
+  Lifecycle* lc = consumer_->config.lifecycle;
+  if (lc == nullptr || shadow_) return;
+  // Best effort: a failed commit leaves the record for the next AddConsumer.
+  (void)lc->Forget(engine_internal::LifecycleId(*consumer_, msg_->seq));
+}
 
 absl::Status Message::AckSync() {
   engine_internal::Tracer* tracer = msg_ != nullptr ? consumer_->tracer : nullptr;
@@ -125,6 +139,7 @@ absl::Status Message::AckSync() {
   absl::Status st = Settle(Settlement::kAck, 0, {}, /*through_lifecycle=*/true);
   const bool settled = st.ok();
   if (settled) st = SyncAck();
+  if (st.ok()) ForgetLifecycleRecord();  // the ack is durable
   // The ack span ends after the sync, and carries its error (found by the adversarial
   // review: it was reported OK before the sync failed).
   if (tracer != nullptr) [[unlikely]] TraceSettle(*tracer, Settlement::kAck, start, sampled, settled, st, {});
@@ -290,7 +305,10 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
               "': the message expired in its lifecycle (" + info->reason +
               "), so it was terminated, not acked");
         }
-        if (!info.ok() || info->state != MessageState::kCompleted) {
+        // NotFound: Completed and retired (ForgetLifecycleRecord) by the ack of
+        // another delivery of it: this one's ack goes on, as a late ack.
+        const bool retired = !info.ok() && info.status().code() == absl::StatusCode::kNotFound;
+        if (!retired && (!info.ok() || info->state != MessageState::kCompleted)) {
           acked_.store(false, std::memory_order_release);  // not settled: may be tried again
           return absl::Status(st.code(), "ack of message " + std::to_string(msg_->seq) +
                                              " by consumer '" + cfg.name +

@@ -106,6 +106,7 @@ EngineStats Engine::Stats() const {
     StreamStats st;
     st.name = s->config.name;
     st.retention = s->config.retention;
+    st.incarnation = s->incarnation;
     st.messages = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->LiveMsgs()));
     st.bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->LiveBytes()));
     st.last_seq = s->last_seq.load();

@@ -172,6 +172,12 @@ struct StreamState {
   std::filesystem::path normal_dir;
   std::vector<SubjectPattern> patterns;
   const Clock* clock = nullptr;
+  // 16 hex digits naming this life of the stream: a file stream's log id (the same
+  // after a restart, new once its directory is made again), a memory stream's random
+  // at AddStream. Lifecycle ids carry it (LifecycleId), so that a sequence numbered
+  // again from 1 (a memory stream in the next process, a stream deleted and added
+  // again) never names the record of an earlier message. Constant once added.
+  std::string incarnation;
 
   std::mutex mu;
   // The stored messages, in ascending seq, when the stream needs them at hand

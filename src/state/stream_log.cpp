@@ -473,6 +473,7 @@ class StreamLog::Impl {
   }
 
   const std::string& dir() const { return opt_.dir; }
+  std::uint64_t store_id() const { return store_id_; }
 
  private:
   struct Seg {
@@ -808,5 +809,6 @@ bool StreamLog::failed() const { return impl_->failed(); }
 absl::Status StreamLog::failure() const { return impl_->failure(); }
 StreamLogStats StreamLog::Stats() const { return impl_->Stats(); }
 const std::string& StreamLog::dir() const { return impl_->dir(); }
+std::uint64_t StreamLog::store_id() const { return impl_->store_id(); }
 
 }  // namespace inferq

@@ -97,3 +97,33 @@ TEST_CASE("a redelivery after a restart counts as a redelivery") {
         V{"t -", "u -", "t delivered=0 redelivered=0 num_redelivered=0 ack_pending=0",
           "u delivered=0 redelivered=0 num_redelivered=0 ack_pending=0"});
 }
+
+TEST_CASE("a lifecycle record never names a message of an earlier process of a memory stream") {
+  state_test::TempDir d;
+  // "first" is acked: its record is forgotten at once; "second" is left Processing
+  // when the process dies.
+  CHECK(Lines("lifecycle_memory", "1", d.path()) ==
+        V{"records at start=0", "published first seq=1", "published second seq=2", "got first@1",
+          "got second@1", "records=1"});
+  // The memory stream numbers from 1 again. Before the fix "new-1" (seq 1) was acked
+  // unseen as the Completed "S/1", and "new-2" ran as a redelivery of "second". Now
+  // the ids carry the stream's incarnation, adding the consumer expires and forgets
+  // the earlier life's record, and each ack forgets its own.
+  CHECK(Lines("lifecycle_memory", "2", d.path()) ==
+        V{"records at start=0", "published new-1 seq=1", "published new-2 seq=2",
+          "got new-1@1,new-2@1", "records=0", "expired=0 forgotten=3"});
+}
+
+TEST_CASE("a file stream's lifecycle records go once their acks are durable") {
+  state_test::TempDir d;
+  // "first" AckSync'ed: forgotten; "second" acked with a plain Ack: Completed until
+  // its ack is read back from the ack log.
+  CHECK(Lines("lifecycle_file", "1", d.path()) ==
+        V{"records at start=0", "published first seq=1", "published second seq=2", "got first@1",
+          "got second@1", "records=1"});
+  // The restart keeps the ids (the stream's log id is the incarnation): the ack log
+  // holds second's ack, so its record goes when the consumer is added.
+  CHECK(Lines("lifecycle_file", "2", d.path()) ==
+        V{"records at start=0", "published new-1 seq=3", "published new-2 seq=4",
+          "got new-1@1,new-2@1", "records=0", "expired=0 forgotten=3"});
+}

@@ -29,7 +29,8 @@
 // records are kept for good (a model can warm up again after an eviction). The
 // engine moves a consumer's deliveries through a Lifecycle when the consumer has
 // one (ConsumerConfig::lifecycle: deliveries, acks, naks and dead letters make the
-// transitions), and EngineOptions::lifecycle has its timer call RunTimeouts.
+// transitions, and the engine forgets the records it no longer needs), and
+// EngineOptions::lifecycle has its timer call RunTimeouts.
 //
 // Usage:
 //   inferq::LifecycleOptions o;                       // 30 s warmup, 120 s inference
@@ -82,6 +83,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -218,6 +220,9 @@ class Lifecycle {
   // kNotFound ("model 'x' is unknown" / "message 'x' is unknown") when absent.
   absl::StatusOr<ModelInfo> GetModel(std::string_view model) const;
   absl::StatusOr<MessageInfo> GetMessage(std::string_view msg_id) const;
+  // The messages whose id starts with `id_prefix` (every message for an empty one),
+  // sorted by id, as committed now.
+  std::vector<std::pair<std::string, MessageInfo>> Messages(std::string_view id_prefix = {}) const;
   LifecycleStats Stats() const;
 
   // Checks the invariant on the in-memory state and that the store holds exactly

@@ -155,6 +155,9 @@ class Message {
                       bool through_lifecycle);
   // AckSync's second half: waits for the ack log's (and a file work queue's) sync.
   absl::Status SyncAck();
+  // Forgets the message's record in the consumer's lifecycle, if it has one (its
+  // ack is final: no delivery of it can come again).
+  void ForgetLifecycleRecord();
   // EngineOptions::trace: the deliver span (when `settled`, sampled) and the settle's
   // own span (sampled, or `st` an error) of a settle that began at `start`.
   void TraceSettle(engine_internal::Tracer& tracer, Settlement how, std::int64_t start, bool sampled,

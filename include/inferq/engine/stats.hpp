@@ -49,6 +49,11 @@ struct LatencySummary {
 struct StreamStats {
   std::string name;
   RetentionPolicy retention = RetentionPolicy::kLimits;  // the stream's StreamConfig::retention
+  // 16 hex digits naming this life of the stream, in the ids of its messages in a
+  // consumer's lifecycle ("<stream>/<incarnation>/<seq>": ConsumerConfig::lifecycle):
+  // the same across a file stream's restarts, new for a memory stream in each
+  // process and for a stream deleted and added again.
+  std::string incarnation;
   std::uint64_t messages = 0;    // kept now
   std::uint64_t bytes = 0;       // kept now
   std::uint64_t last_seq = 0;    // last sequence assigned (0: none yet)

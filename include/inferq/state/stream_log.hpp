@@ -180,6 +180,9 @@ class StreamLog {
   absl::Status failure() const;
   StreamLogStats Stats() const;
   const std::string& dir() const;
+  // The log's id (its IDENTITY file): random when the directory was first opened,
+  // the same for every later Open of it, and new for a directory made again.
+  std::uint64_t store_id() const;
 
  private:
   class Impl;

@@ -127,3 +127,40 @@ TEST_CASE("a file stream's lifecycle records go once their acks are durable") {
         V{"records at start=0", "published new-1 seq=3", "published new-2 seq=4",
           "got new-1@1,new-2@1", "records=0", "expired=0 forgotten=3"});
 }
+
+TEST_CASE("durable consumers resume where they were, whatever their start policy") {
+  state_test::TempDir d;
+  // a1 (st.x), a2 (st.y), a3 (st.x) stored; the consumers added; a4, a5 (st.x). Each
+  // AckSyncs the first message it gets and leaves the rest unacked.
+  CHECK(Lines("start", "1", d.path()) ==
+        V{"new a4@1,a5@1", "by_seq a2@1,a3@1,a4@1,a5@1", "all a1@1,a2@1,a3@1,a4@1,a5@1",
+          "last_per_subject a2@1,a3@1,a4@1,a5@1"});
+  // Added again after the restart: each gets what it had not acked (as second
+  // deliveries), never what came before its start, never what it acked.
+  CHECK(Lines("start", "2", d.path()) ==
+        V{"new a5@2", "by_seq a3@2,a4@2,a5@2", "all a2@2,a3@2,a4@2,a5@2",
+          "last_per_subject a3@2,a4@2,a5@2"});
+  CHECK(Lines("start", "3", d.path()) == V{"new -", "by_seq -", "all -", "last_per_subject -"});
+}
+
+TEST_CASE("purged messages stay purged after a restart, and their ids stay duplicates") {
+  state_test::TempDir d;
+  CHECK(Lines("purge", "1", d.path()) ==
+        V{"purged 2", "purged 1", "messages=3 first_seq=4 last_seq=6",
+          "held 1:- 2:- 3:- 4:id4 5:id5 6:id6"});
+  CHECK(Lines("purge", "2", d.path()) ==
+        V{"messages=3 first_seq=4 last_seq=6", "held 1:- 2:- 3:- 4:id4 5:id5 6:id6",
+          "id1 seq=1 duplicate=1", "id7 seq=7 duplicate=0"});
+}
+
+TEST_CASE("what max_msgs_per_subject removed stays removed across restarts with other limits") {
+  state_test::TempDir d;
+  // x1..x5 and y1, then UpdateStream to 2 per subject: x1..x3 go.
+  CHECK(Lines("per_subject", "1", d.path()) == V{"messages=3 discarded=3 held x4 x5 y1"});
+  // Recovery replays the removals (the counts are rebuilt from the log, as `stored`).
+  CHECK(Lines("per_subject", "2", d.path()) == V{"messages=3 discarded=3 held x4 x5 y1"});
+  // No limit now: nothing comes back.
+  CHECK(Lines("per_subject", "3", d.path()) == V{"messages=3 discarded=3 held x4 x5 y1"});
+  // A lower limit applies at recovery (x4 goes), then x7 takes x5's place.
+  CHECK(Lines("per_subject", "4", d.path()) == V{"messages=2 discarded=5 held y1 x7"});
+}

@@ -241,6 +241,102 @@ int LifecycleScenario(const std::string& step, const std::string& dir, bool file
   return 0;
 }
 
+// ---- Start positions of durable consumers across a restart. ----
+// Step 1: a1..a3 stored, then consumers added (kNew, kByStartSequence 2, kAll,
+// kLastPerSubject), then a4, a5; each consumer AckSyncs the first message it gets.
+// Step 2: the same consumers added again with the same configs; what each gets.
+int StartPositions(const std::string& step, const std::string& dir) {
+  auto engine = NewEngine();
+  Must(engine->AddStream(FileStream("ST", {"st.>"}, dir)), "AddStream");
+  if (step == "1") {
+    for (int i = 1; i <= 3; ++i) {
+      Must(engine->Publish(Ev(i == 2 ? "st.y" : "st.x", "a" + std::to_string(i))), "Publish");
+    }
+  }
+  std::vector<inferq::ConsumerConfig> configs = {
+      {.stream = "ST", .name = "new", .deliver = inferq::DeliverPolicy::kNew},
+      {.stream = "ST", .name = "by_seq", .deliver = inferq::DeliverPolicy::kByStartSequence,
+       .start_seq = 2},
+      {.stream = "ST", .name = "all", .deliver = inferq::DeliverPolicy::kAll},
+      {.stream = "ST", .name = "last_per_subject",
+       .deliver = inferq::DeliverPolicy::kLastPerSubject},
+  };
+  std::vector<inferq::Member> members;
+  for (const inferq::ConsumerConfig& cc : configs) {
+    inferq::Consumer c = Must(engine->AddConsumer(cc), "AddConsumer " + cc.name);
+    members.push_back(Must(c.member(0), "member"));
+  }
+  if (step == "1") {
+    for (int i = 4; i <= 5; ++i) {
+      Must(engine->Publish(Ev("st.x", "a" + std::to_string(i))), "Publish");
+    }
+  }
+  std::vector<inferq::Message> held;
+  for (std::size_t i = 0; i < configs.size(); ++i) {
+    Out(configs[i].name + " " + PullIds(members[i], step == "1" ? "first" : "all", held));
+  }
+  held.clear();
+  return 0;
+}
+
+// ---- Purges across a restart. ----
+int PurgeScenario(const std::string& step, const std::string& dir) {
+  auto engine = NewEngine();
+  Must(engine->AddStream(FileStream("P", {"p.>"}, dir)), "AddStream");
+  if (step == "1") {
+    const char* subjects[] = {"p.a", "p.b", "p.a", "p.b", "p.a", "p.b"};
+    for (int i = 0; i < 6; ++i) {
+      Must(engine->Publish(Ev(subjects[i], "id" + std::to_string(i + 1))), "Publish");
+    }
+    // p.a keeping its newest one: seqs 1 and 3 go; then every sequence below 4: seq 2.
+    Out("purged " + std::to_string(Must(engine->PurgeStream("P", {.subject = "p.a", .keep = 1}),
+                                        "PurgeStream")));
+    Out("purged " + std::to_string(Must(engine->PurgeStream("P", {.sequence = 4}), "PurgeStream")));
+  }
+  const inferq::StreamStats st = Stream(*engine, "P");
+  Out("messages=" + std::to_string(st.messages) + " first_seq=" + std::to_string(st.first_seq) +
+      " last_seq=" + std::to_string(st.last_seq));
+  std::string held;
+  for (std::uint64_t seq = 1; seq <= st.last_seq; ++seq) {
+    absl::StatusOr<std::shared_ptr<const inferq::Event>> e = engine->GetMessage("P", seq);
+    held += " " + std::to_string(seq) + ":" + (e.ok() ? (*e)->msg_id : std::string("-"));
+  }
+  Out("held" + held);
+  if (step == "2") {
+    const inferq::PublishAck dup = Must(engine->Publish(Ev("p.a", "id1")), "Publish id1");
+    Out("id1 seq=" + std::to_string(dup.seq) + " duplicate=" + std::to_string(dup.duplicate));
+    const inferq::PublishAck fresh = Must(engine->Publish(Ev("p.a", "id7")), "Publish id7");
+    Out("id7 seq=" + std::to_string(fresh.seq) + " duplicate=" + std::to_string(fresh.duplicate));
+  }
+  return 0;
+}
+
+// ---- UpdateStream and max_msgs_per_subject across restarts: what a limit removed
+// from the middle stays removed whatever the next run's limits. ----
+int PerSubject(const std::string& step, const std::string& dir) {
+  // Step "1": limit none, then UpdateStream to 2; "2": limit 2; "3": none; "4": 1.
+  inferq::StreamConfig s = FileStream("M", {"m.>"}, dir);
+  s.max_msgs_per_subject = step == "2" ? 2 : step == "4" ? 1 : -1;
+  auto engine = NewEngine();
+  Must(engine->AddStream(s), "AddStream");
+  if (step == "1") {
+    for (int i = 1; i <= 5; ++i) Must(engine->Publish(Ev("m.x", "x" + std::to_string(i))), "Publish");
+    Must(engine->Publish(Ev("m.y", "y1")), "Publish");
+    s.max_msgs_per_subject = 2;
+    Must(engine->UpdateStream(s), "UpdateStream");
+  }
+  if (step == "4") Must(engine->Publish(Ev("m.x", "x7")), "Publish");
+  const inferq::StreamStats st = Stream(*engine, "M");
+  std::string held;
+  for (std::uint64_t seq = 1; seq <= st.last_seq; ++seq) {
+    absl::StatusOr<std::shared_ptr<const inferq::Event>> e = engine->GetMessage("M", seq);
+    if (e.ok()) held += " " + (*e)->msg_id;
+  }
+  Out("messages=" + std::to_string(st.messages) + " discarded=" + std::to_string(st.discarded) +
+      " held" + held);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -254,6 +350,9 @@ int main(int argc, char** argv) {
   if (scenario == "dedup_work_queue") return Dedup(step, dir, true);
   if (scenario == "dedup_limits") return Dedup(step, dir, false);
   if (scenario == "redelivery") return Redelivery(step, dir);
+  if (scenario == "start") return StartPositions(step, dir);
+  if (scenario == "purge") return PurgeScenario(step, dir);
+  if (scenario == "per_subject") return PerSubject(step, dir);
   if (scenario == "lifecycle_memory") return LifecycleScenario(step, dir, false);
   if (scenario == "lifecycle_file") return LifecycleScenario(step, dir, true);
   std::fprintf(stderr, "restart_child: unknown scenario '%s'\n", scenario.c_str());

@@ -194,12 +194,15 @@ struct NatsBridge::Impl {
     std::thread thread;
     // ImportAck::kConsumed: messages stored in cfg.ack_stream under `seq` and not yet
     // consumed there, oldest first; the NATS message is acked once the stream no
-    // longer holds `seq`. Only the import's thread touches them.
+    // longer holds `seq`, and stays here (`consumed`) until JetStream confirmed that
+    // ack. Only the import's thread touches them.
     struct Held {
       natsMsg* msg;
       std::uint64_t seq;
+      // Not consumed: the next in-progress. Consumed: the next try of the ack.
       std::chrono::steady_clock::time_point next_progress;
       std::string msg_id;  // of the local message at `seq`, to tell a stream added again
+      bool consumed = false;
     };
     std::vector<Held> held;
     bool warned_unsettled = false;  // last_error said once that a message was acked when stored
@@ -695,7 +698,8 @@ struct NatsBridge::Impl {
       if (h.seq == r.seq) {
         natsMsg_Destroy(h.msg);
         h.msg = m;
-        h.next_progress = std::chrono::steady_clock::now() + Progress(im);
+        // Consumed: the ack goes to the newer delivery, at once.
+        h.next_progress = std::chrono::steady_clock::now() + (h.consumed ? std::chrono::steady_clock::duration{} : Progress(im));
         return true;
       }
     }
@@ -708,7 +712,7 @@ struct NatsBridge::Impl {
   void ProgressHeld(Import& im) {
     const auto now = std::chrono::steady_clock::now();
     for (Import::Held& h : im.held) {
-      if (now >= h.next_progress) {
+      if (!h.consumed && now >= h.next_progress) {
         (void)natsMsg_InProgress(h.msg, nullptr);
         h.next_progress = now + Progress(im);
       }
@@ -720,15 +724,57 @@ struct NatsBridge::Impl {
         absl::ToChronoNanoseconds(im.cfg.ack_wait / 3));
   }
 
+  // The ack of held message `h`, consumed locally, confirmed by JetStream
+  // (natsMsg_AckSync, waiting at most 1 s or jetstream_timeout). An ack sent without
+  // a reply is lost when it reaches no consumer leader: sent while the connection is
+  // down, or flushed on reconnecting to servers that restarted and have not elected
+  // the consumer's leader yet. JetStream then delivered the finished work again
+  // after ack_wait, to another process, which did it twice (the cluster example's
+  // outage). False, with last_error saying so, while it is not confirmed.
+  bool AckConfirmed(Import& im, Import::Held& h) {
+    natsStatus s = NATS_NOT_YET_CONNECTED;
+    jsErrCode code = static_cast<jsErrCode>(0);
+    if (connected.load()) {
+      jsOptions jo;
+      jsOptions_Init(&jo);
+      jo.Wait = std::min<std::int64_t>(1000, Millis(options.connection.jetstream_timeout));
+      s = natsMsg_AckSync(h.msg, &jo, &code);
+    }
+    if (s == NATS_OK) return true;
+    Error("ack of '" + std::string(natsMsg_GetSubject(h.msg)) + "' (consumed from ack_stream '" + im.cfg.ack_stream +
+          "' sequence " + std::to_string(h.seq) + ") to JetStream not confirmed: " + JetStreamError(s, code) +
+          "; tried again every 250 ms");
+    return false;
+  }
+
   // Acks to NATS the held messages that cfg.ack_stream no longer holds (its consumer
-  // acked them, or a dead letter, a limit or a purge removed them), and tells
-  // JetStream the others are in progress every ack_wait / 3. When the stream itself
-  // is gone (deleted), what it held was never consumed: it is nak'ed, for another
-  // process or a later import.
+  // acked them, or a dead letter, a limit or a purge removed them), each until
+  // JetStream confirms it (AckConfirmed, tried again every 250 ms; while one fails,
+  // the others wait for the next pass), and tells JetStream the others are in
+  // progress every ack_wait / 3. When the stream itself is gone (deleted), what it
+  // held was never consumed: it is nak'ed, for another process or a later import.
   void SettleHeld(Import& im) {
     const auto now = std::chrono::steady_clock::now();
+    const auto retry_at = now + std::chrono::milliseconds(250);
+    bool ack_failed = false;  // this pass: the others wait for the next
+    const auto ack = [&](Import::Held& h) {
+      if (!ack_failed && AckConfirmed(im, h)) return true;
+      ack_failed = true;
+      h.consumed = true;
+      h.next_progress = retry_at;
+      return false;
+    };
     std::size_t kept = 0;
     for (Import::Held& h : im.held) {
+      if (h.consumed) {
+        if (now >= h.next_progress && ack(h)) {
+          import_held.fetch_sub(1);
+          natsMsg_Destroy(h.msg);
+          continue;
+        }
+        im.held[kept++] = h;
+        continue;
+      }
       absl::StatusOr<std::shared_ptr<const Event>> got = engine.GetMessage(im.cfg.ack_stream, h.seq);
       if (got.ok() && (*got)->msg_id != h.msg_id) {
         // ack_stream was deleted and added again, and the new one holds another
@@ -750,10 +796,12 @@ struct NatsBridge::Impl {
                         got.status().code() == absl::StatusCode::kOutOfRange)) {
         const bool consumed = got.status().code() == absl::StatusCode::kNotFound &&
                               got.status().message().find("holds no message") != absl::string_view::npos;
+        if (consumed && !ack(h)) {
+          im.held[kept++] = h;
+          continue;
+        }
         import_held.fetch_sub(1);
-        if (consumed) {
-          (void)natsMsg_Ack(h.msg, nullptr);
-        } else {
+        if (!consumed) {
           Error("import into ack_stream '" + im.cfg.ack_stream + "' (ImportAck::kConsumed): " +
                 std::string(got.status().message()) + "; what it held is nak'ed in NATS");
           (void)natsMsg_Nak(h.msg, nullptr);
@@ -939,11 +987,18 @@ struct NatsBridge::Impl {
       natsMsgList_Destroy(&list);
     }
     // Closing: what was consumed meanwhile is acked, the rest nak'ed, so that
-    // JetStream delivers it again (here after a restart, or to another process).
+    // JetStream delivers it again (here after a restart, or to another process). A
+    // consumed message whose ack JetStream does not confirm now is not nak'ed: it is
+    // done, and comes again only when the ack was lost (after ack_wait).
     if (!im.held.empty()) {
       SettleHeld(im);
+      bool confirming = true;  // until one fails: Close waits for one timeout at most
       for (Import::Held& h : im.held) {
-        (void)natsMsg_Nak(h.msg, nullptr);
+        if (!h.consumed) {
+          (void)natsMsg_Nak(h.msg, nullptr);
+        } else if (!confirming || !(confirming = AckConfirmed(im, h))) {
+          (void)natsMsg_Ack(h.msg, nullptr);  // unconfirmed: may still arrive
+        }
         natsMsg_Destroy(h.msg);
         import_held.fetch_sub(1);
       }

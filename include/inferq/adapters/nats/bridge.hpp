@@ -144,7 +144,13 @@ struct ExportConfig {
 //    local consumer of that work-queue stream acked it (or its dead-letter handling,
 //    a limit or a purge removed it; a deleted stream's messages are nak'ed instead,
 //    also when a stream of the same name was added again, unless that one has given
-//    out the held sequences itself and removed them). Until then the bridge tells
+//    out the held sequences itself and removed them). That ack waits for JetStream's
+//    confirmation (natsMsg_AckSync, at most 1 s or jetstream_timeout) and is sent
+//    again every 250 ms until it comes: an ack sent while the connection is down, or
+//    to restarted servers that have not elected the consumer's leader yet, reaches
+//    no one, and JetStream would deliver the finished work again after ack_wait
+//    (import_held counts the message until then; Close sends an unconfirmed one
+//    once more and does not nak it). Until the local ack the bridge tells
 //    JetStream every ack_wait / 3 that the message is in progress
 //    (natsMsg_InProgress), and Close naks it. When the process dies first,
 //    JetStream delivers it again after ack_wait, to another process importing

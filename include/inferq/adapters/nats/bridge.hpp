@@ -145,8 +145,9 @@ struct ExportConfig {
 //    a limit or a purge removed it; a deleted stream's messages are nak'ed instead,
 //    also when a stream of the same name was added again, unless that one has given
 //    out the held sequences itself and removed them). That ack waits for JetStream's
-//    confirmation (natsMsg_AckSync, at most 1 s or jetstream_timeout) and is sent
-//    again every 250 ms until it comes: an ack sent while the connection is down, or
+//    confirmation (natsMsg_AckSync, at most 1 s or jetstream_timeout: a round trip
+//    per consumed message on the import's thread) and is sent again every 250 ms
+//    until it comes: an ack sent while the connection is down, or
 //    to restarted servers that have not elected the consumer's leader yet, reaches
 //    no one, and JetStream would deliver the finished work again after ack_wait
 //    (import_held counts the message until then; Close sends an unconfirmed one

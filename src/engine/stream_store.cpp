@@ -1009,7 +1009,17 @@ void StreamState::ApplyLimits(std::int64_t now_ns,
     }
   }
   AfterRemovals();
-  if (log != nullptr) RetireLog();
+  if (log != nullptr) {
+    // The new front is recorded at once (not after 64 more trims), so that what the
+    // new limits removed stays removed after a restart, also a crash, whatever the
+    // next run's limits. Best effort: a removed log that cannot be opened or written
+    // refuses the next publishes (Admit), and a restart may bring the messages back.
+    const std::uint64_t first = index.empty() ? next_seq : index.front().seq;
+    if (first > floor_recorded && (removed_log != nullptr || OpenRemovedLog(/*force=*/true).ok())) {
+      RecordFloor(/*force=*/true);
+    }
+    RetireLog();
+  }
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, std::uint64_t>>> StreamState::HeldSubjects()

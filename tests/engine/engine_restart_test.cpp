@@ -164,3 +164,13 @@ TEST_CASE("what max_msgs_per_subject removed stays removed across restarts with 
   // A lower limit applies at recovery (x4 goes), then x7 takes x5's place.
   CHECK(Lines("per_subject", "4", d.path()) == V{"messages=2 discarded=5 held y1 x7"});
 }
+
+TEST_CASE("what a lowered max_msgs removed stays removed after a crash, whatever the next limits") {
+  state_test::TempDir d;
+  // u1..u5, then UpdateStream to max_msgs 2; the process dies without closing.
+  CHECK(Lines("update_max_msgs", "1", d.path()) == V{"messages=2 first_seq=4 held u4 u5"});
+  // max_msgs 3, then no limit: u3 does not come back (it did before the update
+  // recorded its new front at once: the floor was written only every 64 trims).
+  CHECK(Lines("update_max_msgs", "2", d.path()) == V{"messages=2 first_seq=4 held u4 u5"});
+  CHECK(Lines("update_max_msgs", "3", d.path()) == V{"messages=2 first_seq=4 held u4 u5"});
+}

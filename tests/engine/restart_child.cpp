@@ -337,6 +337,33 @@ int PerSubject(const std::string& step, const std::string& dir) {
   return 0;
 }
 
+// ---- UpdateStream of max_msgs across a restart: a file stream's limits are not
+// kept in its directory; the next AddStream's config sets them. ----
+int UpdateMaxMsgs(const std::string& step, const std::string& dir) {
+  inferq::StreamConfig s = FileStream("U", {"u.>"}, dir);
+  s.max_msgs = step == "2" ? 3 : -1;
+  auto engine = NewEngine();
+  Must(engine->AddStream(s), "AddStream");
+  if (step == "1") {
+    for (int i = 1; i <= 5; ++i) Must(engine->Publish(Ev("u.x", "u" + std::to_string(i))), "Publish");
+    s.max_msgs = 2;
+    Must(engine->UpdateStream(s), "UpdateStream");
+  }
+  const inferq::StreamStats st = Stream(*engine, "U");
+  struct CrashAtEnd {
+    bool crash;
+    ~CrashAtEnd() { if (crash) Crash(); }
+  } crash_at_end{step == "1"};  // after printing, without closing the engine
+  std::string held;
+  for (std::uint64_t seq = 1; seq <= st.last_seq; ++seq) {
+    absl::StatusOr<std::shared_ptr<const inferq::Event>> e = engine->GetMessage("U", seq);
+    if (e.ok()) held += " " + (*e)->msg_id;
+  }
+  Out("messages=" + std::to_string(st.messages) + " first_seq=" + std::to_string(st.first_seq) +
+      " held" + held);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -353,6 +380,7 @@ int main(int argc, char** argv) {
   if (scenario == "start") return StartPositions(step, dir);
   if (scenario == "purge") return PurgeScenario(step, dir);
   if (scenario == "per_subject") return PerSubject(step, dir);
+  if (scenario == "update_max_msgs") return UpdateMaxMsgs(step, dir);
   if (scenario == "lifecycle_memory") return LifecycleScenario(step, dir, false);
   if (scenario == "lifecycle_file") return LifecycleScenario(step, dir, true);
   std::fprintf(stderr, "restart_child: unknown scenario '%s'\n", scenario.c_str());

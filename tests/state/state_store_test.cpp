@@ -805,8 +805,8 @@ TEST_CASE("a directory is opened by one store at a time; read-only opens are not
   auto second = StateStore::Open(Options(d.path()));
   REQUIRE(second.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(second.status().message() ==
-        "'" + d.path() + "/LOCK' is held by process " + std::to_string(::getpid()) +
-            ": another store has this directory open");
+        "'" + d.path() +
+            "/LOCK' is held by this process: another store in this process has this directory open");
   StateStoreOptions ro = Options(d.path());
   ro.read_only = true;
   auto reader = OpenOk(ro);

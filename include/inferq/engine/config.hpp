@@ -148,8 +148,8 @@ struct StreamConfig {
   // Adding the stream recovers what the directory holds: the messages with their
   // sequences, publish times and duplicate window (the stream goes on numbering
   // after the last one). The directory is opened by one stream at a time
-  // (FailedPrecondition naming the holder's pid), and in one engine it may not
-  // hold or lie in another file stream's (InvalidArgument naming both: a stream's
+  // (FailedPrecondition naming the holder's pid, or "this process"), and in one
+  // engine it may not hold or lie in another file stream's (InvalidArgument naming both: a stream's
   // durable consumers keep their ack logs in <directory>/consumers/<name>). kFile
   // needs retention kLimits or kWorkQueue (InvalidArgument for kInterest, whose
   // acks of several consumers per message are not yet kept across restarts). Memory: a file stream keeps 48 bytes per

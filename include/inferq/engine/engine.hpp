@@ -345,10 +345,10 @@ class Engine {
   // FailedPrecondition when an interest-retention stream would start or stop
   // keeping an index of its messages (see StreamConfig::retention); Cancelled after
   // Close(). A file stream's limits are not kept in its directory: the next
-  // AddStream's config sets them again. What max_msgs_per_subject removed stays
-  // removed (it is recorded); what a lowered max_msgs, max_bytes or max_age removed
-  // from the front comes back after a restart with higher limits while its log
-  // segment is still there. Raising max_msgs_per_subject on a file
+  // AddStream's config sets them again. What the update removed stays removed after
+  // a restart (also a crash), whatever the next run's limits: max_msgs_per_subject's
+  // removals and the new front of max_msgs, max_bytes or max_age are recorded in
+  // <directory>/removed before UpdateStream returns. Raising max_msgs_per_subject on a file
   // stream, or setting it, reads every record the stream holds back from the log;
   // a record that cannot be read fails the update (DataLoss naming it) and changes
   // nothing. Waits for the stream's mutex (a publisher blocked on a full lane of

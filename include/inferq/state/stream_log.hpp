@@ -58,7 +58,7 @@
 // way.
 //
 // Directory: IDENTITY, LOCK (held while open; a second opener, in this process or
-// another, gets kFailedPrecondition naming the holder's pid),
+// another, gets kFailedPrecondition naming the holder's pid, or "this process"),
 // `log-<first tx_id, 20 digits>.seg` segments and their `log-<...>.seal` seals.
 //
 // Failure: a failed write or fdatasync (EIO, ENOSPC, ...) puts the log into a failed
@@ -141,7 +141,7 @@ class StreamLog {
 
   // Opens (creating the directory if absent) and recovers. Errors: kInvalidArgument
   // for bad options (naming the field and value); kFailedPrecondition when the
-  // directory is open elsewhere (naming the holder's pid); kDataLoss for damage
+  // directory is open elsewhere (naming the holder's pid, or "this process"); kDataLoss for damage
   // (see Recovery above); the I/O error of a failed file operation.
   static absl::StatusOr<std::unique_ptr<StreamLog>> Open(StreamLogOptions options,
                                                          RecoverFn on_record);

@@ -113,3 +113,36 @@ TEST_CASE("randomized against a map of (sequence, accepted at)") {
   CHECK(found > 1'000);
   CHECK(duplicates > 1'000);
 }
+
+TEST_CASE("ForEachInRange calls for the unexpired ids of a sequence range, in order") {
+  DuplicateWindow w(absl::Nanoseconds(100));
+  for (std::uint64_t seq = 1; seq <= 10; ++seq) {
+    REQUIRE(w.Insert("id" + std::to_string(seq), seq, static_cast<std::int64_t>(seq * 10)));
+  }
+  std::string got;
+  w.ForEachInRange(3, 7, 50, [&](std::string_view id, std::uint64_t seq, std::int64_t at) {
+    got += std::string(id) + "=" + std::to_string(seq) + "@" + std::to_string(at) + " ";
+  });
+  CHECK(got == "id3=3@30 id4=4@40 id5=5@50 id6=6@60 ");
+  // At 135 the ids accepted at 35 or before have expired (window 100).
+  got.clear();
+  w.ForEachInRange(1, 100, 135, [&](std::string_view id, std::uint64_t, std::int64_t) {
+    got += std::string(id) + " ";
+  });
+  CHECK(got == "id4 id5 id6 id7 id8 id9 id10 ");
+  got.clear();
+  w.ForEachInRange(11, 20, 50, [&](std::string_view id, std::uint64_t, std::int64_t) {
+    got += std::string(id);
+  });
+  CHECK(got.empty());
+}
+
+TEST_CASE("ForEachInRange finds every id of the range when sequences came out of order") {
+  DuplicateWindow w(absl::Seconds(1));
+  for (std::uint64_t seq : {5, 2, 9, 3}) REQUIRE(w.Insert("s" + std::to_string(seq), seq, 0));
+  std::string got;
+  w.ForEachInRange(2, 6, 0, [&](std::string_view id, std::uint64_t, std::int64_t) {
+    got += std::string(id) + " ";
+  });
+  CHECK(got == "s5 s2 s3 ");  // acceptance order
+}

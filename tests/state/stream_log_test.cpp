@@ -582,3 +582,27 @@ TEST_CASE("stream log refuses an only segment past tx_id 1 emptied, and takes an
     CHECK(log->Append("x")->tx == 1);
   }
 }
+
+TEST_CASE("stream log's RetireBound names the first record RetireBefore would keep") {
+  TempDir d;
+  StreamLogOptions o = Opts(d.path(), SyncPolicy::kNone);
+  o.segment_bytes = 4096;
+  Recovered none;
+  auto log = OpenOk(o, &none);
+  std::vector<std::uint64_t> starts;  // first tx of each segment, from the locations
+  for (int i = 1; i <= 200; ++i) {
+    const StreamLog::Location at = log->Append(std::string(100, 'x'))->location;
+    if (starts.empty() || starts.back() != at.segment) starts.push_back(at.segment);
+  }
+  REQUIRE(starts.size() > 3);
+  CHECK(starts.front() == 1);
+  CHECK(log->RetireBound(0) == 1);
+  CHECK(log->RetireBound(starts[1] - 1) == 1);
+  CHECK(log->RetireBound(starts[1]) == starts[1]);
+  CHECK(log->RetireBound(starts[2] + 1) == starts[2]);
+  CHECK(log->RetireBound(UINT64_MAX) == starts.back());  // the one appended to stays
+  const std::uint64_t segments = log->Stats().segments;
+  CHECK(log->Stats().segments == segments);  // it changes nothing
+  REQUIRE(log->RetireBefore(starts[2] + 1).ok());
+  CHECK(log->Stats().first_tx == starts[2]);
+}

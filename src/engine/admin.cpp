@@ -183,7 +183,7 @@ absl::StatusOr<std::uint64_t> Engine::PurgeStream(std::string_view stream,
       }
     }
     bool renamed = false;
-    not_durable = s->WritePurges(next, impl_->clock->NowNanos(), &renamed);
+    not_durable = s->WritePurges(next, &renamed);
     // Not written: nothing changes. Written but its directory not synced: a restart
     // applies it, so this process does too, and says it may not survive a power loss.
     if (!renamed) return not_durable;

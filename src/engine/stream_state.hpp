@@ -624,15 +624,15 @@ struct StreamState {
   // LoadFromLog. Thread-safe as LoadFromLog.
   absl::StatusOr<std::string> SubjectFromLog(const IndexEntry& e) const;
   // kFile: writes the "purges" file of the stream's directory with `purges`,
-  // atomically (a temporary file, fdatasync, rename, fsync of the directory). The file system's error, naming the
-  // stream and the file; *renamed tells whether the new file took the old one's
+  // atomically (a temporary file, fdatasync, rename, fsync of the directory). The
+  // file system's error, naming the stream and the file; *renamed tells whether the new file took the old one's
   // place (only the directory's fsync failed). Requires mu.
-  absl::Status WritePurges(const std::vector<Purge>& purges, std::int64_t now_ns, bool* renamed);
+  absl::Status WritePurges(const std::vector<Purge>& purges, bool* renamed);
   // kFile recovery, once the log holds the directory's lock (RecoverOne or
   // FinishRecovery, whichever runs first): reads the "purges" file (none: no
   // purges) into `purges`, and the duplicate-window ids an older version wrote
   // there into `recovery_dedup`. DataLoss naming the file when it is damaged.
-  absl::Status LoadPurges(std::int64_t now_ns, std::int64_t wall_now_ns);
+  absl::Status LoadPurges();
   // kFile recovery, after LoadPurges: reads the dedup log (<directory>/dedup) into
   // `recovery_dedup` and puts the ids still inside the window at `now_ns` /
   // `wall_now_ns` into it, oldest first; RecoverOne then adds the ids of the records
@@ -645,6 +645,9 @@ struct StreamState {
   // False (the caller keeps the segments) when the dedup log cannot be written.
   // Requires mu.
   bool SaveDedupBelow(std::uint64_t below);
+  // kFile: the options of side log <directory>/<name> ("removed", "dedup"): the
+  // stream's sync policy, segments of at most 4 MiB.
+  StreamLogOptions SideLogOptions(std::string_view name) const;
   // The subject and sequence of every message held, in sequence order (a file
   // stream's read back with SubjectFromLog, whose error it returns). Requires mu.
   absl::StatusOr<std::vector<std::pair<std::string, std::uint64_t>>> HeldSubjects() const;

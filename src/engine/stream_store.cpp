@@ -142,12 +142,8 @@ ParsedRecord ParseRecord(std::string_view value) {
   return r;
 }
 
-// msg_ids in the purges file: lowercase hex (absl::BytesToHexString); reading back
-// checks every digit first (absl::HexStringToBytes does not).
-std::string Hex(std::string_view bytes) {
-  return absl::BytesToHexString(absl::string_view(bytes.data(), bytes.size()));
-}
-
+// msg_ids in an older purges file: lowercase hex (absl::BytesToHexString); reading
+// back checks every digit first (absl::HexStringToBytes does not).
 bool Unhex(std::string_view hex, std::string* out) {
   if (hex.size() % 2 != 0) return false;
   for (char c : hex) {
@@ -227,7 +223,7 @@ absl::Status StreamState::RecoverOne(std::uint64_t tx, const StreamLog::Location
   // The purges file and the removed log, once the log holds the directory's lock (it
   // replays records).
   if (!purges_loaded) {
-    if (absl::Status st = LoadPurges(now_ns, wall_now_ns); !st.ok()) return st;
+    if (absl::Status st = LoadPurges(); !st.ok()) return st;
     if (absl::Status st = LoadDedupLog(now_ns, wall_now_ns); !st.ok()) return st;
     if (absl::Status st = OpenRemovedLog(); !st.ok()) return st;
   }
@@ -331,7 +327,7 @@ absl::StatusOr<Handle> StreamState::LoadFromLog(const IndexEntry& e) const {
 
 absl::Status StreamState::FinishRecovery(std::int64_t now_ns, std::int64_t wall_now_ns) {
   if (!purges_loaded) {  // a log without records
-    if (absl::Status st = LoadPurges(now_ns, wall_now_ns); !st.ok()) return st;
+    if (absl::Status st = LoadPurges(); !st.ok()) return st;
     if (absl::Status st = LoadDedupLog(now_ns, wall_now_ns); !st.ok()) return st;
     if (absl::Status st = OpenRemovedLog(); !st.ok()) return st;
   }
@@ -356,7 +352,7 @@ absl::Status StreamState::FinishRecovery(std::int64_t now_ns, std::int64_t wall_
     // Written back clamped: the sequences it named are given to new messages now,
     // which a purge made before them must never remove at the next recovery.
     bool renamed = false;
-    if (absl::Status st = WritePurges(purges, now_ns, &renamed); !st.ok()) return st;
+    if (absl::Status st = WritePurges(purges, &renamed); !st.ok()) return st;
   }
   ReplayRemoved(UINT64_MAX);  // the removals made after the last purge
   recovery_removed = {};
@@ -397,7 +393,17 @@ absl::Status StreamState::FinishRecovery(std::int64_t now_ns, std::int64_t wall_
   return absl::OkStatus();
 }
 
-// ---- A file stream's dedup log. ----
+// ---- A file stream's side logs: removed, dedup. ----
+
+StreamLogOptions StreamState::SideLogOptions(std::string_view name) const {
+  StreamLogOptions lo;
+  lo.dir = config.directory + "/" + std::string(name);
+  lo.sync = config.sync;
+  lo.group_commit_window = config.sync_window;
+  lo.segment_bytes = std::min<std::uint64_t>(config.segment_bytes, std::uint64_t{4} << 20);
+  lo.file_system = fs;
+  return lo;
+}
 
 namespace {
 constexpr std::string_view kDedupDir = "dedup";
@@ -410,12 +416,7 @@ absl::Status StreamState::LoadDedupLog(std::int64_t now_ns, std::int64_t wall_no
   }
   absl::StatusOr<std::vector<std::string>> names = fs->List(config.directory);
   if (names.ok() && std::find(names->begin(), names->end(), kDedupDir) != names->end()) {
-    StreamLogOptions lo;
-    lo.dir = config.directory + "/" + std::string(kDedupDir);
-    lo.sync = config.sync;
-    lo.group_commit_window = config.sync_window;
-    lo.segment_bytes = std::min<std::uint64_t>(config.segment_bytes, std::uint64_t{4} << 20);
-    lo.file_system = fs;
+    const StreamLogOptions lo = SideLogOptions(kDedupDir);
     absl::StatusOr<std::unique_ptr<StreamLog>> opened =
         StreamLog::Open(lo, [&](const StreamLog::Entry& e) -> absl::Status {
           if (e.value.size() < 16) {
@@ -468,14 +469,8 @@ bool StreamState::SaveDedupBelow(std::uint64_t below) {
                         [&](std::string_view id, std::uint64_t seq, std::int64_t accepted_ns) {
     if (failed) return;
     if (dedup_log == nullptr) {
-      StreamLogOptions lo;
-      lo.dir = config.directory + "/" + std::string(kDedupDir);
-      lo.sync = config.sync;
-      lo.group_commit_window = config.sync_window;
-      lo.segment_bytes = std::min<std::uint64_t>(config.segment_bytes, std::uint64_t{4} << 20);
-      lo.file_system = fs;
-      absl::StatusOr<std::unique_ptr<StreamLog>> opened =
-          StreamLog::Open(lo, [](const StreamLog::Entry&) { return absl::OkStatus(); });
+      absl::StatusOr<std::unique_ptr<StreamLog>> opened = StreamLog::Open(
+          SideLogOptions(kDedupDir), [](const StreamLog::Entry&) { return absl::OkStatus(); });
       if (!opened.ok()) {
         failed = true;
         return;
@@ -516,7 +511,6 @@ bool StreamState::SaveDedupBelow(std::uint64_t below) {
 
 absl::Status StreamState::OpenRemovedLog(bool force) {
   if (removed_log != nullptr) return absl::OkStatus();
-  const std::string dir = config.directory + "/removed";
   if (!force && config.retention != RetentionPolicy::kWorkQueue &&
       config.max_msgs_per_subject <= 0 && config.max_msgs <= 0 && config.max_bytes <= 0 &&
       config.max_age <= absl::ZeroDuration()) {
@@ -526,12 +520,7 @@ absl::Status StreamState::OpenRemovedLog(bool force) {
       return absl::OkStatus();
     }
   }
-  StreamLogOptions lo;
-  lo.dir = dir;
-  lo.sync = config.sync;
-  lo.group_commit_window = config.sync_window;
-  lo.segment_bytes = std::min<std::uint64_t>(config.segment_bytes, std::uint64_t{4} << 20);
-  lo.file_system = fs;
+  const StreamLogOptions lo = SideLogOptions("removed");
   // Records 'a' (a work queue's ack) and 'l' (max_msgs_per_subject) remove their
   // sequence; 'f' (a front trim: RecordFloor) every sequence below its own; 'v'
   // voids the earlier records naming a sequence above its own (written by
@@ -869,8 +858,7 @@ absl::StatusOr<std::string> StreamState::SubjectFromLog(const IndexEntry& e) con
   return (*h)->event->subject;
 }
 
-absl::Status StreamState::WritePurges(const std::vector<Purge>& list, std::int64_t now_ns,
-                                      bool* renamed) {
+absl::Status StreamState::WritePurges(const std::vector<Purge>& list, bool* renamed) {
   *renamed = false;
   std::string text(kPurgesMagic);
   text.push_back('\n');
@@ -879,7 +867,6 @@ absl::Status StreamState::WritePurges(const std::vector<Purge>& list, std::int64
             std::to_string(p.keep) + " " + (p.filter ? p.filter->text() : std::string(".")) +
             " " + std::to_string(p.removed_tx) + "\n";
   }
-  (void)now_ns;
   text += "end " + Hex64(XXH3_64bits(text.data(), text.size())) + "\n";
 
   FileSystem& fs = *this->fs;
@@ -910,7 +897,7 @@ absl::Status StreamState::WritePurges(const std::vector<Purge>& list, std::int64
   return absl::OkStatus();
 }
 
-absl::Status StreamState::LoadPurges(std::int64_t now_ns, std::int64_t wall_now_ns) {
+absl::Status StreamState::LoadPurges() {
   const std::string path = config.directory + "/" + std::string(kPurgesFile);
   absl::StatusOr<std::string> text = fs->Read(path);
   if (!text.ok()) {

@@ -206,7 +206,11 @@ void StreamState::RetireLog() {
   if (removed_log != nullptr && first >= floor_recorded + 64) RecordFloor(false);
   // The window's ids of the records about to go are saved first; when they cannot
   // be, the segments stay (a restart reads the ids from them).
-  if (dedup != nullptr && !SaveDedupBelow(log->RetireBound(first))) return;
+  // (Every publish of a file stream comes here: the log is asked only when the front
+  // moved past what was saved.)
+  if (dedup != nullptr && first > dedup_saved_below && !SaveDedupBelow(log->RetireBound(first))) {
+    return;
+  }
   // A failed removal leaves the segment for the next call; the log stays correct.
   (void)log->RetireBefore(first);
 }

@@ -29,6 +29,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "fetch.hpp"
+#include "retry.hpp"
 #include "absl/container/flat_hash_map.h"
 #include "inferq/routing/subject.hpp"
 
@@ -413,7 +414,7 @@ struct NatsBridge::Impl {
         }
         self->Error("export of '" + m->event().subject + "' (stream " + ex->cfg.consumer.stream +
                     " sequence " + std::to_string(m->stream_seq()) + ") to JetStream failed: " + why);
-        (void)m->Nak(ex->cfg.retry_delay);
+        (void)m->Nak(internal::ExportRetryDelay(ex->cfg.retry_delay, m->attempt()));
         self->export_failures.fetch_add(1);
       }
     }
@@ -472,7 +473,7 @@ struct NatsBridge::Impl {
         (void)m.Term("NATS bridge: " + std::string(nm.status().message()));
         export_invalid.fetch_add(1);
       } else {
-        (void)m.Nak(ex.cfg.retry_delay);
+        (void)m.Nak(internal::ExportRetryDelay(ex.cfg.retry_delay, m.attempt()));
         export_failures.fetch_add(1);
       }
       return std::nullopt;
@@ -527,7 +528,7 @@ struct NatsBridge::Impl {
     if (back) {
       export_pending.fetch_sub(1);
       Error("export to JetStream failed: js_PublishMsgAsync: " + NatsError(s));
-      (void)back->Nak(ex.cfg.retry_delay);
+      (void)back->Nak(internal::ExportRetryDelay(ex.cfg.retry_delay, back->attempt()));
       export_failures.fetch_add(1);
     }
   }
@@ -559,7 +560,7 @@ struct NatsBridge::Impl {
         (void)m->Ack();
         exported.fetch_add(1);
       } else {
-        (void)m->Nak(ex.cfg.retry_delay);
+        (void)m->Nak(internal::ExportRetryDelay(ex.cfg.retry_delay, m->attempt()));
         export_failures.fetch_add(1);
       }
     }

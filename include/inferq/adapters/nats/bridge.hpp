@@ -8,7 +8,8 @@
 //    acked only once JetStream's PubAck arrives) or to core NATS subjects (acked
 //    locally once a flush shows the server has them). A publish that fails, or whose
 //    PubAck does not come within ExportConfig::ack_timeout, is nak'ed locally and
-//    redelivered by the engine: nothing acknowledged locally is lost on the way,
+//    redelivered by the engine (after retry_delay, doubled at each further failure
+//    of the message up to 16 x): nothing acknowledged locally is lost on the way,
 //    and during an outage the local lanes fill (backpressure) instead of dropping.
 //    At most ExportConfig::max_in_flight publishes await their PubAck.
 //  - Import: a durable JetStream pull consumer that the bridge creates (or binds to)
@@ -133,7 +134,10 @@ struct ExportConfig {
   // and tried again: JetStream drops the copy by Nats-Msg-Id if the first arrived).
   // Finite, as retry_delay.
   absl::Duration ack_timeout = absl::Seconds(5);
-  // How long a failed publish waits before the engine redelivers it.
+  // How long a failed publish waits before the engine redelivers it, doubled for
+  // each further delivery of the same message (Message::attempt), up to 16 x
+  // retry_delay: an outage is met with backoff, not with every message in flight
+  // published again every retry_delay.
   absl::Duration retry_delay = absl::Milliseconds(200);
 };
 

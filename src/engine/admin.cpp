@@ -339,6 +339,7 @@ absl::Status Engine::DeleteConsumer(std::string_view stream, std::string_view na
     impl_->consumer_count.store(impl_->consumers.size(), std::memory_order_relaxed);
   }
   Retire(*c, *s);
+  engine_internal::ForgetConsumerRecords(*c);
   if (c->ack_log == nullptr) return absl::OkStatus();
   const std::string consumers = s->config.directory + "/consumers/";
   const std::string error = RemoveDirectory(s->normal_dir / "consumers" / std::string(name));
@@ -392,7 +393,10 @@ absl::Status Engine::DeleteStream(std::string_view name) {
     // meanwhile would recover what is being removed.
     if (s->is_file()) impl_->opening_dirs.emplace_back(s->normal_dir, s->config.name);
   }
-  for (ConsumerState* c : consumers) Retire(*c, *s);
+  for (ConsumerState* c : consumers) {
+    Retire(*c, *s);
+    engine_internal::ForgetConsumerRecords(*c);
+  }
   {
     std::lock_guard lock(s->mu);
     s->deleted = true;

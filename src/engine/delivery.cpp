@@ -102,6 +102,7 @@ std::uint32_t PlaceOnLane(ConsumerState& c, Delivery& d, std::uint32_t member, P
 void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
   if (d.h->stream->Discarded(*d.h)) {
     c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
+    if (!d.shadow && c.config.lifecycle != nullptr) ForgetDiscarded(c, d.h->seq);
     if (c.tracked && !d.shadow) {  // its pending entry (and the event it holds) goes too
       std::lock_guard lock(c.pending_mu);
       if (auto it = c.pending.find(d.h->seq);

@@ -118,5 +118,19 @@ void ReleaseInterest(ConsumerState& c, StoredMessage& h);
 void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
                 std::string_view reason, std::string_view description, const SpanId& via = {});
 
+// The records of a consumer's lifecycle that no delivery can need (lifecycle_ids.cpp),
+// each expired first when live:
+//  - RetireLifecycleRecords, as consumer `c` of `stream` is added (before
+//    QueueStoredMessages takes c.resume): those of an earlier life of the stream or
+//    of ids without one; of this life, those whose message a file stream no longer
+//    stores, and the finished ones whose ack its ack log holds;
+//  - ForgetConsumerRecords, as `c` is deleted: all of its records;
+//  - ForgetDiscarded, as a delivery of message `seq` that the stream removed (limits,
+//    max_age, a purge) is skipped: its record.
+// No-ops for a consumer without a lifecycle (RetireLifecycleRecords needs one).
+void RetireLifecycleRecords(StreamState& stream, ConsumerState& c);
+void ForgetConsumerRecords(ConsumerState& c);
+void ForgetDiscarded(ConsumerState& c, std::uint64_t seq);
+
 }  // namespace engine_internal
 }  // namespace inferq

@@ -816,38 +816,6 @@ void QueueStoredFromLog(StreamState& stream, ConsumerState& c, LastScan& scan) {
 // last is queued the events published meanwhile are parked behind them
 // (EnqueueTargets), so every member sees the stream's order. A file stream's come
 // from its log (QueueStoredFromLog; `scan`: ScanForLast's). Requires stream.mu.
-// A consumer with a lifecycle, as it is added: forgets the records of its stream's
-// messages that no delivery can need again. Those of an earlier life of the stream
-// (a memory stream of an earlier process, a stream deleted and added again, or ids
-// of a version without the incarnation) name messages that are gone: a live one is
-// expired first. Of this life (a file stream after a restart), the finished ones
-// whose ack the consumer's ack log holds, or whose message the stream no longer
-// stores. Best effort: a failed commit leaves the record for the next time. Before
-// QueueStoredMessages (it takes c.resume).
-void RetireLifecycleRecords(StreamState& stream, ConsumerState& c) {
-  Lifecycle& lc = *c.config.lifecycle;
-  const std::uint64_t first = stream.first_seq.load(std::memory_order_relaxed);
-  for (const auto& [id, info] : lc.Messages(c.config.stream + "/")) {
-    const bool finished =
-        info.state == MessageState::kCompleted || info.state == MessageState::kExpired;
-    if (id.rfind(c.lifecycle_prefix, 0) == 0) {
-      std::uint64_t seq = 0;
-      const char* begin = id.data() + c.lifecycle_prefix.size();
-      const char* end = id.data() + id.size();
-      const auto [p, ec] = std::from_chars(begin, end, seq);
-      if (!finished || ec != std::errc() || p != end) continue;
-      const bool acked = c.resume.started && (seq <= c.resume.floor || c.resume.acked.contains(seq));
-      if (acked || (stream.log != nullptr && seq < first)) (void)lc.Forget(id);
-      continue;
-    }
-    if (!finished) {
-      (void)lc.Expire(id, "its message was lost with an earlier life of stream '" +
-                              c.config.stream + "'");
-    }
-    (void)lc.Forget(id);
-  }
-}
-
 void QueueStoredMessages(StreamState& stream, ConsumerState& c, LastScan& scan) {
   const ConsumerConfig& cfg = c.config;
   if (stream.log != nullptr) {
@@ -998,7 +966,7 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
       if (absl::Status s = OpenAckLog(*stream, *state); !s.ok()) return s;
     }
     state->stream = stream;
-    state->lifecycle_prefix = config.stream + "/" + stream->incarnation + "/";
+    state->lifecycle_prefix = config.stream + "/" + config.name + "/" + stream->incarnation + "/";
     raw = state.get();
     impl_->consumers.push_back(std::move(state));
     impl_->consumer_count.store(impl_->consumers.size(), std::memory_order_relaxed);
@@ -1019,7 +987,7 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   }
   // Now the publishers of the stream start queueing for it. This waits for a
   // publisher blocked on a full lane of another consumer; Close() releases it.
-  if (config.lifecycle != nullptr) RetireLifecycleRecords(*stream, *raw);
+  if (config.lifecycle != nullptr) engine_internal::RetireLifecycleRecords(*stream, *raw);
   LastScan scan;
   if (stream->log != nullptr && !(raw->ack_log != nullptr && raw->resume.started) &&
       (config.deliver == DeliverPolicy::kLast || config.deliver == DeliverPolicy::kLastPerSubject)) {

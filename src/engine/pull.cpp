@@ -72,6 +72,7 @@ bool SkipIfDiscarded(ConsumerState& c, std::uint32_t m, const engine_internal::D
   }
   c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
   c.group->OnDone(m, Outcome::kDropped, 0);
+  if (!d.shadow && c.config.lifecycle != nullptr) engine_internal::ForgetDiscarded(c, h->seq);
   if (d.attempt == 1 && !d.shadow && c.has_waiting.load(std::memory_order_acquire)) {
     std::lock_guard lock(c.pending_mu);  // its queue timeout goes with it
     if (auto it = c.waiting.find(h->seq); it != c.waiting.end()) {

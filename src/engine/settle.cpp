@@ -323,9 +323,13 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
     }
     // Term, and a nak of the last delivery: the dead letter expires it (DeadLetter).
   }
-  if (c.ack_log != nullptr && !shadow_ && how != Settlement::kNak) {
-    // Durable consumer: the ack (or term) is in its ack log, written to the OS,
-    // before anything changes; a failed write leaves the delivery unsettled.
+  // Durable consumer: the ack (or term) is in its ack log, written to the OS,
+  // before anything changes; a failed write leaves the delivery unsettled. A tracked
+  // consumer's term is recorded below, under pending_mu, once it is known to be of
+  // the delivery that decides: a term of one a newer delivery superseded changes
+  // nothing, and recorded it would end the message at the next restart while the
+  // newer delivery is out (found by the adversarial review).
+  auto record = [&]() -> absl::Status {
     absl::StatusOr<std::uint64_t> tx = c.Record("A " + std::to_string(msg_->seq));
     if (!tx.ok()) {
       acked_.store(false, std::memory_order_release);
@@ -335,6 +339,12 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
                                                   std::string(tx.status().message()));
     }
     ack_tx_ = *tx;
+    return absl::OkStatus();
+  };
+  const bool durable = c.ack_log != nullptr && !shadow_ && how != Settlement::kNak;
+  const bool record_under_pending = c.tracked && how == Settlement::kTerm;
+  if (durable && !record_under_pending) {
+    if (absl::Status st = record(); !st.ok()) return st;
   }
   const std::int64_t now = c.clock->NowNanos();
   const std::int64_t latency = std::max<std::int64_t>(0, engine_internal::SatSub(now, deliver_ns_));
@@ -368,6 +378,9 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
       c.pending.erase(it);
       c.ForgetPrior(msg_->seq);
     } else {
+      if (durable && record_under_pending) {
+        if (absl::Status st = record(); !st.ok()) return st;
+      }
       c.Unsettle();
       c.wheel->Cancel(it->second.timer);  // this delivery's ack wait
       it->second.timer = TimerId{};

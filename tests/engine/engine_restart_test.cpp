@@ -174,3 +174,13 @@ TEST_CASE("what a lowered max_msgs removed stays removed after a crash, whatever
   CHECK(Lines("update_max_msgs", "2", d.path()) == V{"messages=2 first_seq=4 held u4 u5"});
   CHECK(Lines("update_max_msgs", "3", d.path()) == V{"messages=2 first_seq=4 held u4 u5"});
 }
+
+TEST_CASE("a term of a superseded delivery does not end the message at a restart") {
+  state_test::TempDir d;
+  // ack_wait passes: a second delivery is out when the first one is terminated,
+  // which changes nothing (the newer delivery decides). Then the process dies.
+  CHECK(Lines("stale_term", "1", d.path()) == V{"second t1@2", "term of the first: OK"});
+  // Before the fix the term was written to the ack log as an ack: the work queue
+  // kept the message and never delivered it again.
+  CHECK(Lines("stale_term", "2", d.path()) == V{"after restart t1@3", "messages=0"});
+}

@@ -82,7 +82,7 @@ struct Env {
   // The lifecycle id of stream S's sequence `seq`.
   std::string Id(std::uint64_t seq) const {
     const EngineStats st = engine->Stats();
-    return "S/" + st.stream("S")->incarnation + "/" + std::to_string(seq);
+    return "S/c/" + st.stream("S")->incarnation + "/" + std::to_string(seq);
   }
   std::string State(const std::string& id) {
     absl::StatusOr<MessageInfo> m = lc->GetMessage(id);
@@ -338,5 +338,71 @@ TEST_CASE("a memory stream's lifecycle records are forgotten once acked or dead-
   const LifecycleStats st = e.lc->Stats();
   CHECK(st.forgotten == 2);
   CHECK(st.expirations_by_reason == std::map<std::string, std::uint64_t>{{"term: bad input", 1}});
+  CHECK(e.lc->Messages().empty());
+}
+
+// Found by the adversarial review: a record whose message the stream removed after
+// a nak (max_msgs) stayed Pending for ever, one per cycle.
+TEST_CASE("the record of a message its stream removed goes when its delivery is skipped") {
+  TempDir dir;
+  auto store = *StateStore::Open(state_test::Options(dir.path()));
+  auto lc = *Lifecycle::Open(store.get(), {});
+  REQUIRE(lc->BeginWarmup("m").ok());
+  REQUIRE(lc->ModelReady("m").ok());
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"s.>"}, .max_msgs = 1}).ok());
+  ConsumerConfig cc{.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll};
+  cc.lifecycle = lc.get();
+  Consumer c = *engine->AddConsumer(cc);
+  Member m = *c.member(0);
+  auto publish = [&] {
+    Event e = Ev("s.x");
+    e.model = "m";
+    REQUIRE(engine->Publish(std::move(e)).ok());
+  };
+  for (int i = 0; i < 3; ++i) {
+    publish();
+    REQUIRE(m.Next(absl::Seconds(5))->Nak().ok());  // Processing -> Pending, queued again
+    publish();                                      // max_msgs 1 removes it
+    absl::StatusOr<Message> next = m.Next(absl::Seconds(5));  // the removed one is skipped
+    REQUIRE(next.ok());
+    CHECK(next->stream_seq() == static_cast<std::uint64_t>(2 * i + 2));
+    REQUIRE(next->Ack().ok());
+  }
+  CHECK(lc->Messages().empty());
+  const LifecycleStats st = lc->Stats();
+  CHECK(st.forgotten == 6);
+  CHECK(st.expirations_by_reason ==
+        std::map<std::string, std::uint64_t>{{"its message was removed from stream 'S'", 3}});
+  CHECK(lc->Verify().ok());
+}
+
+// Found by the adversarial review: a file stream's plain Ack leaves a Completed
+// record until the next AddConsumer; a consumer deleted and added again under the
+// same name (with the same lifecycle) had its deliveries acked unseen by them.
+TEST_CASE("a consumer deleted and added again starts with no lifecycle records") {
+  Env e;  // a file stream
+  e.Ready("m");
+  for (int i = 0; i < 3; ++i) REQUIRE(e.Publish("r" + std::to_string(i), "m").ok());
+  {
+    Member m = *e.c->member(0);
+    for (int i = 0; i < 3; ++i) REQUIRE(m.Next(absl::Seconds(5))->Ack().ok());
+  }
+  CHECK(e.lc->Messages().size() == 3);  // Completed, the acks not yet durable
+  e.c.reset();
+  REQUIRE(e.engine->DeleteConsumer("S", "c").ok());
+  CHECK(e.lc->Messages().empty());
+  ConsumerConfig cc{.stream = "S", .name = "c", .deliver = DeliverPolicy::kAll};
+  cc.lifecycle = e.lc.get();
+  Consumer again = *e.engine->AddConsumer(cc);
+  Member m = *again.member(0);
+  std::vector<std::string> seen;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<Message> msg = m.Next(absl::Seconds(5));
+    REQUIRE(msg.ok());
+    seen.push_back(msg->event().msg_id + "@" + std::to_string(msg->attempt()));
+    REQUIRE(msg->AckSync().ok());
+  }
+  CHECK(seen == std::vector<std::string>{"r0@1", "r1@1", "r2@1"});
   CHECK(e.lc->Messages().empty());
 }

@@ -364,6 +364,37 @@ int UpdateMaxMsgs(const std::string& step, const std::string& dir) {
   return 0;
 }
 
+// ---- A term of a delivery a newer one superseded, across a restart (found by the
+// adversarial review: it was recorded as the message's ack). ----
+int StaleTerm(const std::string& step, const std::string& dir) {
+  auto engine = NewEngine();
+  inferq::StreamConfig s = FileStream("T", {"t.>"}, dir);
+  s.retention = inferq::RetentionPolicy::kWorkQueue;
+  Must(engine->AddStream(s), "AddStream");
+  inferq::Consumer c = Must(engine->AddConsumer({.stream = "T", .name = "c",
+                                                 .deliver = inferq::DeliverPolicy::kAll,
+                                                 .ack_wait = absl::Milliseconds(50)}),
+                            "AddConsumer");
+  inferq::Member m = Must(c.member(0), "member");
+  std::vector<inferq::Message> held;
+  if (step == "1") {
+    Must(engine->Publish(Ev("t.x", "t1")), "Publish");
+    inferq::Message first = Must(m.Next(absl::Seconds(10)), "Next");
+    // Its ack_wait expires: the second delivery comes (however loaded the machine).
+    inferq::Message second = Must(m.Next(absl::Seconds(60)), "Next (the redelivery)");
+    Out("second " + second.event().msg_id + "@" + std::to_string(second.attempt()));
+    Out("term of the first: " + first.Term("stale").ToString());
+    held.push_back(std::move(second));  // out, never settled
+    held.push_back(std::move(first));
+    Crash();
+  }
+  // The message comes again (its last delivery was never settled), and is acked.
+  Out("after restart " + PullIds(m, "all", held, absl::Seconds(2)));
+  Out("messages=" + std::to_string(Stream(*engine, "T").messages));
+  held.clear();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -381,6 +412,7 @@ int main(int argc, char** argv) {
   if (scenario == "purge") return PurgeScenario(step, dir);
   if (scenario == "per_subject") return PerSubject(step, dir);
   if (scenario == "update_max_msgs") return UpdateMaxMsgs(step, dir);
+  if (scenario == "stale_term") return StaleTerm(step, dir);
   if (scenario == "lifecycle_memory") return LifecycleScenario(step, dir, false);
   if (scenario == "lifecycle_file") return LifecycleScenario(step, dir, true);
   std::fprintf(stderr, "restart_child: unknown scenario '%s'\n", scenario.c_str());

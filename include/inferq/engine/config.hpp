@@ -248,10 +248,11 @@ struct ConsumerConfig {
   BatchPolicy batch{};
   // Moves each delivered message through `lifecycle` (engine/lifecycle.hpp), one
   // StateStore transaction per transition, on the model its
-  // Event::model names, under the id "<stream>/<incarnation>/<stream sequence>"
-  // (the incarnation: 16 hex digits naming this life of the stream, the same after a
-  // restart of a file stream, new for a memory stream in each process and for a
-  // stream deleted and added again, so an id never names an earlier message):
+  // Event::model names, under the id "<stream>/<consumer>/<incarnation>/<stream
+  // sequence>" (the incarnation: StreamStats::incarnation, 16 hex digits naming this
+  // life of the stream, the same after a restart of a file stream, new for a memory
+  // stream in each process and for a stream deleted and added again, so an id never
+  // names an earlier message):
   // - a delivery: Pending -> Processing (a first delivery enqueues it first, as
   //   Pending, in a transaction of its own). One whose model is in Warmup stays
   //   Pending and is put back for 50 ms (a nak with that delay: it counts as a
@@ -267,12 +268,14 @@ struct ConsumerConfig {
   // - Nak (not the last delivery): Processing -> Pending;
   // - a dead letter (Term, max_deliver, a queue timeout): -> Expired with the
   //   dead letter's reason.
-  // The engine forgets (Lifecycle::Forget) a record no delivery can need again: a
-  // memory stream's once it is acked or dead-lettered; a file stream's once its ack
-  // is durable (AckSync), else when the consumer is next added (after a restart) and
-  // its ack log holds the ack or the stream no longer stores the message. Adding the
-  // consumer also expires and forgets the records of an earlier life of the stream
-  // (its messages are gone).
+  // The engine forgets (Lifecycle::Forget) a record no delivery can need again,
+  // expiring it first when it is live: a memory stream's once it is acked or
+  // dead-lettered; a file stream's once its ack is durable (AckSync), else when the
+  // consumer is next added (after a restart) and its ack log holds the ack; one whose
+  // message the stream removed (limits, max_age, a purge) when a delivery of it is
+  // skipped, or a file stream's at the next AddConsumer; every one of the consumer's
+  // at DeleteConsumer or DeleteStream; and, at AddConsumer, those of an earlier life
+  // of the stream (their messages are gone).
   // nullptr = none. Explicit acks only; one Lifecycle per consumer (AddConsumer
   // refuses one another consumer uses); must outlive the Engine.
   Lifecycle* lifecycle = nullptr;

@@ -50,7 +50,8 @@ struct StreamStats {
   std::string name;
   RetentionPolicy retention = RetentionPolicy::kLimits;  // the stream's StreamConfig::retention
   // 16 hex digits naming this life of the stream, in the ids of its messages in a
-  // consumer's lifecycle ("<stream>/<incarnation>/<seq>": ConsumerConfig::lifecycle):
+  // consumer's lifecycle ("<stream>/<consumer>/<incarnation>/<seq>":
+  // ConsumerConfig::lifecycle):
   // the same across a file stream's restarts, new for a memory stream in each
   // process and for a stream deleted and added again.
   std::string incarnation;

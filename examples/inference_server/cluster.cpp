@@ -139,6 +139,41 @@ absl::Status EnsureReplayStreams(const ClusterConfig& config, bool purge) {
   return out;
 }
 
+absl::StatusOr<std::uint64_t> MessagesInJetStream(const ClusterConfig& config) {
+  natsOptions* opts = nullptr;
+  natsConnection* nc = nullptr;
+  jsCtx* js = nullptr;
+  std::vector<const char*> urls;
+  for (const std::string& s : config.servers) urls.push_back(s.c_str());
+  natsStatus s = natsOptions_Create(&opts);
+  if (s == NATS_OK) s = natsOptions_SetServers(opts, urls.data(), static_cast<int>(urls.size()));
+  if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
+  if (s == NATS_OK) s = natsConnection_Connect(&nc, opts);
+  if (s == NATS_OK) s = natsConnection_JetStream(&js, nc, nullptr);
+  absl::StatusOr<std::uint64_t> out = std::uint64_t{0};
+  if (s != NATS_OK) {
+    out = absl::UnavailableError("cannot reach NATS at '" + ServerList(config.servers) + "': " +
+                                 JsError(s, static_cast<jsErrCode>(0)));
+  } else {
+    for (const char* name : {kRequestsJetStream, kTokensJetStream}) {
+      jsStreamInfo* si = nullptr;
+      jsErrCode code = static_cast<jsErrCode>(0);
+      s = js_GetStreamInfo(&si, js, name, nullptr, &code);
+      if (s == NATS_OK && si != nullptr) {
+        *out += si->State.Msgs;
+      } else {
+        out = absl::UnavailableError("JetStream stream '" + std::string(name) + "': " + JsError(s, code));
+      }
+      if (si != nullptr) jsStreamInfo_Destroy(si);
+      if (!out.ok()) break;
+    }
+  }
+  if (js != nullptr) jsCtx_Destroy(js);
+  if (nc != nullptr) natsConnection_Destroy(nc);
+  if (opts != nullptr) natsOptions_Destroy(opts);
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<nats::NatsBridge>> StartClientBridge(Engine& engine, const ClusterConfig& config) {
   auto bridge = nats::NatsBridge::Connect(engine, Options(config, "", "inference_server client"));
   if (!bridge.ok()) return bridge.status();

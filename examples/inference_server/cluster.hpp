@@ -50,6 +50,12 @@ struct ClusterConfig {
 // when the cluster did not form within kFormingWait (the error says so).
 absl::Status EnsureReplayStreams(const ClusterConfig& config, bool purge);
 
+// The messages INFER_REQUESTS and INFER_TOKENS hold now: requests not yet finished
+// by a replica (their ack waits for the generation), tokens not yet taken by the
+// client. Each count comes from its stream's leader: Unavailable naming the stream
+// when one has none, or when no server answers (an outage, a cluster electing).
+absl::StatusOr<std::uint64_t> MessagesInJetStream(const ClusterConfig& config);
+
 // The client's bridge: exports the local stream REQUESTS (consumer "to-nats") to
 // INFER_REQUESTS, imports INFER_TOKENS (durable "client") into the local REPLIES.
 absl::StatusOr<std::unique_ptr<nats::NatsBridge>> StartClientBridge(Engine& engine, const ClusterConfig& config);

@@ -121,6 +121,8 @@
 #include <map>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -626,6 +628,9 @@ struct Shared {
   // carry header "replica" = `producer`.
   bool replica_role = false;
   bool local_replicas = true;  // false for --role client: its replicas are elsewhere
+  // --role client: the messages JetStream holds for the replay (MessagesInJetStream),
+  // so that the client does not give up on tokens still on their way (RunClient).
+  std::function<absl::StatusOr<std::uint64_t>()> jetstream_in_flight;
   std::string producer;
   std::atomic<std::int64_t> anchor_ns{0};
   std::atomic<std::int64_t> replay_start_unix_ns{0};  // the replay this replica process serves
@@ -1154,23 +1159,45 @@ class TokenReceiver {
 // Receives every token through `rx`, then acks it. A delivery of a stored message
 // at or below `rebuilt_through` (a durable replay's tokens from before this run that
 // the client had not acked) was read by the rebuild already: acked, passed over.
+//
+// When it gives up on what is missing (reported as lost): every local replica is
+// gone; or nothing came for 30 s after the last publish, and, across processes
+// (--role client), JetStream has also answered for 30 s more that it holds nothing
+// for the replay (no request unfinished, no token untaken), or nothing came for
+// 10 minutes. An outage of the NATS cluster, or its leaders elected again and again
+// on a loaded machine, delays the tokens but never makes the client give up on work
+// the replicas still hold (a run at load 9-12 gave up after 30 s with 1,020 tokens
+// still retried by a replica).
 void RunClient(Shared& sh, TokenReceiver& rx, inferq::Member tokens, std::uint64_t rebuilt_through) {
   const auto& trace = *sh.trace;
+  constexpr auto kIdle = std::chrono::seconds(30);
+  constexpr auto kClusterGiveUp = std::chrono::minutes(10);
   auto last_token = Clock::now();
+  auto last_check = Clock::time_point{};
+  std::optional<Clock::time_point> empty_since;  // JetStream answered "nothing" since
   while (rx.completed() < trace.size()) {
     auto m = tokens.Next(absl::Milliseconds(50));
     if (!m.ok()) {
       if (m.status().code() == absl::StatusCode::kCancelled) break;
-      // Every replica is gone, or nothing came for 30 s after the last publish:
-      // what is missing is reported as lost.
-      if ((sh.local_replicas && sh.replicas_done.load(std::memory_order_acquire) == sh.opt->replicas) ||
-          (sh.all_published.load(std::memory_order_acquire) &&
-           Clock::now() - last_token > std::chrono::seconds(30))) {
-        break;
+      if (sh.local_replicas && sh.replicas_done.load(std::memory_order_acquire) == sh.opt->replicas) break;
+      const auto now = Clock::now();
+      if (!sh.all_published.load(std::memory_order_acquire) || now - last_token <= kIdle) continue;
+      if (!sh.jetstream_in_flight) break;
+      if (now - last_token > kClusterGiveUp) break;
+      if (now - last_check >= std::chrono::seconds(2)) {
+        last_check = now;
+        absl::StatusOr<std::uint64_t> held = sh.jetstream_in_flight();
+        if (held.ok() && *held == 0) {
+          if (!empty_since) empty_since = now;
+          if (now - *empty_since >= kIdle) break;
+        } else {
+          empty_since.reset();
+        }
       }
       continue;
     }
     last_token = Clock::now();
+    empty_since.reset();
     if (m->stream_seq() <= rebuilt_through) {
       sh.client_redelivered.fetch_add(1, std::memory_order_relaxed);
     } else {
@@ -1577,6 +1604,7 @@ int main(int argc, char** argv) {
       auto b = inferq::example::StartClientBridge(engine, cluster);
       check(b.status());
       bridge = *std::move(b);
+      sh.jetstream_in_flight = [cluster] { return inferq::example::MessagesInJetStream(cluster); };
     } else {
       char host[256] = {};
       (void)gethostname(host, sizeof host - 1);

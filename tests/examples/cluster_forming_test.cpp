@@ -108,3 +108,47 @@ TEST_CASE("a replica process gives up at once on a JetStream error that waiting 
     CHECK(out.find("(JetStream error 10076)") != std::string::npos);
   }
 }
+
+// A client whose tokens are slow to come (an outage, a cluster electing leaders again
+// and again under load) gave up after 30 s without a token and reported as lost what
+// the replicas were still retrying (issue: "1020 lost" after a 3-second outage at load
+// 9-12). It now gives up only once JetStream has also said for 30 s that it holds
+// nothing for the replay. Here the one request waits in INFER_REQUESTS for a replica
+// that starts only after 40 s without a token: the client must still be there.
+TEST_CASE("the client does not give up on a request JetStream still holds") {
+  inferq_test::TempDir dir;
+  inferq_test::NatsServer server(dir.path());
+  REQUIRE(server.Start());
+  const std::string client_log = (dir.path() / "client.log").string();
+  pid_t client = inferq_test::Spawn({INFERQ_INFERENCE_SERVER, "--role", "client", "--replicas", "1", "--nats",
+                                     server.url(), "--limit", "1", "--speed", "1000"},
+                                    client_log);
+  REQUIRE(client > 0);
+  std::this_thread::sleep_for(std::chrono::seconds(40));
+  int status = 0;
+  const bool gave_up = ::waitpid(client, &status, WNOHANG) == client;
+  INFO(inferq_test::ReadText(client_log));
+  CHECK_FALSE(gave_up);
+  if (gave_up) client = -1;
+  const std::string replica_log = (dir.path() / "replica.log").string();
+  pid_t replica = inferq_test::Spawn({INFERQ_INFERENCE_SERVER, "--role", "replica", "--replicas", "1", "--nats",
+                                      server.url(), "--limit", "1", "--speed", "1000"},
+                                     replica_log);
+  REQUIRE(replica > 0);
+  if (client > 0) {
+    // The request completes: the client exits 0 (waited for at most 120 s).
+    const auto until = Clock::now() + std::chrono::seconds(120);
+    bool exited = false;
+    while (!(exited = ::waitpid(client, &status, WNOHANG) == client) && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    INFO(inferq_test::ReadText(client_log));
+    REQUIRE(exited);
+    client = -1;
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(inferq_test::ReadText(client_log).find("requests   1 total, 1 completed") != std::string::npos);
+  }
+  if (client > 0) inferq_test::SignalAndReap(client, SIGKILL);
+  inferq_test::SignalAndReap(replica, SIGTERM);
+}

@@ -114,64 +114,63 @@ nats::BridgeOptions Options(const ClusterConfig& config, std::string origin, std
 
 }  // namespace
 
-absl::Status EnsureReplayStreams(const ClusterConfig& config, bool purge) {
+namespace {
+
+// A connection to the cluster's servers and its JetStream context, for one short
+// task; `status` says whether it is usable.
+struct JetStreamSession {
   natsOptions* opts = nullptr;
   natsConnection* nc = nullptr;
   jsCtx* js = nullptr;
-  std::vector<const char*> urls;
-  for (const std::string& s : config.servers) urls.push_back(s.c_str());
-  natsStatus s = natsOptions_Create(&opts);
-  if (s == NATS_OK) s = natsOptions_SetServers(opts, urls.data(), static_cast<int>(urls.size()));
-  if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
-  if (s == NATS_OK) s = natsConnection_Connect(&nc, opts);
-  if (s == NATS_OK) s = natsConnection_JetStream(&js, nc, nullptr);
-  absl::Status out = absl::OkStatus();
-  if (s != NATS_OK) {
-    out = absl::UnavailableError("cannot reach NATS at '" + ServerList(config.servers) + "': " +
-                                 JsError(s, static_cast<jsErrCode>(0)));
-  } else {
-    out = EnsureStream(js, kRequestsJetStream, "infer." + config.model + ".request", config.stream_replicas, purge);
-    if (out.ok()) out = EnsureStream(js, kTokensJetStream, "infer.reply.>", config.stream_replicas, purge);
+  absl::Status status;
+  explicit JetStreamSession(const ClusterConfig& config) {
+    std::vector<const char*> urls;
+    for (const std::string& s : config.servers) urls.push_back(s.c_str());
+    natsStatus s = natsOptions_Create(&opts);
+    if (s == NATS_OK) s = natsOptions_SetServers(opts, urls.data(), static_cast<int>(urls.size()));
+    if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
+    if (s == NATS_OK) s = natsConnection_Connect(&nc, opts);
+    if (s == NATS_OK) s = natsConnection_JetStream(&js, nc, nullptr);
+    if (s != NATS_OK) {
+      status = absl::UnavailableError("cannot reach NATS at '" + ServerList(config.servers) + "': " +
+                                      JsError(s, static_cast<jsErrCode>(0)));
+    }
   }
-  if (js != nullptr) jsCtx_Destroy(js);
-  if (nc != nullptr) natsConnection_Destroy(nc);
-  if (opts != nullptr) natsOptions_Destroy(opts);
+  ~JetStreamSession() {
+    if (js != nullptr) jsCtx_Destroy(js);
+    if (nc != nullptr) natsConnection_Destroy(nc);
+    if (opts != nullptr) natsOptions_Destroy(opts);
+  }
+  JetStreamSession(const JetStreamSession&) = delete;
+  JetStreamSession& operator=(const JetStreamSession&) = delete;
+};
+
+}  // namespace
+
+absl::Status EnsureReplayStreams(const ClusterConfig& config, bool purge) {
+  JetStreamSession session(config);
+  if (!session.status.ok()) return session.status;
+  absl::Status out =
+      EnsureStream(session.js, kRequestsJetStream, "infer." + config.model + ".request", config.stream_replicas, purge);
+  if (out.ok()) out = EnsureStream(session.js, kTokensJetStream, "infer.reply.>", config.stream_replicas, purge);
   return out;
 }
 
 absl::StatusOr<std::uint64_t> MessagesInJetStream(const ClusterConfig& config) {
-  natsOptions* opts = nullptr;
-  natsConnection* nc = nullptr;
-  jsCtx* js = nullptr;
-  std::vector<const char*> urls;
-  for (const std::string& s : config.servers) urls.push_back(s.c_str());
-  natsStatus s = natsOptions_Create(&opts);
-  if (s == NATS_OK) s = natsOptions_SetServers(opts, urls.data(), static_cast<int>(urls.size()));
-  if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
-  if (s == NATS_OK) s = natsConnection_Connect(&nc, opts);
-  if (s == NATS_OK) s = natsConnection_JetStream(&js, nc, nullptr);
-  absl::StatusOr<std::uint64_t> out = std::uint64_t{0};
-  if (s != NATS_OK) {
-    out = absl::UnavailableError("cannot reach NATS at '" + ServerList(config.servers) + "': " +
-                                 JsError(s, static_cast<jsErrCode>(0)));
-  } else {
-    for (const char* name : {kRequestsJetStream, kTokensJetStream}) {
-      jsStreamInfo* si = nullptr;
-      jsErrCode code = static_cast<jsErrCode>(0);
-      s = js_GetStreamInfo(&si, js, name, nullptr, &code);
-      if (s == NATS_OK && si != nullptr) {
-        *out += si->State.Msgs;
-      } else {
-        out = absl::UnavailableError("JetStream stream '" + std::string(name) + "': " + JsError(s, code));
-      }
-      if (si != nullptr) jsStreamInfo_Destroy(si);
-      if (!out.ok()) break;
+  JetStreamSession session(config);
+  if (!session.status.ok()) return session.status;
+  std::uint64_t held = 0;
+  for (const char* name : {kRequestsJetStream, kTokensJetStream}) {
+    jsStreamInfo* si = nullptr;
+    jsErrCode code = static_cast<jsErrCode>(0);
+    const natsStatus s = js_GetStreamInfo(&si, session.js, name, nullptr, &code);
+    if (s == NATS_OK && si != nullptr) held += si->State.Msgs;
+    if (si != nullptr) jsStreamInfo_Destroy(si);
+    if (s != NATS_OK) {
+      return absl::UnavailableError("JetStream stream '" + std::string(name) + "': " + JsError(s, code));
     }
   }
-  if (js != nullptr) jsCtx_Destroy(js);
-  if (nc != nullptr) natsConnection_Destroy(nc);
-  if (opts != nullptr) natsOptions_Destroy(opts);
-  return out;
+  return held;
 }
 
 absl::StatusOr<std::unique_ptr<nats::NatsBridge>> StartClientBridge(Engine& engine, const ClusterConfig& config) {

@@ -19,19 +19,31 @@ struct HttpResponse {
   std::string body;
 };
 
-// GET http://127.0.0.1:<port><target>; nullopt when the connection or the response
-// fails (10 s timeout per read).
-inline std::optional<HttpResponse> HttpGet(int port, const std::string& target) {
+// A TCP socket connected to 127.0.0.1:<port>, its reads timing out after 10 s; -1
+// when it cannot be made or connected. The caller closes it.
+inline int ConnectLoopback(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return std::nullopt;
+  if (fd < 0) return -1;
   timeval tv{10, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<std::uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// GET http://127.0.0.1:<port><target>; nullopt when the connection or the response
+// fails (10 s timeout per read).
+inline std::optional<HttpResponse> HttpGet(int port, const std::string& target) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return std::nullopt;
   std::string raw;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+  {
     const std::string req = "GET " + target + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
     if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
       char buf[16384];

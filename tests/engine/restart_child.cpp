@@ -104,6 +104,23 @@ std::string PullIds(inferq::Member& m, const std::string& ack, std::vector<infer
   return ids.empty() ? "-" : ids;
 }
 
+// The msg_ids stream `name` holds (Engine::GetMessage of each sequence up to its
+// last), " id" each; with `gaps`, " <seq>:<id>" for every sequence, "-" for those it
+// no longer holds.
+std::string HeldIds(const Engine& engine, std::string_view name, bool gaps = false) {
+  std::string held;
+  const std::uint64_t last = Stream(engine, name).last_seq;
+  for (std::uint64_t seq = 1; seq <= last; ++seq) {
+    absl::StatusOr<std::shared_ptr<const inferq::Event>> e = engine.GetMessage(name, seq);
+    if (gaps) {
+      held += " " + std::to_string(seq) + ":" + (e.ok() ? (*e)->msg_id : std::string("-"));
+    } else if (e.ok()) {
+      held += " " + (*e)->msg_id;
+    }
+  }
+  return held;
+}
+
 // ---- The duplicate window across a restart (a work queue, and limits). ----
 int Dedup(const std::string& step, const std::string& dir, bool work_queue) {
   inferq::StreamConfig s = FileStream(work_queue ? "WQ" : "LIM", {"job.>"}, dir);
@@ -296,12 +313,7 @@ int PurgeScenario(const std::string& step, const std::string& dir) {
   const inferq::StreamStats st = Stream(*engine, "P");
   Out("messages=" + std::to_string(st.messages) + " first_seq=" + std::to_string(st.first_seq) +
       " last_seq=" + std::to_string(st.last_seq));
-  std::string held;
-  for (std::uint64_t seq = 1; seq <= st.last_seq; ++seq) {
-    absl::StatusOr<std::shared_ptr<const inferq::Event>> e = engine->GetMessage("P", seq);
-    held += " " + std::to_string(seq) + ":" + (e.ok() ? (*e)->msg_id : std::string("-"));
-  }
-  Out("held" + held);
+  Out("held" + HeldIds(*engine, "P", /*gaps=*/true));
   if (step == "2") {
     const inferq::PublishAck dup = Must(engine->Publish(Ev("p.a", "id1")), "Publish id1");
     Out("id1 seq=" + std::to_string(dup.seq) + " duplicate=" + std::to_string(dup.duplicate));
@@ -327,13 +339,8 @@ int PerSubject(const std::string& step, const std::string& dir) {
   }
   if (step == "4") Must(engine->Publish(Ev("m.x", "x7")), "Publish");
   const inferq::StreamStats st = Stream(*engine, "M");
-  std::string held;
-  for (std::uint64_t seq = 1; seq <= st.last_seq; ++seq) {
-    absl::StatusOr<std::shared_ptr<const inferq::Event>> e = engine->GetMessage("M", seq);
-    if (e.ok()) held += " " + (*e)->msg_id;
-  }
   Out("messages=" + std::to_string(st.messages) + " discarded=" + std::to_string(st.discarded) +
-      " held" + held);
+      " held" + HeldIds(*engine, "M"));
   return 0;
 }
 
@@ -354,13 +361,8 @@ int UpdateMaxMsgs(const std::string& step, const std::string& dir) {
     bool crash;
     ~CrashAtEnd() { if (crash) Crash(); }
   } crash_at_end{step == "1"};  // after printing, without closing the engine
-  std::string held;
-  for (std::uint64_t seq = 1; seq <= st.last_seq; ++seq) {
-    absl::StatusOr<std::shared_ptr<const inferq::Event>> e = engine->GetMessage("U", seq);
-    if (e.ok()) held += " " + (*e)->msg_id;
-  }
   Out("messages=" + std::to_string(st.messages) + " first_seq=" + std::to_string(st.first_seq) +
-      " held" + held);
+      " held" + HeldIds(*engine, "U"));
   return 0;
 }
 

@@ -16,13 +16,18 @@ builds the `release` preset's inference_server and cluster_demo, and runs
 cluster_demo --limit 2000 --speed 5 with the options given (a later --limit or
 --speed wins). The replay takes about two minutes; on a fresh machine the package
 install and the build before it take about four more (2 vCPUs). cluster_demo's own
-options are listed below once it is built.
+options (--servers, --replica-processes, --replicas, --limit, --speed, --json,
+--kill-node, --kill-replica, --outage, --inference-server) are described below.
 Exit status: the client's (0: every request completed, no token lost), 1 when a
 replica process that was not killed failed, or the failing step's.
 USAGE
+  echo
   if [ -x "$demo" ]; then
-    echo
     "$demo" --help
+  else
+    echo "cluster_demo is not built yet, so its descriptions cannot be shown. This builds it"
+    echo "(after scripts/install-deps.sh --for cluster), then --help shows them:"
+    echo "  cmake --preset release && cmake --build --preset release --target inference_server cluster_demo"
   fi
   exit 0
 fi

@@ -139,10 +139,17 @@ fi
 plan=$(apt-get install -y --no-install-recommends --print-uris -qq "${missing[@]}") ||
   fail "apt-get cannot install ${missing[*]}$([ "$dry_run" -eq 1 ] && echo " (--dry-run uses apt's package lists as they are: run apt-get update first if they are empty)")"
 sim=$(apt-get install -s --no-install-recommends "${missing[@]}") || fail "apt-get cannot install ${missing[*]}"
-count=$(printf '%s\n' "$sim" | grep -c '^Inst ' || true)
+# "Inst <pkg> (<version> ...)" is a new package, "Inst <pkg> [<installed>] (...)" an
+# upgrade of one the machine has (a newer version a dependency needs).
+count=$(printf '%s\n' "$sim" | grep -cE '^Inst [^ ]+ \(' || true)
+upgrades=$(printf '%s\n' "$sim" | grep -cE '^Inst [^ ]+ \[' || true)
 bytes=$(printf '%s\n' "$plan" | awk '/^'"'"'/ {s += $3} END {printf "%d", s}')
 mb=$(awk -v b="$bytes" 'BEGIN {printf "%.1f", b / 1e6}')
-echo "$what: apt will install $count packages, $mb MB to download"
+if [ "$upgrades" -gt 0 ]; then
+  echo "$what: apt will install $count new packages and upgrade $upgrades installed ones, $mb MB to download"
+else
+  echo "$what: apt will install $count new packages, $mb MB to download"
+fi
 if [ "$dry_run" -eq 1 ]; then exit 0; fi
 log=$(mktemp "${TMPDIR:-/tmp}/inferq-install-deps.XXXXXX.log")
 echo "$what: installing (dpkg's output: $log)"

@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "absl/container/btree_map.h"
-#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
@@ -625,8 +624,9 @@ struct StreamState {
   absl::StatusOr<std::string> SubjectFromLog(const IndexEntry& e) const;
   // kFile: writes the "purges" file of the stream's directory with `purges`,
   // atomically (a temporary file, fdatasync, rename, fsync of the directory). The
-  // file system's error, naming the stream and the file; *renamed tells whether the new file took the old one's
-  // place (only the directory's fsync failed). Requires mu.
+  // file system's error, naming the stream and the file; *renamed tells whether the
+  // new file took the old one's place (only the directory's fsync failed). Requires
+  // mu.
   absl::Status WritePurges(const std::vector<Purge>& purges, bool* renamed);
   // kFile recovery, once the log holds the directory's lock (RecoverOne or
   // FinishRecovery, whichever runs first): reads the "purges" file (none: no

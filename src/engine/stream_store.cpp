@@ -159,6 +159,12 @@ std::string Hex64(std::uint64_t v) {
   return buf;
 }
 
+// A wall-clock time read back from disk as an age at recovery (never negative: a
+// clock set back makes it 0), for the engine clock's `now_ns` taken at `wall_now_ns`.
+std::int64_t AgeAt(std::int64_t wall_ns, std::int64_t wall_now_ns) {
+  return std::max<std::int64_t>(0, SatSub(wall_now_ns, wall_ns));
+}
+
 constexpr std::string_view kPurgesFile = "purges";
 constexpr std::string_view kPurgesMagic = "inferq-stream-purges 1";
 
@@ -237,7 +243,7 @@ absl::Status StreamState::RecoverOne(std::uint64_t tx, const StreamLog::Location
     ++recovery_next_purge;
   }
   // The age it had at recovery, on the engine clock.
-  const std::int64_t age_ns = std::max<std::int64_t>(0, SatSub(wall_now_ns, r.wall_ns));
+  const std::int64_t age_ns = AgeAt(r.wall_ns, wall_now_ns);
   const std::int64_t publish_ns = SatSub(now_ns, age_ns);
   index.push_back(IndexEntry::Of(r.seq, publish_ns, r.bytes, location));
   next_seq = r.seq + 1;
@@ -431,8 +437,7 @@ absl::Status StreamState::LoadDedupLog(std::int64_t now_ns, std::int64_t wall_no
           }
           const auto wall = static_cast<std::int64_t>(GetU64(e.value, 8));
           recovery_dedup.push_back({GetU64(e.value, 0), wall, std::string(e.value.substr(16))});
-          const std::int64_t age_ns = std::max<std::int64_t>(0, SatSub(wall_now_ns, wall));
-          dedup_saves.emplace_back(e.tx, SatSub(now_ns, age_ns));
+          dedup_saves.emplace_back(e.tx, SatSub(now_ns, AgeAt(wall, wall_now_ns)));
           return absl::OkStatus();
         });
     if (!opened.ok()) {
@@ -452,7 +457,7 @@ absl::Status StreamState::LoadDedupLog(std::int64_t now_ns, std::int64_t wall_no
   for (const SavedId& s : recovery_dedup) {
     if (s.seq <= last && last != 0) continue;
     last = s.seq;
-    const std::int64_t age_ns = std::max<std::int64_t>(0, SatSub(wall_now_ns, s.wall_ns));
+    const std::int64_t age_ns = AgeAt(s.wall_ns, wall_now_ns);
     if (age_ns <= dedup->window_ns()) dedup->Insert(s.id, s.seq, SatSub(now_ns, age_ns));
   }
   dedup_snapshot_seq = std::max(dedup_snapshot_seq, last);

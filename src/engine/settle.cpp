@@ -121,7 +121,9 @@ absl::Status Message::Ack() {
   // A memory stream's message can come again only in this process, whose pending
   // entry stops that: its lifecycle record is done with. (A file stream's waits for
   // a durable ack: AckSync, or the next AddConsumer.)
-  if (st.ok() && msg_->stream->log == nullptr) ForgetLifecycleRecord();
+  if (st.ok() && consumer_->config.lifecycle != nullptr && msg_->stream->log == nullptr) {
+    ForgetLifecycleRecord();
+  }
   return st;
 }
 

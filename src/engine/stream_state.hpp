@@ -303,9 +303,10 @@ struct StreamState {
   // kFile with a duplicate window: <directory>/dedup, the ids of the window whose
   // message records left the stream's log (their segment was retired: a work
   // queue's acks, limits, purges), so that a restart keeps the whole window, not
-  // only the ids of the records still in the log (nats-server#3272). One record per
-  // id, (seq u64 | wall-clock ns of acceptance i64 | msg_id), little-endian,
-  // written by SaveDedupBelow before RetireLog removes the segments that held them.
+  // only the ids of the records still in the log (nats-server#3272). A record per
+  // save (of up to 1 MiB) holds its ids one after another, (seq u64 | wall-clock ns
+  // of acceptance i64 | msg_id length u32 | msg_id), little-endian, written by
+  // SaveDedupBelow before RetireLog removes the segments that held them.
   // Opened at the first save, or at recovery when the directory has one. Guarded by
   // mu.
   std::unique_ptr<StreamLog> dedup_log;

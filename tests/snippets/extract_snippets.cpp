@@ -5,7 +5,8 @@
 // working directory and named as given in #line directives; so are the files of
 // `program PATH` snippets, each of which must equal its block. Exit 0 written,
 // 1 a Markdown error or a program block that differs from its file (printed with
-// file and line), 2 bad usage or I/O.
+// file and line), 2 bad usage or I/O. `excerpt PATH` snippets must occur in their
+// file as consecutive lines.
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -34,16 +35,20 @@ int main(int argc, char** argv) {
       return 1;
     }
     for (const inferq_snippets::Snippet& sn : *snippets) {
-      if (sn.program.empty()) continue;
-      std::ifstream prog(sn.program, std::ios::binary);
+      const std::string& path = sn.program.empty() ? sn.excerpt : sn.program;
+      if (path.empty()) continue;
+      std::ifstream prog(path, std::ios::binary);
       if (!prog) {
-        std::cerr << inferq_snippets::Where(sn.file, sn.fence_line - 1) << "cannot read program '"
-                  << sn.program << "'\n";
+        std::cerr << inferq_snippets::Where(sn.file, sn.fence_line - 1) << "cannot read '"
+                  << path << "'\n";
         return 1;
       }
       std::ostringstream prog_text;
       prog_text << prog.rdbuf();
-      if (absl::Status st = inferq_snippets::ProgramMismatch(sn, prog_text.str()); !st.ok()) {
+      const absl::Status st = sn.program.empty()
+                                  ? inferq_snippets::ExcerptMismatch(sn, prog_text.str())
+                                  : inferq_snippets::ProgramMismatch(sn, prog_text.str());
+      if (!st.ok()) {
         std::cerr << std::string(st.message()) << "\n";
         return 1;
       }

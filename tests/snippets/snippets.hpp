@@ -22,6 +22,9 @@
 //   repository root), which the build compiles and the tests run as an example; it
 //   is not compiled again here, and extract_snippets fails unless the block and the
 //   file are the same, line for line (ProgramMismatch).
+// - `excerpt PATH`: the block is a part of the file at PATH (an example's key lines,
+//   say), compiled where that file is; extract_snippets fails unless the block's lines
+//   occur in the file as consecutive lines (ExcerptMismatch).
 // Without the comment a snippet is the body of `void Run()`. Lines of a snippet
 // that begin with `#include` move to the top of the file. `#line` directives map
 // every line back to its Markdown file, so a compiler error names README.md and
@@ -49,6 +52,7 @@ struct Snippet {
   std::string returns = "void";
   std::string given;               // parameter list, may be empty
   std::string program;             // `program PATH`: the file this block shows whole
+  std::string excerpt;             // `excerpt PATH`: the file this block shows a part of
 };
 
 inline std::string_view Trim(std::string_view s) {
@@ -86,10 +90,13 @@ inline absl::Status ParseSnippetComment(std::string_view file, int line,
       out.given = std::string(Trim(part.substr(6)));
     } else if (part.substr(0, 8) == "program ") {
       out.program = std::string(Trim(part.substr(8)));
+    } else if (part.substr(0, 8) == "excerpt ") {
+      out.excerpt = std::string(Trim(part.substr(8)));
     } else {
       return absl::InvalidArgumentError(
           Where(file, line) + "snippet comment: unknown part '" + std::string(part) +
-          "' (expected 'returns TYPE', 'given PARAMETERS' or 'program PATH', separated by ';')");
+          "' (expected 'returns TYPE', 'given PARAMETERS', 'program PATH' or 'excerpt PATH', "
+          "separated by ';')");
     }
   }
   return absl::OkStatus();
@@ -174,6 +181,35 @@ inline absl::Status ProgramMismatch(const Snippet& s, std::string_view file_text
   return absl::OkStatus();
 }
 
+// For an `excerpt PATH` snippet: OK when the block's lines occur in `file_text`
+// (PATH's contents) as consecutive lines, the same line for line; otherwise an error
+// naming the Markdown line of the block's first line that no placement of the block
+// matches beyond (the longest matching prefix), so the reader sees where it went stale.
+inline absl::Status ExcerptMismatch(const Snippet& s, std::string_view file_text) {
+  std::vector<std::string_view> lines;
+  for (std::size_t start = 0; start < file_text.size();) {
+    std::size_t end = file_text.find('\n', start);
+    if (end == std::string_view::npos) end = file_text.size();
+    lines.push_back(file_text.substr(start, end - start));
+    start = end + 1;
+  }
+  std::size_t best = 0;  // the longest prefix of the block found at some line of the file
+  for (std::size_t at = 0; at < lines.size(); ++at) {
+    std::size_t k = 0;
+    while (k < s.lines.size() && at + k < lines.size() && lines[at + k] == s.lines[k]) ++k;
+    if (k == s.lines.size() && k > 0) return absl::OkStatus();
+    best = std::max(best, k);
+  }
+  if (s.lines.empty()) {
+    return absl::InvalidArgumentError(Where(s.file, s.fence_line) + "the block shown as an "
+                                      "excerpt of '" + s.excerpt + "' is empty");
+  }
+  return absl::InvalidArgumentError(
+      Where(s.file, s.fence_line + 1 + static_cast<int>(best)) + "the block shown as an excerpt "
+      "of '" + s.excerpt + "' is not in that file from this line on (its first " +
+      std::to_string(best) + " lines are): copy the lines from the file into the block");
+}
+
 // One C++ source file: the umbrella header, every snippet's includes, then each
 // snippet as `RET inferq_readme_snippet_N::Run(GIVEN)`. `program` snippets are
 // compiled where their file is, not here.
@@ -185,6 +221,11 @@ inline std::string GenerateSource(const std::vector<Snippet>& snippets) {
     if (!s.program.empty()) {
       bodies += "\n// " + s.file + ":" + std::to_string(s.fence_line) + " shows " + s.program +
                 ", built as its own program\n";
+      continue;
+    }
+    if (!s.excerpt.empty()) {
+      bodies += "\n// " + s.file + ":" + std::to_string(s.fence_line) + " shows part of " +
+                s.excerpt + ", built where that file is\n";
       continue;
     }
     bodies += "\n// " + s.file + ":" + std::to_string(s.fence_line) + "\nnamespace snippet_" +

@@ -81,7 +81,7 @@ TEST_CASE("a snippet comment with an unknown part, or without a cpp fence after 
     REQUIRE(s.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(Msg(s.status()) ==
           "DOC.md:1: snippet comment: unknown part 'return int' (expected 'returns TYPE', "
-          "'given PARAMETERS' or 'program PATH', separated by ';')");
+          "'given PARAMETERS', 'program PATH' or 'excerpt PATH', separated by ';')");
   }
   SECTION("not followed by a cpp fence") {
     auto s = ExtractSnippets("DOC.md", "x\n<!-- snippet: given int i -->\n\n```cpp\n```\n");
@@ -118,4 +118,35 @@ TEST_CASE("a program snippet is checked against its file, not compiled as a func
   CHECK(Msg(inferq_snippets::ProgramMismatch((*s)[0], "int main() {\n  return 0;\n}\n// more\n")) ==
         "DOC.md:6: the block shown as program 'examples/p/main.cpp' differs from the file at "
         "its line 4 (the block is shorter): copy the file into the block");
+}
+
+TEST_CASE("an excerpt snippet must occur in its file as consecutive lines") {
+  const std::string md =
+      "text\n"
+      "<!-- snippet: excerpt examples/p/main.cpp -->\n"
+      "```cpp\n"
+      "  int a = 1;\n"
+      "  int b = 2;\n"
+      "```\n";
+  auto s = ExtractSnippets("DOC.md", md);
+  REQUIRE(s.ok());
+  REQUIRE(s->size() == 1);
+  CHECK((*s)[0].excerpt == "examples/p/main.cpp");
+  CHECK(GenerateSource(*s).find("int a = 1;") == std::string::npos);
+  CHECK(GenerateSource(*s).find("// DOC.md:3 shows part of examples/p/main.cpp, built where that "
+                                "file is\n") != std::string::npos);
+  // Found after a false start at the first "int a" line.
+  CHECK(inferq_snippets::ExcerptMismatch(
+            (*s)[0], "int main() {\n  int a = 1;\n  int c;\n  int a = 1;\n  int b = 2;\n}\n")
+            .ok());
+  CHECK(Msg(inferq_snippets::ExcerptMismatch((*s)[0], "int main() {\n  int a = 1;\n  int b = 3;\n}\n")) ==
+        "DOC.md:5: the block shown as an excerpt of 'examples/p/main.cpp' is not in that file "
+        "from this line on (its first 1 lines are): copy the lines from the file into the block");
+  CHECK(Msg(inferq_snippets::ExcerptMismatch((*s)[0], "int main() {}\n")) ==
+        "DOC.md:4: the block shown as an excerpt of 'examples/p/main.cpp' is not in that file "
+        "from this line on (its first 0 lines are): copy the lines from the file into the block");
+  // Cut off by the end of the file.
+  CHECK(Msg(inferq_snippets::ExcerptMismatch((*s)[0], "  int a = 1;")) ==
+        "DOC.md:5: the block shown as an excerpt of 'examples/p/main.cpp' is not in that file "
+        "from this line on (its first 1 lines are): copy the lines from the file into the block");
 }

@@ -323,6 +323,21 @@ class CountedEngineCollector final : public ::prometheus::Collectable {
   std::exit(code);
 }
 
+// An option whose adapter this build lacks: names the adapter and the commands that
+// add it (install the packages, configure this build directory again, build).
+// INFERQ_WITH_<NAME> is AUTO by default and looks for its package at every configure.
+[[noreturn, maybe_unused]] void FailMissingAdapter(const std::string& option,
+                                                   const std::string& adapter,
+                                                   const std::string& package,
+                                                   const std::string& purpose,
+                                                   const std::string& cmake_option) {
+  Fail(option + " needs " + adapter + ", which this build lacks (" + cmake_option +
+       " was OFF, or found no " + package + ", when the build was configured). To add it:\n"
+       "  " INFERQ_EXAMPLE_SOURCE_DIR "/scripts/install-deps.sh --for " + purpose + "\n"
+       "  cmake -D" + cmake_option + "=AUTO " INFERQ_EXAMPLE_BUILD_DIR "\n"
+       "  cmake --build " INFERQ_EXAMPLE_BUILD_DIR " --target inference_server");
+}
+
 // `range` names the accepted values in messages; by default "lo..hi".
 double ParseDouble(const std::string& flag, const std::string& v, double lo, double hi,
                    std::string range = "") {
@@ -527,7 +542,8 @@ Options ParseArgs(int argc, char** argv) {
   }
   if (!o.role.empty()) {
 #ifndef INFERQ_EXAMPLE_NATS
-    Fail("--role needs the NATS bridge, which this build lacks (libnats-dev; INFERQ_WITH_NATS)");
+    FailMissingAdapter("--role", "the NATS bridge (inferq::nats)", "libnats-dev", "cluster",
+                       "INFERQ_WITH_NATS");
 #endif
     if (o.nats.empty()) Fail("--role " + o.role + " needs --nats URL[,URL...]");
     if (o.speed <= 0) Fail("--role needs --speed > 0 (replica processes pace the trace in wall time)");
@@ -542,15 +558,16 @@ Options ParseArgs(int argc, char** argv) {
   }
   if (o.metrics_port >= 0) {
 #ifndef INFERQ_EXAMPLE_PROMETHEUS
-    Fail("--metrics-port needs the Prometheus exposition, which this build lacks (prometheus-cpp-dev; "
-         "INFERQ_WITH_PROMETHEUS)");
+    FailMissingAdapter("--metrics-port", "the Prometheus exposition (inferq::prometheus)",
+                       "prometheus-cpp-dev", "metrics", "INFERQ_WITH_PROMETHEUS");
 #endif
   } else if (o.metrics_hold_s > 0) {
     Fail("--metrics-hold needs --metrics-port");
   }
   if (!o.otlp_endpoint.empty()) {
 #ifndef INFERQ_EXAMPLE_OTLP
-    Fail("--otlp-endpoint needs the OTLP exporter, which this build lacks (libcurl4-openssl-dev; INFERQ_WITH_OTLP)");
+    FailMissingAdapter("--otlp-endpoint", "the OTLP trace exporter (inferq::otlp)",
+                       "libcurl4-openssl-dev", "metrics", "INFERQ_WITH_OTLP");
 #endif
     if (o.otlp_sample < 0) o.otlp_sample = 0.01;
   } else if (o.otlp_sample >= 0) {

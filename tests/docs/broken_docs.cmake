@@ -18,7 +18,7 @@ endforeach()
 file(WRITE "${DIR}/README.md" "${readme}")  # 301 lines
 file(WRITE "${DIR}/${g}/a.md"
      "# A\n\n## Options\n\n[b](b.md) [top](#a) [none](#nothing) [readme](../../README.md#r)\n"
-     "```cmake\nfind_package(inferq 0.1 CONFIG REQUIRED)\n```\n")
+     "```cmake\nfind_package(inferq 0.1 CONFIG REQUIRED)\nfind_package(inferq CONFIG REQUIRED)\n```\n")
 file(WRITE "${DIR}/${inc}/x.hpp" "// as ${iss} 12 asked\n")
 file(WRITE "${DIR}/CHANGELOG.md" "# Changelog\n\n## [Unreleased]\n\n## [0.1.0] - 2026-11-30\n")
 execute_process(COMMAND "${EXE}" "${DIR}" 0.2.0 RESULT_VARIABLE rc OUTPUT_VARIABLE out)

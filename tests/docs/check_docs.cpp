@@ -10,9 +10,10 @@
 //    docs/guide/*.md name no commit id (BENCHMARKS.md does: a figure names the code it
 //    measured);
 //  - CHANGELOG.md's newest release is VERSION, and every `find_package(inferq X.Y` in
-//    the Markdown asks for VERSION's major.minor.
+//    the Markdown that asks for a version asks for VERSION's major.minor.
 // Exit 0 when every rule holds; 1 listing each finding as "FILE:LINE: message" and a
 // count; 2 for bad usage.
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -144,9 +145,13 @@ int main(int argc, char** argv) {
                                                  "': a figure's commit belongs in BENCHMARKS.md"});
         }
       }
+      // Only a find_package that asks for a version must ask for this one.
       const std::string want = "find_package(inferq " + major_minor;
       const std::size_t fp = lines[i].find("find_package(inferq ");
-      if (fp != std::string_view::npos && lines[i].substr(fp, want.size()) != want) {
+      const std::size_t v = fp + std::string_view("find_package(inferq ").size();
+      if (fp != std::string_view::npos && v < lines[i].size() &&
+          std::isdigit(static_cast<unsigned char>(lines[i][v])) &&
+          lines[i].substr(fp, want.size()) != want) {
         findings.push_back({file, line_no, "shows '" + std::string(lines[i].substr(fp, want.size())) +
                                                "' but the project's version is " + version});
       }

@@ -9,7 +9,8 @@
 //    GithubSlug) or an explicit <a id="..."> / <a name="...">;
 //  - user-facing text names no issue ("issue 15", "issues 12-14", "#37") and, in
 //    the README, the guides and the changelog, no commit id (a word of 7 to 40
-//    hexadecimal digits that has both a digit and a letter);
+//    hexadecimal digits that has both a digit and a letter, other than a name such
+//    as ed25519);
 //  - the changelog's newest release is the project's version, and every
 //    `find_package(inferq X.Y` shown asks for the project's major.minor.
 // Text inside fenced code blocks and `code spans` is not prose: links there are not
@@ -275,7 +276,11 @@ inline std::string CommitId(std::string_view line) {
                        (l[k] == '.' &&
                         (k + 1 == l.size() || !std::isalnum(static_cast<unsigned char>(l[k + 1]))));
     const std::size_t n = k - i;
-    if (whole && n >= 7 && n <= 40 && digit && letter) return l.substr(i, n);
+    // Names that happen to be hexadecimal.
+    static constexpr std::string_view kWords[] = {"ed25519"};
+    const bool word = std::find(std::begin(kWords), std::end(kWords),
+                                std::string_view(l).substr(i, n)) != std::end(kWords);
+    if (whole && n >= 7 && n <= 40 && digit && letter && !word) return l.substr(i, n);
     i = k;
   }
   return "";

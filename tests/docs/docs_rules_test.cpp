@@ -78,6 +78,7 @@ TEST_CASE("commit ids are found in prose, not in code or link targets") {
   CHECK(CommitId("a1b2c3d.md is a file") == "");
   CHECK(CommitId("ends a sentence 7c2bfb0.") == "7c2bfb0");
   CHECK(CommitId("1e6 and 3.5e10 are numbers") == "");
+  CHECK(CommitId("signed with ed25519 keys") == "");
 }
 
 TEST_CASE("fenced blocks end at their own fence") {

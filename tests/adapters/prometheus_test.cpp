@@ -513,12 +513,12 @@ TEST_CASE("promtool check metrics passes on the exposition") {
   CHECK(bad_rc != 0);
 }
 
-TEST_CASE("the README lists every metric family") {
+TEST_CASE("the observability guide lists every metric family") {
   FullEngine f;
   REQUIRE(f.engine->Publish(Ev("work.a")).ok());
   inferq_test::TempDir dir;
   auto store = OpenStore(dir);
-  std::ifstream readme(std::string(INFERQ_SOURCE_DIR) + "/README.md");
+  std::ifstream readme(std::string(INFERQ_SOURCE_DIR) + "/docs/guide/observability.md");
   std::stringstream ss;
   ss << readme.rdbuf();
   const std::string text = ss.str();

@@ -1,9 +1,9 @@
 # Checks examples/dashboards/inferq.json: valid JSON, every panel has queries, and each
-# metric a query names is in the README's metrics table (histogram series by their
+# metric a query names is in the metrics table of docs/guide/observability.md (histogram series by their
 # family; a selection policy's counts by the count's name).
-# Usage: cmake -DDASHBOARD=<json> -DREADME=<README.md> -P dashboard_names.cmake
+# Usage: cmake -DDASHBOARD=<json> -DGUIDE=<observability.md> -P dashboard_names.cmake
 file(READ "${DASHBOARD}" dash)
-file(READ "${README}" readme)
+file(READ "${GUIDE}" readme)
 string(JSON panels ERROR_VARIABLE err GET "${dash}" panels)
 if(err)
   message(FATAL_ERROR "${DASHBOARD}: not a dashboard (${err})")
@@ -36,10 +36,10 @@ foreach(i RANGE ${last})
       endif()
       string(FIND "${readme}" "${want}" at)
       if(at EQUAL -1)
-        message(FATAL_ERROR "${DASHBOARD}: panel '${title}' queries ${name}, which the README's metrics table does not list (${want})")
+        message(FATAL_ERROR "${DASHBOARD}: panel '${title}' queries ${name}, which the metrics table of docs/guide/observability.md does not list (${want})")
       endif()
       math(EXPR checked "${checked} + 1")
     endforeach()
   endforeach()
 endforeach()
-message(STATUS "${n} panels, ${checked} metric names, all in the README")
+message(STATUS "${n} panels, ${checked} metric names, all in the observability guide")

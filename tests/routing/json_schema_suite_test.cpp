@@ -3,9 +3,10 @@
 // schema becomes a predicate, every case's data an event payload, and Matches must equal
 // the case's "valid".
 //
-// The cases that fail (valijson 1.0's gaps; the reasons are in README.md ("JSON Schema Test Suite results"))
-// are listed below, and the test asserts that exactly those fail: a new failure fails the
-// test, and so does a listed case that starts to pass (remove it from the list). Files
+// The cases that fail (valijson 1.0's gaps; the reasons are in
+// docs/guide/json-schema-conformance.md) are listed below, and the test asserts that
+// exactly those fail: a new failure fails the test, and so does a listed case that
+// starts to pass (remove it from the list). Files
 // under optional/ are run and reported, but asserted only when listed in
 // kPassingOptional, and those must pass entirely.
 //
@@ -14,7 +15,7 @@
 //
 // With INFERQ_JSON_SCHEMA_SUITE_REPORT=<file> in the environment, the test also appends a
 // Markdown report (counts per draft, every failing case) to that file; the per-draft
-// sections of README.md ("JSON Schema Test Suite results") are that report.
+// tables of docs/guide/json-schema-conformance.md are that report.
 #include "inferq/routing/predicate.hpp"
 
 #include <rapidjson/document.h>

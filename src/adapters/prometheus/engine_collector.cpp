@@ -1,5 +1,5 @@
 // EngineCollector and StateStoreCollector: snapshots as Prometheus metric families.
-// The README's "Metrics" table lists every family made here (a test checks it).
+// docs/guide/observability.md lists every family made here in its metrics table (a test checks it).
 #include "inferq/adapters/prometheus/engine_collector.hpp"
 
 #include <algorithm>

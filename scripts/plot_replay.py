@@ -52,7 +52,10 @@ def read_timeline(path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # The docstring's first paragraph says what it draws; its last, the exit status.
+    paragraphs = __doc__.strip().split("\n\n")
+    ap = argparse.ArgumentParser(description=" ".join(paragraphs[0].split()),
+                                 epilog=" ".join(paragraphs[-1].split()))
     ap.add_argument("--json", required=True, help="inference_server --json summary")
     ap.add_argument("--timeline", required=True, help="inference_server --timeline CSV")
     ap.add_argument("--out", required=True, help="the PNG to write")

@@ -20,7 +20,10 @@ USAGE
     "$example" --help
   else
     echo
-    echo "(inference_server's own options: run this once, or see $example --help after a build)"
+    echo "(inference_server's options are listed here once it is built: run this script"
+    echo " once, or build it alone with"
+    echo "   ./scripts/install-deps.sh && cmake --preset release && cmake --build --preset release --target inference_server"
+    echo " and see $example --help)"
   fi
   exit 0
 fi

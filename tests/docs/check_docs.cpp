@@ -2,8 +2,9 @@
 // ROOT, whose project version (CMake's PROJECT_VERSION) is VERSION.
 //  - README.md has at most kMaxReadmeLines lines;
 //  - in every *.md file (build trees, .git and hidden folders skipped) each relative
-//    link points at an existing file or folder, and each #anchor at a heading or an
-//    <a id> of its target;
+//    link points at an existing file or folder inside ROOT (a leading '/' is ROOT, as
+//    on GitHub), and each #anchor at a heading or an HTML id of its target (of a
+//    folder: of its README.md; of a file other than Markdown: a line, #L12);
 //  - README.md, BENCHMARKS.md, CHANGELOG.md, docs/**.md, the other *.md files, the
 //    public headers (include/**.hpp: the API reference is made from them) and what the
 //    examples, tools and scripts print name no issue; README.md, CHANGELOG.md and
@@ -13,6 +14,7 @@
 //    the Markdown that asks for a version asks for VERSION's major.minor.
 // Exit 0 when every rule holds; 1 listing each finding as "FILE:LINE: message" and a
 // count; 2 for bad usage.
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <filesystem>
@@ -30,13 +32,6 @@ using inferq_docs::Finding;
 
 namespace {
 
-std::string Read(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 bool Skipped(const fs::path& rel) {
   for (const fs::path& part : rel) {
     const std::string s = part.string();
@@ -46,21 +41,24 @@ bool Skipped(const fs::path& rel) {
   return false;
 }
 
-// Files under ROOT with one of the extensions, relative, sorted.
+// Files under ROOT with one of the extensions, relative, sorted. A folder that cannot
+// be read is skipped, not fatal.
 std::vector<fs::path> Files(const fs::path& root, const std::vector<std::string>& dirs,
                             const std::vector<std::string>& exts) {
   std::vector<fs::path> out;
   for (const std::string& d : dirs) {
     const fs::path base = d.empty() ? root : root / d;
-    if (!fs::is_directory(base)) continue;
-    for (auto it = fs::recursive_directory_iterator(base); it != fs::recursive_directory_iterator();
-         ++it) {
-      const fs::path rel = fs::relative(it->path(), root);
-      if (it->is_directory() && Skipped(rel)) {
+    std::error_code ec;
+    if (!fs::is_directory(base, ec)) continue;
+    fs::recursive_directory_iterator it(base, fs::directory_options::skip_permission_denied, ec);
+    for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      const fs::path rel = it->path().lexically_relative(root);
+      std::error_code type_ec;
+      if (it->is_directory(type_ec) && Skipped(rel)) {
         it.disable_recursion_pending();
         continue;
       }
-      if (!it->is_regular_file()) continue;
+      if (!it->is_regular_file(type_ec)) continue;
       for (const std::string& e : exts) {
         const std::string name = rel.filename().string();
         if (name.size() >= e.size() && name.compare(name.size() - e.size(), e.size(), e) == 0) {
@@ -84,19 +82,20 @@ int main(int argc, char** argv) {
   }
   const fs::path root = argv[1];
   const std::string version = argv[2];
-  if (!fs::is_directory(root)) {
+  std::error_code root_ec;
+  if (!fs::is_directory(root, root_ec)) {
     std::cerr << "check_docs: '" << root.string() << "' is not a directory\n";
     return 2;
   }
   const std::string major_minor = version.substr(0, version.rfind('.'));
   std::vector<Finding> findings;
-  std::map<std::string, std::set<std::string>> anchors;  // by file, read once
+  inferq_docs::AnchorCache anchors;  // by file, read once
 
   const std::vector<fs::path> markdown = Files(root, {""}, {".md"});
   int links = 0;
   for (const fs::path& rel : markdown) {
     const std::string file = rel.generic_string();
-    const std::string text = Read(root / rel);
+    const std::string text = inferq_docs::ReadFile(root / rel);
     const std::vector<std::string_view> lines = inferq_docs::SplitLines(text);
     const std::vector<bool> fenced = inferq_docs::FencedLines(lines);
     if (file == "README.md" && static_cast<int>(lines.size()) > inferq_docs::kMaxReadmeLines) {
@@ -105,31 +104,8 @@ int main(int argc, char** argv) {
                               std::to_string(inferq_docs::kMaxReadmeLines) +
                               ": move the material to a guide in docs/guide/"});
     }
-    for (const inferq_docs::Link& link : inferq_docs::Links(text)) {
-      if (inferq_docs::IsExternal(link.target)) continue;
-      ++links;
-      const std::size_t hash = link.target.find('#');
-      const std::string path = link.target.substr(0, hash);
-      const std::string anchor = hash == std::string::npos ? "" : link.target.substr(hash + 1);
-      const fs::path target = path.empty() ? rel : (rel.parent_path() / path).lexically_normal();
-      if (!path.empty() && !fs::exists(root / target)) {
-        findings.push_back({file, link.line, "links to '" + link.target + "': no file '" +
-                                                 target.generic_string() + "'"});
-        continue;
-      }
-      if (anchor.empty()) continue;
-      if (fs::is_directory(root / target) || target.extension() != ".md") {
-        findings.push_back({file, link.line, "links to '" + link.target +
-                                                 "': only a Markdown file has anchors"});
-        continue;
-      }
-      auto [it, fresh] = anchors.try_emplace(target.generic_string());
-      if (fresh) it->second = inferq_docs::Anchors(Read(root / target));
-      if (!it->second.contains(anchor)) {
-        findings.push_back({file, link.line, "links to '" + link.target + "': '" +
-                                                 target.generic_string() +
-                                                 "' has no heading with anchor '" + anchor + "'"});
-      }
+    for (Finding& f : inferq_docs::LinkFindings(root, rel, text, anchors, links)) {
+      findings.push_back(std::move(f));
     }
     const bool no_commits = file == "README.md" || file == "CHANGELOG.md" ||
                             file.rfind("docs/guide/", 0) == 0;
@@ -162,7 +138,7 @@ int main(int argc, char** argv) {
   // and the sources of the examples, tools and scripts (their messages and --help).
   for (const fs::path& rel :
        Files(root, {"include", "examples", "tools", "scripts"}, {".hpp", ".cpp", ".sh", ".py", ".in"})) {
-    const std::string text = Read(root / rel);
+    const std::string text = inferq_docs::ReadFile(root / rel);
     const std::vector<std::string_view> lines = inferq_docs::SplitLines(text);
     for (std::size_t i = 0; i < lines.size(); ++i) {
       if (std::string m = inferq_docs::IssueMention(lines[i]); !m.empty()) {
@@ -173,10 +149,11 @@ int main(int argc, char** argv) {
   }
 
   const fs::path changelog = root / "CHANGELOG.md";
-  if (!fs::exists(changelog)) {
+  std::error_code changelog_ec;
+  if (!fs::exists(changelog, changelog_ec)) {
     findings.push_back({"CHANGELOG.md", 0, "missing: the project keeps a changelog"});
   } else {
-    auto [newest, line] = inferq_docs::NewestRelease(Read(changelog));
+    auto [newest, line] = inferq_docs::NewestRelease(inferq_docs::ReadFile(changelog));
     if (newest != version) {
       findings.push_back({"CHANGELOG.md", line,
                           "the newest release is '" + newest + "' but the project's version "

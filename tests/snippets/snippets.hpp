@@ -4,8 +4,10 @@
 // build compiles and links against libinferq (target `readme_snippets`), so that
 // an API snippet in the README that no longer compiles breaks the build.
 //
-// Every fenced block whose info string is `cpp` (or `c++`) is a snippet. A
-// snippet is the body of a function of its own. What it assumes comes from an
+// Every fenced block whose language (the first word of its info string, in any case)
+// is `cpp` or `c++` is a snippet, whether fenced with backticks or tildes, of three or
+// more (a block closes at a fence of its own character at least as long, with no info
+// string, as GitHub reads it). A snippet is the body of a function of its own. What it assumes comes from an
 // HTML comment, invisible on GitHub, on the line right before its fence:
 //
 //   <!-- snippet: returns absl::Status; given const inferq::Event& event -->
@@ -30,13 +32,15 @@
 // every line back to its Markdown file, so a compiler error names README.md and
 // the line a reader sees.
 //
-// Errors (absl::InvalidArgumentError, naming file and line): a ```cpp block that
-// is never closed; a snippet comment with a part other than `returns`/`given`,
-// or not followed by a ```cpp fence.
+// Errors (absl::InvalidArgumentError, naming file and line): a fenced block that is
+// never closed; a snippet comment with a part other than `returns`, `given`,
+// `program` and `excerpt`, with both `program` and `excerpt`, or not followed by a
+// ```cpp fence.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -99,7 +103,62 @@ inline absl::Status ParseSnippetComment(std::string_view file, int line,
           "separated by ';')");
     }
   }
+  if (!out.program.empty() && !out.excerpt.empty()) {
+    return absl::InvalidArgumentError(Where(file, line) + "snippet comment: 'program " +
+                                      out.program + "' and 'excerpt " + out.excerpt +
+                                      "' together; a block is a whole file or a part of one");
+  }
   return absl::OkStatus();
+}
+
+// A code fence: three or more backticks or tildes after the indentation; a backtick
+// fence's info string holds no backtick. `language` is the info string's first word,
+// lower case ("cpp" for "```CPP title=x").
+struct Fence {
+  std::size_t indent = 0;
+  char ch = 0;
+  std::size_t length = 0;
+  std::string language;
+};
+
+inline std::optional<Fence> OpeningFence(std::string_view line) {
+  const std::size_t i = line.find_first_not_of(' ');
+  if (i == std::string_view::npos || (line[i] != '`' && line[i] != '~')) return std::nullopt;
+  Fence f{i, line[i], 0, {}};
+  while (i + f.length < line.size() && line[i + f.length] == f.ch) ++f.length;
+  if (f.length < 3) return std::nullopt;
+  const std::string_view info = Trim(line.substr(i + f.length));
+  if (f.ch == '`' && info.find('`') != std::string_view::npos) return std::nullopt;
+  for (char c : info.substr(0, info.find_first_of(" \t{"))) {
+    f.language += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  }
+  return f;
+}
+
+// True when `line` closes a block opened by `open`.
+inline bool ClosesFence(std::string_view line, const Fence& open) {
+  const std::size_t i = line.find_first_not_of(' ');
+  if (i == std::string_view::npos) return false;
+  std::size_t n = 0;
+  while (i + n < line.size() && line[i + n] == open.ch) ++n;
+  return n >= open.length && Trim(line.substr(i + n)).empty();
+}
+
+inline bool IsCpp(const Fence& f) { return f.language == "cpp" || f.language == "c++"; }
+
+// The lines of a file's text, without "\n" or "\r\n" (a last line without a newline
+// counts).
+inline std::vector<std::string_view> FileLines(std::string_view text) {
+  std::vector<std::string_view> lines;
+  for (std::size_t start = 0; start < text.size();) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view l = text.substr(start, end - start);
+    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+    lines.push_back(l);
+    start = end + 1;
+  }
+  return lines;
 }
 
 // The ```cpp blocks of one Markdown text, in order.
@@ -117,36 +176,35 @@ inline absl::StatusOr<std::vector<Snippet>> ExtractSnippets(std::string_view fil
     const std::string_view t = Trim(lines[i]);
     const int line_no = static_cast<int>(i) + 1;
     const bool comment = t.substr(0, 13) == "<!-- snippet:";
-    if (t.substr(0, 3) != "```" && !comment) continue;
+    std::optional<Fence> open = comment ? std::nullopt : OpeningFence(lines[i]);
+    if (!comment && !open) continue;
     Snippet s;
     s.file = std::string(file);
     std::size_t fence = i;
     if (comment) {
       if (absl::Status st = ParseSnippetComment(file, line_no, t, s); !st.ok()) return st;
       fence = i + 1;
-      if (fence >= lines.size() ||
-          (Trim(lines[fence]) != "```cpp" && Trim(lines[fence]) != "```c++")) {
+      if (fence < lines.size()) open = OpeningFence(lines[fence]);
+      if (!open || !IsCpp(*open)) {
         return absl::InvalidArgumentError(
             Where(file, line_no) + "a snippet comment must be followed by a ```cpp fence on " +
             "the next line");
       }
     }
-    const std::string_view open = Trim(lines[fence]);
-    const std::string_view info = Trim(open.substr(3));
-    const std::size_t indent = lines[fence].find('`');
     // Find the closing fence of this block, whatever its language.
     std::size_t close = fence + 1;
-    while (close < lines.size() && Trim(lines[close]) != "```") ++close;
+    while (close < lines.size() && !ClosesFence(lines[close], *open)) ++close;
     if (close == lines.size()) {
       return absl::InvalidArgumentError(Where(file, static_cast<int>(fence) + 1) + "the " +
-                                        std::string(open) + " block opened here is never closed");
+                                        std::string(Trim(lines[fence])) +
+                                        " block opened here is never closed");
     }
-    if (info == "cpp" || info == "c++") {
+    if (IsCpp(*open)) {
       s.fence_line = static_cast<int>(fence) + 1;
       for (std::size_t k = fence + 1; k < close; ++k) {
         std::string_view l = lines[k];
         std::size_t cut = 0;
-        while (cut < indent && cut < l.size() && l[cut] == ' ') ++cut;
+        while (cut < open->indent && cut < l.size() && l[cut] == ' ') ++cut;
         l.remove_prefix(cut);
         if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
         s.lines.emplace_back(l);
@@ -159,16 +217,10 @@ inline absl::StatusOr<std::vector<Snippet>> ExtractSnippets(std::string_view fil
 }
 
 // For a `program PATH` snippet: an error naming the Markdown line and the first line
-// that differs when the block is not `file_text` (PATH's contents) line for line; OK
-// otherwise.
+// that differs when the block is not `file_text` (PATH's contents) line for line
+// (line ends "\n" and "\r\n" alike); OK otherwise.
 inline absl::Status ProgramMismatch(const Snippet& s, std::string_view file_text) {
-  std::vector<std::string_view> lines;
-  for (std::size_t start = 0; start < file_text.size();) {
-    std::size_t end = file_text.find('\n', start);
-    if (end == std::string_view::npos) end = file_text.size();
-    lines.push_back(file_text.substr(start, end - start));
-    start = end + 1;
-  }
+  const std::vector<std::string_view> lines = FileLines(file_text);
   const std::size_t n = std::max(lines.size(), s.lines.size());
   for (std::size_t i = 0; i < n; ++i) {
     if (i < lines.size() && i < s.lines.size() && lines[i] == s.lines[i]) continue;
@@ -186,13 +238,7 @@ inline absl::Status ProgramMismatch(const Snippet& s, std::string_view file_text
 // naming the Markdown line of the block's first line that no placement of the block
 // matches beyond (the longest matching prefix), so the reader sees where it went stale.
 inline absl::Status ExcerptMismatch(const Snippet& s, std::string_view file_text) {
-  std::vector<std::string_view> lines;
-  for (std::size_t start = 0; start < file_text.size();) {
-    std::size_t end = file_text.find('\n', start);
-    if (end == std::string_view::npos) end = file_text.size();
-    lines.push_back(file_text.substr(start, end - start));
-    start = end + 1;
-  }
+  const std::vector<std::string_view> lines = FileLines(file_text);
   std::size_t best = 0;  // the longest prefix of the block found at some line of the file
   for (std::size_t at = 0; at < lines.size(); ++at) {
     std::size_t k = 0;

@@ -150,3 +150,62 @@ TEST_CASE("an excerpt snippet must occur in its file as consecutive lines") {
         "DOC.md:5: the block shown as an excerpt of 'examples/p/main.cpp' is not in that file "
         "from this line on (its first 1 lines are): copy the lines from the file into the block");
 }
+
+// --- Fences as GitHub reads them, on inputs that broke the extraction before. ---
+
+TEST_CASE("a block closes at a fence of its own character at least as long, without an info string") {
+  // A 4-backtick block shows a ```cpp block: not a snippet, and the real one after it is.
+  auto s = ExtractSnippets("DOC.md",
+                           "````md\n```cpp\nint shown;\n```\n````\n\n```cpp\nint real;\n```\n");
+  REQUIRE(s.ok());
+  REQUIRE(s->size() == 1);
+  CHECK((*s)[0].fence_line == 7);
+  CHECK((*s)[0].lines == std::vector<std::string>{"int real;"});
+  // A ```cpp fenced with 4 backticks, and one closed by a longer fence.
+  s = ExtractSnippets("DOC.md", "````cpp\nint a;\n````\n```cpp\nint b;\n`````\n");
+  REQUIRE(s.ok());
+  REQUIRE(s->size() == 2);
+  CHECK((*s)[0].lines == std::vector<std::string>{"int a;"});
+  CHECK((*s)[1].lines == std::vector<std::string>{"int b;"});
+}
+
+TEST_CASE("tilde fences, and the language as the info string's first word in any case") {
+  auto s = ExtractSnippets("DOC.md",
+                           "~~~cpp\nint t;\n~~~\n"
+                           "~~~md\n```cpp\nint in_md;\n```\n~~~\n"
+                           "```CPP title=\"x\"\nint i;\n```\n"
+                           "<!-- snippet: given int n -->\n~~~c++\nint g = n;\n~~~\n");
+  REQUIRE(s.ok());
+  REQUIRE(s->size() == 3);
+  CHECK((*s)[0].lines == std::vector<std::string>{"int t;"});
+  CHECK((*s)[1].fence_line == 9);
+  CHECK((*s)[1].lines == std::vector<std::string>{"int i;"});
+  CHECK((*s)[2].fence_line == 13);
+  CHECK((*s)[2].given == "int n");
+}
+
+TEST_CASE("program and excerpt together are an error; CRLF files compare as their lines") {
+  auto both = ExtractSnippets("DOC.md", "<!-- snippet: program a.cpp; excerpt b.cpp -->\n```cpp\n```\n");
+  REQUIRE(both.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(both.status()) ==
+        "DOC.md:1: snippet comment: 'program a.cpp' and 'excerpt b.cpp' together; a block is a "
+        "whole file or a part of one");
+  auto s = ExtractSnippets("DOC.md",
+                           "<!-- snippet: program p.cpp -->\r\n```cpp\r\nint main() {}\r\n```\r\n");
+  REQUIRE(s.ok());
+  REQUIRE(s->size() == 1);
+  CHECK(inferq_snippets::ProgramMismatch((*s)[0], "int main() {}\r\n").ok());
+  CHECK(inferq_snippets::ProgramMismatch((*s)[0], "int main() {}").ok());
+  s->at(0).excerpt = "p.cpp";
+  CHECK(inferq_snippets::ExcerptMismatch((*s)[0], "// x\r\nint main() {}\r\n").ok());
+}
+
+TEST_CASE("an empty excerpt is an error naming its fence") {
+  auto s = ExtractSnippets("DOC.md", "x\n<!-- snippet: excerpt p.cpp -->\n```cpp\n```\n");
+  REQUIRE(s.ok());
+  REQUIRE(s->size() == 1);
+  CHECK(Msg(inferq_snippets::ExcerptMismatch((*s)[0], "int main() {}\n")) ==
+        "DOC.md:3: the block shown as an excerpt of 'p.cpp' is empty");
+  CHECK(Msg(inferq_snippets::ExcerptMismatch((*s)[0], "")) ==
+        "DOC.md:3: the block shown as an excerpt of 'p.cpp' is empty");
+}

@@ -116,7 +116,8 @@ int main(int argc, char** argv) {
           findings.push_back({file, line_no, "names an issue ('" + m +
                                                  "'): say what the change is, not its issue"});
         }
-        if (std::string c = inferq_docs::CommitId(lines[i]); no_commits && !c.empty()) {
+        const std::string_view previous = i > 0 && !fenced[i - 1] ? lines[i - 1] : std::string_view();
+        if (std::string c = inferq_docs::CommitIdAfter(previous, lines[i]); no_commits && !c.empty()) {
           findings.push_back({file, line_no, "names commit '" + c +
                                                  "': a figure's commit belongs in BENCHMARKS.md"});
         }

@@ -824,8 +824,29 @@ inline std::string IssueMention(std::string_view line) {
 
 // The first word of the line, outside code spans and links' targets, that looks like
 // a commit id: 7 to 40 hexadecimal digits with at least one digit and one letter,
-// not part of a longer word; or "".
+// not part of a longer word; or a code span holding only such a word right after
+// "commit" ("at commit `7c2bfb0`"); or "".
 inline std::string CommitId(std::string_view line) {
+  // "commit `7c2bfb0`": a code span is no hiding place for a commit the prose names.
+  std::string lower(line);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (std::size_t at = lower.find("commit"); at != std::string::npos;
+       at = lower.find("commit", at + 1)) {
+    std::size_t k = at + 6;
+    if (k < lower.size() && lower[k] == ':') ++k;
+    while (k < lower.size() && lower[k] == ' ') ++k;
+    if (k < lower.size() && lower[k] == '[') ++k;
+    if (k >= lower.size() || lower[k] != '`') continue;
+    const std::size_t close = lower.find('`', k + 1);
+    if (close == std::string::npos) continue;
+    const std::string word(line.substr(k + 1, close - k - 1));
+    const bool hex = word.size() >= 7 && word.size() <= 40 &&
+                     std::all_of(word.begin(), word.end(), IsHex) &&
+                     std::any_of(word.begin(), word.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)) != 0; }) &&
+                     std::any_of(word.begin(), word.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; });
+    if (hex) return word;
+  }
   std::string l = WithoutCodeSpans(line);
   // Blank link targets: a URL may well hold a hash.
   for (std::size_t at = l.find("]("); at != std::string::npos; at = l.find("](", at + 2)) {
@@ -863,6 +884,24 @@ inline std::string CommitId(std::string_view line) {
     i = k;
   }
   return "";
+}
+
+// CommitId of `line`, or of "commit <line>" when the previous line of the same
+// paragraph ends with the word "commit" (a sentence wrapped between the two).
+inline std::string CommitIdAfter(std::string_view previous, std::string_view line) {
+  if (std::string c = CommitId(line); !c.empty()) return c;
+  while (!previous.empty() && (previous.back() == ' ' || previous.back() == '\t')) previous.remove_suffix(1);
+  if (previous.size() < 6) return "";
+  std::string tail(previous.substr(previous.size() - 6));
+  std::transform(tail.begin(), tail.end(), tail.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const bool word_start = previous.size() == 6 ||
+                          !std::isalnum(static_cast<unsigned char>(previous[previous.size() - 7]));
+  if (tail != "commit" || !word_start) return "";
+  std::string_view rest = line;
+  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
+  if (rest.empty() || (rest.front() != '`' && rest.front() != '[')) return "";
+  return CommitId("commit " + std::string(rest));
 }
 
 // The version of the newest release heading "## [X.Y.Z]" of a Keep a Changelog text

@@ -226,6 +226,18 @@ TEST_CASE("links checked against a tree: outside it, too long a name, folders, l
   fs::remove(root.parent_path() / "inferq_docs_rules_test_outside.md");
 }
 
+TEST_CASE("a commit named in a code span right after the word commit is still a commit") {
+  CHECK(CommitId("a release build at commit `17771aa` (2026-12-02)") == "17771aa");
+  CHECK(CommitId("Commit: [`d543fa4`](https://x/commit/d543fa4)") == "d543fa4");
+  CHECK(CommitId("the hash `7c2bfb0` in sample output") == "");
+  CHECK(CommitId("git commit `--amend`") == "");
+  CHECK(CommitId("commit `deadbeef`, no digit") == "");
+  // A sentence wrapped between "commit" and the code span.
+  CHECK(CommitIdAfter("(release build at commit", "`d543fa4`, 2026-12-05, 59 s):") == "d543fa4");
+  CHECK(CommitIdAfter("we recommit", "`d543fa4` here") == "");
+  CHECK(CommitIdAfter("no such word", "`d543fa4` here") == "");
+}
+
 TEST_CASE("the newest release skips a heading in a code block and a lower-case Unreleased") {
   CHECK(NewestRelease("# Changelog\n```md\n## [9.9.9]\n```\n## [unreleased]\n## [0.2.0]\n") ==
         std::pair<std::string, int>{"0.2.0", 6});

@@ -1,14 +1,16 @@
-// File: inferq/base/error.hpp
-//
-// Helpers for error messages that name the bad value: the value is quoted and any
-// control character (and the quote itself) is escaped as \xNN, so that a message
-// never carries raw newlines or NULs from user input.
-//
-// Usage:
-//   return absl::InvalidArgumentError("stream name " + inferq::QuoteValue(name) + " ...");
-//   // -> stream name 'a\x0ab' ...
-//
-// Thread safety: pure functions.
+/// @file inferq/base/error.hpp
+///
+/// Helpers for error messages that name the bad value: the value is quoted and any
+/// control character (and the quote itself) is escaped as `\xNN`, so that a message
+/// never carries raw newlines or NULs from user input.
+///
+/// Usage:
+/// @code
+///   return absl::InvalidArgumentError("stream name " + inferq::QuoteValue(name) + " ...");
+///   // -> stream name 'a\x0ab' ...
+/// @endcode
+///
+/// Thread safety: pure functions.
 #pragma once
 
 #include <string>
@@ -25,8 +27,8 @@ inline void AppendHex(std::string& out, unsigned char u) {
 }
 }  // namespace error_internal
 
-// `s` in single quotes; bytes below 0x20, 0x7f and ' as \xNN. Other bytes (UTF-8
-// text) are kept.
+/// `s` in single quotes; bytes below 0x20, 0x7f and ' as `\xNN`. Other bytes (UTF-8
+/// text) are kept.
 inline std::string QuoteValue(std::string_view s) {
   std::string out = "'";
   for (char c : s) {
@@ -40,8 +42,8 @@ inline std::string QuoteValue(std::string_view s) {
   return out + "'";
 }
 
-// One byte in single quotes: itself when printable ASCII, else \xNN (a lone byte of
-// a multi-byte UTF-8 character is not printable on its own).
+/// One byte in single quotes: itself when printable ASCII, else `\xNN` (a lone byte of
+/// a multi-byte UTF-8 character is not printable on its own).
 inline std::string QuoteByte(char c) {
   const auto u = static_cast<unsigned char>(c);
   if (u >= 0x20 && u < 0x7f && c != '\'') return std::string("'") + c + "'";

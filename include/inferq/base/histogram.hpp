@@ -1,20 +1,22 @@
-// File: inferq/base/histogram.hpp
-//
-// Log-linear histograms of non-negative integers (latencies in ns or µs, sizes in
-// bytes). Values below 64 are kept exactly; above, each power of two is split into
-// 32 linear sub-buckets, so a reported percentile is at most 1/32 (3.1 %) above the
-// true value — the bucketing of HdrHistogram (Gil Tene) with 5 significant bits.
-// 1,920 buckets cover the whole uint64 range.
-//
-// Usage:
-//   inferq::Histogram h;                       // concurrent recorder
-//   h.Record(1'250);                           // e.g. ns
-//   inferq::HistogramSnapshot s = h.Snapshot();
-//   std::uint64_t p99 = s.Percentile(0.99);
-//
-// Thread safety: Histogram::Record and Histogram::Snapshot may run on any threads at
-// once (relaxed atomic counters; a snapshot taken during recording may miss the
-// records in flight, never tears a counter). HistogramSnapshot is a plain value.
+/// @file inferq/base/histogram.hpp
+///
+/// Log-linear histograms of non-negative integers (latencies in ns or µs, sizes in
+/// bytes). Values below 64 are kept exactly; above, each power of two is split into
+/// 32 linear sub-buckets, so a reported percentile is at most 1/32 (3.1 %) above the
+/// true value — the bucketing of HdrHistogram (Gil Tene) with 5 significant bits.
+/// 1,920 buckets cover the whole uint64 range.
+///
+/// Usage:
+/// @code
+///   inferq::Histogram h;                       // concurrent recorder
+///   h.Record(1'250);                           // e.g. ns
+///   inferq::HistogramSnapshot s = h.Snapshot();
+///   std::uint64_t p99 = s.Percentile(0.99);
+/// @endcode
+///
+/// Thread safety: Histogram::Record and Histogram::Snapshot may run on any threads at
+/// once (relaxed atomic counters; a snapshot taken during recording may miss the
+/// records in flight, never tears a counter). HistogramSnapshot is a plain value.
 #pragma once
 
 #include <algorithm>
@@ -29,8 +31,8 @@
 namespace inferq {
 
 namespace histogram_internal {
-inline constexpr std::size_t kExactBelow = 64;  // values 0..63 get a bucket each
-inline constexpr unsigned kSubBits = 5;         // 32 sub-buckets per power of two
+inline constexpr std::size_t kExactBelow = 64;  ///< values 0..63 get a bucket each
+inline constexpr unsigned kSubBits = 5;         ///< 32 sub-buckets per power of two
 inline constexpr std::size_t kBuckets = kExactBelow + (64 - 6) * (1u << kSubBits);
 
 constexpr std::size_t BucketOf(std::uint64_t v) {
@@ -41,7 +43,7 @@ constexpr std::size_t BucketOf(std::uint64_t v) {
          static_cast<std::size_t>((v >> shift) & ((1u << kSubBits) - 1));
 }
 
-// Largest value that falls into bucket `b`.
+/// Largest value that falls into bucket `b`.
 constexpr std::uint64_t BucketUpper(std::size_t b) {
   if (b < kExactBelow) return b;
   const std::size_t k = b - kExactBelow;
@@ -57,12 +59,13 @@ static_assert(BucketOf(std::numeric_limits<std::uint64_t>::max()) == kBuckets - 
 static_assert(BucketUpper(kBuckets - 1) == std::numeric_limits<std::uint64_t>::max());
 }  // namespace histogram_internal
 
-// A point-in-time copy of a Histogram; also usable on its own as a single-threaded
-// histogram.
+/// A point-in-time copy of a Histogram; also usable on its own as a single-threaded
+/// histogram.
 class HistogramSnapshot {
  public:
   HistogramSnapshot() : counts_(histogram_internal::kBuckets, 0) {}
 
+  /// Records the value `v` `times` times (nothing for 0).
   void Record(std::uint64_t v, std::uint64_t times = 1) {
     if (times == 0) return;
     counts_[histogram_internal::BucketOf(v)] += times;
@@ -72,7 +75,7 @@ class HistogramSnapshot {
     max_ = std::max(max_, v);
   }
 
-  // Adds every record of `other` to this snapshot.
+  /// Adds every record of `other` to this snapshot.
   void Merge(const HistogramSnapshot& other) {
     for (std::size_t i = 0; i < counts_.size(); ++i) counts_[i] += other.counts_[i];
     count_ += other.count_;
@@ -81,9 +84,9 @@ class HistogramSnapshot {
     max_ = std::max(max_, other.max_);
   }
 
-  // Nearest-rank percentile for q in [0, 1]: the smallest recorded bucket whose
-  // cumulative count reaches ceil(q * count), reported as the bucket's upper bound
-  // clamped to the exact maximum (so Percentile(1.0) == max()). 0 when empty.
+  /// Nearest-rank percentile for q in [0, 1]: the smallest recorded bucket whose
+  /// cumulative count reaches ceil(q * count), reported as the bucket's upper bound
+  /// clamped to the exact maximum (so Percentile(1.0) == max()). 0 when empty.
   std::uint64_t Percentile(double q) const {
     if (count_ == 0) return 0;
     q = std::clamp(q, 0.0, 1.0);
@@ -100,11 +103,11 @@ class HistogramSnapshot {
     return max_;
   }
 
-  // Records in the buckets whose largest value is at most `v`: exactly the records
-  // <= v when v is a bucket's upper bound (every v below 64 is; above, one in each
-  // run of 2^(msb-5) values). Otherwise the bucket that straddles v is left out, and
-  // with it records up to 1/32 (3.1 %) of v below v: the count is a lower bound.
-  // Prometheus histogram buckets ("le") are read off with it.
+  /// Records in the buckets whose largest value is at most `v`: exactly the records
+  /// <= v when v is a bucket's upper bound (every v below 64 is; above, one in each
+  /// run of 2^(msb-5) values). Otherwise the bucket that straddles v is left out, and
+  /// with it records up to 1/32 (3.1 %) of v below v: the count is a lower bound.
+  /// Prometheus histogram buckets ("le") are read off with it.
   std::uint64_t CountAtMost(std::uint64_t v) const {
     std::uint64_t n = 0;
     for (std::size_t b = 0; b < counts_.size() && histogram_internal::BucketUpper(b) <= v; ++b) {
@@ -112,10 +115,17 @@ class HistogramSnapshot {
     }
     return n;
   }
+  /// Number of values recorded.
   std::uint64_t count() const { return count_; }
+  /// Sum of the values recorded (modulo 2^64).
   std::uint64_t sum() const { return sum_; }
+  /// Smallest value recorded; 0 when empty. Histogram::Snapshot widens it to the
+  /// lower bound of the smallest value's bucket (up to 3.1 % below the value).
   std::uint64_t min() const { return count_ == 0 ? 0 : min_; }
+  /// Largest value recorded; 0 when empty. Histogram::Snapshot widens it to the
+  /// upper bound of the largest value's bucket (up to 3.1 % above the value).
   std::uint64_t max() const { return max_; }
+  /// sum() / count(); 0 when empty.
   double mean() const {
     return count_ == 0 ? 0.0 : static_cast<double>(sum_) / static_cast<double>(count_);
   }
@@ -129,14 +139,15 @@ class HistogramSnapshot {
   std::uint64_t max_ = 0;
 };
 
-// Concurrent recorder. 15 KiB of counters; give each writer thread its own when
-// writers are many, and merge snapshots.
+/// Concurrent recorder. 15 KiB of counters; give each writer thread its own when
+/// writers are many, and merge snapshots.
 class Histogram {
  public:
   Histogram() = default;
   Histogram(const Histogram&) = delete;
   Histogram& operator=(const Histogram&) = delete;
 
+  /// Records the value `v`: relaxed atomic adds, never a lock.
   void Record(std::uint64_t v) {
     // relaxed: counters are statistics; no other memory is published through them.
     counts_[histogram_internal::BucketOf(v)].fetch_add(1, std::memory_order_relaxed);
@@ -150,6 +161,9 @@ class Histogram {
     }
   }
 
+  /// A copy of the counters. Its min() and max() are widened to the bounds of the
+  /// outermost non-empty buckets, so that min() <= every counted value <= max() even
+  /// when the snapshot races a Record.
   HistogramSnapshot Snapshot() const {
     HistogramSnapshot s;
     std::uint64_t n = 0;
@@ -177,6 +191,7 @@ class Histogram {
     return s;
   }
 
+  /// Number of values recorded so far (a relaxed read).
   std::uint64_t count() const { return count_.load(std::memory_order_relaxed); }
 
  private:

@@ -1,65 +1,67 @@
-// File: inferq/ring/mpmc_ring.hpp
-//
-// MpmcRing<T, Wait>: a bounded multi-producer multi-consumer FIFO ring. Lanes of the
-// engine are MpmcRings; so can be any hand-off between threads.
-//
-// Usage:
-//   inferq::MpmcRing<Job> ring(1024);        // capacity: a power of two, at least 2
-//   ring.try_push(Job{...});                 // false only when full or closed
-//   Job j;
-//   if (ring.pop(j)) { ... }                 // waits; false once closed and drained
-//   std::array<Job, 16> out;
-//   std::size_t n = ring.try_pop_bulk(std::span(out));   // up to 16 at once
-//   ring.close();                            // wakes every waiter
-//
-// Thread safety: every member function may be called from any number of threads at
-// once, except the constructor and destructor.
-//
-// Algorithm: Dmitry Vyukov's bounded MPMC queue (slot sequence numbers), with
-// tickets and sequences counted modulo 2^63 and the closed flag in bit 63 of the
-// producers' ticket. Producers draw tickets from `head_`, consumers from `tail_`;
-// ticket t uses slot t % capacity.
-// Invariants (all arithmetic modulo 2^63):
-//  1. A slot's `seq` is t when it is free for the producer of ticket t, t + 1 when it
-//     holds that producer's item, and t + capacity once the item was taken (= free for
-//     the producer of ticket t + capacity).
-//  2. A ticket is claimed by a successful CAS on head_/tail_; only its owner touches
-//     the slot's storage until it publishes the next `seq` with a release store, and
-//     the next owner acquires that store before touching the storage. The CAS
-//     publishes no data, the slot's seq does; it is seq_cst (kClaim) only because
-//     the wake-up protocol pairs with it (internal/event_count.hpp, invariants 2
-//     and 3), relaxed for a Wait that never sleeps.
-//  3. A bulk call claims n consecutive tickets with one CAS, after seeing all n slots
-//     ready; a ready slot stays ready until its ticket is claimed, so the claim holds.
-//  4. Bit 63 of head_ is the closed flag, set by close() with one atomic OR: a push
-//     either claimed its ticket before close() or fails, so no push succeeds after
-//     close() and then goes unseen by the consumers draining the ring.
-//  5. Because capacity divides 2^63, slot index and sequence stay consistent when the
-//     63-bit tickets wrap (after 2^63 operations; a test starts near the wrap).
-//  6. With no operation running, items live exactly in the slots of tickets
-//     [tail_, head_); the destructor destroys those.
-//  7. Layout: slots of at most half a cache line are packed k to a line and ticket t
-//     is remapped to line t % L, position (t / L) % k (L = capacity / k lines), so
-//     the slots of consecutive tickets — the one a producer fills while a consumer
-//     empties the one before — never share a line (AtomicQueue's index remapping),
-//     and a ring of 8-byte items takes 16 bytes a slot instead of a line. Measured
-//     against one slot per line in BENCHMARKS.md.
-//
-// try_ operations fail only when the ring is full (try_push), empty (try_pop) or
-// closed (try_push) at the moment they read the opposite ticket. When the next slot
-// is still being emptied by a consumer that claimed it (try_push), or filled by a
-// producer that claimed it (try_pop), the call waits for that thread to finish
-// rather than fail: a few instructions unless that thread was preempted. Bulk calls
-// return how many items moved, 0 exactly when a single try_ would have failed.
-//
-// Waiting (push, pop, push_for, pop_for) follows `Wait` (inferq/ring/wait_strategy.hpp):
-// by default spin, yield for up to 15 µs, then sleep on a futex; close() wakes every
-// waiter.
-//
-// Requirements on T: nothrow move construction, move assignment and destruction (a
-// throwing move after a ticket is claimed would leave a hole no one can fill). T may
-// be move-only. A copy or other construction that may throw is done before a ticket
-// is claimed.
+/// @file inferq/ring/mpmc_ring.hpp
+///
+/// MpmcRing<T, Wait>: a bounded multi-producer multi-consumer FIFO ring. Lanes of the
+/// engine are MpmcRings; so can be any hand-off between threads.
+///
+/// Usage:
+/// @code
+///   inferq::MpmcRing<Job> ring(1024);        // capacity: a power of two, at least 2
+///   ring.try_push(Job{...});                 // false only when full or closed
+///   Job j;
+///   if (ring.pop(j)) { ... }                 // waits; false once closed and drained
+///   std::array<Job, 16> out;
+///   std::size_t n = ring.try_pop_bulk(std::span(out));   // up to 16 at once
+///   ring.close();                            // wakes every waiter
+/// @endcode
+///
+/// Thread safety: every member function may be called from any number of threads at
+/// once, except the constructor and destructor.
+///
+/// Algorithm: Dmitry Vyukov's bounded MPMC queue (slot sequence numbers), with
+/// tickets and sequences counted modulo 2^63 and the closed flag in bit 63 of the
+/// producers' ticket. Producers draw tickets from `head_`, consumers from `tail_`;
+/// ticket t uses slot t % capacity.
+/// Invariants (all arithmetic modulo 2^63):
+///  1. A slot's `seq` is t when it is free for the producer of ticket t, t + 1 when it
+///     holds that producer's item, and t + capacity once the item was taken (= free for
+///     the producer of ticket t + capacity).
+///  2. A ticket is claimed by a successful CAS on head_/tail_; only its owner touches
+///     the slot's storage until it publishes the next `seq` with a release store, and
+///     the next owner acquires that store before touching the storage. The CAS
+///     publishes no data, the slot's seq does; it is seq_cst (kClaim) only because
+///     the wake-up protocol pairs with it (internal/event_count.hpp, invariants 2
+///     and 3), relaxed for a Wait that never sleeps.
+///  3. A bulk call claims n consecutive tickets with one CAS, after seeing all n slots
+///     ready; a ready slot stays ready until its ticket is claimed, so the claim holds.
+///  4. Bit 63 of head_ is the closed flag, set by close() with one atomic OR: a push
+///     either claimed its ticket before close() or fails, so no push succeeds after
+///     close() and then goes unseen by the consumers draining the ring.
+///  5. Because capacity divides 2^63, slot index and sequence stay consistent when the
+///     63-bit tickets wrap (after 2^63 operations; a test starts near the wrap).
+///  6. With no operation running, items live exactly in the slots of tickets
+///     [tail_, head_); the destructor destroys those.
+///  7. Layout: slots of at most half a cache line are packed k to a line and ticket t
+///     is remapped to line t % L, position (t / L) % k (L = capacity / k lines), so
+///     the slots of consecutive tickets — the one a producer fills while a consumer
+///     empties the one before — never share a line (AtomicQueue's index remapping),
+///     and a ring of 8-byte items takes 16 bytes a slot instead of a line. Measured
+///     against one slot per line in BENCHMARKS.md.
+///
+/// try_ operations fail only when the ring is full (try_push), empty (try_pop) or
+/// closed (try_push) at the moment they read the opposite ticket. When the next slot
+/// is still being emptied by a consumer that claimed it (try_push), or filled by a
+/// producer that claimed it (try_pop), the call waits for that thread to finish
+/// rather than fail: a few instructions unless that thread was preempted. Bulk calls
+/// return how many items moved, 0 exactly when a single try_ would have failed.
+///
+/// Waiting (push, pop, push_for, pop_for) follows `Wait` (inferq/ring/wait_strategy.hpp):
+/// by default spin, yield for up to 15 µs, then sleep on a futex; close() wakes every
+/// waiter.
+///
+/// Requirements on T: nothrow move construction, move assignment and destruction (a
+/// throwing move after a ticket is claimed would leave a hole no one can fill). T may
+/// be move-only. A copy or other construction that may throw is done before a ticket
+/// is claimed.
 #pragma once
 
 #include <algorithm>
@@ -85,6 +87,8 @@ namespace inferq {
 
 struct MpmcRingTestAccess;
 
+/// A bounded multi-producer multi-consumer FIFO ring of T, waiting as `Wait` says
+/// (see the file comment).
 template <class T, class Wait = HybridWait>
 class MpmcRing {
   static_assert(std::is_nothrow_move_constructible_v<T>,
@@ -94,12 +98,12 @@ class MpmcRing {
   static_assert(std::is_nothrow_destructible_v<T>, "MpmcRing<T> needs a nothrow destructor");
 
  public:
-  using value_type = T;
-  using wait_strategy = Wait;
+  using value_type = T;        ///< the item type
+  using wait_strategy = Wait;  ///< how blocking calls wait (ring/wait_strategy.hpp)
 
-  // Capacity in items, rounded up to a power of two, at least 2 (with one slot the
-  // sequence "holds the item of ticket t" would equal "free for ticket t + 1").
-  // Throws std::invalid_argument for 0 or for more than 2^40 items.
+  /// Capacity in items, rounded up to a power of two, at least 2 (with one slot the
+  /// sequence "holds the item of ticket t" would equal "free for ticket t + 1").
+  /// Throws std::invalid_argument for 0 or for more than 2^40 items.
   explicit MpmcRing(std::size_t capacity)
       : capacity_(ring_internal::RingCapacity("MpmcRing", capacity, 2)) {
     mask_ = capacity_ - 1;
@@ -121,7 +125,7 @@ class MpmcRing {
   MpmcRing(const MpmcRing&) = delete;
   MpmcRing& operator=(const MpmcRing&) = delete;
 
-  // Destroys the items still inside (invariant 6). No other thread may use the ring.
+  /// Destroys the items still inside (invariant 6). No other thread may use the ring.
   ~MpmcRing() {
     const std::uint64_t head = head_.load(std::memory_order_relaxed) & kTicketMask;
     for (std::uint64_t t = tail_.load(std::memory_order_relaxed); t != head;
@@ -130,25 +134,26 @@ class MpmcRing {
     }
   }
 
-  // Non-blocking. False when the ring is full or closed; on false `v` is untouched.
+  /// Non-blocking. False when the ring is full or closed; on false `v` is untouched.
   bool try_push(T&& v) { return try_emplace(std::move(v)); }
+  /// As try_push(T&&), with a copy of `v`.
   bool try_push(const T& v) { return try_emplace(v); }
 
-  // As try_push, but wakes no consumer asleep in pop: the caller owes the ring a
-  // wake_consumers() once it pushed what it had (a producer of a burst pays one
-  // futex wake for it instead of one per item). Until then a sleeping consumer
-  // sleeps on; one that is about to sleep sees the item (its re-check after
-  // announcing itself), so nothing is lost, only delayed.
+  /// As try_push, but wakes no consumer asleep in pop: the caller owes the ring a
+  /// wake_consumers() once it pushed what it had (a producer of a burst pays one
+  /// futex wake for it instead of one per item). Until then a sleeping consumer
+  /// sleeps on; one that is about to sleep sees the item (its re-check after
+  /// announcing itself), so nothing is lost, only delayed.
   bool try_push_quiet(T&& v) { return try_emplace_nothrow<false>(std::move(v)); }
-  // Wakes up to `n` consumers asleep in pop (after try_push_quiet of n items).
+  /// Wakes up to `n` consumers asleep in pop (after try_push_quiet of n items).
   void wake_consumers(std::size_t n) {
     if constexpr (Wait::kSleeps) {
       if (n > 0) not_empty_.NotifyMany(n);
     }
   }
 
-  // Constructs the item in its slot. When T is not nothrow-constructible from `a...`
-  // a temporary T is built first and moved in (see "Requirements on T").
+  /// Constructs the item in its slot. When T is not nothrow-constructible from `a...`
+  /// a temporary T is built first and moved in (see "Requirements on T").
   template <class... A>
   bool try_emplace(A&&... a) {
     if constexpr (std::is_nothrow_constructible_v<T, A&&...>) {
@@ -160,7 +165,7 @@ class MpmcRing {
     }
   }
 
-  // Non-blocking. False when the ring is empty; on true the item is moved to `out`.
+  /// Non-blocking. False when the ring is empty; on true the item is moved to `out`.
   bool try_pop(T& out) {
     std::uint64_t t = tail_.load(std::memory_order_relaxed);
     for (;;) {
@@ -186,7 +191,7 @@ class MpmcRing {
     }
   }
 
-  // Moves up to `out.size()` items into `out` in FIFO order; returns how many.
+  /// Moves up to `out.size()` items into `out` in FIFO order; returns how many.
   template <std::size_t Extent>
   std::size_t try_pop_bulk(std::span<T, Extent> out) {
     if (out.empty()) return 0;
@@ -210,8 +215,8 @@ class MpmcRing {
     }
   }
 
-  // Moves items from [first, last) into the ring in order until it is full; returns
-  // how many moved (the first ones). Requires a nothrow move from *first.
+  /// Moves items from [first, last) into the ring in order until it is full; returns
+  /// how many moved (the first ones). Requires a nothrow move from *first.
   template <class It>
   std::size_t try_push_bulk(It first, It last) {
     static_assert(std::is_nothrow_constructible_v<T, decltype(std::move(*first))>,
@@ -243,37 +248,40 @@ class MpmcRing {
       }
     }
   }
+  /// As try_push_bulk(first, last) over `items`.
   template <class U, std::size_t Extent>
   std::size_t try_push_bulk(std::span<U, Extent> items) {
     return try_push_bulk(items.begin(), items.end());
   }
 
-  // Blocking push: waits while the ring is full. False once the ring is closed
-  // (`v` then untouched).
+  /// Blocking push: waits while the ring is full. False once the ring is closed
+  /// (`v` then untouched).
   bool push(T&& v) { return push_until(std::move(v), kNoDeadline); }
+  /// As push(T&&), with a copy of `v`.
   bool push(const T& v) { return push_until(v, kNoDeadline); }
 
-  // Push that waits at most `timeout`. False on timeout or when closed.
+  /// Push that waits at most `timeout`. False on timeout or when closed.
   template <class Rep, class Period>
   bool push_for(T&& v, std::chrono::duration<Rep, Period> timeout) {
     return push_until(std::move(v), DeadlineAfter(timeout));
   }
+  /// As push_for(T&&, timeout), with a copy of `v`.
   template <class Rep, class Period>
   bool push_for(const T& v, std::chrono::duration<Rep, Period> timeout) {
     return push_until(v, DeadlineAfter(timeout));
   }
 
-  // Blocking pop: waits while the ring is empty. False once the ring is closed and
-  // every item pushed before close() has been popped.
+  /// Blocking pop: waits while the ring is empty. False once the ring is closed and
+  /// every item pushed before close() has been popped.
   bool pop(T& out) { return pop_until(out, kNoDeadline); }
 
-  // Pop that waits at most `timeout`. False on timeout, or when closed and drained.
+  /// Pop that waits at most `timeout`. False on timeout, or when closed and drained.
   template <class Rep, class Period>
   bool pop_for(T& out, std::chrono::duration<Rep, Period> timeout) {
     return pop_until(out, DeadlineAfter(timeout));
   }
 
-  // Pop with an absolute deadline in ns of inferq::SteadyClock (kNoDeadline: forever).
+  /// Pop with an absolute deadline in ns of inferq::SteadyClock (kNoDeadline: forever).
   bool pop_until(T& out, std::int64_t deadline_ns) {
     if (try_pop(out)) return true;
     if (deadline_ns != kNoDeadline &&
@@ -285,8 +293,8 @@ class MpmcRing {
         [&] { return size_approx() != 0; });
   }
 
-  // Closes the ring: later pushes fail, pops drain what is left and then fail; every
-  // blocked producer and consumer wakes. Idempotent.
+  /// Closes the ring: later pushes fail, pops drain what is left and then fail; every
+  /// blocked producer and consumer wakes. Idempotent.
   void close() {
     // seq_cst: the change a sleeper's give_up() re-check reads (event_count.hpp, inv. 2).
     head_.fetch_or(kClosedBit, std::memory_order_seq_cst);
@@ -294,10 +302,11 @@ class MpmcRing {
     not_full_.NotifyAll();
   }
 
+  /// True once close() was called.
   bool closed() const { return (head_.load(std::memory_order_seq_cst) & kClosedBit) != 0; }
 
-  // Items pushed and not yet popped, including ones in flight; exact when no
-  // operation is running.
+  /// Items pushed and not yet popped, including ones in flight; exact when no
+  /// operation is running.
   std::size_t size_approx() const {
     const std::uint64_t t = tail_.load(std::memory_order_acquire);
     const std::uint64_t h = head_.load(std::memory_order_acquire) & kTicketMask;
@@ -306,25 +315,26 @@ class MpmcRing {
     return n > capacity_ ? capacity_ : static_cast<std::size_t>(n);
   }
 
+  /// Capacity in items: the constructor's, rounded up to a power of two (at least 2).
   std::size_t capacity() const { return capacity_; }
 
  private:
   friend struct MpmcRingTestAccess;
   static constexpr std::uint64_t kClosedBit = std::uint64_t{1} << 63;
   static constexpr std::uint64_t kTicketMask = kClosedBit - 1;
-  // Slot publication and observation (invariant 2).
+  /// Slot publication and observation (invariant 2).
   static constexpr std::memory_order kPublish = std::memory_order_release;
   static constexpr std::memory_order kObserve = std::memory_order_acquire;
-  // A successful claim of tickets on head_/tail_ (and close()'s OR) is the change a
-  // sleeping waiter's re-check reads: seq_cst, so that the notify after it needs no
-  // fence (internal/event_count.hpp, invariant 2). On x86 a CAS is a locked
-  // instruction whatever its order, so this costs nothing there.
+  /// A successful claim of tickets on head_/tail_ (and close()'s OR) is the change a
+  /// sleeping waiter's re-check reads: seq_cst, so that the notify after it needs no
+  /// fence (internal/event_count.hpp, invariant 2). On x86 a CAS is a locked
+  /// instruction whatever its order, so this costs nothing there.
   static constexpr std::memory_order kClaim =
       Wait::kSleeps ? std::memory_order_seq_cst : std::memory_order_relaxed;
 
-  // A slot is the sequence and the item's storage. Small slots are packed several to
-  // a cache line and the tickets remapped (invariant 7); a slot of more than half a
-  // line gets a line of its own.
+  /// A slot is the sequence and the item's storage. Small slots are packed several to
+  /// a cache line and the tickets remapped (invariant 7); a slot of more than half a
+  /// line gets a line of its own.
   struct SlotFields {
     std::atomic<std::uint64_t> seq{0};
     alignas(T) unsigned char storage[sizeof(T)];
@@ -341,14 +351,14 @@ class MpmcRing {
       sizeof(Slot) >= kCacheLineSize ? 1 : kCacheLineSize / sizeof(Slot);
   static_assert(sizeof(Slot) % kCacheLineSize == 0 || kCacheLineSize % sizeof(Slot) == 0,
                 "slots tile cache lines exactly");
-  // Slots are allocated a line at a time (aligned operator new[]), so no slot
-  // straddles two lines.
+  /// Slots are allocated a line at a time (aligned operator new[]), so no slot
+  /// straddles two lines.
   struct alignas(kCacheLineSize) Line {
     Slot slot[kSlotsPerLine];
   };
   static_assert(sizeof(Line) == kSlotsPerLine * sizeof(Slot));
 
-  // Invariant 7: consecutive tickets map to different cache lines.
+  /// Invariant 7: consecutive tickets map to different cache lines.
   Slot& SlotAt(std::uint64_t ticket) const {
     const std::uint64_t i = ticket & mask_;
     const std::uint64_t line = i & lines_mask_;
@@ -356,7 +366,7 @@ class MpmcRing {
     return lines_[line].slot[pos];
   }
 
-  // a - b as a signed 63-bit number (tickets and sequences are mod 2^63).
+  /// a - b as a signed 63-bit number (tickets and sequences are mod 2^63).
   static std::int64_t Distance(std::uint64_t a, std::uint64_t b) {
     return static_cast<std::int64_t>(((a - b) & kTicketMask) << 1) >> 1;
   }
@@ -424,15 +434,15 @@ class MpmcRing {
     }
   }
 
-  // Closed, and every ticket claimed before close() has been popped.
+  /// Closed, and every ticket claimed before close() has been popped.
   bool drained() const {
     const std::uint64_t h = head_.load(std::memory_order_seq_cst);
     if (!(h & kClosedBit)) return false;
     return tail_.load(std::memory_order_acquire) == (h & kTicketMask);
   }
 
-  // Producers' and consumers' tickets on separate lines (no false sharing between
-  // the two sides); the rest is read-only after construction.
+  /// Producers' and consumers' tickets on separate lines (no false sharing between
+  /// the two sides); the rest is read-only after construction.
   alignas(kCacheLineSize) std::atomic<std::uint64_t> head_{0};
   alignas(kCacheLineSize) std::atomic<std::uint64_t> tail_{0};
   alignas(kCacheLineSize) ring_internal::EventCount not_empty_;

@@ -1,53 +1,53 @@
-// File: inferq/ring/internal/event_count.hpp  (not API: used by the ring headers)
-//
-// An event count: lets a thread sleep until "something changed" without a lock and
-// without a syscall on the notifier's side while nobody sleeps. The waiter announces
-// itself in `sleepers_`, re-checks its condition, then sleeps on `epoch_`; a notifier
-// that has just changed the state bumps `epoch_` and wakes the sleepers only when it
-// sees one. (Dmitry Vyukov's eventcount; folly::EventCount is the same idea.)
-//
-// On Linux the sleep is a futex on `epoch_` — the same primitive std::atomic::wait
-// uses there — called directly so that a wait can have a deadline
-// (FUTEX_WAIT_BITSET on CLOCK_MONOTONIC). Elsewhere untimed waits use
-// std::atomic::wait and timed ones poll with short sleeps.
-//
-// Protocol (the invariants the ring relies on):
-//  1. Waiter: PrepareWait() (sleepers_ += 1 with a seq_cst read-modify-write, then a
-//     seq_cst fence, then reads the epoch key), then re-checks its condition; if
-//     still false Wait(key, deadline), else CancelWait().
-//  2. Notifier: makes its change with a seq_cst read-modify-write (or store) of the
-//     word the waiter's re-check reads — the ring's head_ or tail_ — and then calls
-//     NotifyOne/Many/All, which read sleepers_ (and active_) with seq_cst loads. No
-//     fence: on x86 the ring's CAS on head_/tail_ is a locked instruction whatever
-//     its order and a seq_cst load is a plain load, so a push or pop with nobody
-//     asleep pays nothing for the protocol but one load of a line that changes only
-//     when a waiter falls asleep or wakes (sleepers_ and epoch_ share it; active_,
-//     which waiters write on every wait, has a line of its own).
-//  3. Why no wake-up is lost: all four operations of 1 and 2 are in the single total
-//     order S of seq_cst operations. If the notifier's load of sleepers_ does not see
-//     the waiter's increment, the load precedes the increment in S, so the
-//     notifier's change precedes the waiter's fence in S, and the waiter's re-check
-//     (after that fence) reads the change or a later value ([atomics.order]/4.3):
-//     it does not sleep. Otherwise the notifier sees sleepers_ > 0 and bumps epoch_,
-//     so the futex wait returns at once (value changed) or is woken.
-//  4. A notifier of one change (NotifyOne) skips the wake-up while a waiter is
-//     active (spinning or yielding, not asleep): that waiter takes the change, or
-//     passes it on. Every waiter, when it leaves the active phase and when it
-//     returns from WaitUntil, leaves active_ first (a seq_cst read-modify-write and
-//     fence) and then checks whether anyone sleeps and more is available; if so it
-//     calls NotifyOne.
-//     The same pairing as in 3 makes that safe: either the notifier sees the waiter
-//     gone from active_ (and wakes a sleeper itself), or the leaving waiter sees the
-//     change (and wakes one). So while anything is available, some waiter is awake
-//     or about to be, and a push with an active consumer costs no futex call (the
-//     rule Go's scheduler applies to its spinning threads).
-// An earlier version put a seq_cst fence on the notifier's side too (and offered
-// Linux membarrier(2) to make it cheap); with the ring's own seq_cst CAS it is not
-// needed, and it was the hybrid wait's main cost under load (BENCHMARKS.md,
-// bench_rings: the profile of BM_Throughput).
-// Under ThreadSanitizer, which models no fences, both sides use seq_cst
-// read-modify-writes of sleepers_ instead (ordered in its modification order: the
-// later one synchronizes with the earlier).
+/// @file inferq/ring/internal/event_count.hpp  (not API: used by the ring headers)
+///
+/// An event count: lets a thread sleep until "something changed" without a lock and
+/// without a syscall on the notifier's side while nobody sleeps. The waiter announces
+/// itself in `sleepers_`, re-checks its condition, then sleeps on `epoch_`; a notifier
+/// that has just changed the state bumps `epoch_` and wakes the sleepers only when it
+/// sees one. (Dmitry Vyukov's eventcount; folly::EventCount is the same idea.)
+///
+/// On Linux the sleep is a futex on `epoch_` — the same primitive std::atomic::wait
+/// uses there — called directly so that a wait can have a deadline
+/// (FUTEX_WAIT_BITSET on CLOCK_MONOTONIC). Elsewhere untimed waits use
+/// std::atomic::wait and timed ones poll with short sleeps.
+///
+/// Protocol (the invariants the ring relies on):
+///  1. Waiter: PrepareWait() (sleepers_ += 1 with a seq_cst read-modify-write, then a
+///     seq_cst fence, then reads the epoch key), then re-checks its condition; if
+///     still false Wait(key, deadline), else CancelWait().
+///  2. Notifier: makes its change with a seq_cst read-modify-write (or store) of the
+///     word the waiter's re-check reads — the ring's head_ or tail_ — and then calls
+///     NotifyOne/Many/All, which read sleepers_ (and active_) with seq_cst loads. No
+///     fence: on x86 the ring's CAS on head_/tail_ is a locked instruction whatever
+///     its order and a seq_cst load is a plain load, so a push or pop with nobody
+///     asleep pays nothing for the protocol but one load of a line that changes only
+///     when a waiter falls asleep or wakes (sleepers_ and epoch_ share it; active_,
+///     which waiters write on every wait, has a line of its own).
+///  3. Why no wake-up is lost: all four operations of 1 and 2 are in the single total
+///     order S of seq_cst operations. If the notifier's load of sleepers_ does not see
+///     the waiter's increment, the load precedes the increment in S, so the
+///     notifier's change precedes the waiter's fence in S, and the waiter's re-check
+///     (after that fence) reads the change or a later value ([atomics.order]/4.3):
+///     it does not sleep. Otherwise the notifier sees sleepers_ > 0 and bumps epoch_,
+///     so the futex wait returns at once (value changed) or is woken.
+///  4. A notifier of one change (NotifyOne) skips the wake-up while a waiter is
+///     active (spinning or yielding, not asleep): that waiter takes the change, or
+///     passes it on. Every waiter, when it leaves the active phase and when it
+///     returns from WaitUntil, leaves active_ first (a seq_cst read-modify-write and
+///     fence) and then checks whether anyone sleeps and more is available; if so it
+///     calls NotifyOne.
+///     The same pairing as in 3 makes that safe: either the notifier sees the waiter
+///     gone from active_ (and wakes a sleeper itself), or the leaving waiter sees the
+///     change (and wakes one). So while anything is available, some waiter is awake
+///     or about to be, and a push with an active consumer costs no futex call (the
+///     rule Go's scheduler applies to its spinning threads).
+/// An earlier version put a seq_cst fence on the notifier's side too (and offered
+/// Linux membarrier(2) to make it cheap); with the ring's own seq_cst CAS it is not
+/// needed, and it was the hybrid wait's main cost under load (BENCHMARKS.md,
+/// bench_rings: the profile of BM_Throughput).
+/// Under ThreadSanitizer, which models no fences, both sides use seq_cst
+/// read-modify-writes of sleepers_ instead (ordered in its modification order: the
+/// later one synchronizes with the earlier).
 #pragma once
 
 #include <atomic>
@@ -73,11 +73,11 @@
 
 namespace inferq::ring_internal {
 
-// Deadlines are in ns of inferq::SteadyClock; inferq::kNoDeadline waits forever.
+/// Deadlines are in ns of inferq::SteadyClock; inferq::kNoDeadline waits forever.
 inline std::int64_t MonotonicNowNs() { return SteadyClock::Now(); }
 
-// Ring capacity: `requested` rounded up to a power of two, at least `min`. Throws
-// std::invalid_argument naming `ring` for 0 or more than 2^40.
+/// Ring capacity: `requested` rounded up to a power of two, at least `min`. Throws
+/// std::invalid_argument naming `ring` for 0 or more than 2^40.
 inline std::size_t RingCapacity(const char* ring, std::size_t requested, std::size_t min) {
   if (requested == 0) {
     throw std::invalid_argument(std::string(ring) + " capacity must be > 0, got 0");
@@ -99,7 +99,7 @@ inline void CpuRelax() {
 
 class EventCount {
  public:
-  // Step 1 of the protocol. Returns the key to pass to Wait.
+  /// Step 1 of the protocol. Returns the key to pass to Wait.
   std::uint32_t PrepareWait() {
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
 #if !defined(__SANITIZE_THREAD__)
@@ -110,7 +110,7 @@ class EventCount {
     return epoch_.load(std::memory_order_acquire);
   }
 
-  // Invariants 2 and 3, notifier side (after a seq_cst change of the ring).
+  /// Invariants 2 and 3, notifier side (after a seq_cst change of the ring).
   bool HasSleepers() {
 #if defined(__SANITIZE_THREAD__)
     return sleepers_.fetch_add(0, std::memory_order_seq_cst) != 0;
@@ -119,7 +119,7 @@ class EventCount {
 #endif
   }
 
-  // Invariants 2, 3 and 4, notifier side: a sleeper exists and no waiter is active.
+  /// Invariants 2, 3 and 4, notifier side: a sleeper exists and no waiter is active.
   bool NeedsWake() {
 #if defined(__SANITIZE_THREAD__)
     if (sleepers_.fetch_add(0, std::memory_order_seq_cst) == 0) return false;
@@ -130,10 +130,10 @@ class EventCount {
 #endif
   }
 
-  // Active (spinning/yielding) waiters: at most `max` at a time. relaxed: the count
-  // only gates wake-ups through NeedsWake, whose safety rests on LeaveActive
-  // (invariant 4); a notifier that misses a new active waiter only wakes a sleeper
-  // it did not have to.
+  /// Active (spinning/yielding) waiters: at most `max` at a time. relaxed: the count
+  /// only gates wake-ups through NeedsWake, whose safety rests on LeaveActive
+  /// (invariant 4); a notifier that misses a new active waiter only wakes a sleeper
+  /// it did not have to.
   bool TryBecomeActive(int max) {
     int n = active_.load(std::memory_order_relaxed);
     while (n < max) {
@@ -141,7 +141,7 @@ class EventCount {
     }
     return false;
   }
-  // Invariant 4: the caller checks for more afterwards (and calls NotifyOne).
+  /// Invariant 4: the caller checks for more afterwards (and calls NotifyOne).
   void LeaveActive() {
     active_.fetch_sub(1, std::memory_order_seq_cst);
 #if !defined(__SANITIZE_THREAD__)
@@ -149,14 +149,14 @@ class EventCount {
 #endif
   }
 
-  // Invariant 6: the adaptive skip of strategies with kProcessBudget.
+  /// Invariant 6: the adaptive skip of strategies with kProcessBudget.
   AdaptiveSpin& spin() { return spin_; }
 
-  // The re-check found the condition true: withdraw the announcement.
+  /// The re-check found the condition true: withdraw the announcement.
   void CancelWait() { sleepers_.fetch_sub(1, std::memory_order_relaxed); }
 
-  // Sleeps until epoch_ != key, a spurious wake-up, or `deadline_ns` (monotonic)
-  // passes, then withdraws the announcement. The caller re-checks its condition.
+  /// Sleeps until epoch_ != key, a spurious wake-up, or `deadline_ns` (monotonic)
+  /// passes, then withdraws the announcement. The caller re-checks its condition.
   void Wait(std::uint32_t key, std::int64_t deadline_ns) {
 #if defined(__linux__)
     if (deadline_ns == inferq::kNoDeadline) {
@@ -182,10 +182,10 @@ class EventCount {
     sleepers_.fetch_sub(1, std::memory_order_relaxed);
   }
 
-  // Step 2 of the protocol: call after the state change is visible.
-  // Wakes one sleeper: for one new item or one free slot, one waiter is enough, and
-  // waking all of them (a thundering herd) burns CPU on every push. A waiter that was
-  // woken but leaves without taking anything (deadline) passes the wake on.
+  /// Step 2 of the protocol: call after the state change is visible.
+  /// Wakes one sleeper: for one new item or one free slot, one waiter is enough, and
+  /// waking all of them (a thundering herd) burns CPU on every push. A waiter that was
+  /// woken but leaves without taking anything (deadline) passes the wake on.
   void NotifyOne() {
     if (!NeedsWake()) return;
     epoch_.fetch_add(1, std::memory_order_seq_cst);
@@ -196,7 +196,7 @@ class EventCount {
 #endif
   }
 
-  // Wakes up to `n` sleepers: a bulk operation made n items or n slots available.
+  /// Wakes up to `n` sleepers: a bulk operation made n items or n slots available.
   void NotifyMany(std::size_t n) {
     if (n <= 1) {
       if (n == 1) NotifyOne();
@@ -212,7 +212,7 @@ class EventCount {
 #endif
   }
 
-  // Wakes every sleeper (close()).
+  /// Wakes every sleeper (close()).
   void NotifyAll() {
     if (!HasSleepers()) return;
     epoch_.fetch_add(1, std::memory_order_seq_cst);
@@ -225,19 +225,19 @@ class EventCount {
 
  private:
 #if defined(__linux__)
-  // std::atomic<std::uint32_t> is a standard-layout wrapper of one uint32_t (asserted
-  // below); the futex syscall needs the address of that word.
+  /// std::atomic<std::uint32_t> is a standard-layout wrapper of one uint32_t (asserted
+  /// below); the futex syscall needs the address of that word.
   std::uint32_t* Word() { return reinterpret_cast<std::uint32_t*>(&epoch_); }
   static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
   static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 #endif
-  // Read by every notify: changes only when a waiter falls asleep or wakes.
+  /// Read by every notify: changes only when a waiter falls asleep or wakes.
   std::atomic<std::uint32_t> epoch_{0};
   std::atomic<std::uint32_t> sleepers_{0};
-  // Written by every waiter on entry and exit; read by a notify only while someone
-  // sleeps (invariant 2).
+  /// Written by every waiter on entry and exit; read by a notify only while someone
+  /// sleeps (invariant 2).
   alignas(kCacheLineSize) std::atomic<int> active_{0};
-  // Invariant 6, on the waiters' line too.
+  /// Invariant 6, on the waiters' line too.
   AdaptiveSpin spin_;
 };
 
@@ -254,12 +254,12 @@ class EventCount {
 //     keeps the hand-off free of futex calls. (Adaptive spinning before blocking, as
 //     in the HotSpot JVM's monitors and glibc's PTHREAD_MUTEX_ADAPTIVE_NP.)
 
-// Waits as `Strategy` says (see inferq/ring/wait_strategy.hpp): spin, then yield,
-// then sleep on `ec` (or keep yielding). `ready()` tries the operation and returns
-// true when it succeeded; `give_up()` returns true when waiting is pointless (the
-// ring was closed); `more()` returns true when another waiter could succeed now
-// (an item or a free slot is left: invariant 4). Returns true when ready()
-// succeeded, false on give_up or when the monotonic deadline passed.
+/// Waits as `Strategy` says (see inferq/ring/wait_strategy.hpp): spin, then yield,
+/// then sleep on `ec` (or keep yielding). `ready()` tries the operation and returns
+/// true when it succeeded; `give_up()` returns true when waiting is pointless (the
+/// ring was closed); `more()` returns true when another waiter could succeed now
+/// (an item or a free slot is left: invariant 4). Returns true when ready()
+/// succeeded, false on give_up or when the monotonic deadline passed.
 template <class Strategy, class Ready, class GiveUp, class More>
 bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&& give_up,
                More&& more) {

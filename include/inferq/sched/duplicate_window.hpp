@@ -1,40 +1,42 @@
-// File: inferq/sched/duplicate_window.hpp
-//
-// DuplicateWindow: the message ids a stream accepted within its duplicate window,
-// with the stream sequence each was stored under (JetStream's
-// `Nats-Msg-Id` deduplication). A publish whose msg_id is found is acknowledged as
-// a duplicate with the original sequence and not stored again.
-//
-// Semantics (as JetStream's): the window is fixed from the first acceptance. An id
-// accepted at t is a duplicate for every publish with now < t + window, and a
-// duplicate does not extend that; from t + window on the id is new again and a
-// publish with it is stored under its new sequence. Ids are compared as exact bytes
-// (case-sensitive, no trimming, any byte allowed, the empty id included: whether a
-// message without an id is deduplicated is the caller's decision). The window's
-// length (the engine's default is 2 minutes) is the caller's.
-//
-// Usage:
-//   inferq::DuplicateWindow dedup(absl::Minutes(2));
-//   if (auto seq = dedup.Find(msg_id, now_ns)) return PubAck{*seq, /*duplicate=*/true};
-//   const std::uint64_t seq = Store(event);
-//   dedup.Insert(std::string(msg_id), seq, now_ns);
-//   dedup.Expire(now_ns);                          // now and then, or let Insert do it
-//
-// Cost: Find O(1); Insert O(1) amortised plus the expired entries it removes;
-// Expire O(expired), amortised. Entries sit in acceptance order in a deque that owns
-// the ids, and an absl::flat_hash_map keyed by views of those ids finds them (one
-// copy of each id). Memory: one entry per id accepted within the last window (about
-// sizeof(std::string) + 56 bytes plus the id's bytes beyond the SSO buffer), at most
-// `max_entries` of them: a new id beyond that forgets the oldest before its window
-// ends (counted by evicted()). When expiry leaves the hash table less than a quarter
-// full it is shrunk, so the memory of a burst of ids goes back to the allocator once
-// they expire, not only when the window is destroyed.
-//
-// Times are ns of the caller's clock; a now_ns earlier than one already seen is
-// taken as the latest seen.
-//
-// Thread safety: none (the engine calls it under the stream's mutex); const methods
-// may run concurrently with each other only.
+/// @file inferq/sched/duplicate_window.hpp
+///
+/// DuplicateWindow: the message ids a stream accepted within its duplicate window,
+/// with the stream sequence each was stored under (JetStream's
+/// `Nats-Msg-Id` deduplication). A publish whose msg_id is found is acknowledged as
+/// a duplicate with the original sequence and not stored again.
+///
+/// Semantics (as JetStream's): the window is fixed from the first acceptance. An id
+/// accepted at t is a duplicate for every publish with now < t + window, and a
+/// duplicate does not extend that; from t + window on the id is new again and a
+/// publish with it is stored under its new sequence. Ids are compared as exact bytes
+/// (case-sensitive, no trimming, any byte allowed, the empty id included: whether a
+/// message without an id is deduplicated is the caller's decision). The window's
+/// length (the engine's default is 2 minutes) is the caller's.
+///
+/// Usage:
+/// @code
+///   inferq::DuplicateWindow dedup(absl::Minutes(2));
+///   if (auto seq = dedup.Find(msg_id, now_ns)) return PubAck{*seq, /*duplicate=*/true};
+///   const std::uint64_t seq = Store(event);
+///   dedup.Insert(std::string(msg_id), seq, now_ns);
+///   dedup.Expire(now_ns);                          // now and then, or let Insert do it
+/// @endcode
+///
+/// Cost: Find O(1); Insert O(1) amortised plus the expired entries it removes;
+/// Expire O(expired), amortised. Entries sit in acceptance order in a deque that owns
+/// the ids, and an absl::flat_hash_map keyed by views of those ids finds them (one
+/// copy of each id). Memory: one entry per id accepted within the last window (about
+/// sizeof(std::string) + 56 bytes plus the id's bytes beyond the SSO buffer), at most
+/// `max_entries` of them: a new id beyond that forgets the oldest before its window
+/// ends (counted by evicted()). When expiry leaves the hash table less than a quarter
+/// full it is shrunk, so the memory of a burst of ids goes back to the allocator once
+/// they expire, not only when the window is destroyed.
+///
+/// Times are ns of the caller's clock; a now_ns earlier than one already seen is
+/// taken as the latest seen.
+///
+/// Thread safety: none (the engine calls it under the stream's mutex); const methods
+/// may run concurrently with each other only.
 #pragma once
 
 #include <algorithm>
@@ -54,10 +56,12 @@
 
 namespace inferq {
 
+/// The message ids accepted within a duplicate window, with their stream sequences
+/// (see the file comment).
 class DuplicateWindow {
  public:
-  // InvalidArgument naming the value for a window that is not positive and finite
-  // or does not fit int64 nanoseconds (about 292 years).
+  /// InvalidArgument naming the value for a window that is not positive and finite
+  /// or does not fit int64 nanoseconds (about 292 years).
   static absl::Status Validate(absl::Duration window) {
     if (window <= absl::ZeroDuration() || window == absl::InfiniteDuration() ||
         window > absl::Nanoseconds(INT64_MAX)) {
@@ -67,11 +71,11 @@ class DuplicateWindow {
     return absl::OkStatus();
   }
 
-  // Largest max_entries.
+  /// Largest max_entries.
   static constexpr std::size_t kMaxEntries = std::size_t{1} << 26;
 
-  // Throws std::invalid_argument with Validate's message, or naming max_entries
-  // outside 1..kMaxEntries.
+  /// Throws std::invalid_argument with Validate's message, or naming max_entries
+  /// outside 1..kMaxEntries.
   explicit DuplicateWindow(absl::Duration window, std::size_t max_entries = kMaxEntries) {
     if (absl::Status s = Validate(window); !s.ok()) {
       throw std::invalid_argument(std::string(s.message()));
@@ -87,8 +91,8 @@ class DuplicateWindow {
   DuplicateWindow(const DuplicateWindow&) = delete;
   DuplicateWindow& operator=(const DuplicateWindow&) = delete;
 
-  // The sequence msg_id was accepted with, if it was accepted within the window
-  // ending at now_ns; expired entries are not found even before Expire removes them.
+  /// The sequence msg_id was accepted with, if it was accepted within the window
+  /// ending at now_ns; expired entries are not found even before Expire removes them.
   std::optional<std::uint64_t> Find(std::string_view msg_id, std::int64_t now_ns) const {
     auto it = ids_.find(msg_id);
     if (it == ids_.end() || std::max(now_ns, now_ns_) >= it->second.expires_ns) {
@@ -97,10 +101,10 @@ class DuplicateWindow {
     return it->second.seq;
   }
 
-  // Records msg_id as accepted at now_ns under stream sequence `seq`, after
-  // removing the expired entries (and, at max_entries, the oldest entry). False,
-  // with nothing changed (the window is not extended), when msg_id is already in
-  // the window.
+  /// Records msg_id as accepted at now_ns under stream sequence `seq`, after
+  /// removing the expired entries (and, at max_entries, the oldest entry). False,
+  /// with nothing changed (the window is not extended), when msg_id is already in
+  /// the window.
   bool Insert(std::string msg_id, std::uint64_t seq, std::int64_t now_ns) {
     Expire(now_ns);
     if (ids_.contains(msg_id)) return false;
@@ -119,7 +123,7 @@ class DuplicateWindow {
     return true;
   }
 
-  // Removes every entry whose window ended at or before now_ns; returns how many.
+  /// Removes every entry whose window ended at or before now_ns; returns how many.
   std::size_t Expire(std::int64_t now_ns) {
     now_ns_ = std::max(now_ns_, now_ns);
     std::size_t removed = 0;
@@ -139,10 +143,10 @@ class DuplicateWindow {
     return removed;
   }
 
-  // Calls f(msg_id, seq, accepted_ns) for each id still inside its window at
-  // now_ns, in acceptance order (a snapshot to restore with Insert: the engine's
-  // purges file). accepted_ns is the window's start (for a window end that
-  // saturated at INT64_MAX, INT64_MAX - window).
+  /// Calls f(msg_id, seq, accepted_ns) for each id still inside its window at
+  /// now_ns, in acceptance order (a snapshot to restore with Insert: the engine's
+  /// purges file). accepted_ns is the window's start (for a window end that
+  /// saturated at INT64_MAX, INT64_MAX - window).
   template <class F>
   void ForEach(std::int64_t now_ns, F&& f) const {
     const std::int64_t now = std::max(now_ns, now_ns_);
@@ -153,11 +157,11 @@ class DuplicateWindow {
     }
   }
 
-  // Calls f(msg_id, seq, accepted_ns) as ForEach does, for the ids accepted under a
-  // sequence in [from_seq, below_seq) only: a file stream saves the ids of the
-  // messages whose log segment it retires. O(log size + ids called for), when the
-  // ids were inserted in ascending sequence order (as a stream inserts them); else
-  // every entry is looked at.
+  /// Calls f(msg_id, seq, accepted_ns) as ForEach does, for the ids accepted under a
+  /// sequence in [from_seq, below_seq) only: a file stream saves the ids of the
+  /// messages whose log segment it retires. O(log size + ids called for), when the
+  /// ids were inserted in ascending sequence order (as a stream inserts them); else
+  /// every entry is looked at.
   template <class F>
   void ForEachInRange(std::uint64_t from_seq, std::uint64_t below_seq, std::int64_t now_ns,
                       F&& f) const {
@@ -185,8 +189,8 @@ class DuplicateWindow {
     }
   }
 
-  // Forgets every id accepted under a sequence above `seq` (the engine's recovery,
-  // when the messages of those sequences were lost with a log's tail). O(size).
+  /// Forgets every id accepted under a sequence above `seq` (the engine's recovery,
+  /// when the messages of those sequences were lost with a log's tail). O(size).
   void ForgetAbove(std::uint64_t seq) {
     // The values first, while the map's views still point into order_'s ids.
     std::vector<Value> values;
@@ -209,33 +213,36 @@ class DuplicateWindow {
     }
   }
 
-  // Ids forgotten before their window ended because max_entries was reached.
+  /// Ids forgotten before their window ended because max_entries was reached.
   std::uint64_t evicted() const { return evicted_; }
+  /// The most entries held at once (the constructor's max_entries).
   std::size_t max_entries() const { return max_entries_; }
 
-  // Entries held, including expired ones not yet removed by Expire or Insert.
+  /// Entries held, including expired ones not yet removed by Expire or Insert.
   std::size_t size() const { return order_.size(); }
+  /// True when size() is 0.
   bool empty() const { return order_.empty(); }
+  /// The window's length, ns.
   std::int64_t window_ns() const { return window_ns_; }
 
  private:
   struct Record {
     std::string msg_id;
-    std::uint64_t seq;  // as in the map's Value (for ForEachInRange's search)
+    std::uint64_t seq;  ///< as in the map's Value (for ForEachInRange's search)
     std::int64_t expires_ns;
   };
   struct Value {
     std::uint64_t seq;
-    std::int64_t expires_ns;  // acceptance + window, saturated
+    std::int64_t expires_ns;  ///< acceptance + window, saturated
   };
 
   std::int64_t window_ns_ = 0;
   std::size_t max_entries_ = kMaxEntries;
   std::uint64_t evicted_ = 0;
-  std::int64_t now_ns_ = INT64_MIN;  // latest now_ns seen by Insert or Expire
-  std::deque<Record> order_;         // acceptance order; owns the ids
-  bool ascending_ = true;            // every Insert's seq above the one before
-  absl::flat_hash_map<std::string_view, Value> ids_;  // views into order_
+  std::int64_t now_ns_ = INT64_MIN;  ///< latest now_ns seen by Insert or Expire
+  std::deque<Record> order_;         ///< acceptance order; owns the ids
+  bool ascending_ = true;            ///< every Insert's seq above the one before
+  absl::flat_hash_map<std::string_view, Value> ids_;  ///< views into order_
 };
 
 }  // namespace inferq

@@ -1,71 +1,73 @@
-// File: inferq/sched/qos_scheduler.hpp
-//
-// QosScheduler<T>: the order in which one lane serves queued items of three QoS
-// tiers (gold, silver, bronze) and many tenants. Each tier has an
-// assured share of the lane's service while it is backlogged and a weight for the
-// rest; inside a tier, tenants share by deficit round robin; inside a tenant, items
-// leave FIFO (or by priority when preemption is on). Bounded: at most `capacity`
-// items.
-//
-// Usage:
-//   inferq::QosConfig config;                            // gold 20 %, silver 10 %, bronze 5 %
-//   auto sched = inferq::QosScheduler<Request>::Create(config);  // StatusOr<unique_ptr<..>>
-//   std::optional<Request> evicted;
-//   switch ((*sched)->Push(std::move(req), inferq::QosKey::Of(event), evicted)) { ... }
-//   while (std::optional<Request> next = (*sched)->Pop()) serve(*next);
-//
-// Service is counted in cost units (QosKey::cost, e.g. 1 per request or its
-// token count); shares below are shares of cost served.
-//
-// Pick rule (Pop), in this order:
-//  1. Assured shares. Over the last `service_window` picks, tier t received c_t of
-//     the C cost units served. A backlogged tier with assured share A_t > 0 and
-//     c_t / C < A_t is below its floor; if any is, the one with the smallest
-//     c_t / A_t (the most below, relative to its floor) is served; ties go to the
-//     better tier. (The window is a sliding window of picks, exact and
-//     deterministic; an empty window (C = 0) puts no tier below its floor.)
-//  2. Otherwise the backlogged tiers share by weight: stride scheduling (Waldspurger
-//     and Weihl, "Stride Scheduling", MIT/LCS/TM-528, 1995) with start-time fair
-//     queueing's virtual time for tiers that become backlogged (Goyal, Vin and
-//     Cheng, SIGCOMM 1996). Each tier has a pass; the backlogged tier with the
-//     lowest pass is served (ties to the better tier) and its pass grows by
-//     cost / weight. A tier that becomes backlogged starts at max(its pass, v),
-//     v = the pass the last weight-picked tier had when it was picked, so idle time
-//     earns no credit. Floor picks (rule 1) advance the pass too: the floor is a
-//     minimum inside the weighted share, not service on top of it.
-//  Consequences: a backlogged tier never gets less than its assured share over a
-//  window (within one item's cost); with the defaults the weights alone give gold
-//  8/13, silver 4/13, bronze 1/13 of the service when all three are backlogged, above
-//  every floor, so the floors matter when weights are skewed against a tier or when
-//  a tier comes back from idle (it is then served first until it reaches its
-//  floor in the window: at most about A_t x service_window picks in a row). Every
-//  tier has a weight >= 1, so no backlogged tier is ever starved.
-//  3. Inside the tier: deficit round robin between its backlogged tenants (Shreedhar
-//     and Varghese, "Efficient Fair Queuing Using Deficit Round Robin", SIGCOMM
-//     1995). A tenant whose turn comes adds quantum x its weight to its deficit and
-//     serves head items while the deficit covers their cost, then the turn passes.
-//     An emptied tenant's deficit resets to 0. Full rounds in which nobody can
-//     serve (costs above quantum x weight) are skipped arithmetically, so a Pop is
-//     O(tenants) in the worst case, not O(cost / quantum).
-//
-// Preemption (QosConfig::preemption): inside a tenant, items leave in strict
-// `priority` order (higher first), FIFO among equal priorities; and a push into a
-// full scheduler (or a tier at its max_items) evicts the lowest-priority item of
-// the same tier (the most recently pushed among equals) if, and only if, the new
-// item's priority is strictly higher. Arrival time never decides an eviction: an equal priority never
-// evicts, however old the queued item. Without preemption priority is ignored and a
-// full scheduler refuses every push.
-//
-// Costs: Push is O(1) plus a tenant lookup (one hash of the tenant name), and with
-// preemption O(queued items of that tenant with a lower priority) for the ordered
-// insert and O(backlogged tenants of the tier) for an eviction. Pop is O(1) amortised
-// for costs <= quantum x weight. Memory: the item slots (capacity of them) and the
-// share window are allocated by Create; a tenant's record and its per-tier queue
-// are allocated on its first push (or SetTenantWeight) and kept for the life of the
-// scheduler, so steady-state Push and Pop of known tenants do not allocate. Tenants
-// are never forgotten: a scheduler that sees unboundedly many tenant names grows.
-//
-// Thread safety: none. One thread at a time (the engine holds the lane's mutex).
+/// @file inferq/sched/qos_scheduler.hpp
+///
+/// QosScheduler<T>: the order in which one lane serves queued items of three QoS
+/// tiers (gold, silver, bronze) and many tenants. Each tier has an
+/// assured share of the lane's service while it is backlogged and a weight for the
+/// rest; inside a tier, tenants share by deficit round robin; inside a tenant, items
+/// leave FIFO (or by priority when preemption is on). Bounded: at most `capacity`
+/// items.
+///
+/// Usage:
+/// @code
+///   inferq::QosConfig config;                            // gold 20 %, silver 10 %, bronze 5 %
+///   auto sched = inferq::QosScheduler<Request>::Create(config);  // StatusOr<unique_ptr<..>>
+///   std::optional<Request> evicted;
+///   switch ((*sched)->Push(std::move(req), inferq::QosKey::Of(event), evicted)) { ... }
+///   while (std::optional<Request> next = (*sched)->Pop()) serve(*next);
+/// @endcode
+///
+/// Service is counted in cost units (QosKey::cost, e.g. 1 per request or its
+/// token count); shares below are shares of cost served.
+///
+/// Pick rule (Pop), in this order:
+///  1. Assured shares. Over the last `service_window` picks, tier t received c_t of
+///     the C cost units served. A backlogged tier with assured share A_t > 0 and
+///     c_t / C < A_t is below its floor; if any is, the one with the smallest
+///     c_t / A_t (the most below, relative to its floor) is served; ties go to the
+///     better tier. (The window is a sliding window of picks, exact and
+///     deterministic; an empty window (C = 0) puts no tier below its floor.)
+///  2. Otherwise the backlogged tiers share by weight: stride scheduling (Waldspurger
+///     and Weihl, "Stride Scheduling", MIT/LCS/TM-528, 1995) with start-time fair
+///     queueing's virtual time for tiers that become backlogged (Goyal, Vin and
+///     Cheng, SIGCOMM 1996). Each tier has a pass; the backlogged tier with the
+///     lowest pass is served (ties to the better tier) and its pass grows by
+///     cost / weight. A tier that becomes backlogged starts at max(its pass, v),
+///     v = the pass the last weight-picked tier had when it was picked, so idle time
+///     earns no credit. Floor picks (rule 1) advance the pass too: the floor is a
+///     minimum inside the weighted share, not service on top of it.
+///  Consequences: a backlogged tier never gets less than its assured share over a
+///  window (within one item's cost); with the defaults the weights alone give gold
+///  8/13, silver 4/13, bronze 1/13 of the service when all three are backlogged, above
+///  every floor, so the floors matter when weights are skewed against a tier or when
+///  a tier comes back from idle (it is then served first until it reaches its
+///  floor in the window: at most about A_t x service_window picks in a row). Every
+///  tier has a weight >= 1, so no backlogged tier is ever starved.
+///  3. Inside the tier: deficit round robin between its backlogged tenants (Shreedhar
+///     and Varghese, "Efficient Fair Queuing Using Deficit Round Robin", SIGCOMM
+///     1995). A tenant whose turn comes adds quantum x its weight to its deficit and
+///     serves head items while the deficit covers their cost, then the turn passes.
+///     An emptied tenant's deficit resets to 0. Full rounds in which nobody can
+///     serve (costs above quantum x weight) are skipped arithmetically, so a Pop is
+///     O(tenants) in the worst case, not O(cost / quantum).
+///
+/// Preemption (QosConfig::preemption): inside a tenant, items leave in strict
+/// `priority` order (higher first), FIFO among equal priorities; and a push into a
+/// full scheduler (or a tier at its max_items) evicts the lowest-priority item of
+/// the same tier (the most recently pushed among equals) if, and only if, the new
+/// item's priority is strictly higher. Arrival time never decides an eviction: an equal priority never
+/// evicts, however old the queued item. Without preemption priority is ignored and a
+/// full scheduler refuses every push.
+///
+/// Costs: Push is O(1) plus a tenant lookup (one hash of the tenant name), and with
+/// preemption O(queued items of that tenant with a lower priority) for the ordered
+/// insert and O(backlogged tenants of the tier) for an eviction. Pop is O(1) amortised
+/// for costs <= quantum x weight. Memory: the item slots (capacity of them) and the
+/// share window are allocated by Create; a tenant's record and its per-tier queue
+/// are allocated on its first push (or SetTenantWeight) and kept for the life of the
+/// scheduler, so steady-state Push and Pop of known tenants do not allocate. Tenants
+/// are never forgotten: a scheduler that sees unboundedly many tenant names grows.
+///
+/// Thread safety: none. One thread at a time (the engine holds the lane's mutex).
 #pragma once
 
 #include <algorithm>
@@ -90,81 +92,90 @@
 
 namespace inferq {
 
-inline constexpr std::size_t kQosTiers = 3;  // Qos::kGold, kSilver, kBronze
+inline constexpr std::size_t kQosTiers = 3;  ///< Qos::kGold, kSilver, kBronze
 
+/// One tier's assured share, weight and bound (QosConfig::tiers).
 struct QosTierConfig {
-  // Fraction of the lane's service (cost units) the tier gets at least while it is
-  // backlogged: [0, 1], resolution 1e-6; the three sum to at most 1.
+  /// Fraction of the lane's service (cost units) the tier gets at least while it is
+  /// backlogged: [0, 1], resolution 1e-6; the three sum to at most 1.
   double assured_share = 0;
-  // Share of the rest, relative to the other backlogged tiers: 1..65536.
+  /// Share of the rest, relative to the other backlogged tiers: 1..65536.
   std::uint32_t weight = 1;
-  // Items of this tier queued at most, 0..capacity; 0 means capacity. Bounding the
-  // lower tiers keeps room for the higher ones: without it a flood of bronze fills
-  // the scheduler and a gold push finds it full.
+  /// Items of this tier queued at most, 0..capacity; 0 means capacity. Bounding the
+  /// lower tiers keeps room for the higher ones: without it a flood of bronze fills
+  /// the scheduler and a gold push finds it full.
   std::uint32_t max_items = 0;
 };
 
+/// A QosScheduler's tiers and limits (see the file comment); checked by Validate.
 struct QosConfig {
-  // Indexed by Qos (gold, silver, bronze).
+  /// Indexed by Qos (gold, silver, bronze).
   std::array<QosTierConfig, kQosTiers> tiers{{{0.20, 8, 0}, {0.10, 4, 0}, {0.05, 1, 0}}};
-  // DRR quantum, cost units per turn and unit of tenant weight: 1..1,048,576.
+  /// DRR quantum, cost units per turn and unit of tenant weight: 1..1,048,576.
   std::uint32_t quantum = 1;
-  // Items queued at most: 1..16,777,216. All slots are allocated by Create.
+  /// Items queued at most: 1..16,777,216. All slots are allocated by Create.
   std::uint32_t capacity = 4096;
-  // Strict priority inside a tenant and eviction by priority when full.
+  /// Strict priority inside a tenant and eviction by priority when full.
   bool preemption = false;
-  // Picks the assured-share accounting looks back over: 1..1,048,576.
+  /// Picks the assured-share accounting looks back over: 1..1,048,576.
   std::uint32_t service_window = 1024;
 
-  // InvalidArgument naming the field and value when one is out of range.
+  /// InvalidArgument naming the field and value when one is out of range.
   static absl::Status Validate(const QosConfig& c);
 };
 
-// How a pushed item is classified. `tenant` is only read during Push.
+/// How a pushed item is classified. `tenant` is only read during Push.
 struct QosKey {
-  Qos tier = Qos::kSilver;
-  std::string_view tenant{};
-  std::int32_t priority = 0;  // higher = more urgent; used only with preemption
-  std::uint32_t cost = 1;     // service units, >= 1
+  Qos tier = Qos::kSilver;     ///< the item's tier
+  std::string_view tenant{};   ///< the item's tenant (deficit round robin in the tier)
+  std::int32_t priority = 0;  ///< higher = more urgent; used only with preemption
+  std::uint32_t cost = 1;     ///< service units, >= 1
 
+  /// The key of `e`: its qos, tenant and priority, with `cost`.
   static QosKey Of(const Event& e, std::uint32_t cost = 1) {
     return {e.qos, e.tenant, e.priority, cost};
   }
 };
 
+/// What QosScheduler::Push did with an item.
 enum class QosPushResult : std::uint8_t {
-  kAccepted,          // queued
-  kAcceptedEvicted,   // queued; a lower-priority item of its tier left (the out-param)
-  kFull,              // refused: no room (capacity or the tier's max_items), nothing to evict
-  kInvalidKey,        // refused: cost 0 or a tier outside gold..bronze
+  kAccepted,          ///< queued
+  kAcceptedEvicted,   ///< queued; a lower-priority item of its tier left (the out-param)
+  kFull,              ///< refused: no room (capacity or the tier's max_items), nothing to evict
+  kInvalidKey,        ///< refused: cost 0 or a tier outside gold..bronze
 };
 
+/// One tier's counters (QosStats::tiers).
 struct QosTierStats {
-  std::uint64_t queued = 0;
-  std::uint64_t served = 0;       // items popped
-  std::uint64_t served_cost = 0;  // their cost
-  std::uint64_t floor_picks = 0;  // pops decided by the assured share (rule 1)
-  std::uint64_t evicted = 0;      // items of this tier evicted by a higher priority
-  std::uint64_t refused = 0;      // pushes of this tier answered kFull
+  std::uint64_t queued = 0;       ///< items of this tier queued now
+  std::uint64_t served = 0;       ///< items popped
+  std::uint64_t served_cost = 0;  ///< their cost
+  std::uint64_t floor_picks = 0;  ///< pops decided by the assured share (rule 1)
+  std::uint64_t evicted = 0;      ///< items of this tier evicted by a higher priority
+  std::uint64_t refused = 0;      ///< pushes of this tier answered kFull
 };
 
+/// One tenant's counters over every tier (QosStats::tenants).
 struct QosTenantStats {
-  std::string tenant;
-  std::uint32_t weight = 1;
-  std::uint64_t queued = 0;
-  std::uint64_t served = 0;
-  std::uint64_t served_cost = 0;
+  std::string tenant;             ///< the tenant's name
+  std::uint32_t weight = 1;       ///< its DRR weight (SetTenantWeight)
+  std::uint64_t queued = 0;       ///< its items queued now
+  std::uint64_t served = 0;       ///< its items popped
+  std::uint64_t served_cost = 0;  ///< their cost
 };
 
+/// A QosScheduler's counters (QosScheduler::Stats).
 struct QosStats {
-  std::array<QosTierStats, kQosTiers> tiers{};
-  std::vector<QosTenantStats> tenants;  // in order of first appearance
+  std::array<QosTierStats, kQosTiers> tiers{};  ///< indexed by Qos
+  std::vector<QosTenantStats> tenants;  ///< in order of first appearance
 };
 
+/// The order in which one lane serves items of three QoS tiers and many tenants (see
+/// the file comment).
 template <class T>
 class QosScheduler {
  public:
-  // InvalidArgument as QosConfig::Validate.
+  /// InvalidArgument as QosConfig::Validate.
   static absl::StatusOr<std::unique_ptr<QosScheduler>> Create(const QosConfig& config) {
     if (absl::Status s = QosConfig::Validate(config); !s.ok()) return s;
     return std::unique_ptr<QosScheduler>(new QosScheduler(config));
@@ -172,9 +183,9 @@ class QosScheduler {
   QosScheduler(const QosScheduler&) = delete;
   QosScheduler& operator=(const QosScheduler&) = delete;
 
-  // Queues `item` under `key`. Moves from `item` only when the result is
-  // kAccepted or kAcceptedEvicted; on kAcceptedEvicted `evicted` holds the item
-  // that made room (otherwise it is left as it was).
+  /// Queues `item` under `key`. Moves from `item` only when the result is
+  /// kAccepted or kAcceptedEvicted; on kAcceptedEvicted `evicted` holds the item
+  /// that made room (otherwise it is left as it was).
   QosPushResult Push(T&& item, const QosKey& key, std::optional<T>& evicted) {
     const auto tier = static_cast<std::size_t>(key.tier);
     if (key.cost == 0 || tier >= kQosTiers) return QosPushResult::kInvalidKey;
@@ -212,8 +223,8 @@ class QosScheduler {
     return did_evict ? QosPushResult::kAcceptedEvicted : QosPushResult::kAccepted;
   }
 
-  // Whether a Push with `key` would be accepted now (kAccepted or
-  // kAcceptedEvicted). Changes nothing.
+  /// Whether a Push with `key` would be accepted now (kAccepted or
+  /// kAcceptedEvicted). Changes nothing.
   bool WouldAccept(const QosKey& key) {
     const auto tier = static_cast<std::size_t>(key.tier);
     if (key.cost == 0 || tier >= kQosTiers) return false;
@@ -222,7 +233,7 @@ class QosScheduler {
     return victim != kNil && key.priority > nodes_[victim].priority;
   }
 
-  // The next item by the pick rule; nullopt when empty.
+  /// The next item by the pick rule; nullopt when empty.
   std::optional<T> Pop() {
     if (size_ == 0) return std::nullopt;
     bool floor_pick = false;
@@ -254,9 +265,9 @@ class QosScheduler {
     return out;
   }
 
-  // Weight of `tenant` in every tier's DRR (quantum x weight per turn), 1..65536;
-  // default 1. Takes effect at the tenant's next turn. InvalidArgument naming the
-  // tenant and weight when out of range.
+  /// Weight of `tenant` in every tier's DRR (quantum x weight per turn), 1..65536;
+  /// default 1. Takes effect at the tenant's next turn. InvalidArgument naming the
+  /// tenant and weight when out of range.
   absl::Status SetTenantWeight(std::string_view tenant, std::uint32_t weight) {
     if (weight < 1 || weight > 65536) {
       return absl::InvalidArgumentError("qos tenant '" + std::string(tenant) + "' weight " +
@@ -266,12 +277,16 @@ class QosScheduler {
     return absl::OkStatus();
   }
 
+  /// Items queued.
   std::size_t size() const { return size_; }
+  /// True when size() is 0.
   bool empty() const { return size_ == 0; }
+  /// Most items queued at once (QosConfig::capacity).
   std::size_t capacity() const { return config_.capacity; }
+  /// The configuration it was created with.
   const QosConfig& config() const { return config_; }
 
-  // Allocates (the tenant list).
+  /// Allocates (the tenant list).
   QosStats Stats() const {
     QosStats s;
     for (std::size_t t = 0; t < kQosTiers; ++t) {
@@ -290,21 +305,21 @@ class QosScheduler {
 
   struct Node {
     std::uint32_t prev = kNil;
-    std::uint32_t next = kNil;  // also the free list link
+    std::uint32_t next = kNil;  ///< also the free list link
     std::int32_t priority = 0;
     std::uint32_t cost = 0;
     std::uint32_t flow = kNil;
-    std::uint64_t seq = 0;  // push order, for the eviction tie-break
+    std::uint64_t seq = 0;  ///< push order, for the eviction tie-break
     std::optional<T> value;
   };
-  // One tenant's queue in one tier, and its DRR state.
+  /// One tenant's queue in one tier, and its DRR state.
   struct Flow {
     std::uint32_t tenant = 0;
-    std::uint32_t head = kNil, tail = kNil;  // items, in service order
+    std::uint32_t head = kNil, tail = kNil;  ///< items, in service order
     std::uint64_t count = 0;
     std::int64_t deficit = 0;
-    bool granted = false;                    // got its quantum for the current turn
-    std::uint32_t prev = kNil, next = kNil;  // the tier's circular active list
+    bool granted = false;                    ///< got its quantum for the current turn
+    std::uint32_t prev = kNil, next = kNil;  ///< the tier's circular active list
     std::uint8_t tier = 0;
   };
   struct Tenant {
@@ -315,9 +330,9 @@ class QosScheduler {
   };
   struct Tier {
     std::uint64_t queued = 0;
-    std::uint32_t active = kNil;  // the flow whose turn it is
+    std::uint32_t active = kNil;  ///< the flow whose turn it is
     std::uint32_t active_count = 0;
-    double pass = 0;              // stride pass, cost / weight
+    double pass = 0;              ///< stride pass, cost / weight
     QosTierStats stats;
   };
   struct WindowEntry {
@@ -359,8 +374,8 @@ class QosScheduler {
     return fi;
   }
 
-  // Inserts node n into flow f: at the tail, or with preemption after the last
-  // item of priority >= its own.
+  /// Inserts node n into flow f: at the tail, or with preemption after the last
+  /// item of priority >= its own.
   void Insert(Flow& f, std::uint32_t n) {
     std::uint32_t after = f.tail;
     if (config_.preemption) {
@@ -385,7 +400,7 @@ class QosScheduler {
     free_ = n;
   }
 
-  // Bookkeeping after one item of flow f left (popped or evicted).
+  /// Bookkeeping after one item of flow f left (popped or evicted).
   void AfterRemove(Flow& f) {
     Tier& tr = tiers_[f.tier];
     --tr.queued;
@@ -398,7 +413,7 @@ class QosScheduler {
     }
   }
 
-  // Appends flow fi at the back of the tier's round (just before the current turn).
+  /// Appends flow fi at the back of the tier's round (just before the current turn).
   void Activate(Tier& tr, std::uint32_t fi) {
     Flow& f = flows_[fi];
     if (tr.active == kNil) {
@@ -431,7 +446,7 @@ class QosScheduler {
     return static_cast<std::int64_t>(config_.quantum) * tenants_[f.tenant].weight;
   }
 
-  // DRR: the flow whose head item is served now (its deficit already charged).
+  /// DRR: the flow whose head item is served now (its deficit already charged).
   std::uint32_t DrrPick(Tier& tr) {
     std::uint32_t misses = 0;
     for (;;) {
@@ -515,9 +530,9 @@ class QosScheduler {
     if (++window_pos_ == window_.size()) window_pos_ = 0;
   }
 
-  // The lowest-priority item of a tier, the most recently pushed among equals: each
-  // flow's tail is its lowest-priority, newest item (preemption orders the flow);
-  // between flows the push sequence numbers decide.
+  /// The lowest-priority item of a tier, the most recently pushed among equals: each
+  /// flow's tail is its lowest-priority, newest item (preemption orders the flow);
+  /// between flows the push sequence numbers decide.
   std::uint32_t LowestOfTier(std::size_t t) {
     const Tier& tr = tiers_[t];
     if (tr.active == kNil) return kNil;
@@ -546,7 +561,7 @@ class QosScheduler {
   std::array<std::uint64_t, kQosTiers> assured_ppm_{};
   std::array<std::uint64_t, kQosTiers> tier_limit_{};
   double vtime_ = 0;
-  // Sliding window of the last service_window picks.
+  /// Sliding window of the last service_window picks.
   std::vector<WindowEntry> window_;
   std::size_t window_pos_ = 0;
   std::size_t window_fill_ = 0;

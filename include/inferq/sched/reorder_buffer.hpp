@@ -1,50 +1,54 @@
-// File: inferq/sched/reorder_buffer.hpp
-//
-// ReorderBuffer<T>: puts the items of each sequence (a generation's tokens, keyed by
-// `seq_id`) back in `seq_no` order when several workers emit them out of order.
-// Items are released strictly in order; a number that does not
-// come within `gap_timeout_ns` is reported as missing (a gap, never hidden) and the
-// items after it are released.
-//
-// Usage:
-//   inferq::ReorderBuffer<Token> rb;                      // numbers start at 0
-//   auto sink = [&](std::string_view seq_id, std::uint64_t seq_no, Token&& t) {
-//     Deliver(seq_id, seq_no, std::move(t));              // strictly in order
-//   };
-//   auto on_gap = [&](std::string_view seq_id, std::uint64_t first, std::uint64_t end) {
-//     ReportLost(seq_id, first, end);                     // [first, end) never came
-//   };
-//   rb.Offer(tok.seq_id, tok.seq_no, std::move(tok), clock.NowNanos(), sink);
-//   rb.ExpireGaps(clock.NowNanos(), sink, on_gap);        // on a timer
-//   rb.Finish(seq_id, sink, on_gap, /*end_seq_no=*/n);    // generation done
-//
-// Per sequence the buffer keeps `next` (the next number to release) and the items
-// that came ahead of it. An offered number is
-//   < next:  kLate when it lies in a gap reported earlier (one of the last
-//            max_remembered_gaps_per_sequence gaps), else kDuplicate (released
-//            already, or below the first number given to Start); dropped, counted;
-//   = next:  released with every buffered item that follows it without a hole;
-//   > next:  buffered (kDuplicate if that number is buffered already), or
-//            kOverflow, refused with nothing changed, when seq_no - next >
-//            max_pending_per_sequence.
-//
-// Gap timing: a missing number `next` is known missing from the moment some later
-// number arrives, so the sequence's head has been waiting since the earliest
-// arrival among its buffered items. ExpireGaps reports the gap [next, first
-// buffered number) once now_ns - that arrival >= gap_timeout_ns, then releases the
-// run after it, and repeats while the next gap has also waited long enough.
-//
-// Memory bound: at most max_sequences sequences, each holding at most
-// max_pending_per_sequence items (with one 16-byte arrival record each) and
-// max_remembered_gaps_per_sequence gap ranges (16 bytes each); a sequence stays
-// until Finish, also when nothing is buffered (it remembers `next`), so callers
-// must Finish every sequence they open.
-//
-// Times are ns of the caller's clock; a now_ns earlier than one already seen is
-// taken as the latest seen.
-//
-// Thread safety: none. One thread at a time (the engine's receiver, or under a lock).
-// Callbacks run on the calling thread and must not call back into this buffer.
+/// @file inferq/sched/reorder_buffer.hpp
+///
+/// ReorderBuffer<T>: puts the items of each sequence (a generation's tokens, keyed by
+/// `seq_id`) back in `seq_no` order when several workers emit them out of order.
+/// Items are released strictly in order; a number that does not
+/// come within `gap_timeout_ns` is reported as missing (a gap, never hidden) and the
+/// items after it are released.
+///
+/// Usage:
+/// @code
+///   inferq::ReorderBuffer<Token> rb;                      // numbers start at 0
+///   auto sink = [&](std::string_view seq_id, std::uint64_t seq_no, Token&& t) {
+///     Deliver(seq_id, seq_no, std::move(t));              // strictly in order
+///   };
+///   auto on_gap = [&](std::string_view seq_id, std::uint64_t first, std::uint64_t end) {
+///     ReportLost(seq_id, first, end);                     // [first, end) never came
+///   };
+///   rb.Offer(tok.seq_id, tok.seq_no, std::move(tok), clock.NowNanos(), sink);
+///   rb.ExpireGaps(clock.NowNanos(), sink, on_gap);        // on a timer
+///   rb.Finish(seq_id, sink, on_gap, /*end_seq_no=*/n);    // generation done
+/// @endcode
+///
+/// Per sequence the buffer keeps `next` (the next number to release) and the items
+/// that came ahead of it. An offered number is
+/// @code{.unparsed}
+///   < next:  kLate when it lies in a gap reported earlier (one of the last
+///            max_remembered_gaps_per_sequence gaps), else kDuplicate (released
+///            already, or below the first number given to Start); dropped, counted;
+///   = next:  released with every buffered item that follows it without a hole;
+///   > next:  buffered (kDuplicate if that number is buffered already), or
+///            kOverflow, refused with nothing changed, when seq_no - next >
+///            max_pending_per_sequence.
+/// @endcode
+///
+/// Gap timing: a missing number `next` is known missing from the moment some later
+/// number arrives, so the sequence's head has been waiting since the earliest
+/// arrival among its buffered items. ExpireGaps reports the gap [next, first
+/// buffered number) once now_ns - that arrival >= gap_timeout_ns, then releases the
+/// run after it, and repeats while the next gap has also waited long enough.
+///
+/// Memory bound: at most max_sequences sequences, each holding at most
+/// max_pending_per_sequence items (with one 16-byte arrival record each) and
+/// max_remembered_gaps_per_sequence gap ranges (16 bytes each); a sequence stays
+/// until Finish, also when nothing is buffered (it remembers `next`), so callers
+/// must Finish every sequence they open.
+///
+/// Times are ns of the caller's clock; a now_ns earlier than one already seen is
+/// taken as the latest seen.
+///
+/// Thread safety: none. One thread at a time (the engine's receiver, or under a lock).
+/// Callbacks run on the calling thread and must not call back into this buffer.
 #pragma once
 
 #include <algorithm>
@@ -64,28 +68,31 @@
 
 namespace inferq {
 
+/// A ReorderBuffer's limits and gap timeout; checked by Validate.
 struct ReorderBufferOptions {
-  // Items buffered ahead of the next expected number, per sequence: an item is
-  // accepted when seq_no - next <= max_pending_per_sequence. >= 1.
+  /// Items buffered ahead of the next expected number, per sequence: an item is
+  /// accepted when seq_no - next <= max_pending_per_sequence. >= 1.
   std::uint32_t max_pending_per_sequence = 1024;
-  // Sequences known at once (open, not Finished). >= 1.
+  /// Sequences known at once (open, not Finished). >= 1.
   std::size_t max_sequences = 65536;
-  // How long a missing number is waited for once a later one has arrived, ns. > 0.
+  /// How long a missing number is waited for once a later one has arrived, ns. > 0.
   std::int64_t gap_timeout_ns = 50'000'000;
-  // Reported gaps remembered per sequence to tell late arrivals (kLate) from
-  // duplicates (kDuplicate); arrivals from older gaps count as duplicates. >= 1.
+  /// Reported gaps remembered per sequence to tell late arrivals (kLate) from
+  /// duplicates (kDuplicate); arrivals from older gaps count as duplicates. >= 1.
   std::uint32_t max_remembered_gaps_per_sequence = 64;
 };
 
+/// What Offer did with an item.
 enum class ReorderResult : std::uint8_t {
-  kReleased,          // this item (and any buffered run after it) went to the sink
-  kBuffered,          // held until the numbers before it come or are given up
-  kDuplicate,         // already released or already buffered: dropped, counted
-  kLate,              // reported missing by a gap earlier: dropped, counted
-  kOverflow,          // seq_no - next > max_pending_per_sequence: refused, nothing changed
-  kTooManySequences,  // a new seq_id while max_sequences are open: refused, nothing changed
+  kReleased,          ///< this item (and any buffered run after it) went to the sink
+  kBuffered,          ///< held until the numbers before it come or are given up
+  kDuplicate,         ///< already released or already buffered: dropped, counted
+  kLate,              ///< reported missing by a gap earlier: dropped, counted
+  kOverflow,          ///< seq_no - next > max_pending_per_sequence: refused, nothing changed
+  kTooManySequences,  ///< a new seq_id while max_sequences are open: refused, nothing changed
 };
 
+/// "released", "buffered", "duplicate", "late", "overflow" or "too_many_sequences".
 inline std::string_view ReorderResultName(ReorderResult r) {
   switch (r) {
     case ReorderResult::kReleased: return "released";
@@ -98,24 +105,25 @@ inline std::string_view ReorderResultName(ReorderResult r) {
   return "unknown";
 }
 
-// Counters since construction, except the *_now gauges.
+/// Counters since construction, except the *_now gauges.
 struct ReorderStats {
-  std::uint64_t released = 0;         // items handed to a sink
-  std::uint64_t buffered_now = 0;     // items held now
-  std::uint64_t sequences_now = 0;    // sequences open now
-  std::uint64_t duplicates = 0;       // kDuplicate results
-  std::uint64_t late = 0;             // kLate results
-  std::uint64_t gaps = 0;             // gap ranges reported through on_gap
-  std::uint64_t missing_numbers = 0;  // numbers in those ranges
-  std::uint64_t overflow = 0;         // kOverflow results
-  std::uint64_t too_many_sequences = 0;  // kTooManySequences results and Start refusals
+  std::uint64_t released = 0;         ///< items handed to a sink
+  std::uint64_t buffered_now = 0;     ///< items held now
+  std::uint64_t sequences_now = 0;    ///< sequences open now
+  std::uint64_t duplicates = 0;       ///< kDuplicate results
+  std::uint64_t late = 0;             ///< kLate results
+  std::uint64_t gaps = 0;             ///< gap ranges reported through on_gap
+  std::uint64_t missing_numbers = 0;  ///< numbers in those ranges
+  std::uint64_t overflow = 0;         ///< kOverflow results
+  std::uint64_t too_many_sequences = 0;  ///< kTooManySequences results and Start refusals
 };
 
+/// Puts the items of each sequence back in seq_no order (see the file comment).
 template <class T>
 class ReorderBuffer {
  public:
-  // InvalidArgument naming the field and its value for a zero limit or a
-  // gap_timeout_ns <= 0.
+  /// InvalidArgument naming the field and its value for a zero limit or a
+  /// gap_timeout_ns <= 0.
   static absl::Status Validate(const ReorderBufferOptions& o) {
     if (o.max_pending_per_sequence < 1) {
       return absl::InvalidArgumentError("ReorderBufferOptions.max_pending_per_sequence = " +
@@ -138,7 +146,7 @@ class ReorderBuffer {
     return absl::OkStatus();
   }
 
-  // Throws std::invalid_argument with Validate's message for invalid options.
+  /// Throws std::invalid_argument with Validate's message for invalid options.
   explicit ReorderBuffer(ReorderBufferOptions options = {}) : options_(options) {
     if (absl::Status s = Validate(options); !s.ok()) {
       throw std::invalid_argument(std::string(s.message()));
@@ -148,9 +156,9 @@ class ReorderBuffer {
   ReorderBuffer(const ReorderBuffer&) = delete;
   ReorderBuffer& operator=(const ReorderBuffer&) = delete;
 
-  // Opens seq_id with `first_seq_no` as its first number (sequences opened by Offer
-  // start at 0). AlreadyExists when seq_id is open; ResourceExhausted when
-  // max_sequences are open (counted in too_many_sequences).
+  /// Opens seq_id with `first_seq_no` as its first number (sequences opened by Offer
+  /// start at 0). AlreadyExists when seq_id is open; ResourceExhausted when
+  /// max_sequences are open (counted in too_many_sequences).
   absl::Status Start(std::string_view seq_id, std::uint64_t first_seq_no) {
     if (auto it = sequences_.find(seq_id); it != sequences_.end()) {
       return absl::AlreadyExistsError("sequence '" + std::string(seq_id) +
@@ -167,11 +175,11 @@ class ReorderBuffer {
     return absl::OkStatus();
   }
 
-  // Offers item seq_no of seq_id, arrived at now_ns. Calls
-  // sink(std::string_view seq_id, std::uint64_t seq_no, T&& item) for each item
-  // this makes releasable, in order, before returning. Opens seq_id (next = 0) if
-  // it is not open, unless the result is kOverflow or kTooManySequences.
-  // O(log buffered) plus the released items.
+  /// Offers item seq_no of seq_id, arrived at now_ns. Calls
+  /// sink(std::string_view seq_id, std::uint64_t seq_no, T&& item) for each item
+  /// this makes releasable, in order, before returning. Opens seq_id (next = 0) if
+  /// it is not open, unless the result is kOverflow or kTooManySequences.
+  /// O(log buffered) plus the released items.
   template <class Sink>
   ReorderResult Offer(std::string_view seq_id, std::uint64_t seq_no, T value,
                       std::int64_t now_ns, Sink&& sink) {
@@ -221,13 +229,13 @@ class ReorderBuffer {
     return ReorderResult::kReleased;
   }
 
-  // Reports, for every sequence whose head has waited gap_timeout_ns or more (see
-  // the file comment), the missing range through
-  // on_gap(std::string_view seq_id, std::uint64_t first_missing, std::uint64_t end_missing)
-  // (half-open), then releases the items after it through `sink`; a sequence can
-  // report several gaps in one call. Sequences are visited in the order their
-  // heads started waiting. Returns the number of gaps reported.
-  // O(log sequences) per gap plus the released items.
+  /// Reports, for every sequence whose head has waited gap_timeout_ns or more (see
+  /// the file comment), the missing range through
+  /// on_gap(std::string_view seq_id, std::uint64_t first_missing, std::uint64_t end_missing)
+  /// (half-open), then releases the items after it through `sink`; a sequence can
+  /// report several gaps in one call. Sequences are visited in the order their
+  /// heads started waiting. Returns the number of gaps reported.
+  /// O(log sequences) per gap plus the released items.
   template <class Sink, class OnGap>
   std::size_t ExpireGaps(std::int64_t now_ns, Sink&& sink, OnGap&& on_gap) {
     now_ns_ = std::max(now_ns_, now_ns);
@@ -243,8 +251,8 @@ class ReorderBuffer {
     return reported;
   }
 
-  // The time (ns) at which ExpireGaps will next have a gap to report, or nullopt
-  // when no sequence is waiting: the engine arms a timer for it.
+  /// The time (ns) at which ExpireGaps will next have a gap to report, or nullopt
+  /// when no sequence is waiting: the engine arms a timer for it.
   std::optional<std::int64_t> NextGapDeadline() const {
     if (waiting_.empty()) return std::nullopt;
     const std::int64_t since = waiting_.begin()->first.first;
@@ -252,11 +260,11 @@ class ReorderBuffer {
                                                        : since + options_.gap_timeout_ns;
   }
 
-  // Closes seq_id: the items it still holds are released in order, each hole before
-  // them reported through on_gap first; then, when end_seq_no (one past the last
-  // number of the sequence) is given and above the next expected number, the
-  // trailing range [next, end_seq_no) is reported too. False (nothing called) when
-  // seq_id is not open. A later Offer for seq_id opens a new sequence at 0.
+  /// Closes seq_id: the items it still holds are released in order, each hole before
+  /// them reported through on_gap first; then, when end_seq_no (one past the last
+  /// number of the sequence) is given and above the next expected number, the
+  /// trailing range [next, end_seq_no) is reported too. False (nothing called) when
+  /// seq_id is not open. A later Offer for seq_id opens a new sequence at 0.
   template <class Sink, class OnGap>
   bool Finish(std::string_view seq_id, Sink&& sink, OnGap&& on_gap,
               std::optional<std::uint64_t> end_seq_no = std::nullopt) {
@@ -279,34 +287,36 @@ class ReorderBuffer {
     return true;
   }
 
-  // The next number seq_id will release, or nullopt when it is not open.
+  /// The next number seq_id will release, or nullopt when it is not open.
   std::optional<std::uint64_t> NextExpected(std::string_view seq_id) const {
     auto it = sequences_.find(seq_id);
     if (it == sequences_.end()) return std::nullopt;
     return it->second->next;
   }
 
+  /// The counters.
   ReorderStats Stats() const { return stats_; }
+  /// The options it was made with.
   const ReorderBufferOptions& options() const { return options_; }
 
  private:
   struct Sequence {
     std::string id;
     std::uint64_t next = 0;
-    std::map<std::uint64_t, T> pending;  // buffered items, seq_no > next
-    // (seq_no, arrival ns) of buffered items in arrival order; entries with
-    // seq_no < next were released and are dropped lazily from the front. Since
-    // arrival times never decrease, the front's time is the earliest arrival.
+    std::map<std::uint64_t, T> pending;  ///< buffered items, seq_no > next
+    /// (seq_no, arrival ns) of buffered items in arrival order; entries with
+    /// seq_no < next were released and are dropped lazily from the front. Since
+    /// arrival times never decrease, the front's time is the earliest arrival.
     std::deque<std::pair<std::uint64_t, std::int64_t>> arrivals;
-    std::deque<std::pair<std::uint64_t, std::uint64_t>> gaps;  // reported, ascending
-    std::uint64_t uid = 0;                 // ties in waiting_
-    std::optional<std::int64_t> waiting_since;  // key in waiting_ when set
+    std::deque<std::pair<std::uint64_t, std::uint64_t>> gaps;  ///< reported, ascending
+    std::uint64_t uid = 0;                 ///< ties in waiting_
+    std::optional<std::int64_t> waiting_since;  ///< key in waiting_ when set
   };
 
-  using WaitKey = std::pair<std::int64_t, std::uint64_t>;  // (waiting since, uid)
+  using WaitKey = std::pair<std::int64_t, std::uint64_t>;  ///< (waiting since, uid)
 
-  // Re-files a sequence in waiting_ whenever a scope that changed it ends, also by
-  // an exception from a callback.
+  /// Re-files a sequence in waiting_ whenever a scope that changed it ends, also by
+  /// an exception from a callback.
   struct WaitingGuard {
     ReorderBuffer* self;
     Sequence* s;
@@ -341,7 +351,7 @@ class ReorderBuffer {
     }
   }
 
-  // s.pending is not empty and its first number is above s.next.
+  /// s.pending is not empty and its first number is above s.next.
   template <class Sink, class OnGap>
   void ReportGapAndRelease(Sequence& s, Sink& sink, OnGap& on_gap) {
     const std::uint64_t first = s.next;
@@ -366,11 +376,11 @@ class ReorderBuffer {
   }
 
   ReorderBufferOptions options_;
-  // Keys view the Sequence's own id (stable: the Sequence is heap-allocated).
+  /// Keys view the Sequence's own id (stable: the Sequence is heap-allocated).
   absl::flat_hash_map<std::string_view, std::unique_ptr<Sequence>> sequences_;
-  std::map<WaitKey, Sequence*> waiting_;  // sequences holding items, by waiting since
+  std::map<WaitKey, Sequence*> waiting_;  ///< sequences holding items, by waiting since
   ReorderStats stats_;
-  std::int64_t now_ns_ = INT64_MIN;  // latest now_ns seen
+  std::int64_t now_ns_ = INT64_MIN;  ///< latest now_ns seen
   std::uint64_t next_uid_ = 0;
 };
 

@@ -1,37 +1,39 @@
-// File: inferq/sched/timer_wheel.hpp
-//
-// TimerWheel<T>: a hierarchical hashed timing wheel (G. Varghese and T. Lauck,
-// "Hashed and Hierarchical Timing Wheels: Data Structures for the Efficient
-// Implementation of a Timer Facility", SOSP 1987, scheme 7). The engine keeps every
-// timer of a consumer on one wheel (ack waits and backoff, delayed naks, queue
-// timeouts, event TTLs and deadlines) and call timeouts on another: Schedule and
-// Cancel are O(1), Advance costs the timers it fires or moves, not the time that
-// passed.
-//
-// Time is whatever int64 nanosecond clock the caller uses (base/clock.hpp); the
-// wheel holds no clock, the caller passes `now_ns` to Advance.
-//
-// Usage:
-//   inferq::TimerWheel<MessageRef> wheel(clock.NowNanos());   // 1 ms ticks, 256 x 4
-//   inferq::TimerId id = wheel.Schedule(deadline_ns, ref);
-//   wheel.Cancel(id);                                          // acked in time
-//   wheel.Advance(clock.NowNanos(), [](MessageRef&& r, std::int64_t deadline_ns) {
-//     ...                                                      // expired
-//   });
-//   std::optional<std::int64_t> next = wheel.NextDeadline();  // sleep until then
-//
-// Guarantees:
-//  - A timer fires in the first Advance whose now_ns >= its deadline, never earlier:
-//    slots are tick-granular, but a timer whose deadline is later than now_ns stays
-//    in its slot even when its tick has come.
-//  - One Advance fires its timers in deadline order, ties in Schedule order.
-//  - A deadline in the past (at or before the latest now_ns the wheel has seen)
-//    fires at the next Advance; a deadline beyond the wheel's span
-//    (tick_ns x slots_per_level^levels) waits in an overflow list and moves into
-//    the wheel when its top-level cycle comes.
-//
-// Thread safety: none. One thread at a time (the engine's timer thread, under its
-// lock); const methods may run concurrently with each other only.
+/// @file inferq/sched/timer_wheel.hpp
+///
+/// TimerWheel<T>: a hierarchical hashed timing wheel (Varghese and Lauck,
+/// "Hashed and Hierarchical Timing Wheels: Data Structures for the Efficient
+/// Implementation of a Timer Facility", SOSP 1987, scheme 7). The engine keeps every
+/// timer of a consumer on one wheel (ack waits and backoff, delayed naks, queue
+/// timeouts, event TTLs and deadlines) and call timeouts on another: Schedule and
+/// Cancel are O(1), Advance costs the timers it fires or moves, not the time that
+/// passed.
+///
+/// Time is whatever int64 nanosecond clock the caller uses (base/clock.hpp); the
+/// wheel holds no clock, the caller passes `now_ns` to Advance.
+///
+/// Usage:
+/// @code
+///   inferq::TimerWheel<MessageRef> wheel(clock.NowNanos());   // 1 ms ticks, 256 x 4
+///   inferq::TimerId id = wheel.Schedule(deadline_ns, ref);
+///   wheel.Cancel(id);                                          // acked in time
+///   wheel.Advance(clock.NowNanos(), [](MessageRef&& r, std::int64_t deadline_ns) {
+///     ...                                                      // expired
+///   });
+///   std::optional<std::int64_t> next = wheel.NextDeadline();  // sleep until then
+/// @endcode
+///
+/// Guarantees:
+///  - A timer fires in the first Advance whose now_ns >= its deadline, never earlier:
+///    slots are tick-granular, but a timer whose deadline is later than now_ns stays
+///    in its slot even when its tick has come.
+///  - One Advance fires its timers in deadline order, ties in Schedule order.
+///  - A deadline in the past (at or before the latest now_ns the wheel has seen)
+///    fires at the next Advance; a deadline beyond the wheel's span
+///    (tick_ns x slots_per_level^levels) waits in an overflow list and moves into
+///    the wheel when its top-level cycle comes.
+///
+/// Thread safety: none. One thread at a time (the engine's timer thread, under its
+/// lock); const methods may run concurrently with each other only.
 #pragma once
 
 #include <algorithm>
@@ -49,30 +51,33 @@
 
 namespace inferq {
 
+/// A TimerWheel's tick and levels; checked by TimerWheel::Validate.
 struct TimerWheelOptions {
-  // Width of one level-0 slot, ns; > 0. Timers are sorted into slots by tick, and
-  // fire by their exact deadline.
+  /// Width of one level-0 slot, ns; > 0. Timers are sorted into slots by tick, and
+  /// fire by their exact deadline.
   std::int64_t tick_ns = 1'000'000;
-  // Slots of each level: a power of two in [2, 65536].
+  /// Slots of each level: a power of two in [2, 65536].
   std::uint32_t slots_per_level = 256;
-  // Levels: 1..8. Level l's slots are tick_ns x slots_per_level^l wide; the wheel
-  // spans tick_ns x slots_per_level^levels (defaults: 2^32 ms, about 49.7 days).
+  /// Levels: 1..8. Level l's slots are tick_ns x slots_per_level^l wide; the wheel
+  /// spans tick_ns x slots_per_level^levels (defaults: 2^32 ms, about 49.7 days).
   std::uint32_t levels = 4;
 };
 
-// A handle for Cancel. The default value names no timer. A handle stays unique for
-// 2^32 reuses of its slot (a generation counter), so a stale handle (its timer
-// fired or was cancelled) is recognised and refused.
+/// A handle for Cancel. The default value names no timer. A handle stays unique for
+/// 2^32 reuses of its slot (a generation counter), so a stale handle (its timer
+/// fired or was cancelled) is recognised and refused.
 struct TimerId {
-  std::uint64_t value = 0;
+  std::uint64_t value = 0;  ///< the slot's generation (high 32 bits) and index; 0: none
+  /// Same slot and generation.
   friend bool operator==(TimerId, TimerId) = default;
 };
 
+/// A hierarchical hashed timing wheel of timers carrying a T (see the file comment).
 template <class T>
 class TimerWheel {
  public:
-  // InvalidArgument naming the field and its value when tick_ns <= 0,
-  // slots_per_level is not a power of two in [2, 65536], or levels is not in 1..8.
+  /// InvalidArgument naming the field and its value when tick_ns <= 0,
+  /// slots_per_level is not a power of two in [2, 65536], or levels is not in 1..8.
   static absl::Status Validate(const TimerWheelOptions& options) {
     if (options.tick_ns <= 0) {
       return absl::InvalidArgumentError("TimerWheelOptions.tick_ns = " +
@@ -93,8 +98,8 @@ class TimerWheel {
     return absl::OkStatus();
   }
 
-  // The wheel's time starts at start_ns (ns of the caller's clock). Throws
-  // std::invalid_argument with Validate's message for invalid options.
+  /// The wheel's time starts at start_ns (ns of the caller's clock). Throws
+  /// std::invalid_argument with Validate's message for invalid options.
   explicit TimerWheel(std::int64_t start_ns, TimerWheelOptions options = {})
       : options_(options), start_ns_(start_ns), now_ns_(start_ns) {
     if (absl::Status s = Validate(options); !s.ok()) {
@@ -110,12 +115,12 @@ class TimerWheel {
   TimerWheel(const TimerWheel&) = delete;
   TimerWheel& operator=(const TimerWheel&) = delete;
 
-  // Schedules `value` to fire at deadline_ns (ns of the caller's clock). A deadline
-  // at or before the latest now_ns seen (start_ns or the last Advance) fires at the
-  // next Advance. Called from inside Advance's `fire`, the timer fires in a later
-  // Advance, never in the running one, even when its deadline has passed: a
-  // callback that re-arms itself for "now" cannot make Advance loop forever.
-  // O(1) (amortised: the node pool grows by doubling).
+  /// Schedules `value` to fire at deadline_ns (ns of the caller's clock). A deadline
+  /// at or before the latest now_ns seen (start_ns or the last Advance) fires at the
+  /// next Advance. Called from inside Advance's `fire`, the timer fires in a later
+  /// Advance, never in the running one, even when its deadline has passed: a
+  /// callback that re-arms itself for "now" cannot make Advance loop forever.
+  /// O(1) (amortised: the node pool grows by doubling).
   TimerId Schedule(std::int64_t deadline_ns, T value) {
     std::uint32_t i;
     if (free_ != kNil) {
@@ -136,10 +141,10 @@ class TimerWheel {
     return TimerId{(static_cast<std::uint64_t>(n.generation) << 32) | i};
   }
 
-  // Cancels a pending timer: true when it was pending (its value is destroyed and
-  // it will not fire); false for a timer that fired or was cancelled already, and
-  // for the default TimerId. O(1). May be called from inside `fire`, also for a
-  // timer of the same Advance that has not fired yet.
+  /// Cancels a pending timer: true when it was pending (its value is destroyed and
+  /// it will not fire); false for a timer that fired or was cancelled already, and
+  /// for the default TimerId. O(1). May be called from inside `fire`, also for a
+  /// timer of the same Advance that has not fired yet.
   bool Cancel(TimerId id) {
     const std::uint32_t i = static_cast<std::uint32_t>(id.value);
     const std::uint32_t gen = static_cast<std::uint32_t>(id.value >> 32);
@@ -158,20 +163,20 @@ class TimerWheel {
     return true;
   }
 
-  // Fires every timer whose deadline is <= now_ns: calls fire(T&& value,
-  // std::int64_t deadline_ns) for each, in deadline order, ties in Schedule order.
-  // A now_ns earlier than the latest one seen is taken as that one (the wheel's
-  // time never goes back). Returns the number of timers fired.
-  //
-  // `fire` may call Schedule (see there) and Cancel; it must not call Advance (a
-  // nested Advance does nothing and returns 0). If `fire` throws, the timers of
-  // this Advance that had not fired yet stay pending (they fire at the next
-  // Advance) and the exception propagates.
-  //
-  // Cost: O(levels x slots_per_level / 64) to find the slots whose range has begun,
-  // plus O(1) per timer moved down a level (each timer moves at most `levels`
-  // times, and overflow timers once per top-level cycle), plus O(k log k) to order
-  // the k timers fired. A jump over any amount of time costs no more.
+  /// Fires every timer whose deadline is <= now_ns: calls fire(T&& value,
+  /// std::int64_t deadline_ns) for each, in deadline order, ties in Schedule order.
+  /// A now_ns earlier than the latest one seen is taken as that one (the wheel's
+  /// time never goes back). Returns the number of timers fired.
+  ///
+  /// `fire` may call Schedule (see there) and Cancel; it must not call Advance (a
+  /// nested Advance does nothing and returns 0). If `fire` throws, the timers of
+  /// this Advance that had not fired yet stay pending (they fire at the next
+  /// Advance) and the exception propagates.
+  ///
+  /// Cost: O(levels x slots_per_level / 64) to find the slots whose range has begun,
+  /// plus O(1) per timer moved down a level (each timer moves at most `levels`
+  /// times, and overflow timers once per top-level cycle), plus O(k log k) to order
+  /// the k timers fired. A jump over any amount of time costs no more.
   template <class F>
   std::size_t Advance(std::int64_t now_ns, F&& fire) {
     if (advancing_) return 0;
@@ -256,11 +261,11 @@ class TimerWheel {
     return fired;
   }
 
-  // The earliest pending deadline, exactly (ns), or nullopt when no timer is
-  // pending. It may be earlier than the latest now_ns (a timer scheduled in the
-  // past, or during Advance). Timers of a running Advance that have not fired yet
-  // are not counted. Cost: O(levels x slots_per_level / 64) plus the timers of the
-  // first non-empty slot (or of the overflow list when the wheel itself is empty).
+  /// The earliest pending deadline, exactly (ns), or nullopt when no timer is
+  /// pending. It may be earlier than the latest now_ns (a timer scheduled in the
+  /// past, or during Advance). Timers of a running Advance that have not fired yet
+  /// are not counted. Cost: O(levels x slots_per_level / 64) plus the timers of the
+  /// first non-empty slot (or of the overflow list when the wheel itself is empty).
   std::optional<std::int64_t> NextDeadline() const {
     // Every timer of level l is earlier than every timer of level l + 1 (its ticks
     // share all digits above l with the current tick, level l + 1's timers have a
@@ -276,9 +281,11 @@ class TimerWheel {
     return std::nullopt;
   }
 
-  // Pending timers (scheduled, not fired, not cancelled).
+  /// Pending timers (scheduled, not fired, not cancelled).
   std::size_t size() const { return size_; }
+  /// True when size() is 0.
   bool empty() const { return size_ == 0; }
+  /// The options it was made with.
   const TimerWheelOptions& options() const { return options_; }
 
  private:
@@ -289,10 +296,10 @@ class TimerWheel {
   struct Node {
     std::optional<T> value;
     std::int64_t deadline_ns = 0;
-    std::uint64_t order = 0;  // Schedule order, for ties
+    std::uint64_t order = 0;  ///< Schedule order, for ties
     std::uint32_t prev = kNil;
-    std::uint32_t next = kNil;  // also the free list's link
-    std::uint32_t list = kNil;  // index into heads_
+    std::uint32_t next = kNil;  ///< also the free list's link
+    std::uint32_t list = kNil;  ///< index into heads_
     std::uint32_t generation = 1;
     State state = State::kFree;
   };
@@ -304,22 +311,22 @@ class TimerWheel {
     std::uint32_t generation;
   };
 
-  // Ticks since start_ns; deadlines before start_ns are tick 0.
+  /// Ticks since start_ns; deadlines before start_ns are tick 0.
   std::uint64_t TickOf(std::int64_t t) const {
     if (t <= start_ns_) return 0;
     const std::uint64_t diff = static_cast<std::uint64_t>(t) - static_cast<std::uint64_t>(start_ns_);
     return diff / static_cast<std::uint64_t>(options_.tick_ns);
   }
 
-  // Which span-sized cycle a tick is in (always 0 when the span covers 2^64 ticks).
+  /// Which span-sized cycle a tick is in (always 0 when the span covers 2^64 ticks).
   std::uint64_t TopCycle(std::uint64_t tick) const {
     const std::uint32_t span_bits = bits_ * options_.levels;
     return span_bits >= 64 ? 0 : tick >> span_bits;
   }
 
-  // Puts pending node i into the list its deadline belongs to, relative to tick_:
-  // the current level-0 slot if its tick has come, else the level of the highest
-  // digit in which its tick differs from tick_, else the overflow list.
+  /// Puts pending node i into the list its deadline belongs to, relative to tick_:
+  /// the current level-0 slot if its tick has come, else the level of the highest
+  /// digit in which its tick differs from tick_, else the overflow list.
   void Place(std::uint32_t i) {
     const std::uint64_t d = std::max(TickOf(nodes_[i].deadline_ns), tick_);
     std::uint32_t list;
@@ -357,7 +364,7 @@ class TimerWheel {
     n.prev = n.next = n.list = kNil;
   }
 
-  // Moves every node of a list to scratch_ (still kPending, linked nowhere).
+  /// Moves every node of a list to scratch_ (still kPending, linked nowhere).
   void DetachSlot(std::uint32_t list) {
     for (std::uint32_t i = heads_[list]; i != kNil;) {
       Node& n = nodes_[i];
@@ -388,7 +395,7 @@ class TimerWheel {
     word = on ? (word | bit) : (word & ~bit);
   }
 
-  // The first occupied slot of `level` at or after `from`, or kNil.
+  /// The first occupied slot of `level` at or after `from`, or kNil.
   std::uint32_t NextOccupied(std::uint32_t level, std::uint32_t from) const {
     const std::uint64_t* words = &occupied_[level * words_per_level_];
     for (std::uint32_t w = from / 64; w < words_per_level_; ++w) {
@@ -409,16 +416,16 @@ class TimerWheel {
 
   TimerWheelOptions options_;
   std::int64_t start_ns_;
-  std::int64_t now_ns_;       // latest now_ns seen (start_ns_ at first)
-  std::uint64_t tick_ = 0;    // TickOf(now_ns_)
-  std::uint32_t bits_ = 0;    // log2(slots_per_level)
+  std::int64_t now_ns_;       ///< latest now_ns seen (start_ns_ at first)
+  std::uint64_t tick_ = 0;    ///< TickOf(now_ns_)
+  std::uint32_t bits_ = 0;    ///< log2(slots_per_level)
   std::uint32_t mask_ = 0;
   std::uint32_t words_per_level_ = 0;
   std::vector<Node> nodes_;
   std::uint32_t free_ = kNil;
-  // heads_[level * slots_per_level + slot]; the last entry is the overflow list.
+  /// heads_[level * slots_per_level + slot]; the last entry is the overflow list.
   std::vector<std::uint32_t> heads_;
-  std::vector<std::uint64_t> occupied_;  // one bit per slot: its list is non-empty
+  std::vector<std::uint64_t> occupied_;  ///< one bit per slot: its list is non-empty
   std::vector<std::uint32_t> scratch_;
   std::vector<Due> batch_;
   std::uint64_t next_order_ = 0;

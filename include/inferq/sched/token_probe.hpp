@@ -1,31 +1,33 @@
-// File: inferq/sched/token_probe.hpp
-//
-// TokenProbe: token-level figures of generation streams where they are received,
-// per sequence (seq_id): the time to first token from the request's start, the gaps
-// between consecutive tokens (inter-token latency, TBT), and what putting the tokens
-// back in order saw: tokens that came ahead of a missing one (reordered), numbers
-// reported missing (gaps), copies dropped (duplicates). The receiver calls it beside
-// its ReorderBuffer (reorder_buffer.hpp), with the tokens the buffer releases.
-//
-// Usage:
-//   inferq::TokenProbe probe;
-//   probe.Start("req-42", request_sent_ns);      // the request went out
-//   probe.Token("req-42", now_ns);               // each token, in order: the first is TTFT
-//   probe.Finish("req-42");                      // the generation is complete
-//   inferq::TokenProbeStats s = probe.Stats();   // s.ttft_ns.Percentile(0.99)
-//
-// SLA attainment per QoS tier, where the host has TTFT targets: SetTtftSla(tier, ns)
-// and Start(seq_id, start_ns, tier); Stats().tiers[t] counts the tier's first tokens
-// and those within its target.
-//
-// Times are ns of the caller's clock (a replay may give trace time); a token earlier
-// than its sequence's start or previous token counts as 0 ns.
-//
-// Memory: one entry (the seq_id and two times) per open sequence, at most
-// `max_sequences`; Finish removes it.
-//
-// Thread safety: every method may be called from any thread at once (a mutex over
-// the open sequences; the histograms are concurrent recorders).
+/// @file inferq/sched/token_probe.hpp
+///
+/// TokenProbe: token-level figures of generation streams where they are received,
+/// per sequence (seq_id): the time to first token from the request's start, the gaps
+/// between consecutive tokens (inter-token latency, TBT), and what putting the tokens
+/// back in order saw: tokens that came ahead of a missing one (reordered), numbers
+/// reported missing (gaps), copies dropped (duplicates). The receiver calls it beside
+/// its ReorderBuffer (reorder_buffer.hpp), with the tokens the buffer releases.
+///
+/// Usage:
+/// @code
+///   inferq::TokenProbe probe;
+///   probe.Start("req-42", request_sent_ns);      // the request went out
+///   probe.Token("req-42", now_ns);               // each token, in order: the first is TTFT
+///   probe.Finish("req-42");                      // the generation is complete
+///   inferq::TokenProbeStats s = probe.Stats();   // s.ttft_ns.Percentile(0.99)
+/// @endcode
+///
+/// SLA attainment per QoS tier, where the host has TTFT targets: SetTtftSla(tier, ns)
+/// and Start(seq_id, start_ns, tier); Stats().tiers[t] counts the tier's first tokens
+/// and those within its target.
+///
+/// Times are ns of the caller's clock (a replay may give trace time); a token earlier
+/// than its sequence's start or previous token counts as 0 ns.
+///
+/// Memory: one entry (the seq_id and two times) per open sequence, at most
+/// `max_sequences`; Finish removes it.
+///
+/// Thread safety: every method may be called from any thread at once (a mutex over
+/// the open sequences; the histograms are concurrent recorders).
 #pragma once
 
 #include <array>
@@ -45,40 +47,43 @@
 
 namespace inferq {
 
-// First tokens of one QoS tier's sequences (those started with a tier).
+/// First tokens of one QoS tier's sequences (those started with a tier).
 struct TokenTierStats {
-  std::int64_t ttft_sla_ns = 0;      // the tier's target (SetTtftSla); 0 = none
-  std::uint64_t first_tokens = 0;    // sequences of the tier that got a first token
-  std::uint64_t within_sla = 0;      // of those, TTFT <= ttft_sla_ns (0 without a target)
+  std::int64_t ttft_sla_ns = 0;      ///< the tier's target (SetTtftSla); 0 = none
+  std::uint64_t first_tokens = 0;    ///< sequences of the tier that got a first token
+  std::uint64_t within_sla = 0;      ///< of those, TTFT <= ttft_sla_ns (0 without a target)
 };
 
+/// A TokenProbe's histograms and counters (TokenProbe::Stats).
 struct TokenProbeStats {
-  HistogramSnapshot ttft_ns;         // request start -> first token, per sequence
-  HistogramSnapshot inter_token_ns;  // token -> next token of the same sequence
-  std::uint64_t sequences_started = 0;
-  std::uint64_t sequences_finished = 0;
-  std::uint64_t sequences_open = 0;  // started, not finished
-  std::uint64_t tokens = 0;          // Token calls
-  std::uint64_t reordered = 0;       // Reordered: tokens that came ahead of a missing one
-  std::uint64_t missing = 0;         // Missing: numbers reported missing (never came)
-  std::uint64_t duplicates = 0;      // Duplicates: copies dropped
-  std::array<TokenTierStats, kQosTiers> tiers{};  // indexed by Qos
+  HistogramSnapshot ttft_ns;         ///< request start -> first token, per sequence
+  HistogramSnapshot inter_token_ns;  ///< token -> next token of the same sequence
+  std::uint64_t sequences_started = 0;   ///< successful Start calls
+  std::uint64_t sequences_finished = 0;  ///< successful Finish calls
+  std::uint64_t sequences_open = 0;  ///< started, not finished
+  std::uint64_t tokens = 0;          ///< Token calls
+  std::uint64_t reordered = 0;       ///< Reordered: tokens that came ahead of a missing one
+  std::uint64_t missing = 0;         ///< Missing: numbers reported missing (never came)
+  std::uint64_t duplicates = 0;      ///< Duplicates: copies dropped
+  std::array<TokenTierStats, kQosTiers> tiers{};  ///< indexed by Qos
 };
 
+/// Token-level figures of generation streams, per sequence (see the file comment).
 class TokenProbe {
  public:
+  /// A probe that keeps at most `max_sequences` sequences open at once.
   explicit TokenProbe(std::size_t max_sequences = std::size_t{1} << 20) : max_sequences_(max_sequences) {}
   TokenProbe(const TokenProbe&) = delete;
   TokenProbe& operator=(const TokenProbe&) = delete;
 
-  // Opens sequence `seq_id`, whose request started at `start_ns`. InvalidArgument for
-  // an empty seq_id, AlreadyExists for one open already (as ReorderBuffer::Start),
-  // ResourceExhausted when max_sequences are open. Nothing changes on an error.
+  /// Opens sequence `seq_id`, whose request started at `start_ns`. InvalidArgument for
+  /// an empty seq_id, AlreadyExists for one open already (as ReorderBuffer::Start),
+  /// ResourceExhausted when max_sequences are open. Nothing changes on an error.
   absl::Status Start(std::string_view seq_id, std::int64_t start_ns) {
     return Open(seq_id, start_ns, kNoTier);
   }
-  // As Start, for a request of QoS tier `tier`: its first token counts for the tier's
-  // SLA attainment. InvalidArgument also for a tier that is not a Qos value.
+  /// As Start, for a request of QoS tier `tier`: its first token counts for the tier's
+  /// SLA attainment. InvalidArgument also for a tier that is not a Qos value.
   absl::Status Start(std::string_view seq_id, std::int64_t start_ns, Qos tier) {
     const auto t = static_cast<std::size_t>(tier);
     if (t >= kQosTiers) {
@@ -87,9 +92,9 @@ class TokenProbe {
     }
     return Open(seq_id, start_ns, static_cast<std::uint8_t>(t));
   }
-  // The host's time-to-first-token target for `tier`, ns (0 = none): a first token
-  // within it counts as within the SLA (TokenTierStats). Applies to first tokens from
-  // now on. InvalidArgument for a negative target or a tier that is not a Qos value.
+  /// The host's time-to-first-token target for `tier`, ns (0 = none): a first token
+  /// within it counts as within the SLA (TokenTierStats). Applies to first tokens from
+  /// now on. InvalidArgument for a negative target or a tier that is not a Qos value.
   absl::Status SetTtftSla(Qos tier, std::int64_t sla_ns) {
     const auto t = static_cast<std::size_t>(tier);
     if (t >= kQosTiers || sla_ns < 0) {
@@ -99,9 +104,9 @@ class TokenProbe {
     tier_sla_ns_[t].store(sla_ns, std::memory_order_relaxed);
     return absl::OkStatus();
   }
-  // A token of `seq_id`, delivered in order at `now_ns`: the first records the time to
-  // first token (now - start), each later one its gap since the previous token.
-  // NotFound for a sequence that is not open.
+  /// A token of `seq_id`, delivered in order at `now_ns`: the first records the time to
+  /// first token (now - start), each later one its gap since the previous token.
+  /// NotFound for a sequence that is not open.
   absl::Status Token(std::string_view seq_id, std::int64_t now_ns) {
     std::int64_t since;
     bool first;
@@ -132,7 +137,7 @@ class TokenProbe {
     return absl::OkStatus();
   }
 
-  // Closes `seq_id`. NotFound for a sequence that is not open.
+  /// Closes `seq_id`. NotFound for a sequence that is not open.
   absl::Status Finish(std::string_view seq_id) {
     std::lock_guard lock(mu_);
     auto it = open_.find(Key(seq_id));
@@ -144,12 +149,15 @@ class TokenProbe {
     return absl::OkStatus();
   }
 
-  // What the reorder buffer saw (ReorderResult kBuffered, a reported gap's size,
-  // kDuplicate).
+  /// What the reorder buffer saw (ReorderResult kBuffered, a reported gap's size,
+  /// kDuplicate).
+  ///@{
   void Reordered(std::uint64_t n = 1) { reordered_.fetch_add(n, std::memory_order_relaxed); }
   void Missing(std::uint64_t n) { missing_.fetch_add(n, std::memory_order_relaxed); }
   void Duplicates(std::uint64_t n = 1) { duplicates_.fetch_add(n, std::memory_order_relaxed); }
+  ///@}
 
+  /// A snapshot of the histograms and counters.
   TokenProbeStats Stats() const {
     TokenProbeStats s;
     s.ttft_ns = ttft_ns_.Snapshot();
@@ -175,7 +183,7 @@ class TokenProbe {
   }
 
  private:
-  // Start's body; `tier` is kNoTier or a Qos value (the public Starts check it).
+  /// Start's body; `tier` is kNoTier or a Qos value (the public Starts check it).
   absl::Status Open(std::string_view seq_id, std::int64_t start_ns, std::uint8_t tier) {
     if (seq_id.empty()) return absl::InvalidArgumentError("TokenProbe::Start: empty seq_id");
     std::lock_guard lock(mu_);
@@ -191,18 +199,18 @@ class TokenProbe {
     return absl::OkStatus();
   }
 
-  // Debian's Abseil has its own string_view, which the map's lookups take.
+  /// Debian's Abseil has its own string_view, which the map's lookups take.
   static absl::string_view Key(std::string_view s) { return absl::string_view(s.data(), s.size()); }
   static constexpr std::uint8_t kNoTier = 0xFF;
   struct OpenSequence {
     std::int64_t start_ns;
     std::int64_t last_ns;
     bool had_token;
-    std::uint8_t tier;  // kNoTier: started without one
+    std::uint8_t tier;  ///< kNoTier: started without one
   };
   const std::size_t max_sequences_;
   mutable std::mutex mu_;
-  absl::flat_hash_map<std::string, OpenSequence> open_;  // guarded by mu_
+  absl::flat_hash_map<std::string, OpenSequence> open_;  ///< guarded by mu_
   Histogram ttft_ns_, inter_token_ns_;
   std::atomic<std::uint64_t> started_{0}, finished_{0}, tokens_{0}, reordered_{0}, missing_{0}, duplicates_{0};
   std::array<std::atomic<std::int64_t>, kQosTiers> tier_sla_ns_{};

@@ -1,32 +1,32 @@
-// File: inferq/routing/internal/probe_table.hpp  (not API: used by subject_trie.hpp)
-//
-// ProbeTable<Slot, Traits>: an open-addressing hash table with linear probing, the
-// slots stored inline (no separate control bytes), so that a lookup that hits reads
-// one cache line in the common case. The subject trie keeps its nodes and its
-// interned tokens in two of these.
-//
-// Traits provides:
-//   static Slot Empty();                    an empty slot
-//   static bool IsEmpty(const Slot&);
-//   static std::uint64_t Hash(const Slot&); of a stored slot's key; lookups pass the
-//                                           same hash of the key they look for.
-// Invariants:
-//  1. The capacity is 0 or a power of two; the high log2(capacity) bits of a key's
-//     hash are its home slot.
-//  2. The table is never more than 70% full (Insert doubles it first), so every run
-//     of occupied slots ends at an empty one and a lookup ends.
-//  3. Every entry is in the run that starts at or before its home slot and reaches
-//     it: no empty slot lies cyclically between an entry's home and its position.
-//     Erase keeps this without tombstones by shifting later entries of the run back
-//     (Knuth, TAOCP vol. 3, 6.4, Algorithm R).
-//  4. A table of 2 MiB or more is 2 MiB aligned, its size rounded up to 2 MiB, and on
-//     Linux advised to use transparent huge pages (madvise MADV_HUGEPAGE; the kernel
-//     may decline). A match touches one random slot per token: with 4 KiB pages each
-//     such touch of a large table is also a TLB miss and a page-table walk.
-//
-// Thread safety: const methods may run on any number of threads at once; a non-const
-// method needs exclusive access. Insert and Erase move entries: pointers to slots
-// are valid only until the next Insert or Erase.
+/// @file inferq/routing/internal/probe_table.hpp  (not API: used by subject_trie.hpp)
+///
+/// ProbeTable<Slot, Traits>: an open-addressing hash table with linear probing, the
+/// slots stored inline (no separate control bytes), so that a lookup that hits reads
+/// one cache line in the common case. The subject trie keeps its nodes and its
+/// interned tokens in two of these.
+///
+/// Traits provides:
+///   static Slot Empty();                    an empty slot
+///   static bool IsEmpty(const Slot&);
+///   static std::uint64_t Hash(const Slot&); of a stored slot's key; lookups pass the
+///                                           same hash of the key they look for.
+/// Invariants:
+///  1. The capacity is 0 or a power of two; the high log2(capacity) bits of a key's
+///     hash are its home slot.
+///  2. The table is never more than 70% full (Insert doubles it first), so every run
+///     of occupied slots ends at an empty one and a lookup ends.
+///  3. Every entry is in the run that starts at or before its home slot and reaches
+///     it: no empty slot lies cyclically between an entry's home and its position.
+///     Erase keeps this without tombstones by shifting later entries of the run back
+///     (Knuth, TAOCP vol. 3, 6.4, Algorithm R).
+///  4. A table of 2 MiB or more is 2 MiB aligned, its size rounded up to 2 MiB, and on
+///     Linux advised to use transparent huge pages (madvise MADV_HUGEPAGE; the kernel
+///     may decline). A match touches one random slot per token: with 4 KiB pages each
+///     such touch of a large table is also a TLB miss and a page-table walk.
+///
+/// Thread safety: const methods may run on any number of threads at once; a non-const
+/// method needs exclusive access. Insert and Erase move entries: pointers to slots
+/// are valid only until the next Insert or Erase.
 #pragma once
 
 #include <bit>
@@ -42,9 +42,9 @@
 
 namespace inferq::routing_internal {
 
-// splitmix64's finalizer (Steele, Lea, Flood: "Fast splittable pseudorandom number
-// generators", OOPSLA 2014): every input bit flips about half the output bits, so
-// the high bits are a good home slot even for small consecutive integer keys.
+/// splitmix64's finalizer (Steele, Lea, Flood: "Fast splittable pseudorandom number
+/// generators", OOPSLA 2014): every input bit flips about half the output bits, so
+/// the high bits are a good home slot even for small consecutive integer keys.
 inline std::uint64_t Mix64(std::uint64_t x) {
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ull;
@@ -54,7 +54,7 @@ inline std::uint64_t Mix64(std::uint64_t x) {
   return x;
 }
 
-// Storage for ProbeTable (invariant 4).
+/// Storage for ProbeTable (invariant 4).
 class SlotStorage {
  public:
   static constexpr std::size_t kHugePage = std::size_t{2} << 20;
@@ -121,8 +121,8 @@ class ProbeTable {
   std::size_t capacity() const { return capacity_; }
   std::size_t MemoryBytes() const { return storage_.bytes(); }
 
-  // The slot for which eq(slot) holds, probing from the home of `hash`; nullptr when
-  // there is none. eq is called on occupied slots only.
+  /// The slot for which eq(slot) holds, probing from the home of `hash`; nullptr when
+  /// there is none. eq is called on occupied slots only.
   template <class Eq>
   const Slot* Find(std::uint64_t hash, Eq&& eq) const {
     if (size_ == 0) return nullptr;
@@ -134,7 +134,7 @@ class ProbeTable {
     }
   }
 
-  // Stores `slot`, whose key must be absent. Returns where it is.
+  /// Stores `slot`, whose key must be absent. Returns where it is.
   Slot* Insert(const Slot& slot) {
     if ((size_ + 1) * 10 > capacity_ * 7) Rehash(capacity_ == 0 ? 16 : capacity_ * 2);
     Slot* s = Place(slot);
@@ -142,7 +142,7 @@ class ProbeTable {
     return s;
   }
 
-  // Removes the entry at `slot` (a pointer from Find or Insert).
+  /// Removes the entry at `slot` (a pointer from Find or Insert).
   void Erase(const Slot* slot) {
     const std::size_t mask = capacity_ - 1;
     std::size_t hole = static_cast<std::size_t>(slot - slots_);
@@ -183,10 +183,10 @@ class ProbeTable {
   }
 
   SlotStorage storage_;
-  Slot* slots_ = nullptr;  // storage_.data()
+  Slot* slots_ = nullptr;  ///< storage_.data()
   std::size_t capacity_ = 0;
   std::size_t size_ = 0;
-  int shift_ = 64;  // 64 - log2(capacity_); unused while capacity_ is 0
+  int shift_ = 64;  ///< 64 - log2(capacity_); unused while capacity_ is 0
 };
 
 }  // namespace inferq::routing_internal

@@ -36,6 +36,8 @@ purposes (default: examples; --for may be given more than once):
             libcurl (the OTLP/HTTP trace exporter, inferq::otlp)
   plot      python3-matplotlib: scripts/plot_replay.py, which draws a replay
             of the main example from its --json and --timeline files
+  docs      library + doxygen: the API reference that the `docs` target makes
+            from the headers (cmake --build --preset dev --target docs)
 
 options:
   --for PURPOSE, --for=PURPOSE  a purpose above
@@ -67,13 +69,14 @@ fuzz=(clang libclang-rt-14-dev libvalijson-dev)
 cluster=(libnats-dev nats-server)
 metrics=(prometheus-cpp-dev prometheus libcurl4-openssl-dev)
 plot=(python3-matplotlib)
+docs=(doxygen)
 
 purposes=()
 dry_run=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --for) if [ $# -lt 2 ] || [ "${2#-}" != "$2" ]; then
-             echo "install-deps: --for needs a purpose (library, examples, tests, bench, fuzz, cluster, metrics or plot)${2+, got '$2'}" >&2
+             echo "install-deps: --for needs a purpose (library, examples, tests, bench, fuzz, cluster, metrics, plot or docs)${2+, got '$2'}" >&2
              exit 2
            fi
            purposes+=("$2"); shift 2 ;;
@@ -95,7 +98,8 @@ for p in "${purposes[@]}"; do
     cluster) packages+=("${cluster[@]}") ;;
     metrics) packages+=("${metrics[@]}") ;;
     plot) packages+=("${plot[@]}") ;;
-    *) echo "install-deps: unknown purpose '$p' (library, examples, tests, bench, fuzz, cluster, metrics or plot)" >&2
+    docs) packages+=("${docs[@]}") ;;
+    *) echo "install-deps: unknown purpose '$p' (library, examples, tests, bench, fuzz, cluster, metrics, plot or docs)" >&2
        exit 2 ;;
   esac
 done

@@ -34,10 +34,10 @@ purposes (default: examples; --for may be given more than once):
   metrics   library + prometheus-cpp (the Prometheus exposition,
             inferq::prometheus), the Prometheus server with promtool, and
             libcurl (the OTLP/HTTP trace exporter, inferq::otlp)
-  plot      python3-matplotlib: scripts/plot_replay.py, which draws a replay
-            of the main example from its --json and --timeline files
+  plot      library + python3-matplotlib: scripts/plot_replay.py, which draws a
+            replay of the main example from its --json and --timeline files
   docs      library + doxygen: the API reference that the `docs` target makes
-            from the headers (cmake --build --preset dev --target docs)
+            from the headers (cmake --build --preset release --target docs)
 
 options:
   --for PURPOSE, --for=PURPOSE  a purpose above

@@ -40,6 +40,26 @@ TEST_CASE("nats bridge: bad options and unreachable servers are refused") {
   b = NatsBridge::Connect(*engine, origin);
   REQUIRE_FALSE(b.ok());
   CHECK(std::string(b.status().message()) == "BridgeOptions.origin 'has space' may hold only [A-Za-z0-9_.-]");
+  // An infinite or negative forming wait is refused before anything connects (an
+  // infinite one overflowed AddImport's deadline, now() + the wait).
+  BridgeOptions forming;
+  forming.connection.servers = {"nats://127.0.0.1:1"};
+  forming.connection.jetstream_forming_wait = absl::InfiniteDuration();
+  b = NatsBridge::Connect(*engine, forming);
+  REQUIRE_FALSE(b.ok());
+  CHECK(std::string(b.status().message()) ==
+        "BridgeOptions.connection.jetstream_forming_wait inf is not in 0..365 days (kMaxDuration)");
+  forming.connection.jetstream_forming_wait = absl::Seconds(-1);
+  b = NatsBridge::Connect(*engine, forming);
+  REQUIRE_FALSE(b.ok());
+  CHECK(std::string(b.status().message()) ==
+        "BridgeOptions.connection.jetstream_forming_wait -1s is not in 0..365 days (kMaxDuration)");
+  forming.connection.jetstream_forming_wait = absl::ZeroDuration();
+  forming.connection.connect_timeout = absl::InfiniteDuration();
+  b = NatsBridge::Connect(*engine, forming);
+  REQUIRE_FALSE(b.ok());
+  CHECK(std::string(b.status().message()) ==
+        "BridgeOptions.connection.connect_timeout inf is not in 0..365 days (kMaxDuration)");
   BridgeOptions down;
   down.connection.servers = {"nats://127.0.0.1:" + std::to_string(inferq_test::FreeLoopbackPort())};
   b = NatsBridge::Connect(*engine, down);

@@ -31,6 +31,7 @@
 #include "fetch.hpp"
 #include "retry.hpp"
 #include "absl/container/flat_hash_map.h"
+#include "inferq/base/limits.hpp"
 #include "inferq/routing/subject.hpp"
 
 namespace inferq::nats {
@@ -1176,6 +1177,17 @@ absl::StatusOr<std::unique_ptr<NatsBridge>> NatsBridge::Connect(Engine& engine, 
         "BridgeOptions.connection: connect_timeout (" + Dur(c.connect_timeout) + ") and jetstream_timeout (" +
         Dur(c.jetstream_timeout) + ") must be positive and reconnect_wait (" + Dur(c.reconnect_wait) +
         ") not negative");
+  }
+  // Every duration up to kMaxDuration: an infinite one would overflow the deadlines
+  // computed from it (steady_clock::now() + the duration).
+  for (const auto& [name, d] : {std::pair<const char*, absl::Duration>{"connect_timeout", c.connect_timeout},
+                                {"reconnect_wait", c.reconnect_wait},
+                                {"jetstream_timeout", c.jetstream_timeout},
+                                {"jetstream_forming_wait", c.jetstream_forming_wait}}) {
+    if (d < absl::ZeroDuration() || d > kMaxDuration) {
+      return absl::InvalidArgumentError(std::string("BridgeOptions.connection.") + name + " " + Dur(d) +
+                                        " is not in 0..365 days (kMaxDuration)");
+    }
   }
   if (options.origin.empty()) options.origin = DefaultOrigin();
   if (auto st = CheckName("BridgeOptions.origin", options.origin, /*dots=*/true); !st.ok()) return st;

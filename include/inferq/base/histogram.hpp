@@ -86,7 +86,10 @@ class HistogramSnapshot {
 
   /// Nearest-rank percentile for q in [0, 1]: the smallest recorded bucket whose
   /// cumulative count reaches ceil(q * count), reported as the bucket's upper bound
-  /// clamped to the exact maximum (so Percentile(1.0) == max()). 0 when empty.
+  /// clamped to [min(), max()], so Percentile(1.0) == max(): the exact largest value
+  /// when every record came through this snapshot's Record (or Merge of such), but
+  /// for a Histogram::Snapshot (and what merged one) max() is widened to the upper
+  /// bound of the largest value's bucket, up to 3.1 % above that value. 0 when empty.
   std::uint64_t Percentile(double q) const {
     if (count_ == 0) return 0;
     q = std::clamp(q, 0.0, 1.0);

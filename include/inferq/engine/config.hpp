@@ -119,8 +119,12 @@ struct StreamConfig {
   /// kLimits keeps messages until a limit removes them. kInterest keeps a message
   /// until every consumer that took it has acked it (or, with AckPolicy::kNone, had it
   /// queued); its memory goes when the last delivery ends (the last Message is
-  /// destroyed), except that a stream with max_age, or with max_msgs or max_bytes
-  /// under discard old, frees it only when a later publish trims it from the front.
+  /// destroyed), except that a stream with max_age, with max_msgs_per_subject, or
+  /// with max_msgs or max_bytes under discard old keeps an index of its messages and
+  /// frees one only when a later publish (with max_age, also the timer) trims it
+  /// from the front. An interest stream with none of these keeps no index:
+  /// Engine::GetMessage and PurgeStream refuse it (FailedPrecondition), and
+  /// StreamStats::first_seq is 0. Every other stream keeps one.
   /// kWorkQueue (JetStream's WorkQueuePolicy) keeps a message until the one consumer
   /// whose filter matches it acks it (or gives it up: a dead letter, drop-oldest),
   /// and keeps a message no consumer matches until one is added: each consumer of a
@@ -197,7 +201,10 @@ struct ConsumerConfig {
   absl::Time start_time = absl::InfinitePast();  ///< kByStartTime: finite; else unset
   /// Further condition on the event (headers, semantic tag, JSON content, JSON Schema;
   /// routing/predicate.hpp); default = none. Evaluated by the publishing thread
-  /// under the stream's mutex; a payload that is not JSON does not match.
+  /// under the stream's mutex for a new event; for the stored messages the consumer
+  /// starts with (`deliver`), by AddConsumer's thread under that mutex on a memory
+  /// stream, and on a file stream, which reads them back from its log, outside it by
+  /// AddConsumer, a pull or the timer. A payload that is not JSON does not match.
   Predicate predicate{};
   std::uint32_t members = 1;          ///< lanes in the group, 1..4096
   std::size_t lane_capacity = 1024;   ///< items per lane, 1..2^24 (rounded up to 2^k, min 2)

@@ -51,9 +51,12 @@
 ///    drop-oldest.
 ///  - Selection: each consumer has a SelectionPolicy (routing/selection.hpp; round
 ///    robin by default) and a MemberGroup that tracks each member's outstanding work
-///    (queued + delivered, not yet acked), ack latency and health. Policies run under
-///    the stream's mutex. WeightedShadowPolicy's mirrored copies go to shadow members;
-///    their acks count for the member's health only, never for the message.
+///    (queued + delivered, not yet acked), ack latency and health. A policy runs under
+///    its consumer's own select lock, one Select at a time per consumer: a publish
+///    takes that lock inside the stream's mutex, a redelivery or a move off a stalled
+///    member takes only that lock. WeightedShadowPolicy's mirrored copies go to
+///    shadow members; their acks count for the member's health only, never for the
+///    message.
 ///  - Redelivery (ack_wait > 0): a delivery not acked within ack_wait, or nak'ed, is
 ///    a failure of its member and goes to a member chosen by the policy (not the same
 ///    one when another is eligible). A member that has work queued but pulled nothing
@@ -302,14 +305,22 @@ struct EngineCodecOptions {
 /// How an Engine runs: its clock, topology, timers, flow control, lifecycle, payload
 /// conversion and tracing (Engine::Create).
 struct EngineOptions {
-  /// Clock for publish timestamps, max_age and latency statistics; nullptr = the
-  /// steady clock. Waiting (Next timeouts) always uses real time.
+  /// Clock for publish timestamps, max_age, latency statistics, span times, and every
+  /// timer the engine runs: consumers' ack_wait and backoff, delayed naks,
+  /// queue_timeout and Event::ttl, stalled members, the member groups' ejection times,
+  /// ReplayPolicy::kOriginal's pacing, NextBatch's max_queue_delay, and function call
+  /// timeouts (Engine::Call, StartCall); nullptr = the steady clock. Waiting (Next
+  /// timeouts) always uses real time, and Event::deadline, a call's deadline and
+  /// DeliverPolicy::kByStartTime are wall-clock times (absl::Now), mapped onto this
+  /// clock by their distance from now. A Lifecycle's timeouts run on its own clock
+  /// (LifecycleOptions::clock).
   const Clock* clock = nullptr;
   /// The machine's NUMA layout; nullptr = Topology::Detect(). A synthetic topology
   /// (tests) gets one set of pools per pretend node, from operator new.
   const Topology* topology = nullptr;
-  /// True: no background timer thread; ack_wait expiries and stalled members are
-  /// handled only when RunTimers() is called (tests with a ManualClock).
+  /// True: no background timer thread; what RunTimers() does (ack_wait expiries,
+  /// delayed naks, queue and call timeouts, stalled members, ...) is done only when it
+  /// is called (tests with a ManualClock).
   bool manual_timers = false;
   /// Dual-channel flow control (sched/flow_control.hpp): the memory
   /// channel is the bytes all streams keep, the response-time channel the highest
@@ -528,7 +539,8 @@ class Engine {
   /// or DeadlineExceeded when `timeout` passed first (queued or running; a reply
   /// that comes later is dropped). Failures and timeouts also land in the
   /// function's dead-letter subject (kDeadLetterReasonHeader "max_deliver" or
-  /// "expired"). InvalidArgument for a timeout not in (0, 365 days]; NotFound for an
+  /// "expired"; "refused" for a call FunctionOptions::admit refuses).
+  /// InvalidArgument for a timeout not in (0, 365 days]; NotFound for an
   /// unknown function; Cancelled when the engine closes first. The timeout runs on
   /// the engine clock and its timers (RunTimers with manual_timers).
   /// Call never waits for room: a call that finds its function's queue full (every
@@ -589,7 +601,8 @@ class Engine {
   /// last sequence for a sequence past it (never given out: a stream deleted and
   /// added again under the same name starts again at 1); InvalidArgument for seq 0; FailedPrecondition
   /// for a stream that keeps no index of its messages (interest retention without
-  /// max_age and without a discard-old limit: StreamConfig::retention); on a file
+  /// max_age, without max_msgs_per_subject and without max_msgs or max_bytes under
+  /// discard old: StreamConfig::retention); on a file
   /// stream, DataLoss naming the stream, its directory and the sequence when the
   /// log's bytes there are not the record (or the read's I/O error). Waits for the
   /// stream's mutex (a publisher blocked on a full lane of the stream holds it).

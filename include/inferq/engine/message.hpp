@@ -44,13 +44,26 @@ class Tracer;
 
 /// Headers of a dead letter: the engine publishes a copy of the event (same payload,
 /// attributes and headers) to the consumer's dead_letter_subject with these added.
+/// A function call refused by FunctionOptions::admit or ended by its timeout
+/// (Engine::Call) is dead-lettered by the engine itself, to "fn.<fn_id>.dead", with
+/// the reason, description, delivery count (the tries made), original subject,
+/// kOriginalTtlHeader (the call's timeout) and kCallIdHeader, and no stream, consumer
+/// or sequence header; a call whose max_deliver tries failed is its consumer's dead
+/// letter, as above.
 inline constexpr std::string_view kDeadLetterReasonHeader = "Inferq-Dead-Letter-Reason";
-///<  values: "max_deliver" (delivery max_deliver failed: nak or ack_wait expiry),
-///<          "term" (Message::Term), "expired" (ttl / queue timeout, action reject)
+///<  values: "max_deliver" (delivery max_deliver failed: nak or ack_wait expiry, or
+///<          the deliveries made before a restart reached it), "term" (Message::Term,
+///<          and a delivery the consumer's lifecycle terminates), "expired" (ttl /
+///<          queue timeout, action reject; a call's timeout), "refused" (a call
+///<          FunctionOptions::admit refused)
 
-/// Set with every reason: "nak" or "ack_wait expired" (max_deliver), the text given
-/// to Message::Term (absent when it was empty), "queue timeout" (expired), or for a
-/// call "call timeout while queued" / "call timeout while running".
+/// The description of the reason: "nak", "ack_wait expired" or "delivered N times
+/// before a restart" (max_deliver); the text given to Message::Term (the header is
+/// absent when it was empty), or "lifecycle: <error>" for a delivery the consumer's
+/// lifecycle terminates (the lifecycle's error enqueueing it, or "expired (<its
+/// reason>)"); "queue timeout" (expired); for a call "call timeout while queued",
+/// "call timeout while running" or "call timeout during admission" (expired), or the
+/// admission error's message (refused).
 inline constexpr std::string_view kDeadLetterDescriptionHeader = "Inferq-Dead-Letter-Description";
 inline constexpr std::string_view kDeliveryCountHeader = "Inferq-Delivery-Count";  ///< decimal
 inline constexpr std::string_view kStreamHeader = "Inferq-Stream";      ///< the stream's name
@@ -60,8 +73,10 @@ inline constexpr std::string_view kOriginalSubjectHeader = "Inferq-Original-Subj
 /// A dead letter is a new message: the original's ttl and deadline, which no longer
 /// apply to it (it must reach its consumer however late that consumer pulls), are
 /// kept as information in these headers (absent when the original had none), and the
-/// dead letter's own ttl is zero and its deadline absl::InfiniteFuture(). Every other
-/// attribute (created, msg_id, trace, ...) is kept as it was.
+/// dead letter's own ttl is zero and its deadline absl::InfiniteFuture(). Its
+/// Event::attempt is the delivery count; when the engine traces, its trace is the
+/// dead_letter span's context (engine/trace.hpp); a call's own dead letter has msg_id
+/// "call-<call id>". Every other attribute (created, msg_id, ...) is kept as it was.
 inline constexpr std::string_view kOriginalTtlHeader = "Inferq-Original-Ttl";  ///< decimal ns
 /// RFC 3339 in UTC with fractional seconds (absl::RFC3339_full).
 inline constexpr std::string_view kOriginalDeadlineHeader = "Inferq-Original-Deadline";
@@ -145,9 +160,14 @@ class Message {
   /// subject with reason "term" and `description`. Does not count against the
   /// member's health. FailedPrecondition as for Nak.
   absl::Status Term(std::string_view description = {});
-  /// Work in progress: restarts the ack_wait timer of this delivery (JetStream's
-  /// AckProgress), so a long task is not redelivered while its member is alive.
-  /// FailedPrecondition as for Ack; OK and nothing to do without ack_wait.
+  /// Work in progress: restarts the ack-wait timer of this delivery (JetStream's
+  /// AckProgress; deadline = now + its ack wait: ack_wait, or its backoff entry), so a
+  /// long task is not redelivered while its member is alive. FailedPrecondition as for
+  /// Ack (an empty Message, AckPolicy::kNone, a delivery already settled, a consumer
+  /// deleted since). OK with nothing done when there is no timer to restart: the
+  /// consumer has neither ack_wait nor backoff, the Message is a shadow copy, or this
+  /// delivery's ack wait already expired (the message was queued again, given up, or
+  /// settled by another delivery).
   absl::Status InProgress();
 
  private:

@@ -11,19 +11,21 @@
 ///
 /// Usage:
 /// @code
-///   inferq::MemberGroup group(4, {}, &clock);
+///   std::unique_ptr<inferq::MemberGroup> group =
+///       inferq::MemberGroup::Create(4, {}, &clock).value();  // InvalidArgument: see Create
 ///   inferq::LeastLoadedPolicy policy;
-///   inferq::Selection s = group.Select(policy, event);   // s.member in 0..3
-///   group.OnQueued(s.member);
+///   inferq::Selection s = group->Select(policy, event);  // s.member in 0..3
+///   group->OnQueued(s.member);
 ///   ...                                                   // the member works on it
-///   group.OnDone(s.member, inferq::Outcome::kSuccess, latency_ns);
+///   group->OnDone(s.member, inferq::Outcome::kSuccess, latency_ns);
 /// @endcode
 ///
 /// Health (outlier ejection, after Envoy's outlier detection and Finagle's
 /// failure accrual, shared by all policies):
-///  - `consecutive_failures` failures in a row (a nak, an ack_wait expiry, or an
-///    ack latency above `latency_factor` x the group's median ack latency and above
-///    `latency_floor`) make a member *degraded*: weight `degraded_weight` (0.01).
+///  - `consecutive_failures` failures in a row (a nak, an ack_wait expiry, work the
+///    engine moved off the member when it stalled, or an ack latency above
+///    `latency_factor` x the group's median ack latency and above `latency_floor`)
+///    make a member *degraded*: weight `degraded_weight` (0.01).
 ///  - As many further failures in a row while degraded *eject* it: weight 0 for
 ///    base_ejection_time x (number of ejections), capped at max_ejection_time, plus
 ///    a random jitter of up to `ejection_jitter` of that time. `consecutive_failures`
@@ -42,9 +44,11 @@
 ///
 /// Thread safety: OnQueued, OnDone, ReportLoad and Stats may be called from any
 /// thread at any time. Select must be called by one thread at a time per group (the
-/// engine calls it under the stream's mutex); a policy's Select is only ever called
-/// through MemberGroup::Select, so policies need no locking of their own unless they
-/// are shared between groups (the library's policies must not be).
+/// engine calls it under its consumer's own select lock: a publish takes that lock
+/// inside the stream's mutex, a redelivery or a move off a stalled member takes only
+/// that lock); a policy's Select is only ever called through MemberGroup::Select, so
+/// policies need no locking of their own unless they are shared between groups (the
+/// library's policies must not be).
 #pragma once
 
 #include <atomic>
@@ -80,8 +84,14 @@ struct Selection {
 /// How one unit of work a member was given ended.
 enum class Outcome : std::uint8_t {
   kSuccess,  ///< acked: counts for health, latency feeds the EWMAs
-  kFailure,  ///< nak, ack_wait expiry, error: counts against health
-  kDropped,  ///< left without a verdict (discarded, moved to another member): no health effect
+  /// nak, ack_wait expiry, error; in the engine also each item moved off a stalled
+  /// member: counts against health
+  kFailure,
+  /// left without a verdict: no health effect. In the engine: a Term, a message the
+  /// stream discarded or that expired in the queue, a delivery dropped (drop-oldest,
+  /// a lane found full) or superseded by another delivery's ack, a shadow copy taken
+  /// off a stalled member
+  kDropped,
 };
 
 /// Load a member reports about itself (TopologyScorePolicy's inputs). Units: qps in

@@ -1,8 +1,9 @@
 /// @file inferq/sched/flow_control.hpp
 ///
 /// DualChannelController: flow control from two backpressure channels and a reward.
-/// Producers read the throttle through TryPublish
-/// results; schedulers scale weights by the weight scale.
+/// With EngineOptions::flow_control, producers read the throttle and weight scale on
+/// every PublishAck the engine returns (Publish, TryPublish, TryPublishBatch,
+/// PublishAsync; an error carries none); schedulers scale weights by the weight scale.
 ///
 /// @code{.unparsed}
 ///   bp           = clamp(memory_used_bytes / memory_budget_bytes - 1, 0, 1)

@@ -47,7 +47,8 @@
 /// Times are ns of the caller's clock; a now_ns earlier than one already seen is
 /// taken as the latest seen.
 ///
-/// Thread safety: none. One thread at a time (the engine's receiver, or under a lock).
+/// Thread safety: none. One thread at a time (the caller's receiving thread, or under
+/// a lock).
 /// Callbacks run on the calling thread and must not call back into this buffer.
 #pragma once
 
@@ -252,7 +253,8 @@ class ReorderBuffer {
   }
 
   /// The time (ns) at which ExpireGaps will next have a gap to report, or nullopt
-  /// when no sequence is waiting: the engine arms a timer for it.
+  /// when no sequence is waiting: the caller arms a timer for it (the engine does not
+  /// use ReorderBuffer).
   std::optional<std::int64_t> NextGapDeadline() const {
     if (waiting_.empty()) return std::nullopt;
     const std::int64_t since = waiting_.begin()->first.first;

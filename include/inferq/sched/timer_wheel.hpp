@@ -32,8 +32,9 @@
 ///    (tick_ns x slots_per_level^levels) waits in an overflow list and moves into
 ///    the wheel when its top-level cycle comes.
 ///
-/// Thread safety: none. One thread at a time (the engine's timer thread, under its
-/// lock); const methods may run concurrently with each other only.
+/// Thread safety: none. One thread at a time (the engine holds each wheel's lock: a
+/// consumer's is used by settling and pulling threads and by the timer thread); const
+/// methods may run concurrently with each other only.
 #pragma once
 
 #include <algorithm>

@@ -86,11 +86,14 @@ struct TlsOptions {
 /// How a NatsBridge connects: servers, credentials, TLS, timeouts and reconnects.
 struct ConnectionOptions {
   /// URLs of the cluster's servers ("nats://host:port", "tls://host:port"); at least
-  /// one. The client fails over between them and learns the others from the cluster.
+  /// one, none empty or holding white space, a comma or a NUL. The client fails over
+  /// between them and learns the others from the cluster.
   std::vector<std::string> servers{};
-  std::string name = "inferq-bridge";  ///< the connection's name, as servers report it
-  /// Credentials: at most one of user/password, token and credentials_file (a
-  /// `.creds` file holding a user JWT and its NKey seed).
+  /// The connection's name, as servers report it; no control character, double quote
+  /// or backslash (libnats sends it unescaped).
+  std::string name = "inferq-bridge";
+  /// Credentials: at most one of user/password (a password only with a user), token
+  /// and credentials_file (a `.creds` file holding a user JWT and its NKey seed).
   ///@{
   std::string user{};
   std::string password{};
@@ -98,22 +101,25 @@ struct ConnectionOptions {
   std::string credentials_file{};
   ///@}
   TlsOptions tls{};  ///< TLS to the servers
-  absl::Duration connect_timeout = absl::Seconds(2);  ///< libnats' connect timeout (> 0)
+  /// libnats' connect timeout; > 0 and at most 365 days.
+  absl::Duration connect_timeout = absl::Seconds(2);
   /// Reconnects after a lost connection: -1 = without end.
   int max_reconnect = -1;
-  absl::Duration reconnect_wait = absl::Milliseconds(200);  ///< pause between reconnect attempts
+  /// Pause between reconnect attempts; 0 .. 365 days.
+  absl::Duration reconnect_wait = absl::Milliseconds(200);
   /// Bytes the client buffers while reconnecting; a publish that finds it full fails
-  /// (and the export naks and retries it).
+  /// (and the export naks and retries it). Not negative.
   int reconnect_buffer_bytes = 8 << 20;
-  /// JetStream API requests (stream and consumer lookups, consumer creation).
+  /// JetStream API requests (stream and consumer lookups, consumer creation); > 0 and
+  /// at most 365 days.
   absl::Duration jetstream_timeout = absl::Seconds(5);
   /// How long AddImport tries its JetStream requests again (every 250 ms, each with
   /// jetstream_timeout) while they fail as they do in a cluster that is forming or
   /// electing its leaders: a timeout, no responders, JetStream errors 10005 (no
   /// suitable peers for placement), 10008 (temporarily unavailable) and 10009 (not the
   /// leader). Any other error is final at once; so is JetStream not enabled (10076,
-  /// 10039). Zero: one try. The error after the last try names this time. Close
-  /// waits for an AddImport that is retrying.
+  /// 10039). Zero: one try; 0 .. 365 days. The error after the last try names this
+  /// time. Close waits for an AddImport that is retrying.
   absl::Duration jetstream_forming_wait = absl::ZeroDuration();
 };
 
@@ -188,16 +194,17 @@ struct ImportConfig {
   /// filter; one that exists must have none).
   std::string filter_subject{};
   /// Local subject = the NATS subject with `strip_prefix` replaced by `add_prefix`
-  /// (mapping.hpp, ReplaceSubjectPrefix).
+  /// (mapping.hpp, ReplaceSubjectPrefix). Each empty or a valid literal subject; a
+  /// strip_prefix must lead filter_subject ("<strip_prefix>." and a further token).
   ///@{
   std::string strip_prefix{};
   std::string add_prefix{};
   ///@}
   PayloadFormat format = PayloadFormat::kRaw;  ///< how events travel (mapping.hpp)
   int fetch_batch = 64;          ///< messages per fetch, 1..4096
-  /// The JetStream consumer's AckWait (created consumers only) and how long a
-  /// message the engine refused waits before JetStream redelivers it; each at most
-  /// 7 days (168 h).
+  /// The JetStream consumer's AckWait (created consumers only; > 0) and how long a
+  /// message the engine refused waits before JetStream redelivers it (not negative);
+  /// each at most 7 days (168 h).
   ///@{
   absl::Duration ack_wait = absl::Seconds(30);
   absl::Duration retry_delay = absl::Milliseconds(200);
@@ -217,14 +224,15 @@ struct ImportConfig {
   /// kConsumed: messages this import holds at most (stored locally and not consumed
   /// yet); it fetches only while it holds fewer, as a worker pulls when it has room,
   /// so that processes sharing a durable share the work by their room. 0 = no bound
-  /// of its own (max_ack_pending bounds them all). 0..1,000,000.
+  /// of its own (max_ack_pending bounds them all). 0..1,000,000; 0 under kStored.
   int max_held = 0;
 };
 
 /// The bridge's figures. The engine's Stats() carries them too, as the component
-/// "nats_bridge.<origin>" (EngineStats::components): "connected" (0 or 1),
-/// "export_pending", and each counter below as "<name>_total" ("exported_total",
-/// "reconnects_total", ...), with last_error as its detail.
+/// "nats_bridge.<origin>" (EngineStats::components): the gauges "connected" (0 or 1),
+/// "export_pending" and "import_held" under their own names, each other number below
+/// as a counter "<name>_total" ("exported_total", "reconnects_total", ...), and
+/// last_error as its detail; connected_url is in Stats() only.
 struct BridgeStats {
   bool connected = false;            ///< connected to a server now
   std::string connected_url{};       ///< the server connected to last (after a failover: the new one)
@@ -255,28 +263,43 @@ struct BridgeStats {
 class NatsBridge {
  public:
   /// Connects to `options.connection.servers` and attaches the bridge's figures to
-  /// `engine`'s Stats() (Engine::AddStatsSource, "nats_bridge.<origin>"). InvalidArgument
-  /// naming the field for bad options (no server, an empty server URL, a name with a
-  /// control character or quote, two kinds of credentials, a bad origin, TLS or
-  /// credentials files that cannot be read); AlreadyExists when a bridge of the same
-  /// origin is attached to the engine; Unavailable with the client's error when no
-  /// server can be reached, the TLS handshake fails or the credentials are refused.
+  /// `engine`'s Stats() (Engine::AddStatsSource, "nats_bridge.<origin>").
+  /// InvalidArgument naming the field for bad options: no server; a server URL that
+  /// is empty or holds white space, a comma or a NUL; a name with a control
+  /// character, double quote or backslash; two kinds of credentials, or a password
+  /// without a user; a negative reconnect_buffer_bytes; a connect_timeout or
+  /// jetstream_timeout that is not positive, a negative reconnect_wait or
+  /// jetstream_forming_wait, or any of the four over 365 days; a bad origin (1..128
+  /// of [A-Za-z0-9_.-]); an option libnats refuses (its error: TLS or credentials
+  /// files that cannot be read, ...). AlreadyExists when a bridge of the same origin
+  /// is attached to the engine; Unavailable with the client's error when no server
+  /// can be reached, the TLS handshake fails or the credentials are refused;
+  /// Internal when libnats cannot make its options or JetStream context.
   static absl::StatusOr<std::unique_ptr<NatsBridge>> Connect(Engine& engine, BridgeOptions options);
 
-  /// Adds the export's local consumer and starts forwarding. InvalidArgument for a bad
-  /// prefix, max_in_flight, ack_timeout or retry_delay, or a consumer without explicit
-  /// acks; AddConsumer's errors; FailedPrecondition after Close.
+  /// Adds the export's local consumer and starts forwarding. InvalidArgument for a
+  /// max_in_flight outside 1..65536, an ack_timeout not positive or infinite, a
+  /// retry_delay negative or infinite, a consumer without AckPolicy::kExplicit, or a
+  /// subject_prefix that is not a valid literal subject or leaves no room under the
+  /// 3,840 bytes; AddConsumer's errors; FailedPrecondition after Close; Internal when
+  /// libnats cannot make the export's JetStream context.
   absl::Status AddExport(ExportConfig config);
 
   /// Looks up the JetStream stream, creates or binds the durable pull consumer and
-  /// starts importing. InvalidArgument for a bad name, prefix, filter, fetch_batch,
-  /// max_ack_pending, or an ack_stream that is not a local work-queue stream (kConsumed)
-  /// or is set under kStored; NotFound when the JetStream stream does not exist;
-  /// FailedPrecondition after Close, or when filter_subject is empty and the durable
-  /// exists with a filter; Unavailable with the JetStream error otherwise (after
-  /// ConnectionOptions::jetstream_forming_wait for the errors of a forming cluster).
-  /// Binding to a durable that exists with another filter or configuration fails
-  /// with libnats' error.
+  /// starts importing. InvalidArgument for a bad stream or durable name (1..128 of
+  /// [A-Za-z0-9_-]); a fetch_batch outside 1..4096; an ack_wait not positive or a
+  /// retry_delay negative, or either over 7 days; a filter_subject that is not a
+  /// valid pattern; a strip_prefix that is not a valid literal subject or does not
+  /// lead filter_subject (the filter must start with "<strip_prefix>." and a further
+  /// token); a bad add_prefix; a max_ack_pending or max_held outside 0..1,000,000; a
+  /// max_held other than 0 or an ack_stream set under kStored; under kConsumed, an
+  /// ack_stream that is not a stream of the engine or not a work-queue stream.
+  /// NotFound when the JetStream stream does not exist; FailedPrecondition after
+  /// Close, or when filter_subject is empty and the durable exists with a filter;
+  /// Unavailable with the JetStream error otherwise (after
+  /// ConnectionOptions::jetstream_forming_wait for the errors of a forming cluster),
+  /// also when binding to a durable that exists with another filter or configuration
+  /// fails (libnats' error).
   absl::Status AddImport(ImportConfig config);
 
   /// A snapshot of the figures.

@@ -101,10 +101,12 @@ class OtlpHttpExporter final : public TraceSink {
  public:
   /// Starts the sending thread. InvalidArgument naming the field and value for an
   /// endpoint that is not an http:// or https:// URL with a host (libcurl's URL
-  /// parser decides), an empty service_name, a header name outside [A-Za-z0-9-] or one
-  /// the exporter sets (Content-Length, Content-Type, Host, Transfer-Encoding, Expect,
-  /// Connection, TE, Upgrade), a header value with CR or LF, or a count or duration
-  /// outside the ranges above.
+  /// parser decides; a space or control character is refused too), an empty
+  /// service_name, a header name outside [A-Za-z0-9-] or one the exporter sets
+  /// (Content-Length, Content-Type, Host, Transfer-Encoding, Expect, Connection, TE,
+  /// Upgrade), a header value with CR or LF, or a count or duration outside the
+  /// ranges above; ResourceExhausted when libcurl cannot make a URL handle to check
+  /// the endpoint with (curl_url() fails); Internal when curl_global_init fails.
   static absl::StatusOr<std::shared_ptr<OtlpHttpExporter>> Create(OtlpExporterOptions options);
 
   ~OtlpHttpExporter() override;  ///< Shutdown()

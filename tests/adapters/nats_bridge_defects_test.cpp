@@ -285,7 +285,7 @@ TEST_CASE_METHOD(OneServer, "nats defects: exports that could never cross are re
           "sends");
     auto forever = (*bridge)->AddExport({.consumer = {.stream = "LOCAL", .name = "js"}, .subject_prefix = "x",
                                          .ack_timeout = absl::InfiniteDuration()});
-    CHECK(std::string(forever.message()) == "ExportConfig: ack_timeout (inf) and retry_delay (200ms) must be finite");
+    CHECK(std::string(forever.message()) == "ExportConfig: ack_timeout (inf) and retry_delay (200ms) must be at most 365 days (kMaxDuration)");
     const EngineStats es = engine->Stats();
     CHECK(es.consumers.empty());
   }

@@ -19,4 +19,8 @@ TEST_CASE("an export's failed publish waits retry_delay, doubled per further del
   CHECK(ExportRetryDelay(d, 6) == absl::Milliseconds(3200));
   CHECK(ExportRetryDelay(d, 4'000'000'000u) == absl::Milliseconds(3200));
   CHECK(ExportRetryDelay(absl::ZeroDuration(), 7) == absl::ZeroDuration());
+  // Never past the longest nak delay: 30 days x 16 would be refused by Nak.
+  CHECK(ExportRetryDelay(absl::Hours(24 * 30), 4) == absl::Hours(24 * 240));
+  CHECK(ExportRetryDelay(absl::Hours(24 * 30), 5) == inferq::kMaxDuration);
+  CHECK(ExportRetryDelay(absl::Hours(24 * 365), 1) == inferq::kMaxDuration);
 }

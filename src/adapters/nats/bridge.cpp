@@ -1236,9 +1236,9 @@ absl::Status NatsBridge::AddExport(ExportConfig config) {
                                       " bytes leaves no room for a subject under the " +
                                       std::to_string(kMaxNatsSubjectBytes) + " bytes the bridge sends");
   }
-  if (config.ack_timeout == absl::InfiniteDuration() || config.retry_delay == absl::InfiniteDuration()) {
+  if (config.ack_timeout > kMaxDuration || config.retry_delay > kMaxDuration) {
     return absl::InvalidArgumentError("ExportConfig: ack_timeout (" + Dur(config.ack_timeout) + ") and retry_delay (" +
-                                      Dur(config.retry_delay) + ") must be finite");
+                                      Dur(config.retry_delay) + ") must be at most 365 days (kMaxDuration)");
   }
   config.consumer.members = 1;
   std::lock_guard l(im.mu);

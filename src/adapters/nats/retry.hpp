@@ -16,17 +16,21 @@
 #include <cstdint>
 
 #include "absl/time/time.h"
+#include "inferq/base/limits.hpp"
 
 namespace inferq::nats::internal {
 
 inline constexpr std::uint32_t kExportRetryCap = 16;
 
-// retry_delay x 2^(attempt - 1), at most kExportRetryCap x retry_delay; `attempt` is
-// Message::attempt() of the delivery that failed (1 for the first).
+// retry_delay x 2^(attempt - 1), at most kExportRetryCap x retry_delay and at most
+// kMaxDuration (365 days, the longest delay Message::Nak takes: a longer one would be
+// refused and the retry lost); `attempt` is Message::attempt() of the delivery that
+// failed (1 for the first).
 inline absl::Duration ExportRetryDelay(absl::Duration retry_delay, std::uint32_t attempt) {
   std::uint32_t factor = 1;
   for (std::uint32_t a = 1; a < attempt && factor < kExportRetryCap; ++a) factor *= 2;
-  return retry_delay * static_cast<std::int64_t>(std::min(factor, kExportRetryCap));
+  return std::min(retry_delay * static_cast<std::int64_t>(std::min(factor, kExportRetryCap)),
+                  kMaxDuration);
 }
 
 }  // namespace inferq::nats::internal

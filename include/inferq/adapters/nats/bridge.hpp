@@ -149,12 +149,13 @@ struct ExportConfig {
   std::size_t max_in_flight = 1024;
   /// A PubAck not received within this time fails the publish (it is nak'ed locally
   /// and tried again: JetStream drops the copy by Nats-Msg-Id if the first arrived).
-  /// Finite, as retry_delay.
+  /// Positive, at most 365 days (kMaxDuration).
   absl::Duration ack_timeout = absl::Seconds(5);
   /// How long a failed publish waits before the engine redelivers it, doubled for
   /// each further delivery of the same message (Message::attempt), up to 16 x
   /// retry_delay: an outage is met with backoff, not with every message in flight
-  /// published again every retry_delay.
+  /// published again every retry_delay. Not negative, at most 365 days
+  /// (kMaxDuration); the doubled delay stops at 365 days too.
   absl::Duration retry_delay = absl::Milliseconds(200);
 };
 
@@ -278,8 +279,8 @@ class NatsBridge {
   static absl::StatusOr<std::unique_ptr<NatsBridge>> Connect(Engine& engine, BridgeOptions options);
 
   /// Adds the export's local consumer and starts forwarding. InvalidArgument for a
-  /// max_in_flight outside 1..65536, an ack_timeout not positive or infinite, a
-  /// retry_delay negative or infinite, a consumer without AckPolicy::kExplicit, or a
+  /// max_in_flight outside 1..65536, an ack_timeout not positive or over 365 days, a
+  /// retry_delay negative or over 365 days, a consumer without AckPolicy::kExplicit, or a
   /// subject_prefix that is not a valid literal subject or leaves no room under the
   /// 3,840 bytes; AddConsumer's errors; FailedPrecondition after Close; Internal when
   /// libnats cannot make the export's JetStream context.

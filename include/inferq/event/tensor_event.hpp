@@ -99,7 +99,8 @@ struct DecodeOptions {
 /// it; a zstd level outside 1..22; options.codec not a PayloadCodec, or a dictionary
 /// with codec kNone; the event's codec invalid, or kNone with a dictionary_id; a zstd
 /// payload whose frames are invalid, do not record their content size, or name
-/// another dictionary than Event::dictionary_id. NotFound when the payload must be
+/// another dictionary than Event::dictionary_id; an event whose stored payload and
+/// fields reach 1 GiB (half of FlatBuffers' 2 GiB buffer limit). NotFound when the payload must be
 /// transcoded and needs a dictionary options.dictionaries lacks (names the id); the
 /// other errors of TranscodePayload (DataLoss, ResourceExhausted) when its zstd
 /// payload cannot be decompressed. Internal when libzstd fails.
@@ -110,8 +111,9 @@ absl::StatusOr<Buffer> Encode(const Event& event, const EncodeOptions& options =
 /// `bytes` may be released after the call; its payload is decompressed (codec kNone),
 /// or kept compressed with options.keep_compressed.
 /// Errors:
-///  - InvalidArgument: fewer than 8 bytes, or the file identifier is not "IQTE" (the
-///     message shows the 4 bytes found, escaped).
+///  - InvalidArgument: fewer than 8 bytes; 2^31 - 1 bytes or more (FlatBuffers'
+///     largest buffer); or the file identifier is not "IQTE" (the message shows the 4
+///     bytes found, escaped).
 ///  - DataLoss: the FlatBuffers Verifier rejects the buffer (bad offsets, sizes,
 ///     strings, depth beyond max_depth or tables beyond max_tables); the shape
 ///     vector's int64 elements are not 8-byte aligned; an enum field

@@ -1196,7 +1196,10 @@ void RunClient(Shared& sh, TokenReceiver& rx, inferq::Member tokens, std::uint64
   constexpr auto kClusterGiveUp = std::chrono::minutes(10);
   auto last_token = Clock::now();
   auto last_check = Clock::time_point{};
-  std::optional<Clock::time_point> empty_since;  // JetStream answered "nothing" since
+  // JetStream answered "nothing" since empty_since, when `empty` (a flag and a time,
+  // not an optional: GCC 12 at -O3 warns that the optional's time may be uninitialized).
+  bool empty = false;
+  Clock::time_point empty_since{};
   while (rx.completed() < trace.size()) {
     auto m = tokens.Next(absl::Milliseconds(50));
     if (!m.ok()) {
@@ -1210,16 +1213,17 @@ void RunClient(Shared& sh, TokenReceiver& rx, inferq::Member tokens, std::uint64
         last_check = now;
         absl::StatusOr<std::uint64_t> held = sh.jetstream_in_flight();
         if (held.ok() && *held == 0) {
-          if (!empty_since) empty_since = now;
-          if (now - *empty_since >= kIdle) break;
+          if (!empty) empty_since = now;
+          empty = true;
+          if (now - empty_since >= kIdle) break;
         } else {
-          empty_since.reset();
+          empty = false;
         }
       }
       continue;
     }
     last_token = Clock::now();
-    empty_since.reset();
+    empty = false;
     if (m->stream_seq() <= rebuilt_through) {
       sh.client_redelivered.fetch_add(1, std::memory_order_relaxed);
     } else {

@@ -39,6 +39,8 @@
 #include <utility>
 #include <vector>
 
+#include "text_lines.hpp"
+
 namespace inferq_docs {
 
 inline constexpr int kMaxReadmeLines = 300;
@@ -50,20 +52,8 @@ struct Finding {
   std::string Text() const { return file + ":" + std::to_string(line) + ": " + message; }
 };
 
-// The lines of a text, without their "\n" or "\r\n"; a last line without a newline
-// counts, an empty text has none.
-inline std::vector<std::string_view> SplitLines(std::string_view text) {
-  std::vector<std::string_view> lines;
-  for (std::size_t start = 0; start < text.size();) {
-    std::size_t end = text.find('\n', start);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view l = text.substr(start, end - start);
-    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
-    lines.push_back(l);
-    start = end + 1;
-  }
-  return lines;
-}
+// The lines of a text, without their "\n" or "\r\n" (text_lines.hpp).
+using inferq_text::SplitLines;
 
 inline bool IsBlank(std::string_view l) {
   return l.find_first_not_of(" \t") == std::string_view::npos;

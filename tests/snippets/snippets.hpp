@@ -45,6 +45,7 @@
 #include <string_view>
 #include <vector>
 
+#include "../docs/text_lines.hpp"
 #include "absl/status/statusor.h"
 
 namespace inferq_snippets {
@@ -146,19 +147,9 @@ inline bool ClosesFence(std::string_view line, const Fence& open) {
 
 inline bool IsCpp(const Fence& f) { return f.language == "cpp" || f.language == "c++"; }
 
-// The lines of a file's text, without "\n" or "\r\n" (a last line without a newline
-// counts).
+// The lines of a file's text, without "\n" or "\r\n" (tests/docs/text_lines.hpp).
 inline std::vector<std::string_view> FileLines(std::string_view text) {
-  std::vector<std::string_view> lines;
-  for (std::size_t start = 0; start < text.size();) {
-    std::size_t end = text.find('\n', start);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view l = text.substr(start, end - start);
-    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
-    lines.push_back(l);
-    start = end + 1;
-  }
-  return lines;
+  return inferq_text::SplitLines(text);
 }
 
 // The ```cpp blocks of one Markdown text, in order.

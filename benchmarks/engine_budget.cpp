@@ -1,0 +1,136 @@
+// engine_budget WORKLOAD N: one thread runs N events of a fixed engine workload, so that
+// callgrind can count the instructions (and benchmarks/instruction_budget.py the locked
+// read-modify-writes) one event costs: (I(2N) - I(N)) / N cancels the set-up. The
+// workloads are the engine's instruction budgets (BENCHMARKS.md, "Instruction budgets"):
+//   base      publish -> Next -> Ack; explicit ack, interest retention, 64-byte payload
+//   ack_wait  base with ack_wait 30 s (a redelivery timer per delivery)
+//   msg_id    ack_wait with a msg_id per event (the duplicate window)
+//   batch32   base in batches of 32: TryPublishBatch, NextBatch(32), an Ack each
+//   fanout4   one publish, four consumers (no group: each gets every event), each
+//             pulls and acks: the cost per published event, all four included
+// The engine runs with manual timers (nothing fires), so a run is the same work every
+// time. A second thread waits, idle, for the whole run: glibc skips the lock prefix of
+// its mutexes while a process has one thread, and an engine never runs in such a
+// process. Exit 0 when every publish and every ack succeeded; 1 otherwise; 2 bad usage.
+#include <array>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "inferq/engine/engine.hpp"
+
+namespace {
+
+constexpr std::size_t kPayloadBytes = 64;
+constexpr int kBatch = 32;
+
+inferq::Event MakeEvent(long i, bool msg_id) {
+  static const std::string payload(kPayloadBytes, 'x');
+  inferq::Event e;
+  e.subject = "infer.m.req";
+  e.seq_no = static_cast<std::uint64_t>(i);
+  e.payload = inferq::Buffer::FromString(payload);
+  if (msg_id) e.msg_id = "req-" + std::to_string(i);
+  return e;
+}
+
+int Usage() {
+  std::fprintf(stderr,
+               "usage: engine_budget WORKLOAD N (WORKLOAD: base, ack_wait, msg_id, batch32, "
+               "fanout4; N: events, a positive multiple of 32)\n");
+  return 2;
+}
+
+// Runs the workload on an engine of its own: 0 when every publish and ack succeeded,
+// 1 otherwise.
+int Run(const std::string& workload, long n) {
+  const bool ack_wait = workload == "ack_wait" || workload == "msg_id";
+  const bool msg_id = workload == "msg_id";
+  const int consumers = workload == "fanout4" ? 4 : 1;
+  absl::StatusOr<std::unique_ptr<inferq::Engine>> created =
+      inferq::Engine::Create({.manual_timers = true});
+  if (!created.ok()) return 1;
+  inferq::Engine& engine = **created;
+  if (!engine.AddStream({.name = "S",
+                         .subjects = {"infer.*.req"},
+                         .retention = inferq::RetentionPolicy::kInterest})
+           .ok()) {
+    return 1;
+  }
+  std::vector<inferq::Member> members;
+  for (int c = 0; c < consumers; ++c) {
+    auto consumer = engine.AddConsumer({.stream = "S",
+                                        .name = "c" + std::to_string(c),
+                                        .lane_capacity = 64,
+                                        .ack_wait = ack_wait ? absl::Seconds(30) : absl::ZeroDuration()});
+    if (!consumer.ok()) return 1;
+    members.push_back(*consumer->member(0));
+  }
+
+  long ok = 0;
+  long want = 0;
+  if (workload == "batch32") {
+    std::vector<inferq::Event> events(kBatch);
+    for (long i = 0; i < n; i += kBatch) {
+      for (int k = 0; k < kBatch; ++k) events[k] = MakeEvent(i + k, false);
+      for (const auto& ack : engine.TryPublishBatch(std::span<inferq::Event>(events))) ok += ack.ok();
+      auto batch = members[0].NextBatch(kBatch, absl::ZeroDuration(), absl::ZeroDuration());
+      if (batch.ok()) {
+        for (inferq::Message& m : *batch) ok += m.Ack().ok();
+      }
+    }
+    want = 2 * n;
+  } else {
+    for (long i = 0; i < n; ++i) {
+      ok += engine.Publish(MakeEvent(i, msg_id)).ok();
+      for (inferq::Member& m : members) {
+        auto msg = m.Next(absl::ZeroDuration());
+        ok += msg.ok() && msg->Ack().ok();
+      }
+    }
+    want = n * (1 + consumers);
+  }
+  std::printf("%s: %ld of %ld publishes and acks succeeded\n", workload.c_str(), ok, want);
+  return ok == want ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) return Usage();
+  const std::string workload = argv[1];
+  char* end = nullptr;
+  const long n = std::strtol(argv[2], &end, 10);
+  if (*argv[2] == '\0' || *end != '\0' || n <= 0 || n % kBatch != 0) {
+    std::fprintf(stderr, "engine_budget: event count '%s' is not a positive multiple of %d\n", argv[2],
+                 kBatch);
+    return 2;
+  }
+  if (workload != "base" && workload != "ack_wait" && workload != "msg_id" && workload != "batch32" &&
+      workload != "fanout4") {
+    std::fprintf(stderr, "engine_budget: unknown workload '%s'\n", workload.c_str());
+    return Usage();
+  }
+  // The idle second thread (see the top of the file).
+  std::mutex idle_mu;
+  std::condition_variable idle_cv;
+  bool done = false;
+  std::thread idle([&] {
+    std::unique_lock l(idle_mu);
+    idle_cv.wait(l, [&] { return done; });
+  });
+  const int rc = Run(workload, n);
+  {
+    std::lock_guard l(idle_mu);
+    done = true;
+  }
+  idle_cv.notify_one();
+  idle.join();
+  return rc;
+}

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Counts what one event costs the engine on the fixed workloads of engine_budget:
+instructions and locked read-modify-writes per event, under callgrind, against the
+engine's budgets. Instructions do not move with the machine's load, so these figures
+compare across runs where wall-clock ones do not.
+
+For each workload it runs `engine_budget WORKLOAD N` and `... 2N` under
+`valgrind --tool=callgrind --dump-instr=yes` and takes (count(2N) - count(N)) / N,
+which cancels the set-up and the teardown. Instructions: callgrind's Ir. Locked
+read-modify-writes: the executions of the instructions that `objdump -d` shows with a
+`lock` prefix, or an `xchg` with a memory operand (locked without the prefix), in every
+object the process ran (the program, libstdc++, libc, ...): callgrind gives each
+instruction's execution count at its address within its object, which is objdump's
+address too.
+
+usage: benchmarks/instruction_budget.py ENGINE_BUDGET [--events N] [--workload W]...
+                                        [--check] [--json FILE] [--by-function K]
+  ENGINE_BUDGET  the engine_budget binary (the bench preset builds it:
+                 build/bench/benchmarks/engine_budget)
+  --events N     N of the two runs (default 3200, a multiple of 32)
+  --workload W   only these workloads (default: all five)
+  --check        exit 1 when a figure is over its budget
+  --json FILE    also write the figures as JSON
+  --by-function K  also list, per workload, the K functions that cost the most
+                 instructions per event, with their locked read-modify-writes
+
+Needs valgrind and binutils (objdump). Exit status: 0 (with --check: every figure
+within its budget); 1 a run failed, or --check found a figure over budget; 2 usage.
+"""
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+# (instructions, locked read-modify-writes) per event that the engine must stay within
+# (the engine-core redesign's targets); None: no budget.
+BUDGETS = {
+    "base": (700, 6),
+    "ack_wait": (800, 6),
+    "msg_id": (1000, 6),
+    "batch32": (350, 6),
+    "fanout4": (1000, 6),
+}
+
+LOCKED = re.compile(r"^\s*([0-9a-f]+):\s+(lock\s+\S+|xchg\S*\s+.*\(.*)")
+
+
+def fail(msg, code=1):
+    print(f"instruction_budget: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+def callgrind(binary, workload, events, tmp):
+    out = os.path.join(tmp, f"cg.{workload}.{events}.out")
+    cmd = ["valgrind", "--tool=callgrind", "--dump-instr=yes", "--compress-pos=no",
+           "--compress-strings=no", f"--callgrind-out-file={out}", binary, workload, str(events)]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        fail(f"{' '.join(cmd)} exited {run.returncode}:\n{run.stdout}{run.stderr}")
+    return out
+
+
+def per_address(path):
+    """{(object, function): {address: executions}} from a callgrind file written with
+    --dump-instr=yes --compress-pos=no --compress-strings=no."""
+    counts = collections.defaultdict(collections.Counter)
+    ob = "???"
+    fn = "???"
+    skip_call_cost = False
+    with open(path) as f:
+        for line in f:
+            if line.startswith("ob="):
+                ob = line[3:].strip()
+            elif line.startswith("fn="):
+                fn = line[3:].strip()
+            elif line.startswith("calls="):
+                skip_call_cost = True  # the next cost line is the call's inclusive cost
+            elif line.startswith("0x"):
+                if skip_call_cost:
+                    skip_call_cost = False
+                    continue
+                fields = line.split()
+                counts[(ob, fn)][int(fields[0], 16)] += int(fields[2])
+    return counts
+
+
+_locked_cache = {}
+
+
+def locked_addresses(obj):
+    if obj not in _locked_cache:
+        addrs = set()
+        if os.path.isfile(obj):
+            dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", obj], capture_output=True,
+                                 text=True)
+            for line in dis.stdout.splitlines():
+                m = LOCKED.match(line)
+                if m:
+                    addrs.add(int(m.group(1), 16))
+        _locked_cache[obj] = addrs
+    return _locked_cache[obj]
+
+
+def per_function(path):
+    """{function: (instructions, locked read-modify-writes)}, self cost."""
+    out = {}
+    for (obj, fn), c in per_address(path).items():
+        addrs = locked_addresses(obj)
+        i, l = out.get(fn, (0, 0))
+        out[fn] = (i + sum(c.values()), l + sum(n for a, n in c.items() if a in addrs))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0].replace("\n", " "))
+    ap.add_argument("binary")
+    ap.add_argument("--events", type=int, default=3200)
+    ap.add_argument("--workload", action="append", choices=sorted(BUDGETS))
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--by-function", type=int, default=0, metavar="K")
+    args = ap.parse_args()
+    if args.events <= 0 or args.events % 32:
+        fail(f"--events {args.events} is not a positive multiple of 32", 2)
+    if not os.access(args.binary, os.X_OK):
+        fail(f"'{args.binary}' is not an executable (build the bench preset's engine_budget)", 2)
+    workloads = args.workload or list(BUDGETS)
+    n = args.events
+    rows = {}
+    over = []
+    with tempfile.TemporaryDirectory() as tmp:
+        breakdown = {}
+        for w in workloads:
+            f1 = per_function(callgrind(args.binary, w, n, tmp))
+            f2 = per_function(callgrind(args.binary, w, 2 * n, tmp))
+            diff = {fn: ((f2[fn][0] - f1.get(fn, (0, 0))[0]) / n, (f2[fn][1] - f1.get(fn, (0, 0))[1]) / n)
+                    for fn in f2}
+            instr = sum(d[0] for d in diff.values())
+            locked = sum(d[1] for d in diff.values())
+            rows[w] = {"instructions": round(instr, 1), "locked_rmw": round(locked, 2)}
+            breakdown[w] = sorted(diff.items(), key=lambda kv: -kv[1][0])[:args.by_function]
+            budget = BUDGETS[w]
+            if instr > budget[0] or locked > budget[1]:
+                over.append(w)
+    print(f"{'workload':10} {'instr/event':>12} {'budget':>7} {'locked/event':>13} {'budget':>7}")
+    for w, r in rows.items():
+        b = BUDGETS[w]
+        print(f"{w:10} {r['instructions']:12.1f} {b[0]:7} {r['locked_rmw']:13.2f} {b[1]:7}"
+              f"{'  over' if w in over else ''}")
+    for w, top in breakdown.items():
+        if not top:
+            continue
+        print(f"\n{w}: the {len(top)} functions with the most instructions per event (self)")
+        for fn, (i, l) in top:
+            print(f"  {i:8.1f} {l:6.2f}  {fn[:110]}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"events": n, "workloads": rows, "budgets": BUDGETS}, f, indent=2)
+    if args.check and over:
+        fail("over budget: " + ", ".join(over))
+
+
+if __name__ == "__main__":
+    main()

@@ -54,13 +54,20 @@ absl::Status EnsureStream(jsCtx* js, const char* name, const std::string& subjec
   // final. So is 10005 from a formed cluster with fewer servers than `replicas`; it
   // cannot be told from a forming one, so it fails after kFormingWait, and the
   // message names that cause.
+  // nats-server before 2.10.2 may answer a creation that races another one for the
+  // same stream with "stream not found" (10059; fixed there by waiting for the
+  // stream the assignment names, nats-server pull request 4600): a creation cannot
+  // mean it otherwise, so it is retried as the forming errors are. So is a purge of
+  // the stream just created (its meta layer may not have applied it yet).
   const auto give_up = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(kFormingWait);
   bool waited = false;  // the last error was a forming one, retried until give_up
   const auto retry = [&](const auto& request) {
     for (;;) {
       code = static_cast<jsErrCode>(0);
       const natsStatus st = request();
-      if (st == NATS_OK || code == JSStreamNameExistErr || !Forming(st, code)) return st;
+      if (st == NATS_OK || code == JSStreamNameExistErr || !(Forming(st, code) || code == JSStreamNotFoundErr)) {
+        return st;
+      }
       if (std::chrono::steady_clock::now() >= give_up) {
         waited = true;
         return st;

@@ -2,16 +2,21 @@
 // its streams have 3 replicas, and until the meta leader knows three peers JetStream
 // answers "no suitable peers for placement" (error 10005). The smallest input of a CI
 // failure: cluster_demo's first replica process gave up after 20 attempts (10 s) on
-// a loaded machine. It now retries such errors for 30 s; any other error is final.
+// a loaded machine. It now retries such errors for 30 s; any other error is final,
+// but for the "stream not found" an older nats-server answers to a creation racing
+// another one (the last case).
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <chrono>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <nats/nats.h>
 
 #include "../adapters/nats_server.hpp"
 
@@ -151,4 +156,88 @@ TEST_CASE("the client does not give up on a request JetStream still holds") {
   }
   if (client > 0) inferq_test::SignalAndReap(client, SIGKILL);
   inferq_test::SignalAndReap(replica, SIGTERM);
+}
+
+namespace {
+
+// Answers JetStream's stream-creation requests on a server without JetStream, as
+// nats-server 2.9 answered one that raced another creation of the same stream:
+// "stream not found" (10059) for the first `not_found` requests of each stream, then
+// the stream's info. Counts the requests per stream.
+struct FakeStreamCreation {
+  int not_found = 0;
+  std::mutex mu;
+  std::map<std::string, int> requests;  // stream name -> creation requests seen
+
+  static void OnRequest(natsConnection* nc, natsSubscription*, natsMsg* msg, void* self_ptr) {
+    auto* self = static_cast<FakeStreamCreation*>(self_ptr);
+    const std::string subject = natsMsg_GetSubject(msg);
+    const std::string name = subject.substr(subject.rfind('.') + 1);
+    int seen = 0;
+    {
+      std::lock_guard<std::mutex> lock(self->mu);
+      seen = ++self->requests[name];
+    }
+    const std::string body =
+        seen <= self->not_found
+            ? R"({"type":"io.nats.jetstream.api.v1.stream_create_response",)"
+              R"("error":{"code":404,"err_code":10059,"description":"stream not found"}})"
+            : R"({"type":"io.nats.jetstream.api.v1.stream_create_response","config":{"name":")" + name +
+                  R"(","retention":"workqueue","storage":"file","num_replicas":3},)"
+                  R"("created":"2026-12-06T00:00:00Z","state":{"messages":0,"bytes":0}})";
+    if (natsMsg_GetReply(msg) != nullptr) {
+      natsConnection_PublishString(nc, natsMsg_GetReply(msg), body.c_str());
+    }
+    natsMsg_Destroy(msg);
+  }
+  int RequestsFor(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = requests.find(name);
+    return it == requests.end() ? 0 : it->second;
+  }
+};
+
+}  // namespace
+
+// A CI failure: cluster_demo's replica processes create INFER_REQUESTS at the same
+// moment, and nats-server 2.9 answered one of them "stream not found" (10059); the
+// replica took it as final ("replica process 0 did not start"). The smallest input:
+// that answer, twice, to a replica's creation of each stream. The replica must ask
+// again and go on to INFER_TOKENS, and it must not print 10059.
+TEST_CASE("a replica process asks again when a stream's creation answers 'stream not found'") {
+  inferq_test::TempDir dir;
+  inferq_test::NatsServer server(dir.path(), {}, /*jetstream=*/false);
+  REQUIRE(server.Start());
+  natsConnection* nc = nullptr;
+  REQUIRE(natsConnection_ConnectTo(&nc, server.url().c_str()) == NATS_OK);
+  FakeStreamCreation fake;
+  fake.not_found = 2;
+  natsSubscription* sub = nullptr;
+  REQUIRE(natsConnection_Subscribe(&sub, nc, "$JS.API.STREAM.CREATE.*", FakeStreamCreation::OnRequest, &fake) ==
+          NATS_OK);
+  REQUIRE(natsConnection_Flush(nc) == NATS_OK);
+  const std::string log = (dir.path() / "replica.log").string();
+  pid_t replica = inferq_test::Spawn({INFERQ_INFERENCE_SERVER, "--role", "replica", "--replicas", "1", "--nats",
+                                      server.url(), "--js-replicas", "3", "--limit", "1", "--speed", "1000"},
+                                     log);
+  REQUIRE(replica > 0);
+  // Each stream: two refusals 250 ms apart, then its info (at most 60 s, a loaded
+  // machine; about 1 s idle).
+  const auto until = Clock::now() + std::chrono::seconds(60);
+  while (fake.RequestsFor("INFER_TOKENS") < 3 && Clock::now() < until) {
+    int status = 0;
+    if (::waitpid(replica, &status, WNOHANG) == replica) {
+      replica = -1;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::string out = inferq_test::ReadText(log);
+  INFO(out);
+  CHECK(fake.RequestsFor("INFER_REQUESTS") == 3);
+  CHECK(fake.RequestsFor("INFER_TOKENS") == 3);
+  CHECK(out.find("10059") == std::string::npos);
+  if (replica > 0) inferq_test::SignalAndReap(replica, SIGKILL);
+  natsSubscription_Destroy(sub);
+  natsConnection_Destroy(nc);
 }

@@ -8,6 +8,10 @@
 //   batch32   base in batches of 32: TryPublishBatch, NextBatch(32), an Ack each
 //   fanout4   one publish, four consumers (no group: each gets every event), each
 //             pulls and acks: the cost per published event, all four included
+//   log_core  the engine-core redesign's data path without the engine: the event moved
+//             into a MessageLog slot (claim, publish), read back at its sequence by a
+//             cursor, settled in an AckWindow, and the log trimmed behind the ack floor
+//             once per 32 events: what the log's structures cost by themselves
 // The engine runs with manual timers (nothing fires), so a run is the same work every
 // time. A second thread waits, idle, for the whole run: glibc skips the lock prefix of
 // its mutexes while a process has one thread, and an engine never runs in such a
@@ -23,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+#include "engine/ack_window.hpp"
+#include "engine/message_log.hpp"
 #include "inferq/engine/engine.hpp"
 
 namespace {
@@ -43,13 +49,38 @@ inferq::Event MakeEvent(long i, bool msg_id) {
 int Usage() {
   std::fprintf(stderr,
                "usage: engine_budget WORKLOAD N (WORKLOAD: base, ack_wait, msg_id, batch32, "
-               "fanout4; N: events, a positive multiple of 32)\n");
+               "fanout4, log_core; N: events, a positive multiple of 32)\n");
   return 2;
+}
+
+// log_core (above): 0 when every event was published, read and settled once.
+int RunLogCore(long n) {
+  using inferq::engine_internal::AckWindow;
+  using inferq::engine_internal::LogRead;
+  using inferq::engine_internal::MessageLog;
+  MessageLog<inferq::Event> log(10, 1);
+  AckWindow acks(7, 1);
+  MessageLog<inferq::Event>::Reader reader(log);
+  std::uint64_t cursor = 1;
+  long ok = 0;
+  for (long i = 0; i < n; ++i) {
+    const std::uint64_t seq = log.Claim(1);
+    ok += log.Publish(seq, MakeEvent(i, false));
+    MessageLog<inferq::Event>::Ref r;
+    if (reader.Read(cursor, r) == LogRead::kReady && r->seq_no == static_cast<std::uint64_t>(i)) {
+      ++cursor;
+      ok += acks.TrySet(r.seq());
+    }
+    if ((i & 31) == 31) log.TrimBefore(acks.floor());
+  }
+  std::printf("log_core: %ld of %ld publishes and settles succeeded\n", ok, 2 * n);
+  return ok == 2 * n ? 0 : 1;
 }
 
 // Runs the workload on an engine of its own: 0 when every publish and ack succeeded,
 // 1 otherwise.
 int Run(const std::string& workload, long n) {
+  if (workload == "log_core") return RunLogCore(n);
   const bool ack_wait = workload == "ack_wait" || workload == "msg_id";
   const bool msg_id = workload == "msg_id";
   const int consumers = workload == "fanout4" ? 4 : 1;
@@ -113,7 +144,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (workload != "base" && workload != "ack_wait" && workload != "msg_id" && workload != "batch32" &&
-      workload != "fanout4") {
+      workload != "fanout4" && workload != "log_core") {
     std::fprintf(stderr, "engine_budget: unknown workload '%s'\n", workload.c_str());
     return Usage();
   }

@@ -2,6 +2,7 @@
 // segments, trimming and removal with pinned readers, segment recycling, the live
 // span limit, a stale tombstone reused a directory ring later, a throwing
 // constructor, and publishers, readers and a trimmer at once.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <stdexcept>
@@ -132,71 +133,99 @@ TEST_CASE("a segment whose messages are all removed is recycled and reused, not 
   CHECK(log.segments_allocated() == 1);
 }
 
-TEST_CASE("a publish after TrimBefore passed its sequence stores nothing and returns false") {
+TEST_CASE("a publish that TrimBefore passed is gone at once, and its segment goes after it") {
   Counted::live = 0;
   MessageLog<Counted> log(2, 1);
   const std::uint64_t slow = log.Claim(1);    // 1: a slow publisher
   const std::uint64_t fast = log.Claim(10);   // 2..11
   for (std::uint64_t s = fast; s < fast + 10; ++s) REQUIRE(log.Publish(s, s));
   log.TrimBefore(6);  // a limit of 6 messages passes 1 before it is published
-  CHECK_FALSE(log.Publish(slow, 1u));
+  CHECK(log.first() == 6);
   MessageLog<Counted>::Ref r;
+  CHECK(log.Read(2, r) == LogRead::kGone);
+  CHECK(Counted::live == 10);  // segment 0 (1-3) waits for the publish of 1
+  CHECK(log.Publish(slow, 1u));
   CHECK(log.Read(slow, r) == LogRead::kGone);
-  CHECK(Counted::live == 8);  // 2..11 less segment 0's 2 and 3; segment 1 (4-7) keeps 4 and 5
-  // A segment never made (no sequence of it published) is marked gone by the trim.
+  log.TrimBefore(6);            // now segment 0 goes
+  CHECK(Counted::live == 8);    // 4..11; segment 1 (4-7) keeps 4 and 5 until it goes whole
+  // Claim makes the segments it claims in, so a claimed sequence always has one.
   const std::uint64_t far = log.Claim(8);  // 12..19: segments 3 (12-15) and 4 (16-19)
-  log.TrimBefore(16);
-  CHECK_FALSE(log.Publish(far, 12u));
+  REQUIRE(far == 12);
+  log.TrimBefore(16);  // segments 1 (4-7) and 2 (8-11) go whole; 3 waits for 12..15
+  CHECK(Counted::live == 0);
+  CHECK(log.Publish(far, 12u));
+  CHECK(log.Read(12, r) == LogRead::kGone);
   CHECK(log.Publish(far + 4, 16u));
   REQUIRE(log.Read(16, r) == LogRead::kReady);
   CHECK(r->value == 16);
+  r.reset();
+  CHECK(Counted::live == 2);  // 12 (gone, in segment 3 until 13..15 come) and 16
+  for (std::uint64_t s = 13; s < 16; ++s) CHECK(log.Publish(s, s));
+  log.TrimBefore(16);
+  CHECK(Counted::live == 1);  // 16
 }
 
-TEST_CASE("a constructor that throws leaves its slot unpublished until a trim passes it") {
+TEST_CASE("a constructor that throws abandons its slot: readers see it gone, the segment still goes") {
   Counted::live = 0;
   MessageLog<Counted> log(2, 1);
-  const std::uint64_t s = log.Claim(2);
+  const std::uint64_t s = log.Claim(3);  // 1..3: all of segment 0
   CHECK_THROWS_WITH(log.Publish(s, 1u, true), "constructor of 1 fails");
   REQUIRE(log.Publish(s + 1, 2u));
+  REQUIRE(log.Publish(s + 2, 3u));
   MessageLog<Counted>::Ref r;
-  CHECK(log.Read(s, r) == LogRead::kNotYet);
+  CHECK(log.Read(s, r) == LogRead::kGone);
   REQUIRE(log.Read(s + 1, r) == LogRead::kReady);
   r.reset();
-  log.TrimBefore(s + 1);
-  CHECK(log.Read(s, r) == LogRead::kGone);
-  CHECK(Counted::live == 1);
+  CHECK(Counted::live == 2);
+  log.TrimBefore(4);
+  CHECK(Counted::live == 0);
+  CHECK(log.segments_free() == 1);
+}
+
+// A log whose directory tells 4,096 segments of 2 apart (top_bits 0): 8,192 sequences.
+constexpr std::uint64_t kSmallRing = 8192;
+
+// Claims, and publishes, [first, end) in claims of at most 1,000.
+void ClaimAndPublish(MessageLog<std::uint64_t>& log, std::uint64_t first, std::uint64_t end) {
+  while (first < end) {
+    const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(1000, end - first));
+    REQUIRE(log.Claim(n) == first);
+    for (std::uint64_t s = first; s < first + n; ++s) REQUIRE(log.Publish(s, s));
+    first += n;
+  }
 }
 
 TEST_CASE("Claim refuses a claim past the live span and claims nothing") {
-  MessageLog<std::uint64_t> log(1, 1);  // 2 slots a segment: 2^23 sequences of span
-  const std::uint64_t span = MessageLog<std::uint64_t>::kMaxLiveSegments * 2;
-  CHECK(log.Claim(static_cast<std::uint32_t>(span)) == 0);
-  CHECK(log.next() == 1);
-  CHECK(log.Claim(static_cast<std::uint32_t>(span - 2)) == 1);  // last = span - 2: segment 2^22 - 1
-  CHECK(log.next() == span - 1);
-  CHECK(log.Claim(2) == 0);  // span - 1 is in segment 2^22
-  log.TrimBefore(3);         // the oldest live segment is now 1
-  CHECK(log.Claim(2) == span - 1);
+  MessageLog<std::uint64_t> log(1, 1, 0);
+  REQUIRE(log.live_span() == 4096);
+  ClaimAndPublish(log, 1, kSmallRing - 2);   // up to segment 4,095 (8,190 and 8,191)
+  CHECK(log.Claim(1) == kSmallRing - 2);      // 8,190: still segment 4,095
+  REQUIRE(log.Publish(kSmallRing - 2, 0u));
+  CHECK(log.Claim(2) == 0);                   // 8,191 and 8,192: segment 4,096 is segment 0's entry
+  CHECK(log.next() == kSmallRing - 1);
+  log.TrimBefore(3);                          // segment 0 (0, 1) goes: the oldest is now 1
+  CHECK(log.Claim(2) == kSmallRing - 1);
+  CHECK_THROWS_WITH(log.Claim(0), "MessageLog claim of 0 sequences: 1..65536");
+  CHECK_THROWS_WITH(log.Claim(65537), "MessageLog claim of 65537 sequences: 1..65536");
+  CHECK_THROWS_WITH(MessageLog<int>(0, 1), "MessageLog segment_bits must be 1..20, got 0");
+  CHECK_THROWS_WITH(MessageLog<int>(1, 0), "MessageLog first_seq must be 1..2^62, got 0");
+  CHECK_THROWS_WITH(MessageLog<int>(1, 1, 11), "MessageLog top_bits must be 0..10, got 11");
 }
 
 TEST_CASE("a directory entry a ring earlier held a tombstone is made anew") {
-  MessageLog<std::uint64_t> log(1, 1);
-  const std::uint64_t ring = MessageLog<std::uint64_t>::kMaxLiveSegments * 2;  // sequences
-  REQUIRE(log.Claim(2) == 1);
-  REQUIRE(log.Publish(2, 2u));
-  REQUIRE(log.Publish(1, 1u));  // segment 0: sequences 0 (never) and 1
-  // Trim far ahead: segment 0's entry holds its tombstone.
-  REQUIRE(log.Claim(static_cast<std::uint32_t>(ring - 4)) == 3);  // up to ring - 2
-  log.TrimBefore(ring - 2);
-  CHECK(log.first() == ring - 2);
+  MessageLog<std::uint64_t> log(1, 1, 0);
+  ClaimAndPublish(log, 1, kSmallRing - 2);
+  log.TrimBefore(kSmallRing - 2);  // segment 0's entry holds its tombstone
+  CHECK(log.first() == kSmallRing - 2);
   MessageLog<std::uint64_t>::Ref r;
   CHECK(log.Read(1, r) == LogRead::kGone);
-  // Sequence `ring` is in segment 2^22, whose entry is segment 0's.
-  REQUIRE(log.Claim(4) == ring - 1);
-  CHECK(log.Read(ring, r) == LogRead::kNotYet);
-  REQUIRE(log.Publish(ring, 7u));
-  REQUIRE(log.Read(ring, r) == LogRead::kReady);
+  // Sequence 8,192 is in segment 4,096, whose entry is segment 0's.
+  REQUIRE(log.Claim(4) == kSmallRing - 2);
+  CHECK(log.Read(kSmallRing, r) == LogRead::kNotYet);
+  REQUIRE(log.Publish(kSmallRing, 7u));
+  REQUIRE(log.Read(kSmallRing, r) == LogRead::kReady);
   CHECK(*r == 7);
+  CHECK(log.Read(1, r) == LogRead::kGone);  // the old index reads gone, not the new segment
 }
 
 TEST_CASE("publishers, readers and a trimmer at once: every read is whole, every message destroyed once") {
@@ -205,7 +234,8 @@ TEST_CASE("publishers, readers and a trimmer at once: every read is whole, every
   constexpr std::uint64_t kPerPublisher = 40'000;
   constexpr std::uint64_t kKeep = 50;  // the trimmer keeps about this many
   {
-    MessageLog<Counted> log(4, 1);  // 16 slots a segment: many recyclings
+    const unsigned bits = GENERATE(1u, 4u);  // 2 or 16 slots a segment: many recyclings
+    MessageLog<Counted> log(bits, 1);
     std::atomic<int> publishing{kPublishers};
     std::atomic<std::uint64_t> bad{0}, read{0}, gone{0};
     std::vector<std::thread> threads;
@@ -225,9 +255,10 @@ TEST_CASE("publishers, readers and a trimmer at once: every read is whole, every
       threads.emplace_back([&] {
         std::uint64_t cursor = 1;
         std::vector<MessageLog<Counted>::Ref> held;
+        MessageLog<Counted>::Reader reader(log);
         while (publishing.load() > 0 || cursor < log.next()) {
           MessageLog<Counted>::Ref r;
-          const LogRead got = log.Read(cursor, r);
+          const LogRead got = reader.Read(cursor, r);
           if (got == LogRead::kNotYet) {
             if (publishing.load() == 0 && cursor >= log.next()) break;
             std::this_thread::yield();
@@ -236,7 +267,7 @@ TEST_CASE("publishers, readers and a trimmer at once: every read is whole, every
           if (got == LogRead::kReady) {
             if (r->value != cursor * 7 || r->check != ~(cursor * 7)) bad.fetch_add(1);
             read.fetch_add(1);
-            held.push_back(std::move(r));  // hold a few across trims
+            held.push_back(r.Share());  // hold a few across trims (r lets go of its own)
             if (held.size() > 8) held.erase(held.begin());
           } else {
             gone.fetch_add(1);
@@ -262,8 +293,49 @@ TEST_CASE("publishers, readers and a trimmer at once: every read is whole, every
     // With the readers gone, a last trim leaves in use only the segments of the last
     // kKeep sequences (at most kKeep / 16 + 2); the others wait on the free list.
     log.TrimBefore(log.next() - kKeep);
-    CHECK(log.segments_allocated() - log.segments_free() <= kKeep / 16 + 2);
-    CHECK(Counted::live == static_cast<std::int64_t>(kKeep + (log.next() - kKeep) % 16));
+    const std::uint64_t slots = std::uint64_t{1} << bits;
+    CHECK(log.segments_allocated() - log.segments_free() <= kKeep / slots + 2);
+    CHECK(Counted::live == static_cast<std::int64_t>(kKeep + (log.next() - kKeep) % slots));
   }
+  CHECK(Counted::live == 0);
+}
+
+// The smallest inputs of an adversarial review's findings.
+TEST_CASE("a read far ahead of the log is not yet, at once") {
+  MessageLog<std::uint64_t> log(1, 1, 0);
+  REQUIRE(log.Claim(1) == 1);
+  REQUIRE(log.Publish(1, 1u));
+  MessageLog<std::uint64_t>::Ref r;
+  // Sequence 8,192 is in segment 4,096, whose directory entry is segment 0's.
+  CHECK(log.Read(kSmallRing, r) == LogRead::kNotYet);
+  CHECK(log.Read(kSmallRing + 1, r) == LogRead::kNotYet);
+}
+
+TEST_CASE("a slow publisher holds the span: claims a directory ring later wait for it") {
+  MessageLog<std::uint64_t> log(1, 1, 0);
+  REQUIRE(log.Claim(1) == 1);  // slow: segment 0, made by the claim
+  ClaimAndPublish(log, 2, kSmallRing - 2);
+  log.TrimBefore(kSmallRing - 2);
+  // Segment 0 cannot go before 1 is published, so the ring cannot wrap onto it.
+  CHECK(log.Claim(4) == 0);
+  REQUIRE(log.Publish(1, 1u));
+  MessageLog<std::uint64_t>::Ref r;
+  CHECK(log.Read(1, r) == LogRead::kGone);
+  log.TrimBefore(kSmallRing - 2);
+  CHECK(log.Claim(4) == kSmallRing - 2);
+  REQUIRE(log.Publish(kSmallRing, 7u));
+  REQUIRE(log.Read(kSmallRing, r) == LogRead::kReady);
+  CHECK(*r == 7);
+}
+
+TEST_CASE("removing every message of a first segment that starts below the first sequence unlinks it") {
+  Counted::live = 0;
+  MessageLog<Counted> log(2, 1);  // segment 0 holds 1..3 only
+  REQUIRE(log.Claim(3) == 1);
+  for (std::uint64_t s = 1; s <= 3; ++s) REQUIRE(log.Publish(s, s));
+  CHECK(log.Remove(2));
+  CHECK(log.Remove(1));
+  CHECK(Counted::live == 3);
+  CHECK(log.Remove(3));
   CHECK(Counted::live == 0);
 }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -950,4 +951,38 @@ TEST_CASE("bursts of quiet pushes, each woken once, lose and duplicate nothing (
       s = true;
     }
   }
+}
+
+// EventCount's invariant 7, step by step on one thread: while a wake-up is on its way
+// to an announced sleeper, a second notify makes no syscall; the sleeper's leaving
+// clears the mark, and so does a sleeper preparing to wait (after it read its key,
+// before its re-check), so the next notify wakes again.
+TEST_CASE("an event count sends one wake-up at a time to its sleepers") {
+  inferq::ring_internal::EventCount ec;
+  CHECK_FALSE(ec.ClaimWake());  // nobody sleeps
+  (void)ec.PrepareWait();       // a sleeper announces itself
+  CHECK(ec.HasSleepers());
+  CHECK(ec.ClaimWake());        // a wake-up goes to it
+  CHECK_FALSE(ec.ClaimWake());  // not again while it is on its way
+  CHECK_FALSE(ec.ClaimWake());
+  CHECK(ec.HasSleepers());
+  ec.CancelWait();              // it leaves (re-checked and found its item)
+  CHECK_FALSE(ec.HasSleepers());
+  CHECK_FALSE(ec.ClaimWake());
+  // A notifier marked a wake-up for a sleeper that then left: the next sleeper is
+  // still woken.
+  (void)ec.PrepareWait();
+  CHECK(ec.ClaimWake());
+  ec.CancelWait();
+  (void)ec.PrepareWait();
+  CHECK(ec.ClaimWake());
+  // The absorbed wake-up (the smallest case of a hang in a first version): a second
+  // sleeper prepares after the mark was set; it clears the mark before its re-check,
+  // so if it then sleeps, the next notify wakes it.
+  (void)ec.PrepareWait();
+  CHECK(ec.ClaimWake());
+  CHECK_FALSE(ec.ClaimWake());
+  ec.CancelWait();
+  ec.CancelWait();
+  CHECK_FALSE(ec.HasSleepers());
 }

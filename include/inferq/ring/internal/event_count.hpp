@@ -41,6 +41,29 @@
 ///     change (and wakes one). So while anything is available, some waiter is awake
 ///     or about to be, and a push with an active consumer costs no futex call (the
 ///     rule Go's scheduler applies to its spinning threads).
+///  7. At most one wake-up is on its way at a time: NotifyOne sets kWakePending in
+///     sleepers_ (a CAS, only while the count is nonzero and the bit clear) before
+///     it bumps the epoch and calls FUTEX_WAKE. A NotifyOne that finds the bit set
+///     makes no syscall: a sleeper woken but not yet running would otherwise be
+///     woken again on every push until the scheduler runs it (0.8 futex calls per
+///     delivery in a 1 x 4 fan-out). Every sleeper clears the bit as it leaves
+///     (Wait's return, CancelWait: one CAS that also takes one off the count) and in
+///     PrepareWait, after it has read its key and before its re-check. Why no
+///     wake-up is lost: the bit was set while the count was nonzero. If a counted
+///     sleeper was in its futex wait, the FUTEX_WAKE that follows wakes one, which
+///     leaves; a counted sleeper that was not yet in it either read its key before
+///     the epoch's bump (its futex wait returns at once, and it leaves) or after it
+///     (it then sees the bit in PrepareWait and clears it). So some sleeper clears
+///     the bit after it was set, and then re-checks the condition (the loop of
+///     WaitUntil), or passes a wake-up on if more is available (pass_on). A notifier
+///     that skipped made its change before its seq_cst load saw the bit, and the
+///     clear is a seq_cst read-modify-write followed by a fence, so that re-check
+///     sees the change (the pairing of invariant 3). NotifyMany and NotifyAll wake
+///     regardless of the bit. (A first version cleared the bit only on leaving: a
+///     sleeper whose key postdated the marked wake-up re-checked, found the slot
+///     taken by an active waiter, and slept with the bit still set, so every later
+///     notify skipped it; a second one cleared it just before the futex call, with
+///     no re-check after it, and lost a push made in between.)
 /// An earlier version put a seq_cst fence on the notifier's side too (and offered
 /// Linux membarrier(2) to make it cheap); with the ring's own seq_cst CAS it is not
 /// needed, and it was the hybrid wait's main cost under load (BENCHMARKS.md,
@@ -107,31 +130,39 @@ class EventCount {
     // not be seq_cst themselves (the ring's try_ calls use acquire).
     std::atomic_thread_fence(std::memory_order_seq_cst);
 #endif
-    return epoch_.load(std::memory_order_acquire);
+    const std::uint32_t key = epoch_.load(std::memory_order_acquire);
+    // Invariant 7: after the key, before the re-check, clear a wake-up marked on its
+    // way: it may have been absorbed (its futex call found nobody asleep).
+    if (sleepers_.load(std::memory_order_relaxed) & kWakePending) {
+      sleepers_.fetch_and(kCountMask, std::memory_order_seq_cst);
+#if !defined(__SANITIZE_THREAD__)
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+    }
+    return key;
   }
 
   /// Invariants 2 and 3, notifier side (after a seq_cst change of the ring).
-  bool HasSleepers() {
-#if defined(__SANITIZE_THREAD__)
-    return sleepers_.fetch_add(0, std::memory_order_seq_cst) != 0;
-#else
-    return sleepers_.load(std::memory_order_seq_cst) != 0;
-#endif
-  }
+  bool HasSleepers() { return (LoadSleepers() & kCountMask) != 0; }
 
-  /// Invariants 2, 3 and 4, notifier side: a sleeper exists and no waiter is active.
-  bool NeedsWake() {
+  /// Invariants 2, 3, 4 and 7, notifier side: a sleeper exists, no wake-up is on its
+  /// way to one, and no waiter is active; then marks a wake-up on its way. True when
+  /// the caller must wake one (NotifyOne does).
+  bool ClaimWake() {
+    std::uint32_t v = LoadSleepers();
+    for (;;) {
+      if ((v & kCountMask) == 0 || (v & kWakePending) != 0) return false;
 #if defined(__SANITIZE_THREAD__)
-    if (sleepers_.fetch_add(0, std::memory_order_seq_cst) == 0) return false;
-    return active_.fetch_add(0, std::memory_order_seq_cst) == 0;
+      if (active_.fetch_add(0, std::memory_order_seq_cst) != 0) return false;
 #else
-    return sleepers_.load(std::memory_order_seq_cst) != 0 &&
-           active_.load(std::memory_order_seq_cst) == 0;
+      if (active_.load(std::memory_order_seq_cst) != 0) return false;
 #endif
+      if (sleepers_.compare_exchange_weak(v, v | kWakePending, std::memory_order_seq_cst)) return true;
+    }
   }
 
   /// Active (spinning/yielding) waiters: at most `max` at a time. relaxed: the count
-  /// only gates wake-ups through NeedsWake, whose safety rests on LeaveActive
+  /// only gates wake-ups through ClaimWake, whose safety rests on LeaveActive
   /// (invariant 4); a notifier that misses a new active waiter only wakes a sleeper
   /// it did not have to.
   bool TryBecomeActive(int max) {
@@ -152,8 +183,10 @@ class EventCount {
   /// Invariant 6: the adaptive skip of strategies with kProcessBudget.
   AdaptiveSpin& spin() { return spin_; }
 
-  /// The re-check found the condition true: withdraw the announcement.
-  void CancelWait() { sleepers_.fetch_sub(1, std::memory_order_relaxed); }
+  /// The re-check found the condition true: withdraw the announcement (and any
+  /// wake-up on its way, invariant 7). The caller then passes a wake-up on if more
+  /// is available (WaitUntil's pass_on).
+  void CancelWait() { Leave(); }
 
   /// Sleeps until epoch_ != key, a spurious wake-up, or `deadline_ns` (monotonic)
   /// passes, then withdraws the announcement. The caller re-checks its condition.
@@ -179,7 +212,7 @@ class EventCount {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
 #endif
-    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+    Leave();
   }
 
   /// Step 2 of the protocol: call after the state change is visible.
@@ -187,7 +220,7 @@ class EventCount {
   /// waking all of them (a thundering herd) burns CPU on every push. A waiter that was
   /// woken but leaves without taking anything (deadline) passes the wake on.
   void NotifyOne() {
-    if (!NeedsWake()) return;
+    if (!ClaimWake()) return;
     epoch_.fetch_add(1, std::memory_order_seq_cst);
 #if defined(__linux__)
     syscall(SYS_futex, Word(), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
@@ -231,6 +264,30 @@ class EventCount {
   static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
   static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 #endif
+  /// sleepers_: the count of announced sleepers (low 31 bits) and kWakePending.
+  static constexpr std::uint32_t kWakePending = std::uint32_t{1} << 31;
+  static constexpr std::uint32_t kCountMask = kWakePending - 1;
+
+  std::uint32_t LoadSleepers() {
+#if defined(__SANITIZE_THREAD__)
+    return sleepers_.fetch_add(0, std::memory_order_seq_cst);
+#else
+    return sleepers_.load(std::memory_order_seq_cst);
+#endif
+  }
+
+  /// A sleeper leaves (after Wait, or CancelWait): one fewer, and no wake-up is on
+  /// its way any more (invariant 7). seq_cst, then a fence as in PrepareWait: the
+  /// caller's re-check (or pass_on) reads the ring after it.
+  void Leave() {
+    std::uint32_t v = sleepers_.load(std::memory_order_relaxed);
+    while (!sleepers_.compare_exchange_weak(v, (v - 1) & kCountMask, std::memory_order_seq_cst)) {
+    }
+#if !defined(__SANITIZE_THREAD__)
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+  }
+
   /// Read by every notify: changes only when a waiter falls asleep or wakes.
   std::atomic<std::uint32_t> epoch_{0};
   std::atomic<std::uint32_t> sleepers_{0};

@@ -187,7 +187,7 @@ void RecordDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns) {
 
 }  // namespace
 
-absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns) {
+absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns, bool describe) {
   ConsumerState& c = *consumer_;
   if (c.deleted.load(std::memory_order_acquire)) return Deleted(c);
   if (c.AckLogFailed()) return c.AckLogFailure();
@@ -198,6 +198,11 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
   if (const ConsumerState::Slot slot = limited ? c.ReserveSlot(deadline_ns)
                                                : ConsumerState::Slot::kTaken;
       slot != ConsumerState::Slot::kTaken) {
+    if (!describe) {
+      return absl::Status(
+          slot == ConsumerState::Slot::kClosed ? absl::StatusCode::kCancelled : absl::StatusCode::kDeadlineExceeded,
+          "");
+    }
     return NoSlot(c, lane, index_, slot);
   }
   struct SlotGuard {
@@ -223,6 +228,9 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
         return absl::CancelledError("engine closed: consumer '" + consumer_->config.name +
                                     "' member " + std::to_string(index_) + " is drained");
       }
+      // A batch's end is no error: no message to build (it cost a batch of a
+      // 1 x 4 fan-out about 870 instructions).
+      if (!describe) return absl::Status(absl::StatusCode::kDeadlineExceeded, "");
       return absl::DeadlineExceededError("no message for consumer '" +
                                          consumer_->config.name + "' member " +
                                          std::to_string(index_) + " before the timeout");
@@ -392,7 +400,7 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
   batch.push_back(std::move(first));
   while (batch.size() < max_batch) {
     Message m;
-    if (!PopOne(deadline, m).ok()) break;
+    if (!PopOne(deadline, m, -1, /*describe=*/false).ok()) break;
     batch.push_back(std::move(m));
   }
   consumer_->lanes[index_]->CountBatch(batch.size());
@@ -419,7 +427,7 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(absl::Duration timeout) {
         Message m;
         // Deadline 0: only what is queued now (others took the rest: go with what is
         // here), delivered at this batch's `now`.
-        if (!PopOne(0, m, now).ok()) break;
+        if (!PopOne(0, m, now, /*describe=*/false).ok()) break;
         batch.push_back(std::move(m));
       }
       lane.CountBatch(batch.size());
@@ -432,7 +440,7 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(absl::Duration timeout) {
     const std::int64_t steady = SteadyClock::Now();
     const std::int64_t deadline = wait_ns >= kNoDeadline - steady ? kNoDeadline : steady + wait_ns;
     Message m;
-    if (!PopOne(deadline, m).ok()) {  // the delay ran out (or the engine closed)
+    if (!PopOne(deadline, m, -1, /*describe=*/false).ok()) {  // the delay ran out (or the engine closed)
       waited_out = true;
       continue;
     }

@@ -78,3 +78,39 @@ TEST_CASE("steady-state publish -> deliver -> ack makes zero general-heap alloca
     CHECK(st.codec_conversions == 0);
   }
 }
+
+// A batch ends when its member's lane is empty: that is no error, so it must not
+// build one. It used to build and drop a "no message ... before the timeout" status
+// per batch (two heap allocations and some 870 instructions in a 1 x 4 fan-out).
+TEST_CASE("a NextBatch that ends on an empty lane allocates only its batch's vector") {
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"infer.*.req"}, .retention = RetentionPolicy::kInterest}).ok());
+  auto consumer = engine->AddConsumer({.stream = "S", .name = "a", .lane_capacity = 64});
+  REQUIRE(consumer.ok());
+  Member m = *consumer->member(0);
+  auto publish3 = [&](std::uint64_t base) {
+    for (std::uint64_t i = 0; i < 3; ++i) {
+      Event e;
+      e.subject = "infer.m.req";
+      e.seq_no = base + i;
+      REQUIRE(engine->Publish(std::move(e)).ok());
+    }
+  };
+  for (std::uint64_t round = 0; round < 200; ++round) {  // warm-up: pools, caches
+    publish3(3 * round);
+    auto batch = m.NextBatch(8, absl::ZeroDuration(), absl::ZeroDuration());
+    REQUIRE(batch.ok());
+    REQUIRE(batch->size() == 3);
+    for (Message& msg : *batch) REQUIRE(msg.Ack().ok());
+  }
+  publish3(600);
+  allocations = 0;
+  counting = true;
+  auto batch = m.NextBatch(8, absl::ZeroDuration(), absl::ZeroDuration());
+  counting = false;
+  REQUIRE(batch.ok());
+  CHECK(batch->size() == 3);
+  CHECK((*batch)[0].event().seq_no == 600);
+  CHECK(allocations.load() == 1);  // the vector of the batch
+  for (Message& msg : *batch) CHECK(msg.Ack().ok());
+}

@@ -260,7 +260,9 @@ class Member {
   /// DeadlineExceeded / Cancelled.
   /// `now_ns`: a reading of the engine clock the caller took for this pull (a batch
   /// reads it once); -1 = read it here.
-  absl::Status PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns = -1);
+  /// `describe`: false for a pull that fills a batch, whose end is no error: its
+  /// DeadlineExceeded (and Cancelled) then come without a message (no string built).
+  absl::Status PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns = -1, bool describe = true);
   /// ConsumerConfig::lifecycle's delivery step for `m`, just popped: true to hand it
   /// out (now Processing); false when it was settled instead (put back while its
   /// model warms up, terminated, or acked because its lifecycle says Completed).

@@ -63,7 +63,11 @@
 ///     sleeper whose key postdated the marked wake-up re-checked, found the slot
 ///     taken by an active waiter, and slept with the bit still set, so every later
 ///     notify skipped it; a second one cleared it just before the futex call, with
-///     no re-check after it, and lost a push made in between.)
+///     no re-check after it, and lost a push made in between.) The price: a notifier
+///     preempted between setting the bit and its FUTEX_WAKE delays the wake-up that
+///     others skipped until it runs again (a whole side of the ring waits on one
+///     thread's scheduling, as it waits on the woken thread's anyway).
+
 /// An earlier version put a seq_cst fence on the notifier's side too (and offered
 /// Linux membarrier(2) to make it cheap); with the ring's own seq_cst CAS it is not
 /// needed, and it was the hybrid wait's main cost under load (BENCHMARKS.md,

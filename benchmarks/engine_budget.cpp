@@ -12,6 +12,9 @@
 //             into a MessageLog slot (claim, publish), read back at its sequence by a
 //             cursor, settled in an AckWindow, and the log trimmed behind the ack floor
 //             once per 32 events: what the log's structures cost by themselves
+//   log_view  log_core with a compact slot instead of a whole Event (an interned
+//             subject id, seq_no, publish time, the payload's Buffer), written from
+//             the fields as an EventView publish would: the floor of that design
 // The engine runs with manual timers (nothing fires), so a run is the same work every
 // time. A second thread waits, idle, for the whole run: glibc skips the lock prefix of
 // its mutexes while a process has one thread, and an engine never runs in such a
@@ -49,7 +52,7 @@ inferq::Event MakeEvent(long i, bool msg_id) {
 int Usage() {
   std::fprintf(stderr,
                "usage: engine_budget WORKLOAD N (WORKLOAD: base, ack_wait, msg_id, batch32, "
-               "fanout4, log_core; N: events, a positive multiple of 32)\n");
+               "fanout4, log_core, log_view; N: events, a positive multiple of 32)\n");
   return 2;
 }
 
@@ -77,10 +80,44 @@ int RunLogCore(long n) {
   return ok == 2 * n ? 0 : 1;
 }
 
+// log_view's slot (above): what an EventView publish would write for this workload.
+struct CompactSlot {
+  std::uint32_t subject_id;
+  std::uint64_t seq_no;
+  std::int64_t publish_ns;
+  inferq::Buffer payload;
+};
+
+// log_view (above): 0 when every event was published, read and settled once.
+int RunLogView(long n) {
+  using inferq::engine_internal::AckWindow;
+  using inferq::engine_internal::LogRead;
+  using inferq::engine_internal::MessageLog;
+  static const std::string payload(kPayloadBytes, 'x');
+  MessageLog<CompactSlot> log(10, 1);
+  AckWindow acks(7, 1);
+  MessageLog<CompactSlot>::Reader reader(log);
+  std::uint64_t cursor = 1;
+  long ok = 0;
+  for (long i = 0; i < n; ++i) {
+    const std::uint64_t seq = log.Claim(1);
+    ok += log.Publish(seq, CompactSlot{1, static_cast<std::uint64_t>(i), i, inferq::Buffer::FromString(payload)});
+    MessageLog<CompactSlot>::Ref r;
+    if (reader.Read(cursor, r) == LogRead::kReady && r->seq_no == static_cast<std::uint64_t>(i)) {
+      ++cursor;
+      ok += acks.TrySet(r.seq());
+    }
+    if ((i & 31) == 31) log.TrimBefore(acks.floor());
+  }
+  std::printf("log_view: %ld of %ld publishes and settles succeeded\n", ok, 2 * n);
+  return ok == 2 * n ? 0 : 1;
+}
+
 // Runs the workload on an engine of its own: 0 when every publish and ack succeeded,
 // 1 otherwise.
 int Run(const std::string& workload, long n) {
   if (workload == "log_core") return RunLogCore(n);
+  if (workload == "log_view") return RunLogView(n);
   const bool ack_wait = workload == "ack_wait" || workload == "msg_id";
   const bool msg_id = workload == "msg_id";
   const int consumers = workload == "fanout4" ? 4 : 1;
@@ -144,7 +181,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (workload != "base" && workload != "ack_wait" && workload != "msg_id" && workload != "batch32" &&
-      workload != "fanout4" && workload != "log_core") {
+      workload != "fanout4" && workload != "log_core" && workload != "log_view") {
     std::fprintf(stderr, "engine_budget: unknown workload '%s'\n", workload.c_str());
     return Usage();
   }

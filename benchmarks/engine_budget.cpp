@@ -56,31 +56,7 @@ int Usage() {
   return 2;
 }
 
-// log_core (above): 0 when every event was published, read and settled once.
-int RunLogCore(long n) {
-  using inferq::engine_internal::AckWindow;
-  using inferq::engine_internal::LogRead;
-  using inferq::engine_internal::MessageLog;
-  MessageLog<inferq::Event> log(10, 1);
-  AckWindow acks(7, 1);
-  MessageLog<inferq::Event>::Reader reader(log);
-  std::uint64_t cursor = 1;
-  long ok = 0;
-  for (long i = 0; i < n; ++i) {
-    const std::uint64_t seq = log.Claim(1);
-    ok += log.Publish(seq, MakeEvent(i, false));
-    MessageLog<inferq::Event>::Ref r;
-    if (reader.Read(cursor, r) == LogRead::kReady && r->seq_no == static_cast<std::uint64_t>(i)) {
-      ++cursor;
-      ok += acks.TrySet(r.seq());
-    }
-    if ((i & 31) == 31) log.TrimBefore(acks.floor());
-  }
-  std::printf("log_core: %ld of %ld publishes and settles succeeded\n", ok, 2 * n);
-  return ok == 2 * n ? 0 : 1;
-}
-
-// log_view's slot (above): what an EventView publish would write for this workload.
+// log_view's slot (below): what an EventView publish would write for this workload.
 struct CompactSlot {
   std::uint32_t subject_id;
   std::uint64_t seq_no;
@@ -88,29 +64,39 @@ struct CompactSlot {
   inferq::Buffer payload;
 };
 
-// log_view (above): 0 when every event was published, read and settled once.
-int RunLogView(long n) {
+// log_core and log_view (above), with slots of type Slot that make(i) builds: 0 when
+// every event was published, read and settled once.
+template <class Slot, class Make>
+int RunLog(const char* name, long n, Make make) {
   using inferq::engine_internal::AckWindow;
   using inferq::engine_internal::LogRead;
   using inferq::engine_internal::MessageLog;
-  static const std::string payload(kPayloadBytes, 'x');
-  MessageLog<CompactSlot> log(10, 1);
+  MessageLog<Slot> log(10, 1);
   AckWindow acks(7, 1);
-  MessageLog<CompactSlot>::Reader reader(log);
+  typename MessageLog<Slot>::Reader reader(log);
   std::uint64_t cursor = 1;
   long ok = 0;
   for (long i = 0; i < n; ++i) {
     const std::uint64_t seq = log.Claim(1);
-    ok += log.Publish(seq, CompactSlot{1, static_cast<std::uint64_t>(i), i, inferq::Buffer::FromString(payload)});
-    MessageLog<CompactSlot>::Ref r;
+    ok += log.Publish(seq, make(i));
+    typename MessageLog<Slot>::Ref r;
     if (reader.Read(cursor, r) == LogRead::kReady && r->seq_no == static_cast<std::uint64_t>(i)) {
       ++cursor;
       ok += acks.TrySet(r.seq());
     }
     if ((i & 31) == 31) log.TrimBefore(acks.floor());
   }
-  std::printf("log_view: %ld of %ld publishes and settles succeeded\n", ok, 2 * n);
+  std::printf("%s: %ld of %ld publishes and settles succeeded\n", name, ok, 2 * n);
   return ok == 2 * n ? 0 : 1;
+}
+
+int RunLogCore(long n) { return RunLog<inferq::Event>("log_core", n, [](long i) { return MakeEvent(i, false); }); }
+
+int RunLogView(long n) {
+  static const std::string payload(kPayloadBytes, 'x');
+  return RunLog<CompactSlot>("log_view", n, [](long i) {
+    return CompactSlot{1, static_cast<std::uint64_t>(i), i, inferq::Buffer::FromString(payload)};
+  });
 }
 
 // Runs the workload on an engine of its own: 0 when every publish and ack succeeded,

@@ -3,6 +3,7 @@
 // settlers racing for the same sequences while the floor moves.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <random>
 #include <thread>
@@ -109,7 +110,11 @@ TEST_CASE("settlers racing over the same sequences: each settled exactly once, t
         std::mt19937_64 rng(static_cast<std::uint64_t>(t) + 1);
         std::uint64_t local = 0;
         std::vector<std::uint64_t> mine;
+        // A floor that never moves would keep Fits false: after 60 s the thread stops
+        // and the totals below fail.
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
         for (;;) {
+          if (std::chrono::steady_clock::now() > give_up) break;
           // Take a run of up to 8 sequences that fit, then settle them in a shuffled
           // order, each twice (an ack and a redelivery timer racing), and some of
           // another thread's range too.

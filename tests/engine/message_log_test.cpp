@@ -4,6 +4,7 @@
 // constructor, and publishers, readers and a trimmer at once.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -256,11 +257,18 @@ TEST_CASE("publishers, readers and a trimmer at once: every read is whole, every
         std::uint64_t cursor = 1;
         std::vector<MessageLog<Counted>::Ref> held;
         MessageLog<Counted>::Reader reader(log);
+        // A sequence that never becomes readable nor gone would stall the reader:
+        // after 60 s it stops and counts that as a bad read.
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
         while (publishing.load() > 0 || cursor < log.next()) {
           MessageLog<Counted>::Ref r;
           const LogRead got = reader.Read(cursor, r);
           if (got == LogRead::kNotYet) {
             if (publishing.load() == 0 && cursor >= log.next()) break;
+            if (std::chrono::steady_clock::now() > give_up) {
+              bad.fetch_add(1);
+              break;
+            }
             std::this_thread::yield();
             continue;
           }

@@ -270,6 +270,7 @@ void Retire(ConsumerState& c, StreamState& s) {
   {
     std::lock_guard lock(s.mu);
     std::erase(s.consumers, &c);
+    s.ConsumersChanged();
   }
   std::vector<Delivery> queued;
   for (auto& lane : c.lanes) {

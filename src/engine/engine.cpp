@@ -997,6 +997,7 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
     std::lock_guard stream_lock(stream->mu);
     QueueStoredMessages(*stream, *raw, scan);
     stream->consumers.push_back(raw);
+    stream->ConsumersChanged();
     if (!config.accept_codecs.empty()) {
       stream->codec_restricted.fetch_add(1, std::memory_order_relaxed);
     }

@@ -317,7 +317,10 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   };
   using Targets = absl::InlinedVector<Target, 8>;
   using Converted = engine_internal::ConvertedEvents;
-  using Capturing = absl::InlinedVector<StreamState*, 4>;
+  // A capturing stream, with the mask of its consumers whose filter matches the
+  // subject as this thread's route cache holds it (RouteIndex invariant 5).
+  using CapturingStream = engine_internal::RouteIndex<StreamState*>::Route;
+  using Capturing = absl::InlinedVector<CapturingStream, 4>;
   // The event being published: as given until the first stream stores it, then
   // `shared` (the one Event every stream and delivery shares; `event` is moved into it).
   struct PublishedEvent {
@@ -357,8 +360,9 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // accept its codec, once per target codec, before anything is stored.
   absl::Status ConvertBeforeStore(const Event& event, const Capturing& capturing,
                                   const PublishFlags& flags, Converted* converted);
-  // Admits, selects and enqueues the event in one stream, or records why not.
-  void PublishToStream(StreamState& stream, PublishedEvent& pe, Converted& converted,
+  // Admits, selects and enqueues the event in one stream (`route.value`), or records
+  // why not.
+  void PublishToStream(const CapturingStream& route, PublishedEvent& pe, Converted& converted,
                        const PublishFlags& flags, PublishTally& tally);
   // Takes the stream's mutex as `flags` allow; false when the stream refused (a
   // blocked stream and a publish that must not wait) or deferred (a dead letter,
@@ -372,10 +376,12 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   static void Refuse(StreamState& stream, absl::Status why, bool count, PublishTally& tally,
                      bool busy = false);
   // The members of the stream's matching consumers that take `ev` (their selection
-  // policies, under the stream's mutex, at `now` of the engine clock). Requires
-  // stream.mu.
-  static void SelectTargets(StreamState& stream, const Event& ev, std::int64_t now,
-                            Targets* targets, std::uint32_t* explicit_acks);
+  // policies, under the stream's mutex, at `now` of the engine clock). Which
+  // consumers' filters match comes from `route`'s mask when it was computed at the
+  // stream's present consumers_version, else from StreamState::FilterMask, given back
+  // to the route cache (NoteFilters) for the next publish. Requires stream.mu.
+  void SelectTargets(StreamState& stream, const CapturingStream& route, const Event& ev,
+                     std::int64_t now, Targets* targets, std::uint32_t* explicit_acks);
   // ResourceExhausted naming the lane when a target's full lane refuses the publish
   // (kReject, or kBlock for a publish that must not wait).
   // `busy` is set when the refusal is a kBlock lane that a TryPublish does not wait for.

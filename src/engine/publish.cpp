@@ -112,7 +112,7 @@ absl::StatusOr<PublishAck> Engine::PublishEvent(Event&& event, PublishMode mode,
   const Impl::PublishFlags flags = Impl::FlagsOf(mode);
   // A subject this thread routed since the last AddStream was checked then
   // (RouteIndex::MatchCached): the check below skips it.
-  absl::InlinedVector<StreamState*, 4> capturing;
+  Impl::Capturing capturing;
   const bool routed_before = impl_->routes.MatchCached(event.subject, &capturing);
   impl_->route_counts.Add(routed_before ? Impl::kRouteCacheHit : Impl::kRouteCacheMiss);
   if (absl::Status s = Impl::CheckEvent(event, !routed_before); !s.ok()) {
@@ -138,7 +138,7 @@ absl::StatusOr<PublishAck> Engine::PublishEvent(Event&& event, PublishMode mode,
   Impl::PublishedEvent published{event, nullptr, event.StoredSize(), event_limit_ns};
   for (std::size_t i = 0; i < capturing.size(); ++i) {
     published.last = i + 1 == capturing.size();
-    impl_->PublishToStream(*capturing[i], published, converted, flags, tally);
+    impl_->PublishToStream(capturing[i], published, converted, flags, tally);
   }
   if (!flags.internal && impl_->has_outbox.load(std::memory_order_acquire)) {
     FlushOutbox();  // no stream mutex is held here
@@ -224,18 +224,24 @@ inline std::int64_t Engine::Impl::EventLimitNs(const Event& event) {
 }
 
 inline bool Engine::Impl::Route(std::string_view subject, StreamState* only, bool matched,
-                         absl::InlinedVector<StreamState*, 4>* capturing) {
+                         Capturing* capturing) {
   if (!matched) routes.MatchAndCache(subject, capturing);
   if (only != nullptr) {
-    const bool captures = std::find(capturing->begin(), capturing->end(), only) != capturing->end();
-    capturing->clear();
-    if (captures) capturing->push_back(only);
+    auto it = std::find_if(capturing->begin(), capturing->end(),
+                           [only](const CapturingStream& r) { return r.value == only; });
+    if (it == capturing->end()) {
+      capturing->clear();
+    } else {
+      const CapturingStream kept = *it;
+      capturing->clear();
+      capturing->push_back(kept);
+    }
   }
   return !capturing->empty();
 }
 
 inline absl::Status Engine::Impl::ConvertBeforeStore(const Event& event,
-                                              const absl::InlinedVector<StreamState*, 4>& capturing,
+                                              const Capturing& capturing,
                                               const PublishFlags& flags, Converted* converted) {
   // Once per target codec, shared by every stream and consumer. Made before anything
   // is stored and outside the streams' mutexes (held only to read each stream's
@@ -243,7 +249,8 @@ inline absl::Status Engine::Impl::ConvertBeforeStore(const Event& event,
   // publishes (dead letters) never wait for a stream's mutex: theirs are made under
   // it (ConvertUnderLock).
   if (event.payload.empty() || flags.internal) return absl::OkStatus();
-  for (StreamState* stream : capturing) {
+  for (const CapturingStream& route : capturing) {
+    StreamState* stream = route.value;
     // relaxed: a consumer added concurrently is handled under the mutex (ConvertUnderLock).
     if (stream->codec_restricted.load(std::memory_order_relaxed) == 0) continue;
     std::array<const ConsumerState*, kPayloadCodecs> needs{};  // first consumer per codec
@@ -312,16 +319,28 @@ inline bool Engine::Impl::LockForPublish(StreamState& stream, std::unique_lock<s
   return false;
 }
 
-inline void Engine::Impl::SelectTargets(StreamState& stream, const Event& ev, std::int64_t now,
-                                 Targets* targets, std::uint32_t* explicit_acks) {
+inline void Engine::Impl::SelectTargets(StreamState& stream, const CapturingStream& route,
+                                        const Event& ev, std::int64_t now, Targets* targets,
+                                        std::uint32_t* explicit_acks) {
+  // Which consumers' filters match: the route cache's mask, computed once per
+  // subject and consumer list, not a pattern match per consumer and event.
+  std::uint64_t mask = route.filter_mask;
+  if (route.filter_version != stream.consumers_version) [[unlikely]] {
+    mask = stream.FilterMask(ev.subject);
+    routes.NoteFilters(ev.subject, &stream, mask, stream.consumers_version);
+  }
   // Under the stream's mutex: the consumer's selection policy picks the member, plus
   // a shadow copy (WeightedShadowPolicy).
-  for (ConsumerState* c : stream.consumers) {
+  for (std::size_t k = 0; k < stream.consumers.size(); ++k) {
+    ConsumerState* c = stream.consumers[k];
+    if (k < StreamState::kMaskedConsumers ? (mask >> k & 1) == 0
+                                          : c->filter && !c->filter->Matches(ev.subject)) {
+      continue;
+    }
     // relaxed: DeleteConsumer sets it before it closes the lanes and, later, takes
     // this mutex to unlist the consumer; a stale false meets a closed lane.
     if (c->deleted.load(std::memory_order_relaxed)) continue;
     if (stream.next_seq <= c->start_after) continue;  // before its start sequence
-    if (c->filter && !c->filter->Matches(ev.subject)) continue;
     if (!c->config.predicate.is_trivial() && !c->config.predicate.Matches(ev)) continue;
     Selection sel;
     {
@@ -492,9 +511,10 @@ inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
   return undelivered_acks;
 }
 
-inline void Engine::Impl::PublishToStream(StreamState& stream, PublishedEvent& pe,
-                                   Converted& converted, const PublishFlags& flags,
-                                   PublishTally& tally) {
+inline void Engine::Impl::PublishToStream(const CapturingStream& route, PublishedEvent& pe,
+                                          Converted& converted, const PublishFlags& flags,
+                                          PublishTally& tally) {
+  StreamState& stream = *route.value;
   const StreamConfig& cfg = stream.config;
   std::unique_lock lock(stream.mu, std::defer_lock);
   if (!LockForPublish(stream, lock, pe.current(), flags, tally)) return;
@@ -523,7 +543,7 @@ inline void Engine::Impl::PublishToStream(StreamState& stream, PublishedEvent& p
   // select: the consumers that take this event, and which member of each.
   Targets targets;
   std::uint32_t explicit_acks = 0;
-  SelectTargets(stream, ev, now, &targets, &explicit_acks);
+  SelectTargets(stream, route, ev, now, &targets, &explicit_acks);
   // Full lanes refuse before anything changes. Internal publishes (dead letters) never
   // wait and never refuse: a full lane parks them (EnqueueTargets).
   if (!flags.internal) {

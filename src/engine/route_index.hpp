@@ -14,8 +14,8 @@
 // Usage:
 //   RouteIndex<StreamState*> routes;
 //   routes.Change([&](SubjectIndex<StreamState*>& index) { index.Insert("a.*", s); });
-//   absl::InlinedVector<StreamState*, 4> out;
-//   routes.Match("a.b", &out);
+//   absl::InlinedVector<RouteIndex<StreamState*>::Route, 4> out;
+//   routes.Match("a.b", &out);   // out[i].value: a stream; .filter_*: see invariant 5
 //
 // Invariants:
 //  1. A reader announces itself on read_indicator[version] of its slot before it
@@ -32,6 +32,12 @@
 //     before it; one read during a Change carries the older tag and is not used
 //     again. Generations are unique across every RouteIndex of the process. A hit
 //     costs a hash, a load and a string compare: no read indicator, no lock.
+//  5. Each cached value carries a word its user computes once per subject (the
+//     engine: which of a stream's consumers' filters match the subject, a bit each)
+//     and the version of what it was computed from (0: not yet). The user checks
+//     the version under its own lock before it trusts the word, and hands a newer
+//     word back with NoteFilters; RouteIndex only keeps it, in the calling thread's
+//     entry, and drops it with the entry.
 //
 // Memory orders: the reader's announce (fetch_add) and its load of left_right_, and
 // the writer's store of left_right_ and its loads of the indicators, are seq_cst: a
@@ -63,6 +69,13 @@ namespace inferq::engine_internal {
 template <class V>
 class RouteIndex {
  public:
+  // One value a match found, with the word its user keeps beside it (invariant 5).
+  struct Route {
+    V value;
+    std::uint64_t filter_mask = 0;
+    std::uint64_t filter_version = 0;  // 0: filter_mask not computed
+  };
+
   RouteIndex() = default;
   RouteIndex(const RouteIndex&) = delete;
   RouteIndex& operator=(const RouteIndex&) = delete;
@@ -83,15 +96,32 @@ class RouteIndex {
     // generation a Change set also sees both copies changed.
     const std::uint64_t generation = generation_.load(std::memory_order_acquire);
     ThreadCacheEntry& e = tls_cache_[CacheWay(subject)];
-    const std::size_t before = out->size();
-    const std::size_t n = MatchShared(subject, out);
+    absl::InlinedVector<V, 4> found;
+    const std::size_t n = MatchShared(subject, &found);
+    for (const V& v : found) out->push_back(Route{v});
     if (subject.size() <= kMaxCachedSubjectBytes && n <= kMaxCachedValues) {
       e.generation = 0;  // a fill interrupted by bad_alloc leaves no valid entry
       e.subject.assign(subject.data(), subject.size());
-      e.values.assign(out->begin() + static_cast<std::ptrdiff_t>(before), out->end());
+      e.values.clear();
+      for (const V& v : found) e.values.push_back(Route{v});
       e.generation = generation;
     }
     return n;
+  }
+
+  // Invariant 5: keeps `mask`, computed at `version`, as the word of `value` in this
+  // thread's entry for `subject`, if the entry is still there (same subject, current
+  // generation; nothing otherwise). Never allocates, never waits.
+  void NoteFilters(std::string_view subject, const V& value, std::uint64_t mask,
+                   std::uint64_t version) const {
+    const std::uint64_t generation = generation_.load(std::memory_order_acquire);
+    ThreadCacheEntry& e = tls_cache_[CacheWay(subject)];
+    if (e.generation != generation || e.subject != subject) return;
+    for (Route& r : e.values) {
+      if (r.value != value) continue;
+      r.filter_mask = mask;
+      r.filter_version = version;
+    }
   }
 
   // Only this thread's cache (invariant 4): when this thread matched `subject` since
@@ -104,7 +134,9 @@ class RouteIndex {
     const std::uint64_t generation = generation_.load(std::memory_order_acquire);
     const ThreadCacheEntry& e = tls_cache_[CacheWay(subject)];
     if (e.generation != generation || e.subject != subject) return false;
-    out->insert(out->end(), e.values.begin(), e.values.end());
+    // One at a time: GCC 12 warns (-Wmaybe-uninitialized, a false positive) of the
+    // range insert into an empty InlinedVector here.
+    for (const Route& r : e.values) out->push_back(r);
     if (n != nullptr) *n = e.values.size();
     return true;
   }
@@ -141,7 +173,7 @@ class RouteIndex {
   }
 
  private:
-  // Direct-mapped, 64 entries a thread: 64 x 80 bytes, plus each entry's subject (up
+  // Direct-mapped, 64 entries a thread: 64 x 144 bytes, plus each entry's subject (up
   // to 256 bytes) and values (up to 16), 5 to 30 KB, kept until the thread exits. A
   // replica thread of the inference_server example publishes the tokens of up to 32
   // sequences in turn, each on its own reply subject ("infer.reply.<n>"): its engine
@@ -154,7 +186,7 @@ class RouteIndex {
   struct ThreadCacheEntry {
     std::uint64_t generation = 0;  // 0: empty (generations start at 1)
     std::string subject;
-    absl::InlinedVector<V, 4> values;
+    absl::InlinedVector<Route, 4> values;
   };
   // The entry of `subject`: a hash of all its bytes, eight at a time (a load, an xor
   // and a multiply each; the last word overlaps the one before it), and its length.

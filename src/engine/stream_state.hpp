@@ -322,6 +322,31 @@ struct StreamState {
   // it speak of a tail the log lost (OpenAckLog), not of this run's publishes.
   std::uint64_t recovered_next_seq = 1;
   std::vector<ConsumerState*> consumers;    // guarded by mu
+  // Changes (to a value no stream had before) whenever `consumers` does
+  // (ConsumersChanged): a filter mask computed at another version is stale. Guarded
+  // by mu.
+  std::uint64_t consumers_version = NewConsumersVersion();
+  // The consumers a filter mask covers: consumers[k] for k below this is bit k.
+  static constexpr std::size_t kMaskedConsumers = 64;
+  // Bit k set: consumers[k] takes events of `subject` by its filter (it has none, or
+  // it matches). Requires mu.
+  std::uint64_t FilterMask(std::string_view subject) const {
+    std::uint64_t mask = 0;
+    const std::size_t n = std::min(consumers.size(), kMaskedConsumers);
+    for (std::size_t k = 0; k < n; ++k) {
+      const ConsumerState* c = consumers[k];
+      if (!c->filter || c->filter->Matches(subject)) mask |= std::uint64_t{1} << k;
+    }
+    return mask;
+  }
+  // Call after every change of `consumers`. Requires mu.
+  void ConsumersChanged() { consumers_version = NewConsumersVersion(); }
+  // Unique across the process's streams (from 1), so that a stream made at the
+  // address of a deleted one never matches a mask computed for the other.
+  static std::uint64_t NewConsumersVersion() {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);  // relaxed: unique only
+  }
   bool deleted = false;                     // Engine::DeleteStream ran; guarded by mu
   // Consumers with a non-empty accept_codecs (Publish's conversion pre-pass,
   // Engine::Impl::ConvertBeforeStore, runs only for streams that have one). Written

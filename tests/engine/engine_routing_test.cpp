@@ -597,3 +597,123 @@ TEST_CASE("a stream added after a thread published on a subject captures its nex
   publisher.join();
   CHECK(after == 2);
 }
+
+namespace {
+
+// The subjects of every message queued for member 0 of `c`, acked as they come
+// (drains the member's lane).
+std::map<std::string, int> DrainSubjects(const Consumer& c) {
+  std::map<std::string, int> got;
+  Member m = c.member(0).value();
+  for (;;) {
+    absl::StatusOr<Message> msg = m.Next(absl::ZeroDuration());
+    if (!msg.ok()) break;
+    ++got[msg->event().subject];
+    REQUIRE(msg->Ack().ok());
+  }
+  return got;
+}
+
+void PublishOn(Engine& engine, const std::string& subject) {
+  Event e;
+  e.subject = subject;
+  REQUIRE(engine.Publish(std::move(e)).ok());
+}
+
+using Counts = std::map<std::string, int>;
+
+}  // namespace
+
+// A thread's route cache keeps, per subject and stream, which consumers' filters
+// match (a bit per consumer: route_index.hpp, invariant 5). Adding and deleting
+// consumers changes which bit is which; the next publish must see the new list.
+TEST_CASE("consumers added and deleted after a subject was routed get exactly what their filters match") {
+  auto engine = Engine::Create({.manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"f.>"}}).ok());
+  PublishOn(*engine, "f.a");  // routed (and cached) before any consumer exists
+  PublishOn(*engine, "f.b");
+  Consumer a = engine->AddConsumer({.stream = "S", .name = "A", .filter_subject = "f.a",
+                                    .deliver = DeliverPolicy::kNew}).value();
+  Consumer b = engine->AddConsumer({.stream = "S", .name = "B", .filter_subject = "f.b",
+                                    .deliver = DeliverPolicy::kNew}).value();
+  Consumer all = engine->AddConsumer({.stream = "S", .name = "ALL", .deliver = DeliverPolicy::kNew}).value();
+  PublishOn(*engine, "f.a");
+  PublishOn(*engine, "f.b");
+  CHECK(DrainSubjects(a) == Counts{{"f.a", 1}});
+  CHECK(DrainSubjects(b) == Counts{{"f.b", 1}});
+  CHECK(DrainSubjects(all) == Counts{{"f.a", 1}, {"f.b", 1}});
+
+  // B and ALL move down one place in the stream's list: a mask of the old list would
+  // give B the f.a events meant for A.
+  REQUIRE(engine->DeleteConsumer("S", "A").ok());
+  PublishOn(*engine, "f.a");
+  PublishOn(*engine, "f.b");
+  CHECK(DrainSubjects(b) == Counts{{"f.b", 1}});
+  CHECK(DrainSubjects(all) == Counts{{"f.a", 1}, {"f.b", 1}});
+
+  Consumer d = engine->AddConsumer({.stream = "S", .name = "D", .filter_subject = "f.*",
+                                    .deliver = DeliverPolicy::kNew}).value();
+  PublishOn(*engine, "f.a");
+  PublishOn(*engine, "f.b.c");  // f.* does not match three tokens
+  CHECK(DrainSubjects(b).empty());
+  CHECK(DrainSubjects(all) == Counts{{"f.a", 1}, {"f.b.c", 1}});
+  CHECK(DrainSubjects(d) == Counts{{"f.a", 1}});
+}
+
+// A mask has 64 bits; consumers beyond the 64th are matched one by one.
+TEST_CASE("a stream with more than 64 consumers filters each of them") {
+  auto engine = Engine::Create({.manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"g.>"}}).ok());
+  std::vector<Consumer> consumers;
+  for (int k = 0; k < 70; ++k) {  // even k: g.even, odd k: g.odd
+    consumers.push_back(engine->AddConsumer({.stream = "S", .name = "c" + std::to_string(k),
+                                             .filter_subject = k % 2 == 0 ? "g.even" : "g.odd"})
+                            .value());
+  }
+  for (int round = 0; round < 3; ++round) {  // the first publish of each fills the cache
+    PublishOn(*engine, "g.even");
+    PublishOn(*engine, "g.odd");
+    PublishOn(*engine, "g.odd");
+  }
+  for (int k = 0; k < 70; ++k) {
+    INFO("consumer " << k);
+    CHECK(DrainSubjects(consumers[k]) == (k % 2 == 0 ? Counts{{"g.even", 3}} : Counts{{"g.odd", 6}}));
+  }
+}
+
+// Consumers come and go while another thread publishes on cached subjects: no
+// consumer ever gets an event its filter does not match.
+TEST_CASE("consumers that come and go while a thread publishes never get what their filter excludes",
+          "[concurrency]") {
+  auto engine = Engine::Create({.manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"h.>"}, .max_msgs = 1000}).ok());
+  std::atomic<bool> stop{false};
+  std::thread publisher([&] {
+    const std::string subjects[] = {"h.a", "h.b", "h.c"};
+    for (std::uint64_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
+      Event e;
+      e.subject = subjects[i % 3];
+      (void)engine->TryPublish(std::move(e));  // never waits for the full lanes of those kept
+    }
+  });
+  const std::string filters[] = {"h.a", "h.b", "h.c"};
+  int wrong = 0;
+  int delivered = 0;
+  for (int round = 0; round < 60; ++round) {
+    const std::string name = "c" + std::to_string(round);
+    const std::string& filter = filters[round % 3];
+    Consumer c = engine->AddConsumer({.stream = "S", .name = name, .filter_subject = filter,
+                                      .deliver = DeliverPolicy::kNew, .lane_capacity = 1 << 16})
+                     .value();
+    for (int k = 0; k < 50; ++k) std::this_thread::yield();
+    for (const auto& [subject, n] : DrainSubjects(c)) {
+      delivered += n;
+      if (subject != filter) wrong += n;
+    }
+    if (round % 2 == 0) REQUIRE(engine->DeleteConsumer("S", name).ok());
+  }
+  stop.store(true, std::memory_order_relaxed);
+  publisher.join();
+  CHECK(wrong == 0);
+  CHECK(delivered > 0);
+}

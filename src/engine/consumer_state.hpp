@@ -505,9 +505,9 @@ struct ConsumerState {
       cur = unsettled.load(std::memory_order_acquire);
     }
   }
-  // A delivery was settled (or a reserved slot not used).
-  void Unsettle() {
-    unsettled.fetch_sub(1, std::memory_order_acq_rel);
+  // `n` deliveries were settled (or reserved slots not used).
+  void Unsettle(std::int64_t n = 1) {
+    unsettled.fetch_sub(n, std::memory_order_acq_rel);
     if (max_ack_pending > 0) {
       std::lock_guard lock(slot_mu);  // no lost wake-up between check and wait
       slot_cv.notify_all();

@@ -370,9 +370,9 @@ absl::StatusOr<Message> Member::Next(absl::Duration timeout) {
   return m;
 }
 
-absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
-                                                       absl::Duration max_queue_delay,
-                                                       absl::Duration timeout) {
+template <class Slots, class Drop>
+absl::StatusOr<std::size_t> Member::GatherBatch(std::size_t max_batch, absl::Duration max_queue_delay,
+                                                absl::Duration timeout, Slots&& slots, Drop&& drop) {
   if (max_batch == 0) {
     return absl::InvalidArgumentError("NextBatch max_batch 0 is invalid; it must be > 0");
   }
@@ -381,31 +381,66 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
                                       absl::FormatDuration(max_queue_delay) +
                                       " is negative");
   }
-  std::vector<Message> batch;
-  batch.reserve(std::min<std::size_t>(max_batch, 256));
-  Message first;
-  if (absl::Status s = PopOne(DeadlineAfter(timeout), first); !s.ok()) return s;
+  Message& first = slots(0);
+  if (absl::Status s = PopOne(DeadlineAfter(timeout), first); !s.ok()) {
+    drop();
+    return s;
+  }
   // The batch closes max_queue_delay after its oldest event was published. Convert
   // that point from the engine clock to a steady-clock deadline for waiting.
   // ToInt64Nanoseconds saturates (an infinite delay gives INT64_MAX), so this
   // subtracts first and saturates the sum.
-  const std::int64_t age_ns = std::max<std::int64_t>(
-      0, engine_internal::SatSub(consumer_->clock->NowNanos(), first.publish_time_ns()));
+  const std::int64_t engine_now = consumer_->clock->NowNanos();
+  const std::int64_t age_ns =
+      std::max<std::int64_t>(0, engine_internal::SatSub(engine_now, first.publish_time_ns()));
   const std::int64_t delay_ns = absl::ToInt64Nanoseconds(max_queue_delay);
   const std::int64_t remaining_ns = delay_ns > age_ns ? delay_ns - age_ns : 0;
   const std::int64_t now = SteadyClock::Now();
   const std::int64_t deadline = remaining_ns >= kNoDeadline - now
                                     ? kNoDeadline
                                     : now + remaining_ns;
-  batch.push_back(std::move(first));
-  while (batch.size() < max_batch) {
-    Message m;
-    if (!PopOne(deadline, m, -1, /*describe=*/false).ok()) break;
-    batch.push_back(std::move(m));
+  std::size_t n = 1;
+  while (n < max_batch) {
+    Message& m = slots(n);
+    // What is queued already is delivered at this batch's reading of the clock; one
+    // that comes after a wait gets its own (PopOne's now_ns).
+    if (PopOne(0, m, engine_now, /*describe=*/false).ok() ||
+        (remaining_ns > 0 && PopOne(deadline, m, -1, /*describe=*/false).ok())) {
+      ++n;
+      continue;
+    }
+    drop();
+    break;
   }
-  consumer_->lanes[index_]->CountBatch(batch.size());
+  consumer_->lanes[index_]->CountBatch(n);
+  return n;
+}
+
+absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
+                                                       absl::Duration max_queue_delay,
+                                                       absl::Duration timeout) {
+  std::vector<Message> batch;
+  if (max_batch > 0) batch.reserve(std::min<std::size_t>(max_batch, 256));
+  absl::StatusOr<std::size_t> n = GatherBatch(
+      max_batch, max_queue_delay, timeout,
+      [&](std::size_t) -> Message& { return batch.emplace_back(); },
+      [&] { batch.pop_back(); });
+  if (!n.ok()) return n.status();
   for (Message& m : batch) m.batch_ = static_cast<std::uint32_t>(batch.size());
   return batch;
+}
+
+absl::StatusOr<std::size_t> Member::NextBatch(std::span<Message> out, absl::Duration max_queue_delay,
+                                              absl::Duration timeout) {
+  if (out.empty()) {
+    return absl::InvalidArgumentError("NextBatch into an empty span: it must hold at least one Message");
+  }
+  absl::StatusOr<std::size_t> n = GatherBatch(
+      out.size(), max_queue_delay, timeout, [&](std::size_t i) -> Message& { return out[i]; },
+      [] {});
+  if (!n.ok()) return n.status();
+  for (std::size_t i = 0; i < *n; ++i) out[i].batch_ = static_cast<std::uint32_t>(*n);
+  return n;
 }
 
 absl::StatusOr<std::vector<Message>> Member::NextBatch(absl::Duration timeout) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,31 @@ absl::StatusOr<std::uint64_t> RetireOnSettle(ConsumerState& c, StoredMessage& h)
   if (h.pending_acks.fetch_sub(1, std::memory_order_acq_rel) == 1) stream->Retire(h, kDone);
   return 0;
 }
+
+// AckBatch's acks of one consumer member in a row: Message::Settle leaves what they
+// share here (the clock's reading, the member's health update, the max_ack_pending
+// slots, the acked count) and Flush does it once for all of them.
+struct AckRun {
+  ConsumerState* consumer = nullptr;
+  std::uint32_t member = 0;
+  std::int64_t now = 0;  // the engine clock, read once for the run
+  absl::InlinedVector<std::int64_t, 32> latencies;  // of the acks made, ns
+  std::int64_t unsettled = 0;  // max_ack_pending slots to give back
+  std::uint64_t acked = 0;     // for ConsumerStats::acked
+  void Flush() {
+    if (consumer == nullptr) return;
+    consumer->group->OnDoneMany(member, latencies, now);
+    if (unsettled > 0) consumer->Unsettle(unsettled);
+    if (acked > 0) consumer->counts.acked.fetch_add(acked, std::memory_order_relaxed);
+    latencies.clear();
+    unsettled = 0;
+    acked = 0;
+    consumer = nullptr;
+  }
+};
+// The AckBatch running on this thread (nullptr: none). A settle defers to it only
+// an ack of a delivery of its consumer member (AckRun::consumer, member).
+thread_local AckRun* t_ack_run = nullptr;
 
 void SettleWithoutAck(ConsumerState& c, StoredMessage& h) {
   // A failed removed log leaves the message in the work queue (it was dead-lettered or
@@ -132,6 +158,42 @@ void Message::ForgetLifecycleRecord() {
   if (lc == nullptr || shadow_) return;
   // Best effort: a failed commit leaves the record for the next AddConsumer.
   (void)lc->Forget(engine_internal::LifecycleId(*consumer_, msg_->seq));
+}
+
+absl::Status AckBatch(std::span<Message> messages) {
+  engine_internal::AckRun run;
+  struct Scope {  // flushes and restores also when a lifecycle's callback throws
+    engine_internal::AckRun* run;
+    engine_internal::AckRun* outer;
+    ~Scope() {
+      run->Flush();
+      engine_internal::t_ack_run = outer;
+    }
+  } scope{&run, std::exchange(engine_internal::t_ack_run, &run)};
+  absl::Status first;
+  std::size_t first_at = 0;
+  std::size_t failed = 0;
+  for (std::size_t i = 0; i < messages.size(); ++i) {
+    Message& m = messages[i];
+    if (m.consumer_ != nullptr && m.msg_ != nullptr &&
+        (run.consumer != m.consumer_ || run.member != m.member_)) {
+      run.Flush();
+      run.consumer = m.consumer_;
+      run.member = m.member_;
+      run.now = m.consumer_->clock->NowNanos();
+    }
+    absl::Status st = m.Ack();
+    if (st.ok()) continue;
+    if (failed++ == 0) {
+      first = std::move(st);
+      first_at = i;
+    }
+  }
+  if (failed == 0) return absl::OkStatus();
+  return absl::Status(first.code(), std::string(first.message()) + " (message " +
+                                        std::to_string(first_at) + " of the batch; " +
+                                        std::to_string(failed) + " of its " +
+                                        std::to_string(messages.size()) + " acks failed)");
 }
 
 absl::Status Message::AckSync() {
@@ -348,7 +410,14 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
   if (durable && !record_under_pending) {
     if (absl::Status st = record(); !st.ok()) return st;
   }
-  const std::int64_t now = c.clock->NowNanos();
+  // An ack inside an AckBatch of this consumer member leaves the shared parts to
+  // its run (engine_internal::AckRun).
+  engine_internal::AckRun* run = engine_internal::t_ack_run;
+  if (run != nullptr && (how != Settlement::kAck || shadow_ || run->consumer != &c ||
+                         run->member != member_)) {
+    run = nullptr;
+  }
+  const std::int64_t now = run != nullptr ? run->now : c.clock->NowNanos();
   const std::int64_t latency = std::max<std::int64_t>(0, engine_internal::SatSub(now, deliver_ns_));
   if (shadow_) {
     c.group->OnDone(member_, Outcome::kSuccess, latency, now);
@@ -383,7 +452,11 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
       if (durable && record_under_pending) {
         if (absl::Status st = record(); !st.ok()) return st;
       }
-      c.Unsettle();
+      if (run != nullptr) {
+        ++run->unsettled;
+      } else {
+        c.Unsettle();
+      }
       c.wheel->Cancel(it->second.timer);  // this delivery's ack wait
       it->second.timer = TimerId{};
       if (how != Settlement::kAck) {
@@ -418,10 +491,18 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
       }
       c.pending.erase(it);
       c.ForgetPrior(msg_->seq);
-      c.group->OnDone(member_, Outcome::kSuccess, latency, now);
+      if (run != nullptr) {
+        run->latencies.push_back(latency);
+      } else {
+        c.group->OnDone(member_, Outcome::kSuccess, latency, now);
+      }
     }
   } else {
-    c.Unsettle();
+    if (run != nullptr) {
+      ++run->unsettled;
+    } else {
+      c.Unsettle();
+    }
     if (attempt_ + prior_ > 1) c.redelivered_out.fetch_sub(1, std::memory_order_relaxed);
     auto forget_prior = [&] {
       if (!c.has_prior.load(std::memory_order_acquire)) return;
@@ -460,9 +541,17 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
       return absl::OkStatus();
     }
     forget_prior();
-    c.group->OnDone(member_, Outcome::kSuccess, latency, now);
+    if (run != nullptr) {
+      run->latencies.push_back(latency);
+    } else {
+      c.group->OnDone(member_, Outcome::kSuccess, latency, now);
+    }
   }
-  c.counts.acked.fetch_add(1, std::memory_order_relaxed);
+  if (run != nullptr) {
+    ++run->acked;
+  } else {
+    c.counts.acked.fetch_add(1, std::memory_order_relaxed);
+  }
   c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
   if (c.config.batch.adaptive) c.batchers[member_]->ObserveRtt(latency);
   absl::StatusOr<std::uint64_t> out = engine_internal::RetireOnSettle(c, *msg_);

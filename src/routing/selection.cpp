@@ -223,16 +223,30 @@ void MemberGroup::OnDone(std::uint32_t m, Outcome outcome, std::int64_t latency_
     Failure(mem, m, now);
     return;
   }
+  Success(mem, m, latency_ns, now);
+}
+
+void MemberGroup::OnDoneMany(std::uint32_t m, std::span<const std::int64_t> latencies_ns,
+                             std::int64_t now) {
+  if (latencies_ns.empty()) return;
+  Member& mem = members_[m];
+  // release: pairs with Outstanding's acquire (invariant 2 of Member).
+  mem.done.fetch_add(latencies_ns.size(), std::memory_order_release);
+  std::lock_guard lock(mem.mu);
+  for (const std::int64_t latency_ns : latencies_ns) Success(mem, m, latency_ns, now);
+}
+
+void MemberGroup::Success(Member& mem, std::uint32_t m, std::int64_t latency_ns, std::int64_t now) {
   ++mem.successes;
   const double lat = static_cast<double>(std::max<std::int64_t>(0, latency_ns));
   // Peak EWMA (Finagle): jump up to a higher sample, decay towards a lower one with
-  // weight exp(-dt / tau).
+  // weight exp(-dt / tau), dt clamped at 0. dt = 0 (acks at one reading of the
+  // clock: an AckBatch) is weight 1, the cost unchanged, without calling exp.
   double cost = mem.peak_ewma_ns.load(std::memory_order_relaxed);
   if (lat > cost || mem.last_ack_ns == 0) {
     cost = lat;
-  } else {
-    const double w = std::exp(-static_cast<double>(std::max<std::int64_t>(0, now - mem.last_ack_ns)) /
-                              peak_ewma_decay_ns_);
+  } else if (now > mem.last_ack_ns) {
+    const double w = std::exp(-static_cast<double>(now - mem.last_ack_ns) / peak_ewma_decay_ns_);
     cost = cost * w + lat * (1 - w);
   }
   mem.peak_ewma_ns.store(cost, std::memory_order_relaxed);

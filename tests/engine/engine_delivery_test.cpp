@@ -1,6 +1,8 @@
 // Delivery guarantees: nak with delay, term, backoff, max_deliver, max_ack_pending,
 // dead letters, overflow policies, TryPublish and TryPublishBatch.
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <atomic>
 #include <span>
 #include <string>
@@ -1009,4 +1011,134 @@ TEST_CASE("TryPublishBatch under contention: every event delivered once, each pu
     last[static_cast<std::size_t>(p)] = i;
   }
   CHECK(SS(*engine, "S").messages == 0);
+}
+
+TEST_CASE("NextBatch into a span fills its front and returns the count") {
+  Fixture f;
+  Member m = f.Add({});
+  for (int i = 0; i < 5; ++i) REQUIRE(f.engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  std::array<Message, 3> out;
+  absl::StatusOr<std::size_t> n = m.NextBatch(out, absl::ZeroDuration(), absl::ZeroDuration());
+  REQUIRE(n.ok());
+  CHECK(*n == 3);
+  CHECK(out[0].event().msg_id == "0");
+  CHECK(out[1].event().msg_id == "1");
+  CHECK(out[2].event().msg_id == "2");
+  for (Message& msg : out) REQUIRE(msg.Ack().ok());
+  // A batch smaller than the span leaves the slots after it as they were: acked
+  // Messages, which the next batch's first slot (overwritten) gives up.
+  n = m.NextBatch(out, absl::ZeroDuration(), absl::ZeroDuration());
+  REQUIRE(n.ok());
+  CHECK(*n == 2);
+  CHECK(out[0].event().msg_id == "3");
+  CHECK(out[1].event().msg_id == "4");
+  CHECK(!out[0].acked());
+  CHECK(out[2].acked());
+  CHECK(out[2].event().msg_id == "2");
+  const ConsumerStats cs = CS(f.engine, "S", "c");
+  CHECK(cs.batches == 2);
+  CHECK(cs.batches_by_size[1] == 2);  // 3 and 2: [2, 4)
+  CHECK(cs.members[0].delivered == 5);
+}
+
+TEST_CASE("NextBatch into a span: errors as the vector form, and an empty span") {
+  Fixture f;
+  Member m = f.Add({});
+  std::array<Message, 2> out;
+  absl::StatusOr<std::size_t> n = m.NextBatch(std::span<Message>(), absl::ZeroDuration());
+  CHECK(n.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(n.status()) == "NextBatch into an empty span: it must hold at least one Message");
+  n = m.NextBatch(out, absl::Milliseconds(-1), absl::ZeroDuration());
+  CHECK(n.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(n.status()) == "NextBatch max_queue_delay -1ms is negative");
+  n = m.NextBatch(out, absl::ZeroDuration(), absl::ZeroDuration());
+  CHECK(n.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(out[0].empty());
+  CHECK(out[1].empty());
+  // A batch waits max_queue_delay (of the engine clock) for company.
+  REQUIRE(f.engine.Publish(Ev("work.a", "x")).ok());
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    REQUIRE(f.engine.Publish(Ev("work.a", "y")).ok());
+  });
+  n = m.NextBatch(out, absl::InfiniteDuration(), absl::ZeroDuration());
+  late.join();
+  REQUIRE(n.ok());
+  CHECK(*n == 2);
+  CHECK(out[1].event().msg_id == "y");
+}
+
+TEST_CASE("AckBatch acks each message as Ack does and counts them once per member run") {
+  Fixture f;
+  Member m = f.Add({.ack_wait = absl::Seconds(30), .max_ack_pending = 4});
+  for (int i = 0; i < 4; ++i) REQUIRE(f.engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  std::array<Message, 4> out;
+  REQUIRE(m.NextBatch(out, absl::ZeroDuration(), absl::ZeroDuration()).value() == 4);
+  CHECK(CS(f.engine, "S", "c").ack_pending == 4);
+  f.clock.Advance(absl::Milliseconds(7));
+  REQUIRE(AckBatch(out).ok());
+  for (const Message& msg : out) CHECK(msg.acked());
+  const ConsumerStats cs = CS(f.engine, "S", "c");
+  CHECK(cs.acked == 4);
+  CHECK(cs.ack_pending == 0);
+  CHECK(cs.group.members[0].successes == 4);
+  CHECK(cs.group.members[0].outstanding == 0);
+  CHECK(cs.ack_latency_ns.count() == 4);
+  CHECK(cs.group.members[0].peak_ewma_ms == Approx(7.0));
+  // Nothing is redelivered: the acks cancelled their ack waits.
+  f.clock.Advance(absl::Seconds(31));
+  f.engine.RunTimers();
+  CHECK(m.Next(absl::ZeroDuration()).status().code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("AckBatch acks what it can and reports the first failure with the count") {
+  Fixture f;
+  Member a = f.Add({});
+  Member b = f.Add({.name = "other"});
+  for (int i = 0; i < 3; ++i) REQUIRE(f.engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  std::vector<Message> batch;
+  batch.push_back(a.Next(absl::ZeroDuration()).value());
+  batch.push_back(b.Next(absl::ZeroDuration()).value());  // another consumer: its own run
+  batch.emplace_back();                                   // empty
+  batch.push_back(a.Next(absl::ZeroDuration()).value());
+  REQUIRE(batch[3].Ack().ok());                           // settled already
+  batch.push_back(a.Next(absl::ZeroDuration()).value());
+  const absl::Status st = AckBatch(batch);
+  CHECK(st.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(Msg(st) == "cannot ack an empty Message (message 2 of the batch; 2 of its 5 acks failed)");
+  CHECK(batch[0].acked());
+  CHECK(batch[1].acked());
+  CHECK(batch[4].acked());
+  CHECK(CS(f.engine, "S", "c").acked == 3);
+  CHECK(CS(f.engine, "S", "other").acked == 1);
+  CHECK(AckBatch({}).ok());
+}
+
+TEST_CASE("AckBatch from several threads at once settles each message exactly once", "[concurrency]") {
+  Fixture f;
+  Member m = f.Add({.lane_capacity = 1 << 12, .ack_wait = absl::Seconds(30)});
+  constexpr int kMessages = 2000;
+  for (int i = 0; i < kMessages; ++i) REQUIRE(f.engine.Publish(Ev("work.a", std::to_string(i))).ok());
+  std::vector<Message> all;
+  for (int i = 0; i < kMessages; ++i) all.push_back(m.Next(absl::ZeroDuration()).value());
+  // Two threads ack the same messages: for each, exactly one of the two succeeds.
+  std::atomic<int> failures{0};
+  auto acker = [&] {
+    for (int i = 0; i < kMessages; i += 50) {
+      const absl::Status st = AckBatch(std::span<Message>(all).subspan(i, 50));
+      if (!st.ok()) {
+        CHECK(st.code() == absl::StatusCode::kFailedPrecondition);
+        failures.fetch_add(1);
+      }
+    }
+  };
+  std::thread t1(acker);
+  std::thread t2(acker);
+  t1.join();
+  t2.join();
+  const ConsumerStats cs = CS(f.engine, "S", "c");
+  CHECK(cs.acked == kMessages);
+  CHECK(cs.ack_pending == 0);
+  CHECK(cs.group.members[0].successes == kMessages);
+  CHECK(failures.load() >= kMessages / 50);  // every batch lost at least one race, on one side
 }

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,7 +41,20 @@ namespace engine_internal {
 struct StoredMessage;
 struct ConsumerState;
 class Tracer;
+struct AckRun;
 }  // namespace engine_internal
+
+class Message;
+/// Acks each Message of `messages`, in order, as Message::Ack does. What the acks of
+/// one consumer member in a row share is done once for them: one reading of the
+/// engine clock (their ack latencies end there), one update of the member's health
+/// and latency estimates, one release of their max_ack_pending slots and one change
+/// of the consumer's counts. OK when every one was acked. Otherwise each one that
+/// could be acked was, and the status is the first failure's (the code and message
+/// Message::Ack gives it: FailedPrecondition for an empty Message, a second settle, a
+/// consumer with ack policy none or deleted, ...) with " (message i of the batch; k
+/// of its n acks failed)" added (i from 0). OK for an empty span.
+absl::Status AckBatch(std::span<Message> messages);
 
 /// Headers of a dead letter: the engine publishes a copy of the event (same payload,
 /// attributes and headers) to the consumer's dead_letter_subject with these added.
@@ -173,6 +187,7 @@ class Message {
  private:
   friend class Member;
   friend class Engine;
+  friend absl::Status AckBatch(std::span<Message> messages);
   enum class Settlement { kAck, kNak, kTerm };
   /// A settle by the member (Ack, AckSync, Nak, Term): through the lifecycle, and
   /// traced (the deliver and settle spans) when the engine traces.
@@ -235,6 +250,20 @@ class Member {
                                                  absl::Duration max_queue_delay,
                                                  absl::Duration timeout = absl::InfiniteDuration());
 
+  /// NextBatch(out.size(), max_queue_delay, timeout) into the caller's memory: the
+  /// batch goes to out[0], out[1], ... and the count is returned (at least 1); no
+  /// vector is made, and the messages of one batch share one reading of the clock
+  /// for those that were queued already. A Message in `out` that is overwritten is
+  /// given up as by its move assignment (not settled); those after the count are left
+  /// as they were. Errors as the other form (InvalidArgument for an empty `out`).
+  /// @code
+  ///   std::array<inferq::Message, 32> batch;
+  ///   absl::StatusOr<std::size_t> n = member.NextBatch(batch, absl::Milliseconds(2));
+  ///   if (n.ok()) { ...; inferq::AckBatch(std::span(batch).first(*n)); }
+  /// @endcode
+  absl::StatusOr<std::size_t> NextBatch(std::span<Message> out, absl::Duration max_queue_delay,
+                                        absl::Duration timeout = absl::InfiniteDuration());
+
   /// Forms a batch under the consumer's BatchPolicy (Triton's dynamic batcher with
   /// the adaptive window, sched/batcher.hpp): waits up to `timeout` for a first
   /// message; then returns at once when the queue holds the window's worth or a
@@ -263,6 +292,13 @@ class Member {
   /// `describe`: false for a pull that fills a batch, whose end is no error: its
   /// DeadlineExceeded (and Cancelled) then come without a message (no string built).
   absl::Status PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns = -1, bool describe = true);
+  /// Both NextBatch(max_batch, max_queue_delay, timeout) forms (pull.cpp): pulls
+  /// into slots(i) for i = 0, 1, ... until the batch is full or closed; drop() gives
+  /// back the last slot asked for when the pull into it failed. The count, or the
+  /// first pull's error.
+  template <class Slots, class Drop>
+  absl::StatusOr<std::size_t> GatherBatch(std::size_t max_batch, absl::Duration max_queue_delay,
+                                          absl::Duration timeout, Slots&& slots, Drop&& drop);
   /// ConsumerConfig::lifecycle's delivery step for `m`, just popped: true to hand it
   /// out (now Processing); false when it was settled instead (put back while its
   /// model warms up, terminated, or acked because its lifecycle says Completed).

@@ -56,6 +56,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -281,6 +282,10 @@ class MemberGroup {
   }
   /// The same at `now_ns`, a reading of clock() the caller already took.
   void OnDone(std::uint32_t m, Outcome outcome, std::int64_t latency_ns, std::int64_t now_ns);
+  /// latencies_ns.size() units of member m ended in success at `now_ns` (a reading
+  /// of clock()), with these delivery-to-ack times: the same as one OnDone(m,
+  /// kSuccess, latency, now_ns) each, in order, with the member's lock taken once.
+  void OnDoneMany(std::uint32_t m, std::span<const std::int64_t> latencies_ns, std::int64_t now_ns);
   /// Reported load for TopologyScorePolicy. InvalidArgument for m out of range or a
   /// negative / non-finite value, or cpu above 1.
   absl::Status ReportLoad(std::uint32_t m, const MemberLoadReport& report);
@@ -293,6 +298,7 @@ class MemberGroup {
  private:
   friend class SelectionView;
   MemberSnapshot SnapshotOf(std::uint32_t m, std::int64_t now) const;
+
   /// A member's outstanding work (queued + in flight) is counted per side and read as
   /// a difference (Outstanding), so that the thread queuing work (OnQueued: in the
   /// engine, the publisher) and the one finishing it (OnDone: the member that acks,
@@ -342,6 +348,8 @@ class MemberGroup {
     return mem.queued.load(std::memory_order_relaxed) - done;
   }
   void Failure(Member& mem, std::uint32_t index, std::int64_t now);  ///< requires mem.mu
+  /// OnDone's kSuccess, after `done` was counted. Requires mem.mu.
+  void Success(Member& mem, std::uint32_t m, std::int64_t latency_ns, std::int64_t now);
   void RecomputeWeights(std::int64_t now);  ///< Select's thread
   void Refresh(std::int64_t now);           ///< Select's thread
   std::uint64_t NextRandom() const;

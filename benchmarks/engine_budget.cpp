@@ -5,7 +5,7 @@
 //   base      publish -> Next -> Ack; explicit ack, interest retention, 64-byte payload
 //   ack_wait  base with ack_wait 30 s (a redelivery timer per delivery)
 //   msg_id    ack_wait with a msg_id per event (the duplicate window)
-//   batch32   base in batches of 32: TryPublishBatch, NextBatch into a span of 32, AckBatch
+//   batch32   base in batches of 32: PublishBatch, NextBatch into a span of 32, AckBatch
 //   fanout4   one publish, four consumers (no group: each gets every event), each
 //             pulls and acks: the cost per published event, all four included
 //   log_core  the engine-core redesign's data path without the engine: the event moved
@@ -134,7 +134,8 @@ int Run(const std::string& workload, long n) {
     std::array<inferq::Message, kBatch> batch;
     for (long i = 0; i < n; i += kBatch) {
       for (int k = 0; k < kBatch; ++k) events[k] = MakeEvent(i + k, false);
-      for (const auto& ack : engine.TryPublishBatch(std::span<inferq::Event>(events))) ok += ack.ok();
+      const inferq::PublishBatchResult r = engine.PublishBatch(events);
+      if (r.status.ok()) ok += static_cast<long>(r.published);
       absl::StatusOr<std::size_t> got = members[0].NextBatch(batch, absl::ZeroDuration(), absl::ZeroDuration());
       if (got.ok() && inferq::AckBatch(std::span<inferq::Message>(batch).first(*got)).ok()) ok += *got;
     }

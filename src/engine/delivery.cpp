@@ -27,11 +27,14 @@ namespace {
 // A first delivery on the member Publish selected, with the consumer's overflow policy.
 bool PlaceFirst(ConsumerState& c, Delivery& d, std::uint32_t m, FirstDeliveryWait first) {
   auto& ring = c.lanes[m]->ring;
-  if (DeferredWakes* wakes = t_deferred_wakes; wakes != nullptr && !first.wait) {
+  if (DeferredWakes* wakes = t_deferred_wakes; wakes != nullptr) {
     if (ring.try_push_quiet(std::move(d))) {  // on failure d is untouched
       wakes->Add(ring);
       return true;
     }
+    // About to wait for room (PublishBatch): never for a puller this publisher has
+    // not woken.
+    if (first.wait) wakes->Flush();
   } else if (ring.try_push(std::move(d))) {
     return true;  // on failure d is untouched
   }

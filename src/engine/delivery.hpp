@@ -65,10 +65,11 @@ class DeferredWakes {
  private:
   absl::InlinedVector<std::pair<LaneQueue<Delivery>*, std::size_t>, 4> lanes_;
 };
-// The calling thread's open batch (TryPublishBatch sets it for its duration), or
-// nullptr: a first delivery that does not wait is then pushed quietly and its lane
-// recorded here. Only TryPublish's placements use it, which never wait for a lane:
-// a publisher holding back a wake-up never waits for the puller it did not wake.
+// The calling thread's open batch (TryPublishBatch and PublishBatch set it for their
+// duration), or nullptr: a first delivery is then pushed quietly and its lane
+// recorded here. A publisher holding back a wake-up never waits for the puller it
+// did not wake: a placement that must wait for room flushes them first (PlaceFirst),
+// and PublishBatch flushes them before it waits for another stream's mutex.
 inline thread_local DeferredWakes* t_deferred_wakes = nullptr;
 
 // Places `d` on a lane of consumer `c`, counting it queued on that member

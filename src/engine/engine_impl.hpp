@@ -364,6 +364,11 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // why not.
   void PublishToStream(const CapturingStream& route, PublishedEvent& pe, Converted& converted,
                        const PublishFlags& flags, PublishTally& tally);
+  // PublishToStream's work once the stream's mutex is held (and still held when it
+  // returns): Engine::PublishBatch calls it for a run of events into one stream
+  // under one lock. Requires route.value->mu.
+  void PublishLocked(const CapturingStream& route, PublishedEvent& pe, Converted& converted,
+                     const PublishFlags& flags, PublishTally& tally);
   // Takes the stream's mutex as `flags` allow; false when the stream refused (a
   // blocked stream and a publish that must not wait) or deferred (a dead letter,
   // FlushOutbox) the event.

@@ -53,6 +53,72 @@ std::vector<absl::StatusOr<PublishAck>> Engine::TryPublishBatch(std::span<Event>
   return results;
 }
 
+PublishBatchResult Engine::PublishBatch(std::span<Event> events, std::span<PublishAck> acks) {
+  PublishBatchResult result;
+  if (!acks.empty() && acks.size() < events.size()) {
+    result.status = absl::InvalidArgumentError(
+        "PublishBatch: acks holds " + std::to_string(acks.size()) + " PublishAcks for " +
+        std::to_string(events.size()) + " events (give none, or at least one per event)");
+    return result;
+  }
+  engine_internal::DeferredWakes wakes;  // its destructor wakes, also when a callback throws
+  struct Restore {
+    engine_internal::DeferredWakes* outer;
+    ~Restore() { engine_internal::t_deferred_wakes = outer; }
+  } restore{std::exchange(engine_internal::t_deferred_wakes, &wakes)};
+  // The run: the memory stream whose mutex this batch holds (nullptr: none).
+  std::unique_lock<std::mutex> lock;
+  StreamState* held = nullptr;
+  auto end_run = [&] {
+    if (held == nullptr) return;
+    lock.unlock();
+    held = nullptr;
+    wakes.Flush();
+    if (impl_->has_outbox.load(std::memory_order_acquire)) FlushOutbox();  // no mutex held
+  };
+  const Impl::PublishFlags flags = Impl::FlagsOf(PublishMode::kWait);
+  for (; result.published < events.size(); ++result.published) {
+    Event& event = events[result.published];
+    absl::StatusOr<PublishAck> r;
+    // One stream's run: an event this thread routed before (so its subject was
+    // checked) to one memory stream, with no payload conversion and no tracing. The
+    // rest goes through Publish, with no wake-up held back and no mutex held.
+    Impl::Capturing capturing;
+    const bool fast = impl_->tracer == nullptr && !impl_->closed.load(std::memory_order_acquire) &&
+                      impl_->routes.MatchCached(event.subject, &capturing) && capturing.size() == 1 &&
+                      capturing[0].value->log == nullptr &&
+                      capturing[0].value->codec_restricted.load(std::memory_order_relaxed) == 0 &&
+                      Impl::CheckEvent(event, false).ok();
+    if (fast) {
+      impl_->route_counts.Add(Impl::kRouteCacheHit);
+      StreamState* stream = capturing[0].value;
+      if (held != stream) {
+        end_run();
+        lock = std::unique_lock<std::mutex>(stream->mu);
+        held = stream;
+      }
+      Impl::PublishTally tally;
+      Impl::Converted converted{};
+      Impl::PublishedEvent published{event, nullptr, event.StoredSize(), Impl::EventLimitNs(event)};
+      published.last = true;
+      impl_->PublishLocked(capturing[0], published, converted, flags, tally);
+      r = impl_->FinishPublish(tally, flags);
+    } else {
+      end_run();
+      engine_internal::t_deferred_wakes = nullptr;
+      r = Publish(std::move(event), PublishMode::kWait);
+      engine_internal::t_deferred_wakes = &wakes;
+    }
+    if (!r.ok()) {
+      result.status = r.status();
+      break;
+    }
+    if (!acks.empty()) acks[result.published] = *r;
+  }
+  end_run();
+  return result;
+}
+
 absl::StatusOr<PublishAckFuture> Engine::PublishAsync(Event event) {
   PublishAckFuture f;
   f.ack_ = Publish(std::move(event), PublishMode::kWait, nullptr, &f.syncs_);
@@ -515,9 +581,16 @@ inline void Engine::Impl::PublishToStream(const CapturingStream& route, Publishe
                                           Converted& converted, const PublishFlags& flags,
                                           PublishTally& tally) {
   StreamState& stream = *route.value;
-  const StreamConfig& cfg = stream.config;
   std::unique_lock lock(stream.mu, std::defer_lock);
   if (!LockForPublish(stream, lock, pe.current(), flags, tally)) return;
+  PublishLocked(route, pe, converted, flags, tally);
+}
+
+inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedEvent& pe,
+                                        Converted& converted, const PublishFlags& flags,
+                                        PublishTally& tally) {
+  StreamState& stream = *route.value;
+  const StreamConfig& cfg = stream.config;
   const std::int64_t now = clock->NowNanos();
   const Event& ev = pe.current();
   // admit: limits and the duplicate window. Dead letters keep the original msg_id
@@ -526,7 +599,6 @@ inline void Engine::Impl::PublishToStream(const CapturingStream& route, Publishe
   // all kept.
   engine_internal::Admission admission = stream.Admit(ev, pe.bytes, now, !flags.internal);
   if (admission.duplicate_of) {
-    lock.unlock();
     stream.duplicates.fetch_add(1, std::memory_order_relaxed);
     if (tally.ack.streams_stored == 0 && tally.ack.streams_duplicate == 0) {
       tally.ack.seq = *admission.duplicate_of;
@@ -536,7 +608,6 @@ inline void Engine::Impl::PublishToStream(const CapturingStream& route, Publishe
     return;
   }
   if (!admission.refusal.ok()) {
-    lock.unlock();
     Refuse(stream, std::move(admission.refusal), true, tally);
     return;
   }
@@ -549,20 +620,17 @@ inline void Engine::Impl::PublishToStream(const CapturingStream& route, Publishe
   if (!flags.internal) {
     bool busy = false;
     if (absl::Status full = CheckLanes(cfg, ev, targets, flags, &busy); !full.ok()) {
-      lock.unlock();
       Refuse(stream, std::move(full), flags.count_refusals, tally, busy);
       return;
     }
   }
   // A failed conversion refuses the event for this stream only, before it changes.
   if (absl::Status conversion = ConvertUnderLock(ev, targets, &converted); !conversion.ok()) {
-    lock.unlock();
     Refuse(stream, std::move(conversion), true, tally);
     return;
   }
   std::shared_ptr<StoredMessage> stored = AllocateRecord(stream, pe, targets);
   if (stored == nullptr) {
-    lock.unlock();
     Refuse(stream,
            absl::ResourceExhaustedError("stream '" + cfg.name +
                                         "': out of memory storing a message of " +
@@ -574,7 +642,6 @@ inline void Engine::Impl::PublishToStream(const CapturingStream& route, Publishe
     // kFile: in the log (written to the OS) before the stream changes; a failed
     // append stores nothing.
     if (absl::Status w = stream.AppendToLog(pe.current(), pe.bytes); !w.ok()) {
-      lock.unlock();
       Refuse(stream, std::move(w), true, tally);
       return;
     }
@@ -603,8 +670,6 @@ inline void Engine::Impl::PublishToStream(const CapturingStream& route, Publishe
           undelivered_acks) {
     stream.Retire(*stored, engine_internal::kDone);
   }
-  lock.unlock();
-
   if (tally.ack.streams_stored == 0 && tally.ack.streams_duplicate == 0) {
     tally.ack.seq = stored->seq;
   }

@@ -244,6 +244,16 @@ struct PublishAck {
   ///@}
 };
 
+/// What Engine::PublishBatch did with its events.
+struct PublishBatchResult {
+  /// Events published, from the front of the batch (each stored, or acknowledged as
+  /// a duplicate, as Publish would have).
+  std::size_t published = 0;
+  /// OK when every event was published; otherwise Publish's error for
+  /// events[published], which was not published (nor any event after it).
+  absl::Status status;
+};
+
 /// What Engine::PublishAsync returns (JetStream's PubAckFuture): the event is stored
 /// and queued already; Wait() returns its PublishAck once the sync policy of every
 /// file stream that stored it is met (at once for memory streams, kNone and
@@ -512,6 +522,24 @@ class Engine {
   /// an OK PublishAck with streams_rejected == 0. The events after the last one tried
   /// are left as they were (the tried ones are moved from). Empty for no events.
   std::vector<absl::StatusOr<PublishAck>> TryPublishBatch(std::span<Event> events);
+
+  /// Publishes each of `events` in order as Publish does (waiting as it waits; each
+  /// event is moved from), with what consecutive events share done once: events
+  /// that go to the same one memory stream in a row are stored under one hold of its
+  /// mutex, and the wake-ups of sleeping pullers are held back until the run ends (or
+  /// until the batch would wait for a full lane: a publisher never waits for a
+  /// puller it did not wake), as TryPublishBatch holds them. Stops at the first
+  /// event Publish would return an error for: `published` events were published
+  /// (their PublishAcks in acks[0, published) when `acks` is given), `status` is the
+  /// error of events[published] (OK when all were), and the events after it are
+  /// left as they were. InvalidArgument, with nothing published, when `acks` is
+  /// neither empty nor at least events.size() long.
+  /// @code
+  ///   std::vector<inferq::Event> tokens = ...;   // one decode step's tokens
+  ///   inferq::PublishBatchResult r = engine->PublishBatch(tokens);
+  ///   if (!r.status.ok()) ...;                   // tokens[r.published] failed
+  /// @endcode
+  PublishBatchResult PublishBatch(std::span<Event> events, std::span<PublishAck> acks = {});
 
   /// Publish without waiting for file streams' sync policies (JetStream's
   /// PublishAsync): stores and queues `event` as Publish does, waiting as Publish

@@ -166,30 +166,7 @@ class MpmcRing {
   }
 
   /// Non-blocking. False when the ring is empty; on true the item is moved to `out`.
-  bool try_pop(T& out) {
-    std::uint64_t t = tail_.load(std::memory_order_relaxed);
-    for (;;) {
-      Slot& s = SlotAt(t);
-      // acquire (at least): pairs with the producer's store of t + 1 (invariant 2).
-      const std::int64_t diff = Distance(s.seq.load(kObserve), (t + 1) & kTicketMask);
-      if (diff == 0) {
-        if (tail_.compare_exchange_weak(t, (t + 1) & kTicketMask, kClaim,
-                                        std::memory_order_relaxed)) {
-          TakeFrom(s, t, out);
-          NotifyNotFull();
-          return true;
-        }
-      } else if (diff < 0) {
-        // The slot still waits for the producer of ticket t. Empty, or that producer
-        // is in flight? head_ says which.
-        if ((head_.load(std::memory_order_acquire) & kTicketMask) == t) return false;
-        ring_internal::CpuRelax();
-        t = tail_.load(std::memory_order_relaxed);
-      } else {
-        t = tail_.load(std::memory_order_relaxed);  // another consumer took t
-      }
-    }
-  }
+  bool try_pop(T& out) { return TryPop<true>(out); }
 
   /// Moves up to `out.size()` items into `out` in FIFO order; returns how many.
   template <std::size_t Extent>
@@ -283,14 +260,18 @@ class MpmcRing {
 
   /// Pop with an absolute deadline in ns of inferq::SteadyClock (kNoDeadline: forever).
   bool pop_until(T& out, std::int64_t deadline_ns) {
-    if (try_pop(out)) return true;
+    // Spins with the weak form first (TryPop), unannounced: a notifier that does not
+    // see this waiter only wakes a sleeper it need not have (no wake-up is lost:
+    // internal/event_count.hpp, invariant 4).
+    if (TryPop<false>(out)) return true;
     if (deadline_ns != kNoDeadline &&
         ring_internal::MonotonicNowNs() >= deadline_ns) {
-      return false;
+      return try_pop(out);  // a try: the exact form
     }
+    if (ring_internal::PreSpin([&] { return TryPop<false>(out); })) return true;
     return ring_internal::WaitUntil<Wait>(
-        not_empty_, deadline_ns, [&] { return try_pop(out); }, [&] { return drained(); },
-        [&] { return size_approx() != 0; });
+        not_empty_, deadline_ns, [&] { return TryPop<false>(out); }, [&] { return try_pop(out); },
+        [&] { return drained(); }, [&] { return size_approx() != 0; });
   }
 
   /// Closes the ring: later pushes fail, pops drain what is left and then fail; every
@@ -371,6 +352,40 @@ class MpmcRing {
     return static_cast<std::int64_t>(((a - b) & kTicketMask) << 1) >> 1;
   }
 
+  /// try_pop (kExact), or the weak form the blocking pop spins with: it fails as
+  /// soon as the next slot is not filled, without reading head_ to tell an empty
+  /// ring from a producer in flight. A waiter re-checks with the exact form before it
+  /// sleeps or gives up (pop_until), so the weak form only saves the consumer a read
+  /// of the producers' line while it waits anyway: that read pulled head_ away from
+  /// the producer on every empty try, and its next claim missed the cache (bench_rings
+  /// BM_Throughput, the profile in BENCHMARKS.md).
+  template <bool kExact>
+  bool TryPop(T& out) {
+    std::uint64_t t = tail_.load(std::memory_order_relaxed);
+    for (;;) {
+      Slot& s = SlotAt(t);
+      // acquire (at least): pairs with the producer's store of t + 1 (invariant 2).
+      const std::int64_t diff = Distance(s.seq.load(kObserve), (t + 1) & kTicketMask);
+      if (diff == 0) {
+        if (tail_.compare_exchange_weak(t, (t + 1) & kTicketMask, kClaim,
+                                        std::memory_order_relaxed)) {
+          TakeFrom(s, t, out);
+          NotifyNotFull();
+          return true;
+        }
+      } else if (diff < 0) {
+        if constexpr (!kExact) return false;
+        // The slot still waits for the producer of ticket t. Empty, or that producer
+        // is in flight? head_ says which.
+        if ((head_.load(std::memory_order_acquire) & kTicketMask) == t) return false;
+        ring_internal::CpuRelax();
+        t = tail_.load(std::memory_order_relaxed);
+      } else {
+        t = tail_.load(std::memory_order_relaxed);  // another consumer took t
+      }
+    }
+  }
+
   void TakeFrom(Slot& s, std::uint64_t ticket, T& out) {
     T* p = s.ptr();
     out = std::move(*p);
@@ -387,7 +402,9 @@ class MpmcRing {
   }
 
 
-  template <bool kNotify = true, class... A>
+  /// try_emplace (kExact), or the weak form the blocking push spins with: fails as
+  /// soon as the next slot is not empty, without reading tail_ (as TryPop's).
+  template <bool kNotify = true, bool kExact = true, class... A>
   bool try_emplace_nothrow(A&&... a) {
     std::uint64_t h = head_.load(std::memory_order_relaxed);
     for (;;) {
@@ -405,6 +422,7 @@ class MpmcRing {
           return true;
         }
       } else if (diff < 0) {
+        if constexpr (!kExact) return false;
         // The slot still holds the item of ticket h - capacity. Full, or is its
         // consumer in flight? tail_ says which.
         // (A negative distance means h went stale meanwhile: reload.)
@@ -425,12 +443,21 @@ class MpmcRing {
       if (closed()) return false;
       return push_until(T(std::forward<U>(v)), deadline_ns);
     } else {
-      if (try_emplace_nothrow(std::forward<U>(v))) return true;
       // try_emplace constructs from `v` only after claiming a ticket, so a failed
-      // attempt leaves `v` intact and it can be retried.
+      // attempt leaves `v` intact and it can be retried. Weak tries first, as in
+      // pop_until.
+      if (try_emplace_nothrow<true, false>(std::forward<U>(v))) return true;
+      if (deadline_ns != kNoDeadline &&
+          ring_internal::MonotonicNowNs() >= deadline_ns) {
+        return try_emplace_nothrow(std::forward<U>(v));  // a try: the exact form
+      }
+      if (ring_internal::PreSpin([&] { return try_emplace_nothrow<true, false>(std::forward<U>(v)); })) {
+        return true;
+      }
       return ring_internal::WaitUntil<Wait>(
-          not_full_, deadline_ns, [&] { return try_emplace_nothrow(std::forward<U>(v)); },
-          [&] { return closed(); }, [&] { return size_approx() < capacity_; });
+          not_full_, deadline_ns, [&] { return try_emplace_nothrow<true, false>(std::forward<U>(v)); },
+          [&] { return try_emplace_nothrow(std::forward<U>(v)); }, [&] { return closed(); },
+          [&] { return size_approx() < capacity_; });
     }
   }
 

@@ -323,15 +323,35 @@ class EventCount {
 //     keeps the hand-off free of futex calls. (Adaptive spinning before blocking, as
 //     in the HotSpot JVM's monitors and glibc's PTHREAD_MUTEX_ADAPTIVE_NP.)
 
+/// Up to kPreSpins tries of `ready` (a weak try: internal/../mpmc_ring.hpp's TryPop)
+/// with a pause between them, before a waiter announces itself anywhere: a hand-off
+/// that is a few hundred cycles away costs no read-modify-write of the event count's
+/// lines. True when a try succeeded. Safe for wake-ups: a waiter that has not
+/// announced itself is neither counted as active (invariant 4: a notifier that does
+/// not see it wakes a sleeper it need not have) nor as a sleeper.
+inline constexpr int kPreSpins = 32;
+template <class Ready>
+bool PreSpin(Ready&& ready) {
+  for (int i = 0; i < kPreSpins; ++i) {
+    CpuRelax();
+    if (ready()) return true;
+  }
+  return false;
+}
+
 /// Waits as `Strategy` says (see inferq/ring/wait_strategy.hpp): spin, then yield,
 /// then sleep on `ec` (or keep yielding). `ready()` tries the operation and returns
-/// true when it succeeded; `give_up()` returns true when waiting is pointless (the
-/// ring was closed); `more()` returns true when another waiter could succeed now
-/// (an item or a free slot is left: invariant 4). Returns true when ready()
-/// succeeded, false on give_up or when the monotonic deadline passed.
-template <class Strategy, class Ready, class GiveUp, class More>
-bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&& give_up,
-               More&& more) {
+/// true when it succeeded; it may be a weak try that fails while the other side is
+/// in flight (MpmcRing's TryPop), for the tries made while waiting actively.
+/// `ready_exact()` is the try whose failure means the condition is false: it is the
+/// re-check before sleeping (invariant 3) and the last try before returning false.
+/// `give_up()` returns true when waiting is pointless (the ring was closed);
+/// `more()` returns true when another waiter could succeed now (an item or a free
+/// slot is left: invariant 4). Returns true when a try succeeded, false on give_up
+/// or when the monotonic deadline passed.
+template <class Strategy, class Ready, class ReadyExact, class GiveUp, class More>
+bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, ReadyExact&& ready_exact,
+               GiveUp&& give_up, More&& more) {
   auto expired = [&] {
     return deadline_ns != inferq::kNoDeadline && MonotonicNowNs() >= deadline_ns;
   };
@@ -385,6 +405,9 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
         }
       }
     }
+    // Giving up (deadline, close): the exact try decides, not a weak one that met a
+    // thread in flight.
+    if (done && !result) result = ready_exact();
     ec.LeaveActive();
     if (budgeted) inferq::ActiveWaiterBudget::Process().Release();
     if (done) return pass_on(result);
@@ -392,13 +415,13 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
   if constexpr (!Strategy::kSleeps) {
     for (;;) {
       if (ready()) return true;
-      if (give_up() || expired()) return false;
+      if (give_up() || expired()) return ready_exact();
       std::this_thread::yield();
     }
   } else {
     for (;;) {
       const std::uint32_t key = ec.PrepareWait();
-      if (ready()) {
+      if (ready_exact()) {
         ec.CancelWait();
         return pass_on(true);
       }
@@ -411,6 +434,13 @@ bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&&
       ec.Wait(key, deadline_ns);
     }
   }
+}
+
+/// WaitUntil with one try for both uses (`ready` is exact).
+template <class Strategy, class Ready, class GiveUp, class More>
+bool WaitUntil(EventCount& ec, std::int64_t deadline_ns, Ready&& ready, GiveUp&& give_up,
+               More&& more) {
+  return WaitUntil<Strategy>(ec, deadline_ns, ready, ready, give_up, more);
 }
 
 }  // namespace inferq::ring_internal

@@ -109,6 +109,7 @@
 
 #include <algorithm>
 #include <array>
+#include <span>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -801,6 +802,11 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
     return true;
   };
 
+  // A step's tokens are published together (Engine::PublishBatch), and the messages
+  // it settles are acked together (inferq::AckBatch), after every token and decode
+  // event of the step is stored.
+  std::vector<inferq::Event> step_tokens;
+  std::vector<inferq::Message> step_acks;
   auto emit = [&](Seq& s) {
     inferq::Event e;
     e.subject = "infer.reply." + std::to_string(s.request);
@@ -815,13 +821,24 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
     e.payload = inferq::Buffer::Copy(std::as_bytes(std::span<const TokenPayload>(&p, 1)));
     if (!sh.producer.empty()) e.headers.Set("replica", sh.producer);
     sh.tokens_emitted.fetch_add(1, std::memory_order_relaxed);
-    auto r = sh.engine->Publish(std::move(e));
-    if (!r.ok()) {
+    step_tokens.push_back(std::move(e));
+    ++s.produced;
+  };
+  auto publish_tokens = [&] {
+    const inferq::PublishBatchResult r = sh.engine->PublishBatch(step_tokens);
+    if (!r.status.ok()) {
       std::fprintf(stderr, "replica %u: token publish failed: %s\n", index,
-                   std::string(r.status().message()).c_str());
+                   std::string(r.status.message()).c_str());
       sh.fatal.store(1);
     }
-    ++s.produced;
+    step_tokens.clear();
+  };
+  auto ack_step = [&] {
+    if (absl::Status st = inferq::AckBatch(step_acks); !st.ok()) {
+      std::fprintf(stderr, "replica %u: ack failed: %s\n", index, std::string(st.message()).c_str());
+      sh.fatal.store(1);
+    }
+    step_acks.clear();
   };
 
   // After a step: the sequence either finished or continues as a decode event that
@@ -859,12 +876,7 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
       }
       if (!r.ok() || !r->duplicate) ++expected;
     }
-    auto ack = [&](inferq::Message& m) {
-      if (absl::Status st = m.Ack(); !st.ok()) {
-        std::fprintf(stderr, "replica %u: ack failed: %s\n", index, std::string(st.message()).c_str());
-        sh.fatal.store(1);
-      }
-    };
+    auto ack = [&](inferq::Message& m) { step_acks.push_back(std::move(m)); };
     if (sh.replica_role && !s.decode && !finished) {
       std::lock_guard lock(sh.held_mu);
       sh.held.insert_or_assign(s.request, std::move(s.msg));
@@ -987,19 +999,23 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
         for (Seq& s : *group) {
           kv.insert(s.request);
           emit(s);
-          settle(s);
         }
       }
+      publish_tokens();
+      for (auto* group : {&admitted, &migrated}) {
+        for (Seq& s : *group) settle(s);
+      }
+      ack_step();
       migrated.clear();
       continue;
     }
     if (active.empty()) continue;
     vt += o.decode_base_ms * 1000 + o.decode_us_per_seq * static_cast<double>(active.size());
     sh.PaceTo(vt);
-    for (Seq& s : active) {
-      emit(s);
-      settle(s);
-    }
+    for (Seq& s : active) emit(s);
+    publish_tokens();
+    for (Seq& s : active) settle(s);
+    ack_step();
     active.clear();
   }
   sh.replicas_done.fetch_add(1, std::memory_order_release);
@@ -1200,8 +1216,11 @@ void RunClient(Shared& sh, TokenReceiver& rx, inferq::Member tokens, std::uint64
   // not an optional: GCC 12 at -O3 warns that the optional's time may be uninitialized).
   bool empty = false;
   Clock::time_point empty_since{};
+  // Tokens come in batches into this array (Member::NextBatch into a span: what the
+  // lane holds, up to 64, no vector) and are acked together (inferq::AckBatch).
+  std::array<inferq::Message, 64> batch;
   while (rx.completed() < trace.size()) {
-    auto m = tokens.Next(absl::Milliseconds(50));
+    absl::StatusOr<std::size_t> m = tokens.NextBatch(batch, absl::ZeroDuration(), absl::Milliseconds(50));
     if (!m.ok()) {
       if (m.status().code() == absl::StatusCode::kCancelled) break;
       if (sh.local_replicas && sh.replicas_done.load(std::memory_order_acquire) == sh.opt->replicas) break;
@@ -1224,12 +1243,15 @@ void RunClient(Shared& sh, TokenReceiver& rx, inferq::Member tokens, std::uint64
     }
     last_token = Clock::now();
     empty = false;
-    if (m->stream_seq() <= rebuilt_through) {
-      sh.client_redelivered.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      rx.Receive(m->event());
+    const std::span<inferq::Message> got = std::span(batch).first(*m);
+    for (const inferq::Message& token : got) {
+      if (token.stream_seq() <= rebuilt_through) {
+        sh.client_redelivered.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        rx.Receive(token.event());
+      }
     }
-    if (absl::Status st = m->Ack(); !st.ok()) Fail("token ack failed: " + std::string(st.message()), 1);
+    if (absl::Status st = inferq::AckBatch(got); !st.ok()) Fail("token ack failed: " + std::string(st.message()), 1);
   }
   sh.done.store(true, std::memory_order_release);
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <span>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -534,15 +536,19 @@ struct NatsBridge::Impl {
     }
   }
 
-  void PublishCore(Export& ex, std::vector<Message>& batch) {
-    std::vector<Message*> sent;
+  void PublishCore(Export& ex, std::span<Message> batch) {
+    // The messages sent, moved to the front of `batch` in order: acked together
+    // (AckBatch) once the flush succeeded.
+    std::size_t sent_count = 0;
     natsStatus s = NATS_OK;
     for (Message& m : batch) {
       std::optional<NatsMsgPtr> nm = Prepare(ex, m);
       if (!nm) continue;
       if (s == NATS_OK) s = natsConnection_PublishMsg(nc, nm->get());
-      sent.push_back(&m);
+      if (&batch[sent_count] != &m) batch[sent_count] = std::move(m);
+      ++sent_count;
     }
+    const std::span<Message> sent = batch.first(sent_count);
     if (sent.empty()) return;
     // The flush in slices of at most 100 ms, so that Close is not held for ack_timeout.
     const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(ex.cfg.ack_timeout);
@@ -556,12 +562,12 @@ struct NatsBridge::Impl {
       if (f == NATS_OK) break;
       if (f != NATS_TIMEOUT) s = f;
     }
-    for (Message* m : sent) {
-      if (s == NATS_OK) {
-        (void)m->Ack();
-        exported.fetch_add(1);
-      } else {
-        (void)m->Nak(internal::ExportRetryDelay(ex.cfg.retry_delay, m->attempt()));
+    if (s == NATS_OK) {
+      (void)AckBatch(sent);  // a failure: a message settled meanwhile (deleted consumer)
+      exported.fetch_add(sent.size());
+    } else {
+      for (Message& m : sent) {
+        (void)m.Nak(internal::ExportRetryDelay(ex.cfg.retry_delay, m.attempt()));
         export_failures.fetch_add(1);
       }
     }
@@ -571,21 +577,26 @@ struct NatsBridge::Impl {
   void RunExport(Export& ex) {
     absl::StatusOr<Member> member = ex.consumer->member(0);
     if (!member.ok()) return;
+    // Up to 64 messages a pull, into this array (NextBatch into a span: no vector).
+    std::array<Message, 64> slots;
     while (!stopping.load()) {
-      absl::StatusOr<std::vector<Message>> batch =
-          member->NextBatch(64, absl::ZeroDuration(), absl::Milliseconds(100));
-      if (!batch.ok()) {
-        if (batch.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
-        if (batch.status().code() == absl::StatusCode::kCancelled) return;  // the engine closed
-        Error("export consumer '" + ex.cfg.consumer.name + "': " + std::string(batch.status().message()));
+      absl::StatusOr<std::size_t> n = member->NextBatch(slots, absl::ZeroDuration(), absl::Milliseconds(100));
+      if (!n.ok()) {
+        if (n.status().code() == absl::StatusCode::kDeadlineExceeded) continue;
+        if (n.status().code() == absl::StatusCode::kCancelled) return;  // the engine closed
+        Error("export consumer '" + ex.cfg.consumer.name + "': " + std::string(n.status().message()));
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         continue;
       }
+      const std::span<Message> batch = std::span(slots).first(*n);
       if (ex.cfg.jetstream) {
-        for (Message& m : *batch) PublishJetStream(ex, std::move(m));
+        for (Message& m : batch) PublishJetStream(ex, std::move(m));
       } else {
-        PublishCore(ex, *batch);
+        PublishCore(ex, batch);
       }
+      // Given up now, not when the next pull overwrites them: a Message holds its
+      // stored event (and a deleted consumer's interest) while it lives.
+      for (Message& m : batch) m = Message();
     }
   }
 

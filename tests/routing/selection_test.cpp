@@ -683,3 +683,34 @@ TEST_CASE("topology score gives a member with nothing known the mean of the othe
   CHECK(s.members[1].score == Approx(1.0).epsilon(1e-12));
   CHECK(s.members[2].score == Approx(0.7).epsilon(1e-12));
 }
+
+// OnDoneMany is OnDone(kSuccess) per latency at one clock reading, with one lock: the
+// snapshots agree exactly, the peak EWMA included.
+TEST_CASE("OnDoneMany leaves a member as the same OnDone calls in a row do") {
+  ManualClock clock(1'000'000'000);
+  auto one_by_one = Group(2, &clock);
+  auto batched = Group(2, &clock);
+  const std::vector<std::int64_t> first = {4'000'000, 1'000'000, 9'000'000};
+  const std::vector<std::int64_t> second = {2'000'000, 2'500'000, 500'000'000, 3'000'000};
+  for (auto* g : {one_by_one.get(), batched.get()}) {
+    for (int i = 0; i < 7; ++i) g->OnQueued(0);
+  }
+  for (const auto& latencies : {first, second}) {
+    clock.Advance(absl::Milliseconds(30));
+    const std::int64_t now = clock.NowNanos();
+    for (std::int64_t l : latencies) one_by_one->OnDone(0, Outcome::kSuccess, l, now);
+    batched->OnDoneMany(0, latencies, now);
+  }
+  const inferq::MemberSnapshot a = one_by_one->Stats().members[0];
+  const inferq::MemberSnapshot b = batched->Stats().members[0];
+  CHECK(a.successes == b.successes);
+  CHECK(a.failures == b.failures);
+  CHECK(a.outstanding == 0);
+  CHECK(b.outstanding == 0);
+  CHECK(a.peak_ewma_ms == b.peak_ewma_ms);
+  CHECK(a.health == b.health);
+  CHECK(b.successes == 7);
+  CHECK(b.peak_ewma_ms == 500.0);  // the 500 ms ack: a higher sample is taken as it is
+  batched->OnDoneMany(1, {}, clock.NowNanos());  // nothing ended: nothing changes
+  CHECK(batched->Stats().members[1].successes == 0);
+}

@@ -72,6 +72,18 @@ class LaneQueue {
     if (ring_) ring_->wake_consumers(n);
   }
 
+  // As try_pop, but the ring side wakes no blocked pusher: the caller owes
+  // wake_pushers() once its batch is taken, and before it waits for anything
+  // (MpmcRing::try_pop_quiet). The scheduler side wakes as try_pop does.
+  bool try_pop_quiet(T& out) {
+    if (ring_) return ring_->try_pop_quiet(out);
+    return try_pop(out);
+  }
+  // Wakes up to `n` pushers blocked on the ring side (after n try_pop_quiet).
+  void wake_pushers(std::size_t n) {
+    if (ring_) ring_->wake_producers(n);
+  }
+
   // Blocks while full. False only when closed.
   bool push(T&& v) {
     if (ring_) return ring_->push(std::move(v));

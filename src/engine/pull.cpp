@@ -187,7 +187,8 @@ void RecordDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns) {
 
 }  // namespace
 
-absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns, bool describe) {
+absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns, bool describe,
+                            std::size_t* quiet_pops) {
   ConsumerState& c = *consumer_;
   if (c.deleted.load(std::memory_order_acquire)) return Deleted(c);
   if (c.AckLogFailed()) return c.AckLogFailure();
@@ -220,7 +221,10 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
   }
   engine_internal::Delivery d;
   for (;;) {
-    if (!lane.ring.pop_until(d, deadline_ns)) {
+    const bool popped = quiet_pops != nullptr && deadline_ns == 0
+                            ? lane.ring.try_pop_quiet(d) && (++*quiet_pops, true)
+                            : lane.ring.pop_until(d, deadline_ns);
+    if (!popped) {
       if (c.deleted.load(std::memory_order_acquire)) return Deleted(c);
       if (c.AckLogFailed()) return c.AckLogFailure();  // it closed the lanes
       if (lane.ring.closed() && lane.ring.size_approx() == 0) {
@@ -399,20 +403,35 @@ absl::StatusOr<std::size_t> Member::GatherBatch(std::size_t max_batch, absl::Dur
   const std::int64_t deadline = remaining_ns >= kNoDeadline - now
                                     ? kNoDeadline
                                     : now + remaining_ns;
+  Lane& lane = *consumer_->lanes[index_];
+  // What this batch popped without waking a publisher blocked on the full lane: it
+  // wakes them once, at the end or before it waits (never waits on them asleep).
+  std::size_t quiet = 0;
+  auto wake_pushers = [&] {
+    lane.ring.wake_pushers(quiet);
+    quiet = 0;
+  };
   std::size_t n = 1;
   while (n < max_batch) {
     Message& m = slots(n);
     // What is queued already is delivered at this batch's reading of the clock; one
     // that comes after a wait gets its own (PopOne's now_ns).
-    if (PopOne(0, m, engine_now, /*describe=*/false).ok() ||
-        (remaining_ns > 0 && PopOne(deadline, m, -1, /*describe=*/false).ok())) {
+    if (PopOne(0, m, engine_now, /*describe=*/false, &quiet).ok()) {
       ++n;
       continue;
+    }
+    if (remaining_ns > 0) {
+      wake_pushers();
+      if (PopOne(deadline, m, -1, /*describe=*/false).ok()) {
+        ++n;
+        continue;
+      }
     }
     drop();
     break;
   }
-  consumer_->lanes[index_]->CountBatch(n);
+  wake_pushers();
+  lane.CountBatch(n);
   return n;
 }
 
@@ -458,13 +477,15 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(absl::Duration timeout) {
     const std::int64_t now = c.clock->NowNanos();
     const BatchDecision d = batcher.Decide(batch.size() + lane.ring.size_approx(), oldest, now);
     if (d.take > 0 || waited_out) {
+      std::size_t quiet = 0;  // as in GatherBatch: one wake-up of blocked publishers
       while (batch.size() < d.take) {
         Message m;
         // Deadline 0: only what is queued now (others took the rest: go with what is
         // here), delivered at this batch's `now`.
-        if (!PopOne(0, m, now, /*describe=*/false).ok()) break;
+        if (!PopOne(0, m, now, /*describe=*/false, &quiet).ok()) break;
         batch.push_back(std::move(m));
       }
+      lane.ring.wake_pushers(quiet);
       lane.CountBatch(batch.size());
       for (Message& m : batch) m.batch_ = static_cast<std::uint32_t>(batch.size());
       return batch;

@@ -1286,3 +1286,30 @@ TEST_CASE("PublishBatch from two threads keeps each publisher's order and loses 
   CHECK(out_of_order == 0);
   CHECK(CS(f.engine, "S", "c").acked == 2 * kPerPublisher);
 }
+
+// A batch pops what is queued without waking the publisher blocked on the full lane
+// (one wake-up per batch); before it waits for more it wakes it, or it would wait
+// out its max_queue_delay with the publisher asleep behind a lane it emptied.
+TEST_CASE("NextBatch wakes a publisher blocked on its full lane before it waits for more",
+          "[concurrency]") {
+  Fixture f;
+  Member m = f.Add({.lane_capacity = 2});
+  constexpr int kEvents = 8;
+  std::thread publisher([&] {
+    for (int i = 0; i < kEvents; ++i) {
+      if (!f.engine.Publish(Ev("work.a", std::to_string(i))).ok()) return;
+    }
+  });
+  // Blocked on the third event: two are queued.
+  for (int i = 0; i < 6000 && m.queued() < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // asleep by now, as a rule
+  std::array<Message, kEvents> batch;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::size_t> n = m.NextBatch(batch, absl::Seconds(20), absl::Seconds(60));
+  const auto took = std::chrono::steady_clock::now() - start;
+  publisher.join();
+  REQUIRE(n.ok());
+  CHECK(*n == kEvents);  // not the 3 that were there before it would have waited
+  CHECK(took < std::chrono::seconds(20));
+  for (int i = 0; i < kEvents; ++i) CHECK(batch[i].event().msg_id == std::to_string(i));
+}

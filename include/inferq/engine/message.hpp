@@ -291,7 +291,11 @@ class Member {
   /// reads it once); -1 = read it here.
   /// `describe`: false for a pull that fills a batch, whose end is no error: its
   /// DeadlineExceeded (and Cancelled) then come without a message (no string built).
-  absl::Status PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns = -1, bool describe = true);
+  /// `quiet_pops`: for a try (deadline_ns 0) in a batch, the pop wakes no publisher
+  /// blocked on the full lane and counts itself here instead; the batch wakes them
+  /// once (LaneQueue::wake_pushers) when it ends and before it waits.
+  absl::Status PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns = -1, bool describe = true,
+                      std::size_t* quiet_pops = nullptr);
   /// Both NextBatch(max_batch, max_queue_delay, timeout) forms (pull.cpp): pulls
   /// into slots(i) for i = 0, 1, ... until the batch is full or closed; drop() gives
   /// back the last slot asked for when the pull into it failed. The count, or the

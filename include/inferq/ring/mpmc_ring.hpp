@@ -168,6 +168,19 @@ class MpmcRing {
   /// Non-blocking. False when the ring is empty; on true the item is moved to `out`.
   bool try_pop(T& out) { return TryPop<true>(out); }
 
+  /// As try_pop, but wakes no producer asleep in push: the caller owes the ring a
+  /// wake_producers() once it popped what it takes now, and before it waits for
+  /// anything (a consumer taking a batch pays one futex wake for it instead of one
+  /// per item). Until then a sleeping producer sleeps on; one about to sleep sees the
+  /// room (its re-check after announcing itself).
+  bool try_pop_quiet(T& out) { return TryPop<true, false>(out); }
+  /// Wakes up to `n` producers asleep in push (after n try_pop_quiet).
+  void wake_producers(std::size_t n) {
+    if constexpr (Wait::kSleeps) {
+      if (n > 0) not_full_.NotifyMany(n);
+    }
+  }
+
   /// Moves up to `out.size()` items into `out` in FIFO order; returns how many.
   template <std::size_t Extent>
   std::size_t try_pop_bulk(std::span<T, Extent> out) {
@@ -359,7 +372,7 @@ class MpmcRing {
   /// of the producers' line while it waits anyway: that read pulled head_ away from
   /// the producer on every empty try, and its next claim missed the cache (bench_rings
   /// BM_Throughput, the profile in BENCHMARKS.md).
-  template <bool kExact>
+  template <bool kExact, bool kNotify = true>
   bool TryPop(T& out) {
     std::uint64_t t = tail_.load(std::memory_order_relaxed);
     for (;;) {
@@ -370,7 +383,7 @@ class MpmcRing {
         if (tail_.compare_exchange_weak(t, (t + 1) & kTicketMask, kClaim,
                                         std::memory_order_relaxed)) {
           TakeFrom(s, t, out);
-          NotifyNotFull();
+          if constexpr (kNotify) NotifyNotFull();
           return true;
         }
       } else if (diff < 0) {

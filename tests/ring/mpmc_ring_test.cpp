@@ -986,3 +986,36 @@ TEST_CASE("an event count sends one wake-up at a time to its sleepers") {
   ec.CancelWait();
   CHECK_FALSE(ec.HasSleepers());
 }
+
+TEST_CASE("try_pop_quiet pops in FIFO order, and wake_producers lets a blocked push through",
+          "[concurrency]") {
+  inferq::MpmcRing<int> ring(2);
+  REQUIRE(ring.try_push(1));
+  REQUIRE(ring.try_push(2));
+  std::atomic<int> pushed{0};
+  std::thread producer([&] {
+    for (int v = 3; v <= 6; ++v) {
+      if (!ring.push(v)) return;  // blocks while full; false once closed
+      pushed.fetch_add(1);
+    }
+  });
+  std::vector<int> got;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (got.size() < 6 && std::chrono::steady_clock::now() < give_up) {
+    int v = 0;
+    std::size_t n = 0;
+    while (ring.try_pop_quiet(v)) {
+      got.push_back(v);
+      ++n;
+    }
+    ring.wake_producers(n);  // the batch's one wake-up
+    std::this_thread::yield();
+  }
+  ring.close();  // a producer still blocked (the test failed) returns
+  producer.join();
+  CHECK(got == std::vector<int>{1, 2, 3, 4, 5, 6});
+  CHECK(pushed.load() == 4);
+  int v = 0;
+  CHECK(!ring.try_pop_quiet(v));
+  ring.wake_producers(0);  // nothing popped: nothing to do
+}

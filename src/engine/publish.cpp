@@ -69,12 +69,23 @@ PublishBatchResult Engine::PublishBatch(std::span<Event> events, std::span<Publi
   // The run: the memory stream whose mutex this batch holds (nullptr: none).
   std::unique_lock<std::mutex> lock;
   StreamState* held = nullptr;
+  // Ends the run, if any: lets go of its stream and wakes the pullers it held back.
+  // Dead letters deferred to the outbox go out then too, waking their pullers at
+  // once (not through `wakes`): nothing is held back when the batch next waits, for
+  // another stream's mutex or a full lane (found by the adversarial review: the
+  // outbox's quiet pushes filled a lane whose puller the next publish then waited
+  // for).
   auto end_run = [&] {
-    if (held == nullptr) return;
-    lock.unlock();
-    held = nullptr;
+    if (held != nullptr) {
+      lock.unlock();
+      held = nullptr;
+    }
     wakes.Flush();
-    if (impl_->has_outbox.load(std::memory_order_acquire)) FlushOutbox();  // no mutex held
+    if (impl_->has_outbox.load(std::memory_order_acquire)) {
+      engine_internal::t_deferred_wakes = nullptr;
+      FlushOutbox();  // no mutex held
+      engine_internal::t_deferred_wakes = &wakes;
+    }
   };
   const Impl::PublishFlags flags = Impl::FlagsOf(PublishMode::kWait);
   for (; result.published < events.size(); ++result.published) {

@@ -374,9 +374,10 @@ absl::StatusOr<Message> Member::Next(absl::Duration timeout) {
   return m;
 }
 
-template <class Slots, class Drop>
+template <class Slots, class Commit, class Drop>
 absl::StatusOr<std::size_t> Member::GatherBatch(std::size_t max_batch, absl::Duration max_queue_delay,
-                                                absl::Duration timeout, Slots&& slots, Drop&& drop) {
+                                                absl::Duration timeout, Slots&& slots, Commit&& commit,
+                                                Drop&& drop) {
   if (max_batch == 0) {
     return absl::InvalidArgumentError("NextBatch max_batch 0 is invalid; it must be > 0");
   }
@@ -390,13 +391,15 @@ absl::StatusOr<std::size_t> Member::GatherBatch(std::size_t max_batch, absl::Dur
     drop();
     return s;
   }
+  const std::int64_t first_publish_ns = first.publish_time_ns();
+  commit(0);
   // The batch closes max_queue_delay after its oldest event was published. Convert
   // that point from the engine clock to a steady-clock deadline for waiting.
   // ToInt64Nanoseconds saturates (an infinite delay gives INT64_MAX), so this
   // subtracts first and saturates the sum.
   const std::int64_t engine_now = consumer_->clock->NowNanos();
   const std::int64_t age_ns =
-      std::max<std::int64_t>(0, engine_internal::SatSub(engine_now, first.publish_time_ns()));
+      std::max<std::int64_t>(0, engine_internal::SatSub(engine_now, first_publish_ns));
   const std::int64_t delay_ns = absl::ToInt64Nanoseconds(max_queue_delay);
   const std::int64_t remaining_ns = delay_ns > age_ns ? delay_ns - age_ns : 0;
   const std::int64_t now = SteadyClock::Now();
@@ -417,13 +420,13 @@ absl::StatusOr<std::size_t> Member::GatherBatch(std::size_t max_batch, absl::Dur
     // What is queued already is delivered at this batch's reading of the clock; one
     // that comes after a wait gets its own (PopOne's now_ns).
     if (PopOne(0, m, engine_now, /*describe=*/false, &quiet).ok()) {
-      ++n;
+      commit(n++);
       continue;
     }
     if (remaining_ns > 0) {
       wake_pushers();
       if (PopOne(deadline, m, -1, /*describe=*/false).ok()) {
-        ++n;
+        commit(n++);
         continue;
       }
     }
@@ -442,7 +445,7 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(std::size_t max_batch,
   if (max_batch > 0) batch.reserve(std::min<std::size_t>(max_batch, 256));
   absl::StatusOr<std::size_t> n = GatherBatch(
       max_batch, max_queue_delay, timeout,
-      [&](std::size_t) -> Message& { return batch.emplace_back(); },
+      [&](std::size_t) -> Message& { return batch.emplace_back(); }, [](std::size_t) {},
       [&] { batch.pop_back(); });
   if (!n.ok()) return n.status();
   for (Message& m : batch) m.batch_ = static_cast<std::uint32_t>(batch.size());
@@ -454,9 +457,22 @@ absl::StatusOr<std::size_t> Member::NextBatch(std::span<Message> out, absl::Dura
   if (out.empty()) {
     return absl::InvalidArgumentError("NextBatch into an empty span: it must hold at least one Message");
   }
-  absl::StatusOr<std::size_t> n = GatherBatch(
-      out.size(), max_queue_delay, timeout, [&](std::size_t i) -> Message& { return out[i]; },
-      [] {});
+  // A pull fills its Message before the consumer's lifecycle may settle it instead
+  // of handing it out (PopOne): with a lifecycle, each pull goes into `scratch` and
+  // only a delivery handed out into `out`, so a slot after the count (or every slot,
+  // on an error) keeps what the caller left there (found by the adversarial review).
+  // Without one, a pull that fails leaves its Message untouched: straight into `out`.
+  absl::StatusOr<std::size_t> n;
+  if (consumer_->config.lifecycle == nullptr) {
+    n = GatherBatch(
+        out.size(), max_queue_delay, timeout, [&](std::size_t i) -> Message& { return out[i]; },
+        [](std::size_t) {}, [] {});
+  } else {
+    Message scratch;
+    n = GatherBatch(
+        out.size(), max_queue_delay, timeout, [&](std::size_t) -> Message& { return scratch; },
+        [&](std::size_t i) { out[i] = std::move(scratch); }, [&] { scratch = Message(); });
+  }
   if (!n.ok()) return n.status();
   for (std::size_t i = 0; i < *n; ++i) out[i].batch_ = static_cast<std::uint32_t>(*n);
   return n;

@@ -1313,3 +1313,61 @@ TEST_CASE("NextBatch wakes a publisher blocked on its full lane before it waits 
   CHECK(took < std::chrono::seconds(20));
   for (int i = 0; i < kEvents; ++i) CHECK(batch[i].event().msg_id == std::to_string(i));
 }
+
+// Found by the adversarial review: dead letters deferred to the outbox while a
+// PublishBatch held their stream went out when the batch's run ended, pushed quietly
+// (their wake-ups held by the batch), and filled the lane whose puller the batch's
+// next event then waited for: the puller slept to its deadline, and with an infinite
+// one the batch never returned.
+TEST_CASE("a PublishBatch that flushes the outbox wakes the pullers of those dead letters",
+          "[concurrency]") {
+  auto engine = Engine::Create({.manual_timers = true}).value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"s.>"}}).ok());
+  REQUIRE(engine->AddStream({.name = "S2", .subjects = {"s.dlq"}}).ok());  // s.dlq: no one stream's run
+  Member work = engine->AddConsumer({.stream = "S", .name = "work", .filter_subject = "s.work",
+                                     .dead_letter_subject = "s.dlq"})
+                    ->member(0)
+                    .value();
+  Member full = engine->AddConsumer({.stream = "S", .name = "full", .filter_subject = "s.full",
+                                     .lane_capacity = 2})
+                    ->member(0)
+                    .value();
+  Member dlq = engine->AddConsumer({.stream = "S", .name = "dlq", .filter_subject = "s.dlq",
+                                    .lane_capacity = 2})
+                   ->member(0)
+                   .value();
+  REQUIRE(engine->Publish(Ev("s.work", "w1")).ok());
+  REQUIRE(engine->Publish(Ev("s.work", "w2")).ok());
+  absl::StatusOr<Message> w1 = work.Next(absl::ZeroDuration());
+  absl::StatusOr<Message> w2 = work.Next(absl::ZeroDuration());
+  REQUIRE((w1.ok() && w2.ok()));
+  std::atomic<int> got{0};
+  std::atomic<bool> stuck{false};
+  std::thread puller([&] {
+    while (got.load() < 3) {
+      const auto start = std::chrono::steady_clock::now();
+      absl::StatusOr<Message> m = dlq.Next(absl::Seconds(30));
+      // A pull of a message that was there all along, woken only by its deadline.
+      if (!m.ok() || std::chrono::steady_clock::now() - start > std::chrono::seconds(10)) {
+        stuck.store(true);
+        break;
+      }
+      got.fetch_add(1);
+      (void)m->Ack();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the puller asleep, as a rule
+  std::thread batch([&] {
+    std::vector<Event> events = {Ev("s.full", "f0"), Ev("s.full", "f1"), Ev("s.full", "f2"),
+                                 Ev("s.dlq", "d3")};
+    CHECK(engine->PublishBatch(events).status.ok());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // f2 waits for room, holding S
+  REQUIRE(w1->Term("one").ok());  // their dead letters find S held: to the outbox
+  REQUIRE(w2->Term("two").ok());
+  REQUIRE(full.Next(absl::Seconds(60)).ok());  // room: the batch goes on
+  batch.join();
+  puller.join();
+  CHECK(!stuck.load());
+  CHECK(got.load() == 3);
+}

@@ -2,6 +2,7 @@
 // evictions moving messages through a Lifecycle (engine/lifecycle.hpp), each
 // transition one StateStore transaction, with the exact states, reasons and store
 // values, and across a restart of a file stream and its store.
+#include <array>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -405,4 +406,41 @@ TEST_CASE("a consumer deleted and added again starts with no lifecycle records")
   }
   CHECK(seen == std::vector<std::string>{"r0@1", "r1@1", "r2@1"});
   CHECK(e.lc->Messages().empty());
+}
+
+// Found by the adversarial review: NextBatch into a span pulled straight into the
+// slot after the batch, and a message the lifecycle's delivery step terminated there
+// replaced the caller's own Message (given up unsettled) although the count ended
+// before it.
+TEST_CASE("NextBatch into a span keeps the caller's Message after the count when the lifecycle takes a pull") {
+  TempDir dir;
+  auto store = *StateStore::Open(state_test::Options(dir.path()));
+  auto lc = *Lifecycle::Open(store.get(), {});
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"s.>"}}).ok());
+  Member m = engine->AddConsumer({.stream = "S", .name = "c", .lifecycle = lc.get()})->member(0).value();
+  REQUIRE(lc->BeginWarmup("m").ok());
+  REQUIRE(lc->ModelReady("m").ok());
+  auto publish = [&](const std::string& id, const std::string& model) {
+    Event e = Ev("s.a", id);
+    e.model = model;
+    REQUIRE(engine->Publish(std::move(e)).ok());
+  };
+  publish("keep", "m");
+  std::array<Message, 2> out;
+  out[1] = m.Next(absl::Seconds(5)).value();  // the caller's, after the coming batch
+  publish("e1", "m");
+  publish("e2", "no-such-model");  // terminated by the lifecycle when pulled
+  absl::StatusOr<std::size_t> n = m.NextBatch(out, absl::ZeroDuration(), absl::ZeroDuration());
+  REQUIRE(n.ok());
+  CHECK(*n == 1);
+  CHECK(out[0].event().msg_id == "e1");
+  CHECK(out[1].event().msg_id == "keep");
+  CHECK(out[1].Ack().ok());
+  // An error leaves every slot as it was.
+  out[0] = Message();
+  n = m.NextBatch(out, absl::ZeroDuration(), absl::ZeroDuration());
+  CHECK(n.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(out[0].empty());
+  CHECK(out[1].event().msg_id == "keep");
 }

@@ -297,12 +297,13 @@ class Member {
   absl::Status PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns = -1, bool describe = true,
                       std::size_t* quiet_pops = nullptr);
   /// Both NextBatch(max_batch, max_queue_delay, timeout) forms (pull.cpp): pulls
-  /// into slots(i) for i = 0, 1, ... until the batch is full or closed; drop() gives
-  /// back the last slot asked for when the pull into it failed. The count, or the
+  /// into slots(i) for i = 0, 1, ... until the batch is full or closed; commit(i)
+  /// after a pull into slots(i) succeeded, drop() when it failed. The count, or the
   /// first pull's error.
-  template <class Slots, class Drop>
+  template <class Slots, class Commit, class Drop>
   absl::StatusOr<std::size_t> GatherBatch(std::size_t max_batch, absl::Duration max_queue_delay,
-                                          absl::Duration timeout, Slots&& slots, Drop&& drop);
+                                          absl::Duration timeout, Slots&& slots, Commit&& commit,
+                                          Drop&& drop);
   /// ConsumerConfig::lifecycle's delivery step for `m`, just popped: true to hand it
   /// out (now Processing); false when it was settled instead (put back while its
   /// model warms up, terminated, or acked because its lifecycle says Completed).

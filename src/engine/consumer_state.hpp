@@ -85,7 +85,19 @@ enum MsgState : std::uint8_t {
 using ConvertedEvents = std::array<std::shared_ptr<const Event>, kPayloadCodecs>;
 
 struct StoredMessage {
-  std::shared_ptr<const Event> event;
+  StoredMessage() = default;
+  // The record of the first stream that stores an event holds it (`own`).
+  explicit StoredMessage(Event&& e) : own(std::move(e)) { event = &own; }
+  StoredMessage(const StoredMessage&) = delete;
+  StoredMessage& operator=(const StoredMessage&) = delete;
+  // The event, read by every delivery of it: `own`, or for the record of a later
+  // stream that stored the same publish, the first stream's record's `own`, which
+  // `primary` keeps. One block per publish holds the record and its event: no second
+  // allocation, no second reference count, and a delivery reaches the event in the
+  // block it already reads (a step towards the log slot that holds the event).
+  const Event* event = nullptr;
+  Event own;
+  std::shared_ptr<StoredMessage> primary;
   // The event with its payload converted to codec c (ConsumerConfig::accept_codecs),
   // for the consumers that do not accept event->codec; null where no consumer needs
   // c. Made once per publish and target codec, shared by every stream and consumer.

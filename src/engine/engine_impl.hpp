@@ -321,17 +321,20 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // subject as this thread's route cache holds it (RouteIndex invariant 5).
   using CapturingStream = engine_internal::RouteIndex<StreamState*>::Route;
   using Capturing = absl::InlinedVector<CapturingStream, 4>;
-  // The event being published: as given until the first stream stores it, then
-  // `shared` (the one Event every stream and delivery shares; `event` is moved into it).
+  // The event being published: as given until the first stream's record takes it
+  // (moved into StoredMessage::own); `first` is that record when more streams follow,
+  // whose records point at its event.
   struct PublishedEvent {
     Event& event;
-    std::shared_ptr<const Event> shared;
+    std::shared_ptr<StoredMessage> first;
     std::uint64_t bytes;            // Event::StoredSize
     std::int64_t event_limit_ns;    // its own queue limit (EventLimitNs)
-    // The stream being published to is the last capturing one: its record takes
-    // `shared` and the conversions instead of copying them (PublishToStream).
+    // The stream being published to is the last capturing one: its record takes the
+    // conversions instead of copying them, and `first` need not be kept.
     bool last = false;
-    const Event& current() const { return shared ? *shared : event; }
+    // Valid until the first record takes the event (AllocateRecord), and after it
+    // only when `first` was kept (more streams follow).
+    const Event& current() const { return first ? *first->event : event; }
   };
   // What the streams did with one publish so far.
   struct PublishTally {
@@ -395,8 +398,9 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // The conversions ConvertBeforeStore did not make (a consumer added since, a dead
   // letter). Requires stream.mu.
   absl::Status ConvertUnderLock(const Event& ev, const Targets& targets, Converted* converted);
-  // The shared Event (made from pe.event when not yet) and the stream's record of it,
-  // from the pools of the first target's node; nullptr when out of memory.
+  // The stream's record of the event (holding it, moved from pe.event, for the first
+  // stream; pointing at the first record's event for later ones), from the pools of
+  // the first target's node; nullptr, with nothing moved, when out of memory.
   std::shared_ptr<StoredMessage> AllocateRecord(StreamState& stream, PublishedEvent& pe,
                                                 const Targets& targets);
   // Places the first delivery of `stored` on each target's lane, applying overflow

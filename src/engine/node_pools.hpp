@@ -1,8 +1,8 @@
 // File: src/engine/node_pools.hpp (not API)
 //
-// NodePools: the fixed-size pools of one NUMA node that the Event shared by every
-// delivery and each stream's record of it come from; PoolAllocator puts a
-// std::allocate_shared object and its control block in them.
+// NodePools: the fixed-size pools of one NUMA node that each stream's record of an
+// event comes from (the first stream's record holds the Event every delivery shares);
+// PoolAllocator puts a std::allocate_shared object and its control block in them.
 //
 // Thread safety: FixedPool's (any thread allocates and frees).
 #pragma once
@@ -17,24 +17,19 @@
 namespace inferq {
 namespace engine_internal {
 
-// The pools of one NUMA node for the engine's shared blocks (the Event every
-// delivery shares, and one record per stream), by size class.
+// The pools of one NUMA node for the engine's shared blocks: one record per stream
+// that stores an event (the first stream's record holding the event), with its
+// control block. One size class: every record is the same size (publish.cpp asserts
+// that it fits kRecordBlock).
+inline constexpr std::size_t kRecordBlock = 576;
 struct NodePools {
-  explicit NodePools(NumaArena* arena)
-      : small(128, {.blocks_per_chunk = 1024, .arena = arena}),
-        medium(512, {.blocks_per_chunk = 512, .arena = arena}),
-        large(2048, {.blocks_per_chunk = 128, .arena = arena}) {}
-  FixedPool* For(std::size_t bytes) {
-    if (bytes <= small.block_size()) return &small;
-    if (bytes <= medium.block_size()) return &medium;
-    if (bytes <= large.block_size()) return &large;
-    return nullptr;
-  }
-  FixedPool small, medium, large;
+  explicit NodePools(NumaArena* arena) : records(kRecordBlock, {.blocks_per_chunk = 512, .arena = arena}) {}
+  FixedPool* For(std::size_t bytes) { return bytes <= records.block_size() ? &records : nullptr; }
+  FixedPool records;
 };
 
 // Allocator for std::allocate_shared: the control block and object come from the
-// node's pools (operator new above 2 KiB). A copy lives in the control block, so a
+// node's pools (operator new above kRecordBlock). A copy lives in the control block, so a
 // block returns to the pool of the node it came from, whichever thread frees it.
 template <class T>
 struct PoolAllocator {

@@ -472,6 +472,11 @@ inline absl::Status Engine::Impl::ConvertUnderLock(const Event& ev, const Target
   return absl::OkStatus();
 }
 
+// A record, with allocate_shared's control block (a vtable pointer, two counts and
+// the allocator), fits a block of the node's pool.
+static_assert(sizeof(StoredMessage) + 3 * sizeof(void*) <= engine_internal::kRecordBlock,
+              "a stream record with its control block must fit NodePools::records");
+
 inline std::shared_ptr<StoredMessage> Engine::Impl::AllocateRecord(StreamState& stream,
                                                             PublishedEvent& pe,
                                                             const Targets& targets) {
@@ -480,17 +485,23 @@ inline std::shared_ptr<StoredMessage> Engine::Impl::AllocateRecord(StreamState& 
   // Everything that can fail for want of memory happens before the stream changes
   // (before discard-old makes room), so a failure changes nothing.
   try {
-    if (!pe.shared) {
-      pe.shared = std::allocate_shared<const Event>(
-          engine_internal::PoolAllocator<const Event>(&pools), std::move(pe.event));
-    }
-    std::shared_ptr<StoredMessage> stored = std::allocate_shared<StoredMessage>(
-        engine_internal::PoolAllocator<StoredMessage>(&pools));
     if (stream.log != nullptr) {
       stream.index.ReserveOne();
     } else if (stream.keeps_index) {
       stream.messages.ReserveOne();
     }
+    engine_internal::PoolAllocator<StoredMessage> alloc(&pools);
+    if (pe.first == nullptr) {
+      // Allocated, then constructed: a bad_alloc moves nothing.
+      std::shared_ptr<StoredMessage> stored = std::allocate_shared<StoredMessage>(alloc, std::move(pe.event));
+      // Later streams point at this record's event, also if this stream does not
+      // store it after all (a failed append): the event lives on here.
+      if (!pe.last) pe.first = stored;
+      return stored;
+    }
+    std::shared_ptr<StoredMessage> stored = std::allocate_shared<StoredMessage>(alloc);
+    stored->event = pe.first->event;
+    stored->primary = pe.last ? std::move(pe.first) : pe.first;
     return stored;
   } catch (const std::bad_alloc&) {
     return nullptr;
@@ -652,17 +663,15 @@ inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedE
   if (stream.log != nullptr) {
     // kFile: in the log (written to the OS) before the stream changes; a failed
     // append stores nothing.
-    if (absl::Status w = stream.AppendToLog(pe.current(), pe.bytes); !w.ok()) {
+    if (absl::Status w = stream.AppendToLog(*stored->event, pe.bytes); !w.ok()) {
       Refuse(stream, std::move(w), true, tally);
       return;
     }
     tally.syncs.push_back({&stream, stream.next_seq, 0});
   }
   if (pe.last) {  // nothing reads them after the last stream: no reference counts change
-    stored->event = std::move(pe.shared);
     stored->converted = std::move(converted);
   } else {
-    stored->event = pe.shared;
     stored->converted = converted;  // copies of shared_ptrs: no allocation
   }
   const std::uint64_t limit_removed_before = stream.limit_removed_tx;

@@ -50,7 +50,8 @@ absl::StatusOr<std::shared_ptr<const Event>> Engine::GetMessage(std::string_view
       const engine_internal::IndexEntry e = s->index.at(lo);
       lock.unlock();
       absl::StatusOr<engine_internal::Handle> h = s->LoadFromLog(e);
-      if (h.ok()) return (*h)->event;
+      // The record's block holds the event: a pointer that shares its ownership.
+      if (h.ok()) return std::shared_ptr<const Event>(*h, (*h)->event);
       // Its segment retired meanwhile: a limit removed it after the search.
       if (h.status().code() != absl::StatusCode::kNotFound) return h.status();
     }
@@ -69,7 +70,7 @@ absl::StatusOr<std::shared_ptr<const Event>> Engine::GetMessage(std::string_view
     if (lo < s->messages.size()) {
       const engine_internal::Handle& h = s->messages.at(lo);
       if (h->seq == seq && h->state.load(std::memory_order_acquire) == engine_internal::kLive) {
-        return h->event;
+        return std::shared_ptr<const Event>(h, h->event);
       }
     }
   }
@@ -191,7 +192,7 @@ EngineStats Engine::Stats() const {
     m.node = impl_->topology.nodes()[i].index;
     m.arena = impl_->node_binding[i];
     const engine_internal::NodePools& p = *impl_->node_pools[i];
-    m.pools = {p.small.Stats(), p.medium.Stats(), p.large.Stats()};
+    m.pools = {p.records.Stats()};
     out.memory.push_back(std::move(m));
   }
   if (impl_->flow != nullptr) out.flow = impl_->flow->Snapshot();

@@ -326,8 +326,7 @@ absl::StatusOr<Handle> StreamState::LoadFromLog(const IndexEntry& e) const {
   absl::StatusOr<Event> ev = Decode(
       std::span<const std::byte>(reinterpret_cast<const std::byte*>(r.wire.data()), r.wire.size()), d);
   if (!ev.ok()) return bad(absl::StatusCode::kDataLoss, std::string(ev.status().message()));
-  auto record = std::make_shared<StoredMessage>();
-  record->event = std::make_shared<const Event>(*std::move(ev));
+  auto record = std::make_shared<StoredMessage>(*std::move(ev));
   record->stream = const_cast<StreamState*>(this);
   record->seq = e.seq;
   record->publish_ns = e.publish_ns;

@@ -39,8 +39,8 @@
 ///    picks (JetStream's DeliverPolicy; "new" by default: none), then the events
 ///    published after it was added; per stream, every member sees events in
 ///    sequence order.
-///  - Memory: the Event shared by all deliveries and each stream's record of it come
-///    from FixedPools of the NUMA node of the first lane that will drain the event
+///  - Memory: each stream's record of an event (the first stream's record holds the
+///    Event that all deliveries share, in the same block) comes from FixedPools of the NUMA node of the first lane that will drain the event
 ///    (ConsumerConfig::member_nodes; else the publisher's node), with chunks from a
 ///    NumaArena bound to that node. Payload Buffers come from process-wide pools. In
 ///    steady state publish -> deliver -> ack allocates nothing from the general heap

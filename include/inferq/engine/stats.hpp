@@ -207,8 +207,9 @@ struct ConsumerStats : ConsumerCounts<std::uint64_t> {
   LatencySummary deliver_latency() const { return LatencySummary::Of(deliver_latency_ns); }
 };
 
-/// Memory of one NUMA node: where its pools get chunks, and the pools (128, 512 and
-/// 2048-byte blocks: stream records, events, large events).
+/// Memory of one NUMA node: where its pools get chunks, and the pools (one pool of
+/// 576-byte blocks: each stream's record of an event, the first one holding the
+/// event).
 struct NodeMemoryStats {
   int node = 0;               ///< OS index
   std::string arena;          ///< e.g. "one node: not bound", "bound to node 1"

@@ -32,12 +32,20 @@ std::string Id(int p, int k) {
   return std::to_string(p) + "-" + std::string(4 - n.size(), '0') + n;
 }
 
+// What PublishConcurrently saw.
+struct Published {
+  int stored = 0;                 // events stored
+  int refused = 0;                // publishes refused with ResourceExhausted
+  bool over = false;              // the monitor saw the stream above a limit
+  std::vector<absl::Status> odd;  // any other error
+};
+
 // Publishes kPerPublisher events from each of kPublishers threads, half through
 // Publish and half through PublishBatch (runs of 10), while a monitor thread reads
-// the stream's figures; returns the number of events stored. `over` is set when the
-// monitor saw the stream above `max_msgs` messages or `max_bytes` bytes.
-int PublishConcurrently(Engine& engine, std::uint64_t max_msgs, std::uint64_t max_bytes, bool& over,
-                        std::atomic<int>& refused, std::vector<absl::Status>* odd) {
+// the stream's figures against `max_msgs` messages and `max_bytes` bytes (0: none).
+Published PublishConcurrently(Engine& engine, std::uint64_t max_msgs, std::uint64_t max_bytes) {
+  Published out;
+  std::atomic<int> refused{0};
   std::atomic<int> stored{0};
   std::atomic<bool> done{false};
   std::atomic<bool> seen_over{false};
@@ -61,7 +69,7 @@ int PublishConcurrently(Engine& engine, std::uint64_t max_msgs, std::uint64_t ma
             refused.fetch_add(1);
           } else {
             std::lock_guard lock(odd_mu);
-            odd->push_back(st);
+            out.odd.push_back(st);
           }
         };
         if ((i / 10) % 2 == 0) {
@@ -89,8 +97,10 @@ int PublishConcurrently(Engine& engine, std::uint64_t max_msgs, std::uint64_t ma
   for (auto& t : publishers) t.join();
   done.store(true);
   monitor.join();
-  over = seen_over.load();
-  return stored.load();
+  out.stored = stored.load();
+  out.refused = refused.load();
+  out.over = seen_over.load();
+  return out;
 }
 
 }  // namespace
@@ -99,14 +109,11 @@ TEST_CASE("concurrent publishers never take a stream over max_msgs with discard 
   auto engine = Engine::Create({.manual_timers = true}).value();
   REQUIRE(engine->AddStream({.name = "S", .subjects = {"s.>"}, .max_msgs = 100,
                              .discard = DiscardPolicy::kNew}).ok());
-  bool over = false;
-  std::atomic<int> refused{0};
-  std::vector<absl::Status> odd;
-  const int stored = PublishConcurrently(*engine, 100, 0, over, refused, &odd);
-  CHECK(!over);
-  CHECK(odd.empty());
-  CHECK(stored == 100);
-  CHECK(refused.load() == kPublishers * kPerPublisher - 100);
+  const Published r = PublishConcurrently(*engine, 100, 0);
+  CHECK(!r.over);
+  CHECK(r.odd.empty());
+  CHECK(r.stored == 100);
+  CHECK(r.refused == kPublishers * kPerPublisher - 100);
   const EngineStats st = engine->Stats();
   CHECK(Of(st).messages == 100);
   CHECK(Of(st).stored == 100);
@@ -119,14 +126,11 @@ TEST_CASE("concurrent publishers never take a stream over max_bytes with discard
   const std::uint64_t limit = size * 37 + size / 2;  // room for 37 events, not 38
   REQUIRE(engine->AddStream({.name = "S", .subjects = {"s.>"}, .max_bytes = static_cast<std::int64_t>(limit),
                              .discard = DiscardPolicy::kNew}).ok());
-  bool over = false;
-  std::atomic<int> refused{0};
-  std::vector<absl::Status> odd;
-  const int stored = PublishConcurrently(*engine, 0, limit, over, refused, &odd);
-  CHECK(!over);
-  CHECK(odd.empty());
-  CHECK(stored == 37);
-  CHECK(refused.load() == kPublishers * kPerPublisher - 37);
+  const Published r = PublishConcurrently(*engine, 0, limit);
+  CHECK(!r.over);
+  CHECK(r.odd.empty());
+  CHECK(r.stored == 37);
+  CHECK(r.refused == kPublishers * kPerPublisher - 37);
   const EngineStats st = engine->Stats();
   CHECK(Of(st).messages == 37);
   CHECK(Of(st).bytes == size * 37);
@@ -135,14 +139,11 @@ TEST_CASE("concurrent publishers never take a stream over max_bytes with discard
 TEST_CASE("concurrent publishers at max_msgs with discard old keep exactly the newest", "[concurrency]") {
   auto engine = Engine::Create({.manual_timers = true}).value();
   REQUIRE(engine->AddStream({.name = "S", .subjects = {"s.>"}, .max_msgs = 100}).ok());
-  bool over = false;
-  std::atomic<int> refused{0};
-  std::vector<absl::Status> odd;
-  const int stored = PublishConcurrently(*engine, 100, 0, over, refused, &odd);
-  CHECK(!over);
-  CHECK(odd.empty());
-  CHECK(refused.load() == 0);
-  CHECK(stored == kPublishers * kPerPublisher);
+  const Published r = PublishConcurrently(*engine, 100, 0);
+  CHECK(!r.over);
+  CHECK(r.odd.empty());
+  CHECK(r.refused == 0);
+  CHECK(r.stored == kPublishers * kPerPublisher);
   const EngineStats st = engine->Stats();
   CHECK(Of(st).messages == 100);
   CHECK(Of(st).last_seq == static_cast<std::uint64_t>(kPublishers * kPerPublisher));

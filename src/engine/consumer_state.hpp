@@ -130,8 +130,10 @@ struct Lane {
   // A lock-free ring, or a QoS scheduler (ConsumerConfig::qos); named for the former.
   LaneQueue<Delivery> ring;
   int node;  // index into the engine's topology nodes; -1 = the publisher's node
-  alignas(kCacheLineSize) std::atomic<std::uint64_t> delivered{0};
-  std::atomic<std::int64_t> last_pop_ns{0};  // engine clock; for stall detection
+  // Deliveries pulled: deliver_latency_ns.count(), which counts each once (a second
+  // counter would cost every pull another locked instruction).
+  std::uint64_t delivered() const { return deliver_latency_ns.count(); }
+  alignas(kCacheLineSize) std::atomic<std::int64_t> last_pop_ns{0};  // engine clock; for stall detection
   // Recent publish -> deliver delay, ns: EWMA with alpha 1/8, written by pullers
   // (a lost update between two pullers only loses one sample); flow control reads it.
   std::atomic<std::int64_t> delay_ewma_ns{0};
@@ -466,6 +468,9 @@ struct ConsumerState {
   // max_ack_pending: pullers wait on slot_cv while `unsettled` is at the limit.
   std::mutex slot_mu;
   std::condition_variable slot_cv;
+  // Pullers inside ReserveSlot's wait (counted under slot_mu); Unsettle notifies
+  // slot_cv only when it reads one or more.
+  std::atomic<std::uint32_t> slot_waiters{0};
   std::atomic<bool> closing{false};
   // Engine::DeleteConsumer ran (set before its lanes close; never cleared).
   std::atomic<bool> deleted{false};
@@ -486,6 +491,8 @@ struct ConsumerState {
   std::vector<std::unique_ptr<Batcher>> batchers;
   // Explicit-ack deliveries handed out and not yet settled (ack, nak, expiry).
   std::atomic<std::int64_t> unsettled{0};
+  // Delivery-to-ack times, one per ack that settled its message: its count() is
+  // ConsumerStats::acked (counts.acked stays 0), so an ack updates one statistic.
   Histogram ack_latency_ns;
 
   // Messages handed out by this consumer's members and not yet destroyed; kept in
@@ -505,25 +512,38 @@ struct ConsumerState {
         }
       }
       std::unique_lock lock(slot_mu);
-      cur = unsettled.load(std::memory_order_acquire);
-      if (cur < max_ack_pending) continue;
-      if (closing.load(std::memory_order_acquire)) return Slot::kClosed;
-      if (deadline_ns <= SteadyClock::Now()) return Slot::kTimeout;
-      if (deadline_ns == kNoDeadline) {
-        slot_cv.wait(lock);
-      } else {
-        slot_cv.wait_for(lock, std::chrono::nanoseconds(deadline_ns - SteadyClock::Now()));
-      }
+      // Counted as a waiter before it reads the count (seq_cst, with Unsettle's
+      // decrement and load: of the two, at least one sees the other's write), and
+      // until it lets go of slot_mu for good.
+      slot_waiters.fetch_add(1, std::memory_order_seq_cst);
+      const Slot s = WaitForSlot(lock, deadline_ns);
+      slot_waiters.fetch_sub(1, std::memory_order_relaxed);
+      if (s != Slot::kTaken) return s;
       cur = unsettled.load(std::memory_order_acquire);
     }
   }
-  // `n` deliveries were settled (or reserved slots not used).
+  // `n` deliveries were settled (or reserved slots not used). Wakes waiting pullers
+  // only when there are any (slot_waiters): a settle with nobody waiting takes no
+  // lock.
   void Unsettle(std::int64_t n = 1) {
-    unsettled.fetch_sub(n, std::memory_order_acq_rel);
-    if (max_ack_pending > 0) {
+    unsettled.fetch_sub(n, std::memory_order_seq_cst);
+    if (max_ack_pending > 0 && slot_waiters.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard lock(slot_mu);  // no lost wake-up between check and wait
       slot_cv.notify_all();
     }
+  }
+  // ReserveSlot's wait under slot_mu: kTaken when a slot may be free (the caller
+  // tries again), kClosed or kTimeout as ReserveSlot says.
+  Slot WaitForSlot(std::unique_lock<std::mutex>& lock, std::int64_t deadline_ns) {
+    if (unsettled.load(std::memory_order_seq_cst) < max_ack_pending) return Slot::kTaken;
+    if (closing.load(std::memory_order_acquire)) return Slot::kClosed;
+    if (deadline_ns <= SteadyClock::Now()) return Slot::kTimeout;
+    if (deadline_ns == kNoDeadline) {
+      slot_cv.wait(lock);
+    } else {
+      slot_cv.wait_for(lock, std::chrono::nanoseconds(deadline_ns - SteadyClock::Now()));
+    }
+    return Slot::kTaken;
   }
 };
 

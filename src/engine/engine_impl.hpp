@@ -121,12 +121,14 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // either writes a file. Guarded by config_mu.
   std::vector<std::pair<std::filesystem::path, std::string>> opening_dirs;
 
-  std::atomic<std::uint64_t> published{0}, unrouted{0}, rejected{0}, invalid{0};
+  std::atomic<std::uint64_t> unrouted{0}, rejected{0}, invalid{0};
+  // Counts taken on every publish, per thread (no locked instruction):
   // [kRouteCacheHit]: publishes whose subject this thread's route cache held
   // (RouteIndex::MatchCached); [kRouteCacheMiss]: those that searched the subject
-  // index (EngineStats::route_cache_hits, route_cache_misses).
-  enum RouteCount : std::size_t { kRouteCacheHit, kRouteCacheMiss };
-  engine_internal::PerThreadCounters<2> route_counts;
+  // index (EngineStats::route_cache_hits, route_cache_misses); [kPublished]:
+  // EngineStats::published.
+  enum PublishCount : std::size_t { kRouteCacheHit, kRouteCacheMiss, kPublished };
+  engine_internal::PerThreadCounters<3> publish_counts;
   // Payload conversion (EngineOptions::codecs); compress_dictionary points into
   // codecs.dictionaries (nullptr = none).
   EngineCodecOptions codecs;
@@ -405,7 +407,11 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
                                                 const Targets& targets);
   // Places the first delivery of `stored` on each target's lane, applying overflow
   // policies; returns the explicit-ack deliveries that could not be queued (closed).
-  std::uint32_t EnqueueTargets(StreamState& stream, const std::shared_ptr<StoredMessage>& stored,
+  // With one target, the delivery takes `stored` (a reference count neither taken
+  // nor dropped) and `stored` is left empty once it is queued or parked; it holds
+  // the record again when the delivery was not (the caller must not read the record
+  // otherwise: a member may have acked and let go of it).
+  std::uint32_t EnqueueTargets(StreamState& stream, std::shared_ptr<StoredMessage>& stored,
                                const Targets& targets, std::int64_t now,
                                std::int64_t event_limit_ns, const PublishFlags& flags,
                                PublishTally& tally);

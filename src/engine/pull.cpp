@@ -177,7 +177,6 @@ bool TrackDelivery(ConsumerState& c, std::uint32_t m, const engine_internal::Del
 // The lane's delivery counters: count, publish -> deliver latency, and its EWMA
 // (alpha 1/8) for flow control.
 void RecordDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns) {
-  lane.delivered.fetch_add(1, std::memory_order_relaxed);
   const std::int64_t delay = std::max<std::int64_t>(0, engine_internal::SatSub(now, publish_ns));
   lane.deliver_latency_ns.Record(static_cast<std::uint64_t>(delay));
   const std::int64_t ewma = lane.delay_ewma_ns.load(std::memory_order_relaxed);

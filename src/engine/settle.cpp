@@ -37,22 +37,19 @@ absl::StatusOr<std::uint64_t> RetireOnSettle(ConsumerState& c, StoredMessage& h)
 
 // AckBatch's acks of one consumer member in a row: Message::Settle leaves what they
 // share here (the clock's reading, the member's health update, the max_ack_pending
-// slots, the acked count) and Flush does it once for all of them.
+// slots) and Flush does it once for all of them.
 struct AckRun {
   ConsumerState* consumer = nullptr;
   std::uint32_t member = 0;
   std::int64_t now = 0;  // the engine clock, read once for the run
   absl::InlinedVector<std::int64_t, 32> latencies;  // of the acks made, ns
   std::int64_t unsettled = 0;  // max_ack_pending slots to give back
-  std::uint64_t acked = 0;     // for ConsumerStats::acked
   void Flush() {
     if (consumer == nullptr) return;
     consumer->group->OnDoneMany(member, latencies, now);
     if (unsettled > 0) consumer->Unsettle(unsettled);
-    if (acked > 0) consumer->counts.acked.fetch_add(acked, std::memory_order_relaxed);
     latencies.clear();
     unsettled = 0;
-    acked = 0;
     consumer = nullptr;
   }
 };
@@ -547,12 +544,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
       c.group->OnDone(member_, Outcome::kSuccess, latency, now);
     }
   }
-  if (run != nullptr) {
-    ++run->acked;
-  } else {
-    c.counts.acked.fetch_add(1, std::memory_order_relaxed);
-  }
-  c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
+  c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));  // and the acked count
   if (c.config.batch.adaptive) c.batchers[member_]->ObserveRtt(latency);
   absl::StatusOr<std::uint64_t> out = engine_internal::RetireOnSettle(c, *msg_);
   if (!out.ok()) {

@@ -81,14 +81,14 @@ absl::StatusOr<std::shared_ptr<const Event>> Engine::GetMessage(std::string_view
 
 EngineStats Engine::Stats() const {
   EngineStats out;
-  out.published = impl_->published.load(std::memory_order_relaxed);
+  const std::array<std::uint64_t, 3> counts = impl_->publish_counts.Sum();
+  out.published = counts[Impl::kPublished];
   out.unrouted = impl_->unrouted.load(std::memory_order_relaxed);
   out.rejected = impl_->rejected.load(std::memory_order_relaxed);
   out.invalid = impl_->invalid.load(std::memory_order_relaxed);
   out.codec_conversions = impl_->codec_conversions.load(std::memory_order_relaxed);
-  const std::array<std::uint64_t, 2> routes = impl_->route_counts.Sum();
-  out.route_cache_hits = routes[Impl::kRouteCacheHit];
-  out.route_cache_misses = routes[Impl::kRouteCacheMiss];
+  out.route_cache_hits = counts[Impl::kRouteCacheHit];
+  out.route_cache_misses = counts[Impl::kRouteCacheMiss];
   const auto index = impl_->routes.IndexCacheCounts();
   out.subject_index_cache_hits = index.hits;
   out.subject_index_cache_misses = index.misses;
@@ -116,7 +116,7 @@ EngineStats Engine::Stats() const {
     st.stored = s->stored.load();
     st.discarded = s->retired.discarded.load();
     st.rejected = s->rejected.load();
-    st.acked_out = s->retired.acked_out.load();
+    st.acked_out = s->AckedOut();
     st.duplicates = s->duplicates.load();
     st.duplicate_window_evicted = s->dedup_evicted.load(std::memory_order_relaxed);
     out.streams.push_back(std::move(st));
@@ -129,7 +129,7 @@ EngineStats Engine::Stats() const {
       const Lane& lane = *c->lanes[i];
       MemberStats ms;
       ms.index = i;
-      ms.delivered = lane.delivered.load(std::memory_order_relaxed);
+      ms.delivered = lane.delivered();
       ms.queued = lane.ring.size_approx();
       cs.delivered += ms.delivered;
       cs.num_pending += ms.queued;
@@ -139,6 +139,7 @@ EngineStats Engine::Stats() const {
     c->counts.ForEachCount(cs, [](const std::atomic<std::uint64_t>& from, std::uint64_t& to) {
       to = from.load(std::memory_order_relaxed);
     });
+    cs.acked = c->ack_latency_ns.count();  // ConsumerState::ack_latency_ns
     cs.ack_pending = static_cast<std::uint64_t>(
         std::max<std::int64_t>(0, c->unsettled.load(std::memory_order_relaxed)));
     if (c->reading_backlog.load(std::memory_order_acquire)) {

@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/container/btree_map.h"
@@ -356,7 +357,8 @@ struct StreamState {
   // The live messages and bytes, counted per side and read as a difference
   // (LiveMsgs, LiveBytes), so that an ack on a member's core does not write a line
   // the publisher writes on every publish:
-  //  1. added_msgs / added_bytes only grow, in Append, under mu.
+  //  1. added_msgs / added_bytes only grow, in Append, under mu (BumpUnderMu: one
+  //     writer, so no locked instruction).
   //  2. RetireCounts::msgs / bytes only grow, in Retire, by the thread whose state
   //     CAS retires the message: a publisher under mu (limits, max_age) or, under
   //     interest retention, the member whose ack was the last (settle.cpp). They
@@ -367,7 +369,18 @@ struct StreamState {
   //     relaxed, as the single live count was before).
   //  4. Publish reads the retired side only when a limit or CompactIfSparse needs
   //     the live count: a stream without max_msgs / max_bytes never reads it.
+  //  5. Each retired message has one reason: discarded (limits, max_age), purged,
+  //     or acked out (an ack's retirement). The first two are counted, before msgs
+  //     (release); acked out is the rest, AckedOut(), which saves an ack a locked
+  //     instruction. AckedOut loads msgs first (acquire), so every reason counted
+  //     for a message it includes is seen: the result is never above the true count.
   // Read by Stats() without mu; written under mu, except (2).
+  // Adds `n` to a counter that only mu's holder writes (added_msgs, added_bytes,
+  // stored): readers load it relaxed without mu and see each value whole.
+  template <class T>
+  static void BumpUnderMu(std::atomic<T>& counter, std::type_identity_t<T> n) {
+    counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
   std::atomic<std::int64_t> added_msgs{0};
   std::atomic<std::int64_t> added_bytes{0};
   std::atomic<std::uint64_t> last_seq{0};
@@ -390,7 +403,6 @@ struct StreamState {
     std::atomic<std::int64_t> msgs{0};
     std::atomic<std::int64_t> bytes{0};
     std::atomic<std::uint64_t> discarded{0};
-    std::atomic<std::uint64_t> acked_out{0};
     std::atomic<std::uint64_t> purged{0};
   };
   RetireCounts retired;
@@ -404,6 +416,14 @@ struct StreamState {
   std::int64_t LiveMsgs() const {
     const std::int64_t out = retired.msgs.load(std::memory_order_acquire);
     return added_msgs.load(std::memory_order_relaxed) - out;
+  }
+  // StreamStats::acked_out (invariant 5): a lower bound while retirements race the
+  // read, exact once they are visible.
+  std::uint64_t AckedOut() const {
+    const auto msgs = static_cast<std::uint64_t>(retired.msgs.load(std::memory_order_acquire));
+    const std::uint64_t other = retired.discarded.load(std::memory_order_relaxed) +
+                                retired.purged.load(std::memory_order_relaxed);
+    return msgs > other ? msgs - other : 0;
   }
   std::int64_t LiveBytes() const {
     const std::int64_t out = retired.bytes.load(std::memory_order_acquire);
@@ -432,10 +452,10 @@ struct StreamState {
     std::uint8_t expected = kLive;
     if (!m.state.compare_exchange_strong(expected, to, std::memory_order_acq_rel)) return false;
     // release: pairs with LiveMsgs / LiveBytes (invariant 3).
+    // The reason's count first (invariant 5), then the live counts.
+    if (to != kDone) (purge ? retired.purged : retired.discarded).fetch_add(1, std::memory_order_relaxed);
     retired.msgs.fetch_add(1, std::memory_order_release);
     retired.bytes.fetch_add(static_cast<std::int64_t>(m.bytes), std::memory_order_release);
-    (to == kDone ? retired.acked_out : purge ? retired.purged : retired.discarded)
-        .fetch_add(1, std::memory_order_relaxed);
     return true;
   }
 
@@ -444,12 +464,12 @@ struct StreamState {
   // is the only one that retires a file stream's messages, under mu. Requires mu.
   void RetireEntry(const IndexEntry& e, Removal why = Removal::kLimit) {
     if (e.removed != 0) return;  // out of the counts already
+    // The reason's count first (invariant 5), then the live counts.
+    if (why != Removal::kAck) {
+      (why == Removal::kPurge ? retired.purged : retired.discarded).fetch_add(1, std::memory_order_relaxed);
+    }
     retired.msgs.fetch_add(1, std::memory_order_release);  // pairs with LiveMsgs
     retired.bytes.fetch_add(static_cast<std::int64_t>(e.bytes), std::memory_order_release);
-    (why == Removal::kPurge ? retired.purged
-     : why == Removal::kAck ? retired.acked_out
-                            : retired.discarded)
-        .fetch_add(1, std::memory_order_relaxed);
   }
   // kFile: drops the front entry of the index, counting it out unless it was
   // removed already. Requires mu.
@@ -778,10 +798,11 @@ struct StreamState {
     record->pending_acks.store(explicit_acks, std::memory_order_relaxed);
 
     // relaxed: written under mu (invariant 1); a retiring thread gets the record, and
-    // so this ordering, through mu or a lane.
-    added_msgs.fetch_add(1, std::memory_order_relaxed);
-    added_bytes.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
-    stored.fetch_add(1, std::memory_order_relaxed);
+    // so this ordering, through mu or a lane. One writer at a time (mu), so a load and
+    // a store, not a locked read-modify-write.
+    BumpUnderMu(added_msgs, 1);
+    BumpUnderMu(added_bytes, static_cast<std::int64_t>(bytes));
+    BumpUnderMu(stored, 1);
     last_seq.store(record->seq, std::memory_order_relaxed);
     if (dedup != nullptr && !record->event->msg_id.empty() && record_duplicate) {
       dedup->Insert(record->event->msg_id, record->seq, now);

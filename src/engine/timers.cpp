@@ -249,7 +249,7 @@ void Engine::Impl::MoveOffStalledMembers(ConsumerState& c, std::int64_t now) {
   // panic mode it is even given work).
   for (std::uint32_t m = 0; m < c.lanes.size(); ++m) {
     Lane& lane = *c.lanes[m];
-    const std::uint64_t delivered = lane.delivered.load(std::memory_order_relaxed);
+    const std::uint64_t delivered = lane.delivered();
     auto& [mark_delivered, mark_ns] = stall_marks[&lane];
     bool stalled = false;
     // A consumer at max_ack_pending refuses its members new pulls: not a stall.

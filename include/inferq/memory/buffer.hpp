@@ -101,8 +101,14 @@ class Buffer {
   };
   void Release() noexcept {
     // acq_rel: the thread that frees the block must see every other owner's reads
-    // of it completed (release on each decrement, acquire on the last).
-    if (block_ && block_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    // of it completed (release on each decrement, acquire on the last). A count of 1
+    // read with acquire is the same last decrement without the locked instruction:
+    // this Buffer holds the only reference, so no other thread can take one (that
+    // would copy this object while it is destroyed), and the acquire pairs with the
+    // release of every earlier owner's decrement (libstdc++'s shared_ptr does the
+    // same since GCC 12).
+    if (block_ && (block_->refs.load(std::memory_order_acquire) == 1 ||
+                   block_->refs.fetch_sub(1, std::memory_order_acq_rel) == 1)) {
       FixedPool* pool = block_->pool;
       block_->~Block();
       if (pool != nullptr) {

@@ -174,11 +174,29 @@ bool TrackDelivery(ConsumerState& c, std::uint32_t m, const engine_internal::Del
   return true;
 }
 
-// The lane's delivery counters: count, publish -> deliver latency, and its EWMA
-// (alpha 1/8) for flow control.
+// A batch's deliveries from one lane (Member::GatherBatch): their publish ->
+// deliver latencies go to the lane's histogram together (Histogram::RecordMany),
+// when the batch ends or before it waits.
+struct DeliveryRun {
+  Lane* lane = nullptr;
+  absl::InlinedVector<std::uint64_t, 64> delays;
+  void Flush() {
+    if (lane != nullptr) lane->deliver_latency_ns.RecordMany(delays);
+    delays.clear();
+  }
+};
+// The GatherBatch running on this thread (nullptr: none).
+thread_local DeliveryRun* t_delivery_run = nullptr;
+
+// The lane's delivery counters: count (the histogram's), publish -> deliver
+// latency, and its EWMA (alpha 1/8) for flow control.
 void RecordDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns) {
   const std::int64_t delay = std::max<std::int64_t>(0, engine_internal::SatSub(now, publish_ns));
-  lane.deliver_latency_ns.Record(static_cast<std::uint64_t>(delay));
+  if (DeliveryRun* run = t_delivery_run; run != nullptr && run->lane == &lane) {
+    run->delays.push_back(static_cast<std::uint64_t>(delay));
+  } else {
+    lane.deliver_latency_ns.Record(static_cast<std::uint64_t>(delay));
+  }
   const std::int64_t ewma = lane.delay_ewma_ns.load(std::memory_order_relaxed);
   lane.delay_ewma_ns.store(ewma == 0 ? delay : ewma + (delay - ewma) / 8,
                            std::memory_order_relaxed);
@@ -408,10 +426,22 @@ absl::StatusOr<std::size_t> Member::GatherBatch(std::size_t max_batch, absl::Dur
   Lane& lane = *consumer_->lanes[index_];
   // What this batch popped without waking a publisher blocked on the full lane: it
   // wakes them once, at the end or before it waits (never waits on them asleep).
+  // The deliveries' latencies are recorded then too (DeliveryRun).
   std::size_t quiet = 0;
+  DeliveryRun run{&lane, {}};
+  struct Scope {  // also when a pull throws (a lifecycle's store)
+    DeliveryRun* prev;
+    DeliveryRun* run;
+    ~Scope() {
+      run->Flush();
+      t_delivery_run = prev;
+    }
+  } scope{t_delivery_run, &run};
+  t_delivery_run = &run;
   auto wake_pushers = [&] {
     lane.ring.wake_pushers(quiet);
     quiet = 0;
+    run.Flush();
   };
   std::size_t n = 1;
   while (n < max_batch) {

@@ -37,18 +37,23 @@ absl::StatusOr<std::uint64_t> RetireOnSettle(ConsumerState& c, StoredMessage& h)
 
 // AckBatch's acks of one consumer member in a row: Message::Settle leaves what they
 // share here (the clock's reading, the member's health update, the max_ack_pending
-// slots) and Flush does it once for all of them.
+// slots, the ack latency histogram) and Flush does it once for all of them.
 struct AckRun {
   ConsumerState* consumer = nullptr;
   std::uint32_t member = 0;
   std::int64_t now = 0;  // the engine clock, read once for the run
   absl::InlinedVector<std::int64_t, 32> latencies;  // of the acks made, ns
+  // For ConsumerState::ack_latency_ns (and so the acked count): every ack that
+  // settled its message, also one of an older delivery, which `latencies` leaves out.
+  absl::InlinedVector<std::uint64_t, 32> recorded;
   std::int64_t unsettled = 0;  // max_ack_pending slots to give back
   void Flush() {
     if (consumer == nullptr) return;
     consumer->group->OnDoneMany(member, latencies, now);
     if (unsettled > 0) consumer->Unsettle(unsettled);
+    consumer->ack_latency_ns.RecordMany(recorded);
     latencies.clear();
+    recorded.clear();
     unsettled = 0;
     consumer = nullptr;
   }
@@ -544,7 +549,11 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
       c.group->OnDone(member_, Outcome::kSuccess, latency, now);
     }
   }
-  c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));  // and the acked count
+  if (run != nullptr) {  // and the acked count
+    run->recorded.push_back(static_cast<std::uint64_t>(latency));
+  } else {
+    c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
+  }
   if (c.config.batch.adaptive) c.batchers[member_]->ObserveRtt(latency);
   absl::StatusOr<std::uint64_t> out = engine_internal::RetireOnSettle(c, *msg_);
   if (!out.ok()) {

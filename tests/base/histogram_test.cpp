@@ -114,3 +114,26 @@ TEST_CASE("CountAtMost is exact at a bucket's upper bound and a lower bound betw
   CHECK(h.CountAtMost(1'000'000) == 7);
   CHECK(h.CountAtMost(std::numeric_limits<std::uint64_t>::max()) == 7);
 }
+
+TEST_CASE("RecordMany counts as Record does, also past 8 buckets in one call") {
+  // 12 distinct buckets (more than RecordMany gathers), repeats, and the extremes.
+  std::vector<std::uint64_t> values;
+  for (std::uint64_t v : {5ull, 5ull, 70ull, 1000ull, 5ull, 1ull << 20, 3ull, 63ull, 64ull, 65ull,
+                          (1ull << 40) + 7, 9ull, 10ull, 11ull, 70ull, 0ull}) {
+    values.push_back(v);
+  }
+  Histogram one_by_one;
+  for (std::uint64_t v : values) one_by_one.Record(v);
+  Histogram many;
+  many.RecordMany(values);
+  many.RecordMany({});  // nothing
+  const HistogramSnapshot a = one_by_one.Snapshot();
+  const HistogramSnapshot b = many.Snapshot();
+  CHECK(b.count() == 16);
+  CHECK(many.count() == 16);
+  CHECK(b.sum() == a.sum());
+  CHECK(b.min() == 0);
+  CHECK(b.max() == a.max());
+  for (std::uint64_t v : values) CHECK(b.CountAtMost(v) == a.CountAtMost(v));
+  for (double q : {0.1, 0.25, 0.5, 0.75, 0.9, 1.0}) CHECK(b.Percentile(q) == a.Percentile(q));
+}

@@ -26,6 +26,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
+#include <utility>
 #include <vector>
 
 namespace inferq {
@@ -161,6 +163,46 @@ class Histogram {
     }
     cur = max_.load(std::memory_order_relaxed);
     while (v > cur && !max_.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+    }
+  }
+
+  /// Records every value of `values`, as Record does each, with fewer atomic adds:
+  /// values that fall in one bucket are added to it at once (up to 8 buckets per
+  /// call are gathered; a value of a ninth goes to its bucket alone), and the count,
+  /// the sum, min and max once per call. For a batch of deliveries or acks, whose
+  /// values are close. Never a lock.
+  void RecordMany(std::span<const std::uint64_t> values) {
+    if (values.empty()) return;
+    std::array<std::pair<std::size_t, std::uint64_t>, 8> gathered;
+    std::size_t buckets = 0;
+    std::uint64_t sum = 0;
+    std::uint64_t lo = std::numeric_limits<std::uint64_t>::max();
+    std::uint64_t hi = 0;
+    for (const std::uint64_t v : values) {
+      sum += v;
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+      const std::size_t b = histogram_internal::BucketOf(v);
+      std::size_t i = 0;
+      while (i < buckets && gathered[i].first != b) ++i;
+      if (i < buckets) {
+        ++gathered[i].second;
+      } else if (buckets < gathered.size()) {
+        gathered[buckets++] = {b, 1};
+      } else {
+        counts_[b].fetch_add(1, std::memory_order_relaxed);  // relaxed: as Record
+      }
+    }
+    for (std::size_t i = 0; i < buckets; ++i) {
+      counts_[gathered[i].first].fetch_add(gathered[i].second, std::memory_order_relaxed);
+    }
+    count_.fetch_add(values.size(), std::memory_order_relaxed);
+    sum_.fetch_add(sum, std::memory_order_relaxed);
+    std::uint64_t cur = min_.load(std::memory_order_relaxed);
+    while (lo < cur && !min_.compare_exchange_weak(cur, lo, std::memory_order_relaxed)) {
+    }
+    cur = max_.load(std::memory_order_relaxed);
+    while (hi > cur && !max_.compare_exchange_weak(cur, hi, std::memory_order_relaxed)) {
     }
   }
 

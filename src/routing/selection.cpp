@@ -236,6 +236,19 @@ void MemberGroup::OnDoneMany(std::uint32_t m, std::span<const std::int64_t> late
   for (const std::int64_t latency_ns : latencies_ns) Success(mem, m, latency_ns, now);
 }
 
+namespace {
+
+// exp(-x) for x >= 0. Acks come microseconds apart and the decay time is seconds, so
+// x is mostly below 2^-10: there the Taylor series to x^3 (its error below
+// x^4 / 24 < 4e-14, relative) costs a few multiplies where std::exp costs ~50
+// instructions on every ack.
+double DecayWeight(double x) {
+  if (x < 0x1p-10) return 1 - x * (1 - x * (0.5 - x * (1.0 / 6)));
+  return std::exp(-x);
+}
+
+}  // namespace
+
 void MemberGroup::Success(Member& mem, std::uint32_t m, std::int64_t latency_ns, std::int64_t now) {
   ++mem.successes;
   const double lat = static_cast<double>(std::max<std::int64_t>(0, latency_ns));
@@ -246,7 +259,7 @@ void MemberGroup::Success(Member& mem, std::uint32_t m, std::int64_t latency_ns,
   if (lat > cost || mem.last_ack_ns == 0) {
     cost = lat;
   } else if (now > mem.last_ack_ns) {
-    const double w = std::exp(-static_cast<double>(now - mem.last_ack_ns) / peak_ewma_decay_ns_);
+    const double w = DecayWeight(static_cast<double>(now - mem.last_ack_ns) / peak_ewma_decay_ns_);
     cost = cost * w + lat * (1 - w);
   }
   mem.peak_ewma_ns.store(cost, std::memory_order_relaxed);

@@ -99,6 +99,18 @@ TEST_CASE("peak EWMA prefers the faster member and penalises unknown busy ones")
     Succeed(*g, 0, 1, 1'000'000);
     CHECK(g->Stats().members[0].peak_ewma_ms == Approx(50.0 * std::exp(-1.0) + 1.0 * (1 - std::exp(-1.0))));
   }
+  SECTION("acks microseconds apart decay by exp(-dt / decay) too (a series, not std::exp)") {
+    Succeed(*g, 0, 1, 50'000'000);  // 50 ms spike
+    double expected = 50.0;
+    for (const std::int64_t dt_ns : {1'000, 9'000'000, 9'765'000, 9'766'000, 250'000'000}) {
+      clock.Advance(absl::Nanoseconds(dt_ns));  // x = dt / 10 s: both sides of 2^-10
+      Succeed(*g, 0, 1, 1'000'000);
+      const double w = std::exp(-static_cast<double>(dt_ns) / 10e9);
+      expected = expected * w + 1.0 * (1 - w);
+      CHECK(g->Stats().members[0].peak_ewma_ms == Approx(expected).epsilon(1e-12));
+    }
+    CHECK(expected < 49.0);  // it did decay (to about 48.66)
+  }
   SECTION("a member without latency costs 0 while idle, a penalty when busy") {
     auto g3 = Group(2, &clock);
     Succeed(*g3, 0, 1, 1'000'000);

@@ -1,6 +1,7 @@
 // quickstart: one stream, a consumer group of two members, a publisher, batches,
 // acks, stats and the errors a caller meets. The README shows this program whole;
 // the test suite builds it and runs it (example.quickstart).
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <thread>

@@ -686,7 +686,7 @@ inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedE
     stored->converted = converted;  // copies of shared_ptrs: no allocation
   }
   const std::uint64_t limit_removed_before = stream.limit_removed_tx;
-  stream.Append(stored, now, pe.bytes, explicit_acks, !flags.internal);
+  stream.Append(stored, now, pe.bytes, explicit_acks, !flags.internal, admission);
   if (stream.log != nullptr) {
     if (stream.limit_removed_tx != limit_removed_before) {
       tally.syncs.back().removed_tx = stream.limit_removed_tx;

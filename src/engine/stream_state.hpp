@@ -51,6 +51,10 @@ namespace engine_internal {
 struct Admission {
   std::optional<std::uint64_t> duplicate_of;
   absl::Status refusal;
+  // The event's msg_id hash when the duplicate window looked it up (0: it did not),
+  // for Append's insert of the same id: one hash per publish.
+  std::size_t msg_id_hash = 0;
+  bool hashed = false;
 };
 
 // kFile: what a file stream keeps in memory of one stored message; its event is in
@@ -745,7 +749,10 @@ struct StreamState {
     CompactIfSparse();
     if (dedup != nullptr && !incoming.msg_id.empty() && check_duplicates) {
       dedup->Expire(now);
-      if (std::optional<std::uint64_t> original = dedup->Find(incoming.msg_id, now)) {
+      const DuplicateWindow::HashedId id = DuplicateWindow::Hashed(incoming.msg_id);
+      a.msg_id_hash = id.hash;
+      a.hashed = true;
+      if (std::optional<std::uint64_t> original = dedup->Find(id, now)) {
         a.duplicate_of = original;
         return a;
       }
@@ -785,11 +792,13 @@ struct StreamState {
   // Stores an admitted event as `record` (allocated by the caller): discard old
   // makes room, the record gets the next sequence, the counters and (when
   // `record_duplicate`) the duplicate window learn it, and it is kept unless interest
-  // retention has nobody to wait for. The caller has set the record's event and
-  // conversions. Requires mu.
+  // retention has nobody to wait for (`admitted`: Admit's answer for the event, whose
+  // msg_id hash the window's insert reuses). The caller has set the record's event
+  // and conversions. Requires mu.
   [[gnu::always_inline]] void Append(const std::shared_ptr<StoredMessage>& record,
                                      std::int64_t now, std::uint64_t bytes,
-                                     std::uint32_t explicit_acks, bool record_duplicate) {
+                                     std::uint32_t explicit_acks, bool record_duplicate,
+                                     const Admission& admitted) {
     if (config.discard == DiscardPolicy::kOld) MakeRoom(bytes);
     record->stream = this;
     record->seq = next_seq++;
@@ -805,7 +814,12 @@ struct StreamState {
     BumpUnderMu(stored, 1);
     last_seq.store(record->seq, std::memory_order_relaxed);
     if (dedup != nullptr && !record->event->msg_id.empty() && record_duplicate) {
-      dedup->Insert(record->event->msg_id, record->seq, now);
+      const std::string& id = record->event->msg_id;
+      if (admitted.hashed) {  // Admit hashed this id (the record holds the same bytes)
+        dedup->Insert(DuplicateWindow::HashedId{id, admitted.msg_id_hash}, record->seq, now);
+      } else {
+        dedup->Insert(id, record->seq, now);
+      }
       dedup_evicted.store(dedup->evicted(), std::memory_order_relaxed);
     }
     if (log != nullptr) {  // kFile: limits retention only (StreamConfig::Validate)

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -145,4 +146,48 @@ TEST_CASE("ForEachInRange finds every id of the range when sequences came out of
     got += std::string(id) + " ";
   });
   CHECK(got == "s5 s2 s3 ");  // acceptance order
+}
+
+TEST_CASE("a hashed id finds and inserts as the id does, also in a full window") {
+  // Two windows of 8 entries, one fed ids and one fed Hashed(id): every answer, the
+  // size and the evictions agree. A full window keeps everything on a duplicate.
+  DuplicateWindow plain(absl::Nanoseconds(1'000), 8);
+  DuplicateWindow hashed(absl::Nanoseconds(1'000), 8);
+  std::mt19937_64 rng(7);
+  std::int64_t now = 0;
+  std::uint64_t seq = 0;
+  int inserted = 0;
+  int refused = 0;
+  for (int i = 0; i < 5'000; ++i) {
+    now += static_cast<std::int64_t>(rng() % 30);
+    const std::string id = "request-" + std::to_string(rng() % 12) + "-of-a-longer-id";
+    const DuplicateWindow::HashedId key = DuplicateWindow::Hashed(id);
+    REQUIRE(key.hash == DuplicateWindow::Hashed(std::string(id)).hash);
+    REQUIRE(plain.Find(id, now) == hashed.Find(key, now));
+    ++seq;
+    const bool a = plain.Insert(id, seq, now);
+    const bool b = hashed.Insert(key, seq, now);
+    REQUIRE(a == b);
+    (a ? inserted : refused)++;
+    REQUIRE(plain.size() == hashed.size());
+    REQUIRE(plain.evicted() == hashed.evicted());
+    REQUIRE(hashed.size() <= 8);
+  }
+  CHECK(inserted > 500);
+  CHECK(refused > 500);
+  CHECK(hashed.evicted() > 0);
+
+  SECTION("a duplicate in a full window changes nothing") {
+    DuplicateWindow w(absl::Seconds(10), 2);
+    REQUIRE(w.Insert(DuplicateWindow::Hashed("a"), 1, 0));
+    REQUIRE(w.Insert(DuplicateWindow::Hashed("b"), 2, 0));
+    CHECK_FALSE(w.Insert(DuplicateWindow::Hashed("a"), 3, 1));
+    CHECK(w.evicted() == 0);
+    CHECK(w.Find("a", 1) == std::optional<std::uint64_t>(1));
+    CHECK(w.Find("b", 1) == std::optional<std::uint64_t>(2));
+    CHECK(w.Insert(DuplicateWindow::Hashed("c"), 4, 1));  // now the oldest goes
+    CHECK(w.evicted() == 1);
+    CHECK_FALSE(w.Find("a", 1).has_value());
+    CHECK(w.Find("c", 1) == std::optional<std::uint64_t>(4));
+  }
 }

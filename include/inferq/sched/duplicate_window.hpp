@@ -25,8 +25,9 @@
 /// Cost: Find O(1); Insert O(1) amortised plus the expired entries it removes;
 /// Expire O(expired), amortised. Entries sit in acceptance order in a deque that owns
 /// the ids, and an absl::flat_hash_map keyed by views of those ids finds them (one
-/// copy of each id). Memory: one entry per id accepted within the last window (about
-/// sizeof(std::string) + 56 bytes plus the id's bytes beyond the SSO buffer), at most
+/// copy of each id). An id is hashed once per publish: Hashed() gives the id with its
+/// hash for Find and Insert, and each entry keeps its hash for its removal. Memory: one entry per id accepted within the last window (about
+/// sizeof(std::string) + 72 bytes plus the id's bytes beyond the SSO buffer), at most
 /// `max_entries` of them: a new id beyond that forgets the oldest before its window
 /// ends (counted by evicted()). When expiry leaves the hash table less than a quarter
 /// full it is shrunk, so the memory of a burst of ids goes back to the allocator once
@@ -51,6 +52,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 
@@ -91,9 +93,25 @@ class DuplicateWindow {
   DuplicateWindow(const DuplicateWindow&) = delete;
   DuplicateWindow& operator=(const DuplicateWindow&) = delete;
 
+  /// A message id and its hash, for a caller that looks an id up and then inserts
+  /// it: the hash is computed once (Hashed), not per call. The view must stay valid
+  /// for the call it is passed to only.
+  struct HashedId {
+    std::string_view id;
+    std::size_t hash = 0;
+  };
+  /// `msg_id` with its hash (absl::Hash of the bytes).
+  static HashedId Hashed(std::string_view msg_id) {
+    return {msg_id, absl::Hash<std::string_view>{}(msg_id)};
+  }
+
   /// The sequence msg_id was accepted with, if it was accepted within the window
   /// ending at now_ns; expired entries are not found even before Expire removes them.
   std::optional<std::uint64_t> Find(std::string_view msg_id, std::int64_t now_ns) const {
+    return Find(Hashed(msg_id), now_ns);
+  }
+  /// Find, for an id hashed already (`msg_id.hash` must be Hashed(msg_id.id).hash).
+  std::optional<std::uint64_t> Find(const HashedId& msg_id, std::int64_t now_ns) const {
     auto it = ids_.find(msg_id);
     if (it == ids_.end() || std::max(now_ns, now_ns_) >= it->second.expires_ns) {
       return std::nullopt;
@@ -106,21 +124,12 @@ class DuplicateWindow {
   /// with nothing changed (the window is not extended), when msg_id is already in
   /// the window.
   bool Insert(std::string msg_id, std::uint64_t seq, std::int64_t now_ns) {
-    Expire(now_ns);
-    if (ids_.contains(msg_id)) return false;
-    if (order_.size() >= max_entries_) {
-      ids_.erase(std::string_view(order_.front().msg_id));
-      order_.pop_front();
-      ++evicted_;
-    }
-    const std::int64_t expires =
-        now_ns_ > INT64_MAX - window_ns_ ? INT64_MAX : now_ns_ + window_ns_;
-    if (!order_.empty() && seq <= order_.back().seq) ascending_ = false;
-    order_.push_back(Record{std::move(msg_id), seq, expires});
-    // The view is taken once the id sits in the deque: deque elements never move
-    // when the deque grows or shrinks at its ends.
-    ids_.emplace(std::string_view(order_.back().msg_id), Value{seq, expires});
-    return true;
+    const std::size_t hash = Hashed(msg_id).hash;
+    return InsertOwned(std::move(msg_id), hash, seq, now_ns);
+  }
+  /// Insert, for an id hashed already (as Find's); the window copies its bytes.
+  bool Insert(const HashedId& msg_id, std::uint64_t seq, std::int64_t now_ns) {
+    return InsertOwned(std::string(msg_id.id), msg_id.hash, seq, now_ns);
   }
 
   /// Removes every entry whose window ended at or before now_ns; returns how many.
@@ -129,7 +138,7 @@ class DuplicateWindow {
     std::size_t removed = 0;
     // Acceptance times never decrease, so the deque is in expiry order.
     while (!order_.empty() && order_.front().expires_ns <= now_ns_) {
-      ids_.erase(std::string_view(order_.front().msg_id));
+      ids_.erase(KeyOf(order_.front()));
       order_.pop_front();
       ++removed;
     }
@@ -152,8 +161,7 @@ class DuplicateWindow {
     const std::int64_t now = std::max(now_ns, now_ns_);
     for (const Record& r : order_) {
       if (r.expires_ns <= now) continue;
-      auto it = ids_.find(std::string_view(r.msg_id));
-      f(std::string_view(r.msg_id), it->second.seq, r.expires_ns - window_ns_);
+      f(std::string_view(r.msg_id), r.seq, r.expires_ns - window_ns_);
     }
   }
 
@@ -198,7 +206,7 @@ class DuplicateWindow {
     values.reserve(order_.size());
     keep.reserve(order_.size());
     for (const Record& r : order_) {
-      const Value& v = ids_.at(std::string_view(r.msg_id));
+      const Value& v = ids_.at(KeyOf(r));
       keep.push_back(v.seq <= seq);
       if (keep.back()) values.push_back(v);
     }
@@ -208,9 +216,7 @@ class DuplicateWindow {
       if (keep[i]) kept.push_back(std::move(order_[i]));
     }
     order_ = std::move(kept);
-    for (std::size_t i = 0; i < order_.size(); ++i) {
-      ids_.emplace(std::string_view(order_[i].msg_id), values[i]);
-    }
+    for (std::size_t i = 0; i < order_.size(); ++i) ids_.emplace(KeyOf(order_[i]), values[i]);
   }
 
   /// Ids forgotten before their window ended because max_entries was reached.
@@ -230,11 +236,43 @@ class DuplicateWindow {
     std::string msg_id;
     std::uint64_t seq;  ///< as in the map's Value (for ForEachInRange's search)
     std::int64_t expires_ns;
+    std::size_t hash;   ///< Hashed(msg_id).hash, for the map
   };
   struct Value {
     std::uint64_t seq;
     std::int64_t expires_ns;  ///< acceptance + window, saturated
   };
+  // The map's key is a HashedId whose view points into order_'s id: it hashes as its
+  // stored hash and compares by the id's bytes.
+  struct KeyHash {
+    std::size_t operator()(const HashedId& k) const { return k.hash; }
+  };
+  struct KeyEq {
+    bool operator()(const HashedId& a, const HashedId& b) const { return a.id == b.id; }
+  };
+  static HashedId KeyOf(const Record& r) { return {std::string_view(r.msg_id), r.hash}; }
+
+  bool InsertOwned(std::string&& msg_id, std::size_t hash, std::uint64_t seq, std::int64_t now_ns) {
+    Expire(now_ns);
+    if (order_.size() >= max_entries_) {
+      // Full: the oldest goes, unless the id is already in (then nothing changes).
+      if (ids_.contains(HashedId{msg_id, hash})) return false;
+      ids_.erase(KeyOf(order_.front()));
+      order_.pop_front();
+      ++evicted_;
+    }
+    const std::int64_t expires =
+        now_ns_ > INT64_MAX - window_ns_ ? INT64_MAX : now_ns_ + window_ns_;
+    order_.push_back(Record{std::move(msg_id), seq, expires, hash});
+    // The view is taken once the id sits in the deque: deque elements never move
+    // when the deque grows or shrinks at its ends. One probe both checks and inserts.
+    if (!ids_.try_emplace(KeyOf(order_.back()), Value{seq, expires}).second) {
+      order_.pop_back();  // in the window already: nothing changes
+      return false;
+    }
+    if (order_.size() > 1 && seq <= order_[order_.size() - 2].seq) ascending_ = false;
+    return true;
+  }
 
   std::int64_t window_ns_ = 0;
   std::size_t max_entries_ = kMaxEntries;
@@ -242,7 +280,7 @@ class DuplicateWindow {
   std::int64_t now_ns_ = INT64_MIN;  ///< latest now_ns seen by Insert or Expire
   std::deque<Record> order_;         ///< acceptance order; owns the ids
   bool ascending_ = true;            ///< every Insert's seq above the one before
-  absl::flat_hash_map<std::string_view, Value> ids_;  ///< views into order_
+  absl::flat_hash_map<HashedId, Value, KeyHash, KeyEq> ids_;  ///< views into order_
 };
 
 }  // namespace inferq

@@ -426,7 +426,8 @@ absl::StatusOr<std::size_t> Member::GatherBatch(std::size_t max_batch, absl::Dur
   Lane& lane = *consumer_->lanes[index_];
   // What this batch popped without waking a publisher blocked on the full lane: it
   // wakes them once, at the end or before it waits (never waits on them asleep).
-  // The deliveries' latencies are recorded then too (DeliveryRun).
+  // The latencies of what it takes without waiting are recorded then too
+  // (DeliveryRun); a pull that waits records its own at once.
   std::size_t quiet = 0;
   DeliveryRun run{&lane, {}};
   struct Scope {  // also when a pull throws (a lifecycle's store)
@@ -437,7 +438,12 @@ absl::StatusOr<std::size_t> Member::GatherBatch(std::size_t max_batch, absl::Dur
       t_delivery_run = prev;
     }
   } scope{t_delivery_run, &run};
-  t_delivery_run = &run;
+  auto pop_now = [&](Message& m) {  // deadline 0: never waits
+    t_delivery_run = &run;
+    const bool got = PopOne(0, m, engine_now, /*describe=*/false, &quiet).ok();
+    t_delivery_run = scope.prev;
+    return got;
+  };
   auto wake_pushers = [&] {
     lane.ring.wake_pushers(quiet);
     quiet = 0;
@@ -448,7 +454,7 @@ absl::StatusOr<std::size_t> Member::GatherBatch(std::size_t max_batch, absl::Dur
     Message& m = slots(n);
     // What is queued already is delivered at this batch's reading of the clock; one
     // that comes after a wait gets its own (PopOne's now_ns).
-    if (PopOne(0, m, engine_now, /*describe=*/false, &quiet).ok()) {
+    if (pop_now(m)) {
       commit(n++);
       continue;
     }

@@ -377,7 +377,7 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // Takes the stream's mutex as `flags` allow; false when the stream refused (a
   // blocked stream and a publish that must not wait) or deferred (a dead letter,
   // FlushOutbox) the event.
-  bool LockForPublish(StreamState& stream, std::unique_lock<std::mutex>& lock,
+  bool LockForPublish(StreamState& stream, std::unique_lock<engine_internal::StreamMutex>& lock,
                       const Event& incoming, const PublishFlags& flags, PublishTally& tally);
   // A refusal of the event by `stream`: counted in its stats when `count`.
   // `busy`: refused only because TryPublish does not wait (a full lane of a consumer

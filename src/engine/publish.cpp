@@ -67,7 +67,7 @@ PublishBatchResult Engine::PublishBatch(std::span<Event> events, std::span<Publi
     ~Restore() { engine_internal::t_deferred_wakes = outer; }
   } restore{std::exchange(engine_internal::t_deferred_wakes, &wakes)};
   // The run: the memory stream whose mutex this batch holds (nullptr: none).
-  std::unique_lock<std::mutex> lock;
+  std::unique_lock<engine_internal::StreamMutex> lock;
   StreamState* held = nullptr;
   // Ends the run, if any: lets go of its stream and wakes the pullers it held back.
   // Dead letters deferred to the outbox go out then too, waking their pullers at
@@ -105,7 +105,7 @@ PublishBatchResult Engine::PublishBatch(std::span<Event> events, std::span<Publi
       StreamState* stream = capturing[0].value;
       if (held != stream) {
         end_run();
-        lock = std::unique_lock<std::mutex>(stream->mu);
+        lock = std::unique_lock<engine_internal::StreamMutex>(stream->mu);
         held = stream;
       }
       Impl::PublishTally tally;
@@ -366,7 +366,7 @@ inline void Engine::Impl::Refuse(StreamState& stream, absl::Status why, bool cou
   if (tally.first_refusal.ok()) tally.first_refusal = std::move(why);
 }
 
-inline bool Engine::Impl::LockForPublish(StreamState& stream, std::unique_lock<std::mutex>& lock,
+inline bool Engine::Impl::LockForPublish(StreamState& stream, std::unique_lock<engine_internal::StreamMutex>& lock,
                                   const Event& incoming, const PublishFlags& flags,
                                   PublishTally& tally) {
   if (flags.wait) {

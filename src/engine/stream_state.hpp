@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <pthread.h>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -169,6 +170,35 @@ struct Purge {
   std::uint64_t removed_tx = 0;
 };
 
+// StreamState::mu: a mutex that spins a little before it sleeps (glibc's adaptive
+// mutex, PTHREAD_MUTEX_ADAPTIVE_NP: up to glibc.pthread.mutex_spin_count tries, 100
+// by default). Publishers hold it for a short critical section; several publishers of
+// one stream (the replicas of the main example) otherwise put each other to sleep
+// and pay a futex wake on every contended unlock. A std::mutex where glibc's adaptive
+// type is not available. Lockable: lock, try_lock, unlock.
+class StreamMutex {
+ public:
+  StreamMutex() = default;
+  StreamMutex(const StreamMutex&) = delete;
+  StreamMutex& operator=(const StreamMutex&) = delete;
+#if defined(PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP)
+  ~StreamMutex() { pthread_mutex_destroy(&m_); }
+  void lock() { pthread_mutex_lock(&m_); }
+  bool try_lock() { return pthread_mutex_trylock(&m_) == 0; }
+  void unlock() { pthread_mutex_unlock(&m_); }
+
+ private:
+  pthread_mutex_t m_ = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
+#else
+  void lock() { m_.lock(); }
+  bool try_lock() { return m_.try_lock(); }
+  void unlock() { m_.unlock(); }
+
+ private:
+  std::mutex m_;
+#endif
+};
+
 struct StreamState {
   StreamConfig config;
   // kFile: config.directory made absolute and normal once, when the stream was added
@@ -183,7 +213,7 @@ struct StreamState {
   // again) never names the record of an earlier message. Constant once added.
   std::string incarnation;
 
-  std::mutex mu;
+  StreamMutex mu;
   // The stored messages, in ascending seq, when the stream needs them at hand
   // (KeepsIndex); otherwise empty, and a message lives as long as its deliveries.
   // kFile: always empty; `index` holds the stored messages instead.
@@ -440,7 +470,7 @@ struct StreamState {
   // Locks mu for a publish that must not wait: spins (yielding) while a publisher
   // holds mu for its short critical section; false, with mu not held, when the
   // holder is blocked on a full lane.
-  bool LockUnlessBlocked(std::unique_lock<std::mutex>& lock) {
+  bool LockUnlessBlocked(std::unique_lock<StreamMutex>& lock) {
     while (!lock.try_lock()) {
       // acquire: pairs with the increment the blocked publisher makes before waiting.
       if (blocked_publishers.load(std::memory_order_acquire) > 0) return false;

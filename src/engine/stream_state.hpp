@@ -52,10 +52,9 @@ namespace engine_internal {
 struct Admission {
   std::optional<std::uint64_t> duplicate_of;
   absl::Status refusal;
-  // The event's msg_id hash when the duplicate window looked it up (0: it did not),
-  // for Append's insert of the same id: one hash per publish.
-  std::size_t msg_id_hash = 0;
-  bool hashed = false;
+  // The event's msg_id hash when the duplicate window looked it up, for Append's
+  // insert of the same id: one hash per publish.
+  std::optional<std::size_t> msg_id_hash;
 };
 
 // kFile: what a file stream keeps in memory of one stored message; its event is in
@@ -781,7 +780,6 @@ struct StreamState {
       dedup->Expire(now);
       const DuplicateWindow::HashedId id = DuplicateWindow::Hashed(incoming.msg_id);
       a.msg_id_hash = id.hash;
-      a.hashed = true;
       if (std::optional<std::uint64_t> original = dedup->Find(id, now)) {
         a.duplicate_of = original;
         return a;
@@ -845,8 +843,8 @@ struct StreamState {
     last_seq.store(record->seq, std::memory_order_relaxed);
     if (dedup != nullptr && !record->event->msg_id.empty() && record_duplicate) {
       const std::string& id = record->event->msg_id;
-      if (admitted.hashed) {  // Admit hashed this id (the record holds the same bytes)
-        dedup->Insert(DuplicateWindow::HashedId{id, admitted.msg_id_hash}, record->seq, now);
+      if (admitted.msg_id_hash) {  // Admit hashed this id (the record holds the same bytes)
+        dedup->Insert(DuplicateWindow::HashedId{id, *admitted.msg_id_hash}, record->seq, now);
       } else {
         dedup->Insert(id, record->seq, now);
       }

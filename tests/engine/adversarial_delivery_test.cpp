@@ -430,6 +430,65 @@ TEST_CASE("stress: ack/nak/term/InProgress/expiry/backoff/max_deliver with the t
   engine->Close();
 }
 
+TEST_CASE("stress: pullers waiting for a max_ack_pending slot are woken by acks on another thread",
+          "[stress]") {
+  // Unsettle notifies only while a puller waits (slot_waiters): a lost wake-up leaves
+  // a puller asleep until its 30 s timeout, which fails the test (a wake-up normally
+  // takes microseconds; 30 s is far beyond what load 10 on 2 cores delays it).
+  auto engine = Engine::Create().value();
+  REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+  // One member pulled by four threads: a puller that holds the slot always finds a
+  // message until the last one (with a lane per puller, one whose lane ran empty
+  // would hold the only slot while the others wait: the engine's semantics, not a
+  // lost wake-up).
+  auto c = engine->AddConsumer({.stream = "S", .name = "c", .members = 1, .lane_capacity = 4096,
+                                .max_ack_pending = 1});
+  REQUIRE(c.ok());
+  constexpr int kN = 2000;
+  for (int i = 0; i < kN; ++i) REQUIRE(engine->Publish(Ev("work.a")).ok());
+  std::mutex mu;
+  std::vector<Message> handed;  // pulled, for the acker thread
+  std::atomic<int> pulled{0}, timed_out{0}, other_errors{0};
+  std::vector<std::thread> pullers;
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    pullers.emplace_back([&] {
+      Member m = *c->member(0);
+      for (;;) {
+        auto r = m.Next(absl::Seconds(30));
+        if (!r.ok()) {
+          if (r.status().code() == absl::StatusCode::kDeadlineExceeded) timed_out.fetch_add(1);
+          else if (r.status().code() != absl::StatusCode::kCancelled) other_errors.fetch_add(1);
+          return;  // Cancelled: the engine closed after the last ack
+        }
+        pulled.fetch_add(1);
+        std::lock_guard lock(mu);
+        handed.push_back(*std::move(r));
+      }
+    });
+  }
+  int acked = 0;
+  std::thread acker([&] {
+    while (acked < kN && timed_out.load() == 0) {
+      std::vector<Message> batch;
+      {
+        std::lock_guard lock(mu);
+        batch.swap(handed);
+      }
+      for (Message& m : batch) {
+        if (m.Ack().ok()) ++acked;
+      }
+      if (batch.empty()) std::this_thread::yield();
+    }
+  });
+  acker.join();
+  engine->Close();  // wakes the pullers still waiting for a slot: Cancelled
+  for (auto& t : pullers) t.join();
+  CHECK(timed_out.load() == 0);
+  CHECK(other_errors.load() == 0);
+  CHECK(acked == kN);
+  CHECK(pulled.load() == kN);
+}
+
 TEST_CASE("stress: max_ack_pending is never exceeded by several pullers", "[stress]") {
   auto engine = Engine::Create().value();
   REQUIRE(engine->AddStream({.name = "S", .subjects = {"work.>"}}).ok());

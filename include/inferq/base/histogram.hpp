@@ -158,12 +158,7 @@ class Histogram {
     counts_[histogram_internal::BucketOf(v)].fetch_add(1, std::memory_order_relaxed);
     count_.fetch_add(1, std::memory_order_relaxed);
     sum_.fetch_add(v, std::memory_order_relaxed);
-    std::uint64_t cur = min_.load(std::memory_order_relaxed);
-    while (v < cur && !min_.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
-    }
-    cur = max_.load(std::memory_order_relaxed);
-    while (v > cur && !max_.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
-    }
+    Widen(v, v);
   }
 
   /// Records every value of `values`, as Record does each, with fewer atomic adds:
@@ -198,12 +193,7 @@ class Histogram {
     }
     count_.fetch_add(values.size(), std::memory_order_relaxed);
     sum_.fetch_add(sum, std::memory_order_relaxed);
-    std::uint64_t cur = min_.load(std::memory_order_relaxed);
-    while (lo < cur && !min_.compare_exchange_weak(cur, lo, std::memory_order_relaxed)) {
-    }
-    cur = max_.load(std::memory_order_relaxed);
-    while (hi > cur && !max_.compare_exchange_weak(cur, hi, std::memory_order_relaxed)) {
-    }
+    Widen(lo, hi);
   }
 
   /// A copy of the counters. Its min() and max() are widened to the bounds of the
@@ -240,6 +230,16 @@ class Histogram {
   std::uint64_t count() const { return count_.load(std::memory_order_relaxed); }
 
  private:
+  // min_ down to lo and max_ up to hi (relaxed, as the counters).
+  void Widen(std::uint64_t lo, std::uint64_t hi) {
+    std::uint64_t cur = min_.load(std::memory_order_relaxed);
+    while (lo < cur && !min_.compare_exchange_weak(cur, lo, std::memory_order_relaxed)) {
+    }
+    cur = max_.load(std::memory_order_relaxed);
+    while (hi > cur && !max_.compare_exchange_weak(cur, hi, std::memory_order_relaxed)) {
+    }
+  }
+
   std::array<std::atomic<std::uint64_t>, histogram_internal::kBuckets> counts_{};
   std::atomic<std::uint64_t> count_{0};
   std::atomic<std::uint64_t> sum_{0};

@@ -25,8 +25,9 @@
 /// Cost: Find O(1); Insert O(1) amortised plus the expired entries it removes;
 /// Expire O(expired), amortised. Entries sit in acceptance order in a deque that owns
 /// the ids, and an absl::flat_hash_map keyed by views of those ids finds them (one
-/// copy of each id). An id is hashed once per publish: Hashed() gives the id with its
-/// hash for Find and Insert, and each entry keeps its hash for its removal. Memory: one entry per id accepted within the last window (about
+/// copy of each id). A caller that looks an id up and then inserts it hashes it once
+/// (Hashed, then Find and Insert of the HashedId); each entry keeps its hash for its
+/// removal. Memory: one entry per id accepted within the last window (about
 /// sizeof(std::string) + 72 bytes plus the id's bytes beyond the SSO buffer), at most
 /// `max_entries` of them: a new id beyond that forgets the oldest before its window
 /// ends (counted by evicted()). When expiry leaves the hash table less than a quarter

@@ -17,7 +17,7 @@ cluster_demo --limit 2000 --speed 5 with the options given (a later --limit or
 --speed wins). The replay takes about two minutes; on a fresh machine the package
 install and the build before it take about four more (2 vCPUs). cluster_demo's own
 options (--servers, --replica-processes, --replicas, --limit, --speed, --json,
---kill-node, --kill-replica, --outage, --inference-server) are described below.
+--kill-node, --kill-replica, --outage, --timeout, --inference-server) are described below.
 Exit status: the client's (0: every request completed, no token lost), 1 when a
 replica process that was not killed failed, or the failing step's.
 USAGE

@@ -235,6 +235,14 @@ class NatsCluster {
     }
     return true;
   }
+  // Stops every server at once, as a whole cluster going down: SIGTERM to all (a clean
+  // shutdown: each flushes its JetStream store), then each reaped (SIGKILL after 10 s).
+  void StopAll() {
+    for (auto& s : servers_) {
+      if (s->running()) ::kill(s->pid(), SIGTERM);
+    }
+    for (auto& s : servers_) s->Stop();
+  }
   NatsServer& server(int i) { return *servers_[static_cast<std::size_t>(i)]; }
   int size() const { return static_cast<int>(servers_.size()); }
   std::vector<std::string> urls() const {

@@ -15,6 +15,10 @@
 //   log_view  log_core with a compact slot instead of a whole Event (an interned
 //             subject id, seq_no, publish time, the payload's Buffer), written from
 //             the fields as an EventView publish would: the floor of that design
+//   log_group log_view consumed through a GroupCursor (a consumer group's cursor): a
+//             claim of one sequence per event, the ack as a bit, ack_wait 30 s with the
+//             timer's Tick and Expire and the log's trim behind lowest_held once per
+//             32 events: the redesign's consumer without the engine around it
 // The engine runs with manual timers (nothing fires), so a run is the same work every
 // time. A second thread waits, idle, for the whole run: glibc skips the lock prefix of
 // its mutexes while a process has one thread, and an engine never runs in such a
@@ -31,6 +35,7 @@
 #include <vector>
 
 #include "engine/ack_window.hpp"
+#include "engine/group_cursor.hpp"
 #include "engine/message_log.hpp"
 #include "inferq/engine/engine.hpp"
 
@@ -52,7 +57,7 @@ inferq::Event MakeEvent(long i, bool msg_id) {
 int Usage() {
   std::fprintf(stderr,
                "usage: engine_budget WORKLOAD N (WORKLOAD: base, ack_wait, msg_id, batch32, "
-               "fanout4, log_core, log_view; N: events, a positive multiple of 32)\n");
+               "fanout4, log_core, log_view, log_group; N: events, a positive multiple of 32)\n");
   return 2;
 }
 
@@ -99,11 +104,41 @@ int RunLogView(long n) {
   });
 }
 
+// log_group (above): 0 when every event was published, claimed, read and acked once.
+int RunLogGroup(long n) {
+  using inferq::engine_internal::GroupCursor;
+  using inferq::engine_internal::LogRead;
+  using inferq::engine_internal::MessageLog;
+  static const std::string payload(kPayloadBytes, 'x');
+  MessageLog<CompactSlot> log(10, 1);
+  GroupCursor group({.window_word_bits = 7, .start = 1, .ack_wait_ns = 30'000'000'000});
+  MessageLog<CompactSlot>::Reader reader(log);
+  long ok = 0;
+  for (long i = 0; i < n; ++i) {
+    const std::uint64_t seq = log.Claim(1);
+    ok += log.Publish(seq, CompactSlot{1, static_cast<std::uint64_t>(i), i, inferq::Buffer::FromString(payload)});
+    const GroupCursor::Range claimed = group.Claim(1, seq + 1);
+    MessageLog<CompactSlot>::Ref r;
+    if (claimed.size() == 1 && reader.Read(claimed.first, r) == LogRead::kReady &&
+        r->seq_no == static_cast<std::uint64_t>(i)) {
+      ok += group.Ack(r.seq());
+    }
+    if ((i & 31) == 31) {
+      group.Tick(i);    // the timer, once per 32 events; nothing is 30 s old
+      group.Expire(i);
+      log.TrimBefore(group.lowest_held());
+    }
+  }
+  std::printf("log_group: %ld of %ld publishes and acks succeeded\n", ok, 2 * n);
+  return ok == 2 * n ? 0 : 1;
+}
+
 // Runs the workload on an engine of its own: 0 when every publish and ack succeeded,
 // 1 otherwise.
 int Run(const std::string& workload, long n) {
   if (workload == "log_core") return RunLogCore(n);
   if (workload == "log_view") return RunLogView(n);
+  if (workload == "log_group") return RunLogGroup(n);
   const bool ack_wait = workload == "ack_wait" || workload == "msg_id";
   const bool msg_id = workload == "msg_id";
   const int consumers = workload == "fanout4" ? 4 : 1;
@@ -167,7 +202,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (workload != "base" && workload != "ack_wait" && workload != "msg_id" && workload != "batch32" &&
-      workload != "fanout4" && workload != "log_core" && workload != "log_view") {
+      workload != "fanout4" && workload != "log_core" && workload != "log_view" &&
+      workload != "log_group") {
     std::fprintf(stderr, "engine_budget: unknown workload '%s'\n", workload.c_str());
     return Usage();
   }

@@ -50,6 +50,9 @@ BUDGETS = {
     # log_core with a compact slot written from the fields (what an EventView publish
     # writes): the floor of that representation.
     "log_view": (300, 3),
+    # log_view consumed through a consumer group's cursor (claim, ack bit, timer
+    # samples): the redesign's consumer on top of that floor.
+    "log_group": (350, 3),
 }
 
 LOCKED = re.compile(r"^\s*([0-9a-f]+):\s+(lock\s+\S+|xchg\S*\s+.*\(.*)")

@@ -1,0 +1,324 @@
+// File: src/engine/group_cursor.hpp (not API)
+//
+// GroupCursor: a consumer group's position in its stream's log (MessageLog), the
+// consumer of the engine-core redesign. Members claim ranges of sequences from one
+// shared cursor with one CAS per batch (LMAX Disruptor's WorkProcessors share a
+// sequence the same way); each sequence is settled by one bit of an AckWindow (an ack,
+// a term, a filter that skips it); what leaves the window unacked (a nak, an
+// InProgress, an ack_wait that ran out, a straggler held past the window) moves to a
+// small overflow map, which then owns it (JetStream's pending map is the model: the
+// common path never touches it).
+//
+// Redelivery by time costs the claim nothing: a timer thread samples the cursor once
+// per tick (Tick), and Expire(now) takes every sequence still unsettled that was
+// claimed before the sample of at least ack_wait ago. So a message comes back no
+// earlier than ack_wait after its claim and no later than ack_wait plus one tick.
+//
+//   GroupCursor g({.window_word_bits = 7, .start = 1, .ack_wait_ns = 30'000'000'000});
+//   GroupCursor::Range r = g.Claim(/*n=*/32, /*published_end=*/log_end);  // any member
+//   for (std::uint64_t s = r.first; s < r.end; ++s) Deliver(s);          // attempt 1
+//   g.Ack(s);                                   // true: this call settled s
+//   g.Nak(s, now + delay);                      // to the overflow map, due then
+//   g.Tick(now); g.Expire(now);                 // the timer thread
+//   g.TakeDue(now, out, dead);                  // redeliveries (attempt > 1), dead letters
+//
+// Thread safety: Claim, Ack, Nak, InProgress, TakeDue, Spill and the readers may be
+// called from any number of threads at once. Tick and Expire are the timer's: one
+// thread at a time (they share the samples).
+//
+// Invariants:
+//  1. next_ is the first sequence no member has claimed; Claim moves it up with one
+//     CAS, and never to or past window().floor() + W, so every claimed, unsettled
+//     sequence has a bit in the window.
+//  2. A sequence is settled (its bit set) exactly once (AckWindow inv. 3: the first
+//     TrySet wins). Who sets it decides what happens to it: Ack/term/skip (done), or a
+//     move to the overflow map (Nak, InProgress, Expire, Spill), which holds mu_ from
+//     before its TrySet until the entry is in the map. So a sequence is, at any time,
+//     either unsettled (held by the member it was claimed by, attempt 1), or in the
+//     map, or done; never two of them, as seen by any thread holding mu_.
+//  3. An Ack whose TrySet loses takes mu_ (so a move in progress has finished) and
+//     looks the sequence up: found, it erases it and wins; not found, it was done
+//     already (false). An ack whose TrySet wins before a racing Expire's wins, and
+//     nothing is redelivered; one that comes after still settles the held entry.
+//  4. samples_ (the timer's) hold {next_, time} pairs in increasing order; expired_ is
+//     the sequence below which every claim is at least ack_wait old and was expired.
+//  5. overflow_count_ mirrors map_.size() (written under mu_), so that readers that
+//     only need "is anything in the map" take no lock.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "inferq/base/cache_line.hpp"
+#include "ack_window.hpp"
+
+namespace inferq::engine_internal {
+
+class GroupCursor {
+ public:
+  static constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max();
+
+  struct Options {
+    // The window: W = 32 * 2^window_word_bits sequences claimed and unsettled at
+    // most (AckWindow), 0..20.
+    unsigned window_word_bits = 7;
+    // The first sequence to deliver (a consumer's start); those below are settled.
+    std::uint64_t start = 1;
+    // ns after its claim (or its last InProgress, or its redelivery) at which an
+    // unacked message is delivered again; 0: never by time.
+    std::int64_t ack_wait_ns = 0;
+    // Deliveries at most, the first included; past it, TakeDue hands the message out
+    // as a dead letter. 0: unlimited.
+    std::uint32_t max_deliver = 0;
+  };
+
+  // Sequences [first, end), claimed by one member.
+  struct Range {
+    std::uint64_t first = 0;
+    std::uint64_t end = 0;
+    std::uint64_t size() const { return end - first; }
+    bool empty() const { return end == first; }
+  };
+
+  // A message of the overflow map handed out again (TakeDue): its sequence and the
+  // delivery it is (2 for the first redelivery).
+  struct Redelivery {
+    std::uint64_t seq = 0;
+    std::uint32_t attempt = 0;
+  };
+
+  // Throws std::invalid_argument for window_word_bits > 20, start 0 or ack_wait_ns < 0.
+  explicit GroupCursor(const Options& o)
+      : options_(Checked(o)), window_(o.window_word_bits, o.start), next_(o.start), expired_(o.start) {}
+  GroupCursor(const GroupCursor&) = delete;
+  GroupCursor& operator=(const GroupCursor&) = delete;
+
+  // Claims up to `n` sequences below `published_end` (the log's first unpublished
+  // sequence) and below floor() + W (inv. 1): one CAS. Empty when none is there, or
+  // the window is full (Spill makes room).
+  Range Claim(std::uint64_t n, std::uint64_t published_end) {
+    std::uint64_t first = next_.load(std::memory_order_relaxed);
+    for (;;) {
+      const std::uint64_t limit = std::min(published_end, window_.floor() + window_.capacity());
+      if (first >= limit || n == 0) return {first, first};
+      const std::uint64_t end = first + std::min(n, limit - first);
+      // Relaxed is enough: the claim orders nothing but itself (the log's slots are
+      // published by their own release stores, read by the claimer with acquire).
+      if (next_.compare_exchange_weak(first, end, std::memory_order_relaxed)) return {first, end};
+    }
+  }
+
+  // Acks (or terminates, or skips) `seq`: true when this call settled it, false when
+  // it was settled already (a second ack, or an ack of a message already done).
+  bool Ack(std::uint64_t seq) {
+    if (window_.TrySet(seq)) return true;
+    return EraseHeld(seq);
+  }
+
+  // Acks the sequences of `mask` in the word at `base` (a multiple of 32; bit i is
+  // base + i) with one CAS; those the window had settled already are acked one by
+  // one (Ack). Returns how many this call settled.
+  std::uint32_t AckWord(std::uint64_t base, std::uint32_t mask) {
+    const std::uint32_t set = window_.TrySetWord(base, mask);
+    std::uint32_t done = static_cast<std::uint32_t>(std::popcount(set));
+    for (std::uint32_t rest = mask & ~set; rest != 0; rest &= rest - 1) {
+      if (EraseHeld(base + static_cast<std::uint64_t>(std::countr_zero(rest)))) ++done;
+    }
+    return done;
+  }
+
+  // Naks `seq`: delivered again once `due_ns` has come (TakeDue). True when it was
+  // unsettled or held out (a redelivery); false when it was done already.
+  bool Nak(std::uint64_t seq, std::int64_t due_ns) { return Hold(seq, due_ns, /*out=*/false); }
+
+  // `seq` is being worked on: its ack deadline moves to now + ack_wait. True when it
+  // was unsettled or held out; false when it was done, or waits for redelivery.
+  bool InProgress(std::uint64_t seq, std::int64_t now_ns) {
+    return Hold(seq, options_.ack_wait_ns > 0 ? Add(now_ns, options_.ack_wait_ns) : kNever, /*out=*/true);
+  }
+
+  // Timer: samples the cursor at `now_ns` (inv. 4). Call once per tick; the tick is
+  // how late after ack_wait a message may come back.
+  void Tick(std::int64_t now_ns) {
+    if (options_.ack_wait_ns == 0) return;
+    const std::uint64_t claimed = next_.load(std::memory_order_relaxed);
+    if (!samples_.empty() && samples_.back().end == claimed) return;  // nothing claimed since
+    samples_.push_back({claimed, now_ns});
+  }
+
+  // Timer: every sequence claimed before a sample at least ack_wait old and still
+  // unsettled moves to the overflow map, due now (a word of the window per CAS).
+  // Returns how many moved.
+  std::size_t Expire(std::int64_t now_ns) {
+    if (options_.ack_wait_ns == 0) return 0;
+    std::uint64_t through = expired_;
+    while (!samples_.empty() && samples_.front().at_ns <= now_ns - options_.ack_wait_ns) {
+      through = std::max(through, samples_.front().end);
+      samples_.pop_front();
+    }
+    std::size_t moved = 0;
+    std::uint64_t s = std::max(expired_, window_.floor());
+    while (s < through) {
+      const std::uint64_t base = s & ~(AckWindow::kWordSeqs - 1);
+      const std::uint64_t word_end = std::min(base + AckWindow::kWordSeqs, through);
+      const std::uint64_t lo = s - base;
+      const std::uint64_t hi = word_end - base;
+      const std::uint64_t mask = ((std::uint64_t{1} << hi) - 1) & ~((std::uint64_t{1} << lo) - 1);
+      std::lock_guard lock(mu_);  // inv. 2: the move is one step for Ack
+      std::uint32_t taken = window_.TrySetWord(base, mask);
+      if (taken != 0) {
+        for (; taken != 0; taken &= taken - 1) {
+          map_.insert_or_assign(base + static_cast<std::uint64_t>(std::countr_zero(taken)),
+                                Entry{1, now_ns, false});
+          ++moved;
+        }
+        overflow_count_.store(map_.size(), std::memory_order_release);
+      }
+      s = word_end;
+    }
+    expired_ = std::max(expired_, through);
+    return moved;
+  }
+
+  // Makes room in a full window: every unsettled sequence of the floor's word moves
+  // to the overflow map, held out (attempt 1, its ack deadline kept by its claim's
+  // sample: now + ack_wait at most late by a tick, or none). Returns how many moved.
+  // For a straggler held longer than W later claims (memory stays bounded by W plus
+  // what the map holds).
+  std::size_t Spill(std::int64_t now_ns) {
+    const std::uint64_t base = window_.floor();
+    const std::int64_t deadline = options_.ack_wait_ns > 0 ? Add(now_ns, options_.ack_wait_ns) : kNever;
+    std::lock_guard lock(mu_);  // inv. 2
+    std::uint32_t taken = window_.TrySetWord(base, 0xffff'ffffULL);
+    if (taken == 0) return 0;
+    std::size_t moved = 0;
+    for (; taken != 0; taken &= taken - 1) {
+      map_.insert_or_assign(base + static_cast<std::uint64_t>(std::countr_zero(taken)), Entry{1, deadline, true});
+      ++moved;
+    }
+    overflow_count_.store(map_.size(), std::memory_order_release);
+    return moved;
+  }
+
+  // Hands out the held messages whose time has come, oldest sequence first, at most
+  // `max`: those waiting for redelivery (a nak's delay, an expiry) and those held out
+  // whose ack deadline passed. Each goes to `out` as its next delivery (held out
+  // again, ack deadline now + ack_wait), or, past max_deliver, to `dead` (removed).
+  void TakeDue(std::int64_t now_ns, std::vector<Redelivery>& out, std::vector<Redelivery>& dead,
+               std::size_t max = std::numeric_limits<std::size_t>::max()) {
+    if (overflow_count_.load(std::memory_order_acquire) == 0) return;
+    const std::int64_t deadline = options_.ack_wait_ns > 0 ? Add(now_ns, options_.ack_wait_ns) : kNever;
+    std::lock_guard lock(mu_);
+    for (auto it = map_.begin(); it != map_.end() && out.size() < max;) {
+      Entry& e = it->second;
+      if (e.due_ns > now_ns) {
+        ++it;
+        continue;
+      }
+      const std::uint32_t next = e.attempt + 1;
+      if (options_.max_deliver > 0 && next > options_.max_deliver) {
+        dead.push_back({it->first, e.attempt});
+        it = map_.erase(it);
+        continue;
+      }
+      e = Entry{next, deadline, true};
+      out.push_back({it->first, next});
+      ++it;
+    }
+    overflow_count_.store(map_.size(), std::memory_order_release);
+  }
+
+  // Every sequence below it is settled and out of the map: what retention may trim
+  // up to (interest, work queue). A snapshot.
+  std::uint64_t lowest_held() const {
+    const std::uint64_t f = window_.first_unsettled();
+    if (overflow_count_.load(std::memory_order_acquire) == 0) return f;
+    std::lock_guard lock(mu_);
+    return map_.empty() ? f : std::min(f, map_.begin()->first);
+  }
+
+  // The first sequence not claimed yet.
+  std::uint64_t next() const { return next_.load(std::memory_order_relaxed); }
+  // The window's ack floor (a multiple of 32).
+  std::uint64_t floor() const { return window_.floor(); }
+  // Messages the overflow map holds (snapshot).
+  std::size_t held() const { return overflow_count_.load(std::memory_order_acquire); }
+  // True when `seq` is in the overflow map.
+  bool IsHeld(std::uint64_t seq) const {
+    std::lock_guard lock(mu_);
+    return map_.contains(seq);
+  }
+  const Options& options() const { return options_; }
+
+ private:
+  struct Entry {
+    std::uint32_t attempt = 1;  // deliveries so far
+    std::int64_t due_ns = 0;    // out: ack deadline; waiting: when to deliver again
+    bool out = false;           // delivered and not acked (else waiting)
+  };
+  struct Sample {
+    std::uint64_t end;  // next_ at the sample
+    std::int64_t at_ns;
+  };
+
+  static Options Checked(const Options& o) {
+    if (o.window_word_bits > 20) {
+      throw std::invalid_argument("GroupCursor window_word_bits must be 0..20, got " +
+                                  std::to_string(o.window_word_bits));
+    }
+    if (o.start == 0) throw std::invalid_argument("GroupCursor start must be at least 1, got 0");
+    if (o.ack_wait_ns < 0) {
+      throw std::invalid_argument("GroupCursor ack_wait_ns must not be negative, got " +
+                                  std::to_string(o.ack_wait_ns));
+    }
+    return o;
+  }
+  static std::int64_t Add(std::int64_t a, std::int64_t b) { return a > kNever - b ? kNever : a + b; }
+
+  // inv. 3: the map's part of an ack, after its TrySet lost (not the common path).
+  bool EraseHeld(std::uint64_t seq) {
+    std::lock_guard lock(mu_);
+    const bool erased = map_.erase(seq) > 0;
+    overflow_count_.store(map_.size(), std::memory_order_release);
+    return erased;
+  }
+
+  // Nak (out = false) or InProgress (out = true) of `seq` at `due_ns` (inv. 2).
+  bool Hold(std::uint64_t seq, std::int64_t due_ns, bool out) {
+    std::lock_guard lock(mu_);  // inv. 2
+    if (window_.TrySet(seq)) {
+      map_.insert_or_assign(seq, Entry{1, due_ns, out});
+      overflow_count_.store(map_.size(), std::memory_order_release);
+      return true;
+    }
+    auto it = map_.find(seq);
+    if (it == map_.end()) return false;
+    if (out && !it->second.out) return false;  // waiting for redelivery: not being worked on
+    it->second.due_ns = due_ns;
+    it->second.out = out;
+    return true;
+  }
+
+  const Options options_;
+  AckWindow window_;
+  alignas(kCacheLineSize) std::atomic<std::uint64_t> next_;
+  // The timer's (Tick, Expire): one thread at a time.
+  alignas(kCacheLineSize) std::deque<Sample> samples_;
+  std::uint64_t expired_;
+  // The overflow map (inv. 2, 3, 5).
+  alignas(kCacheLineSize) mutable std::mutex mu_;
+  absl::btree_map<std::uint64_t, Entry> map_;  // guarded by mu_
+  std::atomic<std::size_t> overflow_count_{0};
+};
+
+}  // namespace inferq::engine_internal

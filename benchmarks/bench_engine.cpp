@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -44,6 +45,8 @@
 
 #include "absl/time/time.h"
 #include "bench_util.hpp"
+#include "engine/group_cursor.hpp"
+#include "engine/message_log.hpp"
 #include "inferq/base/histogram.hpp"
 #include "inferq/engine/engine.hpp"
 #include "inferq/event/event.hpp"
@@ -235,6 +238,12 @@ BENCHMARK(BM_QosPickPriorityQueue)->Name("BM_QosPick/priority_queue");
 //                here: inferq's event build, a route by string compare, a sequence
 //                from an atomic, one record, a push on the lanes' ring, an ack as a
 //                store (FloorImpl says what it leaves out).
+//   log          the engine-core redesign's data path wired by hand, without the
+//                engine around it (LogImpl): a MessageLog of compact slots, members
+//                claiming ranges of a GroupCursor, acks as bits (one CAS per word of
+//                a batch), ack_wait 30 s with the timer's samples, the log trimmed
+//                behind the group's lowest held sequence. What the redesign can reach
+//                before the engine's routing, limits and stats are put back on it.
 // The peers move a struct {std::string subject; std::shared_ptr<const Payload>}
 // (one make_shared per event, as inferq allocates one payload Buffer and one Event
 // per event); they do not number, store or route events, keep no per-delivery
@@ -525,6 +534,111 @@ struct FloorImpl {
   alignas(64) std::atomic<std::int64_t> acked_{0};
 };
 
+// The redesign's data path (see "log" above). The publisher builds the same event
+// parts as FloorImpl (a subject string routed by compare, a 64-byte Buffer), claims a
+// sequence of the log and publishes a compact slot into it (an interned subject id
+// and the Buffer: no record allocation, no shared_ptr), then wakes a sleeping member
+// (an EventCount: no syscall while none sleeps). It waits while the group holds
+// kLaneCapacity x members sequences unsettled (the lanes' bound). A member claims up
+// to 32 published sequences with one CAS, reads each slot, acks the batch with one
+// CAS per word of the AckWindow, and trims the log behind the group's lowest held
+// sequence. Nothing is redelivered in a run (ack_wait 30 s); Tick and Expire run once
+// per pull, on the member, as the engine's timer would.
+struct LogImpl {
+  struct Slot {
+    std::uint32_t subject_id = 0;
+    inferq::Buffer payload;
+  };
+  using Log = inferq::engine_internal::MessageLog<Slot>;
+  using Cursor = inferq::engine_internal::GroupCursor;
+
+  LogImpl(int members, std::int64_t total, bool)
+      : capacity_(static_cast<std::uint64_t>(members) * kLaneCapacity),
+        log_(10, 1),
+        group_({.window_word_bits = static_cast<unsigned>(std::bit_width(capacity_ / 32) - 1),
+                .start = 1,
+                .ack_wait_ns = 30'000'000'000}),
+        total_(total) {
+    for (int m = 0; m < members; ++m) readers_.push_back(std::make_unique<Log::Reader>(log_));
+  }
+
+  void Publish(const Payload& p, std::int64_t) {
+    std::string subject = "e2e.work";
+    inferq::Buffer payload = inferq::Buffer::Copy(std::as_bytes(std::span(&p, 1)));
+    if (subject != routed_) Die("log: unrouted subject " + subject);  // route
+    const std::uint64_t seq = log_.Claim(1);
+    auto room = [&] { return seq < group_.floor() + capacity_; };
+    if (!room()) {
+      inferq::ring_internal::WaitUntil<inferq::BudgetedWait>(
+          space_, inferq::kNoDeadline, room, [] { return false; }, [] { return false; });
+    }
+    if (!log_.Publish(seq, Slot{1, std::move(payload)})) Die("log: publish failed");
+    // seq_cst: the change a sleeping member's re-check reads (event_count.hpp, inv. 2).
+    published_.store(seq + 1, std::memory_order_seq_cst);
+    data_.NotifyOne();
+  }
+  void Finish() {}
+
+  template <class F>
+  bool Pull(int m, F&& f) {
+    if (acked_.load(std::memory_order_relaxed) >= total_) return false;
+    Cursor::Range r;
+    auto claim = [&] {
+      r = group_.Claim(kMaxBatch, published_.load(std::memory_order_seq_cst));
+      return !r.empty();
+    };
+    if (!claim() &&
+        !inferq::ring_internal::WaitUntil<inferq::BudgetedWait>(
+            data_, NowNs() + 2'000'000, claim, [] { return false; },
+            [&] { return published_.load(std::memory_order_relaxed) > group_.next(); })) {
+      return true;
+    }
+    Log::Reader& reader = *readers_[static_cast<std::size_t>(m)];
+    for (std::uint64_t s = r.first; s < r.end; ++s) {
+      Log::Ref ref;
+      if (reader.Read(s, ref) != inferq::engine_internal::LogRead::kReady) Die("log: a claimed slot is not there");
+      Payload p;
+      const std::span<const std::byte> bytes = ref->payload.span();
+      if (bytes.size() != sizeof p) Die("payload size");
+      std::memcpy(&p, bytes.data(), sizeof p);
+      f(p);
+    }
+    // The acks: one CAS per word of the window the batch covers.
+    for (std::uint64_t s = r.first; s < r.end;) {
+      const std::uint64_t base = s & ~std::uint64_t{31};
+      const std::uint64_t end = std::min(r.end, base + 32);
+      const std::uint64_t mask = ((end - base == 32 ? 0 : std::uint64_t{1} << (end - base)) - 1) &
+                                 ~((std::uint64_t{1} << (s - base)) - 1);
+      if (group_.AckWord(base, static_cast<std::uint32_t>(mask)) != end - s) Die("log: an ack was refused");
+      s = end;
+    }
+    space_.NotifyOne();  // the publisher may wait for room
+    const std::int64_t now = NowNs();
+    {
+      std::unique_lock lock(timer_mu_, std::try_to_lock);  // the timer's: one thread at a time
+      if (lock.owns_lock()) {
+        group_.Tick(now);
+        group_.Expire(now);
+      }
+    }
+    log_.TrimBefore(group_.lowest_held());
+    acked_.fetch_add(static_cast<std::int64_t>(r.size()), std::memory_order_relaxed);
+    return true;
+  }
+
+  const std::uint64_t capacity_;
+  Log log_;
+  Cursor group_;
+  std::vector<std::unique_ptr<Log::Reader>> readers_;
+  const std::string routed_ = "e2e.work";
+  std::int64_t total_;
+  std::mutex timer_mu_;
+  alignas(64) std::atomic<std::uint64_t> published_{1};
+  alignas(64) inferq::ring_internal::EventCount data_;
+  alignas(64) inferq::ring_internal::EventCount space_;
+  alignas(64) std::atomic<std::int64_t> acked_{0};
+};
+
 // ---- the run ---------------------------------------------------------------------------
 
 struct RunResult {
@@ -675,6 +789,7 @@ const int kRegistered = [] {
   Register<InferqImpl>("inferq_qos", 4, true);
   Register<InferqAckNoneImpl>("inferq_ack_none", 1, false);
   Register<FloorImpl>("floor", 1, false);
+  for (const int m : {1, 4, 16}) Register<LogImpl>("log", m, false);
   return 0;
 }();
 

@@ -15,7 +15,9 @@
 // earlier than ack_wait after its claim and no later than ack_wait plus one tick.
 //
 //   GroupCursor g({.window_word_bits = 7, .start = 1, .ack_wait_ns = 30'000'000'000});
-//   GroupCursor::Range r = g.Claim(/*n=*/32, /*published_end=*/log_end);  // any member
+//   // published_end: with one publisher its last published sequence + 1; with
+//   // several, the member's MessageLog::Reader::ReadyEnd(g.next(), 32).
+//   GroupCursor::Range r = g.Claim(/*n=*/32, published_end);             // any member
 //   for (std::uint64_t s = r.first; s < r.end; ++s) Deliver(s);          // attempt 1
 //   g.Ack(s);                                   // true: this call settled s
 //   g.Nak(s, now + delay);                      // to the overflow map, due then

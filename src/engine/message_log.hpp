@@ -219,6 +219,41 @@ class MessageLog {
       out.seq_ = seq;
       return LogRead::kReady;
     }
+    // The end of the run of sequences from `from` (at most `max_n` of them) that
+    // need no publisher any more: published (removed or not), abandoned, or gone.
+    // What a consumer may claim without waiting on a publisher still writing its slot
+    // (the Disruptor's multi-producer availability scan): one acquire load per
+    // sequence, the segments pinned as Read pins them. `from` itself when it is not
+    // published yet.
+    std::uint64_t ReadyEnd(std::uint64_t from, std::uint64_t max_n) {
+      const std::uint64_t limit = from + std::min(max_n, ~std::uint64_t{0} - from);
+      std::uint64_t s = from;
+      while (s < limit) {
+        const std::uint64_t first = log_->first_.load(std::memory_order_acquire);
+        if (s < first) {  // trimmed: gone
+          s = std::min(limit, first);
+          continue;
+        }
+        const std::uint64_t index = s >> log_->bits_;
+        const std::uint64_t segment_end = (index + 1) << log_->bits_;
+        if (seg_ == nullptr || seg_->index.load(std::memory_order_relaxed) != index) {
+          Drop();
+          const LogRead found = log_->PinSegment(index, s, seg_);
+          if (found == LogRead::kGone) {  // the whole segment is gone
+            s = std::min(limit, segment_end);
+            continue;
+          }
+          if (found == LogRead::kNotYet) return s;  // not made: nothing in it is published
+        }
+        for (; s < limit && s < segment_end; ++s) {
+          // acquire: pairs with Publish's release store (inv. 1).
+          const std::uint64_t published = seg_->slot[s & (log_->slots_ - 1)].seq.load(std::memory_order_acquire);
+          if ((published & ~kAbandoned) != s) return s;
+        }
+      }
+      return s;
+    }
+
     // Lets the cached segment go (it may then be recycled).
     void Drop() {
       if (seg_ != nullptr) log_->Unpin(seg_);

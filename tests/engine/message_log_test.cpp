@@ -347,3 +347,71 @@ TEST_CASE("removing every message of a first segment that starts below the first
   CHECK(log.Remove(3));
   CHECK(Counted::live == 0);
 }
+
+TEST_CASE("ReadyEnd stops at the first slot a publisher still writes, and passes what is gone") {
+  Counted::live = 0;
+  {
+    MessageLog<Counted> log(2, 1);  // 4 slots a segment: [0,4) holds 1..3
+    MessageLog<Counted>::Reader reader(log);
+    CHECK(reader.ReadyEnd(1, 100) == 1);  // nothing claimed: segment 0 not made
+    REQUIRE(log.Claim(9) == 1);           // 1..9: segments 0, 1, 2
+    CHECK(reader.ReadyEnd(1, 100) == 1);  // claimed, not published
+    REQUIRE(log.Publish(1, 1u));
+    REQUIRE(log.Publish(2, 2u));
+    REQUIRE(log.Publish(4, 4u));
+    CHECK(reader.ReadyEnd(1, 100) == 3);  // 3 is still being written
+    CHECK(reader.ReadyEnd(1, 1) == 2);    // at most max_n
+    CHECK(reader.ReadyEnd(4, 100) == 5);
+    CHECK_THROWS_WITH(log.Publish(3, 3u, true), "constructor of 3 fails");  // abandoned
+    CHECK(reader.ReadyEnd(1, 100) == 5);  // an abandoned slot needs no publisher
+    for (std::uint64_t s = 5; s <= 9; ++s) REQUIRE(log.Publish(s, static_cast<unsigned>(s)));
+    CHECK(reader.ReadyEnd(1, 100) == 10);  // 10 is not claimed
+    CHECK(log.Remove(6));
+    CHECK(reader.ReadyEnd(5, 100) == 10);  // removed: published, nothing to wait for
+    reader.Drop();
+    log.TrimBefore(8);                     // segments 0 and 1 go
+    CHECK(reader.ReadyEnd(2, 100) == 10);  // trimmed: gone
+    CHECK(reader.ReadyEnd(2, 3) == 5);
+  }
+  CHECK(Counted::live == 0);
+}
+
+TEST_CASE("ReadyEnd under publishers publishing out of order: never past an unpublished slot") {
+  constexpr std::uint64_t kTotal = 100'000;
+  MessageLog<std::uint64_t> log(6, 1);
+  std::vector<std::thread> publishers;
+  std::atomic<bool> failed{false};  // Catch2's checks are for the test's own thread
+  for (int p = 0; p < 3; ++p) {
+    publishers.emplace_back([&, p] {
+      for (std::uint32_t k = static_cast<std::uint32_t>(p);; ++k) {
+        const std::uint32_t n = 1 + k % 7;
+        const std::uint64_t s = log.Claim(n);
+        if (s == 0) {
+          failed = true;
+          return;
+        }
+        // Published in reverse order, so a reader meets slots still being written.
+        for (std::uint64_t i = n; i-- > 0;) {
+          if (s + i <= kTotal && !log.Publish(s + i, s + i)) failed = true;
+        }
+        if (s + n > kTotal) return;
+      }
+    });
+  }
+  MessageLog<std::uint64_t>::Reader reader(log);
+  std::uint64_t next = 1, checked = 0;
+  while (next <= kTotal) {
+    const std::uint64_t end = std::min(reader.ReadyEnd(next, 64), kTotal + 1);
+    for (std::uint64_t s = next; s < end; ++s) {
+      MessageLog<std::uint64_t>::Ref r;
+      REQUIRE(reader.Read(s, r) == LogRead::kReady);  // everything before the end is there
+      REQUIRE(*r == s);
+      ++checked;
+    }
+    next = end;
+    if ((next & 1023) == 0) log.TrimBefore(next);
+  }
+  for (std::thread& t : publishers) t.join();
+  CHECK_FALSE(failed.load());
+  CHECK(checked == kTotal);
+}

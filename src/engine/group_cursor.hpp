@@ -82,6 +82,11 @@ class GroupCursor {
     // Deliveries at most, the first included; past it, TakeDue hands the message out
     // as a dead letter. 0: unlimited.
     std::uint32_t max_deliver = 0;
+    // Messages claimed and not settled, at most, counting what the overflow map
+    // holds (JetStream's max_ack_pending); 0: only the window bounds them. Counted
+    // from the lowest unsettled sequence, so an ack out of order frees room only
+    // once those below it are settled too: never more in flight, sometimes fewer.
+    std::uint64_t max_in_flight = 0;
   };
 
   // Sequences [first, end), claimed by one member.
@@ -106,12 +111,21 @@ class GroupCursor {
   GroupCursor& operator=(const GroupCursor&) = delete;
 
   // Claims up to `n` sequences below `published_end` (the log's first unpublished
-  // sequence) and below floor() + W (inv. 1): one CAS. Empty when none is there, or
-  // the window is full (Spill makes room).
+  // sequence), below floor() + W (inv. 1) and within max_in_flight: one CAS. Empty
+  // when none is there, the window is full (Spill makes room), or max_in_flight
+  // messages are out.
   Range Claim(std::uint64_t n, std::uint64_t published_end) {
     std::uint64_t first = next_.load(std::memory_order_relaxed);
     for (;;) {
-      const std::uint64_t limit = std::min(published_end, window_.floor() + window_.capacity());
+      std::uint64_t limit = std::min(published_end, window_.floor() + window_.capacity());
+      if (options_.max_in_flight > 0) {
+        // Unsettled: at most next_ - first_unsettled in the window, plus the map's
+        // entries; a move from the window to the map keeps the sum (inv. 2).
+        const std::uint64_t held = overflow_count_.load(std::memory_order_acquire);
+        limit = held >= options_.max_in_flight
+                    ? 0
+                    : std::min(limit, window_.first_unsettled() + (options_.max_in_flight - held));
+      }
       if (first >= limit || n == 0) return {first, first};
       const std::uint64_t end = first + std::min(n, limit - first);
       // Relaxed is enough: the claim orders nothing but itself (the log's slots are

@@ -318,3 +318,67 @@ TEST_CASE("stress: members, a timer and redeliveries at once settle every sequen
   CHECK(g.held() == 0);
   CHECK(g.lowest_held() == kTotal + 1);
 }
+
+TEST_CASE("max_in_flight bounds what is claimed and unsettled, the overflow map included") {
+  GroupCursor g({.window_word_bits = 2, .start = 1, .max_in_flight = 3});
+  GroupCursor::Range r = g.Claim(10, 100);
+  CHECK(r.first == 1);
+  CHECK(r.end == 4);              // 3 out
+  CHECK(g.Claim(10, 100).empty());
+  CHECK(g.Ack(2));                // out of order: 1 is still out, so no room yet
+  CHECK(g.Claim(10, 100).empty());
+  CHECK(g.Ack(1));                // 1 and 2 settled: 3 is out alone
+  r = g.Claim(10, 100);
+  CHECK(r.first == 4);
+  CHECK(r.end == 6);              // 3, 4, 5 out
+  CHECK(g.Nak(3, 1000));          // moved to the map: still counted
+  CHECK(g.Claim(10, 100).empty());
+  std::vector<Redelivery> out, dead;
+  g.TakeDue(1000, out, dead);     // redelivered: still counted
+  CHECK(Seqs(out) == std::vector<std::uint64_t>{3});
+  CHECK(g.Claim(10, 100).empty());
+  CHECK(g.Ack(3));                // settled in the map
+  r = g.Claim(10, 100);
+  CHECK(r.first == 6);
+  CHECK(r.end == 7);              // 4, 5, 6 out
+}
+
+TEST_CASE("stress: claims never put more than max_in_flight out") {
+  constexpr std::uint64_t kTotal = 100'000;
+  constexpr std::uint64_t kMax = 50;
+  GroupCursor g({.window_word_bits = 3, .start = 1, .max_in_flight = kMax});
+  std::atomic<std::int64_t> out{0};
+  std::atomic<std::int64_t> most{0};
+  std::atomic<std::uint64_t> done{0};
+  std::vector<std::thread> members;
+  for (int m = 0; m < 4; ++m) {
+    members.emplace_back([&, m] {
+      std::mt19937 rng(static_cast<std::uint32_t>(m + 7));
+      std::vector<std::uint64_t> mine;
+      while (done.load() < kTotal) {
+        const GroupCursor::Range r = g.Claim(1 + rng() % 8, kTotal + 1);
+        if (!r.empty()) {
+          const std::int64_t now_out = out.fetch_add(static_cast<std::int64_t>(r.size())) +
+                                       static_cast<std::int64_t>(r.size());
+          std::int64_t m_seen = most.load();
+          while (now_out > m_seen && !most.compare_exchange_weak(m_seen, now_out)) {
+          }
+          for (std::uint64_t s = r.first; s < r.end; ++s) mine.push_back(s);
+        }
+        // Ack a random one of what this member holds (out of order on purpose).
+        if (!mine.empty() && (r.empty() || rng() % 2 == 0)) {
+          const std::size_t i = rng() % mine.size();
+          const std::uint64_t s = mine[i];
+          mine[i] = mine.back();
+          mine.pop_back();
+          out.fetch_sub(1);  // before the ack makes room
+          if (g.Ack(s)) done.fetch_add(1);
+        }
+        if (r.empty() && mine.empty()) std::this_thread::yield();
+      }
+    });
+  }
+  for (std::thread& t : members) t.join();
+  CHECK(done.load() == kTotal);
+  CHECK(most.load() <= static_cast<std::int64_t>(kMax));
+}

@@ -115,6 +115,9 @@ nats::BridgeOptions Options(const ClusterConfig& config, std::string origin, std
   // form, as the streams are (a CI run: "JetStream pull consumer 'replicas' ...
   // Timeout" after one try).
   o.connection.jetstream_forming_wait = kFormingWait;
+  // A process that starts while every server is out of reach (the demo's --outage
+  // under load, a cluster restarting) waits for one as long, instead of failing.
+  o.connection.connect_wait = kFormingWait;
   o.origin = std::move(origin);
   return o;
 }
@@ -124,19 +127,27 @@ nats::BridgeOptions Options(const ClusterConfig& config, std::string origin, std
 namespace {
 
 // A connection to the cluster's servers and its JetStream context, for one short
-// task; `status` says whether it is usable.
+// task; `status` says whether it is usable. While no server is reachable, the
+// connection is tried again every 250 ms for `connect_wait`.
 struct JetStreamSession {
   natsOptions* opts = nullptr;
   natsConnection* nc = nullptr;
   jsCtx* js = nullptr;
   absl::Status status;
-  explicit JetStreamSession(const ClusterConfig& config) {
+  JetStreamSession(const ClusterConfig& config, absl::Duration connect_wait) {
     std::vector<const char*> urls;
     for (const std::string& s : config.servers) urls.push_back(s.c_str());
     natsStatus s = natsOptions_Create(&opts);
     if (s == NATS_OK) s = natsOptions_SetServers(opts, urls.data(), static_cast<int>(urls.size()));
     if (s == NATS_OK) s = natsOptions_SetTimeout(opts, 2000);
-    if (s == NATS_OK) s = natsConnection_Connect(&nc, opts);
+    const auto give_up = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(connect_wait);
+    while (s == NATS_OK) {
+      s = natsConnection_Connect(&nc, opts);
+      if (s != NATS_NO_SERVER || std::chrono::steady_clock::now() >= give_up) break;
+      nc = nullptr;
+      s = NATS_OK;
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
     if (s == NATS_OK) s = natsConnection_JetStream(&js, nc, nullptr);
     if (s != NATS_OK) {
       status = absl::UnavailableError("cannot reach NATS at '" + ServerList(config.servers) + "': " +
@@ -155,7 +166,7 @@ struct JetStreamSession {
 }  // namespace
 
 absl::Status EnsureReplayStreams(const ClusterConfig& config, bool purge) {
-  JetStreamSession session(config);
+  JetStreamSession session(config, kFormingWait);
   if (!session.status.ok()) return session.status;
   absl::Status out =
       EnsureStream(session.js, kRequestsJetStream, "infer." + config.model + ".request", config.stream_replicas, purge);
@@ -164,7 +175,7 @@ absl::Status EnsureReplayStreams(const ClusterConfig& config, bool purge) {
 }
 
 absl::StatusOr<std::uint64_t> MessagesInJetStream(const ClusterConfig& config) {
-  JetStreamSession session(config);
+  JetStreamSession session(config, absl::ZeroDuration());  // one try: the caller asks again
   if (!session.status.ok()) return session.status;
   std::uint64_t held = 0;
   for (const char* name : {kRequestsJetStream, kTokensJetStream}) {

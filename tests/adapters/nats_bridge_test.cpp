@@ -60,12 +60,52 @@ TEST_CASE("nats bridge: bad options and unreachable servers are refused") {
   REQUIRE_FALSE(b.ok());
   CHECK(std::string(b.status().message()) ==
         "BridgeOptions.connection.connect_timeout inf is not in 0..365 days (kMaxDuration)");
+  forming.connection.connect_timeout = absl::Seconds(2);
+  forming.connection.connect_wait = absl::Seconds(-2);
+  b = NatsBridge::Connect(*engine, forming);
+  REQUIRE_FALSE(b.ok());
+  CHECK(std::string(b.status().message()) ==
+        "BridgeOptions.connection.connect_wait -2s is not in 0..365 days (kMaxDuration)");
   BridgeOptions down;
   down.connection.servers = {"nats://127.0.0.1:" + std::to_string(inferq_test::FreeLoopbackPort())};
   b = NatsBridge::Connect(*engine, down);
   REQUIRE_FALSE(b.ok());
   CHECK(b.status().code() == absl::StatusCode::kUnavailable);
   CHECK(std::string(b.status().message()).rfind("cannot connect to NATS at '" + down.connection.servers[0] + "': ", 0) == 0);
+  // With a connect_wait, the error says how long and how often it tried.
+  down.connection.connect_wait = absl::Milliseconds(350);
+  down.connection.reconnect_wait = absl::Milliseconds(100);
+  b = NatsBridge::Connect(*engine, down);
+  REQUIRE_FALSE(b.ok());
+  CHECK(b.status().code() == absl::StatusCode::kUnavailable);
+  const std::string msg(b.status().message());
+  CHECK(msg.find("times for 350ms, ConnectionOptions.connect_wait)") != std::string::npos);
+  CHECK(msg.find(" (tried 1 times") == std::string::npos);  // more than one try
+}
+
+TEST_CASE("nats bridge: Connect tries again for connect_wait while no server listens") {
+  auto engine = NewEngine();
+  TempDir dir;
+  NatsServer server(dir.path());  // its port is chosen; it is not started yet
+  BridgeOptions o;
+  o.connection.servers = {server.url()};
+  o.connection.connect_wait = absl::Seconds(60);
+  o.connection.reconnect_wait = absl::Milliseconds(100);
+  std::atomic<bool> returned{false};
+  absl::StatusOr<std::unique_ptr<NatsBridge>> b = absl::UnknownError("not yet");
+  std::thread connecting([&] {
+    b = NatsBridge::Connect(*engine, o);
+    returned = true;
+  });
+  // Connect keeps trying while nothing listens (it would have failed at once).
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const bool waited = !returned.load();
+  const bool started = server.Start();
+  connecting.join();
+  CHECK(waited);
+  REQUIRE(started);
+  REQUIRE(b.ok());
+  CHECK((*b)->Stats().connected);
 }
 
 TEST_CASE_METHOD(OneServer, "nats bridge: export to JetStream acks locally only what JetStream stored") {

@@ -23,6 +23,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -110,6 +111,148 @@ inline void SignalAndReap(pid_t& pid, int sig) {
   }
   pid = -1;
 }
+
+// A TCP proxy on a free loopback port to `target_port` (a nats-server's client port):
+// whatever connects to port() is connected on to the target, and two threads per
+// connection copy the bytes both ways. Cut() closes every proxied connection and
+// refuses new ones (its listening socket closed) until Resume(): the network between
+// the processes and the server gone for a while, the server itself untouched (the
+// cluster demo's --outage).
+class LoopbackProxy {
+ public:
+  explicit LoopbackProxy(int target_port) : target_(target_port), port_(FreeLoopbackPort()) {}
+  ~LoopbackProxy() { Stop(); }
+  LoopbackProxy(const LoopbackProxy&) = delete;
+  LoopbackProxy& operator=(const LoopbackProxy&) = delete;
+
+  // Listens on port() and accepts. False when it cannot listen.
+  bool Start() {
+    std::lock_guard lock(mu_);
+    if (listener_ >= 0) return true;
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (listener_ < 0) return false;
+    const int one = 1;
+    ::setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a = Loopback(port_);
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listener_, 64) != 0) {
+      ::close(listener_);
+      listener_ = -1;
+      return false;
+    }
+    accepting_ = true;
+    acceptor_ = std::thread([this, fd = listener_] { Accept(fd); });
+    return true;
+  }
+  // Closes every proxied connection and stops accepting: connecting to port() is
+  // refused until Start() again (which listens on the same port).
+  void Cut() {
+    std::thread acceptor;
+    {
+      std::lock_guard lock(mu_);
+      accepting_ = false;  // a connection accepted meanwhile is cut as it registers
+      if (listener_ >= 0) {
+        ::shutdown(listener_, SHUT_RDWR);  // accept() returns
+        acceptor = std::move(acceptor_);
+      }
+      for (const auto& weak : conns_) {
+        if (auto c = weak.lock()) c->Shutdown();
+      }
+    }
+    if (acceptor.joinable()) acceptor.join();
+    std::lock_guard lock(mu_);
+    if (listener_ >= 0) ::close(listener_);
+    listener_ = -1;
+  }
+  int port() const { return port_; }
+  std::string url() const { return "nats://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  struct Conn {
+    int a = -1, b = -1;
+    void Shutdown() {
+      ::shutdown(a, SHUT_RDWR);
+      ::shutdown(b, SHUT_RDWR);
+    }
+    ~Conn() {
+      ::close(a);
+      ::close(b);
+    }
+  };
+
+  static sockaddr_in Loopback(int port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    return a;
+  }
+
+  void Accept(int listener) {
+    for (;;) {
+      const int in = ::accept(listener, nullptr, nullptr);
+      if (in < 0) {
+        if (errno == EINTR) continue;
+        return;  // shut down (Cut, Stop)
+      }
+      const int out = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a = Loopback(target_);
+      if (out < 0 || ::connect(out, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        if (out >= 0) ::close(out);
+        ::close(in);
+        continue;
+      }
+      auto c = std::make_shared<Conn>();
+      c->a = in;
+      c->b = out;
+      std::lock_guard lock(mu_);
+      if (!accepting_) c->Shutdown();
+      conns_.push_back(c);
+      pumps_.emplace_back([c] { Pump(c, c->a, c->b); });
+      pumps_.emplace_back([c] { Pump(c, c->b, c->a); });
+    }
+  }
+
+  // Copies from `from` to `to` until either side ends, then ends both.
+  static void Pump(const std::shared_ptr<Conn>& c, int from, int to) {
+    char buf[65536];
+    for (;;) {
+      const ssize_t n = ::read(from, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      ssize_t done = 0;
+      while (done < n) {
+        const ssize_t w = ::send(to, buf + done, static_cast<std::size_t>(n - done), MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+          c->Shutdown();
+          return;
+        }
+        done += w;
+      }
+    }
+    c->Shutdown();
+  }
+
+  void Stop() {
+    Cut();
+    std::vector<std::thread> pumps;
+    {
+      std::lock_guard lock(mu_);
+      pumps.swap(pumps_);
+      conns_.clear();
+    }
+    for (std::thread& t : pumps) t.join();
+  }
+
+  const int target_;
+  const int port_;
+  std::mutex mu_;
+  int listener_ = -1;                       // guarded by mu_
+  bool accepting_ = false;                  // guarded by mu_
+  std::thread acceptor_;                    // guarded by mu_
+  std::vector<std::weak_ptr<Conn>> conns_;  // guarded by mu_
+  std::vector<std::thread> pumps_;          // guarded by mu_
+};
 
 // A fresh directory under the system's temporary directory, removed with the object.
 class TempDir {
@@ -234,14 +377,6 @@ class NatsCluster {
       if (!s->Start()) return false;
     }
     return true;
-  }
-  // Stops every server at once, as a whole cluster going down: SIGTERM to all (a clean
-  // shutdown: each flushes its JetStream store), then each reaped (SIGKILL after 10 s).
-  void StopAll() {
-    for (auto& s : servers_) {
-      if (s->running()) ::kill(s->pid(), SIGTERM);
-    }
-    for (auto& s : servers_) s->Stop();
   }
   NatsServer& server(int i) { return *servers_[static_cast<std::size_t>(i)]; }
   int size() const { return static_cast<int>(servers_.size()); }

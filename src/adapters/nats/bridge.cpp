@@ -364,11 +364,27 @@ struct NatsBridge::Impl {
       }
     }
     if (!st.ok()) return st;
-    s = natsConnection_Connect(&nc, o);
-    if (s != NATS_OK) {
+    // No server reachable: tried again for connect_wait (a cluster restarting or out
+    // of reach as this process starts); any other error is final at once.
+    const auto give_up = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(c.connect_wait);
+    const auto pause = std::max<std::chrono::steady_clock::duration>(absl::ToChronoNanoseconds(c.reconnect_wait),
+                                                                     std::chrono::milliseconds(100));
+    for (int tries = 1;; ++tries) {
+      s = natsConnection_Connect(&nc, o);
+      if (s == NATS_OK) break;
       nc = nullptr;
-      return absl::UnavailableError("cannot connect to NATS at '" + Joined(c.servers) +
-                                    "': " + NatsError(s));
+      const auto now = std::chrono::steady_clock::now();
+      if (s != NATS_NO_SERVER || now >= give_up) {
+        std::string how;
+        if (c.connect_wait > absl::ZeroDuration()) {
+          how = s == NATS_NO_SERVER ? " (tried " + std::to_string(tries) + " times for " + Dur(c.connect_wait) +
+                                          ", ConnectionOptions.connect_wait)"
+                                    : "";
+        }
+        return absl::UnavailableError("cannot connect to NATS at '" + Joined(c.servers) + "': " + NatsError(s) +
+                                      how);
+      }
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, give_up - now));
     }
     NoteUrl(nc);
     connected.store(true);
@@ -1194,7 +1210,8 @@ absl::StatusOr<std::unique_ptr<NatsBridge>> NatsBridge::Connect(Engine& engine, 
   for (const auto& [name, d] : {std::pair<const char*, absl::Duration>{"connect_timeout", c.connect_timeout},
                                 {"reconnect_wait", c.reconnect_wait},
                                 {"jetstream_timeout", c.jetstream_timeout},
-                                {"jetstream_forming_wait", c.jetstream_forming_wait}}) {
+                                {"jetstream_forming_wait", c.jetstream_forming_wait},
+                                {"connect_wait", c.connect_wait}}) {
     if (d < absl::ZeroDuration() || d > kMaxDuration) {
       return absl::InvalidArgumentError(std::string("BridgeOptions.connection.") + name + " " + Dur(d) +
                                         " is not in 0..365 days (kMaxDuration)");

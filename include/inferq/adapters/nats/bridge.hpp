@@ -121,6 +121,12 @@ struct ConnectionOptions {
   /// 10039). Zero: one try; 0 .. 365 days. The error after the last try names this
   /// time. Close waits for an AddImport that is retrying.
   absl::Duration jetstream_forming_wait = absl::ZeroDuration();
+  /// How long Connect tries again (every reconnect_wait, at least every 100 ms) while
+  /// no server accepts a connection (libnats' NATS_NO_SERVER: the servers down,
+  /// restarting or out of reach as the process starts). Any other failure (TLS,
+  /// authorization) is final at once. Zero: one try; 0 .. 365 days. The Unavailable
+  /// error after the last try names this time and the number of tries.
+  absl::Duration connect_wait = absl::ZeroDuration();
 };
 
 /// What NatsBridge::Connect takes.

@@ -11,8 +11,9 @@
 //
 // Redelivery by time costs the claim nothing: a timer thread samples the cursor once
 // per tick (Tick), and Expire(now) takes every sequence still unsettled that was
-// claimed before the sample of at least ack_wait ago. So a message comes back no
-// earlier than ack_wait after its claim and no later than ack_wait plus one tick.
+// claimed before the sample of at least ack_wait ago. So with Tick and Expire every
+// tick, a message comes back no earlier than ack_wait after its claim and no later
+// than ack_wait plus two ticks (plus one tick when ack_wait is a multiple of it).
 //
 //   GroupCursor g({.window_word_bits = 7, .start = 1, .ack_wait_ns = 30'000'000'000});
 //   // published_end: with one publisher its last published sequence + 1; with
@@ -24,9 +25,9 @@
 //   g.Tick(now); g.Expire(now);                 // the timer thread
 //   g.TakeDue(now, out, dead);                  // redeliveries (attempt > 1), dead letters
 //
-// Thread safety: Claim, Ack, Nak, InProgress, TakeDue, Spill and the readers may be
-// called from any number of threads at once. Tick and Expire are the timer's: one
-// thread at a time (they share the samples).
+// Thread safety: Claim, Ack, AckWord, Nak, InProgress, TakeDue and the readers may be
+// called from any number of threads at once. Tick, Expire and Spill are the timer's:
+// one thread at a time (they share the samples).
 //
 // Invariants:
 //  1. next_ is the first sequence no member has claimed; Claim moves it up with one
@@ -46,6 +47,11 @@
 //     the sequence below which every claim is at least ack_wait old and was expired.
 //  5. overflow_count_ mirrors map_.size() (written under mu_), so that readers that
 //     only need "is anything in the map" take no lock.
+//  6. moving_ counts the sequences a move (inv. 2) may have settled in the window and
+//     not yet counted in overflow_count_: raised before the move's TrySet, lowered
+//     after overflow_count_ has them (all seq_cst). So a reader that loads the window
+//     first and then moving_ and overflow_count_ counts every unsettled message at
+//     least once (Claim's max_in_flight).
 #pragma once
 
 #include <algorithm>
@@ -58,6 +64,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/container/btree_map.h"
@@ -104,7 +111,8 @@ class GroupCursor {
     std::uint32_t attempt = 0;
   };
 
-  // Throws std::invalid_argument for window_word_bits > 20, start 0 or ack_wait_ns < 0.
+  // Throws std::invalid_argument for window_word_bits > 20, start not in 1..2^62 (the
+  // window's arithmetic stays far from 2^64) or ack_wait_ns < 0.
   explicit GroupCursor(const Options& o)
       : options_(Checked(o)), window_(o.window_word_bits, o.start), next_(o.start), expired_(o.start) {}
   GroupCursor(const GroupCursor&) = delete;
@@ -120,11 +128,12 @@ class GroupCursor {
       std::uint64_t limit = std::min(published_end, window_.floor() + window_.capacity());
       if (options_.max_in_flight > 0) {
         // Unsettled: at most next_ - first_unsettled in the window, plus the map's
-        // entries; a move from the window to the map keeps the sum (inv. 2).
-        const std::uint64_t held = overflow_count_.load(std::memory_order_acquire);
-        limit = held >= options_.max_in_flight
-                    ? 0
-                    : std::min(limit, window_.first_unsettled() + (options_.max_in_flight - held));
+        // entries, plus those a move is carrying between the two (inv. 6: the
+        // window first, then the counts).
+        const std::uint64_t lowest = window_.first_unsettled();
+        const std::uint64_t held = moving_.load(std::memory_order_seq_cst) +
+                                   overflow_count_.load(std::memory_order_seq_cst);
+        limit = held >= options_.max_in_flight ? 0 : std::min(limit, lowest + (options_.max_in_flight - held));
       }
       if (first >= limit || n == 0) return {first, first};
       const std::uint64_t end = first + std::min(n, limit - first);
@@ -163,13 +172,24 @@ class GroupCursor {
     return Hold(seq, options_.ack_wait_ns > 0 ? Add(now_ns, options_.ack_wait_ns) : kNever, /*out=*/true);
   }
 
-  // Timer: samples the cursor at `now_ns` (inv. 4). Call once per tick; the tick is
-  // how late after ack_wait a message may come back.
-  void Tick(std::int64_t now_ns) {
+  // Timer: samples the cursor, then the clock: `now()` returns the time in ns (inv.
+  // 4). Every sequence below the sample was claimed at or before that time, so none
+  // comes back early. Call once per tick; the tick is how late after ack_wait a
+  // message may come back.
+  template <class NowFn>
+    requires std::is_invocable_r_v<std::int64_t, NowFn&>
+  void Tick(NowFn&& now) {
     if (options_.ack_wait_ns == 0) return;
-    const std::uint64_t claimed = next_.load(std::memory_order_relaxed);
+    // seq_cst, and the clock read after it: a claim the load does not see is later.
+    const std::uint64_t claimed = next_.load(std::memory_order_seq_cst);
+    const std::int64_t at = now();
     if (!samples_.empty() && samples_.back().end == claimed) return;  // nothing claimed since
-    samples_.push_back({claimed, now_ns});
+    samples_.push_back({claimed, at});
+  }
+  // Tick at a time read before the call: for a clock nothing else moves (a
+  // ManualClock, a test), where no claim falls between the reading and the sample.
+  void Tick(std::int64_t now_ns) {
+    Tick([now_ns] { return now_ns; });
   }
 
   // Timer: every sequence claimed before a sample at least ack_wait old and still
@@ -191,6 +211,7 @@ class GroupCursor {
       const std::uint64_t hi = word_end - base;
       const std::uint64_t mask = ((std::uint64_t{1} << hi) - 1) & ~((std::uint64_t{1} << lo) - 1);
       std::lock_guard lock(mu_);  // inv. 2: the move is one step for Ack
+      Moving carrying(moving_, static_cast<std::size_t>(std::popcount(mask)));  // inv. 6
       std::uint32_t taken = window_.TrySetWord(base, mask);
       if (taken != 0) {
         for (; taken != 0; taken &= taken - 1) {
@@ -198,7 +219,7 @@ class GroupCursor {
                                 Entry{1, now_ns, false});
           ++moved;
         }
-        overflow_count_.store(map_.size(), std::memory_order_release);
+        overflow_count_.store(map_.size(), std::memory_order_seq_cst);
       }
       s = word_end;
     }
@@ -206,36 +227,43 @@ class GroupCursor {
     return moved;
   }
 
-  // Makes room in a full window: every unsettled sequence of the floor's word moves
-  // to the overflow map, held out (attempt 1, its ack deadline kept by its claim's
-  // sample: now + ack_wait at most late by a tick, or none). Returns how many moved.
-  // For a straggler held longer than W later claims (memory stays bounded by W plus
-  // what the map holds).
+  // Timer: makes room in a full window. Every claimed, unsettled sequence of the
+  // floor's word moves to the overflow map, held out (attempt 1), with the ack
+  // deadline its claim gave it: the first sample that saw it claimed + ack_wait
+  // (now + ack_wait when no sample has yet; none without ack_wait). Returns how many
+  // moved. For a straggler held longer than W later claims: memory stays bounded by
+  // W plus what the map holds. Sequences not claimed yet are never taken.
   std::size_t Spill(std::int64_t now_ns) {
-    const std::uint64_t base = window_.floor();
-    const std::int64_t deadline = options_.ack_wait_ns > 0 ? Add(now_ns, options_.ack_wait_ns) : kNever;
     std::lock_guard lock(mu_);  // inv. 2
-    std::uint32_t taken = window_.TrySetWord(base, 0xffff'ffffULL);
-    if (taken == 0) return 0;
+    const std::uint64_t base = window_.floor();
+    const std::uint64_t claimed = next_.load(std::memory_order_acquire);
+    if (claimed <= base) return 0;
+    const std::uint64_t span = std::min<std::uint64_t>(claimed - base, AckWindow::kWordSeqs);
+    const std::uint64_t mask = span == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << span) - 1;
+    Moving carrying(moving_, static_cast<std::size_t>(std::popcount(mask)));  // inv. 6
+    std::uint32_t taken = window_.TrySetWord(base, mask);
     std::size_t moved = 0;
     for (; taken != 0; taken &= taken - 1) {
-      map_.insert_or_assign(base + static_cast<std::uint64_t>(std::countr_zero(taken)), Entry{1, deadline, true});
+      const std::uint64_t seq = base + static_cast<std::uint64_t>(std::countr_zero(taken));
+      map_.insert_or_assign(seq, Entry{1, ClaimDeadline(seq, now_ns), true});
       ++moved;
     }
-    overflow_count_.store(map_.size(), std::memory_order_release);
+    overflow_count_.store(map_.size(), std::memory_order_seq_cst);
     return moved;
   }
 
   // Hands out the held messages whose time has come, oldest sequence first, at most
-  // `max`: those waiting for redelivery (a nak's delay, an expiry) and those held out
-  // whose ack deadline passed. Each goes to `out` as its next delivery (held out
-  // again, ack deadline now + ack_wait), or, past max_deliver, to `dead` (removed).
+  // `max` of them in this call: those waiting for redelivery (a nak's delay, an
+  // expiry) and those held out whose ack deadline passed. Each is appended to `out` as
+  // its next delivery (held out again, ack deadline now + ack_wait), or, past
+  // max_deliver, to `dead` (removed).
   void TakeDue(std::int64_t now_ns, std::vector<Redelivery>& out, std::vector<Redelivery>& dead,
                std::size_t max = std::numeric_limits<std::size_t>::max()) {
     if (overflow_count_.load(std::memory_order_acquire) == 0) return;
     const std::int64_t deadline = options_.ack_wait_ns > 0 ? Add(now_ns, options_.ack_wait_ns) : kNever;
     std::lock_guard lock(mu_);
-    for (auto it = map_.begin(); it != map_.end() && out.size() < max;) {
+    std::size_t taken = 0;
+    for (auto it = map_.begin(); it != map_.end() && taken < max;) {
       Entry& e = it->second;
       if (e.due_ns > now_ns) {
         ++it;
@@ -249,17 +277,18 @@ class GroupCursor {
       }
       e = Entry{next, deadline, true};
       out.push_back({it->first, next});
+      ++taken;
       ++it;
     }
-    overflow_count_.store(map_.size(), std::memory_order_release);
+    overflow_count_.store(map_.size(), std::memory_order_seq_cst);
   }
 
   // Every sequence below it is settled and out of the map: what retention may trim
-  // up to (interest, work queue). A snapshot.
+  // up to (interest, work queue). A snapshot, under mu_ (so that no move is half
+  // done: inv. 2); for the trimmer, once per batch, not per event.
   std::uint64_t lowest_held() const {
-    const std::uint64_t f = window_.first_unsettled();
-    if (overflow_count_.load(std::memory_order_acquire) == 0) return f;
     std::lock_guard lock(mu_);
+    const std::uint64_t f = window_.first_unsettled();
     return map_.empty() ? f : std::min(f, map_.begin()->first);
   }
 
@@ -292,7 +321,9 @@ class GroupCursor {
       throw std::invalid_argument("GroupCursor window_word_bits must be 0..20, got " +
                                   std::to_string(o.window_word_bits));
     }
-    if (o.start == 0) throw std::invalid_argument("GroupCursor start must be at least 1, got 0");
+    if (o.start == 0 || o.start > (std::uint64_t{1} << 62)) {
+      throw std::invalid_argument("GroupCursor start must be 1..2^62, got " + std::to_string(o.start));
+    }
     if (o.ack_wait_ns < 0) {
       throw std::invalid_argument("GroupCursor ack_wait_ns must not be negative, got " +
                                   std::to_string(o.ack_wait_ns));
@@ -301,20 +332,41 @@ class GroupCursor {
   }
   static std::int64_t Add(std::int64_t a, std::int64_t b) { return a > kNever - b ? kNever : a + b; }
 
+  // inv. 6: raised for the life of a move.
+  struct Moving {
+    std::atomic<std::size_t>& count;
+    std::size_t n;
+    Moving(std::atomic<std::size_t>& c, std::size_t k) : count(c), n(k) { count.fetch_add(n, std::memory_order_seq_cst); }
+    ~Moving() { count.fetch_sub(n, std::memory_order_seq_cst); }
+    Moving(const Moving&) = delete;
+    Moving& operator=(const Moving&) = delete;
+  };
+
+  // The ack deadline claimed sequence `seq` had: the first sample that saw it
+  // claimed, + ack_wait; now + ack_wait when none has; kNever without ack_wait. The
+  // timer's (samples_).
+  std::int64_t ClaimDeadline(std::uint64_t seq, std::int64_t now_ns) const {
+    if (options_.ack_wait_ns == 0) return kNever;
+    const auto it = std::upper_bound(samples_.begin(), samples_.end(), seq,
+                                     [](std::uint64_t s, const Sample& x) { return s < x.end; });
+    return Add(it == samples_.end() ? now_ns : it->at_ns, options_.ack_wait_ns);
+  }
+
   // inv. 3: the map's part of an ack, after its TrySet lost (not the common path).
   bool EraseHeld(std::uint64_t seq) {
     std::lock_guard lock(mu_);
     const bool erased = map_.erase(seq) > 0;
-    overflow_count_.store(map_.size(), std::memory_order_release);
+    overflow_count_.store(map_.size(), std::memory_order_seq_cst);
     return erased;
   }
 
   // Nak (out = false) or InProgress (out = true) of `seq` at `due_ns` (inv. 2).
   bool Hold(std::uint64_t seq, std::int64_t due_ns, bool out) {
     std::lock_guard lock(mu_);  // inv. 2
+    Moving carrying(moving_, 1);  // inv. 6
     if (window_.TrySet(seq)) {
       map_.insert_or_assign(seq, Entry{1, due_ns, out});
-      overflow_count_.store(map_.size(), std::memory_order_release);
+      overflow_count_.store(map_.size(), std::memory_order_seq_cst);
       return true;
     }
     auto it = map_.find(seq);
@@ -335,6 +387,7 @@ class GroupCursor {
   alignas(kCacheLineSize) mutable std::mutex mu_;
   absl::btree_map<std::uint64_t, Entry> map_;  // guarded by mu_
   std::atomic<std::size_t> overflow_count_{0};
+  std::atomic<std::size_t> moving_{0};  // inv. 6
 };
 
 }  // namespace inferq::engine_internal

@@ -5,7 +5,11 @@
 // and members, a timer and redeliveries at once: every sequence done exactly once.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -227,7 +231,9 @@ TEST_CASE("a straggler held 10x the window spills to the map; the window moves a
 
 TEST_CASE("bad options are refused naming the value") {
   CHECK_THROWS_WITH(GroupCursor({.window_word_bits = 21}), "GroupCursor window_word_bits must be 0..20, got 21");
-  CHECK_THROWS_WITH(GroupCursor({.start = 0}), "GroupCursor start must be at least 1, got 0");
+  CHECK_THROWS_WITH(GroupCursor({.start = 0}), "GroupCursor start must be 1..2^62, got 0");
+  CHECK_THROWS_WITH(GroupCursor({.start = (std::uint64_t{1} << 62) + 1}),
+                    "GroupCursor start must be 1..2^62, got 4611686018427387905");
   CHECK_THROWS_WITH(GroupCursor({.ack_wait_ns = -1}), "GroupCursor ack_wait_ns must not be negative, got -1");
 }
 
@@ -381,4 +387,362 @@ TEST_CASE("stress: claims never put more than max_in_flight out") {
   for (std::thread& t : members) t.join();
   CHECK(done.load() == kTotal);
   CHECK(most.load() <= static_cast<std::int64_t>(kMax));
+}
+
+// ---- From an adversarial review: each case failed before its fix. ----
+
+namespace {
+
+constexpr std::uint64_t kNoEnd = std::numeric_limits<std::uint64_t>::max();
+
+// Two threads released at once, `rounds` times, on a fresh state from `setup`.
+template <class Setup, class A, class B, class Check>
+void Race(int rounds, Setup setup, A a, B b, Check check) {
+  for (int i = 0; i < rounds; ++i) {
+    auto st = setup();
+    std::atomic<int> go{0};
+    std::thread ta([&] {
+      go.fetch_add(1);
+      while (go.load() < 2) std::this_thread::yield();
+      a(*st);
+    });
+    std::thread tb([&] {
+      go.fetch_add(1);
+      while (go.load() < 2) std::this_thread::yield();
+      b(*st);
+    });
+    ta.join();
+    tb.join();
+    check(*st);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Spill takes only claimed sequences, also when the window is not full") {
+  GroupCursor g({.window_word_bits = 0, .start = 1, .ack_wait_ns = 100 * kMs});  // W = 32
+  REQUIRE(g.Claim(4, /*published_end=*/5).size() == 4);                          // 1..4
+  CHECK(g.Spill(0) == 4);  // was 31: 5..31 were never claimed, nor published
+  CHECK_FALSE(g.IsHeld(5));
+  std::vector<Redelivery> out, dead;
+  g.TakeDue(100 * kMs, out, dead);
+  CHECK(Seqs(out) == std::vector<std::uint64_t>{1, 2, 3, 4});
+}
+
+TEST_CASE("a Spill after acks emptied the window takes nothing, and claims stay within W") {
+  GroupCursor g({.window_word_bits = 0, .start = 1});
+  REQUIRE(g.Claim(100, 1000).size() == 31);  // full
+  for (std::uint64_t s = 1; s < 32; ++s) REQUIRE(g.Ack(s));
+  CHECK(g.Spill(0) == 0);  // was 32: the next word, none of it claimed
+  CHECK(g.held() == 0);
+  CHECK(g.next() >= g.floor());
+  CHECK(g.Claim(1000, 1000).size() == 32);
+}
+
+TEST_CASE("Spill racing the acks of a full window never takes what was not claimed") {
+  struct St {
+    GroupCursor g{{.window_word_bits = 0, .start = 1, .ack_wait_ns = 50}};
+    int acked = 0;
+    std::size_t spilled = 0;
+  };
+  int bad = 0;
+  Race(
+      2'000,
+      [] {
+        auto st = std::make_unique<St>();
+        REQUIRE(st->g.Claim(31, 100).size() == 31);
+        return st;
+      },
+      [](St& st) {
+        for (std::uint64_t s = 1; s < 32; ++s) st.acked += st.g.Ack(s);
+      },
+      [](St& st) { st.spilled = st.g.Spill(0); },
+      [&](St& st) {
+        // Each sequence was either acked, or spilled and then acked in the map.
+        if (st.acked != 31 || st.g.held() != 0 || st.g.next() < st.g.floor() || st.spilled > 31) ++bad;
+      });
+  CHECK(bad == 0);
+}
+
+TEST_CASE("a spilled straggler keeps the ack deadline of its claim") {
+  const std::int64_t ack_wait = 100 * kMs, tick = 10 * kMs;
+  GroupCursor g({.window_word_bits = 0, .start = 1, .ack_wait_ns = ack_wait});
+  REQUIRE(g.Claim(31, 1000).size() == 31);  // claimed at 0
+  g.Tick(0);
+  for (std::uint64_t s = 2; s < 32; ++s) REQUIRE(g.Ack(s));  // 1 is the straggler
+  std::vector<Redelivery> out, dead;
+  std::int64_t back = -1;
+  for (std::int64_t now = tick; now <= 400 * kMs && back < 0; now += tick) {
+    g.Tick(now);
+    g.Expire(now);
+    if (now == 90 * kMs) REQUIRE(g.Spill(now) == 1);
+    out.clear();
+    g.TakeDue(now, out, dead);
+    if (!out.empty()) back = now;
+  }
+  CHECK(back == ack_wait);  // was 190 ms: the spill started its ack_wait again
+}
+
+TEST_CASE("ack_wait not a multiple of the tick: back within ack_wait + two ticks") {
+  const std::int64_t ack_wait = 105 * kMs, tick = 10 * kMs;
+  GroupCursor g({.window_word_bits = 2, .start = 1, .ack_wait_ns = ack_wait});
+  g.Tick(0);
+  const std::int64_t claimed_at = 1 * kMs;
+  REQUIRE(g.Claim(5, 100).size() == 5);
+  std::vector<Redelivery> out, dead;
+  std::int64_t back = -1;
+  for (std::int64_t now = tick; now <= 400 * kMs && back < 0; now += tick) {
+    g.Tick(now);
+    g.Expire(now);
+    out.clear();
+    g.TakeDue(now, out, dead);
+    if (!out.empty()) back = now;
+  }
+  CHECK(back == 120 * kMs);  // sampled at 10 ms, expired at the first tick at or past 115 ms
+  CHECK(back - claimed_at >= ack_wait);
+  CHECK(back - claimed_at <= ack_wait + 2 * tick);
+}
+
+TEST_CASE("Tick reads the clock after the cursor: a claim it does not see is not dated earlier") {
+  GroupCursor g({.window_word_bits = 1, .start = 1, .ack_wait_ns = 100});
+  std::int64_t clock = 0;
+  // The clock is read inside Tick; a claim made by "another thread" while the clock
+  // is read is after the cursor's load, so the sample does not cover it.
+  g.Tick([&] {
+    const GroupCursor::Range r = g.Claim(3, 100);  // 1..3, at time 50
+    REQUIRE(r.size() == 3);
+    clock = 50;
+    return clock;
+  });
+  CHECK(g.Expire(150) == 0);  // the sample holds 1 (nothing below it): 1..3 are not covered
+  g.Tick(160);
+  CHECK(g.Expire(259) == 0);
+  CHECK(g.Expire(260) == 3);
+}
+
+TEST_CASE("lowest_held never passes a sequence that is being moved to the map") {
+  GroupCursor g({.window_word_bits = 0, .start = 1, .ack_wait_ns = 1});
+  std::atomic<std::uint64_t> batch{1};
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> violations{0};
+  std::thread timer([&] {
+    std::int64_t now = 0;
+    for (int i = 0; i < 10'000; ++i) {
+      const GroupCursor::Range r = g.Claim(32, kNoEnd);
+      if (r.empty()) break;
+      batch.store(r.first);
+      g.Tick(++now);
+      now += 2;
+      g.Expire(now);  // r moves to the map
+      for (std::uint64_t s = r.first; s < r.end; ++s) g.Ack(s);
+    }
+    stop.store(true);
+  });
+  std::thread reader([&] {
+    while (!stop.load()) {
+      const std::uint64_t c = batch.load();
+      const std::uint64_t low = g.lowest_held();
+      if (low > c && g.IsHeld(c)) violations.fetch_add(1);  // was 35-1,373 per run
+    }
+  });
+  timer.join();
+  reader.join();
+  CHECK(violations.load() == 0);
+}
+
+TEST_CASE("claims and acks at the top of the sequence range") {
+  const std::uint64_t top = std::uint64_t{1} << 62;
+  GroupCursor g({.window_word_bits = 0, .start = top});
+  GroupCursor::Range r = g.Claim(100, kNoEnd);
+  REQUIRE(r.size() == 32);
+  CHECK(r.first == top);
+  for (std::uint64_t s = r.first; s < r.end; ++s) REQUIRE(g.Ack(s));
+  CHECK(g.floor() == top + 32);
+  CHECK(g.Claim(100, kNoEnd).size() == 32);
+}
+
+TEST_CASE("TakeDue's max counts what this call hands out, not what `out` held") {
+  GroupCursor g({.window_word_bits = 1, .start = 1});
+  REQUIRE(g.Claim(4, 100).size() == 4);
+  for (std::uint64_t s = 1; s <= 4; ++s) REQUIRE(g.Nak(s, 0));
+  std::vector<Redelivery> out{{99, 2}, {98, 2}}, dead;
+  g.TakeDue(0, out, dead, /*max=*/2);
+  CHECK(out.size() == 4);  // was 2: nothing taken
+  CHECK(out[2].seq == 1);
+  CHECK(out[3].seq == 2);
+}
+
+TEST_CASE("an Ack racing Expire, Nak or InProgress on the same sequences: settled exactly once") {
+  struct St {
+    GroupCursor g{{.window_word_bits = 0, .start = 1, .ack_wait_ns = 1}};
+    int acked = 0;
+  };
+  for (int kind = 0; kind < 3; ++kind) {
+    Race(
+        1'000,
+        [] {
+          auto st = std::make_unique<St>();
+          REQUIRE(st->g.Claim(31, 100).size() == 31);
+          st->g.Tick(0);
+          return st;
+        },
+        [](St& st) {
+          for (std::uint64_t s = 1; s < 32; ++s) st.acked += st.g.Ack(s);
+        },
+        [kind](St& st) {
+          if (kind == 0) st.g.Expire(10);
+          for (std::uint64_t s = 31; kind > 0 && s >= 1; --s) {
+            if (kind == 1) st.g.Nak(s, 0);
+            if (kind == 2) st.g.InProgress(s, 0);
+          }
+        },
+        [](St& st) {
+          REQUIRE(st.acked == 31);
+          REQUIRE(st.g.held() == 0);
+          REQUIRE(st.g.floor() == 32);
+          REQUIRE(st.g.lowest_held() == 32);
+        });
+  }
+}
+
+TEST_CASE("max_in_flight holds while the timer moves words to the map") {
+  constexpr std::uint64_t kMax = 31;
+  GroupCursor g({.window_word_bits = 1, .start = 1, .ack_wait_ns = 1, .max_in_flight = kMax});
+  // A lower bound of what is out: claims counted after Claim returns, acks before Ack.
+  std::atomic<std::int64_t> out{0}, most{0}, failed_acks{0};
+  std::atomic<bool> stop{false};
+  auto claimed = [&](const GroupCursor::Range& r) {
+    const std::int64_t n = static_cast<std::int64_t>(r.size());
+    const std::int64_t now_out = out.fetch_add(n) + n;
+    std::int64_t seen = most.load();
+    while (now_out > seen && !most.compare_exchange_weak(seen, now_out)) {
+    }
+  };
+  auto ack_all = [&](const GroupCursor::Range& r) {
+    for (std::uint64_t s = r.first; s < r.end; ++s) {
+      out.fetch_sub(1);
+      if (!g.Ack(s)) failed_acks.fetch_add(1);
+    }
+  };
+  std::thread timer([&] {
+    std::int64_t now = 0;
+    for (int i = 0; i < 10'000; ++i) {
+      const GroupCursor::Range r = g.Claim(32, kNoEnd);
+      if (r.empty()) {
+        std::this_thread::yield();
+        continue;
+      }
+      claimed(r);
+      g.Tick(++now);
+      now += 2;
+      g.Expire(now);
+      ack_all(r);
+    }
+    stop.store(true);
+  });
+  std::thread member([&] {
+    while (!stop.load()) {
+      const GroupCursor::Range r = g.Claim(32, kNoEnd);
+      if (r.empty()) continue;
+      claimed(r);
+      ack_all(r);
+    }
+  });
+  timer.join();
+  member.join();
+  CHECK(failed_acks.load() == 0);
+  CHECK(most.load() <= static_cast<std::int64_t>(kMax));  // was 61-62
+}
+
+TEST_CASE("laps of a small window with acks in random order: lowest_held exact throughout") {
+  for (unsigned bits : {0u, 1u}) {
+    GroupCursor g({.window_word_bits = bits, .start = 1});
+    const std::uint64_t w = 32ull << bits;
+    std::mt19937_64 rng(bits + 7);
+    std::vector<std::uint64_t> open;
+    std::uint64_t acked = 0;
+    const std::uint64_t total = 200'000;
+    while (acked < total) {
+      const GroupCursor::Range r = g.Claim(1 + rng() % 40, total + 1);
+      REQUIRE(r.end <= g.floor() + w);
+      for (std::uint64_t s = r.first; s < r.end; ++s) open.push_back(s);
+      std::shuffle(open.begin(), open.end(), rng);
+      const std::size_t n = open.empty() ? 0 : 1 + rng() % open.size();
+      for (std::size_t i = 0; i < n; ++i) {
+        REQUIRE(g.Ack(open.back()));
+        open.pop_back();
+        ++acked;
+      }
+      const std::uint64_t low = open.empty() ? g.next() : *std::min_element(open.begin(), open.end());
+      REQUIRE(g.lowest_held() == low);
+    }
+    CHECK(g.lowest_held() == total + 1);
+  }
+}
+
+TEST_CASE("a start inside a word: what lies below it is settled and never expired") {
+  GroupCursor g({.window_word_bits = 0, .start = 45, .ack_wait_ns = 100});
+  CHECK(g.floor() == 32);
+  CHECK(g.lowest_held() == 45);
+  GroupCursor::Range r = g.Claim(100, 1000);
+  CHECK(r.first == 45);
+  CHECK(r.end == 64);
+  CHECK_FALSE(g.Ack(44));
+  g.Tick(0);
+  CHECK(g.Expire(100) == 19);  // 45..63
+  CHECK_FALSE(g.IsHeld(44));
+  CHECK(g.IsHeld(45));
+  for (std::uint64_t s = 45; s < 64; ++s) CHECK(g.Ack(s));
+  CHECK(g.floor() == 64);
+  CHECK(g.lowest_held() == 64);
+}
+
+TEST_CASE("irregular ticks: a message moves no earlier than ack_wait after its claim, and moves") {
+  for (std::uint32_t seed = 1; seed <= 30; ++seed) {
+    std::mt19937 rng(seed);
+    const std::int64_t ack_wait = 1 + rng() % 50;
+    const unsigned bits = static_cast<unsigned>(rng() % 3);
+    const std::uint64_t w = 32ull << bits;
+    GroupCursor g({.window_word_bits = bits, .start = 1 + rng() % 70, .ack_wait_ns = ack_wait});
+    std::map<std::uint64_t, std::int64_t> claimed_at;  // unacked, not yet moved
+    std::int64_t now = 0, last_tick = 0, max_gap = 0;
+    for (int step = 0; step < 3000; ++step) {
+      now += rng() % 3;
+      const GroupCursor::Range r = g.Claim(1 + rng() % 20, kNoEnd);
+      for (std::uint64_t s = r.first; s < r.end; ++s) {
+        if (rng() % 4 == 0) {
+          REQUIRE(g.Ack(s));
+        } else {
+          claimed_at[s] = now;
+        }
+      }
+      if (rng() % 3 == 0) {
+        now += 1;
+        g.Tick(now);
+        g.Expire(now);
+        max_gap = std::max(max_gap, now - last_tick);
+        last_tick = now;
+        for (auto it = claimed_at.begin(); it != claimed_at.end();) {
+          if (g.IsHeld(it->first)) {
+            REQUIRE(now - it->second >= ack_wait);
+            REQUIRE(g.Ack(it->first));
+            it = claimed_at.erase(it);
+          } else {
+            REQUIRE(now - it->second < ack_wait + max_gap);
+            ++it;
+          }
+        }
+      }
+      if (g.next() >= g.floor() + w && !claimed_at.empty()) {
+        REQUIRE(g.Ack(claimed_at.begin()->first));
+        claimed_at.erase(claimed_at.begin());
+      }
+    }
+    for (int i = 0; i < 3; ++i) {
+      now += ack_wait + 10;
+      g.Tick(now);
+      g.Expire(now);
+    }
+    for (const auto& [s, at] : claimed_at) REQUIRE(g.IsHeld(s));
+  }
 }

@@ -2,9 +2,9 @@
 // JetStream on free loopback ports (each node's store in a temporary directory),
 // replica processes (inference_server --role replica) and one client (--role client),
 // optionally breaks something mid-run (a node SIGKILLed, a replica process SIGKILLed,
-// the network to every node cut for a while), waits for the client (at most --timeout seconds,
-// then prints what each process logged), stops the replicas (SIGTERM) and the
-// servers, and prints the client's table and each replica's summary.
+// the network to every node cut for a while), waits for the client (the whole run at
+// most --timeout seconds, then prints what each process logged), stops the replicas
+// (SIGTERM) and the servers, and prints the client's table and each replica's summary.
 // scripts/cluster_demo.sh builds and runs it; ctest runs it with each failure.
 //
 // Exit status: the client's (0: every request completed, no token lost, no token
@@ -73,8 +73,9 @@ struct Options {
                "  --outage T:D             cut every node off at trace second T (the processes reach them\n"
                "                           through the demo's proxies: connections closed, new ones\n"
                "                           refused) for D wall seconds; the nodes run on\n"
-               "  --timeout S              give the client at most S wall seconds, then print each\n"
-               "                           process's log and exit 1 (default 0: no limit)\n"
+               "  --timeout S              let the whole run take at most S wall seconds, then print\n"
+               "                           the end of each replica's and each node's log and exit 1\n"
+               "                           (default 0: no limit)\n"
                "  --inference-server PATH  the inference_server to run (default: the one built with this)\n");
   std::exit(code);
 }
@@ -189,6 +190,7 @@ bool Interrupted(const sigset_t& stop) {
 
 int main(int argc, char** argv) {
   const Options o = Parse(argc, argv);
+  const auto demo_start = Clock::now();  // --timeout counts from here
   // SIGTERM and SIGINT stop the demo through its own path: every process it started
   // is killed and the temporary directory removed (the destructors below).
   sigset_t stop;
@@ -310,17 +312,35 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "cluster_demo: every nats-server node reachable again\n");
     }
     if (client_status < 0 && o.timeout_s > 0 &&
-        Clock::now() - start > std::chrono::duration<double>(o.timeout_s)) {
-      // The client SIGKILLed; the replicas SIGTERMed, so that they log their summary.
+        Clock::now() - demo_start > std::chrono::duration<double>(o.timeout_s)) {
+      // The client SIGKILLed; the replicas SIGTERMed, so that they log their summary,
+      // and given 10 s together (then SIGKILLed); SIGINT or SIGTERM still stops it all.
       ::kill(client, SIGKILL);
       for (pid_t r : replicas) ::kill(r, SIGTERM);
-      for (pid_t r : replicas) {
-        if (WaitExit(r, std::chrono::seconds(10)) < 0) ::kill(r, SIGKILL);
+      std::vector<int> rcs(replicas.size(), -1);
+      const auto until = Clock::now() + std::chrono::seconds(10);
+      for (bool waiting = true; waiting && Clock::now() < until;) {
+        if (Interrupted(stop)) {
+          for (pid_t r : replicas) ::kill(r, SIGKILL);
+          std::fprintf(stderr, "\ncluster_demo: interrupted; the client, the replicas and the servers are stopped\n");
+          return 130;
+        }
+        waiting = false;
+        for (std::size_t i = 0; i < replicas.size(); ++i) {
+          if (rcs[i] < 0) rcs[i] = WaitExit(replicas[i], std::chrono::milliseconds(0));
+          waiting = waiting || rcs[i] < 0;
+        }
+        if (waiting) std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
-      std::fprintf(stderr, "\ncluster_demo: the client did not finish within --timeout %g s; it is SIGKILLed, "
+      for (std::size_t i = 0; i < replicas.size(); ++i) {
+        if (rcs[i] < 0) ::kill(replicas[i], SIGKILL);
+      }
+      std::fprintf(stderr, "\ncluster_demo: the run did not finish within --timeout %g s; the client is SIGKILLed, "
                    "the replicas stopped. What each process logged last:\n", o.timeout_s);
       for (std::size_t i = 0; i < logs.size(); ++i) {
-        std::fprintf(stderr, "--- replica process %zu (%s)\n%s\n", i, logs[i].c_str(), Tail(Read(logs[i]), 40).c_str());
+        std::fprintf(stderr, "--- replica process %zu (%s)%s\n%s\n", i, logs[i].c_str(),
+                     rcs[i] < 0 ? ", SIGKILLed: it did not stop within 10 s of SIGTERM" : "",
+                     Tail(Read(logs[i]), 40).c_str());
       }
       for (int i = 0; i < cluster.size(); ++i) {
         std::fprintf(stderr, "--- nats-server node %d (%s)\n%s\n", i, cluster.server(i).log_path().c_str(),

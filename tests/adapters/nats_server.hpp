@@ -26,6 +26,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -255,9 +256,12 @@ class LoopbackProxy {
 };
 
 // A fresh directory under the system's temporary directory, removed with the object.
+// A process killed outright (SIGKILL, a ctest timeout) leaves its directories behind:
+// each new TempDir first removes those of processes that no longer exist.
 class TempDir {
  public:
   TempDir() {
+    RemoveStale();
     std::random_device rd;
     path_ = std::filesystem::temp_directory_path() /
             ("inferq-nats-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
@@ -272,6 +276,27 @@ class TempDir {
   const std::filesystem::path& path() const { return path_; }
 
  private:
+  // Removes inferq-nats-<pid>-* directories whose process is gone (kill(pid, 0) says
+  // ESRCH); a live process, or one of another user, keeps its own.
+  static void RemoveStale() {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(std::filesystem::temp_directory_path(), ec)) {
+      const std::string name = entry.path().filename().string();
+      constexpr std::string_view kPrefix = "inferq-nats-";
+      if (name.rfind(kPrefix, 0) != 0) continue;
+      const std::size_t dash = name.find('-', kPrefix.size());
+      if (dash == std::string::npos) continue;
+      long pid = 0;
+      try {
+        pid = std::stol(name.substr(kPrefix.size(), dash - kPrefix.size()));
+      } catch (...) {
+        continue;
+      }
+      if (pid <= 0 || pid == ::getpid()) continue;
+      if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) std::filesystem::remove_all(entry.path(), ec);
+    }
+  }
+
   std::filesystem::path path_;
 };
 

@@ -12,8 +12,9 @@
 #   MODE outage        the network to every node cut at trace second 20 for 3 s (the
 #                      demo's proxies close every connection and refuse new ones;
 #                      the nodes run on): 0 lost, and the client reconnected
-# The client gets 240 s (--timeout), within ctest's 300: a run that stalls fails
-# with what each process logged last, not with ctest's silent timeout.
+# The run gets 240 s (--timeout, from the demo's start), within ctest's 300: a run
+# that stalls fails with what each process logged last, not with ctest's silent
+# timeout.
 # cluster_demo stops every process it started, also when the run fails (they die
 # with it: PR_SET_PDEATHSIG), and removes its temporary directory.
 # Usage: cmake -DEXE=<cluster_demo> -DMODE=... -DOUT=<file prefix> -P cluster_demo.cmake

@@ -65,18 +65,26 @@ struct Options {
                "  --servers N              nats-server nodes, 3..5 (default 3; the streams have 3 replicas)\n"
                "  --replica-processes N    inference_server --role replica processes, 1..16 (default 2)\n"
                "  --replicas N             replicas in each of them, 1..64 (default 2)\n"
-               "  --limit N                requests of the trace (default 2000)\n"
-               "  --speed X                trace seconds per wall second (default 5, as scripts/cluster_demo.sh)\n"
+               "  --limit N                requests of the trace, 1..1e9 (default 2000)\n"
+               "  --speed X                trace seconds per wall second, 0.001..1e6 (default 5, as\n"
+               "                           scripts/cluster_demo.sh)\n"
                "  --json FILE              the client's JSON summary\n"
                "  --kill-node I@T          SIGKILL node I (0..N-1) at trace second T; it stays down\n"
-               "  --kill-replica I@T       SIGKILL replica process I at trace second T\n"
+               "  --kill-replica I@T       SIGKILL replica process I at trace second T (needs\n"
+               "                           --replica-processes >= 2)\n"
                "  --outage T:D             cut every node off at trace second T (the processes reach them\n"
                "                           through the demo's proxies: connections closed, new ones\n"
-               "                           refused) for D wall seconds; the nodes run on\n"
+               "                           refused) for D wall seconds, 0..600; the nodes run on; not\n"
+               "                           with --kill-node\n"
                "  --timeout S              let the whole run take at most S wall seconds, then print\n"
                "                           the end of each replica's and each node's log and exit 1\n"
                "                           (default 0: no limit)\n"
-               "  --inference-server PATH  the inference_server to run (default: the one built with this)\n");
+               "  --inference-server PATH  the inference_server to run (default: the one built with this)\n"
+               "\n"
+               "Trace seconds are the client's clock, about (its start-up is not counted). Exit status:\n"
+               "the client's (0: every request completed, no token lost); 1 when a replica process that\n"
+               "was not killed failed, something could not start, or --timeout passed; 2 a bad option;\n"
+               "130 when SIGINT or SIGTERM stopped it (every process it started is stopped too).\n");
   std::exit(code);
 }
 

@@ -599,3 +599,24 @@ TEST_CASE("nats bridge: a cluster node killed mid-export loses nothing") {
   jsCtx_Destroy(js);
   natsConnection_Destroy(nc);
 }
+
+TEST_CASE("test harness: a TempDir removes the directories dead processes left, and keeps live ones'") {
+  // A process that is gone: a child that exited and was reaped.
+  const pid_t child = ::fork();
+  if (child == 0) std::_Exit(0);
+  REQUIRE(child > 0);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  const auto tmp = std::filesystem::temp_directory_path();
+  const auto stale = tmp / ("inferq-nats-" + std::to_string(child) + "-1");
+  const auto live = tmp / ("inferq-nats-" + std::to_string(::getppid()) + "-1");
+  std::filesystem::create_directories(stale / "n0");
+  std::filesystem::create_directories(live);
+  {
+    TempDir dir;
+    CHECK(std::filesystem::exists(dir.path()));
+  }
+  CHECK_FALSE(std::filesystem::exists(stale));
+  CHECK(std::filesystem::exists(live));  // our parent (ctest) is alive
+  std::filesystem::remove_all(live);
+}

@@ -98,8 +98,8 @@ class DuplicateWindow {
   /// it: the hash is computed once (Hashed), not per call. The view must stay valid
   /// for the call it is passed to only.
   struct HashedId {
-    std::string_view id;
-    std::size_t hash = 0;
+    std::string_view id;   ///< the message id (not owned)
+    std::size_t hash = 0;  ///< absl::Hash<std::string_view> of `id`
   };
   /// `msg_id` with its hash (absl::Hash of the bytes).
   static HashedId Hashed(std::string_view msg_id) {

@@ -613,12 +613,11 @@ struct LogImpl {
       s = end;
     }
     space_.NotifyOne();  // the publisher may wait for room
-    const std::int64_t now = NowNs();
     {
       std::unique_lock lock(timer_mu_, std::try_to_lock);  // the timer's: one thread at a time
       if (lock.owns_lock()) {
-        group_.Tick(now);
-        group_.Expire(now);
+        group_.Tick([] { return NowNs(); });  // the clock read after the cursor
+        group_.Expire(NowNs());
       }
     }
     log_.TrimBefore(group_.lowest_held());

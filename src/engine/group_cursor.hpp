@@ -22,7 +22,8 @@
 //   for (std::uint64_t s = r.first; s < r.end; ++s) Deliver(s);          // attempt 1
 //   g.Ack(s);                                   // true: this call settled s
 //   g.Nak(s, now + delay);                      // to the overflow map, due then
-//   g.Tick(now); g.Expire(now);                 // the timer thread
+//   g.Tick([&] { return clock.NowNanos(); });  // the timer thread, each tick,
+//   g.Expire(now);                              // then its expiries
 //   g.TakeDue(now, out, dead);                  // redeliveries (attempt > 1), dead letters
 //
 // Thread safety: Claim, Ack, AckWord, Nak, InProgress, TakeDue and the readers may be

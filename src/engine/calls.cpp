@@ -156,9 +156,12 @@ absl::Status Engine::RegisterFunction(std::string_view fn_id, FunctionHandler ha
                               (attempt == 1 ? " try" : " tries") + " (" + std::string(reason) + ")";
       error = last.ok() ? absl::InternalError(why)
                         : absl::Status(last.code(), why + ": " + std::string(last.message()));
-      // The handler's error report (its payloads) reaches the caller.
+      // The handler's error report (its payloads) reaches the caller, as deep copies:
+      // a Cord copy would share its reference-counted bytes with last_error, and the
+      // thread that drops the last reference would free them unordered (for TSan) with
+      // the caller's read.
       last.ForEachPayload([&error](absl::string_view url, const absl::Cord& bytes) {
-        error.SetPayload(url, bytes);
+        error.SetPayload(url, absl::Cord(std::string(bytes)));
       });
     }
     // Moved, not copied: the caller's thread then holds the only reference to the
@@ -223,7 +226,11 @@ void Engine::Impl::ServeCall(Message& m, const FunctionHandler& handler) {
     open = it != calls.end();
     if (open) {
       it->second.running = false;
-      it->second.last_error = reply.status();
+      // Moved, not copied: once calls_mu is released this thread holds no reference
+      // to the status, so the thread that reads it and drops the last reference is
+      // ordered by calls_mu alone (see tests/tsan_suppressions.cpp for why a shared
+      // absl::Status reference count is not enough for ThreadSanitizer).
+      it->second.last_error = std::move(reply).status();
     }
   }
   if (!open) {  // timed out (already dead-lettered) or cancelled: no more tries

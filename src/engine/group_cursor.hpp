@@ -95,6 +95,16 @@ class GroupCursor {
     // from the lowest unsettled sequence, so an ack out of order frees room only
     // once those below it are settled too: never more in flight, sometimes fewer.
     std::uint64_t max_in_flight = 0;
+    // Claim registers (NoteClaim), one per member; 0: none, the timer's own samples
+    // date every claim (to within a tick).
+    std::uint32_t members = 0;
+  };
+
+  // What a settle of one delivery found (the attempt-aware settles below).
+  enum class Found : std::uint8_t {
+    kCurrent,  // the delivery is the message's newest and still out: the settle applied
+    kStale,    // a newer delivery is out, or it waits for redelivery: nothing changed
+    kDone,     // the message was settled already: nothing changed
   };
 
   // Sequences [first, end), claimed by one member.
@@ -115,7 +125,11 @@ class GroupCursor {
   // Throws std::invalid_argument for window_word_bits > 20, start not in 1..2^62 (the
   // window's arithmetic stays far from 2^64) or ack_wait_ns < 0.
   explicit GroupCursor(const Options& o)
-      : options_(Checked(o)), window_(o.window_word_bits, o.start), next_(o.start), expired_(o.start) {}
+      : options_(Checked(o)),
+        window_(o.window_word_bits, o.start),
+        next_(o.start),
+        expired_(o.start),
+        registers_(o.members) {}
   GroupCursor(const GroupCursor&) = delete;
   GroupCursor& operator=(const GroupCursor&) = delete;
 
@@ -173,6 +187,53 @@ class GroupCursor {
     return Hold(seq, options_.ack_wait_ns > 0 ? Add(now_ns, options_.ack_wait_ns) : kNever, /*out=*/true);
   }
 
+  // The attempt-aware settles of delivery `attempt` of `seq` (1 = the claim's), for a
+  // consumer whose old deliveries may still be settled after an expiry handed the
+  // message out again: only the newest delivery, while it is out, decides.
+  //  - Finish: settles it as done (a term; a give-up after the last delivery).
+  //  - Nak: waits for redelivery, due at `due_ns`.
+  //  - InProgress: its ack deadline moves to now + ack_wait (a no-op, kCurrent, when
+  //    there is no ack_wait).
+  // Each returns kCurrent when it applied, kStale or kDone when it changed nothing.
+  Found Finish(std::uint64_t seq, std::uint32_t attempt) {
+    if (attempt == 1 && window_.TrySet(seq)) return Found::kCurrent;
+    std::lock_guard lock(mu_);
+    auto it = map_.find(seq);
+    if (it == map_.end()) return Found::kDone;
+    if (it->second.attempt != attempt || !it->second.out) return Found::kStale;
+    map_.erase(it);
+    overflow_count_.store(map_.size(), std::memory_order_seq_cst);
+    return Found::kCurrent;
+  }
+  Found Nak(std::uint64_t seq, std::uint32_t attempt, std::int64_t due_ns) {
+    return HoldDelivery(seq, attempt, due_ns, /*out=*/false);
+  }
+  Found InProgress(std::uint64_t seq, std::uint32_t attempt, std::int64_t now_ns) {
+    if (options_.ack_wait_ns == 0) return Current(seq, attempt);
+    return HoldDelivery(seq, attempt, Add(now_ns, options_.ack_wait_ns), /*out=*/true);
+  }
+  // What delivery `attempt` of `seq` is now (nothing changes).
+  Found Current(std::uint64_t seq, std::uint32_t attempt) {
+    std::lock_guard lock(mu_);  // inv. 2: a move is not half done
+    auto it = map_.find(seq);
+    if (it != map_.end()) {
+      return it->second.attempt == attempt && it->second.out ? Found::kCurrent : Found::kStale;
+    }
+    if (window_.IsSet(seq)) return Found::kDone;
+    return attempt == 1 ? Found::kCurrent : Found::kStale;
+  }
+
+  // A member's claim register: member `member` claimed sequences below `end` by time
+  // `at_ns` (it read the clock after its claim). The next Tick takes it as a sample,
+  // so a claim's ack deadline is its own time, not the timer's next tick (exact with
+  // a clock that only a test moves). Written by that member only; at_ns first and
+  // end with release, so a Tick that acquires `end` reads a time no older than it.
+  void NoteClaim(std::uint32_t member, std::uint64_t end, std::int64_t at_ns) {
+    Register& r = registers_[member];
+    r.at_ns.store(at_ns, std::memory_order_relaxed);
+    r.end.store(end, std::memory_order_release);
+  }
+
   // Timer: samples the cursor, then the clock: `now()` returns the time in ns (inv.
   // 4). Every sequence below the sample was claimed at or before that time, so none
   // comes back early. Call once per tick; the tick is how late after ack_wait a
@@ -181,11 +242,22 @@ class GroupCursor {
     requires std::is_invocable_r_v<std::int64_t, NowFn&>
   void Tick(NowFn&& now) {
     if (options_.ack_wait_ns == 0) return;
+    // The members' registers first, in the order of their ends: each is a claim dated
+    // by its member (NoteClaim).
+    if (!registers_.empty()) {
+      register_samples_.clear();
+      for (Register& r : registers_) {
+        const std::uint64_t end = r.end.load(std::memory_order_acquire);
+        if (end != 0) register_samples_.push_back({end, r.at_ns.load(std::memory_order_relaxed)});
+      }
+      std::sort(register_samples_.begin(), register_samples_.end(),
+                [](const Sample& a, const Sample& b) { return a.end < b.end; });
+      for (const Sample& x : register_samples_) AddSample(x.end, x.at_ns);
+    }
     // seq_cst, and the clock read after it: a claim the load does not see is later.
     const std::uint64_t claimed = next_.load(std::memory_order_seq_cst);
     const std::int64_t at = now();
-    if (!samples_.empty() && samples_.back().end == claimed) return;  // nothing claimed since
-    samples_.push_back({claimed, at});
+    AddSample(claimed, at);
   }
   // Tick at a time read before the call: for a clock nothing else moves (a
   // ManualClock, a test), where no claim falls between the reading and the sample.
@@ -194,8 +266,9 @@ class GroupCursor {
   }
 
   // Timer: every sequence claimed before a sample at least ack_wait old and still
-  // unsettled moves to the overflow map, due now (a word of the window per CAS).
-  // Returns how many moved.
+  // unsettled moves to the overflow map, out with its ack deadline passed (now), so
+  // that TimeOut or TakeDue takes it (a word of the window per CAS). Returns how many
+  // moved.
   std::size_t Expire(std::int64_t now_ns) {
     if (options_.ack_wait_ns == 0) return 0;
     std::uint64_t through = expired_;
@@ -217,7 +290,7 @@ class GroupCursor {
       if (taken != 0) {
         for (; taken != 0; taken &= taken - 1) {
           map_.insert_or_assign(base + static_cast<std::uint64_t>(std::countr_zero(taken)),
-                                Entry{1, now_ns, false});
+                                Entry{1, now_ns, true});
           ++moved;
         }
         overflow_count_.store(map_.size(), std::memory_order_seq_cst);
@@ -251,6 +324,50 @@ class GroupCursor {
     }
     overflow_count_.store(map_.size(), std::memory_order_seq_cst);
     return moved;
+  }
+
+  // Timer, after Expire: every delivery out whose ack deadline has passed (`now_ns`)
+  // times out. It waits for redelivery, due now, and is appended to `timed_out`; or,
+  // when it was delivery max_deliver, it is removed and appended to `dead` (the
+  // caller gives it up). {seq, attempt}: the delivery that timed out.
+  void TimeOut(std::int64_t now_ns, std::vector<Redelivery>& timed_out, std::vector<Redelivery>& dead) {
+    if (overflow_count_.load(std::memory_order_acquire) == 0) return;
+    std::lock_guard lock(mu_);
+    for (auto it = map_.begin(); it != map_.end();) {
+      Entry& e = it->second;
+      if (!e.out || e.due_ns > now_ns) {
+        ++it;
+        continue;
+      }
+      if (options_.max_deliver > 0 && e.attempt >= options_.max_deliver) {
+        dead.push_back({it->first, e.attempt});
+        it = map_.erase(it);
+        continue;
+      }
+      e.out = false;
+      e.due_ns = now_ns;
+      timed_out.push_back({it->first, e.attempt});
+      ++it;
+    }
+    overflow_count_.store(map_.size(), std::memory_order_seq_cst);
+  }
+
+  // The earliest time a held message is due (redelivery, or an ack deadline);
+  // kNever when the map is empty. For the timer's next wake-up.
+  std::int64_t next_due() const {
+    if (overflow_count_.load(std::memory_order_acquire) == 0) return kNever;
+    std::lock_guard lock(mu_);
+    std::int64_t due = kNever;
+    for (const auto& [seq, e] : map_) due = std::min(due, e.due_ns);
+    return due;
+  }
+
+  // Removes `seq` from the cursor's care whatever state it is in (the stream removed
+  // the message: a purge, a limit): unsettled, it is settled; held, it leaves the map.
+  // True when it was unsettled or held.
+  bool Drop(std::uint64_t seq) {
+    if (window_.TrySet(seq)) return true;
+    return EraseHeld(seq);
   }
 
   // Hands out the held messages whose time has come, oldest sequence first, at most
@@ -378,6 +495,39 @@ class GroupCursor {
     return true;
   }
 
+  // Nak or InProgress of delivery `attempt` (inv. 2).
+  Found HoldDelivery(std::uint64_t seq, std::uint32_t attempt, std::int64_t due_ns, bool out) {
+    std::lock_guard lock(mu_);  // inv. 2
+    if (attempt == 1) {
+      Moving carrying(moving_, 1);  // inv. 6
+      if (window_.TrySet(seq)) {
+        map_.insert_or_assign(seq, Entry{1, due_ns, out});
+        overflow_count_.store(map_.size(), std::memory_order_seq_cst);
+        return Found::kCurrent;
+      }
+    }
+    auto it = map_.find(seq);
+    if (it == map_.end()) return Found::kDone;
+    if (it->second.attempt != attempt || !it->second.out) return Found::kStale;
+    it->second.due_ns = due_ns;
+    it->second.out = out;
+    return Found::kCurrent;
+  }
+
+  // Adds sample {end, at} (timer only), keeping samples_ increasing in both: a sample
+  // another dates earlier for more sequences makes it redundant, and dropping a
+  // sample only dates claims later (never early).
+  void AddSample(std::uint64_t end, std::int64_t at) {
+    if (!samples_.empty() && samples_.back().end >= end) return;
+    while (!samples_.empty() && samples_.back().at_ns >= at) samples_.pop_back();
+    samples_.push_back({end, at});
+  }
+
+  struct alignas(kCacheLineSize) Register {
+    std::atomic<std::uint64_t> end{0};
+    std::atomic<std::int64_t> at_ns{0};
+  };
+
   const Options options_;
   AckWindow window_;
   alignas(kCacheLineSize) std::atomic<std::uint64_t> next_;
@@ -389,6 +539,8 @@ class GroupCursor {
   absl::btree_map<std::uint64_t, Entry> map_;  // guarded by mu_
   std::atomic<std::size_t> overflow_count_{0};
   std::atomic<std::size_t> moving_{0};  // inv. 6
+  std::vector<Register> registers_;     // NoteClaim: one per member
+  std::vector<Sample> register_samples_;  // Tick's scratch (the timer's)
 };
 
 }  // namespace inferq::engine_internal

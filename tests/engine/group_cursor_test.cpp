@@ -746,3 +746,81 @@ TEST_CASE("irregular ticks: a message moves no earlier than ack_wait after its c
     for (const auto& [s, at] : claimed_at) REQUIRE(g.IsHeld(s));
   }
 }
+
+TEST_CASE("attempt-aware settles: only the newest delivery, while out, decides") {
+  using Found = GroupCursor::Found;
+  GroupCursor g({.window_word_bits = 1, .start = 1, .ack_wait_ns = 100 * kMs, .max_deliver = 3});
+  REQUIRE(g.Claim(4, 100).size() == 4);
+  g.Tick(0);
+  CHECK(g.Finish(1, 1) == Found::kCurrent);  // a term of the claim's delivery
+  CHECK(g.Finish(1, 1) == Found::kDone);
+  CHECK(g.Ack(1) == false);
+  CHECK(g.Nak(2, 1, 50 * kMs) == Found::kCurrent);  // waits for redelivery
+  CHECK(g.Nak(2, 1, 60 * kMs) == Found::kStale);    // waiting: no second nak
+  CHECK(g.InProgress(2, 1, 10 * kMs) == Found::kStale);
+  CHECK(g.Current(2, 1) == Found::kStale);
+  std::vector<Redelivery> out, dead;
+  g.TakeDue(50 * kMs, out, dead);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].attempt == 2);
+  CHECK(g.Current(2, 2) == Found::kCurrent);
+  CHECK(g.Finish(2, 1) == Found::kStale);  // the old delivery's term changes nothing
+  CHECK(g.InProgress(2, 2, 60 * kMs) == Found::kCurrent);  // deadline 160 ms
+  // The expiry of 3 and 4 (claimed at 0) at 100 ms; 2 is due at 160 ms.
+  CHECK(g.Expire(100 * kMs) == 2);
+  std::vector<Redelivery> timed_out;
+  g.TimeOut(100 * kMs, timed_out, dead);
+  CHECK(Seqs(timed_out) == std::vector<std::uint64_t>{3, 4});
+  CHECK(timed_out[0].attempt == 1);
+  CHECK(g.InProgress(3, 1, 100 * kMs) == Found::kStale);  // its ack wait expired
+  CHECK(g.Ack(4));  // a late ack of the expired delivery still settles the message
+  CHECK(g.Current(4, 1) == Found::kDone);
+  timed_out.clear();
+  g.TimeOut(159 * kMs, timed_out, dead);
+  CHECK(timed_out.empty());
+  g.TimeOut(160 * kMs, timed_out, dead);
+  REQUIRE(timed_out.size() == 1);
+  CHECK(timed_out[0].seq == 2);
+  CHECK(timed_out[0].attempt == 2);
+  CHECK(g.next_due() == 100 * kMs);  // 3 waits since its expiry
+  out.clear();
+  g.TakeDue(200 * kMs, out, dead);
+  REQUIRE(out.size() == 2);  // 2 (attempt 3) and 3 (attempt 2)
+  CHECK(out[0].seq == 2);
+  CHECK(out[0].attempt == 3);
+  // Delivery 3 of 2 is max_deliver: its time-out gives it up.
+  timed_out.clear();
+  g.TimeOut(300 * kMs, timed_out, dead);
+  CHECK(Seqs(timed_out) == std::vector<std::uint64_t>{3});
+  REQUIRE(dead.size() == 1);
+  CHECK(dead[0].seq == 2);
+  CHECK(dead[0].attempt == 3);
+  CHECK(g.Current(2, 3) == Found::kDone);
+  CHECK(g.Drop(3));  // the stream removed it: gone from the map
+  CHECK(g.held() == 0);
+  CHECK(g.next_due() == GroupCursor::kNever);
+  CHECK(g.lowest_held() == 5);
+}
+
+TEST_CASE("a member's claim register dates its claim exactly, not at the next tick") {
+  const std::int64_t ack_wait = 1000 * kMs;
+  GroupCursor g({.window_word_bits = 1, .start = 1, .ack_wait_ns = ack_wait, .members = 2});
+  g.Tick(0);
+  REQUIRE(g.Claim(3, 100).size() == 3);  // 1..3 at 100 ms, by member 1
+  g.NoteClaim(1, 4, 100 * kMs);
+  REQUIRE(g.Claim(2, 100).size() == 2);  // 4..5 at 700 ms, by member 0
+  g.NoteClaim(0, 6, 700 * kMs);
+  g.Tick(1400 * kMs);                    // the timer comes late
+  CHECK(g.Expire(1099 * kMs) == 0);
+  CHECK(g.Expire(1100 * kMs) == 3);      // 1..3: exactly ack_wait after their claim
+  CHECK(g.Expire(1699 * kMs) == 0);
+  CHECK(g.Expire(1700 * kMs) == 2);
+  // A register older than what a later sample covers adds nothing.
+  GroupCursor h({.window_word_bits = 1, .start = 1, .ack_wait_ns = ack_wait, .members = 1});
+  REQUIRE(h.Claim(2, 100).size() == 2);
+  h.Tick(50 * kMs);                      // sample {3, 50 ms}
+  h.NoteClaim(0, 3, 60 * kMs);           // read late: dated after the sample
+  h.Tick(80 * kMs);
+  CHECK(h.Expire(1049 * kMs) == 0);
+  CHECK(h.Expire(1050 * kMs) == 2);
+}

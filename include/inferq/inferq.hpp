@@ -31,6 +31,7 @@
 #include "inferq/memory/fixed_pool.hpp"
 #include "inferq/memory/numa_arena.hpp"
 #include "inferq/memory/topology.hpp"
+#include "inferq/ring/event_count.hpp"
 #include "inferq/ring/mpmc_ring.hpp"
 #include "inferq/ring/spsc_ring.hpp"
 #include "inferq/ring/wait_strategy.hpp"

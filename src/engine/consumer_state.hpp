@@ -47,6 +47,7 @@ namespace inferq {
 namespace engine_internal {
 
 struct StreamState;
+struct CursorState;  // cursor.hpp
 
 // What a consumer needs from the engine that owns it, and nothing more: the dead
 // letter builder (dead_letter.cpp) publishes through it, settlement asks it for a
@@ -216,6 +217,10 @@ struct ConsumerTimer {
 
 struct ConsumerState {
   ConsumerConfig config;
+  // A cursor consumer (cursor.hpp): its members claim from this cursor, and its lanes
+  // only keep their counters. Set by AddConsumer before the consumer is listed.
+  std::unique_ptr<CursorState> cursor;
+  ~ConsumerState();
   // ConsumerConfig::accept_codecs: bit c set = accepts PayloadCodec c (all bits for
   // an empty list), and the codec an event in another codec is converted to.
   std::uint32_t accept_mask = ~std::uint32_t{0};

@@ -172,6 +172,9 @@ Engine::Engine(EngineOptions options) : impl_(std::make_unique<Impl>()) {
     impl_->tracer = std::make_unique<engine_internal::Tracer>(options.trace, impl_->clock);
   }
   impl_->manual_timers = options.manual_timers;
+  if (const char* v = std::getenv("INFERQ_CURSOR_CONSUMERS"); v != nullptr && std::string_view(v) == "1") {
+    impl_->cursor_consumers = true;
+  }
   impl_->call_wheel = std::make_unique<TimerWheel<std::uint64_t>>(impl_->clock->NowNanos());
   if (options.flow_control) {
     // Cannot throw: Create checked the config.
@@ -995,7 +998,11 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
   }
   {
     std::lock_guard stream_lock(stream->mu);
-    QueueStoredMessages(*stream, *raw, scan);
+    if (impl_->cursor_consumers && engine_internal::CursorEligible(*stream, *raw)) {
+      engine_internal::AttachCursor(*stream, *raw);  // starts at the stream's next sequence
+    } else {
+      QueueStoredMessages(*stream, *raw, scan);
+    }
     stream->consumers.push_back(raw);
     stream->ConsumersChanged();
     if (!config.accept_codecs.empty()) {
@@ -1029,6 +1036,7 @@ void Engine::Close() {
     impl_->closed.store(true, std::memory_order_release);
     for (auto& c : impl_->consumers) {
       for (auto& lane : c->lanes) lane->ring.close();
+      if (c->cursor != nullptr) engine_internal::CloseCursor(*c);
       {
         std::lock_guard slot_lock(c->slot_mu);
         c->closing.store(true, std::memory_order_release);

@@ -40,6 +40,7 @@
 #include "node_pools.hpp"
 #include "route_index.hpp"
 #include "stream_state.hpp"
+#include "cursor.hpp"
 #include "per_thread_counters.hpp"
 
 namespace inferq {
@@ -176,6 +177,10 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
 
   // Timers (ack_wait, stalled members): a background thread unless manual_timers.
   bool manual_timers = false;
+  // Consumers that CursorEligible takes become cursor consumers (cursor.hpp):
+  // INFERQ_CURSOR_CONSUMERS=1 in the environment at Create, while the engine-core
+  // redesign is under way.
+  bool cursor_consumers = false;
   std::mutex timer_mu;
   std::condition_variable timer_cv;
   bool timer_stop = false;                       // guarded by timer_mu
@@ -385,13 +390,16 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // PublishAck::streams_busy too.
   static void Refuse(StreamState& stream, absl::Status why, bool count, PublishTally& tally,
                      bool busy = false);
+  // Cursor consumers are not selected: each that takes `ev` is a bit of
+  // *cursor_targets (CursorState::bit), counted in *explicit_acks.
   // The members of the stream's matching consumers that take `ev` (their selection
   // policies, under the stream's mutex, at `now` of the engine clock). Which
   // consumers' filters match comes from `route`'s mask when it was computed at the
   // stream's present consumers_version, else from StreamState::FilterMask, given back
   // to the route cache (NoteFilters) for the next publish. Requires stream.mu.
   void SelectTargets(StreamState& stream, const CapturingStream& route, const Event& ev,
-                     std::int64_t now, Targets* targets, std::uint32_t* explicit_acks);
+                     std::int64_t now, Targets* targets, std::uint32_t* explicit_acks,
+                     std::uint64_t* cursor_targets);
   // ResourceExhausted naming the lane when a target's full lane refuses the publish
   // (kReject, or kBlock for a publish that must not wait).
   // `busy` is set when the refusal is a kBlock lane that a TryPublish does not wait for.

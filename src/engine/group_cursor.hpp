@@ -120,6 +120,18 @@ class GroupCursor {
   struct Redelivery {
     std::uint64_t seq = 0;
     std::uint32_t attempt = 0;
+    // TakeDue: false when no CountDue (nor the settle that held it) counted this
+    // redelivery yet; the taker counts it.
+    bool counted = true;
+    // TakeDue: a redelivery an older delivery's ack settled after it was counted (see
+    // AckDelivery): the taker skips it, and Drop removes it.
+    bool superseded = false;
+  };
+
+  // What AckDelivery found.
+  struct Acked {
+    bool settled = false;  // this call settled the message (false: it was done already)
+    bool was_out = false;  // a delivery of it was out (not waiting for redelivery)
   };
 
   // Throws std::invalid_argument for window_word_bits > 20, start not in 1..2^62 (the
@@ -165,6 +177,51 @@ class GroupCursor {
     return EraseHeld(seq);
   }
 
+  // Ack of any delivery of `seq` (an older one's ack still wins over a newer one), and
+  // whether a delivery of it was out at the time (its member's count of unsettled
+  // deliveries goes down).
+  //
+  // A redelivery already counted (queued, in the engine's terms) that this ack settles
+  // stays in the map, superseded, until a member takes it (TakeDue) and skips it: the
+  // engine counts such a copy when a member passes over it, as it does one on a lane.
+  Acked AckDelivery(std::uint64_t seq) {
+    if (window_.TrySet(seq)) return {true, true};
+    std::lock_guard lock(mu_);
+    auto it = map_.find(seq);
+    if (it == map_.end() || it->second.superseded) return {};
+    const bool out = it->second.out;
+    if (!out && it->second.counted) {
+      it->second.superseded = true;
+      it->second.due_ns = std::numeric_limits<std::int64_t>::min();
+      return {true, false};
+    }
+    map_.erase(it);
+    overflow_count_.store(map_.size(), std::memory_order_seq_cst);
+    return {true, out};
+  }
+
+  // True when `seq` is done: settled in the window and not held in the map.
+  bool IsDone(std::uint64_t seq) const {
+    if (!window_.IsSet(seq)) return false;
+    std::lock_guard lock(mu_);
+    auto it = map_.find(seq);
+    return it == map_.end() || it->second.superseded;
+  }
+
+  // Redeliveries that came due by `now_ns` and that nothing counted yet (a nak with
+  // a delay: counted when it is due, as a queued redelivery is); marks them counted.
+  // Appends their sequences to `out`.
+  void CountDue(std::int64_t now_ns, std::vector<std::uint64_t>& out) {
+    if (overflow_count_.load(std::memory_order_acquire) == 0) return;
+    std::lock_guard lock(mu_);
+    for (auto& [seq, e] : map_) {
+      if (!e.out && !e.counted && e.due_ns <= now_ns) {
+        e.counted = true;
+        out.push_back(seq);
+      }
+    }
+  }
+
   // Acks the sequences of `mask` in the word at `base` (a multiple of 32; bit i is
   // base + i) with one CAS; those the window had settled already are acked one by
   // one (Ack). Returns how many this call settled.
@@ -199,14 +256,16 @@ class GroupCursor {
     if (attempt == 1 && window_.TrySet(seq)) return Found::kCurrent;
     std::lock_guard lock(mu_);
     auto it = map_.find(seq);
-    if (it == map_.end()) return Found::kDone;
+    if (it == map_.end() || it->second.superseded) return Found::kDone;
     if (it->second.attempt != attempt || !it->second.out) return Found::kStale;
     map_.erase(it);
     overflow_count_.store(map_.size(), std::memory_order_seq_cst);
     return Found::kCurrent;
   }
-  Found Nak(std::uint64_t seq, std::uint32_t attempt, std::int64_t due_ns) {
-    return HoldDelivery(seq, attempt, due_ns, /*out=*/false);
+  // `counted`: the caller counts the redelivery now (a nak without a delay); false
+  // leaves it to CountDue or TakeDue.
+  Found Nak(std::uint64_t seq, std::uint32_t attempt, std::int64_t due_ns, bool counted = true) {
+    return HoldDelivery(seq, attempt, due_ns, /*out=*/false, counted);
   }
   Found InProgress(std::uint64_t seq, std::uint32_t attempt, std::int64_t now_ns) {
     if (options_.ack_wait_ns == 0) return Current(seq, attempt);
@@ -217,6 +276,7 @@ class GroupCursor {
     std::lock_guard lock(mu_);  // inv. 2: a move is not half done
     auto it = map_.find(seq);
     if (it != map_.end()) {
+      if (it->second.superseded) return Found::kDone;
       return it->second.attempt == attempt && it->second.out ? Found::kCurrent : Found::kStale;
     }
     if (window_.IsSet(seq)) return Found::kDone;
@@ -335,7 +395,7 @@ class GroupCursor {
     std::lock_guard lock(mu_);
     for (auto it = map_.begin(); it != map_.end();) {
       Entry& e = it->second;
-      if (!e.out || e.due_ns > now_ns) {
+      if (!e.out || e.superseded || e.due_ns > now_ns) {
         ++it;
         continue;
       }
@@ -358,7 +418,9 @@ class GroupCursor {
     if (overflow_count_.load(std::memory_order_acquire) == 0) return kNever;
     std::lock_guard lock(mu_);
     std::int64_t due = kNever;
-    for (const auto& [seq, e] : map_) due = std::min(due, e.due_ns);
+    for (const auto& [seq, e] : map_) {
+      if (!e.superseded) due = std::min(due, e.due_ns);
+    }
     return due;
   }
 
@@ -383,6 +445,15 @@ class GroupCursor {
     std::size_t taken = 0;
     for (auto it = map_.begin(); it != map_.end() && taken < max;) {
       Entry& e = it->second;
+      if (e.superseded) {  // handed out once, to be skipped; Drop removes it
+        if (!e.out) {
+          e.out = true;
+          out.push_back({it->first, e.attempt, true, true});
+          ++taken;
+        }
+        ++it;
+        continue;
+      }
       if (e.due_ns > now_ns) {
         ++it;
         continue;
@@ -393,8 +464,9 @@ class GroupCursor {
         it = map_.erase(it);
         continue;
       }
+      const bool counted = e.counted;
       e = Entry{next, deadline, true};
-      out.push_back({it->first, next});
+      out.push_back({it->first, next, counted});
       ++taken;
       ++it;
     }
@@ -428,6 +500,8 @@ class GroupCursor {
     std::uint32_t attempt = 1;  // deliveries so far
     std::int64_t due_ns = 0;    // out: ack deadline; waiting: when to deliver again
     bool out = false;           // delivered and not acked (else waiting)
+    bool counted = true;        // waiting: its redelivery was counted (CountDue)
+    bool superseded = false;    // settled by an older delivery's ack (AckDelivery)
   };
   struct Sample {
     std::uint64_t end;  // next_ at the sample
@@ -496,21 +570,23 @@ class GroupCursor {
   }
 
   // Nak or InProgress of delivery `attempt` (inv. 2).
-  Found HoldDelivery(std::uint64_t seq, std::uint32_t attempt, std::int64_t due_ns, bool out) {
+  Found HoldDelivery(std::uint64_t seq, std::uint32_t attempt, std::int64_t due_ns, bool out,
+                     bool counted = true) {
     std::lock_guard lock(mu_);  // inv. 2
     if (attempt == 1) {
       Moving carrying(moving_, 1);  // inv. 6
       if (window_.TrySet(seq)) {
-        map_.insert_or_assign(seq, Entry{1, due_ns, out});
+        map_.insert_or_assign(seq, Entry{1, due_ns, out, counted});
         overflow_count_.store(map_.size(), std::memory_order_seq_cst);
         return Found::kCurrent;
       }
     }
     auto it = map_.find(seq);
-    if (it == map_.end()) return Found::kDone;
+    if (it == map_.end() || it->second.superseded) return Found::kDone;
     if (it->second.attempt != attempt || !it->second.out) return Found::kStale;
     it->second.due_ns = due_ns;
     it->second.out = out;
+    it->second.counted = counted;
     return Found::kCurrent;
   }
 

@@ -6,6 +6,7 @@
 // matching consumer, and enqueue it on their lanes. FlushOutbox publishes the dead
 // letters that found their stream's mutex taken.
 #include <algorithm>
+#include <bit>
 #include <array>
 #include <deque>
 #include <new>
@@ -398,7 +399,7 @@ inline bool Engine::Impl::LockForPublish(StreamState& stream, std::unique_lock<e
 
 inline void Engine::Impl::SelectTargets(StreamState& stream, const CapturingStream& route,
                                         const Event& ev, std::int64_t now, Targets* targets,
-                                        std::uint32_t* explicit_acks) {
+                                        std::uint32_t* explicit_acks, std::uint64_t* cursor_targets) {
   // Which consumers' filters match: the route cache's mask, computed once per
   // subject and consumer list, not a pattern match per consumer and event.
   std::uint64_t mask = route.filter_mask;
@@ -419,6 +420,11 @@ inline void Engine::Impl::SelectTargets(StreamState& stream, const CapturingStre
     if (c->deleted.load(std::memory_order_relaxed)) continue;
     if (stream.next_seq <= c->start_after) continue;  // before its start sequence
     if (!c->config.predicate.is_trivial() && !c->config.predicate.Matches(ev)) continue;
+    if (c->cursor != nullptr) {  // read through the stream's cursor log (cursor.hpp)
+      *cursor_targets |= c->cursor->bit;
+      ++*explicit_acks;
+      continue;
+    }
     Selection sel;
     {
       std::lock_guard select_lock(c->select_mu);
@@ -647,12 +653,22 @@ inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedE
   // select: the consumers that take this event, and which member of each.
   Targets targets;
   std::uint32_t explicit_acks = 0;
-  SelectTargets(stream, route, ev, now, &targets, &explicit_acks);
+  std::uint64_t cursor_targets = 0;
+  SelectTargets(stream, route, ev, now, &targets, &explicit_acks, &cursor_targets);
   // Full lanes refuse before anything changes. Internal publishes (dead letters) never
   // wait and never refuse: a full lane parks them (EnqueueTargets).
   if (!flags.internal) {
     bool busy = false;
     if (absl::Status full = CheckLanes(cfg, ev, targets, flags, &busy); !full.ok()) {
+      Refuse(stream, std::move(full), flags.count_refusals, tally, busy);
+      return;
+    }
+  }
+  if (cursor_targets != 0) {
+    bool busy = false;
+    if (absl::Status full = engine_internal::CursorRoom(stream, cursor_targets, flags.wait,
+                                                        flags.internal, &busy);
+        !full.ok()) {
       Refuse(stream, std::move(full), flags.count_refusals, tally, busy);
       return;
     }
@@ -692,6 +708,12 @@ inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedE
       tally.syncs.back().removed_tx = stream.limit_removed_tx;
     }
     stream.RetireLog();
+  }
+  // The cursor consumers' log: one entry for all of them, and one for every message
+  // once the stream has the log (its sequences are the stream's).
+  if (stream.cursors != nullptr) {
+    engine_internal::PushToCursors(stream, stored, cursor_targets);
+    tally.ack.deliveries += static_cast<std::uint32_t>(std::popcount(cursor_targets));
   }
   // enqueue: one delivery per target lane. `stored` may be empty after it
   // (EnqueueTargets); it is not when undelivered_acks > 0.

@@ -209,6 +209,7 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
   ConsumerState& c = *consumer_;
   if (c.deleted.load(std::memory_order_acquire)) return Deleted(c);
   if (c.AckLogFailed()) return c.AckLogFailure();
+  if (c.cursor != nullptr) return PopCursor(deadline_ns, out, now_ns, describe);
   Lane& lane = *c.lanes[index_];
   // max_ack_pending: take a slot before pulling, so that no more than the limit is
   // ever out; it is given back when the pull ends without a countable delivery.
@@ -526,7 +527,7 @@ absl::StatusOr<std::vector<Message>> Member::NextBatch(absl::Duration timeout) {
   bool waited_out = false;
   for (;;) {
     const std::int64_t now = c.clock->NowNanos();
-    const BatchDecision d = batcher.Decide(batch.size() + lane.ring.size_approx(), oldest, now);
+    const BatchDecision d = batcher.Decide(batch.size() + queued(), oldest, now);
     if (d.take > 0 || waited_out) {
       std::size_t quiet = 0;  // as in GatherBatch: one wake-up of blocked publishers
       while (batch.size() < d.take) {
@@ -559,7 +560,10 @@ absl::Status Member::ReportLoad(const MemberLoadReport& report) {
   return consumer_->group->ReportLoad(index_, report);
 }
 
-std::size_t Member::queued() const { return consumer_->lanes[index_]->ring.size_approx(); }
+std::size_t Member::queued() const {
+  if (consumer_->cursor != nullptr) return engine_internal::CursorPending(*consumer_);
+  return consumer_->lanes[index_]->ring.size_approx();
+}
 
 absl::StatusOr<Member> Consumer::member(std::uint32_t i) const {
   if (i >= state_->lanes.size()) {

@@ -257,6 +257,10 @@ absl::Status Message::InProgress() {
                                          c.config.stream + "' was already settled by consumer '" +
                                          c.config.name + "'");
   }
+  if (c.cursor != nullptr) {  // a no-op unless this delivery is out and the newest
+    (void)c.cursor->cursor.InProgress(msg_->seq, attempt_, c.clock->NowNanos());
+    return absl::OkStatus();
+  }
   if (!c.tracked || shadow_) return absl::OkStatus();
   const std::int64_t deadline =
       engine_internal::SatAdd(c.clock->NowNanos(), c.AckWaitFor(attempt_));
@@ -428,6 +432,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
   }
   if (how == Settlement::kNak) c.counts.naks.fetch_add(1, std::memory_order_relaxed);
   if (how == Settlement::kTerm) c.counts.terminated.fetch_add(1, std::memory_order_relaxed);
+  if (c.cursor != nullptr) return SettleCursor(how, delay_ns, description, now, latency);
   if (c.tracked) {
     std::unique_lock lock(c.pending_mu);
     auto it = c.pending.find(msg_->seq);

@@ -198,8 +198,14 @@ class StreamMutex {
 #endif
 };
 
+struct StreamCursors;  // cursor.hpp
+
 struct StreamState {
   StreamConfig config;
+  // The log its cursor consumers read (cursor.hpp); null until the first one is
+  // added. Appended to under mu.
+  std::unique_ptr<StreamCursors> cursors;
+  ~StreamState();
   // kFile: config.directory made absolute and normal once, when the stream was added
   // (a later chdir does not move it).
   std::filesystem::path normal_dir;

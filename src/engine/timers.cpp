@@ -193,6 +193,11 @@ void Engine::RunTimers() {
   for (ConsumerState* c : consumers) {
     if (c->deleted.load(std::memory_order_acquire)) continue;  // deleted since the snapshot
     const std::int64_t now = impl_->clock->NowNanos();
+    if (c->cursor != nullptr) {
+      const std::int64_t next = engine_internal::RunCursorTimers(*c, now);
+      if (next != INT64_MAX) impl_->WakeTimer(next);
+      continue;
+    }
     // 1. Due timers (ack waits, delayed naks, queue timeouts), parked deliveries.
     RunConsumerTimers(*c, now);
     engine_internal::RetryParked(*c);

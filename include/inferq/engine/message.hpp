@@ -199,6 +199,10 @@ class Message {
                       bool through_lifecycle);
   /// AckSync's second half: waits for the ack log's (and a file work queue's) sync.
   absl::Status SyncAck();
+  /// Settle's part for a delivery of a cursor consumer (engine/cursor.cpp), after the
+  /// settle won and was counted; `now` and `latency` as Settle read them.
+  absl::Status SettleCursor(Settlement how, std::int64_t delay_ns, std::string_view description,
+                            std::int64_t now, std::int64_t latency);
   /// Forgets the message's record in the consumer's lifecycle, if it has one (its
   /// ack is final: no delivery of it can come again).
   void ForgetLifecycleRecord();
@@ -294,6 +298,9 @@ class Member {
   /// `quiet_pops`: for a try (deadline_ns 0) in a batch, the pop wakes no publisher
   /// blocked on the full lane and counts itself here instead; the batch wakes them
   /// once (LaneQueue::wake_pushers) when it ends and before it waits.
+  /// PopOne for a cursor consumer (engine/cursor.cpp): a due redelivery, else the
+  /// next sequence its cursor claims, waiting for one until `deadline_ns`.
+  absl::Status PopCursor(std::int64_t deadline_ns, Message& out, std::int64_t now_ns, bool describe);
   absl::Status PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns = -1, bool describe = true,
                       std::size_t* quiet_pops = nullptr);
   /// Both NextBatch(max_batch, max_queue_delay, timeout) forms (pull.cpp): pulls

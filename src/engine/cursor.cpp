@@ -44,21 +44,28 @@ void RecordCursorDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns)
   lane.delay_ewma_ns.store(ewma == 0 ? delay : ewma + (delay - ewma) / 8, std::memory_order_relaxed);
 }
 
-// Sequences published and not claimed yet by `k`'s members (some may be for other
-// consumers of the stream: skipped when claimed).
-std::uint64_t Unclaimed(const CursorState& k) {
-  const std::uint64_t end = k.stream->end.load(std::memory_order_acquire);
-  const std::uint64_t next = k.cursor.next();
-  return end > next ? end - next : 0;
-}
+// Messages for `k` published and not claimed yet by its members.
+std::uint64_t Unclaimed(const CursorState& k) { return k.Waiting(); }
 
-// Trims the stream's cursor log behind every cursor consumer's lowest held sequence.
-// Requires stream.mu.
+// Trims the stream's cursor log behind every cursor consumer's lowest held sequence,
+// after moving each consumer's cursor over the entries at its front that are not for
+// it (a consumer that does not pull would hold the log for other consumers'
+// messages). Requires stream.mu.
 void TrimCursorLog(StreamState& stream) {
   StreamCursors& s = *stream.cursors;
-  std::uint64_t lowest = s.end.load(std::memory_order_relaxed);
+  const std::uint64_t end = s.end.load(std::memory_order_relaxed);
+  std::uint64_t lowest = end;
   for (const ConsumerState* c : stream.consumers) {
-    if (c->cursor != nullptr) lowest = std::min(lowest, c->cursor->cursor.lowest_held());
+    CursorState* k = c->cursor.get();
+    if (k == nullptr) continue;
+    for (std::uint64_t next = k->cursor.next(); next < end; next = k->cursor.next()) {
+      CursorLog::Ref ref;
+      if (s.trim_reader->Read(next, ref) != LogRead::kReady || (ref->mask & k->bit) != 0) break;
+      const GroupCursor::Range r = k->cursor.Claim(1, next + 1);
+      if (r.empty() || r.first != next) break;  // a member claimed it meanwhile
+      (void)k->cursor.Ack(next);
+    }
+    lowest = std::min(lowest, k->cursor.lowest_held());
   }
   s.log.TrimBefore(lowest);
   s.since_trim = 0;
@@ -88,7 +95,7 @@ bool CursorEligible(const StreamState& stream, const ConsumerState& c) {
 }
 
 void AttachCursor(StreamState& stream, ConsumerState& c) {
-  if (stream.cursors == nullptr) stream.cursors = std::make_unique<StreamCursors>(stream.next_seq);
+  if (stream.cursors == nullptr) stream.cursors = std::make_shared<StreamCursors>(stream.next_seq);
   StreamCursors& s = *stream.cursors;
   const std::uint64_t bit = std::uint64_t{1} << std::countr_one(s.used_bits);
   s.used_bits |= bit;
@@ -98,38 +105,57 @@ void AttachCursor(StreamState& stream, ConsumerState& c) {
   while ((std::uint64_t{32} << bits) < capacity && bits < 20) ++bits;
   GroupCursor::Options o;
   o.window_word_bits = bits;
+  if (c.config.deliver == DeliverPolicy::kByStartSequence) c.start_after = c.config.start_seq - 1;
   o.start = std::max(stream.next_seq, c.start_after + 1);
   o.ack_wait_ns = c.tracked ? c.ack_wait_ns : 0;
   o.max_deliver = c.max_deliver > 0 ? static_cast<std::uint32_t>(std::min<std::int64_t>(c.max_deliver, UINT32_MAX)) : 0;
   o.members = c.config.members;
-  c.cursor = std::make_unique<CursorState>(o, s, bit, c.config.members, capacity);
+  c.cursor = std::make_unique<CursorState>(o, stream.cursors, bit, c.config.members, capacity);
 }
 
-absl::Status CursorRoom(StreamState& stream, std::uint64_t targets, bool wait, bool internal, bool* busy) {
-  if (internal) return absl::OkStatus();
+absl::Status CursorRefuse(StreamState& stream, std::uint64_t targets, bool count, bool* busy) {
   for (ConsumerState* c : stream.consumers) {
     CursorState* k = c->cursor.get();
     if (k == nullptr || (targets & k->bit) == 0) continue;
-    auto room = [&] { return Unclaimed(*k) < k->capacity || k->closed.load(std::memory_order_acquire); };
-    if (room()) continue;
-    if (!wait) {
-      c->counts.overflow_rejected.fetch_add(1, std::memory_order_relaxed);
-      *busy = true;
-      return absl::ResourceExhaustedError(
-          "stream '" + stream.config.name + "': consumer '" + c->config.name + "' has " +
-          std::to_string(Unclaimed(*k)) + " messages not yet pulled (lane_capacity x members = " +
-          std::to_string(k->capacity) + "; overflow block, and TryPublish does not wait)");
-    }
-    // The stream's mutex stays held: that is the backpressure (as a full lane's).
-    stream.blocked_publishers.fetch_add(1, std::memory_order_acq_rel);
-    WaitUntil<HybridWait>(
-        k->room, kNoDeadline, room, [] { return false; }, [] { return false; });
-    stream.blocked_publishers.fetch_sub(1, std::memory_order_acq_rel);
+    if (Unclaimed(*k) < k->capacity || k->closed.load(std::memory_order_acquire)) continue;
+    if (count) c->counts.overflow_rejected.fetch_add(1, std::memory_order_relaxed);
+    *busy = true;
+    // The words a full lane's refusal has: what the publisher sees is the same.
+    return absl::ResourceExhaustedError("stream '" + stream.config.name + "': lane of consumer '" +
+                                        c->config.name + "' member 0 is full (" +
+                                        std::to_string(Unclaimed(*k)) +
+                                        " queued; overflow block, and TryPublish does not wait)");
   }
   return absl::OkStatus();
 }
 
-void PushToCursors(StreamState& stream, const Handle& h, std::uint64_t targets) {
+void CursorWaitRoom(StreamState& stream, std::uint64_t* targets, bool internal, std::uint64_t* closed) {
+  for (ConsumerState* c : stream.consumers) {
+    CursorState* k = c->cursor.get();
+    if (k == nullptr || (*targets & k->bit) == 0) continue;
+    auto gone = [&] { return k->closed.load(std::memory_order_acquire); };
+    auto room = [&] { return Unclaimed(*k) < k->capacity || gone(); };
+    if (!room()) {
+      if (internal) {
+        // A dead letter never waits: it goes past the capacity, counted as a lane
+        // consumer counts one it parks off its full lane.
+        c->counts.parked.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        // The stream's mutex stays held: that is the backpressure (as a full lane's).
+        stream.blocked_publishers.fetch_add(1, std::memory_order_acq_rel);
+        WaitUntil<HybridWait>(k->room, kNoDeadline, room, [] { return false; }, [] { return false; });
+        stream.blocked_publishers.fetch_sub(1, std::memory_order_acq_rel);
+      }
+    }
+    if (gone()) {  // closed before or while waiting: it takes nothing more
+      *targets &= ~k->bit;
+      *closed |= k->bit;
+    }
+  }
+}
+
+void PushToCursors(StreamState& stream, const Handle& h, std::uint64_t targets, std::int64_t now,
+                   std::int64_t limit_ns) {
   StreamCursors& s = *stream.cursors;
   const std::uint64_t seq = s.log.Claim(1);
   // One writer (the stream's mutex), an entry for every message stored since the log
@@ -140,12 +166,24 @@ void PushToCursors(StreamState& stream, const Handle& h, std::uint64_t targets) 
                  static_cast<unsigned long long>(h->seq));
     std::abort();
   }
-  (void)s.log.Publish(seq, targets != 0 ? h : Handle(), targets);  // no reference: no taker
+  const std::int64_t limit = limit_ns == INT64_MAX ? INT64_MAX : SatAdd(now, limit_ns);
+  (void)s.log.Publish(seq, targets != 0 ? h : Handle(), targets, limit);  // no taker: no reference
   // release: a puller that acquires `end` reads the published entry.
   s.end.store(seq + 1, std::memory_order_seq_cst);  // seq_cst: EventCount inv. 2
   for (ConsumerState* c : stream.consumers) {
     CursorState* k = c->cursor.get();
-    if (k != nullptr && (targets & k->bit) != 0) k->data.NotifyOne();
+    if (k == nullptr || (targets & k->bit) == 0) continue;
+    // One writer (the stream's mutex): a load and a store, not a locked instruction.
+    k->pushed.store(k->pushed.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    if (limit != INT64_MAX && c->enforce_event_ttl) {
+      {
+        std::lock_guard lock(k->limits_mu);
+        k->limits.emplace(limit, seq);
+      }
+      k->has_limits.store(true, std::memory_order_release);
+      if (c->host != nullptr) c->host->WakeTimer(limit);
+    }
+    k->data.NotifyOne();
   }
   if (++s.since_trim >= 256) TrimCursorLog(stream);
 }
@@ -158,14 +196,16 @@ std::int64_t RunCursorTimers(ConsumerState& c, std::int64_t now) {
     g.Tick([&] { return c.clock->NowNanos(); });
     g.Expire(now);
   }
-  g.TimeOut(now, timed_out, dead);
+  const std::uint64_t behind = k.stream->end.load(std::memory_order_acquire);
+  g.TimeOut(now, timed_out, dead, behind);
   // Queued again for redelivery, unless the stream removed the message meanwhile
   // (then it is skipped: the engine's redelivery skips it too).
   auto requeue = [&](std::uint64_t seq) {
     CursorLog::Ref ref;
-    if (k.timer_reader.Read(seq, ref) == LogRead::kReady &&
-        ref->h->state.load(std::memory_order_acquire) == kDiscarded) {
-      (void)g.Drop(seq);
+    Handle rec;
+    if (k.timer_reader.Read(seq, ref) == LogRead::kReady && (rec = PinnedCopy(*ref)) != nullptr &&
+        rec->state.load(std::memory_order_acquire) == kDiscarded) {
+      if (g.Drop(seq)) CursorDone(*ref);
       c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
       return;
     }
@@ -174,23 +214,54 @@ std::int64_t RunCursorTimers(ConsumerState& c, std::int64_t now) {
   for (const GroupCursor::Redelivery& r : timed_out) {
     c.counts.ack_timeouts.fetch_add(1, std::memory_order_relaxed);
     c.Unsettle();
+    c.group->OnDone(0, Outcome::kFailure, 0);
     requeue(r.seq);
   }
   std::sort(dead.begin(), dead.end(), [](const auto& a, const auto& b) { return a.seq < b.seq; });
   for (const GroupCursor::Redelivery& r : dead) {
     c.counts.ack_timeouts.fetch_add(1, std::memory_order_relaxed);
     c.Unsettle();
+    c.group->OnDone(0, Outcome::kFailure, 0);
     CursorLog::Ref ref;
     if (k.timer_reader.Read(r.seq, ref) == LogRead::kReady) {
       DeadLetter(c, ref->h, r.attempt, "max_deliver", "ack_wait expired");
+      CursorDone(*ref);
+    }
+  }
+  // Events whose own queue limit (ttl, deadline) passed before any member pulled them:
+  // given up now, as a lane consumer's timer gives them up (in stream order). The
+  // member that claims one later passes over it (CursorEntry::taken).
+  std::int64_t next_limit = INT64_MAX;
+  if (k.has_limits.load(std::memory_order_acquire)) {
+    std::vector<std::uint64_t> expired;
+    {
+      std::lock_guard lock(k.limits_mu);
+      while (!k.limits.empty() && k.limits.top().first <= now) {
+        expired.push_back(k.limits.top().second);
+        k.limits.pop();
+      }
+      if (!k.limits.empty()) next_limit = k.limits.top().first;
+    }
+    std::sort(expired.begin(), expired.end());
+    for (std::uint64_t seq : expired) {
+      CursorLog::Ref ref;
+      if (k.timer_reader.Read(seq, ref) != LogRead::kReady) continue;
+      if ((ref->taken.fetch_or(k.bit, std::memory_order_acq_rel) & k.bit) != 0) continue;  // pulled
+      if (ref->h->state.load(std::memory_order_acquire) == kDiscarded) {
+        c.counts.skipped.fetch_add(1, std::memory_order_relaxed);  // the stream removed it
+      } else {
+        c.counts.expired.fetch_add(1, std::memory_order_relaxed);
+        DeadLetter(c, ref->h, 0, "expired", "queue timeout");
+      }
+      CursorDone(*ref);
     }
   }
   std::vector<std::uint64_t> due;
-  g.CountDue(now, due);  // delayed naks that came due
+  g.CountDue(now, due, behind);  // delayed naks that came due
   for (std::uint64_t seq : due) requeue(seq);
   if (!timed_out.empty() || !due.empty()) k.data.NotifyAll();
   const std::int64_t next = g.next_due();
-  return next == GroupCursor::kNever ? INT64_MAX : next;
+  return std::min(next == GroupCursor::kNever ? INT64_MAX : next, next_limit);
 }
 
 void CloseCursor(ConsumerState& c) {
@@ -205,18 +276,52 @@ void ReleaseCursorInterest(ConsumerState& c) {
   GroupCursor& g = k.cursor;
   CursorLog::Reader reader(k.stream->log);
   const std::uint64_t end = k.stream->end.load(std::memory_order_acquire);
+  // Pairs with the puller's fence after its claim (PopCursor): either this sweep sees
+  // the claim (IsOut), or the puller sees `deleted`.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   for (std::uint64_t s = g.lowest_held(); s < end; ++s) {
     CursorLog::Ref ref;
     if (reader.Read(s, ref) != LogRead::kReady || (ref->mask & k.bit) == 0) continue;
     if (g.IsDone(s)) continue;
-    (void)g.Drop(s);
-    ReleaseInterest(c, *ref->h);
+    // A delivery out with a member (or claimed by one and on its way): its member may
+    // be reading the entry now, so the entry stays until the member settles or drops
+    // it (Message::Settle, Message::Release: CursorLetGo). A tracked consumer's lets
+    // go of the stream now (as a lane consumer's pending deliveries do), an
+    // untracked one's then.
+    if (g.IsOut(s)) {
+      if (c.tracked && (ref->released.fetch_or(k.bit, std::memory_order_acq_rel) & k.bit) == 0) {
+        if (Handle rec = PinnedCopy(*ref); rec != nullptr) ReleaseInterest(c, *rec);
+      }
+      continue;
+    }
+    if (!g.Drop(s)) continue;
+    CursorLetGo(c, *ref);
   }
+}
+
+void CursorLetGo(ConsumerState& c, CursorEntry& e) {
+  if ((e.released.fetch_or(c.cursor->bit, std::memory_order_acq_rel) & c.cursor->bit) == 0) {
+    ReleaseInterest(c, *e.h);
+  }
+  CursorDone(e);
+}
+
+void CursorUnpin(ConsumerState& c, void* pin) { c.cursor->stream->log.Unpin(pin); }
+
+std::uint64_t CursorTimers(const ConsumerState& c, std::int64_t now) {
+  const std::int64_t out = c.tracked ? std::max<std::int64_t>(0, c.unsettled.load(std::memory_order_relaxed)) : 0;
+  return static_cast<std::uint64_t>(out) + c.cursor->cursor.Delayed(now);
 }
 
 std::uint64_t CursorPending(const ConsumerState& c) {
   const CursorState& k = *c.cursor;
-  return Unclaimed(k) + k.cursor.held();
+  return Unclaimed(k) + k.cursor.Queued();
+}
+
+std::uint64_t CursorUnread(const CursorState& k) {
+  const std::uint64_t end = k.stream->end.load(std::memory_order_acquire);
+  const std::uint64_t next = k.cursor.next();
+  return end > next ? end - next : 0;
 }
 
 }  // namespace engine_internal
@@ -255,10 +360,11 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
     attempt = 1;
     counted = true;
     superseded = false;
-    k.room.NotifyOne();  // a publisher may wait for the claim (overflow block)
     return true;
   };
-  auto available = [&] { return engine_internal::CursorPending(c) > 0; };
+  // Anything to claim (for this consumer or not: a claim passes over the others') or
+  // held in the map.
+  auto available = [&] { return engine_internal::CursorUnread(k) > 0 || g.held() > 0; };
   for (;;) {
     if (c.deleted.load(std::memory_order_acquire)) return engine_internal::Deleted(c);
     if (!take()) {
@@ -278,11 +384,27 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
     }
     for (const GroupCursor::Redelivery& d : dead) {  // (TimeOut and Nak give up first)
       CursorLog::Ref ref;
-      if (k.timer_reader.Read(d.seq, ref) == engine_internal::LogRead::kReady) {
+      if (reader.Read(d.seq, ref) == engine_internal::LogRead::kReady) {
         engine_internal::DeadLetter(c, ref->h, d.attempt, "max_deliver", "nak");
+        engine_internal::CursorDone(*ref);
       }
     }
     dead.clear();
+    if (attempt == 1) {
+      // DeleteConsumer's sweep (ReleaseCursorInterest) leaves what is claimed to the
+      // claimer: a claim it did not see, this thread sees the deletion of (the two
+      // seq_cst fences), and lets go of the message here unless the sweep did.
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (c.deleted.load(std::memory_order_relaxed)) {
+        if (g.Drop(seq)) {
+          CursorLog::Ref ref;
+          if (reader.Read(seq, ref) == engine_internal::LogRead::kReady && (ref->mask & k.bit) != 0) {
+            engine_internal::CursorLetGo(c, *ref);
+          }
+        }
+        return engine_internal::Deleted(c);
+      }
+    }
     if (superseded) {  // an older delivery's ack settled it after it was queued again
       (void)g.Drop(seq);
       c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
@@ -297,18 +419,47 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
       (void)g.Ack(seq);
       continue;
     }
+    if (attempt == 1) {
+      // seq_cst, then the wake-up: a publisher may wait for this room (event_count.hpp
+      // inv. 2).
+      k.taken.fetch_add(1, std::memory_order_seq_cst);
+      k.room.NotifyOne();
+    }
+    if (attempt == 1 && ref->limit_ns != INT64_MAX && c.enforce_event_ttl &&
+        (ref->taken.fetch_or(k.bit, std::memory_order_acq_rel) & k.bit) != 0) {
+      (void)g.Ack(seq);  // the timer gave it up before this claim (and may have let go of h)
+      continue;
+    }
     if (!counted) c.counts.redelivered.fetch_add(1, std::memory_order_relaxed);
-    Handle h = ref->h;
-    ref.reset();
-    if (h->state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
-      (void)g.Drop(seq);  // the stream removed it (a limit, a purge): skipped
-      c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
+    // A first delivery's claimer owns it (nothing else can be done with it); a
+    // redelivery may race an older delivery's ack.
+    Handle h = attempt == 1 ? ref->h : engine_internal::PinnedCopy(*ref);
+    if (h == nullptr) continue;  // settled by an older delivery's ack meanwhile
+    StoredMessage& rec = *h;
+    if (rec.state.load(std::memory_order_acquire) == engine_internal::kLive &&
+        rec.stream->Expired(rec, c.clock->NowNanos())) {
+      rec.stream->Retire(rec, engine_internal::kDiscarded);  // aged out (max_age) while it waited
+    }
+    if (rec.state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
+      if (g.Drop(seq)) {  // the stream removed it: skipped
+        engine_internal::CursorDone(*ref);
+        c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
+      }
       continue;
     }
     if (c.host != nullptr) c.host->FlushOutboxIfPending();
     const std::int64_t now = now_ns >= 0 && attempt == 1 ? now_ns : c.clock->NowNanos();
+    if (attempt == 1 && ref->limit_ns <= now && c.enforce_event_ttl) {
+      // Its own queue limit passed while it waited: given up, not delivered.
+      (void)g.Ack(seq);
+      c.counts.expired.fetch_add(1, std::memory_order_relaxed);
+      engine_internal::DeadLetter(c, h, 0, "expired", "queue timeout");
+      engine_internal::CursorDone(*ref);
+      continue;
+    }
     Lane& lane = *c.lanes[index_];
     engine_internal::RecordCursorDelivery(lane, now, h->publish_ns);
+    c.group->OnQueued(index_);  // the member's load, which its settle takes back (OnDone)
     c.unsettled.fetch_add(1, std::memory_order_relaxed);
     if (g.options().ack_wait_ns > 0) {
       if (attempt == 1) g.NoteClaim(index_, seq + 1, now);
@@ -327,6 +478,8 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
     out.ack_tx_ = 0;
     out.out_tx_ = 0;
     out.shadow_ = false;
+    out.cursor_entry_ = ref.operator->();
+    out.cursor_pin_ = ref.Detach();  // the Message keeps the entry readable
     out.acked_.store(false, std::memory_order_relaxed);
     out.span_id_ = {};
     out.batch_ = 0;
@@ -350,23 +503,34 @@ absl::Status Message::SettleCursor(Settlement how, std::int64_t delay_ns, std::s
         return absl::OkStatus();
       }
       if (a.was_out) c.Unsettle();
+      c.group->OnDone(member_, Outcome::kSuccess, latency, now);
       c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
+      if (c.config.batch.adaptive) c.batchers[member_]->ObserveRtt(latency);
       (void)engine_internal::RetireOnSettle(c, *msg_);
+      engine_internal::CursorDone(*cursor_entry_);
       return absl::OkStatus();
     }
     case Settlement::kNak: {
       if (c.LastAttempt(attempt_)) {
         if (g.Finish(seq, attempt_) != Found::kCurrent) return absl::OkStatus();
         c.Unsettle();
+        c.group->OnDone(member_, Outcome::kFailure, latency);
         engine_internal::DeadLetter(c, msg_, attempt_, "max_deliver", "nak", span_id_);
+        engine_internal::CursorDone(*cursor_entry_);
         return absl::OkStatus();
       }
       const std::int64_t due = delay_ns > 0 ? engine_internal::SatAdd(now, delay_ns) : now;
-      if (g.Nak(seq, attempt_, due, /*counted=*/delay_ns == 0) != Found::kCurrent) return absl::OkStatus();
+      // Queued again behind what is published now, as a lane consumer queues it.
+      const std::uint64_t behind = c.cursor->stream->end.load(std::memory_order_acquire);
+      if (g.Nak(seq, attempt_, due, /*counted=*/delay_ns == 0, behind) != Found::kCurrent) {
+        return absl::OkStatus();
+      }
       c.Unsettle();
+      c.group->OnDone(member_, Outcome::kFailure, latency, now);
       if (delay_ns == 0) {
         if (msg_->state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
-          (void)g.Drop(seq);  // removed by the stream: skipped, as a redelivery of it is
+          // Removed by the stream: skipped, as a redelivery of it is.
+          if (g.Drop(seq)) engine_internal::CursorDone(*cursor_entry_);
           c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
           return absl::OkStatus();
         }
@@ -380,7 +544,9 @@ absl::Status Message::SettleCursor(Settlement how, std::int64_t delay_ns, std::s
     case Settlement::kTerm: {
       if (g.Finish(seq, attempt_) != Found::kCurrent) return absl::OkStatus();
       c.Unsettle();
+      c.group->OnDone(member_, Outcome::kDropped, latency);
       engine_internal::DeadLetter(c, msg_, attempt_, "term", description, span_id_);
+      engine_internal::CursorDone(*cursor_entry_);
       return absl::OkStatus();
     }
   }

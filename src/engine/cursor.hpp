@@ -32,7 +32,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <queue>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -46,16 +50,56 @@ namespace inferq::engine_internal {
 
 // One stored message in a stream's cursor log.
 struct CursorEntry {
-  CursorEntry(Handle record, std::uint64_t consumers) : h(std::move(record)), mask(consumers) {}
-  Handle h;            // the stream's record of the message
-  std::uint64_t mask;  // bit CursorState::bit set: that cursor consumer takes it
+  CursorEntry(Handle record, std::uint64_t consumers, std::int64_t limit)
+      : h(std::move(record)),
+        mask(consumers),
+        limit_ns(limit),
+        remaining(static_cast<std::uint32_t>(std::popcount(consumers))) {}
+  // The stream's record of the message (none when no cursor consumer takes it), let
+  // go once every consumer of `mask` is done with it (CursorDone): the record then
+  // lives as long as the stream and the Messages keep it, as a lane's delivery would.
+  Handle h;
+  const std::uint64_t mask;  // bit CursorState::bit set: that cursor consumer takes it
+  // The event's own queue limit (ttl, deadline), engine clock; INT64_MAX: none.
+  const std::int64_t limit_ns;
+  std::atomic<std::uint32_t> remaining;  // consumers of `mask` not done with it
+  // Entries with a limit: bit CursorState::bit set by whoever took the first delivery
+  // for that consumer, its puller or the timer's expiry (the one whose fetch_or set
+  // it wins; the other passes over it).
+  std::atomic<std::uint64_t> taken{0};
+  // Bit CursorState::bit set once a deleted consumer let go of the message's interest
+  // (ReleaseInterest): DeleteConsumer's sweep and the delivery's Message may both try.
+  std::atomic<std::uint64_t> released{0};
 };
+
+// Cursor consumer done with entry `e` (its message acked, given up, skipped or let
+// go): the last one lets go of the record. Its caller pins the entry (a Ref, or a
+// Message's pin). acq_rel: every consumer's reads of `h` come before the reset.
+inline void CursorDone(CursorEntry& e) {
+  if (e.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) e.h.reset();
+}
+
+// A copy of `e.h` for a reader that does not own the delivery it reads for, and may
+// race the CursorDone of the one that does (a redelivery's puller against an older
+// delivery's ack, the timer, DeleteConsumer's sweep): it counts itself in `remaining`
+// while it copies, and gets null when the count was 0 (the record let go). Owners (a
+// first delivery's claimer, the timer with an expiry it took) read `h` directly.
+inline Handle PinnedCopy(CursorEntry& e) {
+  if (e.remaining.fetch_add(1, std::memory_order_acq_rel) == 0) {
+    e.remaining.fetch_sub(1, std::memory_order_acq_rel);  // let go already: leave it
+    return nullptr;
+  }
+  Handle h = e.h;
+  CursorDone(e);
+  return h;
+}
 
 using CursorLog = MessageLog<CursorEntry>;
 
 // A stream's log for its cursor consumers (StreamState::cursors).
 struct StreamCursors {
-  explicit StreamCursors(std::uint64_t first_seq) : log(10, first_seq), end(first_seq) {}
+  explicit StreamCursors(std::uint64_t first_seq)
+      : log(10, first_seq), end(first_seq), trim_reader(std::make_unique<MessageLog<CursorEntry>::Reader>(log)) {}
   CursorLog log;
   // The first sequence not in the log yet: stored with release after its entry is
   // published (one writer: the stream's mutex), loaded with acquire by pullers.
@@ -63,15 +107,20 @@ struct StreamCursors {
   std::uint64_t used_bits = 0;  // CursorState::bit of each attached consumer; stream mu
   // Publishes since the log was last trimmed (stream mu).
   std::uint32_t since_trim = 0;
+  // The trim's reader (stream mu), made with the log.
+  std::unique_ptr<MessageLog<CursorEntry>::Reader> trim_reader;
 };
 
 // What a cursor consumer holds (ConsumerState::cursor).
 struct CursorState {
-  CursorState(const GroupCursor::Options& o, StreamCursors& s, std::uint64_t b, std::uint32_t members,
-              std::uint64_t cap)
-      : cursor(o), stream(&s), bit(b), capacity(cap), timer_reader(s.log) {
-    for (std::uint32_t i = 0; i < members; ++i) readers.push_back(std::make_unique<CursorLog::Reader>(s.log));
+  CursorState(const GroupCursor::Options& o, std::shared_ptr<StreamCursors> s, std::uint64_t b,
+              std::uint32_t members, std::uint64_t cap)
+      : owner(std::move(s)), cursor(o), stream(owner.get()), bit(b), capacity(cap), timer_reader(owner->log) {
+    for (std::uint32_t i = 0; i < members; ++i) readers.push_back(std::make_unique<CursorLog::Reader>(owner->log));
   }
+  // The log outlives its readers (declared first: destroyed last), also when the
+  // stream was deleted before this consumer goes.
+  std::shared_ptr<StreamCursors> owner;
   GroupCursor cursor;
   StreamCursors* stream;
   std::uint64_t bit;
@@ -83,6 +132,25 @@ struct CursorState {
   EventCount data;  // pullers wait for a publish (or a due redelivery)
   EventCount room;  // publishers wait for a claim (overflow block)
   std::atomic<bool> closed{false};  // Close or DeleteConsumer: pullers drain, then stop
+  // Entries for this consumer appended (the publisher's, under the stream's mutex: one
+  // writer) and claimed by its members: their difference is what waits for it, what
+  // a lane would hold.
+  std::atomic<std::uint64_t> pushed{0};
+  std::atomic<std::uint64_t> taken{0};
+  std::uint64_t Waiting() const {
+    const std::uint64_t t = taken.load(std::memory_order_acquire);
+    const std::uint64_t p = pushed.load(std::memory_order_acquire);
+    return p > t ? p - t : 0;
+  }
+  // An entry with a queue limit (CursorEntry::limit_ns) was appended for it: the
+  // timer looks for expired ones (RunCursorTimers).
+  std::atomic<bool> has_limits{false};
+  // Entries with a limit, by limit: (limit_ns, seq), earliest first. Pushed by
+  // publishers (under the stream's mutex), popped by the timer run.
+  std::mutex limits_mu;
+  std::priority_queue<std::pair<std::int64_t, std::uint64_t>, std::vector<std::pair<std::int64_t, std::uint64_t>>,
+                      std::greater<>>
+      limits;  // guarded by limits_mu
 };
 
 // Whether consumer `c` (its config checked, not yet listed) can be a cursor
@@ -95,15 +163,24 @@ void AttachCursor(StreamState& stream, ConsumerState& c);
 // the event's subject) matches, as a mask of CursorState::bit; explicit-ack ones are
 // counted in *explicit_acks. Requires stream.mu.
 std::uint64_t CursorTargets(const StreamState& stream, std::uint64_t mask, std::uint32_t* explicit_acks);
-// Before anything is stored: OK when every cursor consumer of `targets` has room, or
-// the publish may not wait and is refused (ResourceExhausted naming the consumer,
-// *busy set) / may wait and waited (holding the stream's mutex: the backpressure).
-// Internal publishes (dead letters) neither wait nor are refused. Requires stream.mu.
-absl::Status CursorRoom(StreamState& stream, std::uint64_t targets, bool wait, bool internal, bool* busy);
+// Before anything is stored, for a publish that may not wait (TryPublish, a call):
+// ResourceExhausted naming the consumer, with *busy set, when a cursor consumer of
+// `targets` holds lane_capacity x members messages not yet pulled; `count`: counted
+// in ConsumerCounts::overflow_rejected. Requires stream.mu.
+absl::Status CursorRefuse(StreamState& stream, std::uint64_t targets, bool count, bool* busy);
+// Once the message is stored (it has its sequence, as a lane consumer's blocked
+// publisher has), before its entry goes in: waits while a cursor consumer of
+// `targets` is full, holding the stream's mutex (the backpressure); an internal
+// publish (a dead letter) never waits. A consumer closed before or while waiting
+// (Close, DeleteConsumer) is taken out of *targets, its bit in *closed. Requires
+// stream.mu.
+void CursorWaitRoom(StreamState& stream, std::uint64_t* targets, bool internal, std::uint64_t* closed);
 // Appends the stored message `h` for cursor consumers `targets` (0: none; every
 // message stored while the stream has the log gets its entry, so that the log's
 // sequences are the stream's) and wakes their pullers. Requires stream.mu.
-void PushToCursors(StreamState& stream, const Handle& h, std::uint64_t targets);
+// `limit_ns`: the event's own queue limit, ns after `now` (INT64_MAX: none).
+void PushToCursors(StreamState& stream, const Handle& h, std::uint64_t targets, std::int64_t now,
+                   std::int64_t limit_ns);
 // The timer run's part for a cursor consumer: ack_wait expiries (counted, redelivered
 // or given up), delayed naks that came due, the log trimmed; wakes pullers when
 // something is due. The earliest time it needs a run again (INT64_MAX: none).
@@ -115,5 +192,16 @@ void CloseCursor(ConsumerState& c);
 void ReleaseCursorInterest(ConsumerState& c);
 // Stats: messages published and not claimed yet (approximate), and held in the map.
 std::uint64_t CursorPending(const ConsumerState& c);
+// Sequences of the log its cursor has not claimed yet, whoever's they are.
+std::uint64_t CursorUnread(const CursorState& k);
+// Stats: the timers a lane consumer would hold: an ack wait per delivery out
+// (tracked consumers), a timer per delayed nak not yet due.
+std::uint64_t CursorTimers(const ConsumerState& c, std::int64_t now);
+// A deleted consumer lets go of entry `e`'s message for interest retention, once
+// (CursorEntry::released), and is done with it (CursorDone). For a delivery out with a
+// member: its Message's settle or release after the deletion.
+void CursorLetGo(ConsumerState& c, CursorEntry& e);
+// Message::Release: its pin given back.
+void CursorUnpin(ConsumerState& c, void* pin);
 
 }  // namespace inferq::engine_internal

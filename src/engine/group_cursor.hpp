@@ -208,18 +208,56 @@ class GroupCursor {
     return it == map_.end() || it->second.superseded;
   }
 
+  // True when a delivery of `seq` is out with a member: claimed and unsettled in the
+  // window, or held in the map as out.
+  bool IsOut(std::uint64_t seq) const {
+    if (seq >= next_.load(std::memory_order_acquire)) return false;
+    if (!window_.IsSet(seq)) return true;
+    std::lock_guard lock(mu_);
+    auto it = map_.find(seq);
+    return it != map_.end() && it->second.out && !it->second.superseded;
+  }
+
+  // Messages of the map waiting to be taken again (due or not).
+  std::size_t Queued() const {
+    if (overflow_count_.load(std::memory_order_acquire) == 0) return 0;
+    std::lock_guard lock(mu_);
+    std::size_t n = 0;
+    for (const auto& [seq, e] : map_) n += e.out ? 0 : 1;
+    return n;
+  }
+
+  // Messages waiting for a redelivery not yet due at `now_ns` (a nak's delay).
+  std::size_t Delayed(std::int64_t now_ns) const {
+    if (overflow_count_.load(std::memory_order_acquire) == 0) return 0;
+    std::lock_guard lock(mu_);
+    std::size_t n = 0;
+    for (const auto& [seq, e] : map_) n += !e.out && !e.superseded && e.due_ns > now_ns ? 1 : 0;
+    return n;
+  }
+
   // Redeliveries that came due by `now_ns` and that nothing counted yet (a nak with
   // a delay: counted when it is due, as a queued redelivery is); marks them counted.
-  // Appends their sequences to `out`.
-  void CountDue(std::int64_t now_ns, std::vector<std::uint64_t>& out) {
+  // Appends their sequences to `out`; `behind` as for Nak.
+  void CountDue(std::int64_t now_ns, std::vector<std::uint64_t>& out, std::uint64_t behind = 0) {
     if (overflow_count_.load(std::memory_order_acquire) == 0) return;
     std::lock_guard lock(mu_);
     for (auto& [seq, e] : map_) {
       if (!e.out && !e.counted && e.due_ns <= now_ns) {
         e.counted = true;
+        e.behind = behind;
         out.push_back(seq);
       }
     }
+  }
+
+  // Messages of the map being redelivered: waiting for redelivery, or out again.
+  std::size_t Redelivering() const {
+    if (overflow_count_.load(std::memory_order_acquire) == 0) return 0;
+    std::lock_guard lock(mu_);
+    std::size_t n = 0;
+    for (const auto& [seq, e] : map_) n += !e.superseded && (!e.out || e.attempt > 1) ? 1 : 0;
+    return n;
   }
 
   // Acks the sequences of `mask` in the word at `base` (a multiple of 32; bit i is
@@ -264,8 +302,10 @@ class GroupCursor {
   }
   // `counted`: the caller counts the redelivery now (a nak without a delay); false
   // leaves it to CountDue or TakeDue.
-  Found Nak(std::uint64_t seq, std::uint32_t attempt, std::int64_t due_ns, bool counted = true) {
-    return HoldDelivery(seq, attempt, due_ns, /*out=*/false, counted);
+  // `behind`: taken only once the cursor has claimed what lies below it (0: at once).
+  Found Nak(std::uint64_t seq, std::uint32_t attempt, std::int64_t due_ns, bool counted = true,
+            std::uint64_t behind = 0) {
+    return HoldDelivery(seq, attempt, due_ns, /*out=*/false, counted, behind);
   }
   Found InProgress(std::uint64_t seq, std::uint32_t attempt, std::int64_t now_ns) {
     if (options_.ack_wait_ns == 0) return Current(seq, attempt);
@@ -390,7 +430,9 @@ class GroupCursor {
   // times out. It waits for redelivery, due now, and is appended to `timed_out`; or,
   // when it was delivery max_deliver, it is removed and appended to `dead` (the
   // caller gives it up). {seq, attempt}: the delivery that timed out.
-  void TimeOut(std::int64_t now_ns, std::vector<Redelivery>& timed_out, std::vector<Redelivery>& dead) {
+  // `behind` as for Nak.
+  void TimeOut(std::int64_t now_ns, std::vector<Redelivery>& timed_out, std::vector<Redelivery>& dead,
+               std::uint64_t behind = 0) {
     if (overflow_count_.load(std::memory_order_acquire) == 0) return;
     std::lock_guard lock(mu_);
     for (auto it = map_.begin(); it != map_.end();) {
@@ -406,6 +448,7 @@ class GroupCursor {
       }
       e.out = false;
       e.due_ns = now_ns;
+      e.behind = behind;
       timed_out.push_back({it->first, e.attempt});
       ++it;
     }
@@ -443,8 +486,13 @@ class GroupCursor {
     const std::int64_t deadline = options_.ack_wait_ns > 0 ? Add(now_ns, options_.ack_wait_ns) : kNever;
     std::lock_guard lock(mu_);
     std::size_t taken = 0;
+    const std::uint64_t claimed = next_.load(std::memory_order_acquire);
     for (auto it = map_.begin(); it != map_.end() && taken < max;) {
       Entry& e = it->second;
+      if (!e.out && e.behind > claimed) {  // queued behind what is not claimed yet
+        ++it;
+        continue;
+      }
       if (e.superseded) {  // handed out once, to be skipped; Drop removes it
         if (!e.out) {
           e.out = true;
@@ -502,6 +550,9 @@ class GroupCursor {
     bool out = false;           // delivered and not acked (else waiting)
     bool counted = true;        // waiting: its redelivery was counted (CountDue)
     bool superseded = false;    // settled by an older delivery's ack (AckDelivery)
+    // Waiting: taken only once the cursor reached this sequence (the engine queues a
+    // redelivery behind what was published before it; 0: at once).
+    std::uint64_t behind = 0;
   };
   struct Sample {
     std::uint64_t end;  // next_ at the sample
@@ -571,12 +622,12 @@ class GroupCursor {
 
   // Nak or InProgress of delivery `attempt` (inv. 2).
   Found HoldDelivery(std::uint64_t seq, std::uint32_t attempt, std::int64_t due_ns, bool out,
-                     bool counted = true) {
+                     bool counted = true, std::uint64_t behind = 0) {
     std::lock_guard lock(mu_);  // inv. 2
     if (attempt == 1) {
       Moving carrying(moving_, 1);  // inv. 6
       if (window_.TrySet(seq)) {
-        map_.insert_or_assign(seq, Entry{1, due_ns, out, counted});
+        map_.insert_or_assign(seq, Entry{1, due_ns, out, counted, false, behind});
         overflow_count_.store(map_.size(), std::memory_order_seq_cst);
         return Found::kCurrent;
       }
@@ -587,6 +638,7 @@ class GroupCursor {
     it->second.due_ns = due_ns;
     it->second.out = out;
     it->second.counted = counted;
+    it->second.behind = behind;
     return Found::kCurrent;
   }
 

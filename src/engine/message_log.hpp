@@ -159,6 +159,14 @@ class MessageLog {
     T& operator*() const { return *value_; }
     T* operator->() const { return value_; }
     std::uint64_t seq() const { return seq_; }
+    // Gives the pin to the caller as an opaque token (the Ref is left empty), for a
+    // holder that cannot keep a Ref; MessageLog::Unpin(token) gives it back.
+    void* Detach() {
+      void* token = seg_;
+      seg_ = nullptr;
+      value_ = nullptr;
+      return token;
+    }
     // Another pin on the same message: one relaxed increment of a count this Ref
     // holds above 0 (no CAS needed). Empty for an empty Ref.
     Ref Share() const {
@@ -537,6 +545,13 @@ class MessageLog {
     return false;
   }
 
+ public:
+  // Gives back a pin Ref::Detach handed out (no-op for nullptr).
+  void Unpin(void* token) {
+    if (token != nullptr) Unpin(static_cast<Segment*>(token));
+  }
+
+ private:
   void Unpin(Segment* seg) {
     // acq_rel: the last one out sees every reader's use done before it recycles.
     if (seg->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) Recycle(seg);

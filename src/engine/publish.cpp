@@ -664,10 +664,9 @@ inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedE
       return;
     }
   }
-  if (cursor_targets != 0) {
+  if (cursor_targets != 0 && !flags.internal && !flags.wait) {
     bool busy = false;
-    if (absl::Status full = engine_internal::CursorRoom(stream, cursor_targets, flags.wait,
-                                                        flags.internal, &busy);
+    if (absl::Status full = engine_internal::CursorRefuse(stream, cursor_targets, flags.count_refusals, &busy);
         !full.ok()) {
       Refuse(stream, std::move(full), flags.count_refusals, tally, busy);
       return;
@@ -712,8 +711,24 @@ inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedE
   // The cursor consumers' log: one entry for all of them, and one for every message
   // once the stream has the log (its sequences are the stream's).
   if (stream.cursors != nullptr) {
-    engine_internal::PushToCursors(stream, stored, cursor_targets);
+    std::uint64_t closed = 0;
+    if (cursor_targets != 0) engine_internal::CursorWaitRoom(stream, &cursor_targets, flags.internal, &closed);
+    engine_internal::PushToCursors(stream, stored, cursor_targets, now, pe.event_limit_ns);
     tally.ack.deliveries += static_cast<std::uint32_t>(std::popcount(cursor_targets));
+    if (closed != 0) {
+      // Closed while this publish waited for room: it will never ack the message (as
+      // a lane closed under a blocked publisher).
+      std::uint32_t gone = 0;
+      for (ConsumerState* c : stream.consumers) {
+        if (c->cursor == nullptr || (closed & c->cursor->bit) == 0) continue;
+        ++gone;
+        if (!c->deleted.load(std::memory_order_acquire)) ++tally.undelivered;
+      }
+      if (cfg.retention == RetentionPolicy::kInterest &&
+          stored->pending_acks.fetch_sub(gone, std::memory_order_acq_rel) == gone) {
+        stream.Retire(*stored, engine_internal::kDone);
+      }
+    }
   }
   // enqueue: one delivery per target lane. `stored` may be empty after it
   // (EnqueueTargets); it is not when undelivered_acks > 0.

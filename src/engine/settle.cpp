@@ -84,6 +84,8 @@ Message::Message(Message&& o) noexcept
       ack_tx_(o.ack_tx_),
       out_tx_(o.out_tx_),
       shadow_(o.shadow_),
+      cursor_pin_(std::exchange(o.cursor_pin_, nullptr)),
+      cursor_entry_(std::exchange(o.cursor_entry_, nullptr)),
       span_id_(o.span_id_),
       batch_(o.batch_),
       acked_(o.acked_.load(std::memory_order_relaxed)) {}
@@ -99,6 +101,8 @@ Message& Message::operator=(Message&& o) noexcept {
   ack_tx_ = o.ack_tx_;
   out_tx_ = o.out_tx_;
   shadow_ = o.shadow_;
+  cursor_pin_ = std::exchange(o.cursor_pin_, nullptr);
+  cursor_entry_ = std::exchange(o.cursor_entry_, nullptr);
   span_id_ = o.span_id_;
   batch_ = o.batch_;
   acked_.store(o.acked_.load(std::memory_order_relaxed), std::memory_order_relaxed);
@@ -110,10 +114,21 @@ void Message::Release() noexcept {
   if (msg_ == nullptr) return;
   // A deleted untracked consumer's delivery, dropped unsettled, lets go of the
   // stream (DeleteConsumer left it to the member; found by the adversarial helper).
-  if (consumer_ != nullptr && !shadow_ && !consumer_->tracked &&
+  // (A cursor consumer's, tracked or not, lets go of its log entry so too: DeleteConsumer's
+  // sweep leaves deliveries out with members to them.)
+  if (consumer_ != nullptr && !shadow_ && (!consumer_->tracked || cursor_entry_ != nullptr) &&
       consumer_->deleted.load(std::memory_order_acquire) &&
       !acked_.exchange(true, std::memory_order_acq_rel)) {
-    engine_internal::ReleaseInterest(*consumer_, *msg_);
+    if (cursor_entry_ != nullptr) {
+      engine_internal::CursorLetGo(*consumer_, *cursor_entry_);
+    } else {
+      engine_internal::ReleaseInterest(*consumer_, *msg_);
+    }
+  }
+  if (cursor_pin_ != nullptr) {
+    engine_internal::CursorUnpin(*consumer_, cursor_pin_);
+    cursor_pin_ = nullptr;
+    cursor_entry_ = nullptr;
   }
 #ifndef NDEBUG
   consumer_->live_messages.fetch_sub(1, std::memory_order_relaxed);
@@ -336,8 +351,13 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
   if (c.deleted.load(std::memory_order_acquire)) {
     // DeleteConsumer let go of a tracked consumer's deliveries; an untracked one's
     // let go here, once.
-    if (!acked_.exchange(true, std::memory_order_acq_rel) && !c.tracked && !shadow_) {
-      engine_internal::ReleaseInterest(c, *msg_);
+    if (!acked_.exchange(true, std::memory_order_acq_rel) && (!c.tracked || cursor_entry_ != nullptr) &&
+        !shadow_) {
+      if (cursor_entry_ != nullptr) {
+        engine_internal::CursorLetGo(c, *cursor_entry_);
+      } else {
+        engine_internal::ReleaseInterest(c, *msg_);
+      }
     }
     return Deleted(verb);
   }

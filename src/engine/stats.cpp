@@ -140,6 +140,7 @@ EngineStats Engine::Stats() const {
       cs.num_pending = engine_internal::CursorPending(*c);
       if (!cs.members.empty()) cs.members[0].queued = cs.num_pending;
     }
+    const bool cursor = c->cursor != nullptr;
     c->counts.ForEachCount(cs, [](const std::atomic<std::uint64_t>& from, std::uint64_t& to) {
       to = from.load(std::memory_order_relaxed);
     });
@@ -156,12 +157,13 @@ EngineStats Engine::Stats() const {
     }
     {
       std::lock_guard lock(c->pending_mu);
-      cs.timers = c->wheel->size();
+      cs.timers = cursor ? engine_internal::CursorTimers(*c, impl_->clock->NowNanos()) : c->wheel->size();
       cs.num_pending += c->parked.size();
       for (const auto& [seq, p] : c->pending) {
         if (p.attempt + c->PriorDeliveries(seq) > 1) ++cs.num_redelivered;
       }
-      if (!c->tracked) {
+      if (cursor) cs.num_redelivered = c->cursor->cursor.Redelivering();
+      if (!c->tracked && !cursor) {
         cs.num_redelivered = static_cast<std::uint64_t>(
             std::max<std::int64_t>(0, c->redelivered_out.load(std::memory_order_relaxed)));
       }

@@ -204,7 +204,7 @@ struct StreamState {
   StreamConfig config;
   // The log its cursor consumers read (cursor.hpp); null until the first one is
   // added. Appended to under mu.
-  std::unique_ptr<StreamCursors> cursors;
+  std::shared_ptr<StreamCursors> cursors;
   ~StreamState();
   // kFile: config.directory made absolute and normal once, when the stream was added
   // (a later chdir does not move it).

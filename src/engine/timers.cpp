@@ -241,7 +241,9 @@ void Engine::Impl::UpdateFlowControl(const std::vector<ConsumerState*>& consumer
   for (ConsumerState* c : consumers) {
     for (const auto& lane : c->lanes) {
       // A lane with nothing queued has no delay now, whatever its last samples.
-      if (lane->ring.size_approx() == 0) continue;
+      const std::size_t queued =
+          c->cursor != nullptr ? engine_internal::CursorPending(*c) : lane->ring.size_approx();
+      if (queued == 0) continue;
       delay = std::max(delay, lane->delay_ewma_ns.load(std::memory_order_relaxed));
     }
   }

@@ -39,6 +39,7 @@ namespace inferq {
 
 namespace engine_internal {
 struct StoredMessage;
+struct CursorEntry;
 struct ConsumerState;
 class Tracer;
 struct AckRun;
@@ -221,6 +222,10 @@ class Message {
   std::uint64_t ack_tx_ = 0;    ///< the ack's record in the consumer's ack log (AckSync)
   std::uint64_t out_tx_ = 0;    ///< a file work queue's record of the removal (AckSync)
   bool shadow_ = false;
+  /// A cursor consumer's delivery: the pin on its stream's log segment
+  /// (MessageLog::Ref::Detach) and the log entry it keeps readable; null otherwise.
+  void* cursor_pin_ = nullptr;
+  engine_internal::CursorEntry* cursor_entry_ = nullptr;
   /// The "deliver" span's id (all zero: not traced) and the size of the NextBatch
   /// batch this came in (0: Next), for its span.
   std::array<std::uint8_t, 8> span_id_{};

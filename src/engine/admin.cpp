@@ -262,7 +262,7 @@ void Retire(ConsumerState& c, StreamState& s) {
   // The lanes close first: a publisher blocked on a full lane of this consumer
   // holds the stream's mutex, and lets go of it only when its push fails.
   for (auto& lane : c.lanes) lane->ring.close();
-  if (c.cursor != nullptr) engine_internal::CloseCursor(c);
+  if (c.Cursor()) engine_internal::CloseCursor(c);
   {
     std::lock_guard slot_lock(c.slot_mu);
     c.closing.store(true, std::memory_order_release);
@@ -273,7 +273,7 @@ void Retire(ConsumerState& c, StreamState& s) {
     std::erase(s.consumers, &c);
     s.ConsumersChanged();
     // Under the mutex: no publish adds to what it lets go of meanwhile.
-    if (c.cursor != nullptr) engine_internal::ReleaseCursorInterest(c);
+    if (c.Cursor()) engine_internal::ReleaseCursorInterest(c);
   }
   std::vector<Delivery> queued;
   for (auto& lane : c.lanes) {

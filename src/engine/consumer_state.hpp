@@ -218,8 +218,16 @@ struct ConsumerTimer {
 struct ConsumerState {
   ConsumerConfig config;
   // A cursor consumer (cursor.hpp): its members claim from this cursor, and its lanes
-  // only keep their counters. Set by AddConsumer before the consumer is listed.
+  // only keep their counters. Set by AddConsumer under the stream's mutex, after the
+  // consumer is listed in the engine: a thread that finds it there (the timer run,
+  // Stats, Close, DeleteConsumer) reads `cursor` only once has_cursor is true
+  // (acquire; AttachCursor's store is release). Publishers (through the stream's
+  // consumers, under its mutex) and its members (after AddConsumer) read it directly.
   std::unique_ptr<CursorState> cursor;
+  std::atomic<bool> has_cursor{false};
+  // seq_cst, as the store: Close (closed, then this) and AddConsumer (this, then
+  // closed) each see the other's store.
+  bool Cursor() const { return has_cursor.load(std::memory_order_seq_cst); }
   ~ConsumerState();
   // ConsumerConfig::accept_codecs: bit c set = accepts PayloadCodec c (all bits for
   // an empty list), and the codec an event in another codec is converted to.

@@ -111,6 +111,7 @@ void AttachCursor(StreamState& stream, ConsumerState& c) {
   o.max_deliver = c.max_deliver > 0 ? static_cast<std::uint32_t>(std::min<std::int64_t>(c.max_deliver, UINT32_MAX)) : 0;
   o.members = c.config.members;
   c.cursor = std::make_unique<CursorState>(o, stream.cursors, bit, c.config.members, capacity);
+  c.has_cursor.store(true, std::memory_order_seq_cst);  // ConsumerState::Cursor
 }
 
 absl::Status CursorRefuse(StreamState& stream, std::uint64_t targets, bool count, bool* busy) {
@@ -276,9 +277,9 @@ void ReleaseCursorInterest(ConsumerState& c) {
   GroupCursor& g = k.cursor;
   CursorLog::Reader reader(k.stream->log);
   const std::uint64_t end = k.stream->end.load(std::memory_order_acquire);
-  // Pairs with the puller's fence after its claim (PopCursor): either this sweep sees
-  // the claim (IsOut), or the puller sees `deleted`.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Pairs with the puller's pass of `gate` after its claim (PopCursor): either this
+  // sweep sees the claim (IsOut), or the puller sees `deleted`.
+  k.gate.fetch_add(1, std::memory_order_acq_rel);
   for (std::uint64_t s = g.lowest_held(); s < end; ++s) {
     CursorLog::Ref ref;
     if (reader.Read(s, ref) != LogRead::kReady || (ref->mask & k.bit) == 0) continue;
@@ -392,9 +393,10 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
     dead.clear();
     if (attempt == 1) {
       // DeleteConsumer's sweep (ReleaseCursorInterest) leaves what is claimed to the
-      // claimer: a claim it did not see, this thread sees the deletion of (the two
-      // seq_cst fences), and lets go of the message here unless the sweep did.
-      std::atomic_thread_fence(std::memory_order_seq_cst);
+      // claimer: a claim it did not see, this thread sees the deletion of (both pass
+      // `gate` with a read-modify-write: the later one sees what the earlier did
+      // before), and lets go of the message here unless the sweep did.
+      k.gate.fetch_add(1, std::memory_order_acq_rel);
       if (c.deleted.load(std::memory_order_relaxed)) {
         if (g.Drop(seq)) {
           CursorLog::Ref ref;

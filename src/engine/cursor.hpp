@@ -135,6 +135,10 @@ struct CursorState {
   // Entries for this consumer appended (the publisher's, under the stream's mutex: one
   // writer) and claimed by its members: their difference is what waits for it, what
   // a lane would hold.
+  // Passed (a read-modify-write) by a puller between its claim and its look at
+  // `deleted`, and by DeleteConsumer's sweep between `deleted` and its look at the
+  // claims (PopCursor, ReleaseCursorInterest).
+  std::atomic<std::uint64_t> gate{0};
   std::atomic<std::uint64_t> pushed{0};
   std::atomic<std::uint64_t> taken{0};
   std::uint64_t Waiting() const {

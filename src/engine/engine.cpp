@@ -1000,6 +1000,8 @@ absl::StatusOr<Consumer> Engine::AddConsumer(const ConsumerConfig& config) {
     std::lock_guard stream_lock(stream->mu);
     if (impl_->cursor_consumers && engine_internal::CursorEligible(*stream, *raw)) {
       engine_internal::AttachCursor(*stream, *raw);  // starts at the stream's next sequence
+      // A Close since the consumer was listed closed its lanes, not this cursor.
+      if (impl_->closed.load(std::memory_order_seq_cst)) engine_internal::CloseCursor(*raw);
     } else {
       QueueStoredMessages(*stream, *raw, scan);
     }
@@ -1033,10 +1035,10 @@ absl::Status Engine::SetReward(double reward) {
 void Engine::Close() {
   {
     std::lock_guard lock(impl_->config_mu);
-    impl_->closed.store(true, std::memory_order_release);
+    impl_->closed.store(true, std::memory_order_seq_cst);  // and Cursor(): see ConsumerState::Cursor
     for (auto& c : impl_->consumers) {
       for (auto& lane : c->lanes) lane->ring.close();
-      if (c->cursor != nullptr) engine_internal::CloseCursor(*c);
+      if (c->Cursor()) engine_internal::CloseCursor(*c);
       {
         std::lock_guard slot_lock(c->slot_mu);
         c->closing.store(true, std::memory_order_release);

@@ -136,11 +136,11 @@ EngineStats Engine::Stats() const {
       cs.deliver_latency_ns.Merge(lane.deliver_latency_ns.Snapshot());
       cs.members.push_back(ms);
     }
-    if (c->cursor != nullptr) {
+    if (c->Cursor()) {
       cs.num_pending = engine_internal::CursorPending(*c);
       if (!cs.members.empty()) cs.members[0].queued = cs.num_pending;
     }
-    const bool cursor = c->cursor != nullptr;
+    const bool cursor = c->Cursor();
     c->counts.ForEachCount(cs, [](const std::atomic<std::uint64_t>& from, std::uint64_t& to) {
       to = from.load(std::memory_order_relaxed);
     });

@@ -193,7 +193,7 @@ void Engine::RunTimers() {
   for (ConsumerState* c : consumers) {
     if (c->deleted.load(std::memory_order_acquire)) continue;  // deleted since the snapshot
     const std::int64_t now = impl_->clock->NowNanos();
-    if (c->cursor != nullptr) {
+    if (c->Cursor()) {
       const std::int64_t next = engine_internal::RunCursorTimers(*c, now);
       if (next != INT64_MAX) impl_->WakeTimer(next);
       continue;
@@ -242,7 +242,7 @@ void Engine::Impl::UpdateFlowControl(const std::vector<ConsumerState*>& consumer
     for (const auto& lane : c->lanes) {
       // A lane with nothing queued has no delay now, whatever its last samples.
       const std::size_t queued =
-          c->cursor != nullptr ? engine_internal::CursorPending(*c) : lane->ring.size_approx();
+          c->Cursor() ? engine_internal::CursorPending(*c) : lane->ring.size_approx();
       if (queued == 0) continue;
       delay = std::max(delay, lane->delay_ewma_ns.load(std::memory_order_relaxed));
     }

@@ -81,6 +81,7 @@ bool CursorEligible(const StreamState& stream, const ConsumerState& c) {
   if (cfg.lifecycle != nullptr || !cfg.accept_codecs.empty()) return false;
   if (cfg.queue_timeout > absl::ZeroDuration() || cfg.replay != ReplayPolicy::kInstant) return false;
   if (!cfg.predicate.is_trivial() || cfg.overflow != OverflowPolicy::kBlock) return false;
+  if (cfg.timeout_action != TimeoutAction::kReject) return false;  // an expired event is delayed
   if (stream.cursors != nullptr && std::popcount(stream.cursors->used_bits) >= 64) return false;
   switch (cfg.deliver) {
     case DeliverPolicy::kNew:
@@ -194,6 +195,7 @@ std::int64_t RunCursorTimers(ConsumerState& c, std::int64_t now) {
   GroupCursor& g = k.cursor;
   std::vector<GroupCursor::Redelivery> timed_out, dead;
   if (g.options().ack_wait_ns > 0) {
+    std::lock_guard lock(k.timer_mu);  // Tick, Expire and Spill share the samples
     g.Tick([&] { return c.clock->NowNanos(); });
     g.Expire(now);
   }
@@ -247,13 +249,21 @@ std::int64_t RunCursorTimers(ConsumerState& c, std::int64_t now) {
     for (std::uint64_t seq : expired) {
       CursorLog::Ref ref;
       if (k.timer_reader.Read(seq, ref) != LogRead::kReady) continue;
-      if ((ref->taken.fetch_or(k.bit, std::memory_order_acq_rel) & k.bit) != 0) continue;  // pulled
-      if (ref->h->state.load(std::memory_order_acquire) == kDiscarded) {
-        c.counts.skipped.fetch_add(1, std::memory_order_relaxed);  // the stream removed it
-      } else {
-        c.counts.expired.fetch_add(1, std::memory_order_relaxed);
-        DeadLetter(c, ref->h, 0, "expired", "queue timeout");
+      // Removed by the stream: not expired, skipped when a member claims it (as a lane's
+      // queued copy is). Reading the record is safe: the entry is this consumer's to
+      // end until the bit below is set.
+      if ((ref->taken.load(std::memory_order_acquire) & k.bit) != 0) {  // a member took it
+        k.limits_taken.fetch_sub(1, std::memory_order_relaxed);
+        continue;
       }
+      const Handle rec = PinnedCopy(*ref);  // a DeleteConsumer's sweep may end it meanwhile
+      if (rec == nullptr || rec->state.load(std::memory_order_acquire) == kDiscarded) continue;
+      if ((ref->taken.fetch_or(k.bit, std::memory_order_acq_rel) & k.bit) != 0) {  // a member took it
+        k.limits_taken.fetch_sub(1, std::memory_order_relaxed);
+        continue;
+      }
+      c.counts.expired.fetch_add(1, std::memory_order_relaxed);
+      DeadLetter(c, rec, 0, "expired", "queue timeout");
       CursorDone(*ref);
     }
   }
@@ -295,6 +305,9 @@ void ReleaseCursorInterest(ConsumerState& c) {
       }
       continue;
     }
+    // Given up by the timer's expiry before any member took it (CursorEntry::taken,
+    // and not claimed): that expiry let go of it already.
+    if (ref->limit_ns != INT64_MAX && (ref->taken.load(std::memory_order_acquire) & k.bit) != 0) continue;
     if (!g.Drop(s)) continue;
     CursorLetGo(c, *ref);
   }
@@ -307,11 +320,24 @@ void CursorLetGo(ConsumerState& c, CursorEntry& e) {
   CursorDone(e);
 }
 
+void CursorLetGo(ConsumerState& c, CursorEntry& e, std::uint64_t seq) {
+  // Only the call that ends the sequence in the cursor is done with the entry: a stale
+  // delivery of a message settled since (or swept) changes nothing.
+  if (c.cursor->cursor.Drop(seq)) CursorLetGo(c, e);
+}
+
 void CursorUnpin(ConsumerState& c, void* pin) { c.cursor->stream->log.Unpin(pin); }
 
-std::uint64_t CursorTimers(const ConsumerState& c, std::int64_t now) {
+std::uint64_t CursorTimers(ConsumerState& c, std::int64_t now) {
+  CursorState& k = *c.cursor;
   const std::int64_t out = c.tracked ? std::max<std::int64_t>(0, c.unsettled.load(std::memory_order_relaxed)) : 0;
-  return static_cast<std::uint64_t>(out) + c.cursor->cursor.Delayed(now);
+  std::int64_t limits;
+  {
+    std::lock_guard lock(k.limits_mu);
+    limits = static_cast<std::int64_t>(k.limits.size());
+  }
+  limits = std::max<std::int64_t>(0, limits - k.limits_taken.load(std::memory_order_relaxed));
+  return static_cast<std::uint64_t>(out + limits) + k.cursor.Delayed(now);
 }
 
 std::uint64_t CursorPending(const ConsumerState& c) {
@@ -346,7 +372,7 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
   auto take = [&] {
     if (g.held() > 0) {
       due.clear();
-      g.TakeDue(c.clock->NowNanos(), due, dead, 1);
+      g.TakeDue(c.clock->NowNanos(), due, dead, 1, /*waiting_only=*/true);
       if (!due.empty()) {
         seq = due[0].seq;
         attempt = due[0].attempt;
@@ -355,7 +381,18 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
         return true;
       }
     }
-    const GroupCursor::Range r = g.Claim(1, k.stream->end.load(std::memory_order_acquire));
+    const std::uint64_t end = k.stream->end.load(std::memory_order_acquire);
+    GroupCursor::Range r = g.Claim(1, end);
+    if (r.empty() && g.next() < end && g.next() >= g.floor() + g.window_capacity()) {
+      // The window is full behind a message held out (a straggler, or one dropped
+      // unsettled): it moves to the overflow map, keeping its ack deadline, and the
+      // claims go on (a lane consumer is not held back by one message either).
+      std::unique_lock lock(k.timer_mu, std::try_to_lock);
+      if (lock.owns_lock()) {
+        g.Spill(c.clock->NowNanos());
+        r = g.Claim(1, end);
+      }
+    }
     if (r.empty()) return false;
     seq = r.first;
     attempt = 1;
@@ -427,16 +464,21 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
       k.taken.fetch_add(1, std::memory_order_seq_cst);
       k.room.NotifyOne();
     }
-    if (attempt == 1 && ref->limit_ns != INT64_MAX && c.enforce_event_ttl &&
-        (ref->taken.fetch_or(k.bit, std::memory_order_acq_rel) & k.bit) != 0) {
-      (void)g.Ack(seq);  // the timer gave it up before this claim (and may have let go of h)
-      continue;
+    if (attempt == 1 && ref->limit_ns != INT64_MAX && c.enforce_event_ttl) {
+      if ((ref->taken.fetch_or(k.bit, std::memory_order_acq_rel) & k.bit) != 0) {
+        (void)g.Ack(seq);  // the timer gave it up before this claim (and may have let go of h)
+        continue;
+      }
+      k.limits_taken.fetch_add(1, std::memory_order_relaxed);  // its expiry is no timer's now
     }
     if (!counted) c.counts.redelivered.fetch_add(1, std::memory_order_relaxed);
     // A first delivery's claimer owns it (nothing else can be done with it); a
     // redelivery may race an older delivery's ack.
     Handle h = attempt == 1 ? ref->h : engine_internal::PinnedCopy(*ref);
-    if (h == nullptr) continue;  // settled by an older delivery's ack meanwhile
+    if (h == nullptr) {  // settled meanwhile (an older delivery's ack): nothing left to deliver
+      (void)g.Drop(seq);
+      continue;
+    }
     StoredMessage& rec = *h;
     if (rec.state.load(std::memory_order_acquire) == engine_internal::kLive &&
         rec.stream->Expired(rec, c.clock->NowNanos())) {

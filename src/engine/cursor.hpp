@@ -135,6 +135,9 @@ struct CursorState {
   // Entries for this consumer appended (the publisher's, under the stream's mutex: one
   // writer) and claimed by its members: their difference is what waits for it, what
   // a lane would hold.
+  // Serializes GroupCursor's timer-side calls (Tick, Expire, Spill): the timer run's,
+  // and a puller's Spill when the window is full.
+  std::mutex timer_mu;
   // Passed (a read-modify-write) by a puller between its claim and its look at
   // `deleted`, and by DeleteConsumer's sweep between `deleted` and its look at the
   // claims (PopCursor, ReleaseCursorInterest).
@@ -155,6 +158,9 @@ struct CursorState {
   std::priority_queue<std::pair<std::int64_t, std::uint64_t>, std::vector<std::pair<std::int64_t, std::uint64_t>>,
                       std::greater<>>
       limits;  // guarded by limits_mu
+  // Entries of `limits` a member took before the timer popped them (Stats: their
+  // queue-timeout timers are cancelled, as a lane consumer's are at the pull).
+  std::atomic<std::int64_t> limits_taken{0};
 };
 
 // Whether consumer `c` (its config checked, not yet listed) can be a cursor
@@ -200,11 +206,14 @@ std::uint64_t CursorPending(const ConsumerState& c);
 std::uint64_t CursorUnread(const CursorState& k);
 // Stats: the timers a lane consumer would hold: an ack wait per delivery out
 // (tracked consumers), a timer per delayed nak not yet due.
-std::uint64_t CursorTimers(const ConsumerState& c, std::int64_t now);
+std::uint64_t CursorTimers(ConsumerState& c, std::int64_t now);
 // A deleted consumer lets go of entry `e`'s message for interest retention, once
 // (CursorEntry::released), and is done with it (CursorDone). For a delivery out with a
 // member: its Message's settle or release after the deletion.
 void CursorLetGo(ConsumerState& c, CursorEntry& e);
+// The same for a delivery of `seq` whose Message a member settles or drops after the
+// deletion: only when it still ends the sequence in the cursor (GroupCursor::Drop).
+void CursorLetGo(ConsumerState& c, CursorEntry& e, std::uint64_t seq);
 // Message::Release: its pin given back.
 void CursorUnpin(ConsumerState& c, void* pin);
 

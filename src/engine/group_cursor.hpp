@@ -480,8 +480,10 @@ class GroupCursor {
   // expiry) and those held out whose ack deadline passed. Each is appended to `out` as
   // its next delivery (held out again, ack deadline now + ack_wait), or, past
   // max_deliver, to `dead` (removed).
+  // `waiting_only`: only those waiting for redelivery; a delivery out whose deadline
+  // passed stays for TimeOut (the engine counts the time-out there).
   void TakeDue(std::int64_t now_ns, std::vector<Redelivery>& out, std::vector<Redelivery>& dead,
-               std::size_t max = std::numeric_limits<std::size_t>::max()) {
+               std::size_t max = std::numeric_limits<std::size_t>::max(), bool waiting_only = false) {
     if (overflow_count_.load(std::memory_order_acquire) == 0) return;
     const std::int64_t deadline = options_.ack_wait_ns > 0 ? Add(now_ns, options_.ack_wait_ns) : kNever;
     std::lock_guard lock(mu_);
@@ -502,7 +504,7 @@ class GroupCursor {
         ++it;
         continue;
       }
-      if (e.due_ns > now_ns) {
+      if (e.due_ns > now_ns || (waiting_only && e.out)) {
         ++it;
         continue;
       }
@@ -534,6 +536,8 @@ class GroupCursor {
   std::uint64_t next() const { return next_.load(std::memory_order_relaxed); }
   // The window's ack floor (a multiple of 32).
   std::uint64_t floor() const { return window_.floor(); }
+  // W: sequences the window holds.
+  std::uint64_t window_capacity() const { return window_.capacity(); }
   // Messages the overflow map holds (snapshot).
   std::size_t held() const { return overflow_count_.load(std::memory_order_acquire); }
   // True when `seq` is in the overflow map.

@@ -120,7 +120,7 @@ void Message::Release() noexcept {
       consumer_->deleted.load(std::memory_order_acquire) &&
       !acked_.exchange(true, std::memory_order_acq_rel)) {
     if (cursor_entry_ != nullptr) {
-      engine_internal::CursorLetGo(*consumer_, *cursor_entry_);
+      engine_internal::CursorLetGo(*consumer_, *cursor_entry_, msg_->seq);
     } else {
       engine_internal::ReleaseInterest(*consumer_, *msg_);
     }
@@ -354,7 +354,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
     if (!acked_.exchange(true, std::memory_order_acq_rel) && (!c.tracked || cursor_entry_ != nullptr) &&
         !shadow_) {
       if (cursor_entry_ != nullptr) {
-        engine_internal::CursorLetGo(c, *cursor_entry_);
+        engine_internal::CursorLetGo(c, *cursor_entry_, msg_->seq);
       } else {
         engine_internal::ReleaseInterest(c, *msg_);
       }

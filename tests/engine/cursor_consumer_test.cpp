@@ -1,0 +1,223 @@
+// Cursor consumers (src/engine/cursor.hpp) against lane consumers: each case runs one
+// scenario twice in this process, with INFERQ_CURSOR_CONSUMERS unset and then set
+// before Engine::Create, and requires the same transcript of everything observable
+// (statuses, deliveries, counters), plus the values a lane consumer gives, so that a
+// case fails also when both paths go wrong alike. The scenarios are the smallest
+// reproductions of the defects the adversarial review found in the cursor path.
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "inferq/engine/engine.hpp"
+
+namespace {
+
+using namespace inferq;
+
+std::unique_ptr<Engine> Make(bool cursor, ManualClock& clock) {
+  if (cursor) {
+    setenv("INFERQ_CURSOR_CONSUMERS", "1", 1);
+  } else {
+    unsetenv("INFERQ_CURSOR_CONSUMERS");
+  }
+  auto e = Engine::Create({.clock = &clock, .manual_timers = true});
+  REQUIRE(e.ok());
+  return *std::move(e);
+}
+
+Event Ev(std::string subject, std::string id) {
+  Event e;
+  e.subject = std::move(subject);
+  e.msg_id = std::move(id);
+  return e;
+}
+
+std::string Code(const absl::Status& s) { return std::string(absl::StatusCodeToString(s.code())); }
+
+std::string Counts(const Engine& e, std::string_view stream, std::string_view name) {
+  const EngineStats st = e.Stats();
+  const ConsumerStats* c = st.consumer(stream, name);
+  if (c == nullptr) return "<none>";
+  std::ostringstream o;
+  o << "delivered " << c->delivered << ", ack_pending " << c->ack_pending << ", num_pending " << c->num_pending
+    << ", timers " << c->timers << ", acked " << c->acked << ", skipped " << c->skipped << ", redelivered "
+    << c->redelivered << ", ack_timeouts " << c->ack_timeouts << ", expired " << c->expired << ", delayed "
+    << c->delayed << ", dead_letters " << c->dead_letters;
+  return o.str();
+}
+
+std::string Messages(const Engine& e, std::string_view stream) {
+  const EngineStats st = e.Stats();
+  const StreamStats* s = st.stream(stream);
+  return s == nullptr ? "<none>" : "messages " + std::to_string(s->messages) + ", acked_out " +
+                                       std::to_string(s->acked_out);
+}
+
+// The transcript with lanes; requires the cursor's to be the same.
+std::string BothWays(const std::function<std::string(bool cursor)>& scenario) {
+  const std::string lanes = scenario(false);
+  const std::string cursor = scenario(true);
+  unsetenv("INFERQ_CURSOR_CONSUMERS");
+  CHECK(cursor == lanes);
+  return lanes;
+}
+
+}  // namespace
+
+TEST_CASE("cursor: a stale delivery dropped after DeleteConsumer ends nothing (it crashed)") {
+  const std::string t = BothWays([](bool cursor) {
+    ManualClock clock(1'000'000'000);
+    auto e = Make(cursor, clock);
+    REQUIRE(e->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+    Member m = e->AddConsumer({.stream = "S", .name = "c", .ack_wait = absl::Seconds(1)})->member(0).value();
+    REQUIRE(e->Publish(Ev("work.a", "m1")).ok());
+    std::optional<Message> first(*m.Next(absl::ZeroDuration()));
+    clock.Advance(absl::Seconds(2));
+    e->RunTimers();
+    auto second = m.Next(absl::ZeroDuration());
+    std::ostringstream o;
+    o << "second " << Code(second.status()) << " attempt " << (second.ok() ? second->attempt() : 0);
+    o << "; ack " << Code(second->Ack()) << "; delete " << Code(e->DeleteConsumer("S", "c"));
+    first.reset();
+    o << "; " << Messages(*e, "S");
+    return o.str();
+  });
+  CHECK(t == "second OK attempt 2; ack OK; delete OK; messages 1, acked_out 0");
+}
+
+TEST_CASE("cursor: another consumer still gets a message a deleted consumer's stale delivery held") {
+  const bool pull_again = GENERATE(false, true);
+  const std::string t = BothWays([&](bool cursor) {
+    ManualClock clock(1'000'000'000);
+    auto e = Make(cursor, clock);
+    REQUIRE(e->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+    Member a = e->AddConsumer({.stream = "S", .name = "A", .ack_wait = absl::Seconds(1)})->member(0).value();
+    Member b = e->AddConsumer({.stream = "S", .name = "B"})->member(0).value();
+    REQUIRE(e->Publish(Ev("work.a", "m1")).ok());
+    std::optional<Message> a1(*a.Next(absl::ZeroDuration())), a2;
+    clock.Advance(absl::Seconds(2));
+    e->RunTimers();
+    if (pull_again) a2.emplace(*a.Next(absl::ZeroDuration()));
+    std::ostringstream o;
+    o << "delete " << Code(e->DeleteConsumer("S", "A"));
+    a1.reset();
+    a2.reset();
+    auto r = b.Next(absl::ZeroDuration());
+    o << "; B " << Code(r.status()) << " " << (r.ok() ? r->event().msg_id : "");
+    if (r.ok()) o << "; ack " << Code(r->Ack());
+    o << "; B: " << Counts(*e, "S", "B");
+    return o.str();
+  });
+  CHECK(t.find("; B OK m1; ack OK; B: delivered 1") != std::string::npos);
+}
+
+TEST_CASE("cursor: an event its ttl expired for one consumer stays for the other, whose redelivery comes") {
+  const std::string t = BothWays([](bool cursor) {
+    ManualClock clock(1'000'000'000);
+    auto e = Make(cursor, clock);
+    REQUIRE(e->AddStream({.name = "S", .subjects = {"work.>"}, .retention = RetentionPolicy::kInterest}).ok());
+    REQUIRE(e->AddStream({.name = "DLQ", .subjects = {"dead.>"}}).ok());
+    REQUIRE(e->AddConsumer({.stream = "S", .name = "A", .dead_letter_subject = "dead.A"}).ok());
+    Member b = e->AddConsumer({.stream = "S", .name = "B"})->member(0).value();
+    Event ev = Ev("work.a", "t");
+    ev.ttl = absl::Seconds(1);
+    REQUIRE(e->Publish(std::move(ev)).ok());
+    auto first = b.Next(absl::ZeroDuration());
+    REQUIRE(first.ok());
+    clock.Advance(absl::Seconds(2));
+    e->RunTimers();  // A's copy expires, dead-lettered
+    std::ostringstream o;
+    o << "nak " << Code(first->Nak()) << "; delete A " << Code(e->DeleteConsumer("S", "A")) << "; "
+      << Messages(*e, "S");
+    auto again = b.Next(absl::ZeroDuration());
+    o << "; B again " << Code(again.status()) << " attempt " << (again.ok() ? again->attempt() : 0);
+    if (again.ok()) o << "; ack " << Code(again->Ack()) << "; " << Messages(*e, "S");
+    return o.str();
+  });
+  CHECK(t == "nak OK; delete A OK; messages 1, acked_out 0; B again OK attempt 2; ack OK; "
+             "messages 0, acked_out 1");
+}
+
+TEST_CASE("cursor: one message held unacked does not stop the consumer or its publishers") {
+  const std::string t = BothWays([](bool cursor) {
+    ManualClock clock(1'000'000'000);
+    auto e = Make(cursor, clock);
+    REQUIRE(e->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+    Member m = e->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2})->member(0).value();
+    REQUIRE(e->Publish(Ev("work.a", "held")).ok());
+    auto held = m.Next(absl::ZeroDuration());
+    REQUIRE(held.ok());
+    int got = 0, refused = 0;
+    for (int i = 0; i < 100; ++i) {
+      if (!e->TryPublish(Ev("work.a", "m" + std::to_string(i))).ok()) ++refused;
+      auto r = m.Next(absl::ZeroDuration());
+      if (r.ok() && r->Ack().ok()) ++got;
+    }
+    return "got " + std::to_string(got) + ", refused " + std::to_string(refused);
+  });
+  CHECK(t == "got 100, refused 0");
+}
+
+TEST_CASE("cursor: a delivery past its ack deadline is timed out by the timer before a member pulls it again") {
+  const std::string t = BothWays([](bool cursor) {
+    ManualClock clock(1'000'000'000);
+    auto e = Make(cursor, clock);
+    REQUIRE(e->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+    Member m = e->AddConsumer({.stream = "S", .name = "c", .ack_wait = absl::Seconds(1)})->member(0).value();
+    REQUIRE(e->Publish(Ev("work.a", "x")).ok());
+    auto first = m.Next(absl::ZeroDuration());
+    REQUIRE(first.ok());
+    clock.Advance(absl::Milliseconds(500));
+    std::ostringstream o;
+    o << "in_progress " << Code(first->InProgress());
+    clock.Advance(absl::Milliseconds(1700));
+    o << "; before the timer " << Code(m.Next(absl::ZeroDuration()).status());
+    e->RunTimers();
+    auto late = m.Next(absl::ZeroDuration());
+    o << "; after it attempt " << (late.ok() ? late->attempt() : 0) << "; ack " << Code(late->Ack());
+    e->RunTimers();
+    o << "; " << Counts(*e, "S", "c");
+    return o.str();
+  });
+  CHECK(t == "in_progress OK; before the timer DEADLINE_EXCEEDED; after it attempt 2; ack OK; delivered 2, "
+             "ack_pending 0, num_pending 0, timers 0, acked 1, skipped 0, redelivered 1, ack_timeouts 1, "
+             "expired 0, delayed 0, dead_letters 0");
+}
+
+TEST_CASE("cursor: ttl'd events: a delay action keeps them, a purged one is skipped when pulled") {
+  const bool delay = GENERATE(false, true);
+  const std::string t = BothWays([&](bool cursor) {
+    ManualClock clock(1'000'000'000);
+    auto e = Make(cursor, clock);
+    REQUIRE(e->AddStream({.name = "S", .subjects = {"work.>"}}).ok());
+    ConsumerConfig cc{.stream = "S", .name = "c"};
+    if (delay) cc.timeout_action = TimeoutAction::kDelay;
+    Member m = e->AddConsumer(cc)->member(0).value();
+    for (const char* id : {"a", "b"}) {
+      Event ev = Ev("work.a", id);
+      ev.ttl = absl::Seconds(1);
+      REQUIRE(e->Publish(std::move(ev)).ok());
+    }
+    std::ostringstream o;
+    const EngineStats st = e->Stats();
+    o << "timers " << st.consumer("S", "c")->timers;
+    if (!delay) o << "; purged " << *e->PurgeStream("S");
+    clock.Advance(absl::Seconds(2));
+    e->RunTimers();
+    o << "; after the timer: " << Counts(*e, "S", "c");
+    auto r = m.Next(absl::ZeroDuration());
+    o << "; pull " << Code(r.status()) << "; " << Counts(*e, "S", "c");
+    return o.str();
+  });
+  if (delay) {
+    CHECK(t.find("; pull OK; delivered 1") != std::string::npos);
+  } else {
+    CHECK(t.find("after the timer: delivered 0, ack_pending 0, num_pending 2, timers 0, acked 0, skipped 0") !=
+          std::string::npos);
+  }
+  CHECK(t.rfind("timers 2", 0) == 0);
+}

@@ -509,24 +509,9 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
       if (attempt == 1) g.NoteClaim(index_, seq + 1, now);
       if (c.host != nullptr) c.host->WakeTimer(engine_internal::SatAdd(now, g.options().ack_wait_ns));
     }
-    out.Release();
-#ifndef NDEBUG
-    c.live_messages.fetch_add(1, std::memory_order_relaxed);
-#endif
-    out.msg_ = std::move(h);
-    out.consumer_ = consumer_;
-    out.deliver_ns_ = now;
-    out.member_ = index_;
-    out.attempt_ = attempt;
-    out.prior_ = 0;
-    out.ack_tx_ = 0;
-    out.out_tx_ = 0;
-    out.shadow_ = false;
+    out.Deliver(std::move(h), consumer_, index_, attempt, now, /*shadow=*/false);
     out.cursor_entry_ = ref.operator->();
     out.cursor_pin_ = ref.Detach();  // the Message keeps the entry readable
-    out.acked_.store(false, std::memory_order_relaxed);
-    out.span_id_ = {};
-    out.batch_ = 0;
     if (c.tracer != nullptr) [[unlikely]] TraceDelivery(out, now);
     return absl::OkStatus();
   }

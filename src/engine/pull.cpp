@@ -281,18 +281,7 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
         c.unsettled.fetch_add(1, std::memory_order_relaxed);
       }
     }
-    out.Release();
-#ifndef NDEBUG
-    c.live_messages.fetch_add(1, std::memory_order_relaxed);
-#endif
-    out.msg_ = std::move(h);
-    out.consumer_ = consumer_;
-    out.deliver_ns_ = now;
-    out.member_ = index_;
-    out.attempt_ = d.attempt;
-    out.prior_ = 0;
-    out.ack_tx_ = 0;
-    out.shadow_ = d.shadow;
+    out.Deliver(std::move(h), consumer_, index_, d.attempt, now, d.shadow);
     if (c.ack_log != nullptr && !d.shadow) {
       if (c.has_prior.load(std::memory_order_acquire)) {
         std::lock_guard lock(c.pending_mu);
@@ -307,9 +296,6 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
         out.attempt_ + out.prior_ > 1) {
       c.redelivered_out.fetch_add(1, std::memory_order_relaxed);
     }
-    out.acked_.store(false, std::memory_order_relaxed);
-    out.span_id_ = {};
-    out.batch_ = 0;
     if (c.config.lifecycle != nullptr && !d.shadow && !ThroughLifecycle(out)) continue;
     if (c.tracer != nullptr) [[unlikely]] TraceDelivery(out, now);
     return absl::OkStatus();

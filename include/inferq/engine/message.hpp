@@ -235,6 +235,11 @@ class Message {
   std::atomic<bool> acked_{false};
   /// Gives up this delivery's handle (its reference to the engine's pools).
   void Release() noexcept;
+  /// A pull's delivery: gives up what this Message held (Release), then makes it
+  /// delivery `attempt` of `msg` to member `member` of `consumer` at `now` (engine
+  /// clock, ns), unsettled, untraced, not in a batch, with no ack-log records.
+  void Deliver(std::shared_ptr<engine_internal::StoredMessage> msg, engine_internal::ConsumerState* consumer,
+               std::uint32_t member, std::uint32_t attempt, std::int64_t now, bool shadow);
 };
 
 /// A member of a consumer group: the puller of one lane.

@@ -136,26 +136,6 @@ void Message::Release() noexcept {
   msg_.reset();
 }
 
-void Message::Deliver(std::shared_ptr<engine_internal::StoredMessage> msg, ConsumerState* consumer,
-                      std::uint32_t member, std::uint32_t attempt, std::int64_t now, bool shadow) {
-  Release();
-#ifndef NDEBUG
-  consumer->live_messages.fetch_add(1, std::memory_order_relaxed);
-#endif
-  msg_ = std::move(msg);
-  consumer_ = consumer;
-  deliver_ns_ = now;
-  member_ = member;
-  attempt_ = attempt;
-  prior_ = 0;
-  ack_tx_ = 0;
-  out_tx_ = 0;
-  shadow_ = shadow;
-  acked_.store(false, std::memory_order_relaxed);
-  span_id_ = {};
-  batch_ = 0;
-}
-
 const Event& Message::event() const {
   const Event& e = *msg_->event;
   if (consumer_ == nullptr || consumer_->Accepts(e.codec)) return e;

@@ -15,11 +15,11 @@
 // Covered (CursorEligible): memory streams; one member; explicit acks; ack_wait
 // without a backoff list; max_deliver; dead-letter subjects; filters; overflow
 // block; deliver policy new, or all / by start sequence on a stream that holds
-// nothing from there. Not yet (those consumers queue on lanes as before): several
-// members, ack policy none, max_ack_pending, backoff, QoS tiers, lifecycles,
-// accept_codecs, queue timeouts, replay original, predicates, file streams, and an
-// event's own ttl or deadline (an event that has one is refused a cursor consumer's
-// log: see PushToCursors).
+// nothing from there; an event's own ttl or deadline, given up by the timer
+// (CursorState::limits) or at the pull. Not yet (those consumers queue on lanes as
+// before): several members, ack policy none, max_ack_pending, backoff, QoS tiers,
+// lifecycles, accept_codecs, queue timeouts, timeout_action delay, replay original,
+// predicates, file streams.
 //
 // Switched on per engine by INFERQ_CURSOR_CONSUMERS=1 in the environment while the
 // redesign is under way (read once by Engine::Create).

@@ -6,6 +6,9 @@
 //   ack_wait  base with ack_wait 30 s (a redelivery timer per delivery)
 //   msg_id    ack_wait with a msg_id per event (the duplicate window)
 //   batch32   base in batches of 32: PublishBatch, NextBatch into a span of 32, AckBatch
+//   view      base publishing EventViews (Publish(const EventView&)): the fields copied
+//             once into the stored message, no Event built, moved or destroyed
+//   view_batch32  batch32 publishing EventViews (PublishBatch(span<const EventView>))
 //   fanout4   one publish, four consumers (no group: each gets every event), each
 //             pulls and acks: the cost per published event, all four included
 //   log_core  the engine-core redesign's data path without the engine: the event moved
@@ -56,7 +59,7 @@ inferq::Event MakeEvent(long i, bool msg_id) {
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: engine_budget WORKLOAD N (WORKLOAD: base, ack_wait, msg_id, batch32, "
+               "usage: engine_budget WORKLOAD N (WORKLOAD: base, ack_wait, msg_id, batch32, view, view_batch32, "
                "fanout4, log_core, log_view, log_group; N: events, a positive multiple of 32)\n");
   return 2;
 }
@@ -133,6 +136,39 @@ int RunLogGroup(long n) {
   return ok == 2 * n ? 0 : 1;
 }
 
+// view and view_batch32: base and batch32 publishing EventViews. A function of its own,
+// so that the other workloads' code (Run's) is compiled as it was before these came.
+[[gnu::noinline]] void RunViews(bool batched, long n, inferq::Engine& engine, inferq::Member& member, long* ok,
+                                long* want) {
+  static const std::string view_payload(kPayloadBytes, 'x');
+  auto make_view = [](long i) {
+    inferq::EventView v;
+    v.subject = "infer.m.req";
+    v.seq_no = static_cast<std::uint64_t>(i);
+    v.payload = std::as_bytes(std::span<const char>(view_payload.data(), view_payload.size()));
+    return v;
+  };
+  if (batched) {
+    std::vector<inferq::EventView> views(kBatch);
+    std::array<inferq::Message, kBatch> batch;
+    for (long i = 0; i < n; i += kBatch) {
+      for (int k = 0; k < kBatch; ++k) views[k] = make_view(i + k);
+      const inferq::PublishBatchResult r = engine.PublishBatch(std::span<const inferq::EventView>(views));
+      if (r.status.ok()) *ok += static_cast<long>(r.published);
+      absl::StatusOr<std::size_t> got = member.NextBatch(batch, absl::ZeroDuration(), absl::ZeroDuration());
+      if (got.ok() && inferq::AckBatch(std::span<inferq::Message>(batch).first(*got)).ok()) *ok += *got;
+    }
+    *want = 2 * n;
+  } else {
+    for (long i = 0; i < n; ++i) {
+      *ok += engine.Publish(make_view(i)).ok();
+      auto msg = member.Next(absl::ZeroDuration());
+      *ok += msg.ok() && msg->Ack().ok();
+    }
+    *want = 2 * n;
+  }
+}
+
 // Runs the workload on an engine of its own: 0 when every publish and ack succeeded,
 // 1 otherwise.
 int Run(const std::string& workload, long n) {
@@ -164,7 +200,9 @@ int Run(const std::string& workload, long n) {
 
   long ok = 0;
   long want = 0;
-  if (workload == "batch32") {
+  if (workload == "view" || workload == "view_batch32") {
+    RunViews(workload == "view_batch32", n, engine, members[0], &ok, &want);
+  } else if (workload == "batch32") {
     std::vector<inferq::Event> events(kBatch);
     std::array<inferq::Message, kBatch> batch;
     for (long i = 0; i < n; i += kBatch) {
@@ -202,6 +240,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (workload != "base" && workload != "ack_wait" && workload != "msg_id" && workload != "batch32" &&
+      workload != "view" && workload != "view_batch32" &&
       workload != "fanout4" && workload != "log_core" && workload != "log_view" &&
       workload != "log_group") {
     std::fprintf(stderr, "engine_budget: unknown workload '%s'\n", workload.c_str());

@@ -25,6 +25,7 @@
 #include "inferq/engine/trace.hpp"
 #include "inferq/event/codec.hpp"
 #include "inferq/event/event.hpp"
+#include "inferq/event/event_view.hpp"
 #include "inferq/event/tensor_event.hpp"
 #include "inferq/event/traceparent.hpp"
 #include "inferq/memory/buffer.hpp"

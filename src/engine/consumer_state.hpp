@@ -88,7 +88,11 @@ using ConvertedEvents = std::array<std::shared_ptr<const Event>, kPayloadCodecs>
 struct StoredMessage {
   StoredMessage() = default;
   // The record of the first stream that stores an event holds it (`own`).
-  explicit StoredMessage(Event&& e) : own(std::move(e)) { event = &own; }
+  // flatten: the Event's move is inlined here (out of line it cost 16 more per publish).
+  [[gnu::flatten]] explicit StoredMessage(Event&& e) : own(std::move(e)) { event = &own; }
+  // flatten: the Event's destruction is inlined here too (the record's disposal is
+  // on every message's path).
+  [[gnu::flatten]] ~StoredMessage() {}
   StoredMessage(const StoredMessage&) = delete;
   StoredMessage& operator=(const StoredMessage&) = delete;
   // The event, read by every delivery of it: `own`, or for the record of a later

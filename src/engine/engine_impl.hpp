@@ -339,6 +339,12 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
     // The stream being published to is the last capturing one: its record takes the
     // conversions instead of copying them, and `first` need not be kept.
     bool last = false;
+    // The caller's record that `event` lives in, made before the publish (a view's:
+    // MakeRecord); nullptr: none. The first stream that stores the event takes the
+    // record from there (AllocateRecord, TakePremade), so the event is never moved.
+    // Once it is taken, `event` is valid only while a record holds it: nothing reads
+    // `event` after the last stream's PublishToStream.
+    std::shared_ptr<StoredMessage>* premade = nullptr;
     // Valid until the first record takes the event (AllocateRecord), and after it
     // only when `first` was kept (more streams follow).
     const Event& current() const { return first ? *first->event : event; }
@@ -362,7 +368,7 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // CheckEvent(event, true), callable outside publish.cpp (StartCall).
   static absl::Status ValidateEvent(const Event& event);
   // The event's own queue limit (ttl, deadline), ns from publish; INT64_MAX = none.
-  static std::int64_t EventLimitNs(const Event& event);
+  [[gnu::always_inline]] static std::int64_t EventLimitNs(const Event& event);
   // The streams that capture `subject` (only `only` when set); false when none does.
   // matched: *capturing already holds the subject's streams (RouteIndex::MatchCached).
   bool Route(std::string_view subject, StreamState* only, bool matched, Capturing* capturing);
@@ -411,6 +417,7 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   // The stream's record of the event (holding it, moved from pe.event, for the first
   // stream; pointing at the first record's event for later ones), from the pools of
   // the first target's node; nullptr, with nothing moved, when out of memory.
+  static std::shared_ptr<StoredMessage> TakePremade(PublishedEvent& pe);
   std::shared_ptr<StoredMessage> AllocateRecord(StreamState& stream, PublishedEvent& pe,
                                                 const Targets& targets);
   // Places the first delivery of `stored` on each target's lane, applying overflow

@@ -29,6 +29,15 @@
 #include "inferq/sched/timer_wheel.hpp"
 
 namespace inferq {
+namespace {
+
+// ResourceExhausted for a view whose copy found no memory (MakeRecord).
+absl::Status OutOfMemoryFor(const EventView& v) {
+  return absl::ResourceExhaustedError("out of memory copying an event for subject " + QuoteValue(v.subject) +
+                                      " (payload of " + std::to_string(v.payload.size()) + " bytes)");
+}
+
+}  // namespace
 
 absl::StatusOr<PublishAck> Engine::Publish(Event event) {
   return Publish(std::move(event), PublishMode::kWait);
@@ -54,12 +63,13 @@ std::vector<absl::StatusOr<PublishAck>> Engine::TryPublishBatch(std::span<Event>
   return results;
 }
 
-PublishBatchResult Engine::PublishBatch(std::span<Event> events, std::span<PublishAck> acks) {
+template <class Prepare>
+PublishBatchResult Engine::PublishRun(std::size_t count, std::span<PublishAck> acks, Prepare&& prepare) {
   PublishBatchResult result;
-  if (!acks.empty() && acks.size() < events.size()) {
+  if (!acks.empty() && acks.size() < count) {
     result.status = absl::InvalidArgumentError(
         "PublishBatch: acks holds " + std::to_string(acks.size()) + " PublishAcks for " +
-        std::to_string(events.size()) + " events (give none, or at least one per event)");
+        std::to_string(count) + " events (give none, or at least one per event)");
     return result;
   }
   engine_internal::DeferredWakes wakes;  // its destructor wakes, also when a callback throws
@@ -89,8 +99,11 @@ PublishBatchResult Engine::PublishBatch(std::span<Event> events, std::span<Publi
     }
   };
   const Impl::PublishFlags flags = Impl::FlagsOf(PublishMode::kWait);
-  for (; result.published < events.size(); ++result.published) {
-    Event& event = events[result.published];
+  for (; result.published < count; ++result.published) {
+    std::shared_ptr<StoredMessage> premade;  // a view's record, which holds `event`
+    Event* prepared = prepare(result.published, &premade, &result.status);
+    if (prepared == nullptr) break;  // result.status says why
+    Event& event = *prepared;
     absl::StatusOr<PublishAck> r;
     // One stream's run: an event this thread routed before (so its subject was
     // checked) to one memory stream, with no payload conversion and no tracing. The
@@ -113,12 +126,17 @@ PublishBatchResult Engine::PublishBatch(std::span<Event> events, std::span<Publi
       Impl::Converted converted{};
       Impl::PublishedEvent published{event, nullptr, event.StoredSize(), Impl::EventLimitNs(event)};
       published.last = true;
+      published.premade = premade != nullptr ? &premade : nullptr;
       impl_->PublishLocked(capturing[0], published, converted, flags, tally);
       r = impl_->FinishPublish(tally, flags);
     } else {
       end_run();
       engine_internal::t_deferred_wakes = nullptr;
-      r = Publish(std::move(event), PublishMode::kWait);
+      if (premade == nullptr || impl_->tracer != nullptr) {
+        r = Publish(std::move(event), PublishMode::kWait);
+      } else {
+        r = PublishEvent(std::move(event), PublishMode::kWait, nullptr, nullptr, &premade);
+      }
       engine_internal::t_deferred_wakes = &wakes;
     }
     if (!r.ok()) {
@@ -129,6 +147,56 @@ PublishBatchResult Engine::PublishBatch(std::span<Event> events, std::span<Publi
   }
   end_run();
   return result;
+}
+
+PublishBatchResult Engine::PublishBatch(std::span<Event> events, std::span<PublishAck> acks) {
+  return PublishRun(events.size(), acks,
+                    [&](std::size_t i, std::shared_ptr<StoredMessage>*, absl::Status*) { return &events[i]; });
+}
+
+PublishBatchResult Engine::PublishBatch(std::span<const EventView> views, std::span<PublishAck> acks) {
+  return PublishRun(views.size(), acks,
+                    [&](std::size_t i, std::shared_ptr<StoredMessage>* premade, absl::Status* error) -> Event* {
+                      const EventView& v = views[i];
+                      if (absl::Status s = v.Validate(); !s.ok()) {
+                        impl_->Count(impl_->invalid, Impl::FlagsOf(PublishMode::kWait));
+                        *error = std::move(s);
+                        return nullptr;
+                      }
+                      *premade = MakeRecord(v);
+                      if (*premade == nullptr) {
+                        *error = OutOfMemoryFor(v);
+                        return nullptr;
+                      }
+                      return &(*premade)->own;
+                    });
+}
+
+absl::StatusOr<PublishAck> Engine::Publish(const EventView& view) {
+  if (impl_->closed.load(std::memory_order_acquire)) return absl::CancelledError("engine is closed");
+  if (absl::Status s = view.Validate(); !s.ok()) {
+    impl_->Count(impl_->invalid, Impl::FlagsOf(PublishMode::kWait));
+    return s;
+  }
+  std::shared_ptr<StoredMessage> rec = MakeRecord(view);
+  if (rec == nullptr) return OutOfMemoryFor(view);
+  if (impl_->tracer != nullptr) return Publish(std::move(rec->own), PublishMode::kWait);  // the traced path
+  Event& event = rec->own;
+  return PublishEvent(std::move(event), PublishMode::kWait, nullptr, nullptr, &rec);
+}
+
+std::shared_ptr<StoredMessage> Engine::MakeRecord(const EventView& view) {
+  // From the publisher's node's pools: the first lane's node is not known before the
+  // event is routed (a publish of an Event allocates its record after).
+  engine_internal::PoolAllocator<StoredMessage> alloc(&impl_->PoolsFor(-1));
+  try {
+    std::shared_ptr<StoredMessage> rec = std::allocate_shared<StoredMessage>(alloc);
+    rec->event = &rec->own;
+    view.CopyTo(rec->own);
+    return rec;
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
 }
 
 absl::StatusOr<PublishAckFuture> Engine::PublishAsync(Event event) {
@@ -183,7 +251,8 @@ absl::StatusOr<PublishAck> Engine::Publish(Event&& event, PublishMode mode, Stre
 }
 
 absl::StatusOr<PublishAck> Engine::PublishEvent(Event&& event, PublishMode mode, StreamState* only,
-                                                std::vector<engine_internal::SyncPoint>* deferred) {
+                                                std::vector<engine_internal::SyncPoint>* deferred,
+                                                std::shared_ptr<StoredMessage>* premade) {
   if (impl_->closed.load(std::memory_order_acquire)) {
     return absl::CancelledError("engine is closed");
   }
@@ -214,6 +283,9 @@ absl::StatusOr<PublishAck> Engine::PublishEvent(Event&& event, PublishMode mode,
   // node of the first lane that will drain it.
   Impl::PublishTally tally;
   Impl::PublishedEvent published{event, nullptr, event.StoredSize(), event_limit_ns};
+  published.premade = premade != nullptr && *premade != nullptr ? premade : nullptr;
+  // From here on `event` may live in `premade`, which the first stream to store it
+  // takes: nothing below the loop reads `event`.
   for (std::size_t i = 0; i < capturing.size(); ++i) {
     published.last = i + 1 == capturing.size();
     impl_->PublishToStream(capturing[i], published, converted, flags, tally);
@@ -483,6 +555,14 @@ inline absl::Status Engine::Impl::ConvertUnderLock(const Event& ev, const Target
 static_assert(sizeof(StoredMessage) + 3 * sizeof(void*) <= engine_internal::kRecordBlock,
               "a stream record with its control block must fit NodePools::records");
 
+// The first stream to store a view's event takes the record the event is in.
+[[gnu::noinline]] std::shared_ptr<StoredMessage> Engine::Impl::TakePremade(PublishedEvent& pe) {
+  std::shared_ptr<StoredMessage> stored = std::move(*pe.premade);
+  pe.premade = nullptr;
+  if (!pe.last) pe.first = stored;
+  return stored;
+}
+
 inline std::shared_ptr<StoredMessage> Engine::Impl::AllocateRecord(StreamState& stream,
                                                             PublishedEvent& pe,
                                                             const Targets& targets) {
@@ -496,6 +576,7 @@ inline std::shared_ptr<StoredMessage> Engine::Impl::AllocateRecord(StreamState& 
     } else if (stream.keeps_index) {
       stream.messages.ReserveOne();
     }
+    if (pe.premade != nullptr) [[unlikely]] return TakePremade(pe);  // a view's record
     engine_internal::PoolAllocator<StoredMessage> alloc(&pools);
     if (pe.first == nullptr) {
       // Allocated, then constructed: a bad_alloc moves nothing.

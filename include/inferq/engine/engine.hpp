@@ -142,6 +142,7 @@
 #include "inferq/engine/trace.hpp"
 #include "inferq/event/codec.hpp"
 #include "inferq/event/event.hpp"
+#include "inferq/event/event_view.hpp"
 #include "inferq/memory/buffer.hpp"
 #include "inferq/memory/topology.hpp"
 #include "inferq/sched/flow_control.hpp"
@@ -152,6 +153,7 @@ class Lifecycle;
 
 namespace engine_internal {
 struct StreamState;
+struct StoredMessage;
 struct FunctionState;
 /// A file stream that stored a publish: its log's sequence to sync, and the removed
 /// log's tx of what max_msgs_per_subject took out for it (0: nothing).
@@ -541,6 +543,19 @@ class Engine {
   /// @endcode
   PublishBatchResult PublishBatch(std::span<Event> events, std::span<PublishAck> acks = {});
 
+  /// Publish of an event given as views (event/event_view.hpp): the engine copies
+  /// the fields straight into the message it stores, once, instead of moving an
+  /// Event in twice (BENCHMARKS.md has what that saves). The same checks, errors,
+  /// waiting and results as Publish(Event); and InvalidArgument, with nothing
+  /// stored, for a view that sets both `payload` and `shared_payload`
+  /// (EventView::Validate). Nothing refers to the viewed memory after it returns.
+  /// ResourceExhausted when memory for the copy runs out.
+  absl::StatusOr<PublishAck> Publish(const EventView& view);
+
+  /// PublishBatch of events given as views: as PublishBatch(std::span<Event>), each
+  /// event copied as Publish(const EventView&) copies it. `views` is left as it was.
+  PublishBatchResult PublishBatch(std::span<const EventView> views, std::span<PublishAck> acks = {});
+
   /// Publish without waiting for file streams' sync policies (JetStream's
   /// PublishAsync): stores and queues `event` as Publish does, waiting as Publish
   /// for room and mutexes, and returns once it is written to the OS; the future's
@@ -674,9 +689,22 @@ class Engine {
                                      engine_internal::StreamState* only = nullptr,
                                      std::vector<engine_internal::SyncPoint>* deferred = nullptr);
   /// Publish's work, without its span (Publish makes it around this when tracing).
+  /// `premade`: the record that `event` lives in (a view's publish made it first),
+  /// which the first stream that stores the event takes from there instead of
+  /// moving the event; nullptr: none.
   absl::StatusOr<PublishAck> PublishEvent(Event&& event, PublishMode mode,
                                           engine_internal::StreamState* only,
-                                          std::vector<engine_internal::SyncPoint>* deferred);
+                                          std::vector<engine_internal::SyncPoint>* deferred,
+                                          std::shared_ptr<engine_internal::StoredMessage>* premade = nullptr);
+  /// PublishBatch's loop over `count` events: prepare(i, &premade, &error) gives the
+  /// i-th (an Event of the caller's, or one in a record it made and left in
+  /// premade), or nullptr with the error that stops the batch in `error`. Defined
+  /// in publish.cpp, used there only.
+  template <class Prepare>
+  PublishBatchResult PublishRun(std::size_t count, std::span<PublishAck> acks, Prepare&& prepare);
+  /// A record holding a copy of `view`'s event (Publish(const EventView&)); nullptr
+  /// when memory ran out.
+  std::shared_ptr<engine_internal::StoredMessage> MakeRecord(const EventView& view);
   /// Syncs each of `syncs` as its stream's policy says; the first error, naming the
   /// stream and the sequence.
   static absl::Status SyncStored(std::span<const engine_internal::SyncPoint> syncs);

@@ -1,0 +1,311 @@
+// Engine::Publish(const EventView&) and PublishBatch(std::span<const EventView>): an
+// event given as views is stored as a copy, with every field an Event's publish
+// would store, the same errors, and nothing that refers to the caller's memory.
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "engine_test_util.hpp"
+#include "inferq/engine/engine.hpp"
+#include "inferq/event/event_view.hpp"
+#include "../state/state_test_util.hpp"
+
+using namespace inferq;
+using namespace inferq::engine_test;
+using state_test::TempDir;
+
+namespace {
+
+std::span<const std::byte> Bytes(std::string_view s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
+std::string Body(const Event& e) {
+  const auto p = e.payload.span();
+  return std::string(reinterpret_cast<const char*>(p.data()), p.size());
+}
+
+std::unique_ptr<Engine> EngineWithStream(std::string name = "S", std::vector<std::string> subjects = {"v.>"}) {
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream({.name = name, .subjects = std::move(subjects)}).ok());
+  return engine;
+}
+
+// Every field of `a` equals `b`'s (the payload by its bytes).
+void CheckSameEvent(const Event& a, const Event& b) {
+  CHECK(a.subject == b.subject);
+  CHECK(a.task_id == b.task_id);
+  CHECK(a.semantic_tag == b.semantic_tag);
+  CHECK(a.tenant == b.tenant);
+  CHECK(a.qos == b.qos);
+  CHECK(a.priority == b.priority);
+  CHECK(a.trace == b.trace);
+  CHECK(a.model == b.model);
+  CHECK(a.model_version == b.model_version);
+  CHECK(a.schema_id == b.schema_id);
+  CHECK(a.schema_version == b.schema_version);
+  CHECK(a.msg_id == b.msg_id);
+  CHECK(a.seq_id == b.seq_id);
+  CHECK(a.seq_no == b.seq_no);
+  CHECK(a.created == b.created);
+  CHECK(a.deadline == b.deadline);
+  CHECK(a.ttl == b.ttl);
+  CHECK(a.attempt == b.attempt);
+  CHECK(a.shape == b.shape);
+  CHECK(a.dtype == b.dtype);
+  CHECK(std::vector<std::pair<std::string, std::string>>(a.headers.begin(), a.headers.end()) ==
+        std::vector<std::pair<std::string, std::string>>(b.headers.begin(), b.headers.end()));
+  CHECK(Body(a) == Body(b));
+  CHECK(a.codec == b.codec);
+  CHECK(a.dictionary_id == b.dictionary_id);
+}
+
+}  // namespace
+
+TEST_CASE("a view's publish stores every field, as a copy of the caller's memory") {
+  auto engine = EngineWithStream();
+  auto consumer = *engine->AddConsumer({.stream = "S", .name = "c"});
+  Member m = *consumer.member(0);
+
+  std::string subject = "v.full";
+  std::string body = "{\"prompt\":\"hello\"}";
+  std::string tenant = "acme", tag = "summarize", model = "llama", version = "3.1";
+  std::string msg_id = "id-1", seq_id = "gen-7";
+  Headers headers;
+  headers.Set("context_tokens", "374");
+  headers.Set("route", "a");
+  const std::array<std::int64_t, 3> shape = {2, 3, 4};
+  EventView v;
+  v.subject = subject;
+  v.payload = Bytes(body);
+  v.task_id = Uuid{0x0102030405060708, 0x1112131415161718};
+  v.semantic_tag = tag;
+  v.tenant = tenant;
+  v.qos = Qos::kGold;
+  v.priority = 7;
+  v.trace.trace_id[0] = 0xab;
+  v.trace.span_id[7] = 0xcd;
+  v.trace.flags = 1;
+  v.model = model;
+  v.model_version = version;
+  v.schema_id = 12;
+  v.schema_version = 3;
+  v.msg_id = msg_id;
+  v.seq_id = seq_id;
+  v.seq_no = 41;
+  v.created = absl::FromUnixSeconds(1'700'000'000);
+  v.deadline = absl::Now() + absl::Hours(1);
+  v.ttl = absl::Minutes(5);
+  v.attempt = 2;
+  v.shape = shape;
+  v.dtype = DType::kFloat16;
+  v.headers = &headers;
+  const Event expected = v.ToEvent();
+
+  auto ack = engine->Publish(v);
+  REQUIRE(ack.ok());
+  CHECK(ack->seq == 1);
+  CHECK_FALSE(ack->duplicate);
+  // Nothing refers to the caller's memory once Publish returned.
+  std::fill(subject.begin(), subject.end(), 'x');
+  std::fill(body.begin(), body.end(), 'x');
+  std::fill(tenant.begin(), tenant.end(), 'x');
+  std::fill(msg_id.begin(), msg_id.end(), 'x');
+  headers.Set("route", "changed");
+
+  auto msg = m.Next(absl::Seconds(5));
+  REQUIRE(msg.ok());
+  CheckSameEvent(msg->event(), expected);
+  CHECK(msg->event().subject == "v.full");
+  CHECK(Body(msg->event()) == "{\"prompt\":\"hello\"}");
+  CHECK(msg->event().headers.Get("route") == "a");
+  CHECK(msg->event().payload.span().data() != reinterpret_cast<const std::byte*>(body.data()));
+  REQUIRE(msg->Ack().ok());
+
+  // The same view published again is a duplicate of the first (msg_id copied).
+  v.subject = "v.full";
+  msg_id = "id-1";
+  v.msg_id = msg_id;
+  auto again = engine->Publish(v);
+  REQUIRE(again.ok());
+  CHECK(again->duplicate);
+  CHECK(again->seq == 1);
+}
+
+TEST_CASE("a view's shared_payload is shared, not copied") {
+  auto engine = EngineWithStream();
+  auto consumer = *engine->AddConsumer({.stream = "S", .name = "c"});
+  const Buffer shared = Buffer::FromString("tensor bytes");
+  EventView v;
+  v.subject = "v.t";
+  v.shared_payload = &shared;
+  REQUIRE(engine->Publish(v).ok());
+  auto msg = consumer.member(0)->Next(absl::Seconds(5));
+  REQUIRE(msg.ok());
+  CHECK(msg->event().payload.span().data() == shared.span().data());
+  CHECK(Body(msg->event()) == "tensor bytes");
+}
+
+TEST_CASE("a view with a payload and a shared_payload is refused, naming both, and stores nothing") {
+  auto engine = EngineWithStream();
+  const Buffer shared = Buffer::FromString("abc");
+  EventView v;
+  v.subject = "v.both";
+  v.payload = Bytes("12345");
+  v.shared_payload = &shared;
+  auto ack = engine->Publish(v);
+  REQUIRE_FALSE(ack.ok());
+  CHECK(ack.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(Msg(ack.status()) ==
+        "EventView for subject 'v.both' has both a payload of 5 bytes and a shared_payload: set one of them");
+  CHECK(engine->Stats().invalid == 1);
+  CHECK(engine->Stats().published == 0);
+  CHECK(SS(*engine, "S").messages == 0);
+}
+
+TEST_CASE("a view is refused for what an Event is refused for, with the same error") {
+  auto engine = EngineWithStream();
+  const std::string bad_subjects[] = {"v..x", "", "other.subject"};
+  for (const std::string& subject : bad_subjects) {
+    EventView v;
+    v.subject = subject;
+    v.payload = Bytes("p");
+    Event e;
+    e.subject = subject;
+    e.payload = Buffer::FromString("p");
+    auto by_view = engine->Publish(v);
+    auto by_event = engine->Publish(std::move(e));
+    REQUIRE_FALSE(by_view.ok());
+    REQUIRE_FALSE(by_event.ok());
+    CHECK(by_view.status() == by_event.status());
+  }
+  EventView ttl;
+  ttl.subject = "v.ttl";
+  ttl.ttl = absl::Seconds(-1);
+  Event e;
+  e.subject = "v.ttl";
+  e.ttl = absl::Seconds(-1);
+  auto by_view = engine->Publish(ttl);
+  auto by_event = engine->Publish(std::move(e));
+  REQUIRE_FALSE(by_view.ok());
+  CHECK(by_view.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(by_view.status() == by_event.status());
+  CHECK(SS(*engine, "S").messages == 0);
+}
+
+TEST_CASE("a view captured by two streams is stored in both, one copy of the event shared") {
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream({.name = "A", .subjects = {"v.>"}}).ok());
+  REQUIRE(engine->AddStream({.name = "B", .subjects = {"v.*"}}).ok());
+  auto a = *engine->AddConsumer({.stream = "A", .name = "a"});
+  auto b = *engine->AddConsumer({.stream = "B", .name = "b"});
+  EventView v;
+  v.subject = "v.two";
+  v.payload = Bytes("both");
+  auto ack = engine->Publish(v);
+  REQUIRE(ack.ok());
+  CHECK(ack->streams_stored == 2);
+  auto ma = a.member(0)->Next(absl::Seconds(5));
+  auto mb = b.member(0)->Next(absl::Seconds(5));
+  REQUIRE(ma.ok());
+  REQUIRE(mb.ok());
+  CHECK(Body(ma->event()) == "both");
+  CHECK(Body(mb->event()) == "both");
+  CHECK(&ma->event() == &mb->event());  // the first stream's record holds it for both
+  REQUIRE(ma->Ack().ok());
+  REQUIRE(mb->Ack().ok());
+}
+
+TEST_CASE("PublishBatch of views publishes in order and stops at the first refused view") {
+  auto engine = EngineWithStream();
+  auto consumer = *engine->AddConsumer({.stream = "S", .name = "c"});
+  const Buffer shared = Buffer::FromString("s");
+  std::vector<std::string> bodies = {"b0", "b1", "b2", "b3"};
+  std::vector<EventView> views(4);
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    views[i].subject = "v.batch";
+    views[i].payload = Bytes(bodies[i]);
+    views[i].seq_no = i;
+  }
+  views[2].shared_payload = &shared;  // with a payload too: refused
+  std::array<PublishAck, 4> acks;
+
+  SECTION("every view published") {
+    views[2].shared_payload = nullptr;
+    const PublishBatchResult r = engine->PublishBatch(std::span<const EventView>(views), acks);
+    REQUIRE(r.status.ok());
+    CHECK(r.published == 4);
+    for (std::uint64_t i = 0; i < 4; ++i) CHECK(acks[i].seq == i + 1);
+    Member m = *consumer.member(0);
+    for (std::size_t i = 0; i < 4; ++i) {
+      auto msg = m.Next(absl::Seconds(5));
+      REQUIRE(msg.ok());
+      CHECK(Body(msg->event()) == bodies[i]);
+      CHECK(msg->event().seq_no == i);
+      REQUIRE(msg->Ack().ok());
+    }
+  }
+  SECTION("the third refused: two published, the rest left") {
+    const PublishBatchResult r = engine->PublishBatch(std::span<const EventView>(views), acks);
+    CHECK(r.published == 2);
+    CHECK(r.status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Msg(r.status) ==
+          "EventView for subject 'v.batch' has both a payload of 2 bytes and a shared_payload: set one of them");
+    CHECK(acks[0].seq == 1);
+    CHECK(acks[1].seq == 2);
+    CHECK(SS(*engine, "S").messages == 2);
+    CHECK(engine->Stats().invalid == 1);
+  }
+  SECTION("an unrouted view stops the batch with NotFound") {
+    views[2].shared_payload = nullptr;
+    views[1].subject = "elsewhere";
+    const PublishBatchResult r = engine->PublishBatch(std::span<const EventView>(views), acks);
+    CHECK(r.published == 1);
+    CHECK(r.status.code() == absl::StatusCode::kNotFound);
+    CHECK(SS(*engine, "S").messages == 1);
+  }
+  SECTION("too few acks: nothing published") {
+    std::array<PublishAck, 2> few;
+    const PublishBatchResult r = engine->PublishBatch(std::span<const EventView>(views), few);
+    CHECK(r.published == 0);
+    CHECK(r.status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Msg(r.status) == "PublishBatch: acks holds 2 PublishAcks for 4 events (give none, or at least one per event)");
+    CHECK(SS(*engine, "S").messages == 0);
+  }
+}
+
+TEST_CASE("a view published into a file stream is read back by the next engine") {
+  TempDir d;
+  StreamConfig file{.name = "F", .subjects = {"f.>"}};
+  file.storage = StorageType::kFile;
+  file.directory = d.path();
+  std::string body = "durable body";
+  {
+    auto engine = *Engine::Create();
+    REQUIRE(engine->AddStream(file).ok());
+    EventView v;
+    v.subject = "f.one";
+    v.payload = Bytes(body);
+    v.msg_id = "f-1";
+    v.tenant = "t";
+    auto ack = engine->Publish(v);
+    REQUIRE(ack.ok());
+    CHECK(ack->seq == 1);
+  }
+  body.assign(body.size(), 'x');
+  auto engine = *Engine::Create();
+  REQUIRE(engine->AddStream(file).ok());
+  auto all = *engine->AddConsumer({.stream = "F", .name = "all", .deliver = DeliverPolicy::kAll});
+  auto msg = all.member(0)->Next(absl::Seconds(5));
+  REQUIRE(msg.ok());
+  CHECK(msg->event().subject == "f.one");
+  CHECK(Body(msg->event()) == "durable body");
+  CHECK(msg->event().msg_id == "f-1");
+  CHECK(msg->event().tenant == "t");
+  REQUIRE(msg->Ack().ok());
+}

@@ -6,9 +6,9 @@
 //   ack_wait  base with ack_wait 30 s (a redelivery timer per delivery)
 //   msg_id    ack_wait with a msg_id per event (the duplicate window)
 //   batch32   base in batches of 32: PublishBatch, NextBatch into a span of 32, AckBatch
-//   view      base publishing EventViews (Publish(const EventView&)): the fields copied
+//   view      base publishing EventViews (PublishView(const EventView&)): the fields copied
 //             once into the stored message, no Event built, moved or destroyed
-//   view_batch32  batch32 publishing EventViews (PublishBatch(span<const EventView>))
+//   view_batch32  batch32 publishing EventViews (PublishViewBatch(span<const EventView>))
 //   fanout4   one publish, four consumers (no group: each gets every event), each
 //             pulls and acks: the cost per published event, all four included
 //   log_core  the engine-core redesign's data path without the engine: the event moved
@@ -153,7 +153,7 @@ int RunLogGroup(long n) {
     std::array<inferq::Message, kBatch> batch;
     for (long i = 0; i < n; i += kBatch) {
       for (int k = 0; k < kBatch; ++k) views[k] = make_view(i + k);
-      const inferq::PublishBatchResult r = engine.PublishBatch(std::span<const inferq::EventView>(views));
+      const inferq::PublishBatchResult r = engine.PublishViewBatch(views);
       if (r.status.ok()) *ok += static_cast<long>(r.published);
       absl::StatusOr<std::size_t> got = member.NextBatch(batch, absl::ZeroDuration(), absl::ZeroDuration());
       if (got.ok() && inferq::AckBatch(std::span<inferq::Message>(batch).first(*got)).ok()) *ok += *got;
@@ -161,7 +161,7 @@ int RunLogGroup(long n) {
     *want = 2 * n;
   } else {
     for (long i = 0; i < n; ++i) {
-      *ok += engine.Publish(make_view(i)).ok();
+      *ok += engine.PublishView(make_view(i)).ok();
       auto msg = member.Next(absl::ZeroDuration());
       *ok += msg.ok() && msg->Ack().ok();
     }

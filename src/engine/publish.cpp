@@ -154,7 +154,7 @@ PublishBatchResult Engine::PublishBatch(std::span<Event> events, std::span<Publi
                     [&](std::size_t i, std::shared_ptr<StoredMessage>*, absl::Status*) { return &events[i]; });
 }
 
-PublishBatchResult Engine::PublishBatch(std::span<const EventView> views, std::span<PublishAck> acks) {
+PublishBatchResult Engine::PublishViewBatch(std::span<const EventView> views, std::span<PublishAck> acks) {
   return PublishRun(views.size(), acks,
                     [&](std::size_t i, std::shared_ptr<StoredMessage>* premade, absl::Status* error) -> Event* {
                       const EventView& v = views[i];
@@ -172,7 +172,7 @@ PublishBatchResult Engine::PublishBatch(std::span<const EventView> views, std::s
                     });
 }
 
-absl::StatusOr<PublishAck> Engine::Publish(const EventView& view) {
+absl::StatusOr<PublishAck> Engine::PublishView(const EventView& view) {
   if (impl_->closed.load(std::memory_order_acquire)) return absl::CancelledError("engine is closed");
   if (absl::Status s = view.Validate(); !s.ok()) {
     impl_->Count(impl_->invalid, Impl::FlagsOf(PublishMode::kWait));

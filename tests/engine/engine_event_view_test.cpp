@@ -1,4 +1,4 @@
-// Engine::Publish(const EventView&) and PublishBatch(std::span<const EventView>): an
+// Engine::PublishView(const EventView&) and PublishViewBatch(std::span<const EventView>): an
 // event given as views is stored as a copy, with every field an Event's publish
 // would store, the same errors, and nothing that refers to the caller's memory.
 #include <array>
@@ -107,7 +107,7 @@ TEST_CASE("a view's publish stores every field, as a copy of the caller's memory
   v.headers = &headers;
   const Event expected = v.ToEvent();
 
-  auto ack = engine->Publish(v);
+  auto ack = engine->PublishView(v);
   REQUIRE(ack.ok());
   CHECK(ack->seq == 1);
   CHECK_FALSE(ack->duplicate);
@@ -131,7 +131,7 @@ TEST_CASE("a view's publish stores every field, as a copy of the caller's memory
   v.subject = "v.full";
   msg_id = "id-1";
   v.msg_id = msg_id;
-  auto again = engine->Publish(v);
+  auto again = engine->PublishView(v);
   REQUIRE(again.ok());
   CHECK(again->duplicate);
   CHECK(again->seq == 1);
@@ -144,7 +144,7 @@ TEST_CASE("a view's shared_payload is shared, not copied") {
   EventView v;
   v.subject = "v.t";
   v.shared_payload = &shared;
-  REQUIRE(engine->Publish(v).ok());
+  REQUIRE(engine->PublishView(v).ok());
   auto msg = consumer.member(0)->Next(absl::Seconds(5));
   REQUIRE(msg.ok());
   CHECK(msg->event().payload.span().data() == shared.span().data());
@@ -158,7 +158,7 @@ TEST_CASE("a view with a payload and a shared_payload is refused, naming both, a
   v.subject = "v.both";
   v.payload = Bytes("12345");
   v.shared_payload = &shared;
-  auto ack = engine->Publish(v);
+  auto ack = engine->PublishView(v);
   REQUIRE_FALSE(ack.ok());
   CHECK(ack.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Msg(ack.status()) ==
@@ -178,7 +178,7 @@ TEST_CASE("a view is refused for what an Event is refused for, with the same err
     Event e;
     e.subject = subject;
     e.payload = Buffer::FromString("p");
-    auto by_view = engine->Publish(v);
+    auto by_view = engine->PublishView(v);
     auto by_event = engine->Publish(std::move(e));
     REQUIRE_FALSE(by_view.ok());
     REQUIRE_FALSE(by_event.ok());
@@ -190,7 +190,7 @@ TEST_CASE("a view is refused for what an Event is refused for, with the same err
   Event e;
   e.subject = "v.ttl";
   e.ttl = absl::Seconds(-1);
-  auto by_view = engine->Publish(ttl);
+  auto by_view = engine->PublishView(ttl);
   auto by_event = engine->Publish(std::move(e));
   REQUIRE_FALSE(by_view.ok());
   CHECK(by_view.status().code() == absl::StatusCode::kInvalidArgument);
@@ -207,7 +207,7 @@ TEST_CASE("a view captured by two streams is stored in both, one copy of the eve
   EventView v;
   v.subject = "v.two";
   v.payload = Bytes("both");
-  auto ack = engine->Publish(v);
+  auto ack = engine->PublishView(v);
   REQUIRE(ack.ok());
   CHECK(ack->streams_stored == 2);
   auto ma = a.member(0)->Next(absl::Seconds(5));
@@ -221,7 +221,7 @@ TEST_CASE("a view captured by two streams is stored in both, one copy of the eve
   REQUIRE(mb->Ack().ok());
 }
 
-TEST_CASE("PublishBatch of views publishes in order and stops at the first refused view") {
+TEST_CASE("PublishViewBatch publishes in order and stops at the first refused view") {
   auto engine = EngineWithStream();
   auto consumer = *engine->AddConsumer({.stream = "S", .name = "c"});
   const Buffer shared = Buffer::FromString("s");
@@ -237,7 +237,7 @@ TEST_CASE("PublishBatch of views publishes in order and stops at the first refus
 
   SECTION("every view published") {
     views[2].shared_payload = nullptr;
-    const PublishBatchResult r = engine->PublishBatch(std::span<const EventView>(views), acks);
+    const PublishBatchResult r = engine->PublishViewBatch(std::span<const EventView>(views), acks);
     REQUIRE(r.status.ok());
     CHECK(r.published == 4);
     for (std::uint64_t i = 0; i < 4; ++i) CHECK(acks[i].seq == i + 1);
@@ -251,7 +251,7 @@ TEST_CASE("PublishBatch of views publishes in order and stops at the first refus
     }
   }
   SECTION("the third refused: two published, the rest left") {
-    const PublishBatchResult r = engine->PublishBatch(std::span<const EventView>(views), acks);
+    const PublishBatchResult r = engine->PublishViewBatch(std::span<const EventView>(views), acks);
     CHECK(r.published == 2);
     CHECK(r.status.code() == absl::StatusCode::kInvalidArgument);
     CHECK(Msg(r.status) ==
@@ -264,14 +264,14 @@ TEST_CASE("PublishBatch of views publishes in order and stops at the first refus
   SECTION("an unrouted view stops the batch with NotFound") {
     views[2].shared_payload = nullptr;
     views[1].subject = "elsewhere";
-    const PublishBatchResult r = engine->PublishBatch(std::span<const EventView>(views), acks);
+    const PublishBatchResult r = engine->PublishViewBatch(std::span<const EventView>(views), acks);
     CHECK(r.published == 1);
     CHECK(r.status.code() == absl::StatusCode::kNotFound);
     CHECK(SS(*engine, "S").messages == 1);
   }
   SECTION("too few acks: nothing published") {
     std::array<PublishAck, 2> few;
-    const PublishBatchResult r = engine->PublishBatch(std::span<const EventView>(views), few);
+    const PublishBatchResult r = engine->PublishViewBatch(std::span<const EventView>(views), few);
     CHECK(r.published == 0);
     CHECK(r.status.code() == absl::StatusCode::kInvalidArgument);
     CHECK(Msg(r.status) == "PublishBatch: acks holds 2 PublishAcks for 4 events (give none, or at least one per event)");
@@ -293,7 +293,7 @@ TEST_CASE("a view published into a file stream is read back by the next engine")
     v.payload = Bytes(body);
     v.msg_id = "f-1";
     v.tenant = "t";
-    auto ack = engine->Publish(v);
+    auto ack = engine->PublishView(v);
     REQUIRE(ack.ok());
     CHECK(ack->seq == 1);
   }
@@ -308,4 +308,18 @@ TEST_CASE("a view published into a file stream is read back by the next engine")
   CHECK(msg->event().msg_id == "f-1");
   CHECK(msg->event().tenant == "t");
   REQUIRE(msg->Ack().ok());
+}
+
+TEST_CASE("an Event given by designated initializers still picks Publish(Event)") {
+  // PublishView has a name of its own: as an overload of Publish, this call (and
+  // PublishBatch({})) was ambiguous between the two aggregates.
+  auto engine = EngineWithStream();
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"  // the fields left out are defaulted
+  auto ack = engine->Publish({.subject = "v.designated", .seq_no = 3});
+#pragma GCC diagnostic pop
+  REQUIRE(ack.ok());
+  CHECK(ack->seq == 1);
+  CHECK(engine->PublishBatch({}).published == 0);
+  CHECK(engine->PublishViewBatch({}).published == 0);
 }

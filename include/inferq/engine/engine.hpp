@@ -549,12 +549,14 @@ class Engine {
   /// waiting and results as Publish(Event); and InvalidArgument, with nothing
   /// stored, for a view that sets both `payload` and `shared_payload`
   /// (EventView::Validate). Nothing refers to the viewed memory after it returns.
-  /// ResourceExhausted when memory for the copy runs out.
-  absl::StatusOr<PublishAck> Publish(const EventView& view);
+  /// ResourceExhausted when memory for the copy runs out. (A name of its own, not an
+  /// overload of Publish: Event and EventView are both aggregates, so
+  /// `Publish({.subject = ...})` or `PublishBatch({})` would be ambiguous.)
+  absl::StatusOr<PublishAck> PublishView(const EventView& view);
 
   /// PublishBatch of events given as views: as PublishBatch(std::span<Event>), each
-  /// event copied as Publish(const EventView&) copies it. `views` is left as it was.
-  PublishBatchResult PublishBatch(std::span<const EventView> views, std::span<PublishAck> acks = {});
+  /// event copied as PublishView(const EventView&) copies it. `views` is left as it was.
+  PublishBatchResult PublishViewBatch(std::span<const EventView> views, std::span<PublishAck> acks = {});
 
   /// Publish without waiting for file streams' sync policies (JetStream's
   /// PublishAsync): stores and queues `event` as Publish does, waiting as Publish
@@ -702,7 +704,7 @@ class Engine {
   /// in publish.cpp, used there only.
   template <class Prepare>
   PublishBatchResult PublishRun(std::size_t count, std::span<PublishAck> acks, Prepare&& prepare);
-  /// A record holding a copy of `view`'s event (Publish(const EventView&)); nullptr
+  /// A record holding a copy of `view`'s event (PublishView(const EventView&)); nullptr
   /// when memory ran out.
   std::shared_ptr<engine_internal::StoredMessage> MakeRecord(const EventView& view);
   /// Syncs each of `syncs` as its stream's policy says; the first error, naming the

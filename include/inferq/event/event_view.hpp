@@ -1,8 +1,8 @@
 /// @file inferq/event/event_view.hpp
 ///
 /// EventView: an Event's fields as views of the caller's memory, for a publish that
-/// builds nothing of its own (Engine::Publish(const EventView&),
-/// Engine::PublishBatch(std::span<const EventView>)). The engine copies what it
+/// builds nothing of its own (Engine::PublishView(const EventView&),
+/// Engine::PublishViewBatch(std::span<const EventView>)). The engine copies what it
 /// stores straight into the message it keeps: the strings once, the payload bytes
 /// once into a pooled Buffer (or, with `shared_payload`, not at all), where a
 /// publish of an Event moves the whole Event twice and destroys the moved-from ones.
@@ -16,7 +16,7 @@
 ///   v.subject = "infer.llama.request";
 ///   v.payload = std::as_bytes(std::span(body));   // copied once, into the stored message
 ///   v.tenant = "acme";
-///   absl::StatusOr<inferq::PublishAck> ack = engine->Publish(v);
+///   absl::StatusOr<inferq::PublishAck> ack = engine->PublishView(v);
 /// @endcode
 ///
 /// Thread safety: a plain value type of views. What it views must stay valid and

@@ -698,12 +698,12 @@ class Engine {
                                           engine_internal::StreamState* only,
                                           std::vector<engine_internal::SyncPoint>* deferred,
                                           std::shared_ptr<engine_internal::StoredMessage>* premade = nullptr);
-  /// PublishBatch's loop over `count` events: prepare(i, &premade, &error) gives the
-  /// i-th (an Event of the caller's, or one in a record it made and left in
-  /// premade), or nullptr with the error that stops the batch in `error`. Defined
-  /// in publish.cpp, used there only.
-  template <class Prepare>
-  PublishBatchResult PublishRun(std::size_t count, std::span<PublishAck> acks, Prepare&& prepare);
+  /// PublishBatch's loop: over `events`, or when `views` is not empty over copies of
+  /// those (PublishViewBatch). One loop for both, not a template: a second copy of
+  /// it (and of the publish path it inlines) cost the Event batches ~80 instructions
+  /// per event in GCC's inlining elsewhere (BENCHMARKS.md, sixth part).
+  PublishBatchResult PublishRun(std::span<Event> events, std::span<const EventView> views,
+                                std::span<PublishAck> acks);
   /// A record holding a copy of `view`'s event (PublishView(const EventView&)); nullptr
   /// when memory ran out.
   std::shared_ptr<engine_internal::StoredMessage> MakeRecord(const EventView& view);

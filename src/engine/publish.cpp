@@ -108,15 +108,20 @@ PublishBatchResult Engine::PublishRun(std::span<Event> events, std::span<const E
     if (views.empty()) [[likely]] {
       prepared = &events[result.published];
     } else {
+      // As PublishView checks a view: closed first, then the view itself.
       const EventView& v = views[result.published];
+      if (impl_->closed.load(std::memory_order_acquire)) {
+        result.status = RefuseView(v, absl::CancelledError("engine is closed"));
+        break;
+      }
       if (absl::Status s = v.Validate(); !s.ok()) {
         impl_->Count(impl_->invalid, flags);
-        result.status = std::move(s);
+        result.status = RefuseView(v, std::move(s));
         break;
       }
       premade = MakeRecord(v);
       if (premade == nullptr) {
-        result.status = OutOfMemoryFor(v);
+        result.status = RefuseView(v, OutOfMemoryFor(v));
         break;
       }
       prepared = &premade->own;
@@ -176,16 +181,34 @@ PublishBatchResult Engine::PublishViewBatch(std::span<const EventView> views, st
 }
 
 absl::StatusOr<PublishAck> Engine::PublishView(const EventView& view) {
-  if (impl_->closed.load(std::memory_order_acquire)) return absl::CancelledError("engine is closed");
+  if (impl_->closed.load(std::memory_order_acquire)) {
+    return RefuseView(view, absl::CancelledError("engine is closed"));
+  }
   if (absl::Status s = view.Validate(); !s.ok()) {
     impl_->Count(impl_->invalid, Impl::FlagsOf(PublishMode::kWait));
-    return s;
+    return RefuseView(view, std::move(s));
   }
   std::shared_ptr<StoredMessage> rec = MakeRecord(view);
-  if (rec == nullptr) return OutOfMemoryFor(view);
+  if (rec == nullptr) return RefuseView(view, OutOfMemoryFor(view));
   if (impl_->tracer != nullptr) return Publish(std::move(rec->own), PublishMode::kWait);  // the traced path
   Event& event = rec->own;
   return PublishEvent(std::move(event), PublishMode::kWait, nullptr, nullptr, &rec);
+}
+
+absl::Status Engine::RefuseView(const EventView& view, absl::Status refusal) {
+  engine_internal::Tracer* tracer = impl_->tracer.get();
+  if (tracer == nullptr) return refusal;
+  // Traced as a refused Publish(Event) is (an error span, sampled or not), with the
+  // view's fields copied into an Event for it; with no memory for that, untraced.
+  try {
+    Event event = view.ToEvent();
+    engine_internal::Tracer::PublishScope scope;
+    tracer->BeginPublish(event, scope);
+    absl::StatusOr<PublishAck> result = refusal;
+    tracer->EndPublish(scope, event, result);
+  } catch (const std::bad_alloc&) {
+  }
+  return refusal;
 }
 
 std::shared_ptr<StoredMessage> Engine::MakeRecord(const EventView& view) {
@@ -195,7 +218,7 @@ std::shared_ptr<StoredMessage> Engine::MakeRecord(const EventView& view) {
   try {
     std::shared_ptr<StoredMessage> rec = std::allocate_shared<StoredMessage>(alloc);
     rec->event = &rec->own;
-    view.CopyTo(rec->own);
+    view.CopyToNew(rec->own);
     return rec;
   } catch (const std::bad_alloc&) {
     return nullptr;

@@ -2,6 +2,7 @@
 // event given as views is stored as a copy, with every field an Event's publish
 // would store, the same errors, and nothing that refers to the caller's memory.
 #include <array>
+#include <memory>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -14,6 +15,7 @@
 #include "inferq/engine/engine.hpp"
 #include "inferq/event/event_view.hpp"
 #include "../state/state_test_util.hpp"
+#include "span_recorder.hpp"
 
 using namespace inferq;
 using namespace inferq::engine_test;
@@ -322,4 +324,98 @@ TEST_CASE("an Event given by designated initializers still picks Publish(Event)"
   CHECK(ack->seq == 1);
   CHECK(engine->PublishBatch({}).published == 0);
   CHECK(engine->PublishViewBatch({}).published == 0);
+}
+
+// The adversarial review's reproductions (three defects of the first version).
+
+TEST_CASE("a view's refusals are traced as a refused Publish(Event) is") {
+  SECTION("closed engine") {
+    auto by_event = std::make_shared<inferq_test::SpanRecorder>();
+    auto by_view = std::make_shared<inferq_test::SpanRecorder>();
+    EngineOptions oa, ob;
+    oa.trace = {.sink = by_event, .sample_ratio = 1.0, .id_seed = 1};
+    ob.trace = {.sink = by_view, .sample_ratio = 1.0, .id_seed = 1};
+    auto ea = *Engine::Create(std::move(oa));
+    auto eb = *Engine::Create(std::move(ob));
+    REQUIRE(ea->AddStream({.name = "S", .subjects = {"v.>"}}).ok());
+    REQUIRE(eb->AddStream({.name = "S", .subjects = {"v.>"}}).ok());
+    ea->Close();
+    eb->Close();
+    Event e;
+    e.subject = "v.x";
+    EventView v;
+    v.subject = "v.x";
+    auto ra = ea->Publish(std::move(e));
+    auto rb = eb->PublishView(v);
+    CHECK(ra.status() == rb.status());
+    CHECK(by_event->Of(SpanStage::kPublish).size() == 1);
+    CHECK(by_view->Of(SpanStage::kPublish).size() == 1);
+    CHECK(eb->PublishViewBatch(std::span<const EventView>(&v, 1)).status.code() == absl::StatusCode::kCancelled);
+    CHECK(by_view->Of(SpanStage::kPublish).size() == 2);
+  }
+  SECTION("an invalid view, unsampled: errors are always recorded") {
+    auto spans = std::make_shared<inferq_test::SpanRecorder>();
+    EngineOptions o;
+    o.trace = {.sink = spans, .sample_ratio = 0.0, .id_seed = 1};
+    auto engine = *Engine::Create(std::move(o));
+    REQUIRE(engine->AddStream({.name = "S", .subjects = {"v.>"}}).ok());
+    const Buffer shared = Buffer::FromString("x");
+    EventView v;
+    v.subject = "v.x";
+    v.payload = Bytes("y");
+    v.shared_payload = &shared;
+    Event bad;
+    bad.subject = "v..x";
+    CHECK_FALSE(engine->Publish(std::move(bad)).ok());
+    CHECK(spans->Of(SpanStage::kPublish).size() == 1);
+    CHECK_FALSE(engine->PublishView(v).ok());
+    CHECK(spans->Of(SpanStage::kPublish).size() == 2);
+    CHECK_FALSE(engine->PublishViewBatch(std::span<const EventView>(&v, 1)).status.ok());
+    CHECK(spans->Of(SpanStage::kPublish).size() == 3);
+  }
+}
+
+TEST_CASE("a closed engine refuses an invalid view alike in PublishView and PublishViewBatch") {
+  auto e1 = EngineWithStream();
+  auto e2 = EngineWithStream();
+  e1->Close();
+  e2->Close();
+  const Buffer shared = Buffer::FromString("s");
+  EventView v;
+  v.subject = "v.x";
+  v.payload = Bytes("p");
+  v.shared_payload = &shared;
+  auto one = e1->PublishView(v);
+  const PublishBatchResult batch = e2->PublishViewBatch(std::span<const EventView>(&v, 1));
+  CHECK(one.status().code() == absl::StatusCode::kCancelled);
+  CHECK(one.status() == batch.status);
+  CHECK(batch.published == 0);
+  CHECK(e1->Stats().invalid == 0);
+  CHECK(e2->Stats().invalid == 0);
+}
+
+TEST_CASE("CopyTo into a used Event clears every field the view leaves empty") {
+  Event e;
+  e.tenant = "old-tenant";
+  e.msg_id = "old-id";
+  e.semantic_tag = "old-tag";
+  e.model = "old-model";
+  e.model_version = "old-version";
+  e.seq_id = "old-seq";
+  e.shape = {9, 9};
+  e.headers.Set("stale", "1");
+  e.payload = Buffer::FromString("old payload");
+  EventView v;
+  v.subject = "v.x";
+  v.CopyTo(e);
+  CHECK(e.subject == "v.x");
+  CHECK(e.tenant.empty());
+  CHECK(e.msg_id.empty());
+  CHECK(e.semantic_tag.empty());
+  CHECK(e.model.empty());
+  CHECK(e.model_version.empty());
+  CHECK(e.seq_id.empty());
+  CHECK(e.shape.empty());
+  CHECK(e.headers.empty());
+  CHECK(e.payload.size() == 0);
 }

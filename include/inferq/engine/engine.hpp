@@ -704,6 +704,9 @@ class Engine {
   /// per event in GCC's inlining elsewhere (BENCHMARKS.md, sixth part).
   PublishBatchResult PublishRun(std::span<Event> events, std::span<const EventView> views,
                                 std::span<PublishAck> acks);
+  /// `refusal`, returned by PublishView or PublishViewBatch for `view` before the
+  /// event reached Publish's path; traced as a refused Publish(Event) is.
+  absl::Status RefuseView(const EventView& view, absl::Status refusal);
   /// A record holding a copy of `view`'s event (PublishView(const EventView&)); nullptr
   /// when memory ran out.
   std::shared_ptr<engine_internal::StoredMessage> MakeRecord(const EventView& view);

@@ -79,41 +79,67 @@ struct EventView {
     return absl::OkStatus();
   }
 
-  /// Writes every field into `e` (which should be default-constructed: fields the
-  /// view leaves empty are assigned empty). Validate() first: with both payloads set
-  /// the shared one wins. Throws std::bad_alloc when memory runs out.
-  void CopyTo(Event& e) const {
+  /// Writes every field into `e`, also into a used Event: a field the view leaves
+  /// empty is cleared there, so nothing of an earlier event (a msg_id, a tenant,
+  /// headers) is left behind. Validate() first: with both payloads set the shared
+  /// one wins. Throws std::bad_alloc when memory runs out.
+  void CopyTo(Event& e) const { Copy</*kClear=*/true>(e); }
+
+  /// CopyTo for an Event that is default-constructed (the engine's new records,
+  /// ToEvent): fields the view leaves empty are not touched, which saves a store or
+  /// a call per field. Into a used Event, use CopyTo.
+  void CopyToNew(Event& fresh) const { Copy</*kClear=*/false>(fresh); }
+
+  /// A new Event holding copies of every field (CopyTo).
+  Event ToEvent() const {
+    Event e;
+    CopyToNew(e);
+    return e;
+  }
+
+ private:
+  // kClear: clear the fields the view leaves empty (CopyTo); else leave them.
+  template <bool kClear>
+  void Copy(Event& e) const {
+    auto set = [](std::string& to, std::string_view from) {
+      if (!from.empty()) {
+        to.assign(from);
+      } else if constexpr (kClear) {
+        to.clear();
+      }
+    };
     e.subject.assign(subject);
     e.task_id = task_id;
-    if (!semantic_tag.empty()) e.semantic_tag.assign(semantic_tag);
-    if (!tenant.empty()) e.tenant.assign(tenant);
+    set(e.semantic_tag, semantic_tag);
+    set(e.tenant, tenant);
     e.qos = qos;
     e.priority = priority;
     e.trace = trace;
-    if (!model.empty()) e.model.assign(model);
-    if (!model_version.empty()) e.model_version.assign(model_version);
+    set(e.model, model);
+    set(e.model_version, model_version);
     e.schema_id = schema_id;
     e.schema_version = schema_version;
-    if (!msg_id.empty()) e.msg_id.assign(msg_id);
-    if (!seq_id.empty()) e.seq_id.assign(seq_id);
+    set(e.msg_id, msg_id);
+    set(e.seq_id, seq_id);
     e.seq_no = seq_no;
     e.created = created;
     e.deadline = deadline;
     e.ttl = ttl;
     e.attempt = attempt;
-    if (!shape.empty()) e.shape.assign(shape.begin(), shape.end());
+    if (!shape.empty()) {
+      e.shape.assign(shape.begin(), shape.end());
+    } else if constexpr (kClear) {
+      e.shape.clear();
+    }
     e.dtype = dtype;
-    if (headers != nullptr) e.headers = *headers;
+    if (headers != nullptr) {
+      e.headers = *headers;
+    } else if constexpr (kClear) {
+      if (!e.headers.empty()) e.headers = Headers();
+    }
     e.payload = shared_payload != nullptr ? *shared_payload : Buffer::Copy(payload);
     e.codec = codec;
     e.dictionary_id = dictionary_id;
-  }
-
-  /// A new Event holding copies of every field (CopyTo).
-  Event ToEvent() const {
-    Event e;
-    CopyTo(e);
-    return e;
   }
 };
 

@@ -1,12 +1,16 @@
 // Engine::PublishView(const EventView&) and PublishViewBatch(std::span<const EventView>): an
 // event given as views is stored as a copy, with every field an Event's publish
 // would store, the same errors, and nothing that refers to the caller's memory.
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -16,15 +20,26 @@
 #include "inferq/event/event_view.hpp"
 #include "../state/state_test_util.hpp"
 #include "span_recorder.hpp"
+#include "../event/event_test_util.hpp"
 
 using namespace inferq;
 using namespace inferq::engine_test;
+using inferq::event_test::CheckSameEvent;
 using state_test::TempDir;
 
 namespace {
 
 std::span<const std::byte> Bytes(std::string_view s) {
   return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
+// A view that Validate refuses: both a payload (`bytes`) and a shared payload.
+EventView BothPayloads(std::string_view subject, std::string_view bytes, const Buffer& shared) {
+  EventView v;
+  v.subject = subject;
+  v.payload = Bytes(bytes);
+  v.shared_payload = &shared;
+  return v;
 }
 
 std::string Body(const Event& e) {
@@ -38,34 +53,6 @@ std::unique_ptr<Engine> EngineWithStream(std::string name = "S", std::vector<std
   return engine;
 }
 
-// Every field of `a` equals `b`'s (the payload by its bytes).
-void CheckSameEvent(const Event& a, const Event& b) {
-  CHECK(a.subject == b.subject);
-  CHECK(a.task_id == b.task_id);
-  CHECK(a.semantic_tag == b.semantic_tag);
-  CHECK(a.tenant == b.tenant);
-  CHECK(a.qos == b.qos);
-  CHECK(a.priority == b.priority);
-  CHECK(a.trace == b.trace);
-  CHECK(a.model == b.model);
-  CHECK(a.model_version == b.model_version);
-  CHECK(a.schema_id == b.schema_id);
-  CHECK(a.schema_version == b.schema_version);
-  CHECK(a.msg_id == b.msg_id);
-  CHECK(a.seq_id == b.seq_id);
-  CHECK(a.seq_no == b.seq_no);
-  CHECK(a.created == b.created);
-  CHECK(a.deadline == b.deadline);
-  CHECK(a.ttl == b.ttl);
-  CHECK(a.attempt == b.attempt);
-  CHECK(a.shape == b.shape);
-  CHECK(a.dtype == b.dtype);
-  CHECK(std::vector<std::pair<std::string, std::string>>(a.headers.begin(), a.headers.end()) ==
-        std::vector<std::pair<std::string, std::string>>(b.headers.begin(), b.headers.end()));
-  CHECK(Body(a) == Body(b));
-  CHECK(a.codec == b.codec);
-  CHECK(a.dictionary_id == b.dictionary_id);
-}
 
 }  // namespace
 
@@ -156,10 +143,7 @@ TEST_CASE("a view's shared_payload is shared, not copied") {
 TEST_CASE("a view with a payload and a shared_payload is refused, naming both, and stores nothing") {
   auto engine = EngineWithStream();
   const Buffer shared = Buffer::FromString("abc");
-  EventView v;
-  v.subject = "v.both";
-  v.payload = Bytes("12345");
-  v.shared_payload = &shared;
+  const EventView v = BothPayloads("v.both", "12345", shared);
   auto ack = engine->PublishView(v);
   REQUIRE_FALSE(ack.ok());
   CHECK(ack.status().code() == absl::StatusCode::kInvalidArgument);
@@ -360,10 +344,7 @@ TEST_CASE("a view's refusals are traced as a refused Publish(Event) is") {
     auto engine = *Engine::Create(std::move(o));
     REQUIRE(engine->AddStream({.name = "S", .subjects = {"v.>"}}).ok());
     const Buffer shared = Buffer::FromString("x");
-    EventView v;
-    v.subject = "v.x";
-    v.payload = Bytes("y");
-    v.shared_payload = &shared;
+    const EventView v = BothPayloads("v.x", "y", shared);
     Event bad;
     bad.subject = "v..x";
     CHECK_FALSE(engine->Publish(std::move(bad)).ok());
@@ -381,10 +362,7 @@ TEST_CASE("a closed engine refuses an invalid view alike in PublishView and Publ
   e1->Close();
   e2->Close();
   const Buffer shared = Buffer::FromString("s");
-  EventView v;
-  v.subject = "v.x";
-  v.payload = Bytes("p");
-  v.shared_payload = &shared;
+  const EventView v = BothPayloads("v.x", "p", shared);
   auto one = e1->PublishView(v);
   const PublishBatchResult batch = e2->PublishViewBatch(std::span<const EventView>(&v, 1));
   CHECK(one.status().code() == absl::StatusCode::kCancelled);
@@ -418,4 +396,64 @@ TEST_CASE("CopyTo into a used Event clears every field the view leaves empty") {
   CHECK(e.shape.empty());
   CHECK(e.headers.empty());
   CHECK(e.payload.size() == 0);
+}
+
+TEST_CASE("PublishView and PublishViewBatch racing Close: each view stored with an ack, or Cancelled") {
+  // Engine::Close's promise for publishes, under contention: every call returns OK (the
+  // view is stored, at the sequence its ack names) or Cancelled (nothing stored), and
+  // the stream holds exactly the acknowledged sequences. Bounded: each publisher stops
+  // at its first Cancelled, or after kMax views.
+  constexpr int kPublishers = 2;
+  constexpr int kMax = 200'000;
+  auto engine = EngineWithStream();
+  std::atomic<int> started{0};
+  std::vector<std::vector<std::uint64_t>> seqs(kPublishers);
+  std::vector<absl::Status> last(kPublishers);
+  std::vector<std::thread> publishers;
+  for (int p = 0; p < kPublishers; ++p) {
+    publishers.emplace_back([&, p] {
+      const std::string body = "p" + std::to_string(p);
+      EventView v;
+      v.subject = "v.race";
+      v.payload = Bytes(body);
+      std::array<EventView, 4> views;
+      views.fill(v);
+      std::array<PublishAck, 4> acks;
+      started.fetch_add(1);
+      for (int i = 0; i < kMax; ++i) {
+        if (i % 2 == 0) {
+          auto ack = engine->PublishView(v);
+          if (!ack.ok()) {
+            last[p] = ack.status();
+            return;
+          }
+          seqs[p].push_back(ack->seq);
+        } else {
+          const PublishBatchResult r = engine->PublishViewBatch(views, acks);
+          for (std::size_t k = 0; k < r.published; ++k) seqs[p].push_back(acks[k].seq);
+          if (!r.status.ok()) {
+            last[p] = r.status;
+            return;
+          }
+        }
+      }
+    });
+  }
+  while (started.load() < kPublishers) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  engine->Close();
+  for (auto& t : publishers) t.join();
+  std::vector<std::uint64_t> all;
+  for (int p = 0; p < kPublishers; ++p) {
+    if (!last[p].ok()) {
+      CHECK(last[p].code() == absl::StatusCode::kCancelled);
+      CHECK(Msg(last[p]) == "engine is closed");
+    }
+    all.insert(all.end(), seqs[p].begin(), seqs[p].end());
+  }
+  std::sort(all.begin(), all.end());
+  // The acknowledged sequences are 1..n, each once, and the stream holds n messages.
+  for (std::size_t i = 0; i < all.size(); ++i) REQUIRE(all[i] == i + 1);
+  CHECK(SS(*engine, "S").messages == all.size());
+  CHECK(SS(*engine, "S").last_seq == all.size());
 }

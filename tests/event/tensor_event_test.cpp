@@ -16,6 +16,7 @@
 #include "flatbuffers/flatbuffers.h"
 #include "inferq/event/event.hpp"
 #include "inferq/memory/buffer.hpp"
+#include "event_test_util.hpp"
 #include "token_samples.hpp"
 // The generated wire header (build tree), to build malformed buffers the encoder
 // never makes.
@@ -65,34 +66,7 @@ Event FullEvent() {
   return e;
 }
 
-void CheckSame(const Event& a, const Event& b) {
-  CHECK(a.subject == b.subject);
-  CHECK(a.task_id == b.task_id);
-  CHECK(a.semantic_tag == b.semantic_tag);
-  CHECK(a.tenant == b.tenant);
-  CHECK(a.qos == b.qos);
-  CHECK(a.priority == b.priority);
-  CHECK(a.trace == b.trace);
-  CHECK(a.model == b.model);
-  CHECK(a.model_version == b.model_version);
-  CHECK(a.schema_id == b.schema_id);
-  CHECK(a.schema_version == b.schema_version);
-  CHECK(a.msg_id == b.msg_id);
-  CHECK(a.seq_id == b.seq_id);
-  CHECK(a.seq_no == b.seq_no);
-  CHECK(a.created == b.created);
-  CHECK(a.deadline == b.deadline);
-  CHECK(a.ttl == b.ttl);
-  CHECK(a.attempt == b.attempt);
-  CHECK(a.shape == b.shape);
-  CHECK(a.dtype == b.dtype);
-  std::vector<std::pair<std::string, std::string>> ha(a.headers.begin(), a.headers.end());
-  std::vector<std::pair<std::string, std::string>> hb(b.headers.begin(), b.headers.end());
-  CHECK(ha == hb);
-  CHECK(a.payload.view() == b.payload.view());
-  CHECK(a.codec == b.codec);
-  CHECK(a.dictionary_id == b.dictionary_id);
-}
+using inferq::event_test::CheckSameEvent;
 
 // A TensorEvent built by hand, for fields the encoder never writes wrong.
 struct Raw {
@@ -145,7 +119,7 @@ TEST_CASE("a fully populated event round-trips exactly with both codecs") {
     CHECK(wire->size() > e.payload.size());
     auto back = Decode(wire->span());
     REQUIRE(back.ok());
-    CheckSame(e, *back);
+    CheckSameEvent(e, *back);
   }
   SECTION("codec zstd") {
     auto wire = Encode(e, {.codec = PayloadCodec::kZstd, .zstd_level = 19});
@@ -153,7 +127,7 @@ TEST_CASE("a fully populated event round-trips exactly with both codecs") {
     CHECK(wire->size() < e.payload.size());  // 4 KiB of "token " compresses well
     auto back = Decode(wire->span());
     REQUIRE(back.ok());
-    CheckSame(e, *back);
+    CheckSameEvent(e, *back);
   }
   SECTION("infinite times and ttl") {
     Event f = e;
@@ -164,7 +138,7 @@ TEST_CASE("a fully populated event round-trips exactly with both codecs") {
     REQUIRE(wire.ok());
     auto back = Decode(wire->span());
     REQUIRE(back.ok());
-    CheckSame(f, *back);
+    CheckSameEvent(f, *back);
   }
   SECTION("the extreme finite times") {
     Event f = e;
@@ -175,7 +149,7 @@ TEST_CASE("a fully populated event round-trips exactly with both codecs") {
     REQUIRE(wire.ok());
     auto back = Decode(wire->span());
     REQUIRE(back.ok());
-    CheckSame(f, *back);
+    CheckSameEvent(f, *back);
   }
   SECTION("a misaligned input") {
     auto wire = Encode(e, {.codec = PayloadCodec::kZstd});
@@ -184,7 +158,7 @@ TEST_CASE("a fully populated event round-trips exactly with both codecs") {
     std::memcpy(shifted.data() + 1, wire->data(), wire->size());
     auto back = Decode(std::span<const std::byte>(shifted).subspan(1));
     REQUIRE(back.ok());
-    CheckSame(e, *back);
+    CheckSameEvent(e, *back);
   }
 }
 
@@ -196,7 +170,7 @@ TEST_CASE("an empty event round-trips with the defaults") {
     CHECK(wire->size() == 16);  // root offset, identifier, 4-byte vtable, empty table
     auto back = Decode(wire->span());
     REQUIRE(back.ok());
-    CheckSame(e, *back);
+    CheckSameEvent(e, *back);
     CHECK(back->created == absl::InfinitePast());
     CHECK(back->deadline == absl::InfiniteFuture());
     CHECK(back->qos == inferq::Qos::kSilver);
@@ -469,7 +443,7 @@ TEST_CASE("a payload compressed with a trained dictionary round-trips through th
 
   auto back = Decode(wire->span(), {.dictionaries = &dicts});
   REQUIRE(back.ok());
-  CheckSame(e, *back);  // decompressed: codec none, dictionary_id 0, same bytes
+  CheckSameEvent(e, *back);  // decompressed: codec none, dictionary_id 0, same bytes
 
   SECTION("without the dictionary: NotFound naming its id") {
     ZstdDictionaries other;

@@ -5,7 +5,8 @@
 /// Engine::PublishViewBatch(std::span<const EventView>)). The engine copies what it
 /// stores straight into the message it keeps: the strings once, the payload bytes
 /// once into a pooled Buffer (or, with `shared_payload`, not at all), where a
-/// publish of an Event moves the whole Event twice and destroys the moved-from ones.
+/// publish of an Event moves the whole Event into the message (and into Publish's
+/// parameter first, from a named Event) and destroys the moved-from ones.
 /// Every field has the meaning and the default of the Event field of the same name
 /// (event/event.hpp).
 ///

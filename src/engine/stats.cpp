@@ -108,8 +108,9 @@ EngineStats Engine::Stats() const {
     st.name = s->config.name;
     st.retention = s->config.retention;
     st.incarnation = s->incarnation;
-    st.messages = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->LiveMsgs()));
-    st.bytes = static_cast<std::uint64_t>(std::max<std::int64_t>(0, s->LiveBytes()));
+    const engine_internal::StreamState::Live live = s->LiveSnapshot();
+    st.messages = static_cast<std::uint64_t>(live.msgs);
+    st.bytes = static_cast<std::uint64_t>(live.bytes);
     st.last_seq = s->last_seq.load();
     st.first_seq = s->first_seq.load(std::memory_order_relaxed);
     st.purged = s->retired.purged.load();

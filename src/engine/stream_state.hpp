@@ -416,9 +416,11 @@ struct StreamState {
   // Read by Stats() without mu; written under mu, except (2).
   // Adds `n` to a counter that only mu's holder writes (added_msgs, added_bytes,
   // stored): readers load it relaxed without mu and see each value whole.
+  // `order`: release for added_msgs / added_bytes (LiveSnapshot).
   template <class T>
-  static void BumpUnderMu(std::atomic<T>& counter, std::type_identity_t<T> n) {
-    counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  static void BumpUnderMu(std::atomic<T>& counter, std::type_identity_t<T> n,
+                          std::memory_order order = std::memory_order_relaxed) {
+    counter.store(counter.load(std::memory_order_relaxed) + n, order);
   }
   std::atomic<std::int64_t> added_msgs{0};
   std::atomic<std::int64_t> added_bytes{0};
@@ -467,6 +469,38 @@ struct StreamState {
   std::int64_t LiveBytes() const {
     const std::int64_t out = retired.bytes.load(std::memory_order_acquire);
     return added_bytes.load(std::memory_order_relaxed) - out;
+  }
+  // Live messages and bytes as they were at one instant, for a reader without mu
+  // (Stats). LiveMsgs alone is not: it reads the retired side first, so a discard
+  // old (retire the oldest, then append) that runs between its two loads shows one
+  // message over max_msgs. Here the added side is read first (acquire, pairing with
+  // Append's release store), so every retirement made before an append it sees is
+  // seen too (never over a limit: MakeRoom retires before Append adds), and it is
+  // read again after the retired side: when it did not move, no append ran between,
+  // and since a retirement follows its message's append (invariant 3) the difference
+  // is exact at that instant. Tries `kTries` times while publishers keep appending,
+  // then keeps the last reading (never over a limit, at worst below the truth,
+  // clamped at 0).
+  struct Live {
+    std::int64_t msgs = 0;
+    std::int64_t bytes = 0;
+  };
+  Live LiveSnapshot() const {
+    constexpr int kTries = 4;
+    Live out;
+    std::int64_t msgs = added_msgs.load(std::memory_order_acquire);
+    std::int64_t bytes = added_bytes.load(std::memory_order_acquire);
+    for (int i = 0; i < kTries; ++i) {
+      const std::int64_t gone_msgs = retired.msgs.load(std::memory_order_acquire);
+      const std::int64_t gone_bytes = retired.bytes.load(std::memory_order_acquire);
+      out = {std::max<std::int64_t>(0, msgs - gone_msgs), std::max<std::int64_t>(0, bytes - gone_bytes)};
+      const std::int64_t msgs_again = added_msgs.load(std::memory_order_acquire);
+      const std::int64_t bytes_again = added_bytes.load(std::memory_order_acquire);
+      if (msgs_again == msgs && bytes_again == bytes) break;
+      msgs = msgs_again;
+      bytes = bytes_again;
+    }
+    return out;
   }
 
   // kFile (the log may not be open yet: recovery).
@@ -843,8 +877,9 @@ struct StreamState {
     // relaxed: written under mu (invariant 1); a retiring thread gets the record, and
     // so this ordering, through mu or a lane. One writer at a time (mu), so a load and
     // a store, not a locked read-modify-write.
-    BumpUnderMu(added_msgs, 1);
-    BumpUnderMu(added_bytes, static_cast<std::int64_t>(bytes));
+    // release: pairs with LiveSnapshot (MakeRoom's retirements are seen with it).
+    BumpUnderMu(added_msgs, 1, std::memory_order_release);
+    BumpUnderMu(added_bytes, static_cast<std::int64_t>(bytes), std::memory_order_release);
     BumpUnderMu(stored, 1);
     last_seq.store(record->seq, std::memory_order_relaxed);
     if (dedup != nullptr && !record->event->msg_id.empty() && record_duplicate) {

@@ -247,8 +247,8 @@ absl::Status StreamState::RecoverOne(std::uint64_t tx, const StreamLog::Location
   const std::int64_t publish_ns = SatSub(now_ns, age_ns);
   index.push_back(IndexEntry::Of(r.seq, publish_ns, r.bytes, location));
   next_seq = r.seq + 1;
-  BumpUnderMu(added_msgs, 1);
-  BumpUnderMu(added_bytes, static_cast<std::int64_t>(r.bytes));
+  BumpUnderMu(added_msgs, 1, std::memory_order_release);  // LiveSnapshot
+  BumpUnderMu(added_bytes, static_cast<std::int64_t>(r.bytes), std::memory_order_release);
   BumpUnderMu(stored, 1);
   last_seq.store(r.seq, std::memory_order_relaxed);
   // Only what is still inside the window (older ids would be expired at once), and

@@ -59,8 +59,10 @@ struct StreamStats {
   /// the same across a file stream's restarts, new for a memory stream in each
   /// process and for a stream deleted and added again.
   std::string incarnation;
-  std::uint64_t messages = 0;    ///< kept now
-  std::uint64_t bytes = 0;       ///< kept now
+  /// Kept now: the count at one instant while publishers run, never above the
+  /// stream's max_msgs (and `bytes` never above max_bytes) under discard old.
+  std::uint64_t messages = 0;
+  std::uint64_t bytes = 0;       ///< kept now (see `messages`)
   std::uint64_t last_seq = 0;    ///< last sequence assigned (0: none yet)
   /// The oldest sequence the stream holds; last_seq + 1 when it holds none; 0 for a
   /// stream that keeps no index (interest retention without max_age, a discard-old

@@ -296,7 +296,16 @@ void Retire(ConsumerState& c, StreamState& s) {
       if (c.tracked && d.attempt > 1) continue;  // its pending entry, below
       release.push_back(std::move(d.h));
     }
-    c.waiting.clear();
+    // What a queue timeout gave up stays marked, without its record: a first
+    // delivery of it in a thread's hands lets go of nothing (LetGoDeleted).
+    for (auto it = c.waiting.begin(); it != c.waiting.end();) {
+      if (it->second.state == ConsumerState::kExpired) {
+        it->second.h.reset();
+        ++it;
+      } else {
+        c.waiting.erase(it++);
+      }
+    }
     for (auto& [seq, p] : c.pending) release.push_back(std::move(p.h));
     c.pending.clear();
     c.wheel->Advance(INT64_MAX, [&](ConsumerTimer&& t, std::int64_t) {
@@ -343,6 +352,7 @@ absl::Status Engine::DeleteConsumer(std::string_view stream, std::string_view na
     impl_->consumer_count.store(impl_->consumers.size(), std::memory_order_relaxed);
   }
   Retire(*c, *s);
+  engine_internal::AwaitTimerRun(*c);
   engine_internal::ForgetConsumerRecords(*c);
   if (c->ack_log == nullptr) return absl::OkStatus();
   const std::string consumers = s->config.directory + "/consumers/";
@@ -399,6 +409,7 @@ absl::Status Engine::DeleteStream(std::string_view name) {
   }
   for (ConsumerState* c : consumers) {
     Retire(*c, *s);
+    engine_internal::AwaitTimerRun(*c);
     engine_internal::ForgetConsumerRecords(*c);
   }
   {

@@ -495,6 +495,11 @@ struct ConsumerState {
   // that would be parked, scheduled or tracked after that lets go of the stream
   // instead (ReleaseInterest), since nothing would ever sweep it again.
   bool retired = false;
+  // Held by the timer thread while it runs this consumer's timers (Engine::RunTimers):
+  // what a run takes off the wheel or out of `parked` is in its hands until the run
+  // ends, and DeleteConsumer waits for that end (AwaitTimerRun), so that what
+  // the deleted consumer held has let go of the stream when it returns.
+  std::mutex timer_run_mu;
   // Ack log records are written under record_mu; DeleteConsumer sets records_closed
   // before it removes the log's directory, so that no record (nor a new segment)
   // of a deleted consumer lands where a later consumer of the name keeps its log.

@@ -122,24 +122,36 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
     return;
   }
   if (c.lanes.front()->ring.closed()) {
-    // The engine is closing (nobody will pull), or the consumer was deleted: an
-    // untracked consumer's delivery in transit lets go of the stream here (a tracked
-    // one's pending entry does, in DeleteConsumer's sweep, whichever came first).
-    if (c.deleted.load(std::memory_order_acquire) && !c.tracked && !d.shadow) {
-      ReleaseInterest(c, *d.h);
-    }
+    // The engine is closing (nobody will pull), or the consumer was deleted: its
+    // delivery in transit lets go of the stream here (LetGoDeleted).
+    if (c.deleted.load(std::memory_order_acquire)) LetGoDeleted(c, d);
     return;
   }
-  {
-    std::lock_guard lock(c.pending_mu);
-    if (!c.retired) {
-      c.parked.push_back(std::move(d));
-      c.counts.parked.fetch_add(1, std::memory_order_relaxed);
-      c.has_parked.store(true, std::memory_order_release);
-      return;
-    }
+  std::unique_lock lock(c.pending_mu);
+  if (!c.retired) {
+    c.parked.push_back(std::move(d));
+    c.counts.parked.fetch_add(1, std::memory_order_relaxed);
+    c.has_parked.store(true, std::memory_order_release);
+    return;
   }
-  if (!c.tracked && !d.shadow) ReleaseInterest(c, *d.h);
+  LetGoDeleted(c, d, lock);
+}
+
+void LetGoDeleted(ConsumerState& c, const Delivery& d, std::unique_lock<std::mutex>& pending_lock) {
+  if (d.shadow) return;
+  if (c.tracked && d.attempt > 1) return;  // its pending entry: DeleteConsumer's sweep
+  if (d.attempt == 1) {
+    auto w = c.waiting.find(d.h->seq);
+    // Given up by its queue timeout (dead-lettered then): it let go of the stream.
+    if (w != c.waiting.end() && w->second.state == ConsumerState::kExpired) return;
+  }
+  pending_lock.unlock();
+  ReleaseInterest(c, *d.h);
+}
+
+void LetGoDeleted(ConsumerState& c, const Delivery& d) {
+  std::unique_lock lock(c.pending_mu);
+  LetGoDeleted(c, d, lock);
 }
 
 // Moves `d` off stalled member `from` to another member that is not ejected and has
@@ -386,9 +398,12 @@ void RetryParked(ConsumerState& c, bool wait) {
       if (redelivery) c.counts.redelivered.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
-    std::lock_guard lock(c.pending_mu);
+    std::unique_lock lock(c.pending_mu);
     c.catchup_in_hand = false;
-    if (c.lanes.front()->ring.closed()) return;  // the engine is closing: nobody will pull
+    if (c.lanes.front()->ring.closed()) {  // the engine is closing: nobody will pull
+      if (c.deleted.load(std::memory_order_acquire)) LetGoDeleted(c, d, lock);
+      return;
+    }
     c.parked.push_front(std::move(d));
     return;
   }

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <string_view>
 #include <utility>
 
@@ -86,6 +87,22 @@ std::uint32_t PlaceOnLane(ConsumerState& c, Delivery& d, std::uint32_t member, P
 // `exclude` when another lane takes it. Never blocks: a full lane is skipped and,
 // when every lane is full, the delivery is parked until the next timer run.
 void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude);
+// Delivery `d`, in the hands of a thread, of consumer `c` that was deleted: no lane
+// will take it, and DeleteConsumer's sweep did not see it (it was neither queued,
+// parked, scheduled nor tracked then), so it lets go of the stream here (interest
+// retention stops waiting for `c`), unless it is a tracked consumer's redelivery,
+// whose pending entry the sweep lets go of, or a first delivery whose queue timeout
+// gave it up (dead-lettered then; its waiting entry stays marked kExpired after the
+// sweep for this). The first form takes pending_mu; the second is called with it
+// held in `pending_lock`, and may release it. Found as a parked first delivery of a
+// tracked consumer, taken by RetryParked while DeleteConsumer swept: never let go.
+void LetGoDeleted(ConsumerState& c, const Delivery& d);
+void LetGoDeleted(ConsumerState& c, const Delivery& d, std::unique_lock<std::mutex>& pending_lock);
+// Waits until a run of the timers (Engine::RunTimers) that has consumer `c` in hand
+// ends (ConsumerState::timer_run_mu): DeleteConsumer and DeleteStream, after their
+// sweep. Returns at once on the timer's own thread inside that run (a tracer or
+// callback that deletes the consumer whose timers run).
+void AwaitTimerRun(ConsumerState& c);
 // Moves `d` off stalled member `from` to another member that is not ejected and has
 // room (the policy's pick first). False, with `d` untouched, when none has.
 bool TryMove(ConsumerState& c, Delivery& d, std::uint32_t from);

@@ -27,6 +27,9 @@ namespace {
 // dead-lettered), delayed redeliveries, and queue timeouts that passed while the
 // event waited in a lane. The wheel is advanced under pending_mu; what that decides
 // is done after the lock is released (redelivery and dead letters take other locks).
+// The consumer whose timers this thread runs now (Engine::RunTimers), if any.
+thread_local const ConsumerState* t_timer_run = nullptr;
+
 void RunConsumerTimers(ConsumerState& c, std::int64_t now) {
   if (!c.has_timers.load(std::memory_order_acquire)) return;
   using engine_internal::ConsumerTimer;
@@ -139,6 +142,15 @@ void RunConsumerTimers(ConsumerState& c, std::int64_t now) {
 
 }  // namespace
 
+namespace engine_internal {
+
+void AwaitTimerRun(ConsumerState& c) {
+  if (t_timer_run == &c) return;  // this thread's run of c: it ends after the caller
+  std::lock_guard wait(c.timer_run_mu);
+}
+
+}  // namespace engine_internal
+
 void Engine::RunTimers() {
   if (impl_->has_outbox.load(std::memory_order_acquire)) FlushOutbox();
   {
@@ -191,7 +203,14 @@ void Engine::RunTimers() {
   if (impl_->flow != nullptr) impl_->UpdateFlowControl(consumers);
   if (impl_->lifecycle != nullptr) (void)impl_->lifecycle->RunTimeouts();
   for (ConsumerState* c : consumers) {
+    // Held for the consumer's whole run; a DeleteConsumer after the check below waits
+    // for it (AwaitTimerRun), one before it is seen here.
+    std::lock_guard run(c->timer_run_mu);
     if (c->deleted.load(std::memory_order_acquire)) continue;  // deleted since the snapshot
+    t_timer_run = c;
+    struct Clear {
+      ~Clear() { t_timer_run = nullptr; }
+    } clear;
     const std::int64_t now = impl_->clock->NowNanos();
     if (c->Cursor()) {
       const std::int64_t next = engine_internal::RunCursorTimers(*c, now);

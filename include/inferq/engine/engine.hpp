@@ -444,8 +444,11 @@ class Engine {
   /// - a Message it delivered can no longer be settled: Ack, AckSync, Nak and Term
   ///   return FailedPrecondition naming the consumer;
   /// - interest retention stops waiting for its acks (a message no other consumer
-  ///   waits for goes); a work queue keeps its unacked messages for the next
-  ///   consumer; it is no longer in EngineStats;
+  ///   waits for goes), also for what a run of the timers had in hand (the call
+  ///   waits for that run), except a Message of a consumer without ack_wait that
+  ///   is out with a member: it lets go when it is settled or destroyed; a work
+  ///   queue keeps its unacked messages for the next consumer; it is no longer in
+  ///   EngineStats;
   /// - a durable consumer's ack log (`<directory>/consumers/<name>`) is gone, so a
   ///   consumer added under the name later starts afresh.
   ///

@@ -802,36 +802,63 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
     return true;
   };
 
-  // A step's tokens are published together (Engine::PublishBatch), and the messages
-  // it settles are acked together (inferq::AckBatch), after every token and decode
-  // event of the step is stored.
-  std::vector<inferq::Event> step_tokens;
+  // A step's tokens are published together (Engine::PublishViewBatch), and the
+  // messages it settles are acked together (inferq::AckBatch), after every token and
+  // decode event of the step is stored. A token is published as a view
+  // (inferq::EventView) of the step's own memory: its subject and seq_id in
+  // `step_text`, its payload in `step_tokens`; the engine copies them into the
+  // stream's record once, and no Event is built for it.
+  struct StepToken {
+    std::size_t subject_at, subject_len, seq_id_at, seq_id_len;
+    std::uint64_t seq_no;
+    TokenPayload payload;
+    inferq::TraceContext trace;
+  };
+  std::string step_text;  // read through views only once the step is complete
+  std::vector<StepToken> step_tokens;
+  std::vector<inferq::EventView> step_views;
+  inferq::Headers token_headers;
+  if (!sh.producer.empty()) token_headers.Set("replica", sh.producer);
   std::vector<inferq::Message> step_acks;
   auto emit = [&](Seq& s) {
-    inferq::Event e;
-    e.subject = "infer.reply." + std::to_string(s.request);
-    e.seq_id = std::to_string(s.request);
-    e.seq_no = s.produced;
-    e.model = o.model;
+    StepToken t{};
+    const std::string id = std::to_string(s.request);
+    t.subject_at = step_text.size();
+    step_text.append("infer.reply.").append(id);
+    t.subject_len = step_text.size() - t.subject_at;
+    t.seq_id_at = step_text.size();
+    step_text.append(id);
+    t.seq_id_len = id.size();
+    t.seq_no = s.produced;
     // One trace per request: its tokens and decode steps are children of the
     // delivery being worked on (--otlp-endpoint; a sampled request is traced whole).
-    if (!s.msg.empty()) e.trace = s.msg.trace();
-    const TokenPayload p{static_cast<std::int64_t>(vt),
-                         static_cast<std::int32_t>((s.request * 7919 + s.produced) % 32000), 0};
-    e.payload = inferq::Buffer::Copy(std::as_bytes(std::span<const TokenPayload>(&p, 1)));
-    if (!sh.producer.empty()) e.headers.Set("replica", sh.producer);
+    if (!s.msg.empty()) t.trace = s.msg.trace();
+    t.payload = {static_cast<std::int64_t>(vt),
+                 static_cast<std::int32_t>((s.request * 7919 + s.produced) % 32000), 0};
     sh.tokens_emitted.fetch_add(1, std::memory_order_relaxed);
-    step_tokens.push_back(std::move(e));
+    step_tokens.push_back(t);
     ++s.produced;
   };
   auto publish_tokens = [&] {
-    const inferq::PublishBatchResult r = sh.engine->PublishBatch(step_tokens);
+    step_views.clear();
+    const std::string_view text = step_text;
+    for (const StepToken& t : step_tokens) {
+      step_views.push_back({.subject = text.substr(t.subject_at, t.subject_len),
+                            .payload = std::as_bytes(std::span<const TokenPayload>(&t.payload, 1)),
+                            .trace = t.trace,
+                            .model = o.model,
+                            .seq_id = text.substr(t.seq_id_at, t.seq_id_len),
+                            .seq_no = t.seq_no,
+                            .headers = token_headers.empty() ? nullptr : &token_headers});
+    }
+    const inferq::PublishBatchResult r = sh.engine->PublishViewBatch(step_views);
     if (!r.status.ok()) {
       std::fprintf(stderr, "replica %u: token publish failed: %s\n", index,
                    std::string(r.status.message()).c_str());
       sh.fatal.store(1);
     }
     step_tokens.clear();
+    step_text.clear();
   };
   auto ack_step = [&] {
     if (absl::Status st = inferq::AckBatch(step_acks); !st.ok()) {
@@ -844,31 +871,39 @@ void RunReplica(Shared& sh, inferq::Member in, std::uint32_t index) {
   // After a step: the sequence either finished or continues as a decode event that
   // affinity routes back here; either way the consumed event is acked. A replica
   // process holds a request until its generation finished (see Shared::held).
+  const std::string decode_subject = "infer." + o.model + ".decode";
+  inferq::Headers decode_headers;  // settle's, reused for every decode event
   auto settle = [&](Seq& s) {
     const bool finished = s.produced == s.generated;
     if (finished) {
       sh.generations_done.fetch_add(1, std::memory_order_relaxed);
       kv.erase(s.request);
     } else {
-      inferq::Event e;
-      e.subject = "infer." + o.model + ".decode";
-      e.seq_id = std::to_string(s.request);
-      e.model = o.model;
-      // A running sequence is served ahead of new work in the lane (see the banner).
-      e.qos = inferq::Qos::kGold;
-      e.tenant = tenant_names[s.who.tenant];
-      e.headers.Set("request", std::to_string(s.request));
-      e.headers.Set("arrival_us", std::to_string(static_cast<std::int64_t>(s.arrival_us)));
-      e.headers.Set("context_tokens", std::to_string(s.context));
-      e.headers.Set("generated_tokens", std::to_string(s.generated));
-      e.headers.Set("produced", std::to_string(s.produced));
-      e.headers.Set("ready_us", std::to_string(static_cast<std::int64_t>(vt)));
-      e.headers.Set("from", from);
-      if (!s.msg.empty()) e.trace = s.msg.trace();  // the next step continues this request's trace
+      // A view (inferq::EventView) of this step's values: the engine copies them
+      // into the stream's record; `decode_headers` is reused, its entries set anew.
+      const std::string seq_id = std::to_string(s.request);
+      decode_headers.Set("request", seq_id);
+      decode_headers.Set("arrival_us", std::to_string(static_cast<std::int64_t>(s.arrival_us)));
+      decode_headers.Set("context_tokens", std::to_string(s.context));
+      decode_headers.Set("generated_tokens", std::to_string(s.generated));
+      decode_headers.Set("produced", std::to_string(s.produced));
+      decode_headers.Set("ready_us", std::to_string(static_cast<std::int64_t>(vt)));
+      decode_headers.Set("from", from);
       // Durable replay: a step redone after a restart whose successor was stored
       // before the crash publishes it again; the duplicate window keeps one chain.
-      if (durable) e.msg_id = "dec-" + e.seq_id + "-" + std::to_string(s.produced);
-      auto r = sh.engine->Publish(std::move(e));
+      const std::string msg_id = durable ? "dec-" + seq_id + "-" + std::to_string(s.produced) : std::string();
+      const inferq::EventView e{
+          .subject = decode_subject,
+          .tenant = tenant_names[s.who.tenant],
+          // A running sequence is served ahead of new work in the lane (see the banner).
+          .qos = inferq::Qos::kGold,
+          // The next step continues this request's trace.
+          .trace = s.msg.empty() ? inferq::TraceContext{} : s.msg.trace(),
+          .model = o.model,
+          .msg_id = msg_id,
+          .seq_id = seq_id,
+          .headers = &decode_headers};
+      auto r = sh.engine->PublishView(e);
       if (!r.ok()) {
         std::fprintf(stderr, "replica %u: decode publish failed: %s\n", index,
                      std::string(r.status().message()).c_str());

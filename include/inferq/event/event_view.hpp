@@ -39,30 +39,30 @@ namespace inferq {
 
 /// An Event as views (see the file comment). Defaults are Event's.
 struct EventView {
-  std::string_view subject;  ///< literal subject (Event::subject)
+  std::string_view subject{};  ///< literal subject (Event::subject)
   /// The payload's bytes, copied once into a Buffer of the process's pools (Buffer::Copy).
-  std::span<const std::byte> payload;
+  std::span<const std::byte> payload{};
   /// A payload to share instead of copying `payload` (one reference count taken);
   /// `payload` must then be empty. nullptr: use `payload`.
   const Buffer* shared_payload = nullptr;
-  Uuid task_id;                       ///< Event::task_id
-  std::string_view semantic_tag;      ///< Event::semantic_tag
-  std::string_view tenant;            ///< Event::tenant
+  Uuid task_id{};                       ///< Event::task_id
+  std::string_view semantic_tag{};      ///< Event::semantic_tag
+  std::string_view tenant{};            ///< Event::tenant
   Qos qos = Qos::kSilver;             ///< Event::qos
   std::int32_t priority = 0;          ///< Event::priority
-  TraceContext trace;                 ///< Event::trace
-  std::string_view model;             ///< Event::model
-  std::string_view model_version;     ///< Event::model_version
+  TraceContext trace{};                 ///< Event::trace
+  std::string_view model{};             ///< Event::model
+  std::string_view model_version{};     ///< Event::model_version
   std::uint32_t schema_id = 0;        ///< Event::schema_id
   std::uint32_t schema_version = 0;   ///< Event::schema_version
-  std::string_view msg_id;            ///< Event::msg_id (the duplicate window's key)
-  std::string_view seq_id;            ///< Event::seq_id
+  std::string_view msg_id{};            ///< Event::msg_id (the duplicate window's key)
+  std::string_view seq_id{};            ///< Event::seq_id
   std::uint64_t seq_no = 0;           ///< Event::seq_no
   absl::Time created = absl::InfinitePast();    ///< Event::created
   absl::Time deadline = absl::InfiniteFuture();  ///< Event::deadline
   absl::Duration ttl = absl::ZeroDuration();     ///< Event::ttl
   std::uint32_t attempt = 0;          ///< Event::attempt
-  std::span<const std::int64_t> shape;  ///< Event::shape
+  std::span<const std::int64_t> shape{};  ///< Event::shape
   DType dtype = DType::kUnknown;      ///< Event::dtype
   const Headers* headers = nullptr;   ///< copied into Event::headers; nullptr: none
   PayloadCodec codec = PayloadCodec::kNone;  ///< Event::codec

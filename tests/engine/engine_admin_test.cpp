@@ -1587,6 +1587,49 @@ TEST_CASE("DeleteConsumer racing parked first deliveries of a tracked consumer l
   }
 }
 
+TEST_CASE("DeleteConsumer returns after a timer run that holds the consumer's redeliveries") {
+  // A run of the timers takes the due delayed naks off the consumer's wheel and
+  // queues them after it lets go of the wheel's lock: DeleteConsumer's sweep meanwhile
+  // found neither them nor, later, the lanes they were headed for, and returned while
+  // the run still held them; the stream kept them until the run ended (found as the
+  // untracked mode of the case above failing on a loaded machine). DeleteConsumer now
+  // waits for the run, so the stream is exact when it returns.
+  for (int round = 0; round < 20; ++round) {
+    CAPTURE(round);
+    auto engine = *Engine::Create({.manual_timers = true});
+    StreamConfig s = Memory();
+    s.retention = RetentionPolicy::kInterest;
+    REQUIRE(engine->AddStream(s).ok());
+    auto a = *engine->AddConsumer({.stream = "S", .name = "a", .members = 2, .lane_capacity = 4096});
+    constexpr int kN = 4000;
+    for (int i = 0; i < kN; ++i) REQUIRE(engine->Publish(Ev("s.a")).ok());
+    int naked = 0;
+    for (std::uint32_t k = 0; k < 2; ++k) {
+      Member m = *a.member(k);
+      for (;;) {
+        absl::StatusOr<Message> r = m.Next(absl::ZeroDuration());
+        if (!r.ok()) break;
+        REQUIRE(r->Nak(absl::Nanoseconds(1)).ok());
+        ++naked;
+      }
+    }
+    REQUIRE(naked == kN);
+    std::this_thread::sleep_for(std::chrono::microseconds(10));  // every nak is due
+    std::atomic<bool> started{false};
+    std::thread timers([&] {
+      started.store(true);
+      engine->RunTimers();
+    });
+    while (!started.load()) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::microseconds(round * 20));
+    REQUIRE(engine->DeleteConsumer("S", "a").ok());
+    const std::uint64_t left = SS(*engine, "S").messages;
+    timers.join();
+    CHECK(left == 0);
+    CHECK(SS(*engine, "S").messages == 0);
+  }
+}
+
 TEST_CASE("a deleted untracked consumer's Message dropped unsettled lets go of the stream") {
   auto engine = *Engine::Create();
   StreamConfig s = Memory();

@@ -446,7 +446,8 @@ class Engine {
   /// - interest retention stops waiting for its acks (a message no other consumer
   ///   waits for goes), also for what a run of the timers had in hand (the call
   ///   waits for that run), except a Message of a consumer without ack_wait that
-  ///   is out with a member: it lets go when it is settled or destroyed; a work
+  ///   is out with a member, which lets go when it is settled or destroyed, and what
+  ///   a call of its members still running holds, which lets go before it returns; a work
   ///   queue keeps its unacked messages for the next consumer; it is no longer in
   ///   EngineStats;
   /// - a durable consumer's ack log (`<directory>/consumers/<name>`) is gone, so a

@@ -831,8 +831,11 @@ inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedE
         ++gone;
         if (!c->deleted.load(std::memory_order_acquire)) ++tally.undelivered;
       }
-      if (cfg.retention == RetentionPolicy::kInterest &&
-          stored->pending_acks.fetch_sub(gone, std::memory_order_acq_rel) == gone) {
+      // A work queue's count drops too, as ReleaseInterest's does: the message stays
+      // for the next consumer, which counts itself when it takes it.
+      if (cfg.retention != RetentionPolicy::kLimits &&
+          stored->pending_acks.fetch_sub(gone, std::memory_order_acq_rel) == gone &&
+          cfg.retention == RetentionPolicy::kInterest) {
         stream.Retire(*stored, engine_internal::kDone);
       }
     }
@@ -842,9 +845,12 @@ inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedE
   const std::uint64_t seq = stored->seq;
   const std::uint32_t undelivered_acks =
       EnqueueTargets(stream, stored, targets, now, pe.event_limit_ns, flags, tally);
-  if (undelivered_acks > 0 && cfg.retention == RetentionPolicy::kInterest &&
+  // A work queue's count drops too (ReleaseInterest): the message stays for the next
+  // consumer, which counts itself when it takes it; only interest retention retires it.
+  if (undelivered_acks > 0 && cfg.retention != RetentionPolicy::kLimits &&
       stored->pending_acks.fetch_sub(undelivered_acks, std::memory_order_acq_rel) ==
-          undelivered_acks) {
+          undelivered_acks &&
+      cfg.retention == RetentionPolicy::kInterest) {
     stream.Retire(*stored, engine_internal::kDone);
   }
   if (tally.ack.streams_stored == 0 && tally.ack.streams_duplicate == 0) tally.ack.seq = seq;

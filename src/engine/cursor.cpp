@@ -290,9 +290,22 @@ void ReleaseCursorInterest(ConsumerState& c) {
   // Pairs with the puller's pass of `gate` after its claim (PopCursor): either this
   // sweep sees the claim (IsOut), or the puller sees `deleted`.
   k.gate.fetch_add(1, std::memory_order_acq_rel);
-  for (std::uint64_t s = g.lowest_held(); s < end; ++s) {
+  // What no member claimed yet is the sweep's from here on: also what lies past the
+  // window (dead letters go past the consumer's capacity), which Drop cannot settle
+  // (found by the adversarial helper: up to 229 messages of an interest stream kept
+  // for the deleted consumer).
+  const std::uint64_t unclaimed = g.ClaimRest(end);
+  for (std::uint64_t s = std::min(g.lowest_held(), unclaimed); s < end; ++s) {
     CursorLog::Ref ref;
     if (reader.Read(s, ref) != LogRead::kReady || (ref->mask & k.bit) == 0) continue;
+    if (s >= unclaimed) {
+      // Given up by the timer's expiry (the first to set the bit takes it), else let go.
+      if (ref->limit_ns != INT64_MAX && (ref->taken.fetch_or(k.bit, std::memory_order_acq_rel) & k.bit) != 0) {
+        continue;
+      }
+      CursorLetGo(c, *ref);
+      continue;
+    }
     if (g.IsDone(s)) continue;
     // A delivery out with a member (or claimed by one and on its way): its member may
     // be reading the entry now, so the entry stays until the member settles or drops
@@ -556,6 +569,15 @@ absl::Status Message::SettleCursor(Settlement how, std::int64_t delay_ns, std::s
       }
       c.Unsettle();
       c.group->OnDone(member_, Outcome::kFailure, latency, now);
+      // DeleteConsumer's sweep may have left this delivery to its member (out when it
+      // looked): queued again now, nobody would take it. Both pass `gate` with a
+      // read-modify-write, so the later sees what the earlier did: the sweep the nak
+      // (and drops it), or this thread the deletion (and lets go here).
+      c.cursor->gate.fetch_add(1, std::memory_order_acq_rel);
+      if (c.deleted.load(std::memory_order_relaxed)) {
+        engine_internal::CursorLetGo(c, *cursor_entry_, seq);
+        return absl::OkStatus();
+      }
       if (delay_ns == 0) {
         if (msg_->state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
           // Removed by the stream: skipped, as a redelivery of it is.

@@ -170,6 +170,19 @@ class GroupCursor {
     }
   }
 
+  // Claims every sequence below `published_end` that no member claimed yet, past the
+  // window and max_in_flight too, and returns the first of them (published_end when
+  // there is none): DeleteConsumer's sweep, after which nothing more is claimed. What
+  // lies past floor() + W cannot be settled in the window (Drop leaves it), so the
+  // caller ends these sequences itself.
+  std::uint64_t ClaimRest(std::uint64_t published_end) {
+    std::uint64_t first = next_.load(std::memory_order_relaxed);
+    while (first < published_end &&
+           !next_.compare_exchange_weak(first, published_end, std::memory_order_relaxed)) {
+    }
+    return std::min(first, published_end);
+  }
+
   // Acks (or terminates, or skips) `seq`: true when this call settled it, false when
   // it was settled already (a second ack, or an ack of a message already done).
   bool Ack(std::uint64_t seq) {

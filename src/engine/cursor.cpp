@@ -227,7 +227,7 @@ std::int64_t RunCursorTimers(ConsumerState& c, std::int64_t now) {
     c.group->OnDone(0, Outcome::kFailure, 0);
     CursorLog::Ref ref;
     if (k.timer_reader.Read(r.seq, ref) == LogRead::kReady) {
-      DeadLetter(c, ref->h, r.attempt, "max_deliver", "ack_wait expired");
+      DeadLetter(c, ref->h, r.attempt, "max_deliver", "ack_wait expired", {}, CursorMayRelease(c, *ref));
       CursorDone(*ref);
     }
   }
@@ -290,6 +290,9 @@ void ReleaseCursorInterest(ConsumerState& c) {
   // Pairs with the puller's pass of `gate` after its claim (PopCursor): either this
   // sweep sees the claim (IsOut), or the puller sees `deleted`.
   k.gate.fetch_add(1, std::memory_order_acq_rel);
+  // `deleted` (set before this sweep) before the states read below: pairs with
+  // CursorMayRelease's seq_cst load after a settle's state change.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   // What no member claimed yet is the sweep's from here on: also what lies past the
   // window (dead letters go past the consumer's capacity), which Drop cannot settle
   // (found by the adversarial helper: up to 229 messages of an interest stream kept
@@ -340,6 +343,11 @@ void CursorLetGo(ConsumerState& c, CursorEntry& e, std::uint64_t seq) {
 }
 
 void CursorUnpin(ConsumerState& c, void* pin) { c.cursor->stream->log.Unpin(pin); }
+
+bool CursorMayRelease(ConsumerState& c, CursorEntry& e) {
+  if (!c.deleted.load(std::memory_order_seq_cst)) [[likely]] return true;
+  return (e.released.fetch_or(c.cursor->bit, std::memory_order_acq_rel) & c.cursor->bit) == 0;
+}
 
 std::uint64_t CursorTimers(ConsumerState& c, std::int64_t now) {
   CursorState& k = *c.cursor;
@@ -436,7 +444,8 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
     for (const GroupCursor::Redelivery& d : dead) {  // (TimeOut and Nak give up first)
       CursorLog::Ref ref;
       if (reader.Read(d.seq, ref) == engine_internal::LogRead::kReady) {
-        engine_internal::DeadLetter(c, ref->h, d.attempt, "max_deliver", "nak");
+        engine_internal::DeadLetter(c, ref->h, d.attempt, "max_deliver", "nak", {},
+                                    engine_internal::CursorMayRelease(c, *ref));
         engine_internal::CursorDone(*ref);
       }
     }
@@ -548,7 +557,7 @@ absl::Status Message::SettleCursor(Settlement how, std::int64_t delay_ns, std::s
       c.group->OnDone(member_, Outcome::kSuccess, latency, now);
       c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
       if (c.config.batch.adaptive) c.batchers[member_]->ObserveRtt(latency);
-      (void)engine_internal::RetireOnSettle(c, *msg_);
+      if (engine_internal::CursorMayRelease(c, *cursor_entry_)) (void)engine_internal::RetireOnSettle(c, *msg_);
       engine_internal::CursorDone(*cursor_entry_);
       return absl::OkStatus();
     }
@@ -557,7 +566,8 @@ absl::Status Message::SettleCursor(Settlement how, std::int64_t delay_ns, std::s
         if (g.Finish(seq, attempt_) != Found::kCurrent) return absl::OkStatus();
         c.Unsettle();
         c.group->OnDone(member_, Outcome::kFailure, latency);
-        engine_internal::DeadLetter(c, msg_, attempt_, "max_deliver", "nak", span_id_);
+        engine_internal::DeadLetter(c, msg_, attempt_, "max_deliver", "nak", span_id_,
+                                    engine_internal::CursorMayRelease(c, *cursor_entry_));
         engine_internal::CursorDone(*cursor_entry_);
         return absl::OkStatus();
       }
@@ -596,7 +606,8 @@ absl::Status Message::SettleCursor(Settlement how, std::int64_t delay_ns, std::s
       if (g.Finish(seq, attempt_) != Found::kCurrent) return absl::OkStatus();
       c.Unsettle();
       c.group->OnDone(member_, Outcome::kDropped, latency);
-      engine_internal::DeadLetter(c, msg_, attempt_, "term", description, span_id_);
+      engine_internal::DeadLetter(c, msg_, attempt_, "term", description, span_id_,
+                                  engine_internal::CursorMayRelease(c, *cursor_entry_));
       engine_internal::CursorDone(*cursor_entry_);
       return absl::OkStatus();
     }

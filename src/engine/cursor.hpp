@@ -214,6 +214,15 @@ void CursorLetGo(ConsumerState& c, CursorEntry& e);
 // The same for a delivery of `seq` whose Message a member settles or drops after the
 // deletion: only when it still ends the sequence in the cursor (GroupCursor::Drop).
 void CursorLetGo(ConsumerState& c, CursorEntry& e, std::uint64_t seq);
+// After a settle, a dead letter or the timer changed the cursor's state for entry
+// `e`: whether this thread lets go of the message's interest (an ack's or a dead
+// letter's). Once the consumer is deleted, its sweep may have let go of a tracked
+// delivery that was out then (CursorEntry::released): the first to set the bit does.
+// The state change (a seq_cst CAS on the window, or the map under its mutex) comes
+// before the seq_cst load of `deleted` here, and the sweep's fence after `deleted` is
+// set before it reads the state: either this load sees the deletion, or the sweep
+// sees the change (and leaves the message).
+bool CursorMayRelease(ConsumerState& c, CursorEntry& e);
 // Message::Release: its pin given back.
 void CursorUnpin(ConsumerState& c, void* pin);
 

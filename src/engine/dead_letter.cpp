@@ -61,7 +61,8 @@ TraceContext TraceDeadLetter(ConsumerState& c, const StoredMessage& h, std::uint
 // Gives message `h` up after delivery `attempt`: a copy goes to the consumer's
 // dead-letter subject with the reason headers (kDeadLetterReasonHeader, ...).
 void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
-                std::string_view reason, std::string_view description, const SpanId& via) {
+                std::string_view reason, std::string_view description, const SpanId& via,
+                bool settle) {
   // Expired in the consumer's lifecycle first: a crash before the ack record below
   // delivers it again, and the delivery finds it Expired and terminates it (a second
   // dead letter, as at-least-once allows), never Processing forever.
@@ -72,7 +73,7 @@ void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
     // stream's goes at the next AddConsumer, once the ack record below is read back).
     if (h->stream->log == nullptr) (void)c.config.lifecycle->Forget(id);
   }
-  SettleWithoutAck(c, *h);
+  if (settle) SettleWithoutAck(c, *h);
   // A durable consumer records it done, so a restart does not deliver it again
   // (Term's record is written by Message::Settle, before this).
   if (c.ack_log != nullptr && reason != "term") (void)c.Record("A " + std::to_string(h->seq));

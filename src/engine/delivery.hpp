@@ -133,8 +133,11 @@ void ReleaseInterest(ConsumerState& c, StoredMessage& h);
 // dead-letter subject with the reason headers (kDeadLetterReasonHeader, ...).
 // `via`: the span id of the delivery whose settle gave it up (all zero: none, or
 // not sampled), the parent of the dead_letter span when the engine traces.
+// `settle`: false when the message's interest was let go of already (a deleted cursor
+// consumer's sweep: CursorMayRelease).
 void DeadLetter(ConsumerState& c, const Handle& h, std::uint32_t attempt,
-                std::string_view reason, std::string_view description, const SpanId& via = {});
+                std::string_view reason, std::string_view description, const SpanId& via = {},
+                bool settle = true);
 
 // The records of a consumer's lifecycle that no delivery can need (lifecycle_ids.cpp),
 // each expired first when live:

@@ -14,18 +14,26 @@ instruction's execution count at its address within its object, which is objdump
 address too.
 
 usage: benchmarks/instruction_budget.py ENGINE_BUDGET [--events N] [--workload W]...
-                                        [--check] [--json FILE] [--by-function K]
+                                        [--check] [--ceilings] [--json FILE] [--by-function K]
   ENGINE_BUDGET  the engine_budget binary (the bench preset builds it:
                  build/bench/benchmarks/engine_budget)
   --events N     N of the two runs (default 3200, a multiple of 32)
   --workload W   only these workloads (default: all seven)
   --check        exit 1 when a figure is over its budget
+  --ceilings     exit 1 when a figure is over its ceiling: the figure of the last
+                 measured commit plus 2 % (instructions) and 0.5 (locked), for the
+                 consumer path the run uses (cursor consumers when the environment
+                 sets INFERQ_CURSOR_CONSUMERS=1, delivery lanes otherwise). CI checks
+                 these, so that no change makes an event dearer unnoticed while the
+                 budgets are not met; a change that must cost more raises its ceiling
+                 in the same commit and says why
   --json FILE    also write the figures as JSON
   --by-function K  also list, per workload, the K functions that cost the most
                  instructions per event, with their locked read-modify-writes
 
-Needs valgrind and binutils (objdump). Exit status: 0 (with --check: every figure
-within its budget); 1 a run failed, or --check found a figure over budget; 2 usage.
+Needs valgrind and binutils (objdump). Exit status: 0 (with --check or --ceilings:
+every figure within its budget or ceiling); 1 a run failed, or a figure is over what
+--check or --ceilings checks; 2 usage.
 """
 import argparse
 import collections
@@ -57,6 +65,31 @@ BUDGETS = {
     # log_view consumed through a consumer group's cursor (claim, ack bit, timer
     # samples): the redesign's consumer on top of that floor.
     "log_group": (350, 3),
+}
+
+# Ceilings (instructions, locked read-modify-writes per event), per consumer path: the
+# figures of commit c91c542 (2026-12-07, GCC 12, the bench preset; BENCHMARKS.md,
+# "Instruction ceilings in CI") plus 2 % and 0.5, rounded up. Lowered as the redesign
+# lands; raised only by a commit that says why its change must cost more.
+CEILINGS = {
+    "lanes": {
+        "base": (3180, 23.5),
+        "view": (3105, 23.5),
+        "batch32": (2995, 13.0),
+        "view_batch32": (2780, 13.0),
+        "ack_wait": (3835, 29.5),
+        "msg_id": (4635, 29.5),
+        "fanout4": (7365, 85.6),
+    },
+    "cursor": {
+        "base": (3480, 34.7),
+        "view": (3405, 34.7),
+        "batch32": (3335, 32.8),
+        "view_batch32": (3120, 32.8),
+        "ack_wait": (3515, 34.7),
+        "msg_id": (4315, 34.7),
+        "fanout4": (7540, 104.0),
+    },
 }
 
 LOCKED = re.compile(r"^\s*([0-9a-f]+):\s+(lock\s+\S+|xchg\S*\s+.*\(.*)")
@@ -134,6 +167,7 @@ def main():
     ap.add_argument("--events", type=int, default=3200)
     ap.add_argument("--workload", action="append", choices=sorted(BUDGETS))
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--ceilings", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--by-function", type=int, default=0, metavar="K")
     args = ap.parse_args()
@@ -141,10 +175,17 @@ def main():
         fail(f"--events {args.events} is not a positive multiple of 32", 2)
     if not os.access(args.binary, os.X_OK):
         fail(f"'{args.binary}' is not an executable (build the bench preset's engine_budget)", 2)
-    workloads = args.workload or list(BUDGETS)
+    path = "cursor" if os.environ.get("INFERQ_CURSOR_CONSUMERS") == "1" else "lanes"
+    ceilings = CEILINGS[path]
+    workloads = args.workload or (list(ceilings) if args.ceilings else list(BUDGETS))
+    if args.ceilings:
+        missing = [w for w in workloads if w not in ceilings]
+        if missing:
+            fail(f"no ceiling for workload {', '.join(missing)} (ceilings: {', '.join(ceilings)})", 2)
     n = args.events
     rows = {}
     over = []
+    above = []
     with tempfile.TemporaryDirectory() as tmp:
         breakdown = {}
         for w in workloads:
@@ -159,11 +200,17 @@ def main():
             budget = BUDGETS[w]
             if instr > budget[0] or locked > budget[1]:
                 over.append(w)
-    print(f"{'workload':10} {'instr/event':>12} {'budget':>7} {'locked/event':>13} {'budget':>7}")
+            if w in ceilings and (instr > ceilings[w][0] or locked > ceilings[w][1]):
+                above.append(w)
+    print(f"consumer path: {path}")
+    print(f"{'workload':12} {'instr/event':>12} {'budget':>7} {'ceiling':>8} "
+          f"{'locked/event':>13} {'budget':>7} {'ceiling':>8}")
     for w, r in rows.items():
         b = BUDGETS[w]
-        print(f"{w:10} {r['instructions']:12.1f} {b[0]:7} {r['locked_rmw']:13.2f} {b[1]:7}"
-              f"{'  over' if w in over else ''}")
+        c = ceilings.get(w, ("-", "-"))
+        marks = ("  over budget" if w in over else "") + ("  OVER CEILING" if w in above else "")
+        print(f"{w:12} {r['instructions']:12.1f} {b[0]:7} {c[0]:>8} "
+              f"{r['locked_rmw']:13.2f} {b[1]:7} {c[1]:>8}{marks}")
     for w, top in breakdown.items():
         if not top:
             continue
@@ -172,7 +219,10 @@ def main():
             print(f"  {i:8.1f} {l:6.2f}  {fn[:110]}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"events": n, "workloads": rows, "budgets": BUDGETS}, f, indent=2)
+            json.dump({"events": n, "consumer_path": path, "workloads": rows, "budgets": BUDGETS,
+                       "ceilings": ceilings}, f, indent=2)
+    if args.ceilings and above:
+        fail(f"over ceiling ({path}): " + ", ".join(above))
     if args.check and over:
         fail("over budget: " + ", ".join(over))
 

@@ -25,8 +25,10 @@ purposes (default: examples; --for may be given more than once):
             preset and ctest
   bench     library + Google Benchmark and the peers the benchmarks compare
             against (TBB, Boost, atomic_queue, moodycamel, xenium, RocksDB,
-            SQLite, ZeroMQ, NNG, NATS JetStream: libnats and nats-server), and
-            prometheus-cpp (bench_metrics): the `bench` preset
+            SQLite, ZeroMQ, NNG, NATS JetStream: libnats and nats-server),
+            prometheus-cpp (bench_metrics), and valgrind with binutils (the
+            instruction counts of benchmarks/instruction_budget.py): the `bench`
+            preset
   fuzz      library + clang with its libFuzzer runtime, and valijson: the
             `fuzz` preset
   cluster   library + libnats and nats-server: the main example across
@@ -63,7 +65,7 @@ tests=(
 bench=(
   libbenchmark-dev libtbb-dev libboost-dev libatomic-queue-dev libconcurrentqueue-dev
   libxenium-dev librocksdb-dev libsqlite3-dev libzmq3-dev libnng-dev libnats-dev nats-server
-  prometheus-cpp-dev
+  prometheus-cpp-dev valgrind binutils
 )
 fuzz=(clang libclang-rt-14-dev libvalijson-dev)
 cluster=(libnats-dev nats-server)

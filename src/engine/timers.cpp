@@ -275,16 +275,20 @@ void Engine::Impl::MoveOffStalledMembers(ConsumerState& c, std::int64_t now) {
   // panic mode it is even given work).
   for (std::uint32_t m = 0; m < c.lanes.size(); ++m) {
     Lane& lane = *c.lanes[m];
-    const std::uint64_t delivered = lane.delivered();
     auto& [mark_delivered, mark_ns] = stall_marks[&lane];
     bool stalled = false;
+    if (lane.ring.size_approx() == 0) {  // nothing waits: no stall, and no mark to keep
+      mark_ns = 0;
+      continue;
+    }
+    // Read only for a lane with work waiting: delivered() totals a histogram's buckets.
+    const std::uint64_t delivered = lane.delivered();
     // A consumer at max_ack_pending refuses its members new pulls: not a stall.
     const bool held_back = c.max_ack_pending > 0 &&
                            c.unsettled.load(std::memory_order_relaxed) >= c.max_ack_pending;
-    if (lane.ring.size_approx() == 0 || delivered != mark_delivered || mark_ns == 0 ||
-        held_back) {
+    if (delivered != mark_delivered || mark_ns == 0 || held_back) {
       mark_delivered = delivered;
-      mark_ns = lane.ring.size_approx() == 0 ? 0 : now;
+      mark_ns = now;
     } else {
       stalled = engine_internal::SatSub(now, mark_ns) >= c.AckWaitFor(1);
     }

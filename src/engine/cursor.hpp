@@ -223,6 +223,18 @@ void CursorLetGo(ConsumerState& c, CursorEntry& e, std::uint64_t seq);
 // set before it reads the state: either this load sees the deletion, or the sweep
 // sees the change (and leaves the message).
 bool CursorMayRelease(ConsumerState& c, CursorEntry& e);
+// For the cold paths that give a message up (an expiry by the timer or at the pull):
+// whether this call is the first to let go of the message's interest for the cursor
+// consumer of `bit` (sets CursorEntry::released). Unlike CursorMayRelease, always a
+// read-modify-write, deleted or not.
+inline bool FirstToRelease(CursorEntry& e, std::uint64_t bit) {
+  return (e.released.fetch_or(bit, std::memory_order_acq_rel) & bit) == 0;
+}
+// A member's first claim of entry `e` that meets the consumer's deletion: true when
+// the timer's expiry gave the entry up before (it let go of it and is done with it),
+// so the claim must do neither again; else the claim takes it (CursorEntry::taken) and
+// lets go of it.
+bool GivenUpByTimer(ConsumerState& c, CursorEntry& e);
 // Message::Release: its pin given back.
 void CursorUnpin(ConsumerState& c, void* pin);
 

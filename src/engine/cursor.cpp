@@ -318,7 +318,7 @@ void ReleaseCursorInterest(ConsumerState& c) {
     // go of the stream now (as a lane consumer's pending deliveries do), an
     // untracked one's then.
     if (g.IsOut(s)) {
-      if (c.tracked && (ref->released.fetch_or(k.bit, std::memory_order_acq_rel) & k.bit) == 0) {
+      if (c.tracked && FirstToRelease(*ref, k.bit)) {
         if (Handle rec = PinnedCopy(*ref); rec != nullptr) ReleaseInterest(c, *rec);
       }
       continue;
@@ -334,9 +334,7 @@ void ReleaseCursorInterest(ConsumerState& c) {
 }
 
 void CursorLetGo(ConsumerState& c, CursorEntry& e) {
-  if ((e.released.fetch_or(c.cursor->bit, std::memory_order_acq_rel) & c.cursor->bit) == 0) {
-    ReleaseInterest(c, *e.h);
-  }
+  if (FirstToRelease(e, c.cursor->bit)) ReleaseInterest(c, *e.h);
   CursorDone(e);
 }
 
@@ -358,7 +356,7 @@ void CursorUnpin(ConsumerState& c, void* pin) { c.cursor->stream->log.Unpin(pin)
 
 bool CursorMayRelease(ConsumerState& c, CursorEntry& e) {
   if (!c.deleted.load(std::memory_order_seq_cst)) [[likely]] return true;
-  return (e.released.fetch_or(c.cursor->bit, std::memory_order_acq_rel) & c.cursor->bit) == 0;
+  return FirstToRelease(e, c.cursor->bit);
 }
 
 std::uint64_t CursorTimers(ConsumerState& c, std::int64_t now) {

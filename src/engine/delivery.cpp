@@ -137,22 +137,24 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude) {
   LetGoDeleted(c, d, lock);
 }
 
+bool ForgetWaiting(ConsumerState& c, std::uint64_t seq) {
+  auto it = c.waiting.find(seq);
+  if (it == c.waiting.end()) return false;
+  const bool given_up = it->second.state == ConsumerState::kExpired;
+  if (!given_up) c.wheel->Cancel(it->second.timer);
+  c.waiting.erase(it);
+  return given_up;
+}
+
 void LetGoDeleted(ConsumerState& c, const Delivery& d, std::unique_lock<std::mutex>& pending_lock) {
   if (d.shadow) return;
   if (c.tracked && d.attempt > 1) return;  // its pending entry: DeleteConsumer's sweep
-  if (d.attempt == 1) {
-    auto w = c.waiting.find(d.h->seq);
-    if (w != c.waiting.end()) {
-      // Given up by its queue timeout (dead-lettered then): it let go of the stream.
-      if (w->second.state == ConsumerState::kExpired) return;
-      // Its queue timeout goes with it: left on the wheel, it would dead-letter the
-      // message, and let go of it, a second time (DeleteConsumer's sweep, which would
-      // drop the entry, may not have run yet: found by a stress of deletions under
-      // load, up to 171 of 600 messages lost).
-      c.wheel->Cancel(w->second.timer);
-      c.waiting.erase(w);
-    }
-  }
+  // Given up by its queue timeout (dead-lettered then): it let go of the stream. Else
+  // the timeout goes with it: left on the wheel, it would dead-letter the message, and
+  // let go of it, a second time (DeleteConsumer's sweep, which would drop the entry,
+  // may not have run yet: found by a stress of deletions under load, up to 171 of 600
+  // messages lost).
+  if (d.attempt == 1 && ForgetWaiting(c, d.h->seq)) return;
   pending_lock.unlock();
   ReleaseInterest(c, *d.h);
 }
@@ -427,14 +429,9 @@ void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d, bool evicted) {
   }
   if (d.attempt == 1 && c.has_waiting.load(std::memory_order_acquire)) {
     std::lock_guard lock(c.pending_mu);
-    if (auto it = c.waiting.find(d.h->seq); it != c.waiting.end()) {
-      const bool dead_lettered = it->second.state == ConsumerState::kExpired;
-      c.wheel->Cancel(it->second.timer);
-      c.waiting.erase(it);
-      // Already settled, and counted as expired, when its queue timeout passed: it
-      // ends once, so it is not counted as dropped (or evicted) too.
-      if (dead_lettered) return;
-    }
+    // Already settled, and counted as expired, when its queue timeout passed: it ends
+    // once, so it is not counted as dropped (or evicted) too.
+    if (ForgetWaiting(c, d.h->seq)) return;
   }
   count.fetch_add(1, std::memory_order_relaxed);
   if (c.tracked && d.attempt > 1) {

@@ -96,6 +96,12 @@ void Redeliver(ConsumerState& c, Delivery d, std::uint32_t exclude);
 // sweep for this). The first form takes pending_mu; the second is called with it
 // held in `pending_lock`, and may release it. Found as a parked first delivery of a
 // tracked consumer, taken by RetryParked while DeleteConsumer swept: never let go.
+// A first delivery of `seq` that consumer `c` will not deliver (dropped, or met a
+// closed lane or a deleted consumer): its queue-timeout entry (ConsumerState::waiting)
+// goes, with its timer. True when that timeout had passed already and given the
+// message up (dead-lettered it, letting go of it for `c`): the caller must not let go
+// a second time. Requires c.pending_mu.
+bool ForgetWaiting(ConsumerState& c, std::uint64_t seq);
 void LetGoDeleted(ConsumerState& c, const Delivery& d);
 void LetGoDeleted(ConsumerState& c, const Delivery& d, std::unique_lock<std::mutex>& pending_lock);
 // Waits until a run of the timers (Engine::RunTimers) that has consumer `c` in hand

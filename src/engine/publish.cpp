@@ -621,27 +621,6 @@ inline std::shared_ptr<StoredMessage> Engine::Impl::AllocateRecord(StreamState& 
   }
 }
 
-namespace {
-
-// A first delivery of `seq` that consumer `c` will never take (its lane closed, or it
-// was deleted, while this publish held it): its queue-timeout entry (`expiry` not
-// INT64_MAX) goes. True when that timeout had passed and given it up already
-// (dead-lettered by the timer, which let go of the message for `c`): the publish must
-// not let go a second time. `lock` holds pending_mu when there is an entry to look at.
-bool GiveUpWaiting(engine_internal::ConsumerState& c, std::uint64_t seq, std::int64_t expiry,
-                   std::unique_lock<std::mutex>& lock) {
-  if (expiry == INT64_MAX) return false;
-  (void)lock;
-  auto it = c.waiting.find(seq);
-  if (it == c.waiting.end()) return false;
-  const bool given_up = it->second.state == engine_internal::ConsumerState::kExpired;
-  if (!given_up) c.wheel->Cancel(it->second.timer);
-  c.waiting.erase(it);
-  return given_up;
-}
-
-}  // namespace
-
 inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
                                            std::shared_ptr<StoredMessage>& stored,
                                            const Targets& targets, std::int64_t now,
@@ -712,9 +691,10 @@ inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
       // Full although checked by CheckLanes (a redelivery took the room), or an
       // internal publish: park it; the next pull or timer run queues it.
       if (t.shadow) continue;
-      std::unique_lock park_lock(consumer->pending_mu);
+      std::lock_guard park_lock(consumer->pending_mu);
       if (consumer->retired) {  // deleted since it was selected: nothing would take it
-        if (!GiveUpWaiting(*consumer, seq, expiry, park_lock) &&
+        // (Its queue timeout, had it passed, let go of the message already.)
+        if (!(expiry != INT64_MAX && engine_internal::ForgetWaiting(*consumer, seq)) &&
             consumer->config.ack == AckPolicy::kExplicit) {
           ++undelivered_acks;
         }
@@ -731,9 +711,11 @@ inline std::uint32_t Engine::Impl::EnqueueTargets(StreamState& stream,
       if (t.shadow) consumer->counts.mirrored.fetch_add(1, std::memory_order_relaxed);
     } else {  // closed while waiting: that consumer will never ack it
       if (t.shadow) continue;
-      std::unique_lock wl(consumer->pending_mu, std::defer_lock);
-      if (expiry != INT64_MAX) wl.lock();
-      if (GiveUpWaiting(*consumer, seq, expiry, wl)) continue;
+      if (expiry != INT64_MAX) {
+        // Its queue timeout, had it passed, let go of the message already.
+        std::lock_guard wl(consumer->pending_mu);
+        if (engine_internal::ForgetWaiting(*consumer, seq)) continue;
+      }
       // A consumer deleted meanwhile (DeleteConsumer closes its lanes before it takes
       // the stream's mutex this publisher holds) simply no longer takes it.
       if (!consumer->deleted.load(std::memory_order_acquire)) ++tally.undelivered;

@@ -159,7 +159,7 @@ void CursorWaitRoom(StreamState& stream, std::uint64_t* targets, bool internal, 
 void PushToCursors(StreamState& stream, const Handle& h, std::uint64_t targets, std::int64_t now,
                    std::int64_t limit_ns) {
   StreamCursors& s = *stream.cursors;
-  const std::uint64_t seq = s.log.Claim(1);
+  const std::uint64_t seq = s.log.ClaimExclusive(1);  // the stream's mutex: the only claimer
   // One writer (the stream's mutex), an entry for every message stored since the log
   // was made: the log's sequence is the stream's.
   if (seq != h->seq) {

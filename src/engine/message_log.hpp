@@ -25,10 +25,11 @@
 //
 // Invariants:
 //  1. next_ is the next sequence to claim; Claim(n) takes [next_, next_ + n) with one
-//     CAS. Each claimed sequence is published exactly once by its claimer (Publish),
-//     which constructs the T and then stores the sequence into the slot's `seq` with
-//     release; a reader acquires `seq` before it reads the T. A slot's `seq` is 0
-//     while unpublished (sequences start at 1), and seq | kAbandoned when its T's
+//     CAS (ClaimExclusive, for a log with one claimer at a time: a load and a
+//     store). Each claimed sequence is published exactly once by its claimer
+//     (Publish), which constructs the T and then stores the sequence into the
+//     slot's `seq` with release; a reader acquires `seq` before it reads the T. A
+//     slot's `seq` is 0 while unpublished (sequences start at 1), and seq | kAbandoned when its T's
 //     constructor threw (readers see it gone).
 //  2. Directory: the segment of index i = s >> segment_bits is found in leaf
 //     (i >> kLeafBits) % 2^top_bits at entry i % 2^kLeafBits. An entry holds 0 (not
@@ -323,23 +324,13 @@ class MessageLog {
   // claiming nothing. Makes the segments the claim needs first: throws
   // std::bad_alloc, claiming nothing. Each claimed sequence must then be published
   // (Publish).
-  std::uint64_t Claim(std::uint32_t n) {
-    if (n == 0 || n > kMaxClaim) {
-      throw std::invalid_argument("MessageLog claim of " + std::to_string(n) + " sequences: 1.." +
-                                  std::to_string(kMaxClaim));
-    }
-    std::uint64_t s = next_.load(std::memory_order_relaxed);
-    for (;;) {
-      // (A claim may start below first_ when TrimBefore passed next_ meanwhile; its
-      // sequences are gone as soon as published.)
-      if (((s + n - 1) >> bits_) >= unlinked_.load(std::memory_order_acquire) + live_span()) return 0;
-      // The segments of [s, s + n), made before the claim (inv. 3): a Publish then
-      // finds its segment made (or gone) and never allocates.
-      for (std::uint64_t index = s >> bits_; index <= ((s + n - 1) >> bits_); ++index) EnsureMade(index);
-      // relaxed: the claim publishes nothing; each slot's seq does (inv. 1).
-      if (next_.compare_exchange_weak(s, s + n, std::memory_order_relaxed)) return s;
-    }
-  }
+  std::uint64_t Claim(std::uint32_t n) { return ClaimAs</*kExclusive=*/false>(n); }
+
+  // Claim for the log's only claimer: the caller guarantees that no other thread
+  // claims while this runs (the engine's stream mutex), so next_ moves by a load and a
+  // store instead of a compare-and-swap, no locked instruction. Results and errors as
+  // Claim.
+  std::uint64_t ClaimExclusive(std::uint32_t n) { return ClaimAs</*kExclusive=*/true>(n); }
 
   // Constructs the message of claimed sequence `seq` from `a...` and publishes it;
   // allocates nothing. False, constructing nothing (`a...` untouched), when its
@@ -506,6 +497,30 @@ class MessageLog {
   // Makes segment `index` when its entry is empty (inv. 3): by Claim, before it
   // claims, so that a Publish never allocates. No-op when it is there or gone.
   // Throws std::bad_alloc.
+  template <bool kExclusive>
+  std::uint64_t ClaimAs(std::uint32_t n) {
+    if (n == 0 || n > kMaxClaim) {
+      throw std::invalid_argument("MessageLog claim of " + std::to_string(n) + " sequences: 1.." +
+                                  std::to_string(kMaxClaim));
+    }
+    std::uint64_t s = next_.load(std::memory_order_relaxed);
+    for (;;) {
+      // (A claim may start below first_ when TrimBefore passed next_ meanwhile; its
+      // sequences are gone as soon as published.)
+      if (((s + n - 1) >> bits_) >= unlinked_.load(std::memory_order_acquire) + live_span()) return 0;
+      // The segments of [s, s + n), made before the claim (inv. 3): a Publish then
+      // finds its segment made (or gone) and never allocates.
+      for (std::uint64_t index = s >> bits_; index <= ((s + n - 1) >> bits_); ++index) EnsureMade(index);
+      // relaxed: the claim publishes nothing; each slot's seq does (inv. 1).
+      if constexpr (kExclusive) {
+        next_.store(s + n, std::memory_order_relaxed);  // the only claimer: nothing to race
+        return s;
+      } else {
+        if (next_.compare_exchange_weak(s, s + n, std::memory_order_relaxed)) return s;
+      }
+    }
+  }
+
   void EnsureMade(std::uint64_t index) {
     std::atomic<std::uintptr_t>& e = EntryFor(index);
     std::uintptr_t v = e.load(std::memory_order_acquire);

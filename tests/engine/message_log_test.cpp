@@ -213,6 +213,29 @@ TEST_CASE("Claim refuses a claim past the live span and claims nothing") {
   CHECK_THROWS_WITH(MessageLog<int>(1, 1, 11), "MessageLog top_bits must be 0..10, got 11");
 }
 
+TEST_CASE("ClaimExclusive claims as Claim does: consecutive, refused past the live span, checked") {
+  MessageLog<std::uint64_t> log(1, 1, 0);
+  CHECK(log.ClaimExclusive(1) == 1);
+  CHECK(log.ClaimExclusive(3) == 2);  // 2, 3, 4: segments 1 and 2 made first
+  CHECK(log.Claim(1) == 5);           // the two kinds share next_
+  CHECK(log.ClaimExclusive(1) == 6);
+  CHECK(log.next() == 7);
+  for (std::uint64_t s = 1; s < 7; ++s) REQUIRE(log.Publish(s, s * 10));
+  MessageLog<std::uint64_t>::Ref r;
+  REQUIRE(log.Read(4, r) == LogRead::kReady);
+  CHECK(*r == 40);
+  r.reset();
+  ClaimAndPublish(log, 7, kSmallRing - 2);     // up to segment 4,095 (8,190 and 8,191)
+  CHECK(log.ClaimExclusive(1) == kSmallRing - 2);
+  REQUIRE(log.Publish(kSmallRing - 2, 0u));
+  CHECK(log.ClaimExclusive(2) == 0);  // segment 4,096 would be segment 0's entry
+  CHECK(log.next() == kSmallRing - 1);
+  log.TrimBefore(3);
+  CHECK(log.ClaimExclusive(2) == kSmallRing - 1);
+  CHECK_THROWS_WITH(log.ClaimExclusive(0), "MessageLog claim of 0 sequences: 1..65536");
+  CHECK_THROWS_WITH(log.ClaimExclusive(65537), "MessageLog claim of 65537 sequences: 1..65536");
+}
+
 TEST_CASE("a directory entry a ring earlier held a tombstone is made anew") {
   MessageLog<std::uint64_t> log(1, 1, 0);
   ClaimAndPublish(log, 1, kSmallRing - 2);

@@ -81,14 +81,15 @@ CEILINGS = {
         "msg_id": (4635, 27.5),
         "fanout4": (7355, 77.5),
     },
+    # The cursor path from the log's exclusive claim on (2026-12-07).
     "cursor": {
-        "base": (3480, 32.7),
-        "view": (3405, 32.7),
-        "batch32": (3335, 30.8),
-        "view_batch32": (3115, 30.8),
-        "ack_wait": (3510, 32.7),
-        "msg_id": (4315, 32.7),
-        "fanout4": (7535, 96.0),
+        "base": (3467, 31.7),
+        "view": (3391, 31.7),
+        "batch32": (3320, 29.8),
+        "view_batch32": (3106, 29.8),
+        "ack_wait": (3499, 31.7),
+        "msg_id": (4302, 31.7),
+        "fanout4": (7521, 95.0),
     },
 }
 

@@ -156,20 +156,13 @@ void CursorWaitRoom(StreamState& stream, std::uint64_t* targets, bool internal, 
   }
 }
 
-void PushToCursors(StreamState& stream, const Handle& h, std::uint64_t targets, std::int64_t now,
-                   std::int64_t limit_ns) {
+namespace {
+
+// The part of a publish that makes entry `seq` readable for `targets` and wakes them.
+// Requires stream.mu.
+[[gnu::always_inline]] inline void ReleaseEntry(StreamState& stream, std::uint64_t seq, std::uint64_t targets,
+                                                std::int64_t limit) {
   StreamCursors& s = *stream.cursors;
-  const std::uint64_t seq = s.log.ClaimExclusive(1);  // the stream's mutex: the only claimer
-  // One writer (the stream's mutex), an entry for every message stored since the log
-  // was made: the log's sequence is the stream's.
-  if (seq != h->seq) {
-    std::fprintf(stderr, "inferq: stream '%s': cursor log sequence %llu is not the message's %llu\n",
-                 stream.config.name.c_str(), static_cast<unsigned long long>(seq),
-                 static_cast<unsigned long long>(h->seq));
-    std::abort();
-  }
-  const std::int64_t limit = limit_ns == INT64_MAX ? INT64_MAX : SatAdd(now, limit_ns);
-  (void)s.log.Publish(seq, targets != 0 ? h : Handle(), targets, limit);  // no taker: no reference
   // release: a puller that acquires `end` reads the published entry.
   s.end.store(seq + 1, std::memory_order_seq_cst);  // seq_cst: EventCount inv. 2
   for (ConsumerState* c : stream.consumers) {
@@ -190,6 +183,63 @@ void PushToCursors(StreamState& stream, const Handle& h, std::uint64_t targets, 
   if (++s.since_trim >= 256) TrimCursorLog(stream);
 }
 
+// One writer (the stream's mutex), an entry for every message stored since the log
+// was made: the log's sequence is the stream's.
+void CheckSequence(const StreamState& stream, std::uint64_t log_seq, std::uint64_t seq) {
+  if (log_seq == seq) [[likely]] return;
+  std::fprintf(stderr, "inferq: stream '%s': cursor log sequence %llu is not the message's %llu\n",
+               stream.config.name.c_str(), static_cast<unsigned long long>(log_seq),
+               static_cast<unsigned long long>(seq));
+  std::abort();
+}
+
+}  // namespace
+
+void PushToCursors(StreamState& stream, const Handle& h, std::uint64_t targets, std::int64_t now,
+                   std::int64_t limit_ns) {
+  StreamCursors& s = *stream.cursors;
+  const std::uint64_t seq = s.log.ClaimExclusive(1);  // the stream's mutex: the only claimer
+  CheckSequence(stream, seq, h->seq);
+  const std::int64_t limit = limit_ns == INT64_MAX ? INT64_MAX : SatAdd(now, limit_ns);
+  (void)s.log.Publish(seq, targets != 0 ? h : Handle(), targets, limit);  // no taker: no reference
+  ReleaseEntry(stream, seq, targets, limit);
+}
+
+CursorEntry* ClaimInPlace(StreamState& stream, Event&& event) {
+  CursorLog& log = stream.cursors->log;
+  std::uint64_t seq = 0;
+  try {
+    seq = log.ClaimExclusive(1);  // the stream's mutex: the only claimer
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+  CheckSequence(stream, seq, stream.next_seq);
+  CursorEntry* e = log.Emplace(seq, CursorEntry::InPlace{}, std::move(event));
+  if (e == nullptr) {
+    // Not expected: the log keeps what its cursors have not passed, and none has
+    // passed a sequence not yet stored.
+    std::fprintf(stderr, "inferq: stream '%s': cursor log sequence %llu gone before it was stored\n",
+                 stream.config.name.c_str(), static_cast<unsigned long long>(seq));
+    std::abort();
+  }
+  return e;
+}
+
+void PushInPlace(StreamState& stream, CursorEntry& e, std::uint64_t seq, std::uint64_t targets,
+                 std::int64_t now, std::int64_t limit_ns) {
+  const std::int64_t limit = limit_ns == INT64_MAX ? INT64_MAX : SatAdd(now, limit_ns);
+  e.mask = targets;
+  e.limit_ns = limit;
+  if (targets == 0) {  // every consumer it was for closed while the publish waited
+    e.h.reset();
+    e.rec.reset();
+  } else {
+    // relaxed: `end`'s store in ReleaseEntry publishes it.
+    e.remaining.store(static_cast<std::uint32_t>(std::popcount(targets)), std::memory_order_relaxed);
+  }
+  ReleaseEntry(stream, seq, targets, limit);
+}
+
 std::int64_t RunCursorTimers(ConsumerState& c, std::int64_t now) {
   CursorState& k = *c.cursor;
   GroupCursor& g = k.cursor;
@@ -205,12 +255,13 @@ std::int64_t RunCursorTimers(ConsumerState& c, std::int64_t now) {
   // (then it is skipped: the engine's redelivery skips it too).
   auto requeue = [&](std::uint64_t seq) {
     CursorLog::Ref ref;
-    Handle rec;
-    if (k.timer_reader.Read(seq, ref) == LogRead::kReady && (rec = PinnedCopy(*ref)) != nullptr &&
-        rec->state.load(std::memory_order_acquire) == kDiscarded) {
-      if (g.Drop(seq)) CursorDone(*ref);
-      c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
-      return;
+    if (k.timer_reader.Read(seq, ref) == LogRead::kReady) {
+      const EntryHold rec(*ref);
+      if (rec.get() != nullptr && rec.get()->state.load(std::memory_order_acquire) == kDiscarded) {
+        if (g.Drop(seq)) CursorDone(*ref);
+        c.counts.skipped.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
     }
     c.counts.redelivered.fetch_add(1, std::memory_order_relaxed);
   };
@@ -256,7 +307,8 @@ std::int64_t RunCursorTimers(ConsumerState& c, std::int64_t now) {
         k.limits_taken.fetch_sub(1, std::memory_order_relaxed);
         continue;
       }
-      const Handle rec = PinnedCopy(*ref);  // a DeleteConsumer's sweep may end it meanwhile
+      const EntryHold hold(*ref);  // a DeleteConsumer's sweep may end it meanwhile
+      const Handle& rec = hold.get();
       if (rec == nullptr || rec->state.load(std::memory_order_acquire) == kDiscarded) continue;
       if ((ref->taken.fetch_or(k.bit, std::memory_order_acq_rel) & k.bit) != 0) {  // a member took it
         k.limits_taken.fetch_sub(1, std::memory_order_relaxed);
@@ -319,7 +371,7 @@ void ReleaseCursorInterest(ConsumerState& c) {
     // untracked one's then.
     if (g.IsOut(s)) {
       if (c.tracked && FirstToRelease(*ref, k.bit)) {
-        if (Handle rec = PinnedCopy(*ref); rec != nullptr) ReleaseInterest(c, *rec);
+        if (const EntryHold rec(*ref); rec.get() != nullptr) ReleaseInterest(c, *rec.get());
       }
       continue;
     }
@@ -352,7 +404,10 @@ bool GivenUpByTimer(ConsumerState& c, CursorEntry& e) {
   return false;
 }
 
-void CursorUnpin(ConsumerState& c, void* pin) { c.cursor->stream->log.Unpin(pin); }
+void CursorUnpin(ConsumerState& c, CursorEntry& e, void* pin) {
+  if (e.in_place) CursorDone(e);  // the Message's count (PopCursor), before the pin
+  c.cursor->stream->log.Unpin(pin);
+}
 
 bool CursorMayRelease(ConsumerState& c, CursorEntry& e) {
   if (!c.deleted.load(std::memory_order_seq_cst)) [[likely]] return true;
@@ -507,11 +562,27 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
     if (!counted) c.counts.redelivered.fetch_add(1, std::memory_order_relaxed);
     // A first delivery's claimer owns it (nothing else can be done with it); a
     // redelivery may race an older delivery's ack.
-    Handle h = attempt == 1 ? ref->h : engine_internal::PinnedCopy(*ref);
+    // An entry that holds its record: the Message counts itself in `remaining` until
+    // its Release (EntryHold::Keep for a redelivery; the owner's own count keeps the
+    // first delivery's add from 0).
+    Handle h;
+    if (attempt == 1) {
+      if (ref->in_place) ref->remaining.fetch_add(1, std::memory_order_relaxed);
+      h = ref->h;
+    } else {
+      h = engine_internal::EntryHold(*ref).Keep();
+    }
     if (h == nullptr) {  // settled meanwhile (an older delivery's ack): nothing left to deliver
       (void)g.Drop(seq);
       continue;
     }
+    // The Message's count, given back here when this pull passes over the entry.
+    struct HoldGuard {
+      engine_internal::CursorEntry* e;
+      ~HoldGuard() {
+        if (e != nullptr) engine_internal::CursorDone(*e);
+      }
+    } hold{ref->in_place ? ref.operator->() : nullptr};
     StoredMessage& rec = *h;
     if (rec.state.load(std::memory_order_acquire) == engine_internal::kLive &&
         rec.stream->Expired(rec, c.clock->NowNanos())) {
@@ -546,6 +617,7 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
       if (c.host != nullptr) c.host->WakeTimer(engine_internal::SatAdd(now, g.options().ack_wait_ns));
     }
     out.Deliver(std::move(h), consumer_, index_, attempt, now, /*shadow=*/false);
+    hold.e = nullptr;  // the Message's now (Message::Release)
     out.cursor_entry_ = ref.operator->();
     out.cursor_pin_ = ref.Detach();  // the Message keeps the entry readable
     if (c.tracer != nullptr) [[unlikely]] TraceDelivery(out, now);

@@ -12,6 +12,13 @@
 // the engine's as for lane consumers, so the two kinds answer the same (the
 // differential test runs both).
 //
+// Where a record is: a message that only cursor consumers of one memory stream take,
+// on a stream that keeps no index of its own (interest retention without limits),
+// is held in its log entry itself (ClaimInPlace, PushInPlace: CursorEntry::rec), not
+// allocated with a reference count; it goes with the last count in `remaining`: its
+// consumers' and its Messages'. Any other record is allocated as a lane consumer's
+// is, and the entry holds a reference.
+//
 // Covered (CursorEligible): memory streams; one member; explicit acks; ack_wait
 // without a backoff list; max_deliver; dead-letter subjects; filters; overflow
 // block; deliver policy new, or all / by start sequence on a stream that holds
@@ -35,6 +42,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <utility>
 #include <string_view>
@@ -55,14 +63,29 @@ struct CursorEntry {
         mask(consumers),
         limit_ns(limit),
         remaining(static_cast<std::uint32_t>(std::popcount(consumers))) {}
+  // The record held in this entry itself (in_place): made from `event` before the
+  // stream stores it (ClaimInPlace), its consumers and limit set by PushInPlace
+  // before any reader can see the entry (StreamCursors::end).
+  struct InPlace {};
+  CursorEntry(InPlace, Event&& event) : in_place(true) {
+    rec.emplace(std::move(event));
+    h = Handle(Handle(), &*rec);  // no owner: `remaining` keeps the record
+  }
   // The stream's record of the message (none when no cursor consumer takes it), let
   // go once every consumer of `mask` is done with it (CursorDone): the record then
   // lives as long as the stream and the Messages keep it, as a lane's delivery would.
+  // For an entry that holds its record (in_place), `h` owns nothing: the record is
+  // `rec`, destroyed by the CursorDone that takes `remaining` to 0, and every reader
+  // that is not a consumer's owner of it counts itself in `remaining` while it reads
+  // (EntryHold; a Message of it, until Message::Release).
   Handle h;
-  const std::uint64_t mask;  // bit CursorState::bit set: that cursor consumer takes it
+  // bit CursorState::bit set: that cursor consumer takes it. Written before the
+  // entry is readable (the stream's `end`, release), constant after.
+  std::uint64_t mask = 0;
   // The event's own queue limit (ttl, deadline), engine clock; INT64_MAX: none.
-  const std::int64_t limit_ns;
-  std::atomic<std::uint32_t> remaining;  // consumers of `mask` not done with it
+  // Written as `mask` is.
+  std::int64_t limit_ns = INT64_MAX;
+  std::atomic<std::uint32_t> remaining{0};  // consumers of `mask` not done with it, + holds
   // Entries with a limit: bit CursorState::bit set by whoever took the first delivery
   // for that consumer, its puller or the timer's expiry (the one whose fetch_or set
   // it wins; the other passes over it).
@@ -70,29 +93,59 @@ struct CursorEntry {
   // Bit CursorState::bit set once a deleted consumer let go of the message's interest
   // (ReleaseInterest): DeleteConsumer's sweep and the delivery's Message may both try.
   std::atomic<std::uint64_t> released{0};
+  const bool in_place = false;
+  std::optional<StoredMessage> rec;  // in_place: the record, until `remaining` reaches 0
 };
 
 // Cursor consumer done with entry `e` (its message acked, given up, skipped or let
-// go): the last one lets go of the record. Its caller pins the entry (a Ref, or a
-// Message's pin). acq_rel: every consumer's reads of `h` come before the reset.
+// go), or a hold given back: the last one lets go of the record. Its caller pins the
+// entry (a Ref, or a Message's pin). acq_rel: every reader's reads of the record come
+// before the reset.
 inline void CursorDone(CursorEntry& e) {
-  if (e.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) e.h.reset();
+  if (e.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    e.h.reset();
+    e.rec.reset();
+  }
 }
 
-// A copy of `e.h` for a reader that does not own the delivery it reads for, and may
-// race the CursorDone of the one that does (a redelivery's puller against an older
-// delivery's ack, the timer, DeleteConsumer's sweep): it counts itself in `remaining`
-// while it copies, and gets null when the count was 0 (the record let go). Owners (a
+// The record of `e` for a reader that does not own the delivery it reads for, and
+// may race the CursorDone of the one that does (a redelivery's puller against an
+// older delivery's ack, the timer, DeleteConsumer's sweep): it counts itself in
+// `remaining` while it copies, and gets null when the count was 0 (the record let
+// go). For an entry that holds its record (in_place) the count stays until the hold
+// is given back (its destructor, or a Message's Release after Keep()). Owners (a
 // first delivery's claimer, the timer with an expiry it took) read `h` directly.
-inline Handle PinnedCopy(CursorEntry& e) {
-  if (e.remaining.fetch_add(1, std::memory_order_acq_rel) == 0) {
-    e.remaining.fetch_sub(1, std::memory_order_acq_rel);  // let go already: leave it
-    return nullptr;
+class EntryHold {
+ public:
+  EntryHold() = default;
+  explicit EntryHold(CursorEntry& e) {
+    if (e.remaining.fetch_add(1, std::memory_order_acq_rel) == 0) {
+      e.remaining.fetch_sub(1, std::memory_order_acq_rel);  // let go already: leave it
+      return;
+    }
+    h_ = e.h;
+    if (e.in_place) {
+      e_ = &e;
+    } else {
+      CursorDone(e);  // `h_` owns the record
+    }
   }
-  Handle h = e.h;
-  CursorDone(e);
-  return h;
-}
+  EntryHold(const EntryHold&) = delete;
+  EntryHold& operator=(const EntryHold&) = delete;
+  ~EntryHold() {
+    if (e_ != nullptr) CursorDone(*e_);
+  }
+  const Handle& get() const { return h_; }
+  // The hold passes to a Message (given back by its Release).
+  Handle Keep() {
+    e_ = nullptr;
+    return std::move(h_);
+  }
+
+ private:
+  Handle h_;
+  CursorEntry* e_ = nullptr;
+};
 
 using CursorLog = MessageLog<CursorEntry>;
 
@@ -191,6 +244,18 @@ void CursorWaitRoom(StreamState& stream, std::uint64_t* targets, bool internal, 
 // `limit_ns`: the event's own queue limit, ns after `now` (INT64_MAX: none).
 void PushToCursors(StreamState& stream, const Handle& h, std::uint64_t targets, std::int64_t now,
                    std::int64_t limit_ns);
+// For a publish whose record only cursor consumers take (and the stream keeps no
+// index of its own): claims the stream's next log sequence (next_seq, before Append
+// stores it) and makes its entry holding the record of `event` (moved from), not yet
+// readable. Then, once the stream stored it, PushInPlace must follow under the same
+// hold of the mutex. nullptr (nothing claimed, `event` untouched) when the log could
+// not allocate. Requires stream.mu.
+CursorEntry* ClaimInPlace(StreamState& stream, Event&& event);
+// PushToCursors for ClaimInPlace's entry `e` of sequence `seq`: after it, the
+// entry's record belongs to its consumers, and the publisher reads it no more (an
+// ack may destroy it at once). Requires stream.mu.
+void PushInPlace(StreamState& stream, CursorEntry& e, std::uint64_t seq, std::uint64_t targets,
+                 std::int64_t now, std::int64_t limit_ns);
 // The timer run's part for a cursor consumer: ack_wait expiries (counted, redelivered
 // or given up), delayed naks that came due, the log trimmed; wakes pullers when
 // something is due. The earliest time it needs a run again (INT64_MAX: none).
@@ -235,7 +300,8 @@ inline bool FirstToRelease(CursorEntry& e, std::uint64_t bit) {
 // so the claim must do neither again; else the claim takes it (CursorEntry::taken) and
 // lets go of it.
 bool GivenUpByTimer(ConsumerState& c, CursorEntry& e);
-// Message::Release: its pin given back.
-void CursorUnpin(ConsumerState& c, void* pin);
+// Message::Release: its pin on entry `e` given back, and for an entry that holds its
+// record the Message's count in `remaining` before it (the record may go with it).
+void CursorUnpin(ConsumerState& c, CursorEntry& e, void* pin);
 
 }  // namespace inferq::engine_internal

@@ -339,8 +339,17 @@ class MessageLog {
   // slot is then abandoned: readers see it gone).
   template <class... A>
   bool Publish(std::uint64_t seq, A&&... a) {
+    return Emplace(seq, std::forward<A>(a)...) != nullptr;
+  }
+
+  // Publish that returns the message it made (nullptr: its segment was gone, nothing
+  // made). The caller may go on writing what the log's readers do not read before
+  // some later release of its own (the engine's cursor log: `end`); the message
+  // lives until its segment is recycled, which needs it trimmed or removed first.
+  template <class... A>
+  T* Emplace(std::uint64_t seq, A&&... a) {
     Segment* seg = SegmentForPublish(seq);  // made by Claim; cannot go before our store (inv. 4)
-    if (seg == nullptr) return false;
+    if (seg == nullptr) return nullptr;
     Slot& slot = seg->slot[seq & (slots_ - 1)];
     try {
       ::new (static_cast<void*>(slot.storage)) T(std::forward<A>(a)...);
@@ -350,7 +359,7 @@ class MessageLog {
     }
     // release: a reader that acquires seq sees the constructed T (inv. 1).
     slot.seq.store(seq, std::memory_order_release);
-    return true;
+    return slot.ptr();
   }
 
   // Pins the message of `seq` into `out` (a Reader of its own: one more pin and

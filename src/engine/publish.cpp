@@ -786,7 +786,16 @@ inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedE
     Refuse(stream, std::move(conversion), true, tally);
     return;
   }
-  std::shared_ptr<StoredMessage> stored = AllocateRecord(stream, pe, targets);
+  // A record that only cursor consumers of this one stream take, and that the stream
+  // keeps no index of, lives in its log entry (ClaimInPlace): no allocation, no
+  // reference count; `stored` then owns nothing.
+  // (Should the log fail to allocate, the record is allocated as any other.)
+  engine_internal::CursorEntry* in_place = nullptr;
+  if (cursor_targets != 0 && pe.premade == nullptr && targets.empty() && !stream.keeps_index &&
+      stream.log == nullptr && pe.last && pe.first == nullptr && !flags.internal) {
+    in_place = engine_internal::ClaimInPlace(stream, std::move(pe.event));
+  }
+  std::shared_ptr<StoredMessage> stored = in_place != nullptr ? in_place->h : AllocateRecord(stream, pe, targets);
   if (stored == nullptr) {
     Refuse(stream,
            absl::ResourceExhaustedError("stream '" + cfg.name +
@@ -819,10 +828,11 @@ inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedE
   }
   // The cursor consumers' log: one entry for all of them, and one for every message
   // once the stream has the log (its sequences are the stream's).
+  const std::uint64_t seq = stored->seq;
   if (stream.cursors != nullptr) {
     std::uint64_t closed = 0;
     if (cursor_targets != 0) engine_internal::CursorWaitRoom(stream, &cursor_targets, flags.internal, &closed);
-    engine_internal::PushToCursors(stream, stored, cursor_targets, now, pe.event_limit_ns);
+    if (in_place == nullptr) engine_internal::PushToCursors(stream, stored, cursor_targets, now, pe.event_limit_ns);
     tally.ack.deliveries += static_cast<std::uint32_t>(std::popcount(cursor_targets));
     if (closed != 0) {
       // Closed while this publish waited for room: it will never ack the message (as
@@ -841,10 +851,16 @@ inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedE
         stream.Retire(*stored, engine_internal::kDone);
       }
     }
+    if (in_place != nullptr) {
+      // The last read of the record: from here on an ack may destroy it.
+      engine_internal::PushInPlace(stream, *in_place, seq, cursor_targets, now, pe.event_limit_ns);
+      if (tally.ack.streams_stored == 0 && tally.ack.streams_duplicate == 0) tally.ack.seq = seq;
+      ++tally.ack.streams_stored;
+      return;
+    }
   }
   // enqueue: one delivery per target lane. `stored` may be empty after it
   // (EnqueueTargets); it is not when undelivered_acks > 0.
-  const std::uint64_t seq = stored->seq;
   const std::uint32_t undelivered_acks =
       EnqueueTargets(stream, stored, targets, now, pe.event_limit_ns, flags, tally);
   // A work queue's count drops too (ReleaseInterest): the message stays for the next

@@ -126,7 +126,8 @@ void Message::Release() noexcept {
     }
   }
   if (cursor_pin_ != nullptr) {
-    engine_internal::CursorUnpin(*consumer_, cursor_pin_);
+    // (msg_ owns nothing for an entry that holds its record, and is not read after.)
+    engine_internal::CursorUnpin(*consumer_, *cursor_entry_, cursor_pin_);
     cursor_pin_ = nullptr;
     cursor_entry_ = nullptr;
   }

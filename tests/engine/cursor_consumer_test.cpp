@@ -221,3 +221,50 @@ TEST_CASE("cursor: ttl'd events: a delay action keeps them, a purged one is skip
   }
   CHECK(t.rfind("timers 2", 0) == 0);
 }
+
+TEST_CASE("cursor: a record lives as long as a Message of it, acked or not, and goes with the last") {
+  // The cursor log holds such a record in its entry, not on the heap: its payload's
+  // references show when it goes (1: the test's own only).
+  const std::string t = BothWays([](bool cursor) {
+    ManualClock clock(1'000'000'000);
+    auto e = Make(cursor, clock);
+    REQUIRE(e->AddStream({.name = "S", .subjects = {"work.>"}, .retention = RetentionPolicy::kInterest}).ok());
+    Member a = e->AddConsumer({.stream = "S", .name = "a"})->member(0).value();
+    Member b = e->AddConsumer({.stream = "S", .name = "b"})->member(0).value();
+    const Buffer payload = Buffer::FromString("hello");
+    Event ev = Ev("work.x", "");
+    ev.payload = payload;
+    REQUIRE(e->Publish(std::move(ev)).ok());
+    std::ostringstream o;
+    auto uses = [&](const char* when) { o << when << ": " << payload.use_count() << "\n"; };
+    auto text = [](const Message& m) {
+      return std::string(reinterpret_cast<const char*>(m.event().payload.data()), m.event().payload.size());
+    };
+    uses("stored");
+    std::optional<Message> ma(*a.Next(absl::ZeroDuration()));
+    std::optional<Message> mb(*b.Next(absl::ZeroDuration()));
+    o << "a nak " << Code(ma->Nak()) << "\n";
+    std::optional<Message> ma2(*a.Next(absl::ZeroDuration()));  // the redelivery
+    o << "a attempt " << ma2->attempt() << ", ack " << Code(ma2->Ack()) << ", b ack " << Code(mb->Ack()) << "\n";
+    uses("acked by both, three Messages left");
+    o << "read after the acks: " << text(*ma) << " " << text(*ma2) << " " << text(*mb) << "\n";
+    ma2.reset();
+    mb.reset();
+    uses("one Message left (the nak'd one)");
+    o << "read: " << text(*ma) << "\n";
+    ma.reset();
+    uses("none left");
+    o << Messages(*e, "S") << "\n";
+    return o.str();
+  });
+  CHECK(t ==
+        "stored: 2\n"
+        "a nak OK\n"
+        "a attempt 2, ack OK, b ack OK\n"
+        "acked by both, three Messages left: 2\n"
+        "read after the acks: hello hello hello\n"
+        "one Message left (the nak'd one): 2\n"
+        "read: hello\n"
+        "none left: 1\n"
+        "messages 0, acked_out 1\n");
+}

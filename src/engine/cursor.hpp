@@ -119,10 +119,14 @@ class EntryHold {
  public:
   EntryHold() = default;
   explicit EntryHold(CursorEntry& e) {
-    if (e.remaining.fetch_add(1, std::memory_order_acq_rel) == 0) {
-      e.remaining.fetch_sub(1, std::memory_order_acq_rel);  // let go already: leave it
-      return;
-    }
+    // Never from 0: once the count reached 0 (the record let go, or going) it stays
+    // there, so no reader can see a count another reader's add lifted from 0 and read
+    // a record being destroyed (found by the adversarial review; weak_ptr::lock's
+    // rule).
+    std::uint32_t n = e.remaining.load(std::memory_order_acquire);
+    do {
+      if (n == 0) return;  // let go already: leave it
+    } while (!e.remaining.compare_exchange_weak(n, n + 1, std::memory_order_acq_rel, std::memory_order_acquire));
     h_ = e.h;
     if (e.in_place) {
       e_ = &e;

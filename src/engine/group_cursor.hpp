@@ -462,6 +462,7 @@ class GroupCursor {
       e.out = false;
       e.due_ns = now_ns;
       e.behind = behind;
+      e.order = ++waits_;
       timed_out.push_back({it->first, e.attempt});
       ++it;
     }
@@ -500,38 +501,49 @@ class GroupCursor {
     if (overflow_count_.load(std::memory_order_acquire) == 0) return;
     const std::int64_t deadline = options_.ack_wait_ns > 0 ? Add(now_ns, options_.ack_wait_ns) : kNever;
     std::lock_guard lock(mu_);
-    std::size_t taken = 0;
     const std::uint64_t claimed = next_.load(std::memory_order_acquire);
-    for (auto it = map_.begin(); it != map_.end() && taken < max;) {
-      Entry& e = it->second;
-      if (!e.out && e.behind > claimed) {  // queued behind what is not claimed yet
-        ++it;
-        continue;
+    // The due ones, earliest due first, then in the order they began to wait (Entry::
+    // order): as a lane hands out what was queued again.
+    struct Due {
+      std::int64_t due_ns;
+      std::uint64_t order;
+      std::uint64_t seq;
+      bool operator<(const Due& o) const {
+        return due_ns != o.due_ns ? due_ns < o.due_ns : order != o.order ? order < o.order : seq < o.seq;
       }
+    };
+    std::vector<Due> due;
+    for (const auto& [seq, e] : map_) {
+      if (!e.out && e.behind > claimed) continue;  // queued behind what is not claimed yet
       if (e.superseded) {  // handed out once, to be skipped; Drop removes it
-        if (!e.out) {
-          e.out = true;
-          out.push_back({it->first, e.attempt, true, true});
-          ++taken;
-        }
-        ++it;
+        if (!e.out) due.push_back({std::numeric_limits<std::int64_t>::min(), e.order, seq});
         continue;
       }
-      if (e.due_ns > now_ns || (waiting_only && e.out)) {
-        ++it;
+      if (e.due_ns > now_ns || (waiting_only && e.out)) continue;
+      due.push_back({e.due_ns, e.order, seq});
+    }
+    std::sort(due.begin(), due.end());
+    std::size_t taken = 0;
+    for (const Due& d : due) {
+      if (taken >= max) break;
+      auto it = map_.find(d.seq);
+      Entry& e = it->second;
+      if (e.superseded) {
+        e.out = true;
+        out.push_back({d.seq, e.attempt, true, true});
+        ++taken;
         continue;
       }
       const std::uint32_t next = e.attempt + 1;
       if (options_.max_deliver > 0 && next > options_.max_deliver) {
-        dead.push_back({it->first, e.attempt});
-        it = map_.erase(it);
+        dead.push_back({d.seq, e.attempt});
+        map_.erase(it);
         continue;
       }
       const bool counted = e.counted;
       e = Entry{next, deadline, true};
-      out.push_back({it->first, next, counted});
+      out.push_back({d.seq, next, counted});
       ++taken;
-      ++it;
     }
     overflow_count_.store(map_.size(), std::memory_order_seq_cst);
   }
@@ -570,6 +582,11 @@ class GroupCursor {
     // Waiting: taken only once the cursor reached this sequence (the engine queues a
     // redelivery behind what was published before it; 0: at once).
     std::uint64_t behind = 0;
+    // When it last began to wait (waits_ then), to hand out the due ones in the order
+    // they began to wait, as a lane queues them: not by sequence, which let one
+    // message nak'd again and again starve the others (found by the adversarial
+    // review).
+    std::uint64_t order = 0;
   };
   struct Sample {
     std::uint64_t end;  // next_ at the sample
@@ -625,7 +642,8 @@ class GroupCursor {
     std::lock_guard lock(mu_);  // inv. 2
     Moving carrying(moving_, 1);  // inv. 6
     if (window_.TrySet(seq)) {
-      map_.insert_or_assign(seq, Entry{1, due_ns, out});
+      Entry& e = map_.insert_or_assign(seq, Entry{1, due_ns, out}).first->second;
+      if (!out) e.order = ++waits_;
       overflow_count_.store(map_.size(), std::memory_order_seq_cst);
       return true;
     }
@@ -634,6 +652,7 @@ class GroupCursor {
     if (out && !it->second.out) return false;  // waiting for redelivery: not being worked on
     it->second.due_ns = due_ns;
     it->second.out = out;
+    if (!out) it->second.order = ++waits_;
     return true;
   }
 
@@ -644,7 +663,8 @@ class GroupCursor {
     if (attempt == 1) {
       Moving carrying(moving_, 1);  // inv. 6
       if (window_.TrySet(seq)) {
-        map_.insert_or_assign(seq, Entry{1, due_ns, out, counted, false, behind});
+        Entry& e = map_.insert_or_assign(seq, Entry{1, due_ns, out, counted, false, behind}).first->second;
+        if (!out) e.order = ++waits_;
         overflow_count_.store(map_.size(), std::memory_order_seq_cst);
         return Found::kCurrent;
       }
@@ -656,6 +676,7 @@ class GroupCursor {
     it->second.out = out;
     it->second.counted = counted;
     it->second.behind = behind;
+    if (!out) it->second.order = ++waits_;
     return Found::kCurrent;
   }
 
@@ -682,6 +703,7 @@ class GroupCursor {
   // The overflow map (inv. 2, 3, 5).
   alignas(kCacheLineSize) mutable std::mutex mu_;
   absl::btree_map<std::uint64_t, Entry> map_;  // guarded by mu_
+  std::uint64_t waits_ = 0;  // Entry::order of the last entry that began to wait; mu_
   std::atomic<std::size_t> overflow_count_{0};
   std::atomic<std::size_t> moving_{0};  // inv. 6
   std::vector<Register> registers_;     // NoteClaim: one per member

@@ -785,9 +785,11 @@ TEST_CASE("attempt-aware settles: only the newest delivery, while out, decides")
   CHECK(g.next_due() == 100 * kMs);  // 3 waits since its expiry
   out.clear();
   g.TakeDue(200 * kMs, out, dead);
-  REQUIRE(out.size() == 2);  // 2 (attempt 3) and 3 (attempt 2)
-  CHECK(out[0].seq == 2);
-  CHECK(out[0].attempt == 3);
+  REQUIRE(out.size() == 2);  // 3 (attempt 2, due since 100 ms), then 2 (attempt 3, due since 160 ms)
+  CHECK(out[0].seq == 3);
+  CHECK(out[0].attempt == 2);
+  CHECK(out[1].seq == 2);
+  CHECK(out[1].attempt == 3);
   // Delivery 3 of 2 is max_deliver: its time-out gives it up.
   timed_out.clear();
   g.TimeOut(300 * kMs, timed_out, dead);

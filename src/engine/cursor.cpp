@@ -563,26 +563,15 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
     // A first delivery's claimer owns it (nothing else can be done with it); a
     // redelivery may race an older delivery's ack.
     // An entry that holds its record: the Message counts itself in `remaining` until
-    // its Release (EntryHold::Keep for a redelivery; the owner's own count keeps the
-    // first delivery's add from 0).
-    Handle h;
-    if (attempt == 1) {
-      if (ref->in_place) ref->remaining.fetch_add(1, std::memory_order_relaxed);
-      h = ref->h;
-    } else {
-      h = engine_internal::EntryHold(*ref).Keep();
-    }
+    // its Release (the hold passes to it, Keep); a pull that passes over the entry
+    // gives it back here.
+    engine_internal::EntryHold hold = attempt == 1 ? engine_internal::EntryHold(*ref, engine_internal::EntryHold::Owner{})
+                                                   : engine_internal::EntryHold(*ref);
+    const Handle& h = hold.get();
     if (h == nullptr) {  // settled meanwhile (an older delivery's ack): nothing left to deliver
       (void)g.Drop(seq);
       continue;
     }
-    // The Message's count, given back here when this pull passes over the entry.
-    struct HoldGuard {
-      engine_internal::CursorEntry* e;
-      ~HoldGuard() {
-        if (e != nullptr) engine_internal::CursorDone(*e);
-      }
-    } hold{ref->in_place ? ref.operator->() : nullptr};
     StoredMessage& rec = *h;
     if (rec.state.load(std::memory_order_acquire) == engine_internal::kLive &&
         rec.stream->Expired(rec, c.clock->NowNanos())) {
@@ -616,8 +605,7 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
       if (attempt == 1) g.NoteClaim(index_, seq + 1, now);
       if (c.host != nullptr) c.host->WakeTimer(engine_internal::SatAdd(now, g.options().ack_wait_ns));
     }
-    out.Deliver(std::move(h), consumer_, index_, attempt, now, /*shadow=*/false);
-    hold.e = nullptr;  // the Message's now (Message::Release)
+    out.Deliver(hold.Keep(), consumer_, index_, attempt, now, /*shadow=*/false);  // Message::Release gives it back
     out.cursor_entry_ = ref.operator->();
     out.cursor_pin_ = ref.Detach();  // the Message keeps the entry readable
     if (c.tracer != nullptr) [[unlikely]] TraceDelivery(out, now);

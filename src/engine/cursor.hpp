@@ -114,10 +114,19 @@ inline void CursorDone(CursorEntry& e) {
 // `remaining` while it copies, and gets null when the count was 0 (the record let
 // go). For an entry that holds its record (in_place) the count stays until the hold
 // is given back (its destructor, or a Message's Release after Keep()). Owners (a
-// first delivery's claimer, the timer with an expiry it took) read `h` directly.
+// first delivery's claimer, the timer with an expiry it took) read `h` directly, or
+// take an owner's hold (Owner) when the record must outlive their own CursorDone.
 class EntryHold {
  public:
-  EntryHold() = default;
+  // The hold of the consumer's owner of `e`, whose own count keeps `remaining` above
+  // 0: an add, no check (relaxed: the owner's count orders nothing here).
+  struct Owner {};
+  EntryHold(CursorEntry& e, Owner) : h_(e.h) {
+    if (e.in_place) {
+      e.remaining.fetch_add(1, std::memory_order_relaxed);
+      e_ = &e;
+    }
+  }
   explicit EntryHold(CursorEntry& e) {
     // Never from 0: once the count reached 0 (the record let go, or going) it stays
     // there, so no reader can see a count another reader's add lifted from 0 and read

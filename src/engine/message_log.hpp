@@ -29,8 +29,8 @@
 //     store). Each claimed sequence is published exactly once by its claimer
 //     (Publish), which constructs the T and then stores the sequence into the
 //     slot's `seq` with release; a reader acquires `seq` before it reads the T. A
-//     slot's `seq` is 0 while unpublished (sequences start at 1), and seq | kAbandoned when its T's
-//     constructor threw (readers see it gone).
+//     slot's `seq` is 0 while unpublished (sequences start at 1), and
+//     seq | kAbandoned when its T's constructor threw (readers see it gone).
 //  2. Directory: the segment of index i = s >> segment_bits is found in leaf
 //     (i >> kLeafBits) % 2^top_bits at entry i % 2^kLeafBits. An entry holds 0 (not
 //     made), the Segment* (installed: its `index` is i), or the tombstone 2i + 1
@@ -503,9 +503,7 @@ class MessageLog {
     }
   }
 
-  // Makes segment `index` when its entry is empty (inv. 3): by Claim, before it
-  // claims, so that a Publish never allocates. No-op when it is there or gone.
-  // Throws std::bad_alloc.
+  // Claim and ClaimExclusive (kExclusive: next_ by a load and a store).
   template <bool kExclusive>
   std::uint64_t ClaimAs(std::uint32_t n) {
     if (n == 0 || n > kMaxClaim) {
@@ -530,6 +528,9 @@ class MessageLog {
     }
   }
 
+  // Makes segment `index` when its entry is empty (inv. 3): by Claim, before it
+  // claims, so that a Publish never allocates. No-op when it is there or gone.
+  // Throws std::bad_alloc.
   void EnsureMade(std::uint64_t index) {
     std::atomic<std::uintptr_t>& e = EntryFor(index);
     std::uintptr_t v = e.load(std::memory_order_acquire);

@@ -12,11 +12,13 @@
 /// @endcode
 #pragma once
 
+#include "inferq/base/adaptive_mutex.hpp"
 #include "inferq/base/cache_line.hpp"
 #include "inferq/base/clock.hpp"
 #include "inferq/base/error.hpp"
 #include "inferq/base/histogram.hpp"
 #include "inferq/base/limits.hpp"
+#include "inferq/base/owned_stats.hpp"
 #include "inferq/engine/config.hpp"
 #include "inferq/engine/engine.hpp"
 #include "inferq/engine/lifecycle.hpp"

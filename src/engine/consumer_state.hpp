@@ -32,6 +32,7 @@
 #include "inferq/base/cache_line.hpp"
 #include "inferq/base/clock.hpp"
 #include "inferq/base/histogram.hpp"
+#include "inferq/base/owned_stats.hpp"
 #include "inferq/engine/engine.hpp"
 #include "inferq/engine/lifecycle.hpp"
 #include "inferq/routing/selection.hpp"
@@ -85,11 +86,81 @@ enum MsgState : std::uint8_t {
 // An event with its payload converted to each codec c, null where none is needed.
 using ConvertedEvents = std::array<std::shared_ptr<const Event>, kPayloadCodecs>;
 
+// Moves `from` into `to`, a default-constructed Event, field by field, leaving a
+// string or vector of `from` that is empty alone. Event's own move moves all eight
+// strings, and a short string's move copies its characters with a call to memcpy, also
+// when there are none: about 28 instructions each, where most of an event's strings
+// are empty. `from` is left valid (its moved fields empty, the others as they were).
+// Event's fields in Event's order: a field added to Event and not here (and to
+// TakeEvent) changes Event's size, which the static_assert below catches, on any
+// standard library and target.
+struct TakeEventFields {
+  std::string subject;
+  Uuid task_id;
+  std::string semantic_tag;
+  std::string tenant;
+  Qos qos;
+  std::int32_t priority;
+  TraceContext trace;
+  std::string model;
+  std::string model_version;
+  std::uint32_t schema_id;
+  std::uint32_t schema_version;
+  std::string msg_id;
+  std::string seq_id;
+  std::uint64_t seq_no;
+  absl::Time created;
+  absl::Time deadline;
+  absl::Duration ttl;
+  std::uint32_t attempt;
+  std::vector<std::int64_t> shape;
+  DType dtype;
+  Headers headers;
+  Buffer payload;
+  PayloadCodec codec;
+  std::uint32_t dictionary_id;
+};
+
+inline void TakeEvent(Event& to, Event& from) {
+  static_assert(sizeof(Event) == sizeof(TakeEventFields), "Event changed: update TakeEvent and TakeEventFields");
+  auto take = [](auto& dst, auto& src) {
+    if (!src.empty()) dst = std::move(src);
+  };
+  take(to.subject, from.subject);
+  to.task_id = from.task_id;
+  take(to.semantic_tag, from.semantic_tag);
+  take(to.tenant, from.tenant);
+  to.qos = from.qos;
+  to.priority = from.priority;
+  to.trace = from.trace;
+  take(to.model, from.model);
+  take(to.model_version, from.model_version);
+  to.schema_id = from.schema_id;
+  to.schema_version = from.schema_version;
+  take(to.msg_id, from.msg_id);
+  take(to.seq_id, from.seq_id);
+  to.seq_no = from.seq_no;
+  to.created = from.created;
+  to.deadline = from.deadline;
+  to.ttl = from.ttl;
+  to.attempt = from.attempt;
+  take(to.shape, from.shape);
+  to.dtype = from.dtype;
+  take(to.headers, from.headers);
+  to.payload = std::move(from.payload);
+  to.codec = from.codec;
+  to.dictionary_id = from.dictionary_id;
+}
+
 struct StoredMessage {
   StoredMessage() = default;
-  // The record of the first stream that stores an event holds it (`own`).
+  // The record of the first stream that stores an event holds it (`own`), taken
+  // field by field (TakeEvent).
   // flatten: the Event's move is inlined here (out of line it cost 16 more per publish).
-  [[gnu::flatten]] explicit StoredMessage(Event&& e) : own(std::move(e)) { event = &own; }
+  [[gnu::flatten]] explicit StoredMessage(Event&& e) {
+    TakeEvent(own, e);
+    event = &own;
+  }
   // flatten: the Event's destruction is inlined here too (the record's disposal is
   // on every message's path).
   [[gnu::flatten]] ~StoredMessage() {}
@@ -136,13 +207,15 @@ struct Lane {
   LaneQueue<Delivery> ring;
   int node;  // index into the engine's topology nodes; -1 = the publisher's node
   // Deliveries pulled: deliver_latency_ns.count(), which counts each once (a second
-  // counter would cost every pull another locked instruction).
+  // counter would cost every pull another write).
   std::uint64_t delivered() const { return deliver_latency_ns.count(); }
   alignas(kCacheLineSize) std::atomic<std::int64_t> last_pop_ns{0};  // engine clock; for stall detection
   // Recent publish -> deliver delay, ns: EWMA with alpha 1/8, written by pullers
   // (a lost update between two pullers only loses one sample); flow control reads it.
   std::atomic<std::int64_t> delay_ewma_ns{0};
-  Histogram deliver_latency_ns;  // written by this lane's puller(s) only
+  // Written by this lane's puller(s); the thread that pulls it first owns it and
+  // records without a locked instruction (base/owned_stats.hpp).
+  OwnedHistogram deliver_latency_ns;
   // Batches returned by either NextBatch form, by their size: [k] counts sizes in
   // [2^k, 2^(k+1)), the last bucket everything above (ConsumerStats::batches_by_size).
   std::array<std::atomic<std::uint64_t>, kBatchSizeBuckets> batch_sizes{};
@@ -511,11 +584,24 @@ struct ConsumerState {
   alignas(kCacheLineSize) ConsumerCounts<std::atomic<std::uint64_t>> counts;
   // Member::NextBatch(timeout): one batcher per member (ConsumerConfig::batch).
   std::vector<std::unique_ptr<Batcher>> batchers;
-  // Explicit-ack deliveries handed out and not yet settled (ack, nak, expiry).
+  // Explicit-ack deliveries handed out and not yet settled (ack, nak, expiry):
+  // Unsettled(). With max_ack_pending, in `unsettled`, the slots ReserveSlot takes;
+  // without, a statistic only, in `unsettled_out` (no locked instruction for its owner).
   std::atomic<std::int64_t> unsettled{0};
+  OwnedCounter unsettled_out;
+  // A delivery handed out without a reserved slot (CountOut), and the count read.
+  void CountOut() {
+    if (max_ack_pending > 0) {
+      unsettled.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      unsettled_out.Add(1);
+    }
+  }
+  std::int64_t Unsettled() const { return unsettled.load(std::memory_order_relaxed) + unsettled_out.Load(); }
   // Delivery-to-ack times, one per ack that settled its message: its count() is
   // ConsumerStats::acked (counts.acked stays 0), so an ack updates one statistic.
-  Histogram ack_latency_ns;
+  // The first thread to ack owns it and records without a locked instruction.
+  OwnedHistogram ack_latency_ns;
 
   // Messages handed out by this consumer's members and not yet destroyed; kept in
   // debug builds only (~Engine checks that none outlives the engine).
@@ -548,6 +634,10 @@ struct ConsumerState {
   // only when there are any (slot_waiters): a settle with nobody waiting takes no
   // lock.
   void Unsettle(std::int64_t n = 1) {
+    if (max_ack_pending <= 0) {
+      unsettled_out.Add(-n);
+      return;
+    }
     unsettled.fetch_sub(n, std::memory_order_seq_cst);
     if (max_ack_pending > 0 && slot_waiters.load(std::memory_order_seq_cst) > 0) {
       std::lock_guard lock(slot_mu);  // no lost wake-up between check and wait

@@ -235,7 +235,7 @@ void PushInPlace(StreamState& stream, CursorEntry& e, std::uint64_t seq, std::ui
     e.rec.reset();
   } else {
     // relaxed: `end`'s store in ReleaseEntry publishes it.
-    e.remaining.store(static_cast<std::uint32_t>(std::popcount(targets)), std::memory_order_relaxed);
+    e.remaining.store(ConsumerCount(targets), std::memory_order_relaxed);
   }
   ReleaseEntry(stream, seq, targets, limit);
 }
@@ -416,7 +416,7 @@ bool CursorMayRelease(ConsumerState& c, CursorEntry& e) {
 
 std::uint64_t CursorTimers(ConsumerState& c, std::int64_t now) {
   CursorState& k = *c.cursor;
-  const std::int64_t out = c.tracked ? std::max<std::int64_t>(0, c.unsettled.load(std::memory_order_relaxed)) : 0;
+  const std::int64_t out = c.tracked ? std::max<std::int64_t>(0, c.Unsettled()) : 0;
   std::int64_t limits;
   {
     std::lock_guard lock(k.limits_mu);
@@ -448,7 +448,9 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
   ConsumerState& c = *consumer_;
   engine_internal::CursorState& k = *c.cursor;
   GroupCursor& g = k.cursor;
-  CursorLog::Reader& reader = *k.readers[index_];
+  engine_internal::CursorState::MemberReader& mine = *k.readers[index_];
+  std::optional<CursorLog::Reader> own;  // a thread that is not the member reader's owner
+  CursorLog::Reader& reader = mine.owner.IsMine() ? mine.reader : own.emplace(k.owner->log);
   std::vector<GroupCursor::Redelivery> due, dead;
   std::uint64_t seq = 0;
   std::uint32_t attempt = 0;
@@ -458,7 +460,7 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
   auto take = [&] {
     if (g.held() > 0) {
       due.clear();
-      g.TakeDue(c.clock->NowNanos(), due, dead, 1, /*waiting_only=*/true);
+      g.TakeDue(c.clock->NowNanos(), due, dead, 1, /*waiting_only=*/true, index_);
       if (!due.empty()) {
         seq = due[0].seq;
         attempt = due[0].attempt;
@@ -573,8 +575,10 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
       continue;
     }
     StoredMessage& rec = *h;
-    if (rec.state.load(std::memory_order_acquire) == engine_internal::kLive &&
-        rec.stream->Expired(rec, c.clock->NowNanos())) {
+    // One reading of the clock for this delivery: its max_age check, its queue limit
+    // and its times (a batch's reading for a first delivery that was queued already).
+    const std::int64_t now = now_ns >= 0 && attempt == 1 ? now_ns : c.clock->NowNanos();
+    if (rec.state.load(std::memory_order_acquire) == engine_internal::kLive && rec.stream->Expired(rec, now)) {
       rec.stream->Retire(rec, engine_internal::kDiscarded);  // aged out (max_age) while it waited
     }
     if (rec.state.load(std::memory_order_acquire) == engine_internal::kDiscarded) {
@@ -585,7 +589,6 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
       continue;
     }
     if (c.host != nullptr) c.host->FlushOutboxIfPending();
-    const std::int64_t now = now_ns >= 0 && attempt == 1 ? now_ns : c.clock->NowNanos();
     if (attempt == 1 && ref->limit_ns <= now && c.enforce_event_ttl) {
       // Its own queue limit passed while it waited: given up, not delivered. A
       // DeleteConsumer's sweep that saw this claim (IsOut) may have let go of it
@@ -600,7 +603,7 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
     Lane& lane = *c.lanes[index_];
     engine_internal::RecordCursorDelivery(lane, now, h->publish_ns);
     c.group->OnQueued(index_);  // the member's load, which its settle takes back (OnDone)
-    c.unsettled.fetch_add(1, std::memory_order_relaxed);
+    c.CountOut();
     if (g.options().ack_wait_ns > 0) {
       if (attempt == 1) g.NoteClaim(index_, seq + 1, now);
       if (c.host != nullptr) c.host->WakeTimer(engine_internal::SatAdd(now, g.options().ack_wait_ns));
@@ -622,13 +625,21 @@ absl::Status Message::SettleCursor(Settlement how, std::int64_t delay_ns, std::s
   using Found = GroupCursor::Found;
   switch (how) {
     case Settlement::kAck: {
-      const GroupCursor::Acked a = g.AckDelivery(seq);
+      const GroupCursor::Acked a = g.AckDelivery(seq, attempt_);
       if (!a.settled) {
         c.counts.late_acks.fetch_add(1, std::memory_order_relaxed);
         return absl::OkStatus();
       }
       if (a.was_out) c.Unsettle();
-      c.group->OnDone(member_, Outcome::kSuccess, latency, now);
+      // This delivery's work ends here only when it was the one out. A delivery whose
+      // ack wait expired was counted done then (a failure, CursorTimers); a newer one
+      // out with another member ends unfinished, as a lane consumer counts it (found
+      // by the adversarial review: a late ack counted its member's work done twice).
+      if (a.mine) {
+        c.group->OnDone(member_, Outcome::kSuccess, latency, now);
+      } else if (a.other_member != GroupCursor::kUnknownMember) {
+        c.group->OnDone(a.other_member, Outcome::kDropped, 0);
+      }
       c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
       if (c.config.batch.adaptive) c.batchers[member_]->ObserveRtt(latency);
       if (engine_internal::CursorMayRelease(c, *cursor_entry_)) (void)engine_internal::RetireOnSettle(c, *msg_);

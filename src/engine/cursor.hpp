@@ -38,6 +38,7 @@
 #pragma once
 
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -50,11 +51,20 @@
 
 #include "absl/status/status.h"
 #include "consumer_state.hpp"
+#include "inferq/base/owned_stats.hpp"
 #include "group_cursor.hpp"
 #include "inferq/ring/event_count.hpp"
 #include "message_log.hpp"
 
 namespace inferq::engine_internal {
+
+// The consumers in a mask of them. Most messages are for one consumer: a single bit
+// is counted without std::popcount, which Debian's baseline x86-64 (no POPCNT) makes
+// a call into libgcc of about 20 instructions.
+inline std::uint32_t ConsumerCount(std::uint64_t mask) {
+  if ((mask & (mask - 1)) == 0) return mask != 0 ? 1 : 0;
+  return static_cast<std::uint32_t>(std::popcount(mask));
+}
 
 // One stored message in a stream's cursor log.
 struct CursorEntry {
@@ -62,7 +72,7 @@ struct CursorEntry {
       : h(std::move(record)),
         mask(consumers),
         limit_ns(limit),
-        remaining(static_cast<std::uint32_t>(std::popcount(consumers))) {}
+        remaining(ConsumerCount(consumers)) {}
   // The record held in this entry itself (in_place): made from `event` before the
   // stream stores it (ClaimInPlace), its consumers and limit set by PushInPlace
   // before any reader can see the entry (StreamCursors::end).
@@ -182,7 +192,7 @@ struct CursorState {
   CursorState(const GroupCursor::Options& o, std::shared_ptr<StreamCursors> s, std::uint64_t b,
               std::uint32_t members, std::uint64_t cap)
       : owner(std::move(s)), cursor(o), stream(owner.get()), bit(b), capacity(cap), timer_reader(owner->log) {
-    for (std::uint32_t i = 0; i < members; ++i) readers.push_back(std::make_unique<CursorLog::Reader>(owner->log));
+    for (std::uint32_t i = 0; i < members; ++i) readers.push_back(std::make_unique<MemberReader>(owner->log));
   }
   // The log outlives its readers (declared first: destroyed last), also when the
   // stream was deleted before this consumer goes.
@@ -193,7 +203,16 @@ struct CursorState {
   // Publishers wait (overflow block) while this many sequences are published and not
   // claimed: members x lane_capacity.
   std::uint64_t capacity;
-  std::vector<std::unique_ptr<CursorLog::Reader>> readers;  // one per member
+  // One per member, kept by the thread that pulls the member first: a Reader is for
+  // one thread at a time, and any number of threads may pull one member (another
+  // thread reads through a Reader of its own for the pull; found by the adversarial
+  // review: two threads' pins of one Reader raced, and one segment was never let go).
+  struct MemberReader {
+    explicit MemberReader(CursorLog& log) : reader(log) {}
+    ThreadOwner owner;
+    CursorLog::Reader reader;
+  };
+  std::vector<std::unique_ptr<MemberReader>> readers;
   CursorLog::Reader timer_reader;                           // the timer run's
   EventCount data;  // pullers wait for a publish (or a due redelivery)
   EventCount room;  // publishers wait for a claim (overflow block)

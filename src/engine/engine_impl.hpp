@@ -374,6 +374,17 @@ struct Engine::Impl final : engine_internal::ConsumerHost {
   bool Route(std::string_view subject, StreamState* only, bool matched, Capturing* capturing);
   // Converts the payload for every consumer of the capturing streams that does not
   // accept its codec, once per target codec, before anything is stored.
+  // Whether ConvertBeforeStore may have work: a payload, not internal, and a
+  // capturing stream with a consumer that restricts codecs. Inline, so that most
+  // publishes (no such consumer) skip the call and its Status.
+  static bool MayConvert(const Event& event, const Capturing& capturing, const PublishFlags& flags) {
+    if (event.payload.empty() || flags.internal) return false;
+    for (const CapturingStream& route : capturing) {
+      // relaxed: as in ConvertBeforeStore.
+      if (route.value->codec_restricted.load(std::memory_order_relaxed) != 0) return true;
+    }
+    return false;
+  }
   absl::Status ConvertBeforeStore(const Event& event, const Capturing& capturing,
                                   const PublishFlags& flags, Converted* converted);
   // Admits, selects and enqueues the event in one stream (`route.value`), or records

@@ -128,10 +128,18 @@ class GroupCursor {
     bool superseded = false;
   };
 
+  // A member index that names none (the value of routing's kNoMember).
+  static constexpr std::uint32_t kUnknownMember = std::numeric_limits<std::uint32_t>::max();
+
   // What AckDelivery found.
   struct Acked {
     bool settled = false;  // this call settled the message (false: it was done already)
     bool was_out = false;  // a delivery of it was out (not waiting for redelivery)
+    // The delivery out was the acked one (of `attempt`): its member's work is done.
+    bool mine = false;
+    // Another delivery (a newer one) was out, with this member (kUnknownMember: not
+    // known): its work ends unfinished (the ack of an older delivery won).
+    std::uint32_t other_member = kUnknownMember;
   };
 
   // Throws std::invalid_argument for window_word_bits > 20, start not in 1..2^62 (the
@@ -197,8 +205,9 @@ class GroupCursor {
   // A redelivery already counted (queued, in the engine's terms) that this ack settles
   // stays in the map, superseded, until a member takes it (TakeDue) and skips it: the
   // engine counts such a copy when a member passes over it, as it does one on a lane.
-  Acked AckDelivery(std::uint64_t seq) {
-    if (window_.TrySet(seq)) return {true, true};
+  // `attempt`: which delivery of it is acked (1: the first).
+  Acked AckDelivery(std::uint64_t seq, std::uint32_t attempt) {
+    if (window_.TrySet(seq)) return {true, true, true};
     std::lock_guard lock(mu_);
     auto it = map_.find(seq);
     if (it == map_.end() || it->second.superseded) return {};
@@ -208,9 +217,11 @@ class GroupCursor {
       it->second.due_ns = std::numeric_limits<std::int64_t>::min();
       return {true, false};
     }
+    const bool mine = out && it->second.attempt == attempt;
+    const std::uint32_t other = out && !mine ? it->second.member : kUnknownMember;
     map_.erase(it);
     overflow_count_.store(map_.size(), std::memory_order_seq_cst);
-    return {true, out};
+    return {true, out, mine, other};
   }
 
   // True when `seq` is done: settled in the window and not held in the map.
@@ -496,8 +507,11 @@ class GroupCursor {
   // max_deliver, to `dead` (removed).
   // `waiting_only`: only those waiting for redelivery; a delivery out whose deadline
   // passed stays for TimeOut (the engine counts the time-out there).
+  // `member`: the member they are handed to (kUnknownMember: not known; AckDelivery
+  // reports it when an older delivery's ack wins over one of them).
   void TakeDue(std::int64_t now_ns, std::vector<Redelivery>& out, std::vector<Redelivery>& dead,
-               std::size_t max = std::numeric_limits<std::size_t>::max(), bool waiting_only = false) {
+               std::size_t max = std::numeric_limits<std::size_t>::max(), bool waiting_only = false,
+               std::uint32_t member = kUnknownMember) {
     if (overflow_count_.load(std::memory_order_acquire) == 0) return;
     const std::int64_t deadline = options_.ack_wait_ns > 0 ? Add(now_ns, options_.ack_wait_ns) : kNever;
     std::lock_guard lock(mu_);
@@ -542,6 +556,7 @@ class GroupCursor {
       }
       const bool counted = e.counted;
       e = Entry{next, deadline, true};
+      e.member = member;
       out.push_back({d.seq, next, counted});
       ++taken;
     }
@@ -587,6 +602,9 @@ class GroupCursor {
     // message nak'd again and again starve the others (found by the adversarial
     // review).
     std::uint64_t order = 0;
+    // Out: the member it is with, when known (TakeDue). Last: Entry{...} is written
+    // positionally.
+    std::uint32_t member = kUnknownMember;
   };
   struct Sample {
     std::uint64_t end;  // next_ at the sample

@@ -39,11 +39,15 @@ absl::Status OutOfMemoryFor(const EventView& v) {
 
 }  // namespace
 
+// Untraced, straight to PublishEvent: one call less per publish than through
+// Publish(Event&&, mode), which checks the tracer again.
 absl::StatusOr<PublishAck> Engine::Publish(Event event) {
+  if (impl_->tracer == nullptr) [[likely]] return PublishEvent(std::move(event), PublishMode::kWait, nullptr, nullptr);
   return Publish(std::move(event), PublishMode::kWait);
 }
 
 absl::StatusOr<PublishAck> Engine::TryPublish(Event event) {
+  if (impl_->tracer == nullptr) [[likely]] return PublishEvent(std::move(event), PublishMode::kTry, nullptr, nullptr);
   return Publish(std::move(event), PublishMode::kTry);
 }
 
@@ -103,6 +107,10 @@ PublishBatchResult Engine::PublishRun(std::span<Event> events, std::span<const E
   // A view's record, which holds `event` (assigned per view; always empty for Events,
   // which then pay no construction or destruction of it per event).
   std::shared_ptr<StoredMessage> premade;
+  // An engine of cursor consumers makes a view's event here instead, to be moved
+  // into its log entry (as PublishView does); reused, CopyTo clears what a view
+  // leaves empty.
+  Event scratch;
   for (; result.published < count; ++result.published) {
     Event* prepared;
     if (views.empty()) [[likely]] {
@@ -119,12 +127,22 @@ PublishBatchResult Engine::PublishRun(std::span<Event> events, std::span<const E
         result.status = RefuseView(v, std::move(s));
         break;
       }
-      premade = MakeRecord(v);
-      if (premade == nullptr) {
-        result.status = RefuseView(v, OutOfMemoryFor(v));
-        break;
+      if (impl_->cursor_consumers) {
+        try {
+          v.CopyTo(scratch);
+        } catch (const std::bad_alloc&) {
+          result.status = RefuseView(v, OutOfMemoryFor(v));
+          break;
+        }
+        prepared = &scratch;
+      } else {
+        premade = MakeRecord(v);
+        if (premade == nullptr) {
+          result.status = RefuseView(v, OutOfMemoryFor(v));
+          break;
+        }
+        prepared = &premade->own;
       }
-      prepared = &premade->own;
     }
     Event& event = *prepared;
     absl::StatusOr<PublishAck> r;
@@ -188,6 +206,20 @@ absl::StatusOr<PublishAck> Engine::PublishView(const EventView& view) {
     impl_->Count(impl_->invalid, Impl::FlagsOf(PublishMode::kWait));
     return RefuseView(view, std::move(s));
   }
+  if (impl_->cursor_consumers) {
+    // An engine of cursor consumers holds most records in their log entries
+    // (ClaimInPlace): the event is made here, on the stack, and moved there (TakeEvent
+    // moves only the fields the view set), with no record allocated.
+    Event event;
+    try {
+      view.CopyToNew(event);
+    } catch (const std::bad_alloc&) {
+      return RefuseView(view, OutOfMemoryFor(view));
+    }
+    if (impl_->tracer != nullptr) return Publish(std::move(event), PublishMode::kWait);  // the traced path
+    return PublishEvent(std::move(event), PublishMode::kWait, nullptr, nullptr);
+  }
+  // Lane consumers take a shared record: made once, here, from the view.
   std::shared_ptr<StoredMessage> rec = MakeRecord(view);
   if (rec == nullptr) return RefuseView(view, OutOfMemoryFor(view));
   if (impl_->tracer != nullptr) return Publish(std::move(rec->own), PublishMode::kWait);  // the traced path
@@ -300,9 +332,11 @@ absl::StatusOr<PublishAck> Engine::PublishEvent(Event&& event, PublishMode mode,
   }
   // convert: payloads for consumers that need another codec, before anything is stored.
   Impl::Converted converted{};
-  if (absl::Status s = impl_->ConvertBeforeStore(event, capturing, flags, &converted); !s.ok()) {
-    impl_->Count(impl_->invalid, flags);
-    return s;
+  if (Impl::MayConvert(event, capturing, flags)) {
+    if (absl::Status s = impl_->ConvertBeforeStore(event, capturing, flags, &converted); !s.ok()) {
+      impl_->Count(impl_->invalid, flags);
+      return s;
+    }
   }
   // admit -> select -> enqueue, stream by stream. One Event is shared by every stream
   // and every delivery, made when the first stream stores it, from the pools of the
@@ -766,7 +800,7 @@ inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedE
   SelectTargets(stream, route, ev, now, &targets, &explicit_acks, &cursor_targets);
   // Full lanes refuse before anything changes. Internal publishes (dead letters) never
   // wait and never refuse: a full lane parks them (EnqueueTargets).
-  if (!flags.internal) {
+  if (!flags.internal && !targets.empty()) {
     bool busy = false;
     if (absl::Status full = CheckLanes(cfg, ev, targets, flags, &busy); !full.ok()) {
       Refuse(stream, std::move(full), flags.count_refusals, tally, busy);
@@ -833,7 +867,7 @@ inline void Engine::Impl::PublishLocked(const CapturingStream& route, PublishedE
     std::uint64_t closed = 0;
     if (cursor_targets != 0) engine_internal::CursorWaitRoom(stream, &cursor_targets, flags.internal, &closed);
     if (in_place == nullptr) engine_internal::PushToCursors(stream, stored, cursor_targets, now, pe.event_limit_ns);
-    tally.ack.deliveries += static_cast<std::uint32_t>(std::popcount(cursor_targets));
+    tally.ack.deliveries += engine_internal::ConsumerCount(cursor_targets);
     if (closed != 0) {
       // Closed while this publish waited for room: it will never ack the message (as
       // a lane closed under a blocked publisher).

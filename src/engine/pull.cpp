@@ -278,7 +278,7 @@ absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t
       if (slot.held) {
         slot.held = false;  // the reserved slot is this delivery's
       } else {
-        c.unsettled.fetch_add(1, std::memory_order_relaxed);
+        c.CountOut();
       }
     }
     out.Deliver(std::move(h), consumer_, index_, d.attempt, now, d.shadow);

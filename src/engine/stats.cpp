@@ -147,7 +147,7 @@ EngineStats Engine::Stats() const {
     });
     cs.acked = c->ack_latency_ns.count();  // ConsumerState::ack_latency_ns
     cs.ack_pending = static_cast<std::uint64_t>(
-        std::max<std::int64_t>(0, c->unsettled.load(std::memory_order_relaxed)));
+        std::max<std::int64_t>(0, c->Unsettled()));
     if (c->reading_backlog.load(std::memory_order_acquire)) {
       // The messages of the stream from its backlog's position on.
       const engine_internal::StreamState& s = *c->stream;

@@ -25,7 +25,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <pthread.h>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -36,7 +35,9 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "inferq/base/adaptive_mutex.hpp"
 #include "inferq/base/cache_line.hpp"
+#include "inferq/base/owned_stats.hpp"
 #include "consumer_state.hpp"
 #include "handle_queue.hpp"
 #include "inferq/engine/engine.hpp"
@@ -169,34 +170,12 @@ struct Purge {
   std::uint64_t removed_tx = 0;
 };
 
-// StreamState::mu: a mutex that spins a little before it sleeps (glibc's adaptive
-// mutex, PTHREAD_MUTEX_ADAPTIVE_NP: up to glibc.pthread.mutex_spin_count tries, 100
-// by default). Publishers hold it for a short critical section; several publishers of
-// one stream (the replicas of the main example) otherwise put each other to sleep
-// and pay a futex wake on every contended unlock. A std::mutex where glibc's adaptive
-// type is not available. Lockable: lock, try_lock, unlock.
-class StreamMutex {
- public:
-  StreamMutex() = default;
-  StreamMutex(const StreamMutex&) = delete;
-  StreamMutex& operator=(const StreamMutex&) = delete;
-#if defined(PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP)
-  ~StreamMutex() { pthread_mutex_destroy(&m_); }
-  void lock() { pthread_mutex_lock(&m_); }
-  bool try_lock() { return pthread_mutex_trylock(&m_) == 0; }
-  void unlock() { pthread_mutex_unlock(&m_); }
-
- private:
-  pthread_mutex_t m_ = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
-#else
-  void lock() { m_.lock(); }
-  bool try_lock() { return m_.try_lock(); }
-  void unlock() { m_.unlock(); }
-
- private:
-  std::mutex m_;
-#endif
-};
+// StreamState::mu: spins a little before it sleeps (base/adaptive_mutex.hpp).
+// Publishers hold it for a short critical section; several publishers of one stream
+// (the replicas of the main example) would otherwise put each other to sleep and pay
+// a futex wake on every contended unlock. Inline, its uncontended pair costs about a
+// tenth of glibc's adaptive pthread mutex's calls, which it replaced.
+using StreamMutex = AdaptiveMutex;
 
 struct StreamCursors;  // cursor.hpp
 
@@ -401,7 +380,9 @@ struct StreamState {
   //  2. RetireCounts::msgs / bytes only grow, in Retire, by the thread whose state
   //     CAS retires the message: a publisher under mu (limits, max_age) or, under
   //     interest retention, the member whose ack was the last (settle.cpp). They
-  //     have a cache line of their own.
+  //     have a cache line of their own, and are OwnedCounters: the thread that
+  //     retires first (the acking member, most often the only one) adds without a
+  //     locked instruction; each part's release pairs with a reader's acquire.
   //  3. A message is retired only after its Append (its record reaches a retiring
   //     thread through mu or a lane), so retired <= added, and under mu the
   //     difference is exact but for retirements not yet visible (a count read
@@ -441,8 +422,8 @@ struct StreamState {
   std::atomic<std::uint32_t> blocked_publishers{0};
   // What Retire counts (invariant 2), on a cache line of its own.
   struct alignas(kCacheLineSize) RetireCounts {
-    std::atomic<std::int64_t> msgs{0};
-    std::atomic<std::int64_t> bytes{0};
+    OwnedCounter msgs;
+    OwnedCounter bytes;
     std::atomic<std::uint64_t> discarded{0};
     std::atomic<std::uint64_t> purged{0};
   };
@@ -455,19 +436,19 @@ struct StreamState {
   // (release, Retire), so the later load of the added count includes it: the
   // difference is never negative.
   std::int64_t LiveMsgs() const {
-    const std::int64_t out = retired.msgs.load(std::memory_order_acquire);
+    const std::int64_t out = retired.msgs.Load(std::memory_order_acquire);
     return added_msgs.load(std::memory_order_relaxed) - out;
   }
   // StreamStats::acked_out (invariant 5): a lower bound while retirements race the
   // read, exact once they are visible.
   std::uint64_t AckedOut() const {
-    const auto msgs = static_cast<std::uint64_t>(retired.msgs.load(std::memory_order_acquire));
+    const auto msgs = static_cast<std::uint64_t>(retired.msgs.Load(std::memory_order_acquire));
     const std::uint64_t other = retired.discarded.load(std::memory_order_relaxed) +
                                 retired.purged.load(std::memory_order_relaxed);
     return msgs > other ? msgs - other : 0;
   }
   std::int64_t LiveBytes() const {
-    const std::int64_t out = retired.bytes.load(std::memory_order_acquire);
+    const std::int64_t out = retired.bytes.Load(std::memory_order_acquire);
     return added_bytes.load(std::memory_order_relaxed) - out;
   }
   // Live messages and bytes as they were at one instant, for a reader without mu
@@ -491,8 +472,8 @@ struct StreamState {
     std::int64_t msgs = added_msgs.load(std::memory_order_acquire);
     std::int64_t bytes = added_bytes.load(std::memory_order_acquire);
     for (int i = 0; i < kTries; ++i) {
-      const std::int64_t gone_msgs = retired.msgs.load(std::memory_order_acquire);
-      const std::int64_t gone_bytes = retired.bytes.load(std::memory_order_acquire);
+      const std::int64_t gone_msgs = retired.msgs.Load(std::memory_order_acquire);
+      const std::int64_t gone_bytes = retired.bytes.Load(std::memory_order_acquire);
       out = {std::max<std::int64_t>(0, msgs - gone_msgs), std::max<std::int64_t>(0, bytes - gone_bytes)};
       const std::int64_t msgs_again = added_msgs.load(std::memory_order_acquire);
       const std::int64_t bytes_again = added_bytes.load(std::memory_order_acquire);
@@ -527,8 +508,8 @@ struct StreamState {
     // release: pairs with LiveMsgs / LiveBytes (invariant 3).
     // The reason's count first (invariant 5), then the live counts.
     if (to != kDone) (purge ? retired.purged : retired.discarded).fetch_add(1, std::memory_order_relaxed);
-    retired.msgs.fetch_add(1, std::memory_order_release);
-    retired.bytes.fetch_add(static_cast<std::int64_t>(m.bytes), std::memory_order_release);
+    retired.msgs.Add(1, std::memory_order_release);
+    retired.bytes.Add(static_cast<std::int64_t>(m.bytes), std::memory_order_release);
     return true;
   }
 
@@ -541,8 +522,8 @@ struct StreamState {
     if (why != Removal::kAck) {
       (why == Removal::kPurge ? retired.purged : retired.discarded).fetch_add(1, std::memory_order_relaxed);
     }
-    retired.msgs.fetch_add(1, std::memory_order_release);  // pairs with LiveMsgs
-    retired.bytes.fetch_add(static_cast<std::int64_t>(e.bytes), std::memory_order_release);
+    retired.msgs.Add(1, std::memory_order_release);  // pairs with LiveMsgs
+    retired.bytes.Add(static_cast<std::int64_t>(e.bytes), std::memory_order_release);
   }
   // kFile: drops the front entry of the index, counting it out unless it was
   // removed already. Requires mu.

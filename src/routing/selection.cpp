@@ -216,7 +216,7 @@ void MemberGroup::OnDone(std::uint32_t m, Outcome outcome, std::int64_t latency_
                          std::int64_t now) {
   Member& mem = members_[m];
   // release: pairs with Outstanding's acquire (invariant 2 of Member).
-  mem.done.fetch_add(1, std::memory_order_release);
+  mem.done.Add(1, std::memory_order_release);
   if (outcome == Outcome::kDropped) return;
   std::lock_guard lock(mem.mu);
   if (outcome == Outcome::kFailure) {
@@ -231,7 +231,7 @@ void MemberGroup::OnDoneMany(std::uint32_t m, std::span<const std::int64_t> late
   if (latencies_ns.empty()) return;
   Member& mem = members_[m];
   // release: pairs with Outstanding's acquire (invariant 2 of Member).
-  mem.done.fetch_add(latencies_ns.size(), std::memory_order_release);
+  mem.done.Add(static_cast<std::int64_t>(latencies_ns.size()), std::memory_order_release);
   std::lock_guard lock(mem.mu);
   for (const std::int64_t latency_ns : latencies_ns) Success(mem, m, latency_ns, now);
 }

@@ -162,6 +162,21 @@ class Histogram {
     Widen(v, v);
   }
 
+  /// Record for a histogram that has one writer thread: every Record, RecordMany
+  /// and RecordSingleWriter of it comes from that thread (Snapshot and count() from
+  /// any). Relaxed loads and stores instead of atomic adds, so no locked
+  /// instruction; a read-modify-write of another thread racing it could be lost,
+  /// which the precondition rules out. For a per-thread part of a statistic that
+  /// many threads may write (the engine's member histograms).
+  void RecordSingleWriter(std::uint64_t v) {
+    // relaxed: as Record; exact because nobody else writes (the precondition).
+    std::atomic<std::uint64_t>& bucket = counts_[histogram_internal::BucketOf(v)];
+    bucket.store(bucket.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    sum_.store(sum_.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+    if (v < min_.load(std::memory_order_relaxed)) min_.store(v, std::memory_order_relaxed);
+    if (v > max_.load(std::memory_order_relaxed)) max_.store(v, std::memory_order_relaxed);
+  }
+
   /// Records every value of `values`, as Record does each, with fewer atomic adds:
   /// values that fall in one bucket are added to it at once (up to 8 buckets per
   /// call are gathered; a value of a ninth goes to its bucket alone), and the count,

@@ -65,8 +65,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "inferq/base/adaptive_mutex.hpp"
 #include "inferq/base/cache_line.hpp"
 #include "inferq/base/clock.hpp"
+#include "inferq/base/owned_stats.hpp"
 #include "inferq/event/event.hpp"
 
 namespace inferq {
@@ -269,7 +271,7 @@ class MemberGroup {
   /// One more unit of work was queued for member m.
   void OnQueued(std::uint32_t m) {
     // relaxed: a count; Outstanding's acquire load of `done` orders what it needs.
-    members_[m].queued.fetch_add(1, std::memory_order_relaxed);
+    members_[m].queued.Add(1);
   }
   /// A unit of work of member m ended; `latency_ns` is its delivery-to-ack time
   /// (ignored unless kSuccess). Updates health and the latency estimates.
@@ -310,12 +312,15 @@ class MemberGroup {
   ///     OnDone of that unit; Outstanding loads `done` first (acquire, pairing with
   ///     OnDone's release), so it never counts the end of a unit whose start it
   ///     missed.
+  ///  3. Each is an OwnedCounter (base/owned_stats.hpp): the thread that writes one
+  ///     first (the publisher, the member's thread) adds without a locked
+  ///     instruction; an acquire Load pairs with the release Add of either part.
   struct alignas(kCacheLineSize) Member {
-    std::atomic<std::int64_t> queued{0};
-    alignas(kCacheLineSize) std::atomic<std::int64_t> done{0};
+    OwnedCounter queued;
+    alignas(kCacheLineSize) OwnedCounter done;
     std::atomic<double> peak_ewma_ns{0};
     std::atomic<double> score{0};
-    std::mutex mu;  // guards the rest
+    AdaptiveMutex mu;  // guards the rest (short sections: OnDone runs on every ack)
     MemberHealth health = MemberHealth::kHealthy;
     std::uint32_t consecutive_failures = 0;
     std::uint32_t consecutive_successes = 0;
@@ -344,8 +349,8 @@ class MemberGroup {
   /// Member m's queued + in-flight units (invariant 2 of Member).
   std::int64_t Outstanding(std::uint32_t m) const {
     const Member& mem = members_[m];
-    const std::int64_t done = mem.done.load(std::memory_order_acquire);
-    return mem.queued.load(std::memory_order_relaxed) - done;
+    const std::int64_t done = mem.done.Load(std::memory_order_acquire);
+    return mem.queued.Load() - done;
   }
   void Failure(Member& mem, std::uint32_t index, std::int64_t now);  ///< requires mem.mu
   /// OnDone's kSuccess, after `done` was counted. Requires mem.mu.

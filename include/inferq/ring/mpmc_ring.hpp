@@ -40,12 +40,15 @@
 ///     63-bit tickets wrap (after 2^63 operations; a test starts near the wrap).
 ///  6. With no operation running, items live exactly in the slots of tickets
 ///     [tail_, head_); the destructor destroys those.
-///  7. Layout: slots of at most half a cache line are packed k to a line and ticket t
-///     is remapped to line t % L, position (t / L) % k (L = capacity / k lines), so
-///     the slots of consecutive tickets — the one a producer fills while a consumer
-///     empties the one before — never share a line (AtomicQueue's index remapping),
-///     and a ring of 8-byte items takes 16 bytes a slot instead of a line. Measured
-///     against one slot per line in BENCHMARKS.md.
+///  7. Layout: slots of at most half a cache line are packed k to a line in ticket
+///     order (slot t % capacity), as xenium's and rigtorp's rings lay them out: a
+///     producer that runs ahead of its consumer fills a line with k items before it
+///     moves on, and the consumer takes k items per line it pulls over, so the two
+///     sides move one line per k items rather than one per item. A ring of 8-byte
+///     items takes 16 bytes a slot. (An earlier layout put consecutive tickets on
+///     different lines, AtomicQueue's index remapping; it moved a line per item and
+///     cost 0.6-0.7x of the packed layout's throughput on an Intel Xeon VM:
+///     BENCHMARKS.md, "The ring's slot layout".)
 ///
 /// try_ operations fail only when the ring is full (try_push), empty (try_pop) or
 /// closed (try_push) at the moment they read the opposite ticket. When the next slot
@@ -107,16 +110,8 @@ class MpmcRing {
   explicit MpmcRing(std::size_t capacity)
       : capacity_(ring_internal::RingCapacity("MpmcRing", capacity, 2)) {
     mask_ = capacity_ - 1;
-    // Index remapping (invariant 7): with k slots per cache line and L = capacity / k
-    // lines, ticket t lives in line t % L at position (t / L) % k.
-    if (capacity_ >= kSlotsPerLine) {
-      lines_mask_ = capacity_ / kSlotsPerLine - 1;
-      line_shift_ = static_cast<unsigned>(std::countr_zero(capacity_ / kSlotsPerLine));
-    } else {
-      lines_mask_ = 0;  // fewer slots than one line holds: one line, no remapping
-      line_shift_ = 0;
-    }
-    lines_ = std::make_unique<Line[]>(lines_mask_ + 1);
+    // Invariant 7: capacity / k lines (one line when the ring has fewer slots).
+    lines_ = std::make_unique<Line[]>((capacity_ + kSlotsPerLine - 1) / kSlotsPerLine);
     for (std::size_t i = 0; i < capacity_; ++i) {
       SlotAt(i).seq.store(i, std::memory_order_relaxed);
     }
@@ -352,12 +347,11 @@ class MpmcRing {
   };
   static_assert(sizeof(Line) == kSlotsPerLine * sizeof(Slot));
 
-  /// Invariant 7: consecutive tickets map to different cache lines.
+  /// Invariant 7: slot t % capacity, k to a line in ticket order. (k is a power of
+  /// two: a slot's size divides the line's, asserted above.)
   Slot& SlotAt(std::uint64_t ticket) const {
     const std::uint64_t i = ticket & mask_;
-    const std::uint64_t line = i & lines_mask_;
-    const std::uint64_t pos = i >> line_shift_;
-    return lines_[line].slot[pos];
+    return lines_[i / kSlotsPerLine].slot[i % kSlotsPerLine];
   }
 
   /// a - b as a signed 63-bit number (tickets and sequences are mod 2^63).
@@ -489,8 +483,6 @@ class MpmcRing {
   alignas(kCacheLineSize) ring_internal::EventCount not_full_;
   alignas(kCacheLineSize) std::size_t capacity_ = 0;
   std::uint64_t mask_ = 0;
-  std::uint64_t lines_mask_ = 0;
-  unsigned line_shift_ = 0;
   std::unique_ptr<Line[]> lines_;
 };
 

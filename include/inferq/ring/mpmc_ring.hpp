@@ -321,9 +321,9 @@ class MpmcRing {
   static constexpr std::memory_order kClaim =
       Wait::kSleeps ? std::memory_order_seq_cst : std::memory_order_relaxed;
 
-  /// A slot is the sequence and the item's storage. Small slots are packed several to
-  /// a cache line and the tickets remapped (invariant 7); a slot of more than half a
-  /// line gets a line of its own.
+  /// A slot is the sequence and the item's storage. Small slots are packed k to a
+  /// cache line in ticket order (invariant 7); a slot of more than half a line gets a
+  /// line of its own.
   struct SlotFields {
     std::atomic<std::uint64_t> seq{0};
     alignas(T) unsigned char storage[sizeof(T)];

@@ -382,9 +382,48 @@ struct MpmcRingTestAccess {
   static std::uint64_t Head(const Ring& r) {
     return r.head_.load() & Ring::kTicketMask;
   }
+  template <class Ring>
+  static const void* SlotAddress(const Ring& r, std::uint64_t ticket) {
+    return &r.SlotAt(ticket);
+  }
   static constexpr std::uint64_t kTicketMask = (std::uint64_t{1} << 63) - 1;
 };
 }  // namespace inferq
+
+TEST_CASE("slots are packed in ticket order k to a cache line at every capacity") {
+  using inferq::MpmcRingTestAccess;
+  struct Item24 {
+    std::uint64_t a, b, c;
+  };
+  for (std::size_t capacity : {2u, 4u, 8u, 1024u}) {
+    CAPTURE(capacity);
+    MpmcRing<std::uint64_t> ring(capacity);  // 16-byte slots: 4 to a line
+    MpmcRing<Item24> wide(capacity);         // 32-byte slots: 2 to a line
+    for (std::uint64_t t = 0; t < capacity; ++t) {
+      const auto* slot = static_cast<const char*>(MpmcRingTestAccess::SlotAddress(ring, t));
+      const auto* first = static_cast<const char*>(MpmcRingTestAccess::SlotAddress(ring, 0));
+      CHECK(slot - first == static_cast<std::ptrdiff_t>(16 * t));
+      const auto* wslot = static_cast<const char*>(MpmcRingTestAccess::SlotAddress(wide, t));
+      const auto* wfirst = static_cast<const char*>(MpmcRingTestAccess::SlotAddress(wide, 0));
+      CHECK(wslot - wfirst == static_cast<std::ptrdiff_t>(32 * t));
+    }
+    CHECK(reinterpret_cast<std::uintptr_t>(MpmcRingTestAccess::SlotAddress(ring, 0)) % 64 == 0);
+    // Ticket `capacity` is slot 0 again.
+    CHECK(MpmcRingTestAccess::SlotAddress(ring, capacity) == MpmcRingTestAccess::SlotAddress(ring, 0));
+    // A ring with fewer slots than a line holds still moves items in order.
+    for (std::uint64_t round = 0; round < 3; ++round) {
+      for (std::uint64_t i = 0; i < capacity; ++i) REQUIRE(wide.try_push(Item24{round, i, i + 1}));
+      CHECK_FALSE(wide.try_push(Item24{}));
+      for (std::uint64_t i = 0; i < capacity; ++i) {
+        Item24 out{};
+        REQUIRE(wide.try_pop(out));
+        CHECK(out.a == round);
+        CHECK(out.b == i);
+        CHECK(out.c == i + 1);
+      }
+    }
+  }
+}
 
 TEST_CASE("8 producers x 8 consumers, millions of items: no loss, no duplicate, FIFO") {
 #if defined(__SANITIZE_THREAD__)

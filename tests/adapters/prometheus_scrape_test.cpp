@@ -71,8 +71,12 @@ TEST_CASE("Prometheus scrapes the replaying example and holds the figures of its
   const std::string json_path = (dir.path() / "summary.json").string();
   const std::string out_path = (dir.path() / "out.txt").string();
   // Paced (--speed 100), so that scrapes land while it replays, and held after it until
-  // Prometheus has scraped the final figures.
-  const std::string cmd = std::string(INFERQ_INFERENCE_SERVER) + " --limit 300 --speed 100 --sla-ms 60:60:60 --json " + json_path +
+  // Prometheus has scraped the final figures. The ack wait is 60 s of wall time: with
+  // the default (30,000 trace ms, 0.3 s of wall time at --speed 100) a replica step of
+  // an AddressSanitizer build on a loaded machine outlasted the renewals, and the
+  // redelivered work duplicated tokens (exit 1).
+  const std::string cmd = std::string(INFERQ_INFERENCE_SERVER) +
+                          " --limit 300 --speed 100 --ack-wait-ms 6000000 --sla-ms 60:60:60 --json " + json_path +
                           " --metrics-port " + std::to_string(metrics_port) + " --metrics-hold 60 > " + out_path +
                           " 2>&1";
   const int rc = std::system(cmd.c_str());

@@ -37,7 +37,7 @@ absl::Status Deleted(const ConsumerState& c) {
 
 // The lane's delivery counters, as a lane consumer's pull keeps them: the count (the
 // histogram's), publish -> deliver latency, and its EWMA (alpha 1/8).
-void RecordCursorDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns) {
+[[gnu::always_inline]] inline void RecordCursorDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns) {
   const std::int64_t delay = std::max<std::int64_t>(0, SatSub(now, publish_ns));
   lane.deliver_latency_ns.Record(static_cast<std::uint64_t>(delay));
   const std::int64_t ewma = lane.delay_ewma_ns.load(std::memory_order_relaxed);
@@ -404,8 +404,50 @@ bool GivenUpByTimer(ConsumerState& c, CursorEntry& e) {
   return false;
 }
 
-void CursorUnpin(ConsumerState& c, CursorEntry& e, void* pin) {
-  if (e.in_place) CursorDone(e);  // the Message's count (PopCursor), before the pin
+namespace {
+
+// A sequence this consumer's member claimed and will not deliver, the consumer being
+// deleted: let go of here unless the timer's expiry gave it up (PopCursor, EndCursorRun).
+void LetGoClaimed(ConsumerState& c, CursorLog::Reader& reader, std::uint64_t seq) {
+  if (!c.cursor->cursor.Drop(seq)) return;
+  CursorLog::Ref ref;
+  if (reader.Read(seq, ref) == LogRead::kReady && (ref->mask & c.cursor->bit) != 0 && !GivenUpByTimer(c, *ref)) {
+    CursorLetGo(c, *ref);
+  }
+}
+
+}  // namespace
+
+void TakeRoom(CursorState& k, CursorRun& run) {
+  if (run.first_deliveries == 0) return;
+  // seq_cst, then the wake-up: a publisher may wait for this room (event_count.hpp
+  // inv. 2). One publisher at most waits per stream (it holds the stream's mutex).
+  k.taken.fetch_add(run.first_deliveries, std::memory_order_seq_cst);
+  run.first_deliveries = 0;
+  k.room.NotifyOne();
+}
+
+void EndCursorRun(ConsumerState& c, CursorRun& run) {
+  CursorState& k = *c.cursor;
+  TakeRoom(k, run);
+  if (run.empty()) return;
+  // Only a deletion between the batch's pulls leaves sequences here (a pull takes
+  // what the run holds before anything else, and fails only once the consumer is
+  // deleted). A claim that was not deleted then stays with this member, as a
+  // delivery dropped unsettled does.
+  if (!c.deleted.load(std::memory_order_acquire)) return;
+  CursorLog::Reader reader(k.owner->log);  // this thread's, for the rest of the run
+  for (; run.next < run.end; ++run.next) LetGoClaimed(c, reader, run.next);
+}
+
+void LetGoRecord(CursorEntry& e) {
+  e.h.reset();
+  e.rec.reset();
+}
+
+void CursorUnpin(ConsumerState& c, CursorEntry& e, void* pin, bool owed) {
+  // The Message's count (PopCursor), and the consumer's its ack left here, before the pin.
+  if (e.in_place) CursorDone(e, owed ? 2 : 1);
   c.cursor->stream->log.Unpin(pin);
 }
 
@@ -442,7 +484,9 @@ std::uint64_t CursorUnread(const CursorState& k) {
 // ---------------------------------------------------------------------------------
 // The puller and the settles
 
-absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int64_t now_ns, bool describe) {
+template <bool kRun>
+absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int64_t now_ns, bool describe,
+                               engine_internal::CursorRun* run) {
   using engine_internal::CursorLog;
   using engine_internal::GroupCursor;
   ConsumerState& c = *consumer_;
@@ -456,6 +500,9 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
   std::uint32_t attempt = 0;
   bool counted = true;
   bool superseded = false;
+  // With a batch, a claim takes up to run->want sequences; the first is this pull's,
+  // the rest the run's.
+  const std::uint64_t want = kRun ? run->want : 1;
   // One try: a redelivery that is due, else the next sequence.
   auto take = [&] {
     if (g.held() > 0) {
@@ -470,7 +517,7 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
       }
     }
     const std::uint64_t end = k.stream->end.load(std::memory_order_acquire);
-    GroupCursor::Range r = g.Claim(1, end);
+    GroupCursor::Range r = g.Claim(want, end);
     if (r.empty() && g.next() < end && g.next() >= g.floor() + g.window_capacity()) {
       // The window is full behind a message held out (a straggler, or one dropped
       // unsettled): it moves to the overflow map, keeping its ack deadline, and the
@@ -478,11 +525,15 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
       std::unique_lock lock(k.timer_mu, std::try_to_lock);
       if (lock.owns_lock()) {
         g.Spill(c.clock->NowNanos());
-        r = g.Claim(1, end);
+        r = g.Claim(want, end);
       }
     }
     if (r.empty()) return false;
     seq = r.first;
+    if constexpr (kRun) {
+      run->next = r.first + 1;
+      run->end = r.end;
+    }
     attempt = 1;
     counted = true;
     superseded = false;
@@ -493,7 +544,18 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
   auto available = [&] { return engine_internal::CursorUnread(k) > 0 || g.held() > 0; };
   for (;;) {
     if (c.deleted.load(std::memory_order_acquire)) return engine_internal::Deleted(c);
-    if (!take()) {
+    // What the batch claimed before comes first (its claim passed `gate` then).
+    bool claimed_before = false;
+    if (kRun && !run->empty()) {
+      seq = run->next++;
+      attempt = 1;
+      counted = true;
+      superseded = false;
+      claimed_before = true;
+    } else if (!take()) {
+      // Nothing claimed is left in the batch's run: the room it took goes back before
+      // this waits (a publisher blocked for it must not wait for the end of the batch).
+      if (kRun && run->first_deliveries > 0) engine_internal::TakeRoom(k, *run);
       const bool got = WaitUntil<BudgetedWait>(
           k.data, deadline_ns, take,
           [&] { return k.closed.load(std::memory_order_acquire) && !available(); }, available);
@@ -517,20 +579,16 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
       }
     }
     dead.clear();
-    if (attempt == 1) {
+    if (attempt == 1 && !claimed_before) {
       // DeleteConsumer's sweep (ReleaseCursorInterest) leaves what is claimed to the
       // claimer: a claim it did not see, this thread sees the deletion of (both pass
       // `gate` with a read-modify-write: the later one sees what the earlier did
-      // before), and lets go of the message here unless the sweep did.
+      // before), and lets go of the message here unless the sweep did. A batch's
+      // claim passes once for all its sequences; what it claimed and has not
+      // delivered when it meets the deletion later is EndCursorRun's to let go of.
       k.gate.fetch_add(1, std::memory_order_acq_rel);
       if (c.deleted.load(std::memory_order_relaxed)) {
-        if (g.Drop(seq)) {
-          CursorLog::Ref ref;
-          if (reader.Read(seq, ref) == engine_internal::LogRead::kReady && (ref->mask & k.bit) != 0 &&
-              !engine_internal::GivenUpByTimer(c, *ref)) {
-            engine_internal::CursorLetGo(c, *ref);
-          }
-        }
+        engine_internal::LetGoClaimed(c, reader, seq);
         return engine_internal::Deleted(c);
       }
     }
@@ -549,10 +607,14 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
       continue;
     }
     if (attempt == 1) {
-      // seq_cst, then the wake-up: a publisher may wait for this room (event_count.hpp
-      // inv. 2).
-      k.taken.fetch_add(1, std::memory_order_seq_cst);
-      k.room.NotifyOne();
+      if constexpr (kRun) {
+        ++run->first_deliveries;  // counted by TakeRoom, before the batch waits or ends
+      } else {
+        // seq_cst, then the wake-up: a publisher may wait for this room
+        // (event_count.hpp inv. 2).
+        k.taken.fetch_add(1, std::memory_order_seq_cst);
+        k.room.NotifyOne();
+      }
     }
     if (attempt == 1 && ref->limit_ns != INT64_MAX && c.enforce_event_ttl) {
       if ((ref->taken.fetch_or(k.bit, std::memory_order_acq_rel) & k.bit) != 0) {
@@ -616,8 +678,13 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
   }
 }
 
+template absl::Status Member::PopCursor<true>(std::int64_t, Message&, std::int64_t, bool,
+                                              engine_internal::CursorRun*);
+template absl::Status Member::PopCursor<false>(std::int64_t, Message&, std::int64_t, bool,
+                                               engine_internal::CursorRun*);
+
 absl::Status Message::SettleCursor(Settlement how, std::int64_t delay_ns, std::string_view description,
-                                   std::int64_t now, std::int64_t latency) {
+                                   std::int64_t now, std::int64_t latency, engine_internal::AckRun* run) {
   using engine_internal::GroupCursor;
   ConsumerState& c = *consumer_;
   GroupCursor& g = c.cursor->cursor;
@@ -630,20 +697,38 @@ absl::Status Message::SettleCursor(Settlement how, std::int64_t delay_ns, std::s
         c.counts.late_acks.fetch_add(1, std::memory_order_relaxed);
         return absl::OkStatus();
       }
-      if (a.was_out) c.Unsettle();
       // This delivery's work ends here only when it was the one out. A delivery whose
       // ack wait expired was counted done then (a failure, CursorTimers); a newer one
       // out with another member ends unfinished, as a lane consumer counts it (found
       // by the adversarial review: a late ack counted its member's work done twice).
-      if (a.mine) {
-        c.group->OnDone(member_, Outcome::kSuccess, latency, now);
-      } else if (a.other_member != GroupCursor::kUnknownMember) {
-        c.group->OnDone(a.other_member, Outcome::kDropped, 0);
+      // Inside an AckBatch (`run`), the slot given back, the member's health update
+      // and the latency go to the run, which makes them once for its acks.
+      if (run == nullptr) {
+        if (a.was_out) c.Unsettle();
+        if (a.mine) {
+          c.group->OnDone(member_, Outcome::kSuccess, latency, now);
+        } else if (a.other_member != GroupCursor::kUnknownMember) {
+          c.group->OnDone(a.other_member, Outcome::kDropped, 0);
+        }
+        c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
+      } else {
+        if (a.was_out) ++run->unsettled;
+        if (a.mine) {
+          run->latencies.push_back(latency);
+        } else if (a.other_member != GroupCursor::kUnknownMember) {
+          c.group->OnDone(a.other_member, Outcome::kDropped, 0);
+        }
+        run->recorded.push_back(static_cast<std::uint64_t>(latency));
       }
-      c.ack_latency_ns.Record(static_cast<std::uint64_t>(latency));
       if (c.config.batch.adaptive) c.batchers[member_]->ObserveRtt(latency);
       if (engine_internal::CursorMayRelease(c, *cursor_entry_)) (void)engine_internal::RetireOnSettle(c, *msg_);
-      engine_internal::CursorDone(*cursor_entry_);
+      // The consumer is done with the entry. When this Message holds the record too (an
+      // entry that holds it), its Release gives back both counts with one subtraction.
+      if (cursor_entry_->in_place && cursor_pin_ != nullptr) {
+        cursor_done_owed_ = true;
+      } else {
+        engine_internal::CursorDone(*cursor_entry_);
+      }
       return absl::OkStatus();
     }
     case Settlement::kNak: {

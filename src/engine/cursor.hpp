@@ -111,11 +111,10 @@ struct CursorEntry {
 // go), or a hold given back: the last one lets go of the record. Its caller pins the
 // entry (a Ref, or a Message's pin). acq_rel: every reader's reads of the record come
 // before the reset.
-inline void CursorDone(CursorEntry& e) {
-  if (e.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    e.h.reset();
-    e.rec.reset();
-  }
+// (`counts`: several at once, as a Message's own and its ack's.)
+void LetGoRecord(CursorEntry& e);  // CursorDone's last: h and rec reset (out of line)
+inline void CursorDone(CursorEntry& e, std::uint32_t counts = 1) {
+  if (e.remaining.fetch_sub(counts, std::memory_order_acq_rel) == counts) LetGoRecord(e);
 }
 
 // The record of `e` for a reader that does not own the delivery it reads for, and
@@ -155,7 +154,7 @@ class EntryHold {
   }
   EntryHold(const EntryHold&) = delete;
   EntryHold& operator=(const EntryHold&) = delete;
-  ~EntryHold() {
+  [[gnu::always_inline]] ~EntryHold() {
     if (e_ != nullptr) CursorDone(*e_);
   }
   const Handle& get() const { return h_; }
@@ -334,6 +333,28 @@ inline bool FirstToRelease(CursorEntry& e, std::uint64_t bit) {
 bool GivenUpByTimer(ConsumerState& c, CursorEntry& e);
 // Message::Release: its pin on entry `e` given back, and for an entry that holds its
 // record the Message's count in `remaining` before it (the record may go with it).
-void CursorUnpin(ConsumerState& c, CursorEntry& e, void* pin);
+// `owed`: the Message's ack left the consumer's count to this (Message::cursor_done_owed_).
+void CursorUnpin(ConsumerState& c, CursorEntry& e, void* pin, bool owed);
+
+// A batch's claim on a cursor consumer (Member::GatherBatch, Member::PopCursor): one
+// Claim of up to `want` sequences for the batch's free slots, delivered one per pull
+// before anything else is taken, so that the claim, the deletion check (`gate`) and
+// the room given back to blocked publishers (CursorState::taken) are paid once per
+// batch, not once per message. The batch's pulls have one thread.
+struct CursorRun {
+  std::uint64_t want = 1;  // the batch's free slots: the most the next claim takes
+  std::uint64_t next = 0;  // [next, end): claimed for the batch, not yet delivered
+  std::uint64_t end = 0;
+  // First deliveries not yet counted in CursorState::taken (TakeRoom counts them).
+  std::uint64_t first_deliveries = 0;
+  bool empty() const { return next >= end; }
+};
+// Counts `run`'s first deliveries in k.taken and wakes a publisher waiting for room:
+// before the batch waits, and when it ends.
+void TakeRoom(CursorState& k, CursorRun& run);
+// The batch of `run` ends: TakeRoom, and what it claimed and did not deliver (the
+// consumer was deleted between its pulls) is let go of, as a single claim that
+// meets the deletion is (PopCursor).
+void EndCursorRun(ConsumerState& c, CursorRun& run);
 
 }  // namespace inferq::engine_internal

@@ -123,6 +123,31 @@ void RetryParked(ConsumerState& c, bool wait = false);
 // A delivery queued on lane `m` was dropped to make room (OverflowPolicy::kDropOldest).
 void DropQueued(ConsumerState& c, std::uint32_t m, Delivery& d, bool evicted = false);
 
+// AckBatch's acks of one consumer member in a row: Message::Settle (and SettleCursor)
+// leave what they share here (the clock's reading, the member's health update, the
+// max_ack_pending slots, the ack latency histogram) and Flush does it once for all
+// of them.
+struct AckRun {
+  ConsumerState* consumer = nullptr;
+  std::uint32_t member = 0;
+  std::int64_t now = 0;  // the engine clock, read once for the run
+  absl::InlinedVector<std::int64_t, 32> latencies;  // of the acks made, ns
+  // For ConsumerState::ack_latency_ns (and so the acked count): every ack that
+  // settled its message, also one of an older delivery, which `latencies` leaves out.
+  absl::InlinedVector<std::uint64_t, 32> recorded;
+  std::int64_t unsettled = 0;  // max_ack_pending slots to give back
+  void Flush() {
+    if (consumer == nullptr) return;
+    consumer->group->OnDoneMany(member, latencies, now);
+    if (unsettled > 0) consumer->Unsettle(unsettled);
+    consumer->ack_latency_ns.RecordMany(recorded);
+    latencies.clear();
+    recorded.clear();
+    unsettled = 0;
+    consumer = nullptr;
+  }
+};
+
 // Message `h` is done for consumer `c` without an ack (dead-lettered, or dropped by
 // drop-oldest): under interest retention the stream stops waiting for this consumer.
 void SettleWithoutAck(ConsumerState& c, StoredMessage& h);

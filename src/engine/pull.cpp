@@ -205,11 +205,14 @@ void RecordDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns) {
 }  // namespace
 
 absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns, bool describe,
-                            std::size_t* quiet_pops) {
+                            std::size_t* quiet_pops, engine_internal::CursorRun* run) {
   ConsumerState& c = *consumer_;
   if (c.deleted.load(std::memory_order_acquire)) return Deleted(c);
   if (c.AckLogFailed()) return c.AckLogFailure();
-  if (c.cursor != nullptr) return PopCursor(deadline_ns, out, now_ns, describe);
+  if (c.cursor != nullptr) {
+    if (run != nullptr) return PopCursor<true>(deadline_ns, out, now_ns, describe, run);
+    return PopCursor<false>(deadline_ns, out, now_ns, describe, nullptr);
+  }
   Lane& lane = *c.lanes[index_];
   // max_ack_pending: take a slot before pulling, so that no more than the limit is
   // ever out; it is given back when the pull ends without a countable delivery.
@@ -390,8 +393,20 @@ absl::StatusOr<std::size_t> Member::GatherBatch(std::size_t max_batch, absl::Dur
                                       absl::FormatDuration(max_queue_delay) +
                                       " is negative");
   }
+  // A cursor consumer's batch claims once for its free slots (CursorRun); what it
+  // claimed and could not deliver is let go of when it ends, also by an exception.
+  engine_internal::CursorRun cursor_run;
+  engine_internal::CursorRun* const crun = consumer_->cursor != nullptr ? &cursor_run : nullptr;
+  struct EndRun {
+    engine_internal::ConsumerState* c;
+    engine_internal::CursorRun* run;
+    ~EndRun() {
+      if (run != nullptr) engine_internal::EndCursorRun(*c, *run);
+    }
+  } end_run{consumer_, crun};
+  cursor_run.want = max_batch;
   Message& first = slots(0);
-  if (absl::Status s = PopOne(DeadlineAfter(timeout), first); !s.ok()) {
+  if (absl::Status s = PopOne(DeadlineAfter(timeout), first, -1, true, nullptr, crun); !s.ok()) {
     drop();
     return s;
   }
@@ -427,7 +442,7 @@ absl::StatusOr<std::size_t> Member::GatherBatch(std::size_t max_batch, absl::Dur
   } scope{t_delivery_run, &run};
   auto pop_now = [&](Message& m) {  // deadline 0: never waits
     t_delivery_run = &run;
-    const bool got = PopOne(0, m, engine_now, /*describe=*/false, &quiet).ok();
+    const bool got = PopOne(0, m, engine_now, /*describe=*/false, &quiet, crun).ok();
     t_delivery_run = scope.prev;
     return got;
   };
@@ -439,6 +454,7 @@ absl::StatusOr<std::size_t> Member::GatherBatch(std::size_t max_batch, absl::Dur
   std::size_t n = 1;
   while (n < max_batch) {
     Message& m = slots(n);
+    cursor_run.want = max_batch - n;
     // What is queued already is delivered at this batch's reading of the clock; one
     // that comes after a wait gets its own (PopOne's now_ns).
     if (pop_now(m)) {
@@ -447,7 +463,7 @@ absl::StatusOr<std::size_t> Member::GatherBatch(std::size_t max_batch, absl::Dur
     }
     if (remaining_ns > 0) {
       wake_pushers();
-      if (PopOne(deadline, m, -1, /*describe=*/false).ok()) {
+      if (PopOne(deadline, m, -1, /*describe=*/false, nullptr, crun).ok()) {
         commit(n++);
         continue;
       }

@@ -35,29 +35,6 @@ absl::StatusOr<std::uint64_t> RetireOnSettle(ConsumerState& c, StoredMessage& h)
   return 0;
 }
 
-// AckBatch's acks of one consumer member in a row: Message::Settle leaves what they
-// share here (the clock's reading, the member's health update, the max_ack_pending
-// slots, the ack latency histogram) and Flush does it once for all of them.
-struct AckRun {
-  ConsumerState* consumer = nullptr;
-  std::uint32_t member = 0;
-  std::int64_t now = 0;  // the engine clock, read once for the run
-  absl::InlinedVector<std::int64_t, 32> latencies;  // of the acks made, ns
-  // For ConsumerState::ack_latency_ns (and so the acked count): every ack that
-  // settled its message, also one of an older delivery, which `latencies` leaves out.
-  absl::InlinedVector<std::uint64_t, 32> recorded;
-  std::int64_t unsettled = 0;  // max_ack_pending slots to give back
-  void Flush() {
-    if (consumer == nullptr) return;
-    consumer->group->OnDoneMany(member, latencies, now);
-    if (unsettled > 0) consumer->Unsettle(unsettled);
-    consumer->ack_latency_ns.RecordMany(recorded);
-    latencies.clear();
-    recorded.clear();
-    unsettled = 0;
-    consumer = nullptr;
-  }
-};
 // The AckBatch running on this thread (nullptr: none). A settle defers to it only
 // an ack of a delivery of its consumer member (AckRun::consumer, member).
 thread_local AckRun* t_ack_run = nullptr;
@@ -84,6 +61,7 @@ Message::Message(Message&& o) noexcept
       ack_tx_(o.ack_tx_),
       out_tx_(o.out_tx_),
       shadow_(o.shadow_),
+      cursor_done_owed_(std::exchange(o.cursor_done_owed_, false)),
       cursor_pin_(std::exchange(o.cursor_pin_, nullptr)),
       cursor_entry_(std::exchange(o.cursor_entry_, nullptr)),
       span_id_(o.span_id_),
@@ -101,6 +79,7 @@ Message& Message::operator=(Message&& o) noexcept {
   ack_tx_ = o.ack_tx_;
   out_tx_ = o.out_tx_;
   shadow_ = o.shadow_;
+  cursor_done_owed_ = std::exchange(o.cursor_done_owed_, false);
   cursor_pin_ = std::exchange(o.cursor_pin_, nullptr);
   cursor_entry_ = std::exchange(o.cursor_entry_, nullptr);
   span_id_ = o.span_id_;
@@ -127,7 +106,8 @@ void Message::Release() noexcept {
   }
   if (cursor_pin_ != nullptr) {
     // (msg_ owns nothing for an entry that holds its record, and is not read after.)
-    engine_internal::CursorUnpin(*consumer_, *cursor_entry_, cursor_pin_);
+    engine_internal::CursorUnpin(*consumer_, *cursor_entry_, cursor_pin_, cursor_done_owed_);
+    cursor_done_owed_ = false;
     cursor_pin_ = nullptr;
     cursor_entry_ = nullptr;
   }
@@ -453,7 +433,7 @@ absl::Status Message::Settle(Settlement how, std::int64_t delay_ns, std::string_
   }
   if (how == Settlement::kNak) c.counts.naks.fetch_add(1, std::memory_order_relaxed);
   if (how == Settlement::kTerm) c.counts.terminated.fetch_add(1, std::memory_order_relaxed);
-  if (c.cursor != nullptr) return SettleCursor(how, delay_ns, description, now, latency);
+  if (c.cursor != nullptr) return SettleCursor(how, delay_ns, description, now, latency, run);
   if (c.tracked) {
     std::unique_lock lock(c.pending_mu);
     auto it = c.pending.find(msg_->seq);

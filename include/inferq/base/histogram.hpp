@@ -168,7 +168,7 @@ class Histogram {
   /// instruction; a read-modify-write of another thread racing it could be lost,
   /// which the precondition rules out. For a per-thread part of a statistic that
   /// many threads may write (the engine's member histograms).
-  void RecordSingleWriter(std::uint64_t v) {
+  [[gnu::always_inline]] void RecordSingleWriter(std::uint64_t v) {
     // relaxed: as Record; exact because nobody else writes (the precondition).
     std::atomic<std::uint64_t>& bucket = counts_[histogram_internal::BucketOf(v)];
     bucket.store(bucket.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);

@@ -121,7 +121,7 @@ class OwnedHistogram {
   ~OwnedHistogram() { delete shared_.load(std::memory_order_acquire); }
 
   /// As Histogram::Record.
-  void Record(std::uint64_t v) {
+  [[gnu::always_inline]] void Record(std::uint64_t v) {
     if (owner_.IsMine()) {
       owned_.RecordSingleWriter(v);
     } else if (Histogram* h = Shared(); h != nullptr) [[likely]] {

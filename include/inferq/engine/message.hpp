@@ -43,6 +43,7 @@ struct CursorEntry;
 struct ConsumerState;
 class Tracer;
 struct AckRun;
+struct CursorRun;
 }  // namespace engine_internal
 
 class Message;
@@ -201,9 +202,10 @@ class Message {
   /// AckSync's second half: waits for the ack log's (and a file work queue's) sync.
   absl::Status SyncAck();
   /// Settle's part for a delivery of a cursor consumer (engine/cursor.cpp), after the
-  /// settle won and was counted; `now` and `latency` as Settle read them.
+  /// settle won and was counted; `now` and `latency` as Settle read them; `run`: the
+  /// AckBatch's run this ack defers its shared parts to (nullptr: none).
   absl::Status SettleCursor(Settlement how, std::int64_t delay_ns, std::string_view description,
-                            std::int64_t now, std::int64_t latency);
+                            std::int64_t now, std::int64_t latency, engine_internal::AckRun* run);
   /// Forgets the message's record in the consumer's lifecycle, if it has one (its
   /// ack is final: no delivery of it can come again).
   void ForgetLifecycleRecord();
@@ -222,6 +224,10 @@ class Message {
   std::uint64_t ack_tx_ = 0;    ///< the ack's record in the consumer's ack log (AckSync)
   std::uint64_t out_tx_ = 0;    ///< a file work queue's record of the removal (AckSync)
   bool shadow_ = false;
+  /// A cursor consumer's delivery of an entry that holds its record, acked: the
+  /// consumer's count in the entry (CursorEntry::remaining) goes with this Message's
+  /// own at Release, one subtraction for both.
+  bool cursor_done_owed_ = false;
   /// A cursor consumer's delivery: the pin on its stream's log segment
   /// (MessageLog::Ref::Detach) and the log entry it keeps readable; null otherwise.
   void* cursor_pin_ = nullptr;
@@ -308,11 +314,19 @@ class Member {
   /// `quiet_pops`: for a try (deadline_ns 0) in a batch, the pop wakes no publisher
   /// blocked on the full lane and counts itself here instead; the batch wakes them
   /// once (LaneQueue::wake_pushers) when it ends and before it waits.
-  /// PopOne for a cursor consumer (engine/cursor.cpp): a due redelivery, else the
-  /// next sequence its cursor claims, waiting for one until `deadline_ns`.
-  absl::Status PopCursor(std::int64_t deadline_ns, Message& out, std::int64_t now_ns, bool describe);
+  /// `run`: a batch's claim on a cursor consumer (GatherBatch): the pull delivers
+  /// what the batch claimed before it claims again, and claims up to `run->want`
+  /// sequences at once; nullptr: one at a time.
+  /// PopOne for a cursor consumer (engine/cursor.cpp): what `run` holds, else a due
+  /// redelivery, else the next sequence its cursor claims, waiting for one until
+  /// `deadline_ns`.
+  /// Compiled (engine/cursor.cpp) once for a batch's pulls (kRun: `run` is not null)
+  /// and once for single pulls, which then pay nothing for the run.
+  template <bool kRun>
+  absl::Status PopCursor(std::int64_t deadline_ns, Message& out, std::int64_t now_ns, bool describe,
+                         engine_internal::CursorRun* run);
   absl::Status PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns = -1, bool describe = true,
-                      std::size_t* quiet_pops = nullptr);
+                      std::size_t* quiet_pops = nullptr, engine_internal::CursorRun* run = nullptr);
   /// Both NextBatch(max_batch, max_queue_delay, timeout) forms (pull.cpp): pulls
   /// into slots(i) for i = 0, 1, ... until the batch is full or closed; commit(i)
   /// after a pull into slots(i) succeeded, drop() when it failed. The count, or the

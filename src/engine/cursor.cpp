@@ -138,6 +138,9 @@ void CursorWaitRoom(StreamState& stream, std::uint64_t* targets, bool internal, 
     auto gone = [&] { return k->closed.load(std::memory_order_acquire); };
     auto room = [&] { return Unclaimed(*k) < k->capacity || gone(); };
     if (!room()) {
+      // What this publisher's run wrote and has not released must be claimable while
+      // it waits for a claim.
+      if (CursorRelease* r = t_cursor_release; r != nullptr && r->stream == &stream) FlushCursorRelease(*r);
       if (internal) {
         // A dead letter never waits: it goes past the capacity, counted as a lane
         // consumer counts one it parks off its full lane.
@@ -163,8 +166,16 @@ namespace {
 [[gnu::always_inline]] inline void ReleaseEntry(StreamState& stream, std::uint64_t seq, std::uint64_t targets,
                                                 std::int64_t limit) {
   StreamCursors& s = *stream.cursors;
-  // release: a puller that acquires `end` reads the published entry.
-  s.end.store(seq + 1, std::memory_order_seq_cst);  // seq_cst: EventCount inv. 2
+  // A PublishBatch run releases its entries once, at its end (FlushCursorRelease).
+  CursorRelease* deferred = t_cursor_release;
+  if (deferred != nullptr && deferred->stream != &stream) deferred = nullptr;
+  if (deferred != nullptr) {
+    deferred->end = seq + 1;
+    deferred->notify |= targets;
+  } else {
+    // release: a puller that acquires `end` reads the published entry.
+    s.end.store(seq + 1, std::memory_order_seq_cst);  // seq_cst: EventCount inv. 2
+  }
   for (ConsumerState* c : stream.consumers) {
     CursorState* k = c->cursor.get();
     if (k == nullptr || (targets & k->bit) == 0) continue;
@@ -178,7 +189,7 @@ namespace {
       k->has_limits.store(true, std::memory_order_release);
       if (c->host != nullptr) c->host->WakeTimer(limit);
     }
-    k->data.NotifyOne();
+    if (deferred == nullptr) k->data.NotifyOne();
   }
   if (++s.since_trim >= 256) TrimCursorLog(stream);
 }
@@ -417,6 +428,19 @@ void LetGoClaimed(ConsumerState& c, CursorLog::Reader& reader, std::uint64_t seq
 }
 
 }  // namespace
+
+void FlushCursorRelease(CursorRelease& r) {
+  if (r.end == 0) return;
+  StreamState& stream = *r.stream;
+  // release: a puller that acquires `end` reads the published entries.
+  stream.cursors->end.store(r.end, std::memory_order_seq_cst);  // seq_cst: EventCount inv. 2
+  for (ConsumerState* c : stream.consumers) {
+    CursorState* k = c->cursor.get();
+    if (k != nullptr && (r.notify & k->bit) != 0) k->data.NotifyOne();
+  }
+  r.end = 0;
+  r.notify = 0;
+}
 
 void TakeRoom(CursorState& k, CursorRun& run) {
   if (run.first_deliveries == 0) return;

@@ -349,6 +349,25 @@ struct CursorRun {
   std::uint64_t first_deliveries = 0;
   bool empty() const { return next >= end; }
 };
+// A PublishBatch run's log entries of one stream, written and not yet released to
+// its cursor consumers: ReleaseEntry leaves the store of the stream's `end` (a
+// sequentially consistent store: a locked instruction) and the consumers' wake-ups
+// here, and FlushCursorRelease makes them once for the run. The run holds the
+// stream's mutex from its first entry to the flush, which comes before the mutex is
+// let go (a later publisher's `end` must not be overwritten) and before the
+// publisher waits for room (a consumer cannot claim what is not released).
+struct CursorRelease {
+  StreamState* stream = nullptr;  // the run's stream (its mutex held); nullptr: none
+  std::uint64_t end = 0;          // the `end` to store (0: nothing pending)
+  std::uint64_t notify = 0;       // the cursor consumers (CursorState::bit) to wake
+};
+// The calling thread's open run (PublishBatch sets it while it holds a stream's
+// mutex), or nullptr.
+inline thread_local CursorRelease* t_cursor_release = nullptr;
+// Releases what `r` holds: stores the stream's `end`, wakes its consumers. Requires
+// the stream's mutex.
+void FlushCursorRelease(CursorRelease& r);
+
 // Counts `run`'s first deliveries in k.taken and wakes a publisher waiting for room:
 // before the batch waits, and when it ends.
 void TakeRoom(CursorState& k, CursorRun& run);

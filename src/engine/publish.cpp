@@ -85,6 +85,17 @@ PublishBatchResult Engine::PublishRun(std::span<Event> events, std::span<const E
   // The run: the memory stream whose mutex this batch holds (nullptr: none).
   std::unique_lock<engine_internal::StreamMutex> lock;
   StreamState* held = nullptr;
+  // The run's cursor log entries, released to their consumers once, before the
+  // mutex goes (engine_internal::CursorRelease); also when a callback throws.
+  engine_internal::CursorRelease release;
+  struct ReleaseScope {
+    engine_internal::CursorRelease* release;
+    engine_internal::CursorRelease* outer;
+    ~ReleaseScope() {
+      if (release->stream != nullptr) engine_internal::FlushCursorRelease(*release);
+      engine_internal::t_cursor_release = outer;
+    }
+  } release_scope{&release, std::exchange(engine_internal::t_cursor_release, &release)};
   // Ends the run, if any: lets go of its stream and wakes the pullers it held back.
   // Dead letters deferred to the outbox go out then too, waking their pullers at
   // once (not through `wakes`): nothing is held back when the batch next waits, for
@@ -93,6 +104,8 @@ PublishBatchResult Engine::PublishRun(std::span<Event> events, std::span<const E
   // for).
   auto end_run = [&] {
     if (held != nullptr) {
+      engine_internal::FlushCursorRelease(release);
+      release.stream = nullptr;
       lock.unlock();
       held = nullptr;
     }
@@ -162,6 +175,7 @@ PublishBatchResult Engine::PublishRun(std::span<Event> events, std::span<const E
         end_run();
         lock = std::unique_lock<engine_internal::StreamMutex>(stream->mu);
         held = stream;
+        if (stream->cursors != nullptr) release.stream = stream;
       }
       Impl::PublishTally tally;
       Impl::Converted converted{};

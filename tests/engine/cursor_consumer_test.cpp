@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -592,4 +593,45 @@ TEST_CASE("cursor: NextBatch and AckBatch leave the counts a lane consumer leave
   CHECK(lanes.substr(lanes.find(last) + last.size()) ==
         "delivered 11, ack_pending 0, num_pending 0, timers 0, acked 9, skipped 0, redelivered 1, "
         "ack_timeouts 0, expired 0, delayed 0, dead_letters 1; messages 0, acked_out 10\n");
+}
+
+TEST_CASE("cursor: a PublishBatch larger than the consumer's room releases what it wrote before it waits") {
+  // A PublishBatch run releases its log entries once, at its end (CursorRelease); one
+  // that must wait for room mid-run releases them first, or its consumer could never
+  // claim them and the publisher would wait for ever.
+  setenv("INFERQ_CURSOR_CONSUMERS", "1", 1);
+  auto e = *Engine::Create({});
+  unsetenv("INFERQ_CURSOR_CONSUMERS");
+  REQUIRE(e->AddStream({.name = "S", .subjects = {"work.>"}, .retention = RetentionPolicy::kInterest}).ok());
+  Consumer c = *e->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 4});
+  constexpr int kBatches = 50;
+  constexpr int kPerBatch = 64;
+  std::atomic<int> published{0};
+  std::atomic<int> failures{0};
+  std::thread publisher([&] {
+    std::vector<Event> events(kPerBatch);
+    for (int b = 0; b < kBatches; ++b) {
+      for (Event& ev : events) ev = Ev("work.a", "");
+      const PublishBatchResult r = e->PublishBatch(events);
+      if (!r.status.ok()) failures.fetch_add(1);
+      published.fetch_add(static_cast<int>(r.published));
+    }
+  });
+  Member m = *c.member(0);
+  std::vector<std::uint64_t> seqs;
+  const auto started = std::chrono::steady_clock::now();
+  while (seqs.size() < std::size_t{kBatches * kPerBatch} &&
+         std::chrono::steady_clock::now() - started < std::chrono::seconds(60)) {
+    absl::StatusOr<Message> msg = m.Next(absl::Milliseconds(10));
+    if (!msg.ok()) continue;
+    seqs.push_back(msg->stream_seq());
+    REQUIRE(msg->Ack().ok());
+  }
+  REQUIRE(seqs.size() == std::size_t{kBatches * kPerBatch});  // (60 s at most: a hang fails here)
+  publisher.join();
+  CHECK(failures.load() == 0);
+  CHECK(published.load() == kBatches * kPerBatch);
+  for (std::size_t i = 0; i < seqs.size(); ++i) REQUIRE(seqs[i] == i + 1);
+  const EngineStats st = e->Stats();
+  CHECK(st.stream("S")->messages == 0);
 }

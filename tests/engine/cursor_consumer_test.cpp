@@ -75,6 +75,26 @@ std::string BothWays(const std::function<std::string(bool cursor)>& scenario) {
   return lanes;
 }
 
+// An engine of cursor consumers on the real clock, with stream S (subjects work.>,
+// interest retention).
+std::unique_ptr<Engine> CursorEngine() {
+  setenv("INFERQ_CURSOR_CONSUMERS", "1", 1);
+  auto e = Engine::Create({});
+  unsetenv("INFERQ_CURSOR_CONSUMERS");
+  REQUIRE(e.ok());
+  REQUIRE((*e)->AddStream({.name = "S", .subjects = {"work.>"}, .retention = RetentionPolicy::kInterest}).ok());
+  return *std::move(e);
+}
+
+// The sequences the pullers took (one list each) are 1..n, each once.
+void RequireEachOnce(const std::vector<std::vector<std::uint64_t>>& seen, int n) {
+  std::vector<std::uint64_t> all;
+  for (const std::vector<std::uint64_t>& mine : seen) all.insert(all.end(), mine.begin(), mine.end());
+  std::sort(all.begin(), all.end());
+  REQUIRE(all.size() == static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < all.size(); ++i) REQUIRE(all[i] == i + 1);
+}
+
 }  // namespace
 
 TEST_CASE("cursor: a stale delivery dropped after DeleteConsumer ends nothing (it crashed)") {
@@ -458,10 +478,7 @@ TEST_CASE("cursor: two threads pulling one member each take distinct messages, a
   // Found by the adversarial review: the member's log reader was shared by every
   // thread that pulled the member (a Reader is for one thread at a time): TSan saw
   // the race, and a log segment was left pinned (leaked).
-  setenv("INFERQ_CURSOR_CONSUMERS", "1", 1);
-  auto e = *Engine::Create({});
-  unsetenv("INFERQ_CURSOR_CONSUMERS");
-  REQUIRE(e->AddStream({.name = "S", .subjects = {"work.>"}, .retention = RetentionPolicy::kInterest}).ok());
+  std::unique_ptr<Engine> e = CursorEngine();
   Consumer c = *e->AddConsumer({.stream = "S", .name = "c"});
   constexpr int kMessages = 20000;
   std::atomic<int> got{0};
@@ -484,11 +501,7 @@ TEST_CASE("cursor: two threads pulling one member each take distinct messages, a
   }
   publisher.join();
   for (std::thread& t : pullers) t.join();
-  std::vector<std::uint64_t> all = seen[0];
-  all.insert(all.end(), seen[1].begin(), seen[1].end());
-  std::sort(all.begin(), all.end());
-  REQUIRE(all.size() == std::size_t{kMessages});
-  for (std::size_t i = 0; i < all.size(); ++i) REQUIRE(all[i] == i + 1);
+  RequireEachOnce(seen, kMessages);
   const EngineStats st = e->Stats();
   CHECK(st.stream("S")->messages == 0);
   CHECK(st.consumer("S", "c")->acked == std::uint64_t{kMessages});
@@ -500,10 +513,7 @@ TEST_CASE("cursor: batches pulled into spans by two threads take every message o
   // to a publisher blocked on the full consumer once per batch (CursorRun): with room
   // for 4 messages, batches of 8 and a blocking publisher, nothing may be lost,
   // delivered twice, reordered within a puller, or left waiting for room.
-  setenv("INFERQ_CURSOR_CONSUMERS", "1", 1);
-  auto e = *Engine::Create({});
-  unsetenv("INFERQ_CURSOR_CONSUMERS");
-  REQUIRE(e->AddStream({.name = "S", .subjects = {"work.>"}, .retention = RetentionPolicy::kInterest}).ok());
+  std::unique_ptr<Engine> e = CursorEngine();
   Consumer c = *e->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 4});
   constexpr int kMessages = 20000;
   std::atomic<int> got{0};
@@ -534,11 +544,7 @@ TEST_CASE("cursor: batches pulled into spans by two threads take every message o
   CHECK(publish_failures.load() == 0);
   CHECK(ack_failures.load() == 0);
   for (const std::vector<std::uint64_t>& mine : seen) CHECK(std::is_sorted(mine.begin(), mine.end()));
-  std::vector<std::uint64_t> all = seen[0];
-  all.insert(all.end(), seen[1].begin(), seen[1].end());
-  std::sort(all.begin(), all.end());
-  REQUIRE(all.size() == std::size_t{kMessages});
-  for (std::size_t i = 0; i < all.size(); ++i) REQUIRE(all[i] == i + 1);
+  RequireEachOnce(seen, kMessages);
   const EngineStats st = e->Stats();
   CHECK(st.stream("S")->messages == 0);
   CHECK(st.consumer("S", "c")->acked == std::uint64_t{kMessages});
@@ -599,10 +605,7 @@ TEST_CASE("cursor: a PublishBatch larger than the consumer's room releases what 
   // A PublishBatch run releases its log entries once, at its end (CursorRelease); one
   // that must wait for room mid-run releases them first, or its consumer could never
   // claim them and the publisher would wait for ever.
-  setenv("INFERQ_CURSOR_CONSUMERS", "1", 1);
-  auto e = *Engine::Create({});
-  unsetenv("INFERQ_CURSOR_CONSUMERS");
-  REQUIRE(e->AddStream({.name = "S", .subjects = {"work.>"}, .retention = RetentionPolicy::kInterest}).ok());
+  std::unique_ptr<Engine> e = CursorEngine();
   Consumer c = *e->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 4});
   constexpr int kBatches = 50;
   constexpr int kPerBatch = 64;

@@ -88,16 +88,19 @@ CEILINGS = {
     # The cursor path's locked figures, and its batch32 instructions, from the ninth
     # part (2026-12-07: a batch's pulls claim at once, an AckBatch's acks share a run,
     # an acked Message gives back the consumer's count with its own, a PublishBatch
-    # run releases its log entries once); its other
-    # instruction ceilings stay (the figures rose 0.8-1.4 % by inlining, under them).
+    # run releases its log entries once); base's and view's instruction ceilings stay.
+    # ack_wait, msg_id and fanout4 are raised to their figures + 2 %: a first delivery
+    # now checks that the ack_wait expiry did not take its claim before it was
+    # delivered (found by the adversarial review: a batch's claims went out twice), and
+    # the layout moved (+59 ack_wait, +58 msg_id, +68 fanout4 at 0ccb7e0 + the check).
     "cursor": {
         "base": (2995, 16.7),
         "view": (3215, 16.7),
         "batch32": (2869, 9.0),
         "view_batch32": (2829, 9.0),
-        "ack_wait": (3027, 16.7),
-        "msg_id": (3866, 16.7),
-        "fanout4": (7023, 53.0),
+        "ack_wait": (3117, 16.7),
+        "msg_id": (3960, 16.7),
+        "fanout4": (7201, 53.0),
     },
 }
 

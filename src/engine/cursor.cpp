@@ -647,6 +647,18 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
       }
       k.limits_taken.fetch_add(1, std::memory_order_relaxed);  // its expiry is no timer's now
     }
+    if (attempt == 1 && g.options().ack_wait_ns > 0 && g.Settled(seq) && !g.IsOut(seq)) [[unlikely]] {
+      // The timer's ack_wait expiry took this claim before its delivery: the thread
+      // stalled longer than ack_wait between the claim and here (a batch claims its
+      // sequences before it delivers them). It comes again as a redelivery; counted
+      // here as a delivery that timed out, as the expiry counted it. (Found by the
+      // adversarial review: a batch's claimed messages went out twice, attempt 1
+      // after the expiry and attempt 2.) Only an expiry moves a claim that is out
+      // with its member and not delivered yet (a spill keeps it out: IsOut).
+      c.group->OnQueued(index_);
+      c.CountOut();
+      continue;
+    }
     if (!counted) c.counts.redelivered.fetch_add(1, std::memory_order_relaxed);
     // A first delivery's claimer owns it (nothing else can be done with it); a
     // redelivery may race an older delivery's ack.

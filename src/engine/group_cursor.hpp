@@ -224,6 +224,10 @@ class GroupCursor {
     return {true, out, mine, other};
   }
 
+  // True when `seq` is settled in the window: acked, dropped, or moved to the map (a
+  // nak, an expiry, a spill). One load, no lock.
+  bool Settled(std::uint64_t seq) const { return window_.IsSet(seq); }
+
   // True when `seq` is done: settled in the window and not held in the map.
   bool IsDone(std::uint64_t seq) const {
     if (!window_.IsSet(seq)) return false;

@@ -638,3 +638,85 @@ TEST_CASE("cursor: a PublishBatch larger than the consumer's room releases what 
   const EngineStats st = e->Stats();
   CHECK(st.stream("S")->messages == 0);
 }
+
+namespace {
+
+// A ManualClock-like clock that runs `hook` at the `target`-th reading by the thread
+// that armed it (and not inside the hook): a puller made to stall at a chosen point.
+class StallClock final : public Clock {
+ public:
+  explicit StallClock(std::int64_t t) : t_(t) {}
+  std::int64_t NowNanos() const override {
+    if (armed_ && std::this_thread::get_id() == thread_ && ++reads_ == target_) {
+      armed_ = false;
+      hook_();
+    }
+    return t_.load();
+  }
+  void Advance(absl::Duration d) { t_.fetch_add(absl::ToInt64Nanoseconds(d)); }
+  void Arm(int target, std::function<void()> hook) {
+    thread_ = std::this_thread::get_id();
+    reads_ = 0;
+    target_ = target;
+    hook_ = std::move(hook);
+    armed_ = true;
+  }
+
+ private:
+  std::atomic<std::int64_t> t_;
+  mutable bool armed_ = false;
+  mutable int reads_ = 0;
+  int target_ = 0;
+  std::thread::id thread_;
+  std::function<void()> hook_;
+};
+
+}  // namespace
+
+TEST_CASE("cursor: a batch's claim that its ack wait expired before delivery goes out once as a redelivery") {
+  // A NextBatch claims its 4 sequences, delivers the first, and stalls (the clock's
+  // second reading) while the timer runs 2 s, past the 1 s ack wait. Found by the
+  // adversarial review: the other 3 then went out as first deliveries after the
+  // expiry had queued them again, and once more as redeliveries (8 deliveries; a
+  // lane consumer makes 5). Now a claim the expiry took is passed over and comes as
+  // its redelivery.
+  StallClock clock(1'000'000'000);
+  setenv("INFERQ_CURSOR_CONSUMERS", "1", 1);
+  auto e = *Engine::Create({.clock = &clock, .manual_timers = true});
+  unsetenv("INFERQ_CURSOR_CONSUMERS");
+  REQUIRE(e->AddStream({.name = "S", .subjects = {"a.>"}, .retention = RetentionPolicy::kInterest}).ok());
+  Member m = *e->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 16, .ack_wait = absl::Seconds(1)})
+                  ->member(0);
+  for (int i = 0; i < 4; ++i) REQUIRE(e->Publish(Ev("a.x", "")).ok());
+  std::ostringstream t;
+  auto batch = [&t](std::span<Message> b, const absl::StatusOr<std::size_t>& n) {
+    t << (n.ok() ? std::to_string(*n) : Code(n.status())) << " [";
+    for (std::size_t i = 0; n.ok() && i < *n; ++i) t << b[i].stream_seq() << "/" << b[i].attempt() << " ";
+    t << "]\n";
+  };
+  std::array<Message, 4> b1;
+  clock.Arm(2, [&] {
+    e->RunTimers();
+    clock.Advance(absl::Seconds(2));
+    e->RunTimers();
+  });
+  const absl::StatusOr<std::size_t> n1 = m.NextBatch(b1, absl::ZeroDuration(), absl::ZeroDuration());
+  batch(b1, n1);
+  t << Counts(*e, "S", "c") << "\n";
+  std::array<Message, 8> b2;
+  const absl::StatusOr<std::size_t> n2 = m.NextBatch(b2, absl::ZeroDuration(), absl::ZeroDuration());
+  batch(b2, n2);
+  REQUIRE(n1.ok());
+  REQUIRE(n2.ok());
+  t << Code(AckBatch(std::span<Message>(b1).first(*n1))) << " " << Code(AckBatch(std::span<Message>(b2).first(*n2)))
+    << "\n"
+    << Counts(*e, "S", "c") << "; " << Messages(*e, "S") << "\n";
+  CHECK(t.str() ==
+        "4 [1/1 1/2 2/2 3/2 ]\n"
+        "delivered 4, ack_pending 3, num_pending 1, timers 3, acked 0, skipped 0, redelivered 4, ack_timeouts 4, "
+        "expired 0, delayed 0, dead_letters 0\n"
+        "1 [4/2 ]\n"
+        "OK OK\n"
+        "delivered 5, ack_pending 0, num_pending 0, timers 0, acked 4, skipped 0, redelivered 4, ack_timeouts 4, "
+        "expired 0, delayed 0, dead_letters 0; messages 0, acked_out 4\n");
+}

@@ -564,8 +564,12 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
     return true;
   };
   // Anything to claim (for this consumer or not: a claim passes over the others') or
-  // held in the map.
-  auto available = [&] { return engine_internal::CursorUnread(k) > 0 || g.held() > 0; };
+  // waiting in the map to be delivered again. Not a delivery out with a member that
+  // the full window moved to the map: dropped unsettled without ack_wait it never
+  // comes again, and a drained member of a closed engine must not wait for it (found
+  // by the adversarial review: after Close such a member's pulls ran out their
+  // timeouts for ever, never Cancelled).
+  auto available = [&] { return engine_internal::CursorUnread(k) > 0 || (g.held() > 0 && g.Queued() > 0); };
   for (;;) {
     if (c.deleted.load(std::memory_order_acquire)) return engine_internal::Deleted(c);
     // What the batch claimed before comes first (its claim passed `gate` then).

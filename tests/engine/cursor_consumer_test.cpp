@@ -720,3 +720,34 @@ TEST_CASE("cursor: a batch's claim that its ack wait expired before delivery goe
         "delivered 5, ack_pending 0, num_pending 0, timers 0, acked 4, skipped 0, redelivered 4, ack_timeouts 4, "
         "expired 0, delayed 0, dead_letters 0; messages 0, acked_out 4\n");
 }
+
+TEST_CASE("cursor: after Close a member drained but for a delivery dropped unsettled gets Cancelled") {
+  // Found by the adversarial review: a message delivered and dropped unsettled (no
+  // ack_wait: it never comes again) that the full window had moved to the overflow
+  // map counted as still to be delivered, so after Engine::Close every pull waited out
+  // its timeout (DeadlineExceeded) instead of reporting the member drained.
+  const std::string lanes = BothWays([](bool cursor) {
+    ManualClock clock(1'000'000'000);
+    auto e = Make(cursor, clock);
+    REQUIRE(e->AddStream({.name = "S", .subjects = {"a.>"}, .retention = RetentionPolicy::kInterest}).ok());
+    Member m = *e->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 2})->member(0);
+    std::ostringstream t;
+    int acked = 0;
+    for (int i = 0; i < 40; ++i) {
+      REQUIRE(e->Publish(Ev("a.x", "")).ok());
+      absl::StatusOr<Message> msg = m.Next(absl::ZeroDuration());
+      if (!msg.ok()) {
+        t << "pull " << i << ": " << Code(msg.status()) << "\n";
+        continue;
+      }
+      if (i == 0) continue;  // dropped unsettled
+      acked += msg->Ack().ok() ? 1 : 0;
+    }
+    t << "acked " << acked << "\n";
+    e->Close();
+    absl::StatusOr<Message> after = m.Next(absl::Milliseconds(1));
+    t << "after close: " << Code(after.status()) << "\n";
+    return t.str();
+  });
+  CHECK(lanes == "acked 39\nafter close: CANCELLED\n");
+}

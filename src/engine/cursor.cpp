@@ -47,14 +47,59 @@ absl::Status Deleted(const ConsumerState& c) {
 // Messages for `k` published and not claimed yet by its members.
 std::uint64_t Unclaimed(const CursorState& k) { return k.Waiting(); }
 
-// Trims the stream's cursor log behind every cursor consumer's lowest held sequence,
+// Trims the stream's cursor log behind every cursor consumer's lowest held sequence
+// (a deleted one's too while its members let go of what they claimed: draining),
 // after moving each consumer's cursor over the entries at its front that are not for
 // it (a consumer that does not pull would hold the log for other consumers'
-// messages). Requires stream.mu.
+// messages); past a message held in an overflow map, the segments that hold none
+// (TrimHoles). Requires stream.mu.
+// The lowest sequence at or above `from` that an overflow map of `stream`'s cursor
+// consumers (listed or draining) holds; UINT64_MAX when none. Requires stream.mu.
+std::uint64_t NextHeld(const StreamState& stream, std::uint64_t from) {
+  std::uint64_t next = std::numeric_limits<std::uint64_t>::max();
+  for (const ConsumerState* c : stream.consumers) {
+    if (const CursorState* k = c->cursor.get(); k != nullptr) next = std::min(next, k->cursor.NextHeld(from));
+  }
+  for (const CursorState* k : stream.cursors->draining) next = std::min(next, k->cursor.NextHeld(from));
+  return next;
+}
+
+// Below `settled` every cursor's window is settled, and what is not done is held in
+// an overflow map (a straggler spilled by a full window, a nak'd message, a deleted
+// consumer's claims): TrimBefore stops at the lowest of those, and this unlinks the
+// segments after it that hold none, so that one message held unacked keeps its own
+// segment and not the whole log after it (found by the adversarial helper: one
+// delivery dropped unsettled without ack_wait kept every later message, 1.2 GB after
+// 2 M events where lanes kept 12 MB). Requires stream.mu.
+void TrimHoles(StreamState& stream, std::uint64_t settled) {
+  StreamCursors& s = *stream.cursors;
+  const std::uint64_t slots = s.log.segment_slots();
+  const std::uint64_t first = s.log.first() / slots;  // what TrimBefore has not passed
+  const std::uint64_t stop = settled / slots;         // segments wholly below `settled`
+  auto held_in = [&](std::uint64_t i) { return NextHeld(stream, i * slots) < (i + 1) * slots; };
+  // Kept before: gone by now, or looked at again.
+  std::erase_if(s.kept_segments, [&](std::uint64_t i) {
+    return i < first || (!held_in(i) && s.log.UnlinkSegment(i));
+  });
+  std::uint64_t i = std::max(s.holes_next, first);
+  while (i < stop) {
+    // Every segment up to the next held sequence's goes; that one stays.
+    const std::uint64_t held = NextHeld(stream, i * slots);
+    const std::uint64_t upto = held == std::numeric_limits<std::uint64_t>::max() ? stop : std::min(stop, held / slots);
+    for (; i < upto; ++i) {
+      if (!s.log.UnlinkSegment(i)) s.kept_segments.push_back(i);  // (not expected: all published)
+    }
+    if (i < stop) s.kept_segments.push_back(i++);
+  }
+  s.holes_next = std::max(s.holes_next, stop);
+}
+
 void TrimCursorLog(StreamState& stream) {
   StreamCursors& s = *stream.cursors;
   const std::uint64_t end = s.end.load(std::memory_order_relaxed);
-  std::uint64_t lowest = end;
+  std::uint64_t lowest = end;   // below it: every cursor is done with every sequence
+  std::uint64_t settled = end;  // below it: every listed cursor's window is settled
+  bool dead_unread = false;
   for (const ConsumerState* c : stream.consumers) {
     CursorState* k = c->cursor.get();
     if (k == nullptr) continue;
@@ -66,8 +111,20 @@ void TrimCursorLog(StreamState& stream) {
       (void)k->cursor.Ack(next);
     }
     lowest = std::min(lowest, k->cursor.lowest_held());
+    settled = std::min(settled, k->cursor.window_low());
+    dead_unread = dead_unread || k->cursor.dead_unread();
   }
+  std::erase_if(s.draining, [&](const CursorState* k) {
+    if (k->cursor.held() == 0 && !k->cursor.dead_unread()) return true;
+    lowest = std::min(lowest, k->cursor.lowest_held());
+    dead_unread = dead_unread || k->cursor.dead_unread();
+    return false;
+  });
+  // A dead letter that left an overflow map (TakeDue, TimeOut) may be below `lowest`,
+  // its entry not read yet: the next publish tries again.
+  if (dead_unread) return;
   s.log.TrimBefore(lowest);
+  if (lowest < settled) TrimHoles(stream, settled);
   s.since_trim = 0;
 }
 
@@ -288,7 +345,9 @@ std::int64_t RunCursorTimers(ConsumerState& c, std::int64_t now) {
     c.Unsettle();
     c.group->OnDone(0, Outcome::kFailure, 0);
     CursorLog::Ref ref;
-    if (k.timer_reader.Read(r.seq, ref) == LogRead::kReady) {
+    const LogRead read = k.timer_reader.Read(r.seq, ref);
+    g.DeadRead(1);  // pinned now (NextHeld kept it until here)
+    if (read == LogRead::kReady) {
       DeadLetter(c, ref->h, r.attempt, "max_deliver", "ack_wait expired", {}, CursorMayRelease(c, *ref));
       CursorDone(*ref);
     }
@@ -394,6 +453,14 @@ void ReleaseCursorInterest(ConsumerState& c) {
     if (!g.Drop(s)) continue;
     CursorLetGo(c, *ref);
   }
+  // What members claimed before this sweep and still hold unsettled (a batch's claim
+  // or a claim not delivered yet, deliveries out) moves to the overflow map, which
+  // keeps its entries in the log until they let go of it (StreamCursors::draining).
+  {
+    std::lock_guard lock(k.timer_mu);  // Spill's (the timer's samples)
+    g.SpillBelow(unclaimed, c.clock->NowNanos());
+  }
+  if (g.held() > 0) k.stream->draining.push_back(&k);
 }
 
 void CursorLetGo(ConsumerState& c, CursorEntry& e) {
@@ -420,11 +487,12 @@ namespace {
 // A sequence this consumer's member claimed and will not deliver, the consumer being
 // deleted: let go of here unless the timer's expiry gave it up (PopCursor, EndCursorRun).
 void LetGoClaimed(ConsumerState& c, CursorLog::Reader& reader, std::uint64_t seq) {
-  if (!c.cursor->cursor.Drop(seq)) return;
+  // Read (pinned) before the claim ends: until then the deletion's sweep holds it in
+  // the map, which keeps the entry in the log (StreamCursors::draining).
   CursorLog::Ref ref;
-  if (reader.Read(seq, ref) == LogRead::kReady && (ref->mask & c.cursor->bit) != 0 && !GivenUpByTimer(c, *ref)) {
-    CursorLetGo(c, *ref);
-  }
+  const bool read = reader.Read(seq, ref) == LogRead::kReady;
+  if (!c.cursor->cursor.Drop(seq)) return;
+  if (read && (ref->mask & c.cursor->bit) != 0 && !GivenUpByTimer(c, *ref)) CursorLetGo(c, *ref);
 }
 
 }  // namespace
@@ -570,6 +638,22 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
   // by the adversarial review: after Close such a member's pulls ran out their
   // timeouts for ever, never Cancelled).
   auto available = [&] { return engine_internal::CursorUnread(k) > 0 || (g.held() > 0 && g.Queued() > 0); };
+  // The dead letters the tries handed out (TimeOut and Nak give up first). Each entry
+  // is read (pinned) before the trim may pass it (GroupCursor::DeadRead). Also when
+  // the wait then runs out: they left the map, and nothing else would give them up.
+  auto give_up = [&] {
+    for (const GroupCursor::Redelivery& d : dead) {
+      CursorLog::Ref ref;
+      const bool read = reader.Read(d.seq, ref) == engine_internal::LogRead::kReady;
+      g.DeadRead(1);
+      if (read) {
+        engine_internal::DeadLetter(c, ref->h, d.attempt, "max_deliver", "nak", {},
+                                    engine_internal::CursorMayRelease(c, *ref));
+        engine_internal::CursorDone(*ref);
+      }
+    }
+    dead.clear();
+  };
   for (;;) {
     if (c.deleted.load(std::memory_order_acquire)) return engine_internal::Deleted(c);
     // What the batch claimed before comes first (its claim passed `gate` then).
@@ -588,6 +672,7 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
           k.data, deadline_ns, take,
           [&] { return k.closed.load(std::memory_order_acquire) && !available(); }, available);
       if (!got) {
+        give_up();  // what a try handed out past max_deliver before the wait ran out
         if (c.deleted.load(std::memory_order_acquire)) return engine_internal::Deleted(c);
         if (k.closed.load(std::memory_order_acquire) && !available()) {
           return absl::CancelledError("engine closed: consumer '" + c.config.name + "' member " +
@@ -598,15 +683,7 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
                                            std::to_string(index_) + " before the timeout");
       }
     }
-    for (const GroupCursor::Redelivery& d : dead) {  // (TimeOut and Nak give up first)
-      CursorLog::Ref ref;
-      if (reader.Read(d.seq, ref) == engine_internal::LogRead::kReady) {
-        engine_internal::DeadLetter(c, ref->h, d.attempt, "max_deliver", "nak", {},
-                                    engine_internal::CursorMayRelease(c, *ref));
-        engine_internal::CursorDone(*ref);
-      }
-    }
-    dead.clear();
+    give_up();
     if (attempt == 1 && !claimed_before) {
       // DeleteConsumer's sweep (ReleaseCursorInterest) leaves what is claimed to the
       // claimer: a claim it did not see, this thread sees the deletion of (both pass

@@ -172,6 +172,8 @@ class EntryHold {
 using CursorLog = MessageLog<CursorEntry>;
 
 // A stream's log for its cursor consumers (StreamState::cursors).
+struct CursorState;
+
 struct StreamCursors {
   explicit StreamCursors(std::uint64_t first_seq)
       : log(10, first_seq), end(first_seq), trim_reader(std::make_unique<MessageLog<CursorEntry>::Reader>(log)) {}
@@ -184,6 +186,20 @@ struct StreamCursors {
   std::uint32_t since_trim = 0;
   // The trim's reader (stream mu), made with the log.
   std::unique_ptr<MessageLog<CursorEntry>::Reader> trim_reader;
+  // Deleted consumers whose overflow maps still hold sequences (DeleteConsumer's
+  // sweep moved there what their members claimed before it: GroupCursor::SpillBelow).
+  // A member lets go of such a sequence through its entry (LetGoClaimed, CursorLetGo),
+  // so the trim keeps those entries as it keeps a listed consumer's (found by the
+  // adversarial helper: a trim that passed the deleted consumer's claims left their
+  // messages in an interest stream for ever). Dropped once its map is empty. The
+  // consumers outlive the engine's streams (Impl::deleted_consumers). stream mu.
+  std::vector<CursorState*> draining;
+  // The trim's holes (TrimCursorLog): segments below every window but above a
+  // message held in an overflow map are unlinked, but for those holding a held
+  // sequence, kept here to be looked at again; holes_next is the segment index below
+  // which every segment was looked at once. stream mu.
+  std::vector<std::uint64_t> kept_segments;
+  std::uint64_t holes_next = 0;
 };
 
 // What a cursor consumer holds (ConsumerState::cursor).

@@ -454,6 +454,32 @@ class GroupCursor {
     return moved;
   }
 
+  // DeleteConsumer's sweep, after ClaimRest: every claimed, unsettled sequence below
+  // `stop` (the claims made before the sweep) moves to the overflow map held out, as
+  // Spill moves the floor's word: the rest of a batch's claim or a claim not yet
+  // delivered, and deliveries out with members. Their members let go of them
+  // (Drop); meanwhile the map tells the log's trim to keep their entries, which a
+  // window no longer moving would hold back for the whole log (GroupCursor::NextHeld).
+  // Returns how many moved.
+  std::size_t SpillBelow(std::uint64_t stop, std::int64_t now_ns) {
+    std::lock_guard lock(mu_);  // inv. 2
+    const std::uint64_t claimed = std::min(stop, next_.load(std::memory_order_acquire));
+    std::size_t moved = 0;
+    for (std::uint64_t base = window_.floor(); base < claimed; base += AckWindow::kWordSeqs) {
+      const std::uint64_t span = std::min<std::uint64_t>(claimed - base, AckWindow::kWordSeqs);
+      const std::uint32_t mask =
+          span == AckWindow::kWordSeqs ? ~std::uint32_t{0} : (std::uint32_t{1} << span) - 1;
+      Moving carrying(moving_, static_cast<std::size_t>(std::popcount(mask)));  // inv. 6
+      for (std::uint32_t taken = window_.TrySetWord(base, mask); taken != 0; taken &= taken - 1) {
+        const std::uint64_t seq = base + static_cast<std::uint64_t>(std::countr_zero(taken));
+        map_.insert_or_assign(seq, Entry{1, ClaimDeadline(seq, now_ns), true});
+        ++moved;
+      }
+      overflow_count_.store(map_.size(), std::memory_order_seq_cst);
+    }
+    return moved;
+  }
+
   // Timer, after Expire: every delivery out whose ack deadline has passed (`now_ns`)
   // times out. It waits for redelivery, due now, and is appended to `timed_out`; or,
   // when it was delivery max_deliver, it is removed and appended to `dead` (the
@@ -471,6 +497,7 @@ class GroupCursor {
       }
       if (options_.max_deliver > 0 && e.attempt >= options_.max_deliver) {
         dead.push_back({it->first, e.attempt});
+        dead_unread_.fetch_add(1, std::memory_order_relaxed);  // (mu_ orders it: NextHeld)
         it = map_.erase(it);
         continue;
       }
@@ -555,6 +582,7 @@ class GroupCursor {
       const std::uint32_t next = e.attempt + 1;
       if (options_.max_deliver > 0 && next > options_.max_deliver) {
         dead.push_back({d.seq, e.attempt});
+        dead_unread_.fetch_add(1, std::memory_order_relaxed);  // (mu_ orders it: NextHeld)
         map_.erase(it);
         continue;
       }
@@ -574,6 +602,33 @@ class GroupCursor {
     std::lock_guard lock(mu_);
     const std::uint64_t f = window_.first_unsettled();
     return map_.empty() ? f : std::min(f, map_.begin()->first);
+  }
+
+  // The first unsettled sequence of the window (a snapshot): below it every sequence
+  // is done or held in the overflow map (lowest_held counts the map too).
+  std::uint64_t window_low() const { return window_.first_unsettled(); }
+  // The lowest sequence at or above `from` that the overflow map holds; UINT64_MAX
+  // when none. For the log's trim, which keeps a held sequence's segment only.
+  // `from` itself while a dead letter TakeDue or TimeOut handed out is not read yet
+  // (DeadRead): its entry left the map, and its caller still reads it from the log.
+  std::uint64_t NextHeld(std::uint64_t from) const {
+    std::uint64_t next = std::numeric_limits<std::uint64_t>::max();
+    if (overflow_count_.load(std::memory_order_acquire) != 0) {
+      std::lock_guard lock(mu_);
+      const auto it = map_.lower_bound(from);
+      if (it != map_.end()) next = it->first;
+    }
+    // seq_cst, after the map: an entry that left it before this look had its dead
+    // letter counted under mu_ (or with the seq_cst load of overflow_count_ after the
+    // store that emptied it), so this load sees the count.
+    return dead_unread_.load(std::memory_order_seq_cst) > 0 ? from : next;
+  }
+  // Dead letters handed out and not read yet (see NextHeld); look after lowest_held.
+  bool dead_unread() const { return dead_unread_.load(std::memory_order_seq_cst) > 0; }
+  // The caller of TakeDue or TimeOut has read the entries of `n` dead letters they
+  // handed out (NextHeld keeps the log's entries until then).
+  void DeadRead(std::size_t n) {
+    if (n > 0) dead_unread_.fetch_sub(static_cast<std::uint32_t>(n), std::memory_order_seq_cst);
   }
 
   // The first sequence not claimed yet.
@@ -728,6 +783,7 @@ class GroupCursor {
   std::uint64_t waits_ = 0;  // Entry::order of the last entry that began to wait; mu_
   std::atomic<std::size_t> overflow_count_{0};
   std::atomic<std::size_t> moving_{0};  // inv. 6
+  std::atomic<std::uint32_t> dead_unread_{0};  // NextHeld, DeadRead
   std::vector<Register> registers_;     // NoteClaim: one per member
   std::vector<Sample> register_samples_;  // Tick's scratch (the timer's)
 };

@@ -9,7 +9,8 @@
 // slot (LMAX Disruptor's multi-producer sequencer); readers find a slot by arithmetic
 // and see it published when the slot's number equals their sequence. Retention is
 // arithmetic too: TrimBefore(s) drops every segment wholly below s, Remove(s) marks
-// one message removed, and a segment whose messages are all removed goes at once. A
+// one message removed, a segment whose messages are all removed goes at once, and
+// UnlinkSegment(i) drops one segment of the middle that its owner is done with. A
 // dropped segment is recycled whole when the last reader lets go of it.
 //
 //   MessageLog<Msg> log(/*segment_bits=*/10, /*first_seq=*/1);
@@ -49,7 +50,7 @@
 //     may read it while a new owner writes it).
 //  4. No publisher pins: a segment is unlinked (its entry made a tombstone, by CAS:
 //     exactly one thread wins) only when every slot in it is published or abandoned
-//     (TrimBefore scans them; Remove counts a removal of each), so a publisher
+//     (TrimBefore and UnlinkSegment scan them; Remove counts a removal of each), so a publisher
 //     writes into an installed segment that cannot go before its store. A publisher
 //     that finds its tombstone, or a later index's entry, stores nothing: TrimBefore
 //     passed its sequence before the segment was made.
@@ -206,8 +207,9 @@ class MessageLog {
       if (seq < log_->first_.load(std::memory_order_acquire)) return LogRead::kGone;
       const std::uint64_t index = seq >> log_->bits_;
       // A cached segment unlinked since still answers right: what TrimBefore passed is
-      // below first_ (checked above), what Remove unlinked has every bit removed, and
-      // our pin keeps it from reuse (inv. 5).
+      // below first_ (checked above), what Remove unlinked has every bit removed, what
+      // UnlinkSegment took out its owner reads no more or reads as it was, and our pin
+      // keeps it from reuse (inv. 5).
       if (seg_ == nullptr || seg_->index.load(std::memory_order_relaxed) != index) {
         Drop();
         const LogRead found = log_->PinSegment(index, seq, seg_);
@@ -421,6 +423,25 @@ class MessageLog {
     }
     while (from < index && !unlinked_.compare_exchange_weak(from, index, std::memory_order_acq_rel)) {
     }
+  }
+
+  // Unlinks segment `index` of the middle of the log, leaving first() where it is:
+  // for an owner that knows no reader needs a sequence of it any more (the engine's
+  // trim: every cursor is done with all of it) while older sequences stay. Readers
+  // see kGone there from now on, but for a Reader whose cached pin holds the segment
+  // (it still reads the messages as they were: inv. 5 keeps them). True when the
+  // segment is gone now (this call, or before); false when it is not made yet or a
+  // publish into it is in flight (inv. 4): try again later. `index` must lie from
+  // the oldest segment not unlinked to the newest claimed (inv. 2).
+  bool UnlinkSegment(std::uint64_t index) {
+    std::atomic<std::uintptr_t>& e = EntryFor(index);
+    const std::uintptr_t v = e.load(std::memory_order_acquire);
+    if (v == Tombstone(index)) return true;
+    if (!IsSegment(v)) return false;
+    Segment* seg = reinterpret_cast<Segment*>(v);
+    if (seg->index.load(std::memory_order_acquire) != index || !AllDone(*seg)) return false;
+    Unlink(index, seg);
+    return true;
   }
 
   // The next sequence Claim hands out.

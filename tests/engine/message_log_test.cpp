@@ -109,6 +109,45 @@ TEST_CASE("TrimBefore hides what it passes; a held Ref still reads it; the segme
   CHECK(log.first() == 9);
 }
 
+TEST_CASE("UnlinkSegment drops one segment of the middle; first() and the segments around it stay") {
+  Counted::live = 0;
+  MessageLog<Counted> log(2, 1);  // segments: 0 (1-3), 1 (4-7), 2 (8-11), 3 (12-15)
+  REQUIRE(log.Claim(13) == 1);
+  for (std::uint64_t s = 1; s <= 12; ++s) REQUIRE(log.Publish(s, s));
+  MessageLog<Counted>::Ref held;
+  REQUIRE(log.Read(9, held) == LogRead::kReady);
+  CHECK(log.UnlinkSegment(1));
+  CHECK(log.UnlinkSegment(2));
+  CHECK(log.UnlinkSegment(1));        // gone already: still true
+  CHECK_FALSE(log.UnlinkSegment(3));  // 13 is claimed and not published: in flight
+  CHECK(log.first() == 1);
+  MessageLog<Counted>::Ref r;
+  CHECK(log.Read(5, r) == LogRead::kGone);
+  CHECK(log.Read(10, r) == LogRead::kGone);
+  REQUIRE(log.Read(3, r) == LogRead::kReady);
+  CHECK(r->value == 3);
+  REQUIRE(log.Read(12, r) == LogRead::kReady);
+  CHECK(r->value == 12);
+  r.reset();
+  // Segment 1 had no reader: its 4 messages are destroyed; segment 2 is pinned.
+  CHECK(Counted::live == 12 - 4);
+  CHECK(held->value == 9);
+  held.reset();
+  CHECK(Counted::live == 12 - 8);
+  REQUIRE(log.Publish(13, 13));
+  CHECK_FALSE(log.UnlinkSegment(3));  // 14 and 15 are not published yet either
+  REQUIRE(log.Claim(2) == 14);
+  REQUIRE(log.Publish(14, 14));
+  REQUIRE(log.Publish(15, 15));
+  CHECK(log.UnlinkSegment(3));
+  CHECK(Counted::live == 3);  // 1..3
+  // TrimBefore passes the holes as it passes what it unlinks itself.
+  log.TrimBefore(16);
+  CHECK(log.first() == 16);
+  CHECK(Counted::live == 0);
+  CHECK(log.Read(3, r) == LogRead::kGone);
+}
+
 TEST_CASE("a segment whose messages are all removed is recycled and reused, not reallocated") {
   Counted::live = 0;
   MessageLog<Counted> log(2, 4);  // segment 1 is 4..7

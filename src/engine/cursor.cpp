@@ -130,6 +130,10 @@ void TrimCursorLog(StreamState& stream) {
 
 }  // namespace
 
+std::uint64_t CursorLogBytes(const StreamCursors& s) {
+  return static_cast<std::uint64_t>(s.log.segments_allocated()) * s.log.segment_bytes();
+}
+
 bool CursorEligible(const StreamState& stream, const ConsumerState& c) {
   const ConsumerConfig& cfg = c.config;
   if (stream.is_file() || stream.log != nullptr) return false;
@@ -153,7 +157,10 @@ bool CursorEligible(const StreamState& stream, const ConsumerState& c) {
 }
 
 void AttachCursor(StreamState& stream, ConsumerState& c) {
-  if (stream.cursors == nullptr) stream.cursors = std::make_shared<StreamCursors>(stream.next_seq);
+  if (stream.cursors == nullptr) {
+    stream.cursors = std::make_shared<StreamCursors>(stream.next_seq);
+    stream.cursors_made.store(stream.cursors.get(), std::memory_order_release);
+  }
   StreamCursors& s = *stream.cursors;
   const std::uint64_t bit = std::uint64_t{1} << std::countr_one(s.used_bits);
   s.used_bits |= bit;

@@ -263,6 +263,8 @@ struct CursorState {
   std::atomic<std::int64_t> limits_taken{0};
 };
 
+// StreamStats::log_bytes of `s`: its log's segments allocated, in bytes.
+std::uint64_t CursorLogBytes(const StreamCursors& s);
 // Whether consumer `c` (its config checked, not yet listed) can be a cursor
 // consumer of `stream`. Requires stream.mu.
 bool CursorEligible(const StreamState& stream, const ConsumerState& c);

@@ -611,16 +611,17 @@ class GroupCursor {
   // when none. For the log's trim, which keeps a held sequence's segment only.
   // `from` itself while a dead letter TakeDue or TimeOut handed out is not read yet
   // (DeadRead): its entry left the map, and its caller still reads it from the log.
+  // Always under mu_ (no look at overflow_count_ first): a move whose TrySet the
+  // caller's window_low saw holds mu_ until its entry is in the map (inv. 2).
   std::uint64_t NextHeld(std::uint64_t from) const {
     std::uint64_t next = std::numeric_limits<std::uint64_t>::max();
-    if (overflow_count_.load(std::memory_order_acquire) != 0) {
+    {
       std::lock_guard lock(mu_);
       const auto it = map_.lower_bound(from);
       if (it != map_.end()) next = it->first;
     }
-    // seq_cst, after the map: an entry that left it before this look had its dead
-    // letter counted under mu_ (or with the seq_cst load of overflow_count_ after the
-    // store that emptied it), so this load sees the count.
+    // After the map: an entry that left it before this look had its dead letter
+    // counted under mu_, so this load sees the count.
     return dead_unread_.load(std::memory_order_seq_cst) > 0 ? from : next;
   }
   // Dead letters handed out and not read yet (see NextHeld); look after lowest_held.

@@ -450,6 +450,11 @@ class MessageLog {
   std::uint64_t first() const { return first_.load(std::memory_order_acquire); }
   // Slots a segment.
   std::size_t segment_slots() const { return slots_; }
+  // Bytes a segment takes: its header, its slots (each a T and its sequence) and its
+  // removal bits.
+  std::size_t segment_bytes() const {
+    return sizeof(Segment) + slots_ * sizeof(Slot) + (slots_ + 63) / 64 * sizeof(std::atomic<std::uint64_t>);
+  }
   // Segments the directory tells apart: the most from the oldest segment not
   // unlinked to the newest claimed (inv. 2).
   std::uint64_t live_span() const { return std::uint64_t{1} << (kLeafBits + top_bits_); }

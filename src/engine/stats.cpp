@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "cursor.hpp"
 #include "engine_impl.hpp"
 #include "inferq/base/error.hpp"
 #include "inferq/base/limits.hpp"
@@ -120,6 +121,9 @@ EngineStats Engine::Stats() const {
     st.acked_out = s->AckedOut();
     st.duplicates = s->duplicates.load();
     st.duplicate_window_evicted = s->dedup_evicted.load(std::memory_order_relaxed);
+    if (const engine_internal::StreamCursors* k = s->cursors_made.load(std::memory_order_acquire); k != nullptr) {
+      st.log_bytes = engine_internal::CursorLogBytes(*k);
+    }
     out.streams.push_back(std::move(st));
   }
   for (const auto& c : impl_->consumers) {

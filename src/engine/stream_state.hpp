@@ -184,6 +184,9 @@ struct StreamState {
   // The log its cursor consumers read (cursor.hpp); null until the first one is
   // added. Appended to under mu.
   std::shared_ptr<StreamCursors> cursors;
+  // `cursors` once made (it stays while the stream lives), for Stats, which does not
+  // take mu.
+  std::atomic<const StreamCursors*> cursors_made{nullptr};
   ~StreamState();
   // kFile: config.directory made absolute and normal once, when the stream was added
   // (a later chdir does not move it).

@@ -429,6 +429,49 @@ TEST_CASE("Spill takes only claimed sequences, also when the window is not full"
   CHECK(Seqs(out) == std::vector<std::uint64_t>{1, 2, 3, 4});
 }
 
+TEST_CASE("SpillBelow moves every claimed, unsettled sequence below its stop to the map, held out") {
+  GroupCursor g({.window_word_bits = 2, .start = 1});  // W = 128
+  REQUIRE(g.Claim(70, /*published_end=*/100).size() == 70);  // 1..70
+  for (std::uint64_t s : {1, 2, 3, 40, 41}) CHECK(g.Ack(s));
+  CHECK(g.Nak(5, 0));  // waiting in the map already
+  CHECK(g.window_low() == 4);
+  CHECK(g.NextHeld(0) == 5);
+  // A deletion's sweep claims the rest and spills what was claimed before it (below 71).
+  CHECK(g.ClaimRest(100) == 71);
+  CHECK(g.SpillBelow(71, 0) == 70 - 5 - 1);
+  CHECK(g.window_low() == 71);  // 71..99 stay unsettled: the sweep ends them itself
+  CHECK(g.held() == 65);
+  CHECK(g.NextHeld(0) == 4);
+  CHECK(g.NextHeld(40) == 42);
+  CHECK(g.NextHeld(71) == std::numeric_limits<std::uint64_t>::max());
+  CHECK(g.IsOut(4));
+  CHECK_FALSE(g.IsOut(5));  // waiting, not out
+  // The members let go of them (Drop) or ack them; the map empties.
+  CHECK(g.AckDelivery(4, 1).settled);
+  for (std::uint64_t s = 5; s <= 70; ++s) {
+    if (s != 40 && s != 41) CHECK(g.Drop(s));
+  }
+  CHECK(g.held() == 0);
+  CHECK(g.NextHeld(0) == std::numeric_limits<std::uint64_t>::max());
+}
+
+TEST_CASE("a dead letter handed out and not read yet holds NextHeld at its caller's `from`") {
+  GroupCursor g({.window_word_bits = 1, .start = 1, .ack_wait_ns = 0, .max_deliver = 1});
+  REQUIRE(g.Claim(2, 100).size() == 2);
+  CHECK(g.Nak(1, 0));
+  CHECK(g.NextHeld(0) == 1);
+  std::vector<Redelivery> out, dead;
+  g.TakeDue(0, out, dead);
+  REQUIRE(dead.size() == 1);
+  CHECK(g.held() == 0);
+  CHECK(g.dead_unread());
+  CHECK(g.NextHeld(0) == 0);  // its entry may lie anywhere: nothing may go yet
+  CHECK(g.NextHeld(7) == 7);
+  g.DeadRead(1);
+  CHECK_FALSE(g.dead_unread());
+  CHECK(g.NextHeld(0) == std::numeric_limits<std::uint64_t>::max());
+}
+
 TEST_CASE("a Spill after acks emptied the window takes nothing, and claims stay within W") {
   GroupCursor g({.window_word_bits = 0, .start = 1});
   REQUIRE(g.Claim(100, 1000).size() == 31);  // full

@@ -80,6 +80,12 @@ struct StreamStats {
   std::uint64_t duplicates = 0;  ///< publishes found in the duplicate window (not stored)
   /// Ids forgotten before their window ended (StreamConfig::duplicate_window_max_entries).
   std::uint64_t duplicate_window_evicted = 0;
+  /// Memory of the stream's log of entries that its log-reading consumers read, in
+  /// bytes: segments of 1,024 entries in use, kept by a Message, or free for reuse
+  /// (the log reuses a segment it lets go of, never frees it while the stream lives:
+  /// this is its high-water mark). Messages whose record the log holds in place are
+  /// counted here, not in EngineStats::memory's pools. 0 for a stream without the log.
+  std::uint64_t log_bytes = 0;
 };
 
 /// One member's figures (ConsumerStats::members).

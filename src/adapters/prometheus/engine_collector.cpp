@@ -127,6 +127,9 @@ void AddStreams(Builder& b, const EngineStats& s) {
               l, D(st.duplicates));
     b.Counter("inferq_stream_duplicate_window_evicted_total", "Message ids forgotten before their duplicate window ended.",
               l, D(st.duplicate_window_evicted));
+    b.Gauge("inferq_stream_log_bytes",
+            "Bytes of the stream's log of entries its log-reading consumers read (its high-water mark).", l,
+            D(st.log_bytes));
   }
 }
 

@@ -418,8 +418,8 @@ void ReleaseCursorInterest(ConsumerState& c) {
   GroupCursor& g = k.cursor;
   CursorLog::Reader reader(k.stream->log);
   const std::uint64_t end = k.stream->end.load(std::memory_order_acquire);
-  // Pairs with the puller's pass of `gate` after its claim (PopCursor): either this
-  // sweep sees the claim (IsOut), or the puller sees `deleted`.
+  // Pairs with a nak's pass of `gate` (Message::SettleCursor): either this sweep sees
+  // the message back in the map, or the nak sees `deleted`.
   k.gate.fetch_add(1, std::memory_order_acq_rel);
   // `deleted` (set before this sweep) before the states read below: pairs with
   // CursorMayRelease's seq_cst load after a settle's state change.
@@ -663,7 +663,7 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
   };
   for (;;) {
     if (c.deleted.load(std::memory_order_acquire)) return engine_internal::Deleted(c);
-    // What the batch claimed before comes first (its claim passed `gate` then).
+    // What the batch claimed before comes first (its claim checked `deleted` then).
     bool claimed_before = false;
     if (kRun && !run->empty()) {
       seq = run->next++;
@@ -692,14 +692,16 @@ absl::Status Member::PopCursor(std::int64_t deadline_ns, Message& out, std::int6
     }
     give_up();
     if (attempt == 1 && !claimed_before) {
-      // DeleteConsumer's sweep (ReleaseCursorInterest) leaves what is claimed to the
-      // claimer: a claim it did not see, this thread sees the deletion of (both pass
-      // `gate` with a read-modify-write: the later one sees what the earlier did
-      // before), and lets go of the message here unless the sweep did. A batch's
-      // claim passes once for all its sequences; what it claimed and has not
+      // A claim and DeleteConsumer's sweep (ReleaseCursorInterest) are ordered by
+      // their read-modify-writes of the cursor (Claim, ClaimRest): a claim before the
+      // sweep's is one it sees and leaves to this member (moved to the overflow map,
+      // which keeps its entry: SpillBelow), and one after it takes only what was
+      // published since, which is not this consumer's (it is no longer listed). So
+      // no further read-modify-write here: a claim that meets the deletion lets go
+      // of its message now, one that does not delivers it, and its Message lets go
+      // (Message::Settle, Message::Release). What a batch claimed and has not
       // delivered when it meets the deletion later is EndCursorRun's to let go of.
-      k.gate.fetch_add(1, std::memory_order_acq_rel);
-      if (c.deleted.load(std::memory_order_relaxed)) {
+      if (c.deleted.load(std::memory_order_acquire)) [[unlikely]] {
         engine_internal::LetGoClaimed(c, reader, seq);
         return engine_internal::Deleted(c);
       }

@@ -238,9 +238,10 @@ struct CursorState {
   // Serializes GroupCursor's timer-side calls (Tick, Expire, Spill): the timer run's,
   // and a puller's Spill when the window is full.
   std::mutex timer_mu;
-  // Passed (a read-modify-write) by a puller between its claim and its look at
-  // `deleted`, and by DeleteConsumer's sweep between `deleted` and its look at the
-  // claims (PopCursor, ReleaseCursorInterest).
+  // Passed (a read-modify-write) by a nak between its move of the message to the
+  // map and its look at `deleted`, and by DeleteConsumer's sweep between `deleted` and
+  // its look at the cursor's state (Message::SettleCursor, ReleaseCursorInterest). A
+  // claim needs no pass: Claim and the sweep's ClaimRest order themselves (PopCursor).
   std::atomic<std::uint64_t> gate{0};
   std::atomic<std::uint64_t> pushed{0};
   std::atomic<std::uint64_t> taken{0};
@@ -356,9 +357,9 @@ void CursorUnpin(ConsumerState& c, CursorEntry& e, void* pin, bool owed);
 
 // A batch's claim on a cursor consumer (Member::GatherBatch, Member::PopCursor): one
 // Claim of up to `want` sequences for the batch's free slots, delivered one per pull
-// before anything else is taken, so that the claim, the deletion check (`gate`) and
-// the room given back to blocked publishers (CursorState::taken) are paid once per
-// batch, not once per message. The batch's pulls have one thread.
+// before anything else is taken, so that the claim and the room given back to
+// blocked publishers (CursorState::taken) are paid once per batch, not once per
+// message. The batch's pulls have one thread.
 struct CursorRun {
   std::uint64_t want = 1;  // the batch's free slots: the most the next claim takes
   std::uint64_t next = 0;  // [next, end): claimed for the batch, not yet delivered

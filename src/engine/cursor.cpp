@@ -47,12 +47,6 @@ absl::Status Deleted(const ConsumerState& c) {
 // Messages for `k` published and not claimed yet by its members.
 std::uint64_t Unclaimed(const CursorState& k) { return k.Waiting(); }
 
-// Trims the stream's cursor log behind every cursor consumer's lowest held sequence
-// (a deleted one's too while its members let go of what they claimed: draining),
-// after moving each consumer's cursor over the entries at its front that are not for
-// it (a consumer that does not pull would hold the log for other consumers'
-// messages); past a message held in an overflow map, the segments that hold none
-// (TrimHoles). Requires stream.mu.
 // The lowest sequence at or above `from` that an overflow map of `stream`'s cursor
 // consumers (listed or draining) holds; UINT64_MAX when none. Requires stream.mu.
 std::uint64_t NextHeld(const StreamState& stream, std::uint64_t from) {
@@ -68,7 +62,7 @@ std::uint64_t NextHeld(const StreamState& stream, std::uint64_t from) {
 // an overflow map (a straggler spilled by a full window, a nak'd message, a deleted
 // consumer's claims): TrimBefore stops at the lowest of those, and this unlinks the
 // segments after it that hold none, so that one message held unacked keeps its own
-// segment and not the whole log after it (found by the adversarial helper: one
+// segment and not the whole log after it (found while fixing a deletion race: one
 // delivery dropped unsettled without ack_wait kept every later message, 1.2 GB after
 // 2 M events where lanes kept 12 MB). Requires stream.mu.
 void TrimHoles(StreamState& stream, std::uint64_t settled) {
@@ -94,6 +88,12 @@ void TrimHoles(StreamState& stream, std::uint64_t settled) {
   s.holes_next = std::max(s.holes_next, stop);
 }
 
+// Trims the stream's cursor log behind every cursor consumer's lowest held sequence
+// (a deleted one's too while its members let go of what they claimed: draining),
+// after moving each consumer's cursor over the entries at its front that are not for
+// it (a consumer that does not pull would hold the log for other consumers'
+// messages); past a message held in an overflow map, the segments that hold none
+// (TrimHoles). Requires stream.mu.
 void TrimCursorLog(StreamState& stream) {
   StreamCursors& s = *stream.cursors;
   const std::uint64_t end = s.end.load(std::memory_order_relaxed);

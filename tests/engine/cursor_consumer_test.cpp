@@ -803,10 +803,10 @@ TEST_CASE("cursor: a deleted consumer's batch lets go of its claims after the lo
 }
 
 TEST_CASE("cursor: one message held unacked keeps its own log segment, not the log after it") {
-  // Found by the adversarial review: with one delivery dropped unsettled (no ack_wait:
-  // it never comes again) the log's trim stopped at it, and the log kept every later
-  // message: 1.2 GB after 2 million events, where a lane consumer keeps 12 MB. The
-  // trim now passes it and keeps its segment only. Here one Message is held while
+  // Found while fixing the deletion race above: with one delivery dropped unsettled
+  // (no ack_wait: it never comes again) the log's trim stopped at it, and the log
+  // kept every later message: 1.2 GB after 2 million events, where a lane consumer
+  // keeps 12 MB. The trim now passes it and keeps its segment only. Here one Message is held while
   // 20,000 more are published and acked: the log is one segment larger than without
   // it, and no larger once that Message is acked and 20,000 more go through.
   auto log_bytes = [](Engine& e) {

@@ -353,6 +353,7 @@ absl::Status Engine::DeleteConsumer(std::string_view stream, std::string_view na
   }
   Retire(*c, *s);
   engine_internal::AwaitTimerRun(*c);
+  if (c->Cursor()) engine_internal::ReleaseCursorReaders(*c);
   engine_internal::ForgetConsumerRecords(*c);
   if (c->ack_log == nullptr) return absl::OkStatus();
   const std::string consumers = s->config.directory + "/consumers/";
@@ -410,6 +411,7 @@ absl::Status Engine::DeleteStream(std::string_view name) {
   for (ConsumerState* c : consumers) {
     Retire(*c, *s);
     engine_internal::AwaitTimerRun(*c);
+    if (c->Cursor()) engine_internal::ReleaseCursorReaders(*c);
     engine_internal::ForgetConsumerRecords(*c);
   }
   {

@@ -460,14 +460,33 @@ void ReleaseCursorInterest(ConsumerState& c) {
     if (!g.Drop(s)) continue;
     CursorLetGo(c, *ref);
   }
-  // What members claimed before this sweep and still hold unsettled (a batch's claim
-  // or a claim not delivered yet, deliveries out) moves to the overflow map, which
-  // keeps its entries in the log until they let go of it (StreamCursors::draining).
+  if (c.tracked) {
+    // Every delivery out let go of the stream above, and what waited was dropped: what
+    // the map still holds (deliveries out, superseded redeliveries) needs nothing more
+    // (found by the adversarial review: kept there, a delivery dropped unsettled before
+    // the deletion held its log segment for ever). A member's later settle or drop of
+    // one ends nothing; a claim not delivered yet needs no entry to be let go of.
+    g.ForgetHeld();
+    return;
+  }
+  // An untracked consumer's claims and deliveries out are let go of by their members
+  // (LetGoClaimed, Message::Settle, Message::Release). What members claimed before this
+  // sweep and still hold unsettled moves to the overflow map, which keeps its entries
+  // in the log until they let go of it (StreamCursors::draining). (A delivery dropped
+  // unsettled before the deletion stays there, as its message stays in the stream: a
+  // lane consumer's keeps it too.)
   {
     std::lock_guard lock(k.timer_mu);  // Spill's (the timer's samples)
     g.SpillBelow(unclaimed, c.clock->NowNanos());
   }
   if (g.held() > 0) k.stream->draining.push_back(&k);
+}
+
+void ReleaseCursorReaders(ConsumerState& c) { c.cursor->timer_reader.Drop(); }
+
+void DropMemberReader(ConsumerState& c, std::uint32_t member) {
+  CursorState::MemberReader& mine = *c.cursor->readers[member];
+  if (mine.owner.IsMine()) mine.reader.Drop();
 }
 
 void CursorLetGo(ConsumerState& c, CursorEntry& e) {

@@ -315,6 +315,13 @@ void CloseCursor(ConsumerState& c);
 // DeleteConsumer: under interest retention, the stream stops waiting for this
 // consumer's unsettled messages. After CloseCursor, with the stream's mutex held.
 void ReleaseCursorInterest(ConsumerState& c);
+// A deleted consumer's readers let go of the segment each keeps pinned: the timer's
+// (DeleteConsumer and DeleteStream, once no run of its timers can be under way:
+// AwaitTimerRun), and member `member`'s when its owner thread pulls after the deletion
+// (PopOne). Else each would keep a segment for the engine's life (found by the
+// adversarial review).
+void ReleaseCursorReaders(ConsumerState& c);
+void DropMemberReader(ConsumerState& c, std::uint32_t member);
 // Stats: messages published and not claimed yet (approximate), and held in the map.
 std::uint64_t CursorPending(const ConsumerState& c);
 // Sequences of the log its cursor has not claimed yet, whoever's they are.

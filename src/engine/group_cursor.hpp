@@ -604,6 +604,18 @@ class GroupCursor {
     return map_.empty() ? f : std::min(f, map_.begin()->first);
   }
 
+  // Empties the overflow map: a deleted consumer's sweep that let go of what it held
+  // (a tracked consumer's deliveries out, superseded redeliveries), so that nothing
+  // keeps its entries. A member's later settle or drop of one of them changes nothing.
+  // Returns how many it held.
+  std::size_t ForgetHeld() {
+    std::lock_guard lock(mu_);
+    const std::size_t n = map_.size();
+    map_.clear();
+    overflow_count_.store(0, std::memory_order_seq_cst);
+    return n;
+  }
+
   // The first unsettled sequence of the window (a snapshot): below it every sequence
   // is done or held in the overflow map (lowest_held counts the map too).
   std::uint64_t window_low() const { return window_.first_unsettled(); }

@@ -207,7 +207,10 @@ void RecordDelivery(Lane& lane, std::int64_t now, std::int64_t publish_ns) {
 absl::Status Member::PopOne(std::int64_t deadline_ns, Message& out, std::int64_t now_ns, bool describe,
                             std::size_t* quiet_pops, engine_internal::CursorRun* run) {
   ConsumerState& c = *consumer_;
-  if (c.deleted.load(std::memory_order_acquire)) return Deleted(c);
+  if (c.deleted.load(std::memory_order_acquire)) [[unlikely]] {
+    if (c.cursor != nullptr) engine_internal::DropMemberReader(c, index_);
+    return Deleted(c);
+  }
   if (c.AckLogFailed()) return c.AckLogFailure();
   if (c.cursor != nullptr) {
     if (run != nullptr) return PopCursor<true>(deadline_ns, out, now_ns, describe, run);

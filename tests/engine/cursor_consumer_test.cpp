@@ -847,3 +847,42 @@ TEST_CASE("cursor: one message held unacked keeps its own log segment, not the l
   INFO("log bytes without a held message " << without << ", with one " << with);
   CHECK(with * 2 == without * 3);  // two segments, and the held message's
 }
+
+TEST_CASE("cursor: a deleted tracked consumer's deliveries dropped unsettled keep no log segment") {
+  // Found by the adversarial review: DeleteConsumer's sweep let go of such a delivery's
+  // message but left the delivery in the consumer's overflow map, which then kept its
+  // log segment for the engine's life; and the deleted consumer's readers each kept a
+  // segment pinned. Each cycle here adds a consumer with ack_wait, drops one delivery
+  // unsettled in each of 4 segments, deletes it, and publishes on: from the second
+  // cycle on, the log reuses its segments and grows no more.
+  auto e = CursorEngine();
+  Member b = *e->AddConsumer({.stream = "S", .name = "b", .lane_capacity = 64})->member(0);
+  auto publish = [&] {
+    REQUIRE(e->Publish(Ev("work.x", "")).ok());
+    absl::StatusOr<Message> m = b.Next(absl::ZeroDuration());
+    REQUIRE(m.ok());
+    REQUIRE(m->Ack().ok());
+  };
+  std::vector<std::uint64_t> bytes;
+  for (int cycle = 0; cycle < 4; ++cycle) {
+    const std::string name = "a" + std::to_string(cycle);
+    Member a = *e->AddConsumer({.stream = "S", .name = name, .lane_capacity = 64, .ack_wait = absl::Hours(1)})
+                    ->member(0);
+    for (int i = 0; i < 4 * 1024; ++i) {
+      publish();
+      absl::StatusOr<Message> m = a.Next(absl::ZeroDuration());
+      REQUIRE(m.ok());
+      if (i % 1024 == 500) continue;  // dropped unsettled
+      REQUIRE(m->Ack().ok());
+    }
+    REQUIRE(e->DeleteConsumer("S", name).ok());
+    CHECK(a.Next(absl::ZeroDuration()).status().code() == absl::StatusCode::kCancelled);
+    for (int i = 0; i < 3 * 1024; ++i) publish();
+    const EngineStats st = e->Stats();
+    bytes.push_back(st.stream("S")->log_bytes);
+    CHECK(Messages(*e, "S") == "messages 0, acked_out " + std::to_string((cycle + 1) * 7 * 1024));
+  }
+  INFO("log bytes after each cycle: " << bytes[0] << " " << bytes[1] << " " << bytes[2] << " " << bytes[3]);
+  CHECK(bytes[3] == bytes[1]);
+  CHECK(bytes[2] == bytes[1]);
+}

@@ -93,7 +93,8 @@ void Message::Release() noexcept {
   if (msg_ == nullptr) return;
   // Dropped unsettled. (relaxed: settling a Message while another thread destroys it
   // is a data race by contract, so only this thread's or a handed-over settle is here.)
-  if (consumer_ != nullptr && !shadow_ && !acked_.load(std::memory_order_relaxed)) [[unlikely]] {
+  // (Out of line: Release's common path, a settled Message, stays small enough to inline.)
+  auto unsettled = [this]() __attribute__((noinline, cold)) {
     ConsumerState& c = *consumer_;
     if ((!c.tracked || cursor_entry_ != nullptr) && c.deleted.load(std::memory_order_acquire)) {
       // A deleted untracked consumer's delivery lets go of the stream (DeleteConsumer
@@ -121,7 +122,8 @@ void Message::Release() noexcept {
         }
       }
     }
-  }
+  };
+  if (consumer_ != nullptr && !shadow_ && !acked_.load(std::memory_order_relaxed)) [[unlikely]] unsettled();
   if (cursor_pin_ != nullptr) {
     // (msg_ owns nothing for an entry that holds its record, and is not read after.)
     engine_internal::CursorUnpin(*consumer_, *cursor_entry_, cursor_pin_, cursor_done_owed_);

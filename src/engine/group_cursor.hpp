@@ -436,22 +436,7 @@ class GroupCursor {
   // moved. For a straggler held longer than W later claims: memory stays bounded by
   // W plus what the map holds. Sequences not claimed yet are never taken.
   std::size_t Spill(std::int64_t now_ns) {
-    std::lock_guard lock(mu_);  // inv. 2
-    const std::uint64_t base = window_.floor();
-    const std::uint64_t claimed = next_.load(std::memory_order_acquire);
-    if (claimed <= base) return 0;
-    const std::uint64_t span = std::min<std::uint64_t>(claimed - base, AckWindow::kWordSeqs);
-    const std::uint64_t mask = span == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << span) - 1;
-    Moving carrying(moving_, static_cast<std::size_t>(std::popcount(mask)));  // inv. 6
-    std::uint32_t taken = window_.TrySetWord(base, mask);
-    std::size_t moved = 0;
-    for (; taken != 0; taken &= taken - 1) {
-      const std::uint64_t seq = base + static_cast<std::uint64_t>(std::countr_zero(taken));
-      map_.insert_or_assign(seq, Entry{1, ClaimDeadline(seq, now_ns), true});
-      ++moved;
-    }
-    overflow_count_.store(map_.size(), std::memory_order_seq_cst);
-    return moved;
+    return MoveClaimed(1, std::numeric_limits<std::uint64_t>::max(), now_ns);
   }
 
   // DeleteConsumer's sweep, after ClaimRest: every claimed, unsettled sequence below
@@ -462,22 +447,7 @@ class GroupCursor {
   // window no longer moving would hold back for the whole log (GroupCursor::NextHeld).
   // Returns how many moved.
   std::size_t SpillBelow(std::uint64_t stop, std::int64_t now_ns) {
-    std::lock_guard lock(mu_);  // inv. 2
-    const std::uint64_t claimed = std::min(stop, next_.load(std::memory_order_acquire));
-    std::size_t moved = 0;
-    for (std::uint64_t base = window_.floor(); base < claimed; base += AckWindow::kWordSeqs) {
-      const std::uint64_t span = std::min<std::uint64_t>(claimed - base, AckWindow::kWordSeqs);
-      const std::uint32_t mask =
-          span == AckWindow::kWordSeqs ? ~std::uint32_t{0} : (std::uint32_t{1} << span) - 1;
-      Moving carrying(moving_, static_cast<std::size_t>(std::popcount(mask)));  // inv. 6
-      for (std::uint32_t taken = window_.TrySetWord(base, mask); taken != 0; taken &= taken - 1) {
-        const std::uint64_t seq = base + static_cast<std::uint64_t>(std::countr_zero(taken));
-        map_.insert_or_assign(seq, Entry{1, ClaimDeadline(seq, now_ns), true});
-        ++moved;
-      }
-      overflow_count_.store(map_.size(), std::memory_order_seq_cst);
-    }
-    return moved;
+    return MoveClaimed(std::numeric_limits<std::uint64_t>::max(), stop, now_ns);
   }
 
   // Timer, after Expire: every delivery out whose ack deadline has passed (`now_ns`)
@@ -717,6 +687,28 @@ class GroupCursor {
     const auto it = std::upper_bound(samples_.begin(), samples_.end(), seq,
                                      [](std::uint64_t s, const Sample& x) { return s < x.end; });
     return Add(it == samples_.end() ? now_ns : it->at_ns, options_.ack_wait_ns);
+  }
+
+  // Spill and SpillBelow: every claimed, unsettled sequence below `stop` in the first
+  // `words` words from the floor moves to the map, held out (attempt 1), with the ack
+  // deadline its claim gave it (inv. 2, 6). Returns how many moved.
+  std::size_t MoveClaimed(std::uint64_t words, std::uint64_t stop, std::int64_t now_ns) {
+    std::lock_guard lock(mu_);  // inv. 2
+    const std::uint64_t claimed = std::min(stop, next_.load(std::memory_order_acquire));
+    std::size_t moved = 0;
+    for (std::uint64_t base = window_.floor(); base < claimed && words > 0; base += AckWindow::kWordSeqs, --words) {
+      const std::uint64_t span = std::min<std::uint64_t>(claimed - base, AckWindow::kWordSeqs);
+      const std::uint32_t mask =
+          span == AckWindow::kWordSeqs ? ~std::uint32_t{0} : (std::uint32_t{1} << span) - 1;
+      Moving carrying(moving_, static_cast<std::size_t>(std::popcount(mask)));  // inv. 6
+      for (std::uint32_t taken = window_.TrySetWord(base, mask); taken != 0; taken &= taken - 1) {
+        const std::uint64_t seq = base + static_cast<std::uint64_t>(std::countr_zero(taken));
+        map_.insert_or_assign(seq, Entry{1, ClaimDeadline(seq, now_ns), true});
+        ++moved;
+      }
+      overflow_count_.store(map_.size(), std::memory_order_seq_cst);
+    }
+    return moved;
   }
 
   // inv. 3: the map's part of an ack, after its TrySet lost (not the common path).

@@ -672,6 +672,17 @@ class StallClock final : public Clock {
   std::function<void()> hook_;
 };
 
+// An engine of cursor consumers on `clock`, timers run by hand, with stream S
+// (subjects a.>, interest retention).
+std::unique_ptr<Engine> StallEngine(StallClock& clock) {
+  setenv("INFERQ_CURSOR_CONSUMERS", "1", 1);
+  auto e = Engine::Create({.clock = &clock, .manual_timers = true});
+  unsetenv("INFERQ_CURSOR_CONSUMERS");
+  REQUIRE(e.ok());
+  REQUIRE((*e)->AddStream({.name = "S", .subjects = {"a.>"}, .retention = RetentionPolicy::kInterest}).ok());
+  return *std::move(e);
+}
+
 }  // namespace
 
 TEST_CASE("cursor: a batch's claim that its ack wait expired before delivery goes out once as a redelivery") {
@@ -682,10 +693,7 @@ TEST_CASE("cursor: a batch's claim that its ack wait expired before delivery goe
   // lane consumer makes 5). Now a claim the expiry took is passed over and comes as
   // its redelivery.
   StallClock clock(1'000'000'000);
-  setenv("INFERQ_CURSOR_CONSUMERS", "1", 1);
-  auto e = *Engine::Create({.clock = &clock, .manual_timers = true});
-  unsetenv("INFERQ_CURSOR_CONSUMERS");
-  REQUIRE(e->AddStream({.name = "S", .subjects = {"a.>"}, .retention = RetentionPolicy::kInterest}).ok());
+  auto e = StallEngine(clock);
   Member m = *e->AddConsumer({.stream = "S", .name = "c", .lane_capacity = 16, .ack_wait = absl::Seconds(1)})
                   ->member(0);
   for (int i = 0; i < 4; ++i) REQUIRE(e->Publish(Ev("a.x", "")).ok());
@@ -761,10 +769,7 @@ TEST_CASE("cursor: a deleted consumer's batch lets go of its claims after the lo
   // and not delivered. When the batch then met the deletion, their entries were gone:
   // nobody let go of their messages, and the interest stream kept 3 for ever.
   StallClock clock(1'000'000'000);
-  setenv("INFERQ_CURSOR_CONSUMERS", "1", 1);
-  auto e = *Engine::Create({.clock = &clock, .manual_timers = true});
-  unsetenv("INFERQ_CURSOR_CONSUMERS");
-  REQUIRE(e->AddStream({.name = "S", .subjects = {"a.>"}, .retention = RetentionPolicy::kInterest}).ok());
+  auto e = StallEngine(clock);
   Member a = *e->AddConsumer({.stream = "S", .name = "a", .lane_capacity = 16})->member(0);
   Member b = *e->AddConsumer({.stream = "S", .name = "b", .lane_capacity = 4096})->member(0);
   for (int i = 0; i < 4; ++i) REQUIRE(e->Publish(Ev("a.x", "")).ok());
